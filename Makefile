@@ -1,0 +1,76 @@
+# Two commands matter: `make run` (install + start engine and facade) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PROTO_SRC := protos/vlmserve/engine/v1/engine.proto
+
+# mlx's Linux CPU wheel links reference BLAS; Debian's OpenBLAS is ~15-20x faster.
+OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
+ifneq ($(OPENBLAS),)
+export LD_PRELOAD := $(OPENBLAS)$(if $(LD_PRELOAD), $(LD_PRELOAD))
+endif
+
+ENGINE_ADDR ?= 127.0.0.1:50051
+FACADE_HOST ?= 127.0.0.1
+FACADE_PORT ?= 8000
+MODEL ?=
+
+.PHONY: install system-deps run engine facade test lint proto proto-check buf-lint node-deps clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@bash scripts/install-system-deps.sh
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+# Engine + facade together, on the committed fixture model unless MODEL is set.
+run: install
+	$(BIN)/python -m vlmserve.facade.launch --engine-address $(ENGINE_ADDR) \
+		--host $(FACADE_HOST) --port $(FACADE_PORT) $(if $(MODEL),--model $(MODEL))
+
+engine: install
+	$(BIN)/vlmserve-engine --address $(ENGINE_ADDR) $(if $(MODEL),--model $(MODEL))
+
+facade: install
+	$(BIN)/vlmserve-facade --engine-address $(ENGINE_ADDR) --host $(FACADE_HOST) --port $(FACADE_PORT)
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -I protos \
+		--python_out=clients --grpc_python_out=clients \
+		--mypy_out=clients --mypy_grpc_out=clients \
+		$(PROTO_SRC)
+
+# Fails when the committed generated code differs from what `make proto` writes.
+proto-check: proto
+	@git diff --exit-code --stat -- clients/vlmserve/engine || \
+		(echo "generated code is stale: run 'make proto' and commit" >&2; exit 1)
+	@test -z "$$(git status --porcelain -- clients/vlmserve/engine)" || \
+		(echo "untracked generated files: run 'make proto' and commit" >&2; exit 1)
+
+node-deps: node_modules/.stamp
+
+node_modules/.stamp: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+buf-lint: node-deps
+	npx --no-install buf lint
+
+lint: install buf-lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache

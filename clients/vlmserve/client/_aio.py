@@ -1,0 +1,142 @@
+"""asyncio client for the engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+
+from ._errors import from_rpc_error
+from ._options import DEFAULT_DEADLINES, ENGINE_SERVICE_NAME, MAX_MESSAGE_BYTES, Deadlines, channel_options
+from ._prepare import auth_metadata, prepare_request
+
+
+class AsyncEngineClient:
+    """Calls one engine. Every call has a deadline; failures raise `EngineError` subclasses.
+
+    `target` is a gRPC target: "127.0.0.1:50051", "unix:/path/engine.sock", ...
+    Pass `channel` to use a channel you built (TLS, interceptors, in-process tests).
+    """
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        token: str | None = None,
+        deadlines: Deadlines = DEFAULT_DEADLINES,
+        credentials: grpc.ChannelCredentials | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        if channel is None:
+            options = channel_options(max_message_bytes)
+            if credentials is not None:
+                channel = grpc.aio.secure_channel(target, credentials, options=options)
+            else:
+                channel = grpc.aio.insecure_channel(target, options=options)
+        self._channel = channel
+        self._stub = pb_grpc.EngineServiceStub(channel)
+        self._health = health_pb2_grpc.HealthStub(channel)
+        self._metadata = auth_metadata(token)
+        self.deadlines = deadlines
+
+    async def generate(
+        self, request: pb.GenerateRequest, *, timeout: float | None = None, lower: bool = False
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """Stream chunks, then one `complete`. Leaving the loop early cancels the call."""
+        call = self._stub.Generate(
+            prepare_request(request, lower=lower),
+            timeout=timeout or self.deadlines.generate,
+            metadata=self._metadata,
+        )
+        try:
+            async for response in call:
+                yield response
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            # A consumer that stops reading (break, task cancel, disconnect) ends the generation.
+            call.cancel()
+
+    async def generate_unary(
+        self, request: pb.GenerateRequest, *, timeout: float | None = None, lower: bool = False
+    ) -> pb.GenerateResult:
+        try:
+            response = await self._stub.GenerateUnary(
+                pb.GenerateUnaryRequest(request=prepare_request(request, lower=lower)),
+                timeout=timeout or self.deadlines.generate,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from None
+        result: pb.GenerateResult = response.result
+        return result
+
+    async def count_tokens(
+        self, request: pb.GenerateRequest, *, timeout: float | None = None, lower: bool = False
+    ) -> pb.CountTokensResponse:
+        try:
+            response: pb.CountTokensResponse = await self._stub.CountTokens(
+                pb.CountTokensRequest(request=prepare_request(request, lower=lower)),
+                timeout=timeout or self.deadlines.count_tokens,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from None
+        return response
+
+    async def model_info(self, *, timeout: float | None = None) -> pb.GetModelInfoResponse:
+        try:
+            response: pb.GetModelInfoResponse = await self._stub.GetModelInfo(
+                pb.GetModelInfoRequest(),
+                timeout=timeout or self.deadlines.model_info,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from None
+        return response
+
+    async def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
+        """True when the engine had that request queued or running."""
+        try:
+            response = await self._stub.Abort(
+                pb.AbortRequest(request_id=request_id),
+                timeout=timeout or self.deadlines.abort,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from None
+        return bool(response.found)
+
+    async def health(self, service: str = ENGINE_SERVICE_NAME, *, timeout: float | None = None) -> bool:
+        """True when the engine reports SERVING for `service` ("" is liveness)."""
+        try:
+            response = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=service),
+                timeout=timeout or self.deadlines.health,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def close(self, grace: float | None = None) -> None:
+        await self._channel.close(grace)
+
+    async def __aenter__(self) -> AsyncEngineClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def text_of(responses: Sequence[pb.GenerateResponse]) -> str:
+    """The streamed text of a finished Generate call (chunks joined)."""
+    return "".join(r.chunk.text for r in responses if r.WhichOneof("event") == "chunk")
