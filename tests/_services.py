@@ -1,0 +1,101 @@
+"""Start the real engine and facade as processes on loopback, for tests that need them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+OPENBLAS = next(iter(sorted(Path("/usr/lib").glob("*/openblas-pthread/libblas.so.3"))), None)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def process_env() -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if OPENBLAS is not None and "openblas" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = f"{OPENBLAS} {env.get('LD_PRELOAD', '')}".strip()
+    return env
+
+
+@dataclass
+class ServiceProcess:
+    process: subprocess.Popen[bytes]
+    address: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_engine(log_dir: Path, *, model: str | None = None, extra: tuple[str, ...] = ()) -> ServiceProcess:
+    from vlmserve.client import EngineClient
+
+    address = f"127.0.0.1:{free_port()}"
+    log_path = log_dir / f"engine-{address.replace(':', '_')}.log"
+    command = [str(BIN / "vlmserve-engine"), "--address", address, *extra]
+    if model := model or os.environ.get("VLMSERVE_TEST_MODEL"):
+        command += ["--model", model]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO)
+    service = ServiceProcess(process, address, log_path)
+    with EngineClient(address) as client:
+        deadline = time.monotonic() + 120
+        while not client.health():
+            if process.poll() is not None or time.monotonic() > deadline:
+                service.stop()
+                raise RuntimeError(f"engine did not become ready:\n{service.log()[-4000:]}")
+            time.sleep(0.2)
+    return service
+
+
+def start_facade(log_dir: Path, engine_address: str, *, store_path: Path) -> ServiceProcess:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = log_dir / f"facade-{port}.log"
+    command = [
+        str(BIN / "vlmserve-facade"),
+        *("--engine-address", engine_address),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--store-path", str(store_path)),
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO)
+    service = ServiceProcess(process, url, log_path)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return service
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            service.stop()
+            raise RuntimeError(f"facade did not become ready:\n{service.log()[-4000:]}")
+        time.sleep(0.2)
+
+
+def have_codex() -> bool:
+    return shutil.which("node") is not None and (REPO / "node_modules" / ".bin" / "codex").exists()

@@ -1,0 +1,49 @@
+"""Session-wide fixtures: a real engine process and a real facade process, on loopback.
+
+Tests that need the full product (engine on the fixture model + facade) take
+`facade_url` / `engine_address`; both processes start once per test session.
+Tests that need their own processes (fault tests) use `tests._services` directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._services import ServiceProcess, start_engine, start_facade
+
+
+@pytest.fixture(scope="session")
+def service_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("service-logs")
+
+
+@pytest.fixture(scope="session")
+def engine_process(service_logs: Path) -> Iterator[ServiceProcess]:
+    """The real engine (`vlmserve-engine`) on the default fixture model."""
+    service = start_engine(service_logs)
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_address(engine_process: ServiceProcess) -> str:
+    return engine_process.address
+
+
+@pytest.fixture(scope="session")
+def facade_process(
+    engine_process: ServiceProcess, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """The real facade (`vlmserve-facade`) in front of `engine_process`."""
+    store = tmp_path_factory.mktemp("facade-store") / "responses.sqlite3"
+    service = start_facade(service_logs, engine_process.address, store_path=store)
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def facade_url(facade_process: ServiceProcess) -> str:
+    return facade_process.address
