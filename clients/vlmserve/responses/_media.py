@@ -1,0 +1,106 @@
+"""The one choke point for media in requests: image URLs become checked image bytes.
+
+Every image a request carries passes through `MediaPolicy.load_image`: `data:` URLs are
+decoded here, remote http(s) URLs go to a pluggable `ImageSource` (none by default, so they
+are refused), and every other scheme or bare path is refused outright. Whatever the origin,
+the bytes are then checked by `vlmserve.images.inspect_image` (format sniffed from the
+bytes, declared type must match, size and pixel count bounded from the header).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.images import ImageError, ImageLimits, inspect_image, parse_data_url
+
+from ._errors import InvalidRequestError
+
+
+class ImageSource(Protocol):
+    """Fetches a remote (http/https) image URL; a safe fetcher plugs in here.
+
+    Return the raw bytes. Raise `ImageFetchError` with a short, client-safe reason when
+    the image cannot be fetched. `data:` URLs never reach a source; other schemes and
+    paths are refused before it.
+    """
+
+    def __call__(self, url: str) -> bytes: ...
+
+
+class ImageFetchError(Exception):
+    """A remote image could not be fetched; `reason` is safe to show to the client."""
+
+    def __init__(self, reason: str, *, code: str = "invalid_image_url") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+_DETAILS: dict[str, pb.ImageDetail.ValueType] = {
+    "auto": pb.IMAGE_DETAIL_AUTO,
+    "low": pb.IMAGE_DETAIL_LOW,
+    "high": pb.IMAGE_DETAIL_HIGH,
+    "original": pb.IMAGE_DETAIL_ORIGINAL,
+}
+DETAIL_NAMES: dict[pb.ImageDetail.ValueType, str] = {value: name for name, value in _DETAILS.items()}
+
+
+def parse_detail(value: object, param: str) -> pb.ImageDetail.ValueType:
+    """`detail` low/high/auto/original; absent or null means auto."""
+    if value is None:
+        return pb.IMAGE_DETAIL_AUTO
+    if not isinstance(value, str) or value not in _DETAILS:
+        raise InvalidRequestError(
+            f"Invalid value for '{param}': expected one of 'auto', 'low', 'high', 'original'.",
+            param=param,
+            code="invalid_value",
+        )
+    return _DETAILS[value]
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Where images may come from and how large they may be."""
+
+    image_source: ImageSource | None = None
+    limits: ImageLimits = field(default_factory=ImageLimits)
+
+    def load_image(self, url: str, detail: pb.ImageDetail.ValueType, *, param: str) -> pb.ImagePart:
+        """Turn an image URL from a request into checked bytes; `param` names the URL's JSON path."""
+        scheme, _, _ = url.partition(":")
+        scheme = scheme.lower()
+        try:
+            if scheme == "data":
+                declared, data = parse_data_url("data:" + url[5:], max_bytes=self.limits.max_bytes)
+            elif scheme in ("http", "https"):
+                declared, data = None, self._fetch(url, param)
+            else:
+                raise InvalidRequestError(
+                    f"Invalid image URL at '{param}': send the image inline as a base64 data: URL "
+                    "(data:image/png;base64,...); file paths and file:// URLs are not accepted.",
+                    param=param,
+                    code="invalid_image_url",
+                )
+            info = inspect_image(data, declared_media_type=declared, limits=self.limits)
+        except ImageError as error:
+            raise InvalidRequestError(
+                f"Invalid image at '{param}': {error.reason}.", param=param, code=error.code
+            ) from None
+        return pb.ImagePart(data=data, media_type=info.media_type, detail=detail)
+
+    def _fetch(self, url: str, param: str) -> bytes:
+        if self.image_source is None:
+            raise InvalidRequestError(
+                f"Invalid image URL at '{param}': remote image URLs are disabled on this server; "
+                "send the image inline as a base64 data: URL (data:image/png;base64,...).",
+                param=param,
+                code="unsupported_value",
+            )
+        try:
+            return self.image_source(url)
+        except ImageFetchError as error:
+            raise InvalidRequestError(
+                f"Could not fetch the image at '{param}': {error.reason}.", param=param, code=error.code
+            ) from None

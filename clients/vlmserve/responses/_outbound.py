@@ -1,0 +1,211 @@
+"""Contract messages and results -> Responses JSON (spec §7, seed 003).
+
+Images always go back out: a tool result keeps its images as `input_image` parts of an
+`output` array, in their original order, each with `detail` (default "auto"); an image-only
+tool result never becomes "".
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.images import sniff_media_type
+
+from ._media import DETAIL_NAMES
+from ._tools import OfferedTool
+
+NewId = Callable[[str], str]
+
+_ROLE_NAMES = {
+    pb.ROLE_SYSTEM: "system",
+    pb.ROLE_DEVELOPER: "developer",
+    pb.ROLE_USER: "user",
+    pb.ROLE_ASSISTANT: "assistant",
+}
+
+
+def messages_to_items(
+    messages: Sequence[pb.Message], *, offered_tools: Mapping[str, OfferedTool] | None = None
+) -> list[dict[str, Any]]:
+    """Turn contract messages back into Responses input items, nothing dropped."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == pb.ROLE_TOOL:
+            items.append(_tool_output_item(message.tool_output))
+            continue
+        role = _ROLE_NAMES.get(message.role, "user")
+        if message.parts or not message.tool_calls:
+            content = [_content_part(part, assistant=role == "assistant") for part in message.parts]
+            items.append({"type": "message", "role": role, "content": content})
+        items.extend(_call_item(call, offered_tools) for call in message.tool_calls)
+    return items
+
+
+def result_to_output_items(
+    result: pb.GenerateResult,
+    *,
+    new_id: NewId,
+    offered_tools: Mapping[str, OfferedTool] | None = None,
+) -> list[dict[str, Any]]:
+    """A GenerateResult as Responses `output` items: the message (if any text), then tool calls.
+
+    `new_id(prefix)` makes item ids; prefixes used: "msg", "fc", "ctc" and "call" (a call id,
+    only when the engine gave none).
+    """
+    items: list[dict[str, Any]] = []
+    if result.text or not result.tool_calls:
+        status = "incomplete" if result.finish_reason == pb.FINISH_REASON_LENGTH else "completed"
+        items.append(message_output_item(result.text, item_id=new_id("msg"), status=status))
+    items.extend(
+        tool_call_output_item(call, new_id=new_id, offered_tools=offered_tools) for call in result.tool_calls
+    )
+    return items
+
+
+def message_output_item(text: str, *, item_id: str, status: str = "completed") -> dict[str, Any]:
+    """An assistant `message` output item with one `output_text` part."""
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [output_text_part(text)],
+    }
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def tool_call_output_item(
+    call: pb.ToolCall, *, new_id: NewId, offered_tools: Mapping[str, OfferedTool] | None = None
+) -> dict[str, Any]:
+    """A model's tool call as a `function_call` (or `custom_tool_call`) output item."""
+    item = _call_item(call, offered_tools)
+    item_id = new_id("ctc" if item["type"] == "custom_tool_call" else "fc")
+    return {"id": item_id, **item, "call_id": call.id or new_id("call")}
+
+
+def usage_to_json(usage: pb.Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def image_part_to_json(image: pb.ImagePart) -> dict[str, Any]:
+    """An `input_image` part with a data: URL and `detail` always present."""
+    media_type = image.media_type or sniff_media_type(image.data) or "application/octet-stream"
+    encoded = base64.b64encode(image.data).decode("ascii")
+    return {
+        "type": "input_image",
+        "image_url": f"data:{media_type};base64,{encoded}",
+        "detail": DETAIL_NAMES.get(image.detail, "auto"),
+    }
+
+
+def _call_item(call: pb.ToolCall, offered_tools: Mapping[str, OfferedTool] | None) -> dict[str, Any]:
+    offered = (offered_tools or {}).get(call.name)
+    name = offered.name if offered is not None else call.name
+    namespace = {"namespace": offered.namespace} if offered is not None and offered.namespace else {}
+    if call.kind == pb.TOOL_KIND_CUSTOM:
+        return {
+            "type": "custom_tool_call",
+            "call_id": call.id,
+            "name": name,
+            "input": call.arguments,
+            **namespace,
+        }
+    if offered is not None and offered.kind == "custom":
+        # Offered as a function taking {"input": string}; goes back out as the custom call it is.
+        return {
+            "type": "custom_tool_call",
+            "call_id": call.id,
+            "name": name,
+            "input": _custom_input(call.arguments),
+            **namespace,
+        }
+    return {
+        "type": "function_call",
+        "call_id": call.id,
+        "name": name,
+        "arguments": call.arguments,
+        "status": "completed",
+        **namespace,
+    }
+
+
+def _custom_input(arguments: str) -> str:
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(parsed, dict) and isinstance(parsed.get("input"), str):
+        return str(parsed["input"])
+    return arguments
+
+
+def _tool_output_item(output: pb.ToolOutput) -> dict[str, Any]:
+    item_type = "custom_tool_call_output" if output.kind == pb.TOOL_KIND_CUSTOM else "function_call_output"
+    value: str | list[dict[str, Any]]
+    if output.WhichOneof("output") == "parts":
+        value = [_tool_output_part(part) for part in output.parts.parts]
+    else:
+        value = output.text
+    return {"type": item_type, "call_id": output.call_id, "output": value}
+
+
+def _tool_output_part(part: pb.Part) -> dict[str, Any]:
+    kind = part.WhichOneof("kind")
+    if kind == "text":
+        return {"type": "input_text", "text": part.text.text}
+    return _non_text_part(part)
+
+
+def _content_part(part: pb.Part, *, assistant: bool) -> dict[str, Any]:
+    if part.WhichOneof("kind") == "text":
+        if assistant:
+            return output_text_part(part.text.text)
+        return {"type": "input_text", "text": part.text.text}
+    return _non_text_part(part)
+
+
+def _non_text_part(part: pb.Part) -> dict[str, Any]:
+    kind = part.WhichOneof("kind")
+    if kind == "image":
+        return image_part_to_json(part.image)
+    if kind == "file":
+        return _file_part_to_json(part.file)
+    if kind == "json":
+        return _json_part(part.json.json)
+    return {"type": "input_text", "text": ""}
+
+
+def _json_part(text: str) -> dict[str, Any]:
+    """The caller's own part back, as it sent it; text that is not a JSON object stays text."""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return {"type": "input_text", "text": text}
+    if isinstance(parsed, dict):
+        return parsed
+    return {"type": "input_text", "text": text}
+
+
+def _file_part_to_json(file: pb.FilePart) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "input_file"}
+    if file.WhichOneof("source") == "file_id":
+        item["file_id"] = file.file_id
+    elif file.WhichOneof("source") == "data":
+        media_type = file.media_type or "application/octet-stream"
+        item["file_data"] = f"data:{media_type};base64,{base64.b64encode(file.data).decode('ascii')}"
+    if file.filename:
+        item["filename"] = file.filename
+    return item
