@@ -1,0 +1,153 @@
+"""Optional API keys for the facade: `Authorization: Bearer <key>`, checked in constant time.
+
+Keys come from `VLMSERVE_API_KEYS` (comma-separated) and/or the file named by
+`VLMSERVE_API_KEYS_FILE` (one per line, `#` comments). With no key configured, authentication is
+off and every caller is the owner "anonymous" (the facade binds 127.0.0.1 by default).
+
+`require_owner` is the FastAPI dependency: it answers 401 (OpenAI-shaped) or returns the caller's
+owner id, a truncated SHA-256 of the key, so stored responses can belong to the key that made them
+without the key itself being stored. Attach it to a router holding every route except `/healthz`
+(see HARDENING_PLUG.md); routes that need the owner declare a parameter `owner: Owner`.
+Keys are held only as digests; the presented key is hashed once and compared with every digest,
+with no early exit, so the time taken says nothing about which key matched or how close a guess is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+
+from .errors import APIError
+
+__all__ = [
+    "ANONYMOUS_OWNER",
+    "API_KEYS_ENV",
+    "API_KEYS_FILE_ENV",
+    "ApiKeys",
+    "Owner",
+    "install_api_keys",
+    "owner_id",
+    "require_owner",
+]
+
+API_KEYS_ENV = "VLMSERVE_API_KEYS"
+API_KEYS_FILE_ENV = "VLMSERVE_API_KEYS_FILE"
+ANONYMOUS_OWNER = "anonymous"
+_OWNER_HEX_CHARS = 24  # 96 bits: unique per key, and not the key's full digest
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def _owner_from_digest(digest: bytes) -> str:
+    return "key_" + digest.hex()[:_OWNER_HEX_CHARS]
+
+
+def owner_id(key: str) -> str:
+    """The stable owner id of an API key (what stored responses are filed under)."""
+    return _owner_from_digest(_digest(key))
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeys:
+    """The configured keys, as SHA-256 digests. Empty: authentication off."""
+
+    digests: tuple[bytes, ...] = ()
+
+    @classmethod
+    def from_keys(cls, keys: Iterable[str]) -> ApiKeys:
+        unique = dict.fromkeys(key.strip() for key in keys if key.strip())
+        return cls(tuple(_digest(key) for key in unique))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiKeys:
+        """Keys from $VLMSERVE_API_KEYS and the file named by $VLMSERVE_API_KEYS_FILE, together."""
+        env = os.environ if environ is None else environ
+        keys = env.get(API_KEYS_ENV, "").split(",")
+        path = env.get(API_KEYS_FILE_ENV)
+        if path:
+            from_file = read_key_file(Path(path))
+            if not from_file:
+                # A named but empty file is a mistake; failing open would silently disable auth.
+                raise ValueError(f"{API_KEYS_FILE_ENV}: no key in {path}")
+            keys.extend(from_file)
+        return cls.from_keys(keys)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.digests)
+
+    def owner_for_key(self, key: str) -> str | None:
+        """The owner id if `key` is one of ours, else None. Compares with every key."""
+        presented = _digest(key)
+        matched = False
+        for digest in self.digests:  # no early exit
+            matched |= hmac.compare_digest(digest, presented)
+        return _owner_from_digest(presented) if matched else None
+
+
+def read_key_file(path: Path) -> list[str]:
+    """One key per line; blank lines and `#` comments ignored."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def install_api_keys(app: FastAPI, keys: ApiKeys) -> None:
+    """Make `keys` the ones `require_owner` checks for this app (call once, at app creation)."""
+    app.state.api_keys = keys
+
+
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def _missing_key() -> APIError:
+    return APIError(
+        401,
+        "You didn't provide an API key. Provide it in an Authorization header using Bearer auth "
+        "(Authorization: Bearer YOUR_KEY).",
+        headers=_CHALLENGE,
+    )
+
+
+def _incorrect_key() -> APIError:
+    # Never echo what was presented: it may be a real key for another service.
+    return APIError(401, "Incorrect API key provided.", code="invalid_api_key", headers=_CHALLENGE)
+
+
+async def require_owner(request: Request) -> str:
+    """FastAPI dependency: the caller's owner id, or 401. Fails closed if keys were not installed.
+
+    The owner is also left in `request.state.owner`, where the facade's `state.owner_of` reads it.
+    """
+    owner = _authenticate(request)
+    request.state.owner = owner
+    return owner
+
+
+def _authenticate(request: Request) -> str:
+    keys = getattr(request.app.state, "api_keys", None)
+    if not isinstance(keys, ApiKeys):
+        raise RuntimeError("install_api_keys(app, ...) was not called")  # a 500, never an open door
+    if not keys.enabled:
+        return ANONYMOUS_OWNER
+    headers = request.headers.getlist("authorization")
+    if not headers:
+        raise _missing_key()
+    scheme, _, key = headers[0].partition(" ")
+    if len(headers) != 1 or scheme.lower() != "bearer" or not key.strip():
+        raise _incorrect_key()
+    owner = keys.owner_for_key(key.strip())
+    if owner is None:
+        raise _incorrect_key()
+    return owner
+
+
+Owner = Annotated[str, Depends(require_owner)]

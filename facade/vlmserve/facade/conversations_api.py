@@ -1,0 +1,134 @@
+"""`/v1/conversations`: create one explicitly, then pass its id as `conversation` on responses.
+
+A conversation accumulates items: each response created with `conversation` appends its input
+items and its output items when it finishes (completed or incomplete), and the next response
+replays them all before its own input. Unknown ids are 404s; nothing is created implicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from vlmserve.responses import InvalidRequestError, input_to_messages, parse_metadata
+
+from . import ids
+from .catalog import image_limits
+from .errors import APIError, not_found
+from .openapi import ADD_CONVERSATION_ITEMS_BODY, CREATE_CONVERSATION_BODY
+from .request_body import read_json
+from .resource import stored_items
+from .responses_api import item_list
+from .state import FacadeState, facade_state, owner_of
+from .store import ItemPage, StoredItem, UnknownCursorError
+
+router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
+State = Annotated[FacadeState, Depends(facade_state)]
+
+
+@router.post("", openapi_extra=CREATE_CONVERSATION_BODY)
+async def create_conversation(request: Request, state: State) -> dict[str, Any]:
+    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    items = await _checked_items(body.get("items"), state, request, required=False)
+    metadata = parse_metadata(body.get("metadata"))
+    return await asyncio.to_thread(
+        state.store.create_conversation,
+        ids.new_id(ids.CONVERSATION),
+        metadata=metadata,
+        items=items,
+        owner=owner_of(request),
+    )
+
+
+@router.get("/{conversation_id}")
+async def retrieve_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    conversation = await asyncio.to_thread(
+        state.store.get_conversation, conversation_id, owner=owner_of(request)
+    )
+    if conversation is None:
+        raise not_found("conversation", conversation_id)
+    return conversation
+
+
+@router.delete("/{conversation_id}")
+async def delete_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    deleted = await asyncio.to_thread(
+        state.store.delete_conversation, conversation_id, owner=owner_of(request)
+    )
+    if not deleted:
+        raise not_found("conversation", conversation_id)
+    return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+
+@router.get("/{conversation_id}/items")
+async def list_conversation_items(
+    conversation_id: str,
+    request: Request,
+    state: State,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+) -> dict[str, Any]:
+    try:
+        page = await asyncio.to_thread(
+            state.store.list_conversation_items,
+            conversation_id,
+            after=after,
+            limit=limit,
+            order=order,
+            owner=owner_of(request),
+        )
+    except UnknownCursorError:
+        raise APIError(400, "Invalid value for 'after': no item has this id.", param="after") from None
+    if page is None:
+        raise not_found("conversation", conversation_id)
+    return item_list(page)
+
+
+@router.post("/{conversation_id}/items", openapi_extra=ADD_CONVERSATION_ITEMS_BODY)
+async def add_conversation_items(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    items = await _checked_items(body.get("items"), state, request, required=True)
+    added = await asyncio.to_thread(
+        state.store.append_conversation_items, conversation_id, items, owner=owner_of(request)
+    )
+    if not added:
+        raise not_found("conversation", conversation_id)
+    return item_list_of(items)
+
+
+def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
+    return item_list(ItemPage(items=items, has_more=False))
+
+
+async def _checked_items(
+    value: object, state: FacadeState, request: Request, *, required: bool
+) -> list[StoredItem]:
+    """Items validated by the translation (the same rules as a response's `input`)."""
+    if value is None and not required:
+        return []
+    if not isinstance(value, list) or (required and not value):
+        raise APIError(400, "Invalid value for 'items': expected a non-empty array of items.", param="items")
+    if not value:
+        return []
+    info = await state.catalog.info()
+    owner = owner_of(request)
+    try:
+        await asyncio.to_thread(
+            input_to_messages,
+            value,
+            resolve_item=lambda item_id: state.store.find_item(item_id, owner=owner),
+            image_source=state.responses.image_source(),
+            image_limits=image_limits(info),
+        )
+    except InvalidRequestError as error:
+        param = "items" + error.param.removeprefix("input") if error.param else None
+        message = error.message.replace("'input", "'items")
+        raise APIError(error.status, message, param=param, code=error.code) from None
+    return stored_items(value)

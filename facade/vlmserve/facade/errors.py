@@ -1,0 +1,184 @@
+"""OpenAI-shaped errors for every failure the facade can answer with.
+
+Each error body is `{"error": {"message", "type", "param", "code"}}`. Messages are written here
+(or by the translation, which guarantees the same): never an exception's text, never base64.
+4xx errors are `invalid_request_error` (OpenAI's type for them); 5xx are `server_error`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vlmserve.client import EngineError
+from vlmserve.responses import InvalidRequestError
+
+logger = logging.getLogger("vlmserve.facade")
+
+# Engine details are our own engine's words, but bound them so nothing unexpected is echoed at length.
+_MAX_DETAILS_CHARS = 500
+
+
+class APIError(Exception):
+    """An error the facade answers with; raise it anywhere below a route."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = dict(headers or {})
+
+    def payload(self) -> dict[str, Any]:
+        """The inner object: what an SSE `error` event carries too."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+    def to_response(self) -> JSONResponse:
+        return JSONResponse({"error": self.payload()}, status_code=self.status, headers=self.headers)
+
+
+def not_found(kind: str, identifier: str, *, param: str | None = None) -> APIError:
+    # The id is the client's own string; json.dumps quotes and escapes it.
+    return APIError(
+        404, f"No {kind} found with id {json.dumps(identifier)[:200]}.", param=param, code="not_found"
+    )
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        404,
+        f"The model {json.dumps(model)[:200]} does not exist. This server serves one model; "
+        'use its id (see GET /v1/models) or "default".',
+        param="model",
+        code="model_not_found",
+    )
+
+
+def from_invalid_request(error: InvalidRequestError) -> APIError:
+    return APIError(error.status, error.message, param=error.param, code=error.code)
+
+
+def from_engine_error(
+    error: EngineError, *, context_length: int | None = None, retry_after_s: int = 1
+) -> APIError:
+    """The HTTP answer for a failed engine call."""
+    details = (error.details or "")[:_MAX_DETAILS_CHARS]
+    code = error.code
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return APIError(400, details or "The engine refused the request.", code="invalid_value")
+    if code == grpc.StatusCode.OUT_OF_RANGE:
+        limit = f" of {context_length} tokens" if context_length else ""
+        return APIError(
+            400,
+            f"The input is longer than the model's context window{limit}. Shorten the input or "
+            "lower max_output_tokens.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    if code == grpc.StatusCode.NOT_FOUND:
+        return APIError(404, details or "Not found.", code="not_found")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return APIError(
+            503,
+            "The engine is at capacity; retry shortly.",
+            code="engine_overloaded",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return APIError(503, "The engine is unavailable.", code="engine_unavailable")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return APIError(504, "The engine did not answer in time.", code="engine_timeout")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return APIError(501, details or "Not supported by this engine.", code="unsupported")
+    if code == grpc.StatusCode.CANCELLED:
+        return APIError(499, "The request was cancelled.", code="cancelled")
+    logger.error("engine call failed: %s", error.code.name)
+    return APIError(502, "The engine failed to process the request.", code="engine_error")
+
+
+def _param_from_location(location: Sequence[int | str]) -> str | None:
+    """FastAPI's `("query", "limit")` -> `limit`; a body path -> `input[2].type` style."""
+    parts = list(location)
+    if parts and parts[0] in ("query", "path", "header", "body", "cookie"):
+        parts = parts[1:]
+    param = ""
+    for part in parts:
+        param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
+    return param or None
+
+
+async def _api_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.to_response()
+
+
+async def _invalid_request_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidRequestError)
+    return from_invalid_request(exc).to_response()
+
+
+async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first: Mapping[str, Any] = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return APIError(400, "The request body is not valid JSON.", code="invalid_json").to_response()
+    param = _param_from_location(first.get("loc", ()))
+    # pydantic's `msg` describes the constraint ("Input should be less than or equal to 100"); it
+    # never contains the rejected value, unlike `input`, which is deliberately left out.
+    message = (
+        f"Invalid value for '{param}': {first.get('msg', 'invalid value')}." if param else "Invalid request."
+    )
+    return APIError(400, message, param=param, code="invalid_value").to_response()
+
+
+async def _http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        message, code = "Unknown URL or resource.", "not_found"
+    elif exc.status_code == 405:
+        message, code = "Method not allowed for this URL.", "method_not_allowed"
+    else:
+        message, code = (str(exc.detail) if isinstance(exc.detail, str) else "Request failed."), None
+    return APIError(exc.status_code, message, code=code, headers=exc.headers).to_response()
+
+
+async def _engine_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EngineError)
+    return from_engine_error(exc).to_response()
+
+
+async def _unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    # Logged with its traceback for us; the client gets no internal text.
+    logger.exception("unhandled error", exc_info=exc)
+    return APIError(
+        500, "The server had an error while processing the request.", code="server_error"
+    ).to_response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error_handler)
+    app.add_exception_handler(InvalidRequestError, _invalid_request_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_error_handler)
+    app.add_exception_handler(EngineError, _engine_error_handler)
+    app.add_exception_handler(Exception, _unexpected_error_handler)

@@ -1,0 +1,221 @@
+"""The Responses streaming events for one generation, in OpenAI's order, and the final resource.
+
+Both the streaming and the non-streaming endpoint drive this one state machine, so a streamed
+response and a plain one always agree. Item shapes come from the translation package
+(`message_output_item`, `tool_call_output_item`, `usage_to_json`); only the in-progress
+states, which exist only while streaming, are made here.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.responses import (
+    OfferedTool,
+    message_output_item,
+    output_text_part,
+    tool_call_output_item,
+    usage_to_json,
+)
+
+from . import ids
+from .errors import APIError
+
+Event = dict[str, Any]
+
+TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+@dataclass
+class _OpenMessage:
+    item_id: str
+    output_index: int
+    text: str = ""
+
+
+@dataclass
+class ResponseEvents:
+    """Feed it engine messages; it returns the events to send and keeps `resource` up to date."""
+
+    resource: dict[str, Any]
+    offered_tools: Mapping[str, OfferedTool] = field(default_factory=dict)
+    new_id: Callable[[str], str] = ids.new_id
+    _sequence: int = 0
+    _output: list[dict[str, Any]] = field(default_factory=list)
+    _message: _OpenMessage | None = None
+    # Whitespace the model wrote before anything visible: it opens no message on its own, since a
+    # turn that only calls tools often starts with a newline.
+    _leading: str = ""
+    _calls_sent: int = 0
+    # All text streamed so far, to tell what of the engine's final text was never streamed.
+    _streamed: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.resource["status"] in TERMINAL_STATUSES
+
+    def snapshot(self) -> dict[str, Any]:
+        """The resource as it stands, output items included."""
+        resource = copy.deepcopy(self.resource)
+        resource["output"] = copy.deepcopy(self._output)
+        return resource
+
+    def start(self) -> list[Event]:
+        return [
+            self._event("response.created", response=self.snapshot()),
+            self._event("response.in_progress", response=self.snapshot()),
+        ]
+
+    def heartbeat(self) -> list[Event]:
+        """Nothing new yet (a long prefill): a `response.in_progress` event as a sign of life."""
+        return [self._event("response.in_progress", response=self.snapshot())]
+
+    def chunk(self, chunk: pb.GenerateChunk) -> list[Event]:
+        events: list[Event] = []
+        if chunk.text:
+            events += self._text(chunk.text)
+        if chunk.HasField("tool_call"):
+            events += self._close_message("completed")
+            events += self._tool_call(chunk.tool_call)
+        return events
+
+    def complete(self, result: pb.GenerateResult) -> list[Event]:
+        """The engine's final result: close what is open, emit what was not streamed, finish."""
+        events: list[Event] = []
+        if result.text.startswith(self._streamed) and len(result.text) > len(self._streamed):
+            events += self._text(result.text[len(self._streamed) :])
+        unsent_calls = list(result.tool_calls[self._calls_sent :])
+        if self._message is None and not unsent_calls and self._calls_sent == 0:
+            # A turn always has a message when it calls no tool, even an empty one.
+            events += self._open_message()
+        length = result.finish_reason == pb.FINISH_REASON_LENGTH
+        events += self._close_message("incomplete" if length else "completed")
+        for call in unsent_calls:
+            events += self._tool_call(call)
+        self.resource["usage"] = usage_to_json(result.usage)
+        if result.finish_reason == pb.FINISH_REASON_CANCELLED:
+            return events + self._finish("cancelled", "response.incomplete", {"reason": "cancelled"})
+        if length:
+            return events + self._finish("incomplete", "response.incomplete", {"reason": "max_output_tokens"})
+        return events + self._finish("completed", "response.completed", None)
+
+    def cancel(self) -> list[Event]:
+        """Stopped before the engine's result (cancel endpoint or client gone)."""
+        events = self._close_message("incomplete")
+        return events + self._finish("cancelled", "response.incomplete", {"reason": "cancelled"})
+
+    def fail(self, error: APIError) -> list[Event]:
+        """A mid-stream failure: an `error` event, then `response.failed`."""
+        if self._message is not None:
+            # Keep what was produced, marked unfinished, without the closing events of a success.
+            self._output.append(
+                message_output_item(self._message.text, item_id=self._message.item_id, status="incomplete")
+            )
+            self._message = None
+        events = [self._event("error", error=error.payload())]
+        self.resource["status"] = "failed"
+        self.resource["error"] = {"code": error.code or "server_error", "message": error.message}
+        return [*events, self._event("response.failed", response=self.snapshot())]
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _event(self, event_type: str, **fields: Any) -> Event:
+        event = {"type": event_type, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return event
+
+    def _text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        self._streamed += text
+        if self._message is None:
+            self._leading += text
+            if not self._leading.strip():
+                return events
+            text, self._leading = self._leading, ""
+            events += self._open_message()
+        assert self._message is not None
+        self._message.text += text
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self._message.item_id,
+                output_index=self._message.output_index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return events
+
+    def _open_message(self) -> list[Event]:
+        self._message = _OpenMessage(item_id=self.new_id(ids.MESSAGE), output_index=len(self._output))
+        # Whitespace held back and never followed by text still belongs to the message.
+        self._message.text, self._leading = self._leading, ""
+        added = message_output_item("", item_id=self._message.item_id, status="in_progress")
+        added["content"] = []
+        events = [
+            self._event("response.output_item.added", output_index=self._message.output_index, item=added),
+            self._event(
+                "response.content_part.added",
+                item_id=self._message.item_id,
+                output_index=self._message.output_index,
+                content_index=0,
+                part=output_text_part(""),
+            ),
+        ]
+        if self._message.text:
+            events.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=self._message.item_id,
+                    output_index=self._message.output_index,
+                    content_index=0,
+                    delta=self._message.text,
+                    logprobs=[],
+                )
+            )
+        return events
+
+    def _close_message(self, status: str) -> list[Event]:
+        message = self._message
+        if message is None:
+            return []
+        self._message = None
+        item = message_output_item(message.text, item_id=message.item_id, status=status)
+        self._output.append(item)
+        where = {"item_id": message.item_id, "output_index": message.output_index, "content_index": 0}
+        return [
+            self._event("response.output_text.done", **where, text=message.text, logprobs=[]),
+            self._event("response.content_part.done", **where, part=item["content"][0]),
+            self._event("response.output_item.done", output_index=message.output_index, item=item),
+        ]
+
+    def _tool_call(self, call: pb.ToolCall) -> list[Event]:
+        item = tool_call_output_item(call, new_id=self.new_id, offered_tools=self.offered_tools)
+        index = len(self._output)
+        self._output.append(item)
+        self._calls_sent += 1
+        added = dict(item, status="in_progress")
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "custom_tool_call":
+            key, prefix = "input", "response.custom_tool_call_input"
+        else:
+            key, prefix = "arguments", "response.function_call_arguments"
+        added[key] = ""
+        return [
+            self._event("response.output_item.added", output_index=index, item=added),
+            self._event(f"{prefix}.delta", **where, delta=item[key]),
+            self._event(f"{prefix}.done", **where, **{key: item[key]}),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _finish(self, status: str, event_type: str, incomplete: dict[str, str] | None) -> list[Event]:
+        self.resource["status"] = status
+        self.resource["incomplete_details"] = incomplete
+        self.resource["completed_at"] = int(time.time())
+        return [self._event(event_type, response=self.snapshot())]

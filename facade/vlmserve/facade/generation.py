@@ -1,0 +1,219 @@
+"""One response being generated: the engine call, its events, and what gets stored.
+
+A `Generation` owns the gRPC call. Cancelling the task that iterates `events()` (a client that
+disconnects) cancels the call, so the engine stops; `cancel()` (the cancel endpoint) asks the
+engine to abort, and the generation ends with status `cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from vlmserve.client import AsyncEngineClient, EngineError
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.responses import TranslatedRequest
+
+from .errors import APIError, from_engine_error
+from .events import Event, ResponseEvents
+from .store import ResponseStore, StoredItem
+
+logger = logging.getLogger("vlmserve.facade")
+
+
+@dataclass
+class Generation:
+    response_id: str
+    translated: TranslatedRequest
+    request: pb.GenerateRequest
+    input_items: list[StoredItem]
+    resource: dict[str, Any]
+    engine: AsyncEngineClient
+    store: ResponseStore
+    timeout_s: float
+    heartbeat_s: float | None = None
+    context_length: int | None = None
+    retry_after_s: int = 1
+    conversation_id: str | None = None
+    owner: str = ""
+    on_finish: Callable[[Generation], None] | None = None
+    builder: ResponseEvents = field(init=False)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    _stream: AsyncIterator[pb.GenerateResponse] | None = None
+    _first: asyncio.Future[pb.GenerateResponse] | None = None
+    _task: asyncio.Task[Any] | None = None
+    _cancel_requested: bool = False
+
+    def __post_init__(self) -> None:
+        self.builder = ResponseEvents(self.resource, offered_tools=self.translated.offered_tools)
+
+    @property
+    def store_enabled(self) -> bool:
+        return self.translated.store
+
+    async def open(self, wait_s: float) -> None:
+        """Start the engine call and wait up to `wait_s` for its first message.
+
+        An engine error within that window raises (the route answers with a plain HTTP error
+        instead of a stream); a slower start is fine, the stream simply begins later.
+        """
+        self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+        self._first = asyncio.ensure_future(anext(self._stream))
+        done, _ = await asyncio.wait({self._first}, timeout=wait_s)
+        if done and isinstance(self._first.exception(), EngineError):
+            error = self._first.exception()
+            assert isinstance(error, EngineError)
+            self._finished()
+            raise self._api_error(error)
+
+    async def events(self, *, raise_errors: bool = False) -> AsyncIterator[Event]:
+        """All events of the response. With `raise_errors`, an engine failure raises APIError
+        (non-streaming); otherwise it becomes an `error` event and `response.failed`."""
+        self._task = asyncio.current_task()
+        builder = self.builder
+        try:
+            if self._stream is None:
+                self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+            if self.store_enabled:
+                await asyncio.to_thread(
+                    self.store.put_response,
+                    builder.snapshot(),
+                    self.input_items,
+                    owner=self.owner,
+                    conversation_id=self.conversation_id,
+                )
+            for event in builder.start():
+                yield event
+            try:
+                async for message in self._messages():
+                    if message is None:
+                        for event in builder.heartbeat():
+                            yield event
+                    elif message.WhichOneof("event") == "chunk":
+                        for event in builder.chunk(message.chunk):
+                            yield event
+                    elif message.WhichOneof("event") == "complete":
+                        for event in builder.complete(message.complete):
+                            yield event
+                        break
+                if not builder.finished:
+                    raise APIError(
+                        502, "The engine ended the response without a result.", code="engine_error"
+                    )
+            except (EngineError, APIError) as failure:
+                if (
+                    isinstance(failure, EngineError)
+                    and self._cancel_requested
+                    and (failure.code == grpc.StatusCode.CANCELLED)
+                ):
+                    events = builder.cancel()
+                else:
+                    api_error = failure if isinstance(failure, APIError) else self._api_error(failure)
+                    events = builder.fail(api_error)
+                    if raise_errors:
+                        await self._persist_final()
+                        raise api_error from None
+                for event in events:
+                    yield event
+            await self._persist_final()
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away: the engine call is cancelled with this task. Record the end
+            # synchronously; an await here would be cancelled again.
+            if not builder.finished:
+                builder.cancel()
+                self._persist_final_now()
+            raise
+        finally:
+            await self._close_stream()
+            self._finished()
+
+    async def cancel(self, wait_s: float) -> None:
+        """Ask the engine to stop this generation; wait up to `wait_s` for it to end."""
+        self._cancel_requested = True
+        found = False
+        with contextlib.suppress(EngineError):
+            found = await self.engine.abort(self.request.request_id)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.done.wait(), wait_s)
+        if not self.done.is_set() and self._task is not None:
+            # The engine did not stop it (or did not know it): cut the call from our side.
+            logger.warning("response %s: abort found=%s, cancelling the call", self.response_id, found)
+            self._task.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), wait_s)
+
+    async def abandon(self) -> None:
+        """End a generation that was never (or not fully) iterated: close its engine call."""
+        if self.done.is_set():
+            return
+        await self._close_stream()
+        self._finished()
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    async def _messages(self) -> AsyncIterator[pb.GenerateResponse | None]:
+        """The engine's messages; None whenever `heartbeat_s` passes without one."""
+        stream = self._stream
+        assert stream is not None
+        pending: asyncio.Future[pb.GenerateResponse] | None = self._first
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(stream))
+                done, _ = await asyncio.wait({pending}, timeout=self.heartbeat_s)
+                if not done:
+                    yield None
+                    continue
+                try:
+                    message = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                yield message
+        finally:
+            # asyncio.wait does not cancel what it waits for: a consumer that stops (or is
+            # cancelled) must not leave the read, and so the engine call, running.
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+
+    def _api_error(self, error: EngineError) -> APIError:
+        return from_engine_error(error, context_length=self.context_length, retry_after_s=self.retry_after_s)
+
+    async def _persist_final(self) -> None:
+        await asyncio.to_thread(self._persist_final_now)
+
+    def _persist_final_now(self) -> None:
+        resource = self.builder.snapshot()
+        self.resource = resource
+        if self.store_enabled:
+            self.store.update_response(resource, owner=self.owner)
+        if self.conversation_id is not None and resource["status"] in ("completed", "incomplete"):
+            outputs = [StoredItem(str(item["id"]), item) for item in resource["output"]]
+            self.store.append_conversation_items(
+                self.conversation_id, [*self.input_items, *outputs], owner=self.owner
+            )
+
+    async def _close_stream(self) -> None:
+        if self._first is not None and not self._first.done():
+            self._first.cancel()
+            with contextlib.suppress(BaseException):
+                await self._first
+        stream = self._stream
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(BaseException):
+                await aclose()
+
+    def _finished(self) -> None:
+        if not self.done.is_set():
+            self.done.set()
+            if self.on_finish is not None:
+                self.on_finish(self)

@@ -1,0 +1,90 @@
+"""A new ResponseResource (status in_progress) for a translated request, and stored-item helpers."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from vlmserve.responses import TranslatedRequest
+
+from . import ids
+from .store import StoredItem
+
+# Item type -> the prefix of the id the facade gives an item that came without one.
+_ITEM_ID_PREFIXES = {
+    "message": ids.MESSAGE,
+    "function_call": ids.FUNCTION_CALL,
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
+
+
+def new_resource(
+    translated: TranslatedRequest,
+    *,
+    response_id: str,
+    model_id: str,
+    conversation_id: str | None = None,
+) -> dict[str, Any]:
+    resource: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "completed_at": None,
+        "status": "in_progress",
+        "incomplete_details": None,
+        "model": model_id,
+        "output": [],
+        "error": None,
+        "usage": None,
+        **copy.deepcopy(translated.echo_fields()),
+    }
+    if conversation_id is not None:
+        resource["conversation"] = {"id": conversation_id}
+    if translated.user is not None:
+        resource["user"] = translated.user
+    return resource
+
+
+def stored_items(items: list[Any]) -> list[StoredItem]:
+    """Raw items with the id they are listed under: the client's own, or a fresh one."""
+    result: list[StoredItem] = []
+    for item in items:
+        raw = dict(item)
+        item_id = raw.get("id")
+        if not isinstance(item_id, str) or not item_id:
+            item_type = raw.get("type") or ("message" if "role" in raw else "item")
+            item_id = ids.new_id(_ITEM_ID_PREFIXES.get(str(item_type), ids.ITEM))
+        result.append(StoredItem(item_id, raw))
+    return result
+
+
+def listed_item(stored: StoredItem) -> dict[str, Any]:
+    """A stored raw item as `input_items` lists it: with its id, and `detail` on every image.
+
+    The item is otherwise exactly what the client sent (images included, order kept).
+    """
+    item = copy.deepcopy(stored.item)
+    item["id"] = stored.id
+    for key in ("content", "output"):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            for part in parts:
+                _default_detail(part)
+    return item
+
+
+def _default_detail(part: object) -> None:
+    if not isinstance(part, dict):
+        return
+    if part.get("type") == "input_image" and part.get("detail") is None:
+        part["detail"] = "auto"
+    elif part.get("type") == "image_url":
+        inner = part.get("image_url")
+        if isinstance(inner, dict) and inner.get("detail") is None:
+            inner["detail"] = "auto"
+        elif isinstance(inner, str) and part.get("detail") is None:
+            part["detail"] = "auto"

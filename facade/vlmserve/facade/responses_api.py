@@ -1,0 +1,180 @@
+"""`/v1/responses` routes: create (plain and streamed), retrieve, delete, input items, tokens, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from .errors import APIError, not_found
+from .generation import Generation
+from .openapi import CREATE_RESPONSE_BODY, INPUT_TOKENS_BODY
+from .request_body import read_json
+from .resource import listed_item
+from .state import FacadeState, facade_state, owner_of
+from .store import ItemPage, UnknownCursorError
+
+T = TypeVar("T")
+
+IGNORED_TOOLS_HEADER = "x-vlmserve-ignored-tools"
+# Status for a request whose client left before the answer (nginx's convention; never seen by it).
+CLIENT_CLOSED_REQUEST = 499
+
+router = APIRouter(prefix="/v1/responses", tags=["responses"])
+State = Annotated[FacadeState, Depends(facade_state)]
+
+
+@router.post("", openapi_extra=CREATE_RESPONSE_BODY, response_model=None)
+async def create_response(request: Request, state: State) -> Response:
+    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
+    generation = await state.responses.prepare(body, owner=owner_of(request))
+    headers = _ignored_tools_header(generation)
+    if generation.translated.stream:
+        try:
+            await generation.open(state.settings.timeouts.stream_first_message)
+        except BaseException:
+            await generation.abandon()
+            raise
+        # The background task runs after the stream, also when the client left before it began.
+        return EventSourceResponse(
+            _sse(generation), headers=headers, sep="\n", background=BackgroundTask(generation.abandon)
+        )
+    try:
+        resource = await _unless_disconnected(request, _collect(generation))
+    finally:
+        await generation.abandon()
+    if resource is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(resource, headers=headers)
+
+
+@router.post("/input_tokens", openapi_extra=INPUT_TOKENS_BODY)
+async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
+    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
+    tokens = await state.responses.count_tokens(body, owner=owner_of(request))
+    return {"object": "response.input_tokens", "input_tokens": tokens}
+
+
+@router.get("/{response_id}")
+async def retrieve_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
+    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner_of(request))
+    if resource is None:
+        raise not_found("response", response_id)
+    return resource
+
+
+@router.delete("/{response_id}")
+async def delete_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
+    deleted = await asyncio.to_thread(state.store.delete_response, response_id, owner=owner_of(request))
+    if not deleted:
+        raise not_found("response", response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.get("/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    state: State,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    include: Annotated[list[str] | None, Query(alias="include[]")] = None,
+) -> dict[str, Any]:
+    try:
+        page = await asyncio.to_thread(
+            state.store.list_input_items,
+            response_id,
+            after=after,
+            limit=limit,
+            order=order,
+            owner=owner_of(request),
+        )
+    except UnknownCursorError:
+        raise APIError(400, "Invalid value for 'after': no input item has this id.", param="after") from None
+    if page is None:
+        raise not_found("response", response_id)
+    return item_list(page)
+
+
+@router.post("/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
+    owner = owner_of(request)
+    generation = state.responses.running.get(response_id)
+    if generation is not None and generation.owner == owner:
+        await generation.cancel(state.settings.timeouts.control)
+        resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+        return resource if resource is not None else generation.builder.snapshot()
+    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+    if resource is None:
+        raise not_found("response", response_id)
+    if resource["status"] in ("in_progress", "queued", "cancelled"):
+        # In progress here means its generation died with a previous facade process.
+        resource["status"] = "cancelled"
+        await asyncio.to_thread(state.store.update_response, resource, owner=owner)
+        return resource
+    raise APIError(
+        400,
+        f"Cannot cancel a response whose status is {resource['status']}.",
+        param="response_id",
+        code="response_not_cancellable",
+    )
+
+
+def item_list(page: ItemPage) -> dict[str, Any]:
+    data = [listed_item(entry) for entry in page.items]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": page.has_more,
+    }
+
+
+def _ignored_tools_header(generation: Generation) -> dict[str, str]:
+    ignored = sorted(set(generation.translated.ignored_tools))
+    return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
+
+
+async def _sse(generation: Generation) -> AsyncIterator[ServerSentEvent]:
+    async for event in generation.events():
+        # One line of JSON per event: json.dumps escapes every newline inside strings.
+        yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
+    yield ServerSentEvent(data="[DONE]")
+
+
+async def _collect(generation: Generation) -> dict[str, Any]:
+    async for _ in generation.events(raise_errors=True):
+        pass
+    return generation.builder.snapshot()
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; if the client disconnects first, cancel it (and so the engine call): None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        watcher.cancel()
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next ASGI message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,177 @@
+"""Turning a `POST /v1/responses` body into a ready `Generation`: model, replay, translation, limits.
+
+Everything about the Responses JSON itself (validation, items, parts, lowering, tools) is the
+translation package's job; this module only fetches what the translation needs from the store
+and the engine, and applies the facade's own limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmserve.client import AsyncEngineClient, EngineError
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
+
+from . import ids
+from .catalog import ModelCatalog, image_limits
+from .errors import APIError, from_engine_error, not_found
+from .generation import Generation
+from .resource import new_resource, stored_items
+from .settings import FacadeSettings
+from .store import MissingChainLinkError, ResponseStore
+
+logger = logging.getLogger("vlmserve.facade")
+
+ImageSourceFactory = Callable[[], ImageSource | None]
+
+
+@dataclass
+class Translation:
+    translated: TranslatedRequest
+    info: pb.GetModelInfoResponse
+
+
+@dataclass
+class ResponsesService:
+    settings: FacadeSettings
+    engine: AsyncEngineClient
+    store: ResponseStore
+    catalog: ModelCatalog
+    # Makes the image source for one request (remote http(s) images); None: remote URLs refused.
+    image_sources: ImageSourceFactory | None = None
+    # Generations in flight, by response id (for the cancel endpoint and shutdown).
+    running: dict[str, Generation] = field(default_factory=dict)
+
+    async def translate(self, body: object, *, owner: str = "") -> Translation:
+        """Validate and translate a request body, with its replayed history, for this engine."""
+        if not isinstance(body, Mapping):
+            raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+        info = await self.catalog.info()
+        replay = await self._replay(body, owner)
+        translated = await asyncio.to_thread(
+            build_generate_request,
+            body,
+            resolve_item=lambda item_id: self.store.find_item(item_id, owner=owner),
+            image_source=self.image_source(),
+            image_limits=image_limits(info),
+            replay=replay,
+        )
+        info = await self.catalog.resolve(translated.model)
+        request = translated.request
+        request.model = info.model_id
+        self._apply_output_limit(request)
+        return Translation(translated, info)
+
+    async def prepare(self, body: object, *, owner: str = "") -> Generation:
+        translation = await self.translate(body, owner=owner)
+        translated, info = translation.translated, translation.info
+        response_id = ids.new_id(ids.RESPONSE)
+        translated.request.request_id = response_id
+        if translated.ignored_tools:
+            logger.info(
+                "response %s: hosted tools left out of the prompt: %s",
+                response_id,
+                ", ".join(sorted(set(translated.ignored_tools))),
+            )
+        generation = Generation(
+            response_id=response_id,
+            translated=translated,
+            request=translated.request,
+            input_items=stored_items(translated.input_items),
+            resource=new_resource(
+                translated,
+                response_id=response_id,
+                model_id=info.model_id,
+                conversation_id=translated.conversation_id,
+            ),
+            engine=self.engine,
+            store=self.store,
+            timeout_s=self.settings.timeouts.generate,
+            heartbeat_s=self.settings.timeouts.heartbeat,
+            context_length=info.context_length or None,
+            retry_after_s=self.settings.retry_after_s,
+            conversation_id=translated.conversation_id,
+            owner=owner,
+            on_finish=self._forget,
+        )
+        self.running[response_id] = generation
+        return generation
+
+    def image_source(self) -> ImageSource | None:
+        """A fresh image source for one request (per-request byte budgets live in it)."""
+        return self.image_sources() if self.image_sources is not None else None
+
+    def _forget(self, generation: Generation) -> None:
+        self.running.pop(generation.response_id, None)
+
+    async def _replay(self, body: Mapping[str, Any], owner: str) -> Sequence[Any]:
+        """The stored items a request continues from (previous_response_id or conversation)."""
+        previous = body.get("previous_response_id")
+        conversation = body.get("conversation")
+        conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
+        if isinstance(previous, str) and conversation is None:
+            try:
+                items = await asyncio.to_thread(
+                    self.store.replay_items,
+                    previous,
+                    owner=owner,
+                    max_depth=self.settings.limits.max_chain_depth,
+                )
+            except MissingChainLinkError as error:
+                raise not_found("response", error.response_id, param="previous_response_id") from None
+            if items is None:
+                raise not_found("response", previous, param="previous_response_id")
+            return items
+        if isinstance(conversation_id, str) and previous is None:
+            stored = await asyncio.to_thread(self.store.conversation_items, conversation_id, owner=owner)
+            if stored is None:
+                raise not_found("conversation", conversation_id, param="conversation")
+            return [entry.item for entry in stored]
+        # Anything else is for the translation to accept or refuse with the right param.
+        return ()
+
+    def _apply_output_limit(self, request: pb.GenerateRequest) -> None:
+        limits = self.settings.limits
+        sampling = request.sampling
+        if not sampling.HasField("max_tokens"):
+            default = limits.default_max_output_tokens
+            if limits.max_output_tokens is not None:
+                default = min(default or limits.max_output_tokens, limits.max_output_tokens)
+            if default is not None:
+                sampling.max_tokens = default
+        elif limits.max_output_tokens is not None and sampling.max_tokens > limits.max_output_tokens:
+            raise APIError(
+                400,
+                f"Invalid value for 'max_output_tokens': at most {limits.max_output_tokens} on this server.",
+                param="max_output_tokens",
+                code="invalid_value",
+            )
+
+    async def count_tokens(self, body: object, *, owner: str = "") -> int:
+        translation = await self.translate(body, owner=owner)
+        try:
+            counted = await self.engine.count_tokens(
+                translation.translated.request, timeout=self.settings.timeouts.control
+            )
+        except EngineError as error:
+            raise from_engine_error(
+                error,
+                context_length=translation.info.context_length or None,
+                retry_after_s=self.settings.retry_after_s,
+            ) from None
+        return int(counted.input_tokens)
+
+    async def cancel_all(self) -> None:
+        """Shutdown: stop every generation still running."""
+        await asyncio.gather(
+            *(
+                generation.cancel(self.settings.timeouts.control)
+                for generation in list(self.running.values())
+            ),
+            return_exceptions=True,
+        )

@@ -1,0 +1,33 @@
+"""What the routes share: settings, engine client, store, model catalog, running generations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from vlmserve.client import AsyncEngineClient
+
+from .catalog import ModelCatalog
+from .service import ResponsesService
+from .settings import FacadeSettings
+from .store import ResponseStore
+
+
+@dataclass
+class FacadeState:
+    settings: FacadeSettings
+    engine: AsyncEngineClient
+    store: ResponseStore
+    catalog: ModelCatalog
+    responses: ResponsesService
+
+
+def facade_state(request: Request) -> FacadeState:
+    state: FacadeState = request.app.state.facade
+    return state
+
+
+def owner_of(request: Request) -> str:
+    """Whose stored objects a request may see; an authentication dependency sets it (issue 5)."""
+    return str(getattr(request.state, "owner", ""))

@@ -1,0 +1,204 @@
+"""A scripted engine: a real grpc.aio server implementing the contract, for facade tests.
+
+The facade's tests are about HTTP behaviour, so the engine is faked here (and only here): it
+records every request it receives, answers with a script, and notes when a call was cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from vlmserve.client import ENGINE_SERVICE_NAME
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+
+MODEL_ID = "fixture/tiny-vlm"
+CONTEXT_LENGTH = 4096
+
+
+@dataclass
+class Script:
+    """What the next Generate call does."""
+
+    text_chunks: list[str] = field(default_factory=lambda: ["Hello", ", ", "world."])
+    tool_calls: list[pb.ToolCall] = field(default_factory=list)
+    finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_STOP
+    usage: pb.Usage = field(
+        default_factory=lambda: pb.Usage(input_tokens=11, output_tokens=3, cached_tokens=2)
+    )
+    # Fail with this status after `error_after` chunks (0: before any output).
+    error: tuple[grpc.StatusCode, str] | None = None
+    error_after: int = 0
+    # Seconds between chunks; with `hang`, keep going until cancelled or aborted.
+    delay_s: float = 0.0
+    hang: bool = False
+    # Seconds before the first message (a long prefill).
+    first_delay_s: float = 0.0
+
+
+def model_info() -> pb.GetModelInfoResponse:
+    return pb.GetModelInfoResponse(
+        model_id=MODEL_ID,
+        architecture="qwen2_vl",
+        context_length=CONTEXT_LENGTH,
+        input_modalities=[pb.MODALITY_TEXT, pb.MODALITY_IMAGE],
+        has_chat_template=True,
+        max_output_tokens=512,
+        tool_call_format="hermes",
+        loaded_at=1_700_000_000,
+    )
+
+
+class FakeEngine(pb_grpc.EngineServiceServicer):
+    def __init__(self) -> None:
+        self.script = Script()
+        self.requests: list[pb.GenerateRequest] = []
+        self.count_requests: list[pb.GenerateRequest] = []
+        self.aborts: list[str] = []
+        self.cancelled = asyncio.Event()
+        self.started = asyncio.Event()
+        self.chunks_sent = 0
+        self._abort_events: dict[str, asyncio.Event] = {}
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        self.requests.append(request)
+        script = self.script
+        aborted = self._abort_events.setdefault(request.request_id, asyncio.Event())
+        self.started.set()
+        try:
+            if script.first_delay_s:
+                await asyncio.sleep(script.first_delay_s)
+            chunks = [pb.GenerateChunk(text=text) for text in script.text_chunks]
+            chunks += [pb.GenerateChunk(tool_call=call) for call in script.tool_calls]
+            sent_text: list[str] = []
+            index = 0
+            while index < len(chunks) or script.hang:
+                if script.error is not None and index == script.error_after:
+                    await context.abort(script.error[0], script.error[1])
+                if aborted.is_set():
+                    yield _complete(request, "".join(sent_text), [], pb.FINISH_REASON_CANCELLED, script.usage)
+                    return
+                if index < len(chunks):
+                    chunk = chunks[index]
+                    sent_text.append(chunk.text)
+                    self.chunks_sent += 1
+                    yield pb.GenerateResponse(chunk=chunk)
+                index += 1
+                if script.delay_s or script.hang:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(aborted.wait(), script.delay_s or 0.05)
+            if script.error is not None and script.error_after >= len(chunks):
+                await context.abort(script.error[0], script.error[1])
+            yield _complete(
+                request, "".join(sent_text), script.tool_calls, script.finish_reason, script.usage
+            )
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def GenerateUnary(
+        self, request: pb.GenerateUnaryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GenerateUnaryResponse:
+        result = None
+        async for response in self.Generate(request.request, context):
+            if response.WhichOneof("event") == "complete":
+                result = response.complete
+        return pb.GenerateUnaryResponse(result=result)
+
+    async def CountTokens(
+        self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CountTokensResponse:
+        self.count_requests.append(request.request)
+        if self.script.error is not None:
+            await context.abort(self.script.error[0], self.script.error[1])
+        images = sum(
+            1
+            for message in request.request.messages
+            for part in message.parts
+            if part.WhichOneof("kind") == "image"
+        )
+        words = sum(
+            len(part.text.text.split())
+            for message in request.request.messages
+            for part in message.parts
+            if part.WhichOneof("kind") == "text"
+        )
+        return pb.CountTokensResponse(input_tokens=words + 10 * images, image_count=images)
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        return model_info()
+
+    async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        self.aborts.append(request.request_id)
+        event = self._abort_events.get(request.request_id)
+        if event is None:
+            return pb.AbortResponse(found=False)
+        event.set()
+        return pb.AbortResponse(found=True)
+
+
+def _complete(
+    request: pb.GenerateRequest,
+    text: str,
+    tool_calls: list[pb.ToolCall],
+    finish_reason: pb.FinishReason.ValueType,
+    usage: pb.Usage,
+) -> pb.GenerateResponse:
+    images = sum(
+        1 for message in request.messages for part in message.parts if part.WhichOneof("kind") == "image"
+    )
+    counted = pb.Usage()
+    counted.CopyFrom(usage)
+    counted.image_count = images
+    return pb.GenerateResponse(
+        complete=pb.GenerateResult(
+            request_id=request.request_id,
+            model=MODEL_ID,
+            text=text,
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
+            usage=counted,
+        )
+    )
+
+
+@dataclass
+class RunningFakeEngine:
+    servicer: FakeEngine
+    health: health.aio.HealthServicer
+    server: grpc.aio.Server
+    address: str
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.set(ENGINE_SERVICE_NAME, status)
+        await self.health.set("", status)
+
+    async def stop(self) -> None:
+        await self.server.stop(grace=None)
+
+
+async def start_fake_engine(address: str = "127.0.0.1:0") -> RunningFakeEngine:
+    servicer = FakeEngine()
+    health_servicer = health.aio.HealthServicer()
+    server = grpc.aio.server()
+    pb_grpc.add_EngineServiceServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    await server.start()
+    host = address.rsplit(":", 1)[0]
+    running = RunningFakeEngine(servicer, health_servicer, server, f"{host}:{port}")
+    await running.set_serving(True)
+    return running
