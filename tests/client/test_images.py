@@ -137,5 +137,5 @@ def test_animated_gif_gives_its_first_frame() -> None:
     frames = [Image.new("RGB", (4, 4), colour) for colour in ((255, 0, 0), (0, 0, 255))]
     buffer = io.BytesIO()
     frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
-    red, green, blue = decode_image(buffer.getvalue()).getpixel((0, 0))  # type: ignore[misc]
+    red, _green, blue = decode_image(buffer.getvalue()).getpixel((0, 0))  # type: ignore[misc]
     assert red > 200 and blue < 50

@@ -1,0 +1,47 @@
+"""Incremental detokenization: each new token yields the text it completes, right away.
+
+mlx-vlm's BPE streaming detokenizer holds text until a token starting with a space arrives, so
+output without spaces (code, CJK, a repeating random model) would only stream at the end. This
+decodes a small window instead: the text of the tokens since the last emitted boundary, minus
+what that window already produced. A window ending inside a multi-byte character (U+FFFD at
+the end) waits for the next token. Work per token is bounded by the window, not the output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["IncrementalDetokenizer"]
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._tokens: list[int] = []
+        # tokens[prefix:read] were already emitted; decoding from `prefix` keeps the context a
+        # SentencePiece decoder needs for leading spaces.
+        self._prefix = 0
+        self._read = 0
+
+    def _decode(self, tokens: list[int]) -> str:
+        text: str = self._tokenizer.decode(tokens, skip_special_tokens=True)
+        return text
+
+    def add(self, token: int) -> str:
+        """Add a generated token; return the new text it completes ("" if not yet decidable)."""
+        self._tokens.append(token)
+        before = self._decode(self._tokens[self._prefix : self._read])
+        after = self._decode(self._tokens[self._prefix :])
+        if len(after) > len(before) and not after.endswith(_REPLACEMENT):
+            self._prefix, self._read = self._read, len(self._tokens)
+            return after[len(before) :]
+        return ""
+
+    def flush(self) -> str:
+        """Generation ended: whatever the pending tokens decode to, even if incomplete."""
+        before = self._decode(self._tokens[self._prefix : self._read])
+        after = self._decode(self._tokens[self._prefix :])
+        self._prefix = self._read = len(self._tokens)
+        return after[len(before) :] if len(after) > len(before) else ""

@@ -1,0 +1,287 @@
+"""The generation thread: the only thread that touches MLX.
+
+It loads the model (MLX streams are thread-local, so loading happens here too), warms it up,
+then serves jobs from a bounded admission queue. Up to `max_active` jobs are in flight at once
+and advance round-robin, one step each (input preparation, a prefill chunk, or one token), so a
+long prompt cannot starve a short one and batching can replace the loop body later. A job's
+cancel flag is checked before each of its steps. Any failure of one job becomes that job's
+error; the thread itself keeps running.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.images import ImageLimits
+
+from .decode import ActiveGeneration
+from .errors import RequestError
+from .jobs import Job, JobKind, JobReport, PreparedRequest
+from .model import LoadedModel, default_model, load_model
+from .prefix_cache import PrefixCache, vision_token_ids
+from .sampling import SamplingSettings
+
+__all__ = ["EngineConfig", "Generator"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = field(default_factory=default_model)
+    trust_remote_code: bool = False
+    # See model.DTYPE_CHOICES.
+    dtype: str = "auto"
+    # Cap on generated tokens per request (also the default when a request sets none).
+    max_output_tokens: int = 4096
+    # Requests waiting for a slot; more are refused with RESOURCE_EXHAUSTED.
+    max_queue: int = 64
+    # Requests advancing together (round-robin, one step each).
+    max_active: int = 8
+    prefill_chunk_tokens: int = 512
+    # Reuse the previous request's KV cache when a prompt shares at least this many leading
+    # tokens with it (0 disables; see prefix_cache.py).
+    prefix_cache_min_tokens: int = 64
+    image_limits: ImageLimits = field(default_factory=ImageLimits)
+    max_images_per_request: int = 16
+    warmup: bool = True
+
+
+ReadyCallback = Callable[[LoadedModel | None, BaseException | None], None]
+
+
+class Generator:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        # Notified whenever a job leaves, for draining.
+        self._idle = threading.Condition(self._lock)
+        self._jobs: dict[str, Job] = {}
+        self._waiting = 0
+        self._accepting = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.loaded: LoadedModel | None = None
+        self.load_error: BaseException | None = None
+        self.ready = threading.Event()
+        # Recent finished jobs, newest last (logs, tests, metrics).
+        self.reports: collections.deque[JobReport] = collections.deque(maxlen=256)
+
+    # -- lifecycle (any thread) -------------------------------------------------------------
+
+    def start(self, on_ready: ReadyCallback | None = None) -> None:
+        """Start the generation thread; it loads and warms the model, then calls `on_ready`."""
+        if self._thread is not None:
+            raise RuntimeError("generator already started")
+        self._thread = threading.Thread(
+            target=self._run, args=(on_ready,), name="vlmserve-generation", daemon=True
+        )
+        self._thread.start()
+
+    def stop_accepting(self) -> None:
+        with self._lock:
+            self._accepting = False
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Cancel everything still in flight and end the thread."""
+        with self._lock:
+            self._accepting = False
+            self._stopping = True
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.cancel()
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job is queued or running (True), or the timeout passes (False)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._jobs, timeout)
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    # -- requests (asyncio thread) ----------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Admit a job or refuse it with a RequestError (queue full, not ready, duplicate id)."""
+        with self._lock:
+            if not self._accepting:
+                raise RequestError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the engine is not accepting requests (loading or shutting down)",
+                )
+            if job.request_id in self._jobs:
+                raise RequestError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"request id {job.request_id!r} is already queued or running",
+                )
+            if self._waiting >= self.config.max_queue:
+                raise RequestError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the engine's queue is full ({self._waiting} requests waiting, "
+                    f"limit {self.config.max_queue}); retry later",
+                )
+            self._jobs[job.request_id] = job
+            self._waiting += 1
+        self._queue.put(job)
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            job = self._jobs.get(request_id)
+        if job is None:
+            return False
+        job.cancel()
+        return True
+
+    # -- the generation thread --------------------------------------------------------------
+
+    def _run(self, on_ready: ReadyCallback | None) -> None:
+        try:
+            loaded = load_model(
+                self.config.model,
+                trust_remote_code=self.config.trust_remote_code,
+                dtype=self.config.dtype,
+                max_output_tokens=self.config.max_output_tokens,
+                image_limits=self.config.image_limits,
+                max_images_per_request=self.config.max_images_per_request,
+            )
+            if self.config.warmup:
+                self._warm_up(loaded)
+        except BaseException as error:  # reported to the server, which exits
+            log.exception("model load failed")
+            self.load_error = error
+            if on_ready is not None:
+                on_ready(None, error)
+            return
+        self.loaded = loaded
+        with self._lock:
+            # Stopped while loading: never start accepting.
+            self._accepting = not self._stopping
+        self.ready.set()
+        if on_ready is not None:
+            on_ready(loaded, None)
+        self._serve(loaded)
+
+    def _warm_up(self, loaded: LoadedModel) -> None:
+        """One short generation with an image, so the first request does not pay for kernel setup."""
+        from PIL import Image
+
+        started = time.perf_counter()
+        content: list[dict[str, str]] = [{"type": "image"}, {"type": "text", "text": "warm-up"}]
+        if loaded.template is not None:
+            text = loaded.template.apply_chat_template(
+                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = "warm-up"
+        request = PreparedRequest(
+            request_id="warm-up",
+            kind=JobKind.GENERATE,
+            prompt_text=str(text),
+            images=(Image.new("RGB", (112, 112), (127, 127, 127)),) if loaded.template is not None else (),
+            settings=SamplingSettings(max_tokens=2, temperature=0.0),
+        )
+        generation = ActiveGeneration(
+            Job(request, None), loaded, prefill_chunk_tokens=self.config.prefill_chunk_tokens
+        )
+        while not generation.done:
+            generation.step()
+        log.info("warm-up done in %.2fs", time.perf_counter() - started)
+
+    def _serve(self, loaded: LoadedModel) -> None:
+        active: collections.deque[ActiveGeneration] = collections.deque()
+        prefix_cache = PrefixCache(
+            min_tokens=self.config.prefix_cache_min_tokens,
+            vision_ids=vision_token_ids(loaded.model.config),
+        )
+        while True:
+            while len(active) < self.config.max_active:
+                try:
+                    job = self._queue.get(block=not active)
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._drain_on_stop(active, loaded)
+                    return
+                with self._lock:
+                    self._waiting -= 1
+                active.append(
+                    ActiveGeneration(
+                        job,
+                        loaded,
+                        prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                        prefix_cache=prefix_cache,
+                    )
+                )
+            if not active:
+                continue
+            generation = active.popleft()
+            self._advance(generation)
+            if generation.done:
+                self._retire(generation)
+            else:
+                active.append(generation)
+
+    def _advance(self, generation: ActiveGeneration) -> None:
+        if generation.job.cancelled:
+            generation.finish(pb.FINISH_REASON_CANCELLED)
+            return
+        try:
+            generation.step()
+        except RequestError as error:
+            generation.fail(error)
+        except Exception as error:
+            log.exception("request %s failed", generation.job.request_id)
+            generation.fail(
+                RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
+            )
+
+    def _retire(self, generation: ActiveGeneration) -> None:
+        report = generation.report()
+        self.reports.append(report)
+        with self._lock:
+            self._jobs.pop(generation.job.request_id, None)
+            self._idle.notify_all()
+        generation.job.done.set()
+        if generation.job.request.kind is JobKind.GENERATE:
+            first = generation.first_token_at
+            log.info(
+                "request %s: prompt_tokens=%d images=%d generated=%d ttft=%s finish=%s%s",
+                report.request_id,
+                report.prompt_tokens,
+                report.image_count,
+                report.output_tokens,
+                f"{first - generation.started_at:.3f}s" if first is not None else "-",
+                pb.FinishReason.Name(report.finish_reason) if report.finish_reason else "ERROR",
+                f" tokens_after_cancel={report.tokens_after_cancel}" if generation.job.cancelled else "",
+            )
+
+    def _drain_on_stop(self, active: collections.deque[ActiveGeneration], loaded: LoadedModel) -> None:
+        """Stop requested: everything still here ends as cancelled."""
+        pending = list(active)
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                with self._lock:
+                    self._waiting -= 1
+                pending.append(ActiveGeneration(job, loaded, prefill_chunk_tokens=1))
+        for generation in pending:
+            generation.finish(pb.FINISH_REASON_CANCELLED)
+            self._retire(generation)

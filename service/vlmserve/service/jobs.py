@@ -1,0 +1,129 @@
+"""A request as the generation thread sees it, and the events it sends back.
+
+The gRPC side builds a `Job` (prompt already rendered, images already decoded), hands it to the
+generator, and reads `Event`s from the job's asyncio queue. The generation thread reaches the
+event loop only through `Job.emit` (loop.call_soon_threadsafe), never directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+from .errors import RequestError
+from .sampling import SamplingSettings
+
+__all__ = [
+    "CountedEvent",
+    "Event",
+    "FailedEvent",
+    "FinishedEvent",
+    "Job",
+    "JobKind",
+    "JobReport",
+    "PreparedRequest",
+    "TextEvent",
+    "ToolCallEvent",
+]
+
+
+class JobKind(enum.Enum):
+    GENERATE = "generate"
+    COUNT_TOKENS = "count_tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """Everything the generation thread needs; built without MLX on the gRPC side."""
+
+    request_id: str
+    kind: JobKind
+    prompt_text: str
+    # Decoded RGB PIL images, in prompt order.
+    images: tuple[Any, ...]
+    settings: SamplingSettings
+    # "" when tool calls are not parsed for this request (no tools, tool_choice NONE, no format).
+    tool_call_format: str = ""
+    # Forced-call markup already at the end of `prompt_text`; the output parser starts with it.
+    assistant_prefix: str = ""
+    parallel_tool_calls: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TextEvent:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEvent:
+    call: pb.ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedEvent:
+    result: pb.GenerateResult
+
+
+@dataclass(frozen=True, slots=True)
+class CountedEvent:
+    input_tokens: int
+    image_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailedEvent:
+    error: RequestError
+
+
+Event = TextEvent | ToolCallEvent | FinishedEvent | CountedEvent | FailedEvent
+
+
+@dataclass(frozen=True, slots=True)
+class JobReport:
+    """What a finished job did; kept by the engine for logs, metrics and tests."""
+
+    request_id: str
+    finish_reason: pb.FinishReason.ValueType
+    prompt_tokens: int
+    output_tokens: int
+    # Tokens produced after cancellation was requested (the goal: at most one step's worth).
+    tokens_after_cancel: int
+    image_count: int
+
+
+@dataclass(eq=False)
+class Job:
+    request: PreparedRequest
+    # None for the engine's own jobs (warm-up): their events go nowhere.
+    loop: asyncio.AbstractEventLoop | None
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    _cancel: threading.Event = field(default_factory=threading.Event)
+    # Set by the generation thread when the job has sent its last event.
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def cancel(self) -> None:
+        """Ask the generation thread to stop this job at its next step (any thread)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def emit(self, event: Event) -> None:
+        """Generation thread -> the job's asyncio queue. A closed loop means nobody listens."""
+        if self.loop is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)

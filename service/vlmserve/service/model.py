@@ -1,0 +1,191 @@
+"""Loading an mlx-vlm model and the facts the engine reports about it.
+
+`load_model` must run on the generation thread (MLX state is thread-local); everything else
+here is plain data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vlmserve.images import SUPPORTED_MEDIA_TYPES, ImageLimits
+
+from .prompt import ChatTemplate
+from .tool_parsers import tool_call_format_for
+
+__all__ = [
+    "DEFAULT_MODEL_PATH",
+    "DTYPE_CHOICES",
+    "LoadedModel",
+    "ModelInfo",
+    "default_model",
+    "load_model",
+    "model_id_for",
+]
+
+log = logging.getLogger(__name__)
+
+# The committed random-weight fixture; VLMSERVE_MODEL (or --model) points elsewhere.
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[3] / "models" / "qwen2-vl-tiny"
+
+
+def default_model() -> str:
+    return os.environ.get("VLMSERVE_MODEL") or str(DEFAULT_MODEL_PATH)
+
+
+def model_id_for(model: str) -> str:
+    """A local directory is known by its name; a hub id by itself."""
+    path = Path(model)
+    return path.resolve().name if path.exists() else model
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    model_id: str
+    # The --model argument as given (a request may name the model either way).
+    source: str
+    architecture: str
+    context_length: int
+    has_chat_template: bool
+    tool_call_format: str
+    image_limits: ImageLimits
+    max_images_per_request: int
+    max_output_tokens: int
+    loaded_at: float
+    media_types: tuple[str, ...] = SUPPORTED_MEDIA_TYPES
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """The model and its processor. Touch only from the generation thread."""
+
+    model: Any
+    processor: Any
+    # What renders prompts: the tokenizer when it has a chat template, else the processor.
+    template: ChatTemplate | None
+    tokenizer: Any
+    info: ModelInfo
+    eos_token_ids: frozenset[int]
+
+
+def _check_no_checkpoint_code(model_dir: Path) -> None:
+    """mlx-vlm imports `model_file` from a checkpoint; that is remote code, refused by default."""
+    config_path = model_dir / "config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if config.get("model_file"):
+            raise ValueError(
+                f"{config_path} declares model_file={config['model_file']!r} (code shipped with the "
+                "checkpoint); pass --trust-remote-code to run it"
+            )
+
+
+def _context_length(model: Any, tokenizer: Any) -> int:
+    config = getattr(model, "config", None)
+    for holder in (getattr(config, "text_config", None), config):
+        for name in ("max_position_embeddings", "max_sequence_length", "seq_length"):
+            value = getattr(holder, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    value = getattr(tokenizer, "model_max_length", None)
+    if isinstance(value, int) and 0 < value < 10**9:
+        return value
+    return 4096
+
+
+def _chat_template_holder(processor: Any, tokenizer: Any) -> ChatTemplate | None:
+    if getattr(tokenizer, "chat_template", None):
+        template: ChatTemplate = tokenizer
+        return template
+    if getattr(processor, "chat_template", None):
+        holder: ChatTemplate = processor
+        return holder
+    return None
+
+
+# --dtype choices: "auto" casts half-precision weights to float32 on the CPU backend, where
+# MLX's float16 kernels are 2-4x slower than float32 through BLAS; on a GPU it keeps them.
+DTYPE_CHOICES = ("auto", "keep", "float32", "float16", "bfloat16")
+
+
+def _apply_dtype(model: Any, dtype: str) -> str:
+    """Cast floating weights as asked; returns what was done, for the log."""
+    import mlx.core as mx
+
+    if dtype == "keep":
+        return "kept"
+    if dtype == "auto":
+        if mx.default_device() != mx.cpu:
+            return "kept (GPU)"
+        dtype = "float32"
+    target = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}[dtype]
+    model.set_dtype(target)
+    return dtype
+
+
+def load_model(
+    source: str,
+    *,
+    trust_remote_code: bool = False,
+    dtype: str = "auto",
+    max_output_tokens: int,
+    image_limits: ImageLimits,
+    max_images_per_request: int,
+) -> LoadedModel:
+    """`mlx_vlm.load` on a local path or hub id, plus the engine's view of the model."""
+    from mlx_vlm.utils import load
+
+    local = Path(source)
+    if local.exists() and not trust_remote_code:
+        _check_no_checkpoint_code(local)
+    started = time.perf_counter()
+    model, processor = load(source, trust_remote_code=trust_remote_code)
+    dtype_done = _apply_dtype(model, dtype)
+    tokenizer: Any = getattr(processor, "tokenizer", processor)
+    template = _chat_template_holder(processor, tokenizer)
+    chat_template_text = getattr(tokenizer, "chat_template", None) or getattr(
+        processor, "chat_template", None
+    )
+    architecture = str(getattr(model.config, "model_type", "") or "")
+    criteria = getattr(tokenizer, "stopping_criteria", None)
+    eos = set(getattr(criteria, "eos_token_ids", None) or [])
+    if isinstance(tokenizer.eos_token_id, int):
+        eos.add(tokenizer.eos_token_id)
+    tool_format = tool_call_format_for(
+        architecture, chat_template_text if isinstance(chat_template_text, str) else None
+    )
+    info = ModelInfo(
+        model_id=model_id_for(source),
+        source=source,
+        architecture=architecture,
+        context_length=_context_length(model, tokenizer),
+        has_chat_template=template is not None,
+        tool_call_format=tool_format,
+        image_limits=image_limits,
+        max_images_per_request=max_images_per_request,
+        max_output_tokens=max_output_tokens,
+        loaded_at=time.time(),
+    )
+    log.info(
+        "loaded %s (%s, context %d, tool format %r, weights %s) in %.2fs",
+        info.model_id,
+        architecture,
+        info.context_length,
+        tool_format,
+        dtype_done,
+        time.perf_counter() - started,
+    )
+    return LoadedModel(
+        model=model,
+        processor=processor,
+        template=template,
+        tokenizer=tokenizer,
+        info=info,
+        eos_token_ids=frozenset(int(i) for i in eos),
+    )

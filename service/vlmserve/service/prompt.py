@@ -1,0 +1,355 @@
+"""Contract messages -> the model's chat template -> prompt text. Pure: no MLX, no server.
+
+`render_prompt` is the one place a conversation becomes a prompt, for the engine and for
+anything that must build prompts exactly as the engine does (e.g. training data):
+
+    from transformers import AutoTokenizer
+    from vlmserve.service.prompt import render_prompt
+    tokenizer = AutoTokenizer.from_pretrained("models/qwen2-vl-tiny")
+    rendered = render_prompt(messages, template=tokenizer)      # messages: Sequence[pb.Message]
+    rendered.text    # the prompt, ending with the assistant generation prompt
+    rendered.images  # PromptImage(part, where) per image, in prompt order
+
+Rules (violations raise `RequestError` INVALID_ARGUMENT with a message naming the rule):
+- images only in user turns; the caller lowers images elsewhere into a following user turn;
+- tool outputs are text at the engine: `tool_output.text`, or parts that are text (joined with
+  "\\n") and JSON parts (appended as one JSON-array line, as the lowering does); images or
+  files in a tool output are refused;
+- file parts are refused anywhere (the engine does not read documents);
+- a JSON part in a message is rendered as its JSON text;
+- developer turns render as system turns (chat templates have no developer role);
+- tool choice: NONE renders no tools and parses no calls; AUTO renders the tools; REQUIRED or a
+  named function also starts the assistant turn with the call markup (`assistant_prefix`) so
+  the model must write a call; a named function must be one of the request's tools;
+- response_format json_object/json_schema adds an instruction to the system turn (best effort:
+  no constrained decoding).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+from .errors import invalid_argument
+from .tool_parsers import HERMES_FORMAT
+
+__all__ = [
+    "ChatTemplate",
+    "PromptImage",
+    "RenderedPrompt",
+    "TemplateConversation",
+    "ToolMode",
+    "render_prompt",
+    "to_template_conversation",
+]
+
+_ROLE_NAMES: Mapping[int, str] = {
+    pb.ROLE_SYSTEM: "system",
+    pb.ROLE_DEVELOPER: "system",
+    pb.ROLE_USER: "user",
+    pb.ROLE_ASSISTANT: "assistant",
+    pb.ROLE_TOOL: "tool",
+}
+
+ToolMode = str  # "none" | "auto" | "required" | "function"
+
+
+class ChatTemplate(Protocol):
+    """What renders a conversation: a transformers tokenizer or processor."""
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PromptImage:
+    part: pb.ImagePart
+    # Where it came from, for error messages: "messages[2].parts[0]".
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateConversation:
+    """The chat-template inputs for a request, before rendering."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    images: tuple[PromptImage, ...]
+    tool_mode: ToolMode
+    # REQUIRED / named tool choice: text the assistant turn starts with.
+    assistant_prefix: str = ""
+    tool_names: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    # The prompt, generation prompt and `assistant_prefix` included.
+    text: str
+    images: tuple[PromptImage, ...]
+    tool_mode: ToolMode
+    # Already part of `text`; the output parser is primed with it.
+    assistant_prefix: str
+
+
+def _tool_mode(choice: pb.ToolChoice | None, tool_names: frozenset[str]) -> tuple[ToolMode, str | None]:
+    """(mode, forced function name) from the request's tool choice."""
+    kind = choice.WhichOneof("choice") if choice is not None else None
+    if kind == "function_name":
+        assert choice is not None
+        name = choice.function_name
+        if not name:
+            raise invalid_argument("tool_choice.function_name must not be empty")
+        if name not in tool_names:
+            known = ", ".join(sorted(tool_names)) or "none"
+            raise invalid_argument(
+                f"tool_choice.function_name {name!r} is not one of the request's tools ({known})"
+            )
+        return "function", name
+    mode = choice.mode if kind == "mode" and choice is not None else pb.TOOL_CHOICE_MODE_UNSPECIFIED
+    if mode == pb.TOOL_CHOICE_MODE_UNSPECIFIED:
+        return ("auto" if tool_names else "none"), None
+    if mode == pb.TOOL_CHOICE_MODE_NONE:
+        return "none", None
+    if mode == pb.TOOL_CHOICE_MODE_AUTO:
+        return ("auto" if tool_names else "none"), None
+    if mode == pb.TOOL_CHOICE_MODE_REQUIRED:
+        if not tool_names:
+            raise invalid_argument("tool_choice is REQUIRED but the request has no tools")
+        return "required", None
+    raise invalid_argument(f"tool_choice.mode {mode} is not a known tool choice mode")
+
+
+def _tools(tools: Sequence[pb.Tool]) -> tuple[list[dict[str, Any]], frozenset[str]]:
+    rendered: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for index, tool in enumerate(tools):
+        if tool.WhichOneof("kind") != "function":
+            raise invalid_argument(f"tools[{index}]: only function tools are supported")
+        function = tool.function
+        if not function.name:
+            raise invalid_argument(f"tools[{index}].function.name must not be empty")
+        if function.name in names:
+            raise invalid_argument(f"tools[{index}]: duplicate tool name {function.name!r}")
+        names.add(function.name)
+        parameters: Any = {"type": "object", "properties": {}}
+        if function.parameters_json:
+            try:
+                parameters = json.loads(function.parameters_json)
+            except ValueError:
+                raise invalid_argument(f"tools[{index}].function.parameters_json is not valid JSON") from None
+        spec: dict[str, Any] = {"name": function.name}
+        if function.description:
+            spec["description"] = function.description
+        spec["parameters"] = parameters
+        rendered.append({"type": "function", "function": spec})
+    return rendered, frozenset(names)
+
+
+def _message_content(
+    message: pb.Message, where: str, role: str, images: list[PromptImage]
+) -> list[dict[str, Any]]:
+    content: list[dict[str, Any]] = []
+    for index, part in enumerate(message.parts):
+        part_where = f"{where}.parts[{index}]"
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            content.append({"type": "text", "text": part.text.text})
+        elif kind == "json":
+            content.append({"type": "text", "text": part.json.json})
+        elif kind == "image":
+            if role != "user":
+                raise invalid_argument(
+                    f"{part_where}: images are accepted only in user turns, not in a "
+                    f"{pb.Role.Name(message.role)} turn; move the image into a following user turn "
+                    "(the image follow-up lowering)"
+                )
+            if not part.image.data:
+                raise invalid_argument(f"{part_where}: image data is empty")
+            images.append(PromptImage(part=part.image, where=part_where))
+            content.append({"type": "image"})
+        elif kind == "file":
+            name = part.file.filename or part.file.file_id or "unnamed"
+            raise invalid_argument(f"{part_where}: file inputs ({name!r}) are not supported by this engine")
+        else:
+            raise invalid_argument(f"{part_where}: empty part (no text, image, file or json)")
+    return content
+
+
+def _tool_output_text(output: pb.ToolOutput, where: str) -> str:
+    kind = output.WhichOneof("output")
+    if kind == "text" or kind is None:
+        return output.text
+    texts: list[str] = []
+    json_texts: list[str] = []
+    for index, part in enumerate(output.parts.parts):
+        part_where = f"{where}.tool_output.parts.parts[{index}]"
+        part_kind = part.WhichOneof("kind")
+        if part_kind == "text":
+            texts.append(part.text.text)
+        elif part_kind == "json":
+            json_texts.append(part.json.json)
+        elif part_kind == "image":
+            raise invalid_argument(
+                f"{part_where}: images are accepted only in user turns, not in a tool output; "
+                "lower them into a following user turn (the image follow-up lowering)"
+            )
+        elif part_kind == "file":
+            raise invalid_argument(f"{part_where}: file parts are not supported in tool outputs")
+        else:
+            raise invalid_argument(f"{part_where}: empty part")
+    if json_texts:
+        texts.append("[" + ", ".join(json_texts) + "]")
+    return "\n".join(texts)
+
+
+def _assistant_tool_calls(message: pb.Message, where: str) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    for index, call in enumerate(message.tool_calls):
+        if not call.name:
+            raise invalid_argument(f"{where}.tool_calls[{index}].name must not be empty")
+        arguments: Any
+        if call.kind == pb.TOOL_KIND_CUSTOM:
+            # Free-form input: shown as a JSON string so the markup stays JSON.
+            arguments = json.dumps(call.arguments, ensure_ascii=False)
+        else:
+            try:
+                arguments = json.loads(call.arguments) if call.arguments else {}
+            except ValueError:
+                arguments = call.arguments  # history as the model wrote it
+        calls.append(
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+        )
+    return calls
+
+
+def _format_instruction(response_format: pb.ResponseFormat | None) -> str:
+    kind = response_format.WhichOneof("format") if response_format is not None else None
+    if response_format is None or kind in (None, "text"):
+        return ""
+    if kind == "json_object":
+        return "Respond with a single JSON object and nothing else."
+    schema = response_format.json_schema
+    if schema.schema_json:
+        try:
+            json.loads(schema.schema_json)
+        except ValueError:
+            raise invalid_argument("response_format.json_schema.schema_json is not valid JSON") from None
+    text = "Respond with a single JSON object that matches this JSON schema, and nothing else"
+    if schema.name:
+        text += f" (schema {schema.name!r})"
+    return f"{text}:\n{schema.schema_json or '{}'}"
+
+
+def _add_system_instruction(messages: list[dict[str, Any]], instruction: str) -> None:
+    if not instruction:
+        return
+    if messages and messages[0]["role"] == "system":
+        messages[0]["content"] = [*messages[0]["content"], {"type": "text", "text": "\n\n" + instruction}]
+    else:
+        messages.insert(0, {"role": "system", "content": [{"type": "text", "text": instruction}]})
+
+
+def to_template_conversation(
+    messages: Sequence[pb.Message],
+    *,
+    tools: Sequence[pb.Tool] = (),
+    tool_choice: pb.ToolChoice | None = None,
+    response_format: pb.ResponseFormat | None = None,
+    tool_call_format: str = HERMES_FORMAT,
+) -> TemplateConversation:
+    """Validate contract messages and convert them to chat-template inputs (no rendering)."""
+    if not messages:
+        raise invalid_argument("messages must not be empty")
+    tool_specs, tool_names = _tools(tools)
+    mode, forced_name = _tool_mode(tool_choice, tool_names)
+    if mode in ("required", "function") and tool_call_format != HERMES_FORMAT:
+        raise invalid_argument("this model has no tool-call format, so tool_choice cannot force a call")
+    images: list[PromptImage] = []
+    converted: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        role = _ROLE_NAMES.get(message.role)
+        if role is None:
+            raise invalid_argument(f"{where}.role must be one of system, developer, user, assistant, tool")
+        if message.tool_calls and role != "assistant":
+            raise invalid_argument(f"{where}: only assistant turns may carry tool_calls")
+        if message.HasField("tool_output") and role != "tool":
+            raise invalid_argument(f"{where}: only tool turns may carry tool_output")
+        if role == "tool":
+            if message.parts:
+                raise invalid_argument(f"{where}: a tool turn carries its result in tool_output, not parts")
+            if not message.HasField("tool_output"):
+                raise invalid_argument(f"{where}: a tool turn needs tool_output")
+            entry: dict[str, Any] = {
+                "role": "tool",
+                "content": _tool_output_text(message.tool_output, where),
+                "tool_call_id": message.tool_output.call_id,
+            }
+        else:
+            entry = {"role": role, "content": _message_content(message, where, role, images)}
+            if role == "assistant" and message.tool_calls:
+                entry["tool_calls"] = _assistant_tool_calls(message, where)
+        converted.append(entry)
+    _add_system_instruction(converted, _format_instruction(response_format))
+    prefix = ""
+    if mode == "required":
+        prefix = "<tool_call>\n"
+    elif mode == "function":
+        prefix = '<tool_call>\n{"name": ' + json.dumps(forced_name, ensure_ascii=False) + ', "arguments": '
+    return TemplateConversation(
+        messages=converted,
+        tools=tool_specs if mode != "none" and tool_specs else None,
+        images=tuple(images),
+        tool_mode=mode,
+        assistant_prefix=prefix,
+        tool_names=tool_names,
+    )
+
+
+def render_conversation(conversation: TemplateConversation, template: ChatTemplate) -> RenderedPrompt:
+    """Render already-converted inputs with the model's chat template."""
+    try:
+        text = template.apply_chat_template(
+            conversation.messages,
+            tools=conversation.tools,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+    except Exception as error:  # jinja2 TemplateError and friends: the template refused the input
+        raise invalid_argument(f"the model's chat template rejected the conversation: {error}") from None
+    if not isinstance(text, str):
+        raise invalid_argument("the model's chat template did not produce text")
+    return RenderedPrompt(
+        text=text + conversation.assistant_prefix,
+        images=conversation.images,
+        tool_mode=conversation.tool_mode,
+        assistant_prefix=conversation.assistant_prefix,
+    )
+
+
+def render_prompt(
+    messages: Sequence[pb.Message],
+    *,
+    template: ChatTemplate,
+    tools: Sequence[pb.Tool] = (),
+    tool_choice: pb.ToolChoice | None = None,
+    response_format: pb.ResponseFormat | None = None,
+    tool_call_format: str = HERMES_FORMAT,
+) -> RenderedPrompt:
+    """The prompt the engine would build for these messages (see the module docstring).
+
+    `template`: the model's tokenizer (or processor) with its chat template, e.g.
+    `AutoTokenizer.from_pretrained(model_dir)` or `processor.tokenizer` from `mlx_vlm.load`.
+    Raises `RequestError` (INVALID_ARGUMENT) for input the engine would refuse.
+    """
+    conversation = to_template_conversation(
+        messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        response_format=response_format,
+        tool_call_format=tool_call_format,
+    )
+    return render_conversation(conversation, template)

@@ -1,0 +1,242 @@
+"""The grpc.aio server: EngineService, grpc.health.v1, reflection, drain on shutdown.
+
+Handlers are thin: check, prepare (in a worker thread, no MLX), enqueue, then relay the job's
+events. Bad input ends the call with a status code (`RequestError.code`), never INTERNAL. A
+handler that ends early (client cancel, disconnect, deadline) cancels its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from vlmserve.client import MAX_MESSAGE_BYTES, server_options
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+
+from .auth import EngineSecurity
+from .errors import RequestError
+from .generator import EngineConfig, Generator
+from .jobs import CountedEvent, Event, FailedEvent, FinishedEvent, Job, JobKind, TextEvent, ToolCallEvent
+from .model import LoadedModel
+from .request_prep import prepare_request
+
+__all__ = ["ENGINE_SERVICE_NAME", "EngineServer", "EngineServicer"]
+
+log = logging.getLogger(__name__)
+
+ENGINE_SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["EngineService"].full_name
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: RequestError) -> NoReturn:
+    await context.abort(error.code, error.message)
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+class EngineServicer(pb_grpc.EngineServiceServicer):
+    def __init__(self, generator: Generator) -> None:
+        self._generator = generator
+
+    def _loaded(self) -> LoadedModel:
+        loaded = self._generator.loaded
+        if loaded is None or not self._generator.ready.is_set():
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry shortly")
+        return loaded
+
+    async def _admit(
+        self, request: pb.GenerateRequest, kind: JobKind, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Job:
+        try:
+            loaded = self._loaded()
+            prepared = await asyncio.to_thread(
+                prepare_request, request, kind=kind, info=loaded.info, template=loaded.template
+            )
+            job = Job(prepared, asyncio.get_running_loop())
+            self._generator.submit(job)
+        except RequestError as error:
+            await _abort(context, error)
+        return job
+
+    async def _events(self, job: Job) -> AsyncIterator[Event]:
+        """The job's events, consecutive text merged; cancels the job if the caller leaves early."""
+        pending: Event | None = None
+        ended = False
+        try:
+            while True:
+                event = pending if pending is not None else await job.events.get()
+                pending = None
+                if isinstance(event, TextEvent):
+                    text = event.text
+                    while not job.events.empty():
+                        following = job.events.get_nowait()
+                        if isinstance(following, TextEvent):
+                            text += following.text
+                        else:
+                            pending = following
+                            break
+                    event = TextEvent(text)
+                ended = isinstance(event, FinishedEvent | FailedEvent | CountedEvent)
+                yield event
+                if ended:
+                    return
+        finally:
+            if not ended:
+                job.cancel()
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        job = await self._admit(request, JobKind.GENERATE, context)
+        async for event in self._events(job):
+            if isinstance(event, TextEvent):
+                yield pb.GenerateResponse(chunk=pb.GenerateChunk(text=event.text))
+            elif isinstance(event, ToolCallEvent):
+                yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call=event.call))
+            elif isinstance(event, FinishedEvent):
+                yield pb.GenerateResponse(complete=event.result)
+            elif isinstance(event, FailedEvent):
+                await _abort(context, event.error)
+
+    async def GenerateUnary(
+        self, request: pb.GenerateUnaryRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GenerateUnaryResponse:
+        job = await self._admit(request.request, JobKind.GENERATE, context)
+        async for event in self._events(job):
+            if isinstance(event, FinishedEvent):
+                return pb.GenerateUnaryResponse(result=event.result)
+            if isinstance(event, FailedEvent):
+                await _abort(context, event.error)
+        await _abort(context, RequestError(grpc.StatusCode.INTERNAL, "generation ended without a result"))
+
+    async def CountTokens(
+        self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CountTokensResponse:
+        job = await self._admit(request.request, JobKind.COUNT_TOKENS, context)
+        async for event in self._events(job):
+            if isinstance(event, CountedEvent):
+                return pb.CountTokensResponse(input_tokens=event.input_tokens, image_count=event.image_count)
+            if isinstance(event, FailedEvent):
+                await _abort(context, event.error)
+        await _abort(context, RequestError(grpc.StatusCode.INTERNAL, "token count ended without a result"))
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetModelInfoResponse:
+        try:
+            info = self._loaded().info
+        except RequestError as error:
+            await _abort(context, error)
+        return pb.GetModelInfoResponse(
+            model_id=info.model_id,
+            architecture=info.architecture,
+            context_length=info.context_length,
+            input_modalities=[pb.MODALITY_TEXT, pb.MODALITY_IMAGE],
+            image_limits=pb.ImageLimits(
+                max_images_per_request=info.max_images_per_request,
+                max_image_bytes=info.image_limits.max_bytes,
+                max_image_pixels=info.image_limits.max_pixels,
+                media_types=list(info.media_types),
+            ),
+            has_chat_template=info.has_chat_template,
+            max_output_tokens=info.max_output_tokens,
+            tool_call_format=info.tool_call_format,
+            loaded_at=int(info.loaded_at),
+        )
+
+    async def Abort(
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AbortResponse:
+        if not request.request_id:
+            await _abort(
+                context, RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+            )
+        return pb.AbortResponse(found=self._generator.abort(request.request_id))
+
+
+class EngineServer:
+    """Owns the gRPC server and the generator. Start serving health first, then load."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        security: EngineSecurity | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.generator = Generator(config)
+        self.health = HealthServicer()
+        self._security = security if security is not None else EngineSecurity()
+        self._server = grpc.aio.server(
+            options=server_options(max_message_bytes), interceptors=self._security.interceptors()
+        )
+        pb_grpc.add_EngineServiceServicer_to_server(EngineServicer(self.generator), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (
+                ENGINE_SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self._server,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._load_done: asyncio.Event | None = None
+
+    async def start(self, address: str) -> str:
+        """Bind and serve (health NOT_SERVING until loaded). Returns the bound address."""
+        self._loop = asyncio.get_running_loop()
+        self._load_done = asyncio.Event()
+        for service in ("", ENGINE_SERVICE_NAME):
+            await self.health.set(service, _NOT_SERVING)
+        port = self._security.add_port(self._server, address)
+        if not address.startswith("unix:"):
+            if port == 0:
+                raise OSError(f"could not bind {address}")
+            host = address.rsplit(":", 1)[0]
+            address = f"{host}:{port}"
+        await self._server.start()
+        log.info("listening on %s", address)
+        return address
+
+    def load(self) -> None:
+        """Start the generation thread: it loads and warms the model, then health turns SERVING."""
+        self.generator.start(on_ready=self._on_ready)
+
+    def _on_ready(self, loaded: LoadedModel | None, error: BaseException | None) -> None:
+        # Called on the generation thread; hop to the event loop.
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._mark_loaded(loaded is not None)))
+
+    async def _mark_loaded(self, ok: bool) -> None:
+        if ok:
+            for service in ("", ENGINE_SERVICE_NAME):
+                await self.health.set(service, _SERVING)
+        assert self._load_done is not None
+        self._load_done.set()
+
+    async def wait_loaded(self) -> None:
+        """Wait until loading finished; raises the load error if it failed."""
+        assert self._load_done is not None
+        await self._load_done.wait()
+        if self.generator.load_error is not None:
+            raise self.generator.load_error
+
+    async def shutdown(self, grace_seconds: float = 30.0) -> None:
+        """NOT_SERVING, refuse new work, let in-flight requests finish for up to the grace, then stop."""
+        self.generator.stop_accepting()
+        await self.health.enter_graceful_shutdown()
+        if not await asyncio.to_thread(self.generator.wait_idle, grace_seconds):
+            log.warning("grace period over: cancelling %d requests", self.generator.in_flight)
+        await asyncio.to_thread(self.generator.stop)
+        # A moment for handlers to send the final messages of cancelled jobs.
+        await self._server.stop(grace=1.0)
+        log.info("stopped")

@@ -1,0 +1,50 @@
+"""Incremental detokenization with the fixture tokenizer: streamed pieces join to the full decode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from vlmserve.service.detokenizer import IncrementalDetokenizer
+from vlmserve.service.model import DEFAULT_MODEL_PATH
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(str(DEFAULT_MODEL_PATH))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello world, this is a test.",
+        "ftpftpftpftpftp",  # no spaces: must still stream token by token
+        "naïve café — 日本語 😀 done",  # multi-byte characters split across byte-level tokens
+        'def f(x):\n    return {"a": [1, 2]}\n',
+        "<tool_call>\n{}\n</tool_call>",
+    ],
+)
+def test_pieces_join_to_the_full_decode(tokenizer: Any, text: str) -> None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    pieces = [detokenizer.add(token) for token in ids]
+    pieces.append(detokenizer.flush())
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+    assert "\ufffd" not in "".join(pieces)
+
+
+def test_text_without_spaces_streams_before_the_end(tokenizer: Any) -> None:
+    ids = tokenizer.encode("ftp" * 10, add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    emitted = [detokenizer.add(token) for token in ids]
+    assert sum(1 for piece in emitted if piece) >= len(ids) - 1
+
+
+def test_special_tokens_are_not_text(tokenizer: Any) -> None:
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert detokenizer.add(im_start) == ""
+    hello = tokenizer.encode("hi", add_special_tokens=False)
+    assert "".join(detokenizer.add(t) for t in hello) + detokenizer.flush() == "hi"

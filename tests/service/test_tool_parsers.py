@@ -1,0 +1,152 @@
+"""Streaming tool-call parsing: markup never leaks as text, calls arrive whole, splits do not matter."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from vlmserve.service.tool_parsers import (
+    HERMES_FORMAT,
+    HermesToolCallParser,
+    Piece,
+    PlainTextParser,
+    TextPiece,
+    ToolCallPiece,
+    collect,
+    tool_call_format_for,
+)
+
+CALL_LS = '<tool_call>\n{"name": "shell", "arguments": {"cmd": ["ls", "-l"]}}\n</tool_call>'
+CALL_READ = '<tool_call>\n{"name": "read", "arguments": {"path": "a.txt"}}\n</tool_call>'
+
+
+def summary(pieces: list[Piece]) -> list[tuple[str, str]]:
+    """Pieces as comparable tuples; call ids are random, arguments compared as JSON."""
+    out: list[tuple[str, str]] = []
+    for piece in pieces:
+        if isinstance(piece, TextPiece):
+            out.append(("text", piece.text))
+        else:
+            assert isinstance(piece, ToolCallPiece)
+            assert piece.call.id.startswith("call_")
+            out.append((piece.call.name, json.dumps(json.loads(piece.call.arguments), sort_keys=True)))
+    return out
+
+
+def args(**kwargs: object) -> str:
+    return json.dumps(kwargs, sort_keys=True)
+
+
+CASES = [
+    ("plain text", "Hello there.", [("text", "Hello there.")]),
+    ("one call", CALL_LS, [("shell", args(cmd=["ls", "-l"]))]),
+    (
+        "text then call",
+        "Let me look.\n" + CALL_LS,
+        [("text", "Let me look.\n"), ("shell", args(cmd=["ls", "-l"]))],
+    ),
+    (
+        "two calls, whitespace between dropped",
+        CALL_LS + "\n" + CALL_READ + "\n",
+        [("shell", args(cmd=["ls", "-l"])), ("read", args(path="a.txt"))],
+    ),
+    ("text after a call kept", CALL_LS + "\nDone.", [("shell", args(cmd=["ls", "-l"])), ("text", "\nDone.")]),
+    (
+        "invalid JSON body given back as text",
+        "<tool_call>\n{not json}\n</tool_call>",
+        [("text", "<tool_call>\n{not json}\n</tool_call>")],
+    ),
+    (
+        "body without a name given back as text",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        [("text", '<tool_call>{"arguments": {}}</tool_call>')],
+    ),
+    (
+        "unfinished call given back at the end",
+        '<tool_call>\n{"name": "x"',
+        [("text", '<tool_call>\n{"name": "x"')],
+    ),
+    ("near-miss tag is text", "a <tool_cal b", [("text", "a <tool_cal b")]),
+    ("stray end tag is text", "x </tool_call> y", [("text", "x </tool_call> y")]),
+    (
+        "arguments given as a JSON string",
+        '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
+        [("f", args(a=1))],
+    ),
+    ("missing arguments mean {}", '<tool_call>{"name": "f"}</tool_call>', [("f", args())]),
+    (
+        "unicode survives",
+        '<tool_call>{"name": "f", "arguments": {"q": "é ü 日本"}}</tool_call>',
+        [("f", args(q="é ü 日本"))],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("split", ["whole", "by_char", "by_3"])
+def test_hermes_parser(name: str, text: str, expected: list[tuple[str, str]], split: str) -> None:
+    if split == "whole":
+        chunks = [text]
+    elif split == "by_char":
+        chunks = list(text)
+    else:
+        chunks = [text[i : i + 3] for i in range(0, len(text), 3)]
+    assert summary(collect(HermesToolCallParser(), chunks)) == expected
+
+
+def test_markup_is_never_streamed_before_it_is_decided() -> None:
+    parser = HermesToolCallParser()
+    streamed = ""
+    for char in "ok " + CALL_LS:
+        for piece in parser.feed(char):
+            if isinstance(piece, TextPiece):
+                streamed += piece.text
+    assert streamed == "ok "
+    assert "<" not in streamed
+
+
+def test_call_is_emitted_the_moment_its_end_tag_arrives() -> None:
+    parser = HermesToolCallParser()
+    assert parser.feed(CALL_LS[:-1]) == []
+    pieces = parser.feed(CALL_LS[-1])
+    assert len(pieces) == 1 and isinstance(pieces[0], ToolCallPiece)
+
+
+def test_over_long_call_is_given_back_as_text_and_bounded() -> None:
+    parser = HermesToolCallParser(max_call_chars=100)
+    body = '{"name": "f", "arguments": {"x": "' + "a" * 500 + '"}}'
+    pieces = collect(parser, ["<tool_call>", body[:200], body[200:], "</tool_call>"])
+    assert summary(pieces) == [("text", "<tool_call>" + body + "</tool_call>")]
+
+
+def test_feeding_is_linear_in_the_input() -> None:
+    """A long call fed one character at a time must not rescan the whole buffer each time."""
+    body = '{"name": "f", "arguments": {"x": "' + "b" * 200_000 + '"}}'
+    parser = HermesToolCallParser()
+    calls = 0
+    started = time.perf_counter()
+    for char in "<tool_call>" + body + "</tool_call>":
+        calls += sum(isinstance(p, ToolCallPiece) for p in parser.feed(char))
+    assert calls == 1
+    # Rescanning the buffer per character would be ~2e10 steps (minutes); linear is well under a second.
+    assert time.perf_counter() - started < 5
+
+
+def test_plain_parser_passes_markup_through() -> None:
+    assert summary(collect(PlainTextParser(), [CALL_LS])) == [("text", CALL_LS)]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "template", "expected"),
+    [
+        ("qwen2_vl", None, HERMES_FORMAT),
+        ("qwen2_5_vl", "", HERMES_FORMAT),
+        ("llava", "{{ '<tool_call>' }}", HERMES_FORMAT),
+        ("llava", "{{ messages }}", ""),
+        ("paligemma", None, ""),
+    ],
+)
+def test_format_is_chosen_per_family(model_type: str, template: str | None, expected: str) -> None:
+    assert tool_call_format_for(model_type, template) == expected
