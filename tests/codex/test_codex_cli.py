@@ -1,0 +1,68 @@
+"""The real, pinned Codex CLI runs one `codex exec` turn against the running facade (fixture model).
+
+Pass: the turn completes, or fails only with Codex's `Incomplete response returned, reason:
+max_output_tokens` (a tiny random model may run out of tokens). Any other error — a 4xx/5xx, a
+stream Codex cannot parse, a stream without a terminal event, an idle timeout — fails the test.
+Skipped only where node or the npm-installed CLI is missing, and never under CI (CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests._services import free_port
+from tests.codex.codex_cli import (
+    INCOMPLETE_MAX_OUTPUT,
+    PINNED_VERSION,
+    codex_unavailable_reason,
+    codex_version,
+    loopback_only_env,
+    run_codex_exec,
+    write_config,
+)
+from tests.codex.codex_requests import screenshot_png
+
+# Bounds the whole run: a ~9k-token prompt prefills in seconds on the fixture model, and the
+# engine's output cap bounds decode. Codex's own idle timer must outlast the slowest prefill.
+CODEX_TIMEOUT_S = 240
+IDLE_TIMEOUT_MS = 200_000
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def codex_env(tmp_path_factory: pytest.TempPathFactory, facade_url: str) -> tuple[dict[str, str], Path]:
+    reason = codex_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"Codex CLI must run in CI: {reason}")
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("codex")
+    codex_home = root / "codex-home"
+    write_config(codex_home, f"{facade_url}/v1", model="default", idle_timeout_ms=IDLE_TIMEOUT_MS)
+    workdir = root / "project"
+    workdir.mkdir()
+    (workdir / "screenshot.png").write_bytes(screenshot_png())
+    return loopback_only_env(codex_home, dead_port=free_port()), workdir
+
+
+def test_pinned_codex_version(codex_env: tuple[dict[str, str], Path]) -> None:
+    env, _ = codex_env
+    assert codex_version(env) == f"codex-cli {PINNED_VERSION}"
+
+
+def test_codex_exec_turn_ends_without_protocol_error(codex_env: tuple[dict[str, str], Path]) -> None:
+    env, workdir = codex_env
+    run = run_codex_exec(
+        "Use view_image on screenshot.png and say what shapes it shows.", workdir, env, CODEX_TIMEOUT_S
+    )
+    assert not run.protocol_problems(), run.describe()
+    result = run.turn_results()[0]
+    if result["type"] == "turn.completed":
+        # Usage reached Codex from response.completed.
+        assert result["usage"]["input_tokens"] > 0, run.describe()
+    else:
+        assert result["error"]["message"] == INCOMPLETE_MAX_OUTPUT, run.describe()
