@@ -50,11 +50,14 @@ class ServiceProcess:
                 self.process.wait()
 
 
-def start_engine(log_dir: Path, *, model: str | None = None, extra: tuple[str, ...] = ()) -> ServiceProcess:
+def start_engine(
+    log_dir: Path, *, model: str | None = None, address: str | None = None, extra: tuple[str, ...] = ()
+) -> ServiceProcess:
+    """`vlmserve-engine` on `address` (a free loopback port by default), once it reports SERVING."""
     from vlmserve.client import EngineClient
 
-    address = f"127.0.0.1:{free_port()}"
-    log_path = log_dir / f"engine-{address.replace(':', '_')}.log"
+    address = address or f"127.0.0.1:{free_port()}"
+    log_path = log_dir / f"engine-{address.replace(':', '_')}-{time.monotonic_ns()}.log"
     command = [str(BIN / "vlmserve-engine"), "--address", address, *extra]
     if model := model or os.environ.get("VLMSERVE_TEST_MODEL"):
         command += ["--model", model]
@@ -67,7 +70,7 @@ def start_engine(log_dir: Path, *, model: str | None = None, extra: tuple[str, .
             if process.poll() is not None or time.monotonic() > deadline:
                 service.stop()
                 raise RuntimeError(f"engine did not become ready:\n{service.log()[-4000:]}")
-            time.sleep(0.2)
+            time.sleep(0.1)
     return service
 
 

@@ -229,12 +229,35 @@ class Generator:
                 )
             if not active:
                 continue
+            self._end_cancelled_waiting(loaded)
             generation = active.popleft()
             self._advance(generation)
             if generation.done:
                 self._retire(generation)
             else:
                 active.append(generation)
+
+    def _end_cancelled_waiting(self, loaded: LoadedModel) -> None:
+        """End queued jobs whose caller left or aborted now, not when a slot frees up.
+
+        Otherwise each would keep its queue place (new requests refused as the queue is "full")
+        and its caller waiting, for as long as the running jobs take.
+        """
+        # Queue.mutex and Queue.queue are the stdlib Queue's own lock and deque; this queue is
+        # unbounded and never join()ed, so removing items under its lock keeps it consistent.
+        with self._queue.mutex:
+            waiting = self._queue.queue
+            cancelled = [job for job in waiting if job is not None and job.cancelled]
+            for job in cancelled:
+                waiting.remove(job)
+        if not cancelled:
+            return
+        with self._lock:
+            self._waiting -= len(cancelled)
+        for job in cancelled:
+            generation = ActiveGeneration(job, loaded, prefill_chunk_tokens=1)
+            generation.finish(pb.FINISH_REASON_CANCELLED)
+            self._retire(generation)
 
     def _advance(self, generation: ActiveGeneration) -> None:
         if generation.job.cancelled:
