@@ -47,3 +47,14 @@ def facade_process(
 @pytest.fixture(scope="session")
 def facade_url(facade_process: ServiceProcess) -> str:
     return facade_process.address
+
+
+@pytest.fixture(scope="session")
+def random_engine_address(service_logs: Path) -> Iterator[str]:
+    """An engine on the random-weight fixture model, which never ends a turn by itself:
+    for tests that need a generation to still be running (cancel, abort, deadlines)."""
+    from vlmserve.service.model import RANDOM_MODEL_PATH
+
+    service = start_engine(service_logs, model=str(RANDOM_MODEL_PATH))
+    yield service.address
+    service.stop()

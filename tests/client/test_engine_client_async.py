@@ -1,4 +1,4 @@
-"""The asyncio client library against the real engine process (`vlmserve-engine`, fixture model)."""
+"""The asyncio client library against a real engine process on the random-weight fixture model."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def request(prompt: str = "Hello", *, max_tokens: int = 6, **fields: object) -> 
     )
 
 
-async def test_async_stream_unary_and_count(engine_address: str) -> None:
-    async with AsyncEngineClient(engine_address) as client:
+async def test_async_stream_unary_and_count(random_engine_address: str) -> None:
+    async with AsyncEngineClient(random_engine_address) as client:
         assert await client.health()
         responses = [r async for r in client.generate(request())]
         assert responses[-1].HasField("complete")
@@ -30,8 +30,8 @@ async def test_async_stream_unary_and_count(engine_address: str) -> None:
         assert counted.input_tokens == unary.usage.input_tokens
 
 
-async def test_concurrent_requests_all_complete(engine_address: str) -> None:
-    async with AsyncEngineClient(engine_address) as client:
+async def test_concurrent_requests_all_complete(random_engine_address: str) -> None:
+    async with AsyncEngineClient(random_engine_address) as client:
         results = await asyncio.gather(
             *(client.generate_unary(request(f"Question {i}", max_tokens=4)) for i in range(4))
         )
@@ -39,8 +39,8 @@ async def test_concurrent_requests_all_complete(engine_address: str) -> None:
     assert len({r.request_id for r in results}) == 4
 
 
-async def test_abort_ends_a_stream_with_cancelled(engine_address: str) -> None:
-    async with AsyncEngineClient(engine_address) as client:
+async def test_abort_ends_a_stream_with_cancelled(random_engine_address: str) -> None:
+    async with AsyncEngineClient(random_engine_address) as client:
         stream = client.generate(request(max_tokens=2000, request_id="async-abort"))
         first = await anext(stream)
         assert first.HasField("chunk")
@@ -53,9 +53,9 @@ async def test_abort_ends_a_stream_with_cancelled(engine_address: str) -> None:
         assert last.complete.usage.output_tokens < 2000
 
 
-async def test_bad_tool_choice_is_a_typed_error(engine_address: str) -> None:
+async def test_bad_tool_choice_is_a_typed_error(random_engine_address: str) -> None:
     tool = pb.Tool(function=pb.FunctionTool(name="shell", parameters_json="{}"))
     req = request(tools=[tool], tool_choice=pb.ToolChoice(function_name="other"))
-    async with AsyncEngineClient(engine_address) as client:
+    async with AsyncEngineClient(random_engine_address) as client:
         with pytest.raises(InvalidArgumentError, match="'other' is not one of the request's tools"):
             await client.generate_unary(req)

@@ -1,4 +1,4 @@
-"""The blocking client library against the real engine process (`vlmserve-engine`, fixture model)."""
+"""The blocking client library against a real engine process on the random-weight fixture model."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 
 @pytest.fixture(scope="module")
-def client(engine_address: str) -> Iterator[EngineClient]:
-    with EngineClient(engine_address) as client:
+def client(random_engine_address: str) -> Iterator[EngineClient]:
+    with EngineClient(random_engine_address) as client:
         yield client
 
 

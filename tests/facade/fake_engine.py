@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from vlmserve.client import ENGINE_SERVICE_NAME
+from vlmserve.client import ENGINE_SERVICE_NAME, server_options
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -193,7 +193,8 @@ class RunningFakeEngine:
 async def start_fake_engine(address: str = "127.0.0.1:0") -> RunningFakeEngine:
     servicer = FakeEngine()
     health_servicer = health.aio.HealthServicer()
-    server = grpc.aio.server()
+    # The real engine's message limits (100 MiB), not gRPC's 4 MB default.
+    server = grpc.aio.server(options=server_options())
     pb_grpc.add_EngineServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)

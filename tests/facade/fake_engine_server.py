@@ -1,6 +1,7 @@
 """The scripted engine as a process (`python -m tests.facade.fake_engine_server --address HOST:PORT`).
 
 Stands in for `vlmserve-engine` where a test needs a process, e.g. the launcher test.
+`--chunks N --delay-s S` makes every answer N text chunks, S seconds apart (a slow stream).
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ import argparse
 import asyncio
 import signal
 
-from tests.facade.fake_engine import start_fake_engine
+from tests.facade.fake_engine import Script, start_fake_engine
 
 
-async def serve(address: str) -> None:
+async def serve(address: str, *, chunks: int | None = None, delay_s: float = 0.0) -> None:
     running = await start_fake_engine(address)
+    if chunks is not None:
+        running.servicer.script = Script(
+            text_chunks=[f"t{index} " for index in range(chunks)], delay_s=delay_s
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -26,8 +31,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--address", required=True)
     parser.add_argument("--model")
+    parser.add_argument("--chunks", type=int)
+    parser.add_argument("--delay-s", type=float, default=0.0)
     args = parser.parse_args()
-    asyncio.run(serve(args.address))
+    asyncio.run(serve(args.address, chunks=args.chunks, delay_s=args.delay_s))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.testclient import TestClient
 
 from vlmserve.facade import auth
@@ -170,25 +171,54 @@ def test_an_empty_key_file_is_refused(tmp_path: Path) -> None:
         ApiKeys.from_env({auth.API_KEYS_FILE_ENV: str(key_file)})
 
 
-def test_every_facade_route_but_the_probes_needs_a_key(tmp_path: Path) -> None:
-    """The real app, wired as HARDENING_PLUG.md says; routes enumerated from its OpenAPI schema,
-    so a route added later without the dependency fails here. No engine is needed: auth answers first."""
-    settings = FacadeSettings(store_path=tmp_path / "store.sqlite3", engine_address="127.0.0.1:1")
-    app = create_app(settings, dependencies=[Depends(require_owner)])
-    install_api_keys(app, ApiKeys.from_keys([KEY]))
-    open_paths = {"/healthz", "/readyz"}
+def test_every_facade_route_but_healthz_needs_a_key(tmp_path: Path) -> None:
+    """The real app with keys configured; routes enumerated from its OpenAPI schema, so a route
+    added later without the dependency fails here. No engine is needed: auth answers first."""
+    settings = FacadeSettings(
+        store_path=tmp_path / "store.sqlite3",
+        engine_address="127.0.0.1:1",
+        api_keys=ApiKeys.from_keys([KEY]),
+    )
+    app = create_app(settings)
     checked = 0
     with TestClient(app) as client:
         for path, operations in app.openapi()["paths"].items():
             concrete = re.sub(r"\{[^}]+\}", "x_1", path)
             for method in operations:
                 reply = client.request(method.upper(), concrete, json={})
-                if path in open_paths:
-                    assert reply.status_code != 401, path
+                if path == "/healthz":
+                    assert reply.status_code == 200, path
                 else:
                     assert (reply.status_code, reply.json()["error"]["code"]) == (401, None), (method, path)
                     checked += 1
-        assert client.get("/healthz").status_code == 200
+        assert "/readyz" in app.openapi()["paths"]
         reply = client.get("/v1/responses/resp_unknown", headers=bearer(KEY))
         assert reply.status_code == 404
-    assert checked >= 10
+        # The schema is behind the key; the browser UIs (which fetch it without one) are off.
+        assert client.get("/openapi.json").status_code == 401
+        assert client.get("/openapi.json", headers=bearer(KEY)).json()["paths"]
+        for ui in ("/docs", "/redoc"):
+            assert client.get(ui, headers=bearer(KEY)).status_code == 404
+    assert checked >= 12
+
+
+def test_without_keys_the_schema_and_docs_are_served(tmp_path: Path) -> None:
+    settings = FacadeSettings(store_path=tmp_path / "store.sqlite3", engine_address="127.0.0.1:1")
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/openapi.json").status_code == 200
+        assert client.get("/docs").status_code == 200
+
+
+def test_no_cors_middleware_is_installed(tmp_path: Path) -> None:
+    """No CORS at all (so never a wildcard with credentials): browsers get no cross-origin access."""
+    settings = FacadeSettings(store_path=tmp_path / "store.sqlite3", engine_address="127.0.0.1:1")
+    app = create_app(settings)
+    assert all(middleware.cls is not CORSMiddleware for middleware in app.user_middleware)
+    with TestClient(app) as client:
+        reply = client.get("/healthz", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in reply.headers
+        preflight = client.options(
+            "/v1/responses",
+            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert "access-control-allow-origin" not in preflight.headers

@@ -183,7 +183,7 @@ def test_the_fetcher_plugs_into_request_translation(server: ImageServer, recorde
     with pytest.raises(InvalidRequestError) as caught:
         build_generate_request(body, image_source=make_fetcher(recorder).for_request())
     assert (caught.value.status, caught.value.param) == (400, "input[0].content[1].image_url")
-    assert f"Error while downloading {bad}." in caught.value.message
+    assert caught.value.message == f"Error while downloading {bad}."
 
 
 # --- off unless enabled, allowlist, scheme -------------------------------------------------------

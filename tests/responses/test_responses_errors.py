@@ -276,12 +276,14 @@ def test_fetched_bytes_are_checked_like_inline_ones() -> None:
 
 def test_image_fetch_error_becomes_a_named_400() -> None:
     def refusing(url: str) -> bytes:
-        raise ImageFetchError("host resolves to a private address")
+        raise ImageFetchError(f"Error while downloading {url}.")
 
     with pytest.raises(InvalidRequestError) as caught:
         input_to_messages(user_image("https://internal/x.png"), image_source=refusing)
     assert caught.value.param == "input[0].content[1].image_url"
-    assert "private address" in caught.value.message
+    assert (caught.value.status, caught.value.code) == (400, "invalid_image_url")
+    # The fetcher's reason is the whole message, as OpenAI words it.
+    assert caught.value.message == "Error while downloading https://internal/x.png."
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "/etc/passwd", "ftp://example.com/a.png"])

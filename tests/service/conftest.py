@@ -21,7 +21,7 @@ from vlmserve.client import channel_options
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from vlmserve.service.generator import EngineConfig
-from vlmserve.service.model import DEFAULT_MODEL_PATH
+from vlmserve.service.model import RANDOM_MODEL_PATH
 from vlmserve.service.server import ENGINE_SERVICE_NAME, EngineServer
 
 T = TypeVar("T")
@@ -83,7 +83,7 @@ def engine() -> Iterator[InProcessEngine]:
     thread = threading.Thread(target=loop.run_forever, name="test-engine-loop", daemon=True)
     thread.start()
     config = EngineConfig(
-        model=str(DEFAULT_MODEL_PATH),
+        model=str(RANDOM_MODEL_PATH),
         max_output_tokens=MAX_OUTPUT_TOKENS,
         max_queue=MAX_QUEUE,
         max_active=MAX_ACTIVE,

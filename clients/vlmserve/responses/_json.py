@@ -96,7 +96,11 @@ def optional_number(obj: Mapping[str, Any], key: str, path: str) -> float | None
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise wrong_type(join(path, key), "a number", value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float
+        param = join(path, key)
+        raise InvalidRequestError(f"Invalid value for '{param}': out of range.", param=param) from None
 
 
 def optional_object(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:

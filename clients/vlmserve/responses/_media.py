@@ -22,8 +22,8 @@ class ImageSource(Protocol):
     """Fetches a remote (http/https) image URL; a safe fetcher plugs in here.
 
     Return the raw bytes. Raise `ImageFetchError` with a short, client-safe reason when
-    the image cannot be fetched. `data:` URLs never reach a source; other schemes and
-    paths are refused before it.
+    the image cannot be fetched; that reason is the client's whole error message. `data:`
+    URLs never reach a source; other schemes and paths are refused before it.
     """
 
     def __call__(self, url: str) -> bytes: ...
@@ -101,6 +101,6 @@ class MediaPolicy:
         try:
             return self.image_source(url)
         except ImageFetchError as error:
-            raise InvalidRequestError(
-                f"Could not fetch the image at '{param}': {error.reason}.", param=param, code=error.code
-            ) from None
+            # The source's reason is the whole message, as OpenAI words it ("Error while
+            # downloading <url>."); `param` says which part it was.
+            raise InvalidRequestError(error.reason, param=param, code=error.code) from None

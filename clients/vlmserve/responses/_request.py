@@ -285,10 +285,16 @@ def _text(value: object) -> dict[str, Any]:
     return echo
 
 
+# The contract's token counts are uint32; larger values could not even be sent.
+_MAX_COUNT = 2**31 - 1
+
+
 def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
     value = optional_int(body, key, "")
     if value is not None and value < 1:
         raise InvalidRequestError(f"Invalid value for '{key}': must be at least 1.", param=key)
+    if value is not None and value > _MAX_COUNT:
+        raise InvalidRequestError(f"Invalid value for '{key}': must be at most {_MAX_COUNT}.", param=key)
     return value
 
 

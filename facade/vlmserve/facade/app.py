@@ -5,16 +5,22 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.params import Depends
+import grpc
+from fastapi import Depends, FastAPI
+from fastapi import params as fastapi_params
+from fastapi.responses import JSONResponse
 
 from vlmserve.client import AsyncEngineClient, Deadlines
 
 from . import conversations_api, models_api, responses_api
+from .auth import install_api_keys, require_owner
 from .catalog import ModelCatalog
 from .errors import install_error_handlers
+from .remote_images import image_fetcher_from_settings
+from .request_limits import HeaderLimits
 from .service import ImageSourceFactory, ResponsesService
 from .settings import FacadeSettings
 from .state import FacadeState
@@ -23,10 +29,29 @@ from .store import ResponseStore
 logger = logging.getLogger("vlmserve.facade")
 
 
+def engine_credentials(settings: FacadeSettings) -> grpc.ChannelCredentials | None:
+    """TLS to the engine when a CA or a client certificate is configured (mutual TLS with both)."""
+    if settings.engine_tls_ca is None and settings.engine_tls_cert is None:
+        return None
+    if (settings.engine_tls_cert is None) != (settings.engine_tls_key is None):
+        raise ValueError("engine TLS: a client certificate needs its key, and a key its certificate")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(settings.engine_tls_ca),
+        private_key=_read(settings.engine_tls_key),
+        certificate_chain=_read(settings.engine_tls_cert),
+    )
+
+
+def _read(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path is not None else None
+
+
 def engine_client(settings: FacadeSettings) -> AsyncEngineClient:
     timeouts = settings.timeouts
     return AsyncEngineClient(
         settings.engine_address,
+        token=settings.engine_token,
+        credentials=engine_credentials(settings),
         deadlines=Deadlines(
             generate=timeouts.generate,
             count_tokens=timeouts.control,
@@ -42,23 +67,25 @@ def create_app(
     *,
     engine: AsyncEngineClient | None = None,
     store: ResponseStore | None = None,
-    dependencies: Sequence[Depends] = (),
+    dependencies: Sequence[fastapi_params.Depends] = (),
     image_sources: ImageSourceFactory | None = None,
 ) -> FastAPI:
     """The facade app.
 
     `engine` and `store` default to a client for `settings.engine_address` (made when the app
     starts, on the server's event loop) and a store at `settings.store_path`; objects passed in
-    are left open for their owner to close. `dependencies` apply to every route except the
-    health checks (authentication plugs in here; a dependency that sets `request.state.owner`
-    files stored objects under that owner). `image_sources` makes the fetcher for remote image
-    URLs, once per request (none: remote URLs are refused with a 400).
+    are left open for their owner to close. Every route except `/healthz` requires one of
+    `settings.api_keys` when any is configured (a dependency, `auth.require_owner`, which also
+    files stored objects under the key's owner id); `dependencies` are added after it.
+    `image_sources` makes the fetcher for remote image URLs, once per request; by default the
+    safe fetcher when `settings.remote_images` enables it, else none (remote URLs are a 400).
     """
     settings = settings or FacadeSettings.from_env()
-    owned_store = store is None
-    the_store = store if store is not None else ResponseStore(settings.store_path)
+    if image_sources is None:
+        fetcher = image_fetcher_from_settings(settings.remote_images)
+        image_sources = fetcher.for_request if fetcher is not None else None
 
-    def build_state(client: AsyncEngineClient) -> FacadeState:
+    def build_state(client: AsyncEngineClient, the_store: ResponseStore) -> FacadeState:
         catalog = ModelCatalog(client, ttl_s=settings.model_info_ttl_s, timeout_s=settings.timeouts.control)
         service = ResponsesService(
             settings=settings, engine=client, store=the_store, catalog=catalog, image_sources=image_sources
@@ -69,33 +96,56 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned_engine = None
+        # What this run opens, it closes; a later run (a test client's) opens its own again.
+        opened_engine = None
         if engine is None:
-            owned_engine = engine_client(settings)
-            app.state.facade = build_state(owned_engine)
+            opened_engine = engine_client(settings)
+            the_store = store if store is not None else ResponseStore(settings.store_path)
+            app.state.facade = build_state(opened_engine, the_store)
         try:
             yield
         finally:
             state: FacadeState = app.state.facade
             await state.responses.cancel_all()
-            if owned_engine is not None:
-                await owned_engine.close()
-            if owned_store:
-                the_store.close()
+            if opened_engine is not None:
+                state.responses.close()
+                await opened_engine.close()
+            if store is None:
+                # Ours (opened above, or with the state when `engine` was given): close it.
+                state.store.close()
 
+    keys_required = settings.api_keys.enabled
     app = FastAPI(
         title="vlmserve facade",
         summary="OpenAI Responses API over a vlmserve engine",
         version="0.1.0",
         lifespan=lifespan,
+        # With keys, the schema is served behind the key below and the browser UIs are off
+        # (they fetch the schema without a key).
+        openapi_url=None if keys_required else "/openapi.json",
+        docs_url=None if keys_required else "/docs",
+        redoc_url=None if keys_required else "/redoc",
     )
     if engine is not None:
         # Ready without a lifespan run (in-process tests drive the app over ASGI directly).
-        app.state.facade = build_state(engine)
+        app.state.facade = build_state(
+            engine, store if store is not None else ResponseStore(settings.store_path)
+        )
     install_error_handlers(app)
-    guarded: dict[str, Any] = {"dependencies": list(dependencies)}
+    install_api_keys(app, settings.api_keys)
+    limits = settings.limits
+    app.add_middleware(HeaderLimits, max_headers=limits.max_headers, max_header_bytes=limits.max_header_bytes)
+    # A dependency on each route (not path matching): a route added later is guarded too.
+    guarded: dict[str, Any] = {"dependencies": [Depends(require_owner), *dependencies]}
     app.include_router(responses_api.router, **guarded)
     app.include_router(conversations_api.router, **guarded)
     app.include_router(models_api.models_router, **guarded)
+    app.include_router(models_api.readiness_router, **guarded)
     app.include_router(models_api.health_router)
+    if keys_required:
+
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_owner)])
+        async def openapi_schema() -> JSONResponse:
+            return JSONResponse(app.openapi())
+
     return app

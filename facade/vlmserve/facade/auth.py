@@ -6,8 +6,8 @@ off and every caller is the owner "anonymous" (the facade binds 127.0.0.1 by def
 
 `require_owner` is the FastAPI dependency: it answers 401 (OpenAI-shaped) or returns the caller's
 owner id, a truncated SHA-256 of the key, so stored responses can belong to the key that made them
-without the key itself being stored. Attach it to a router holding every route except `/healthz`
-(see HARDENING_PLUG.md); routes that need the owner declare a parameter `owner: Owner`.
+without the key itself being stored. `create_app` attaches it to every router except the one
+holding `/healthz`; routes that need the owner declare a parameter `owner: Owner`.
 Keys are held only as digests; the presented key is hashed once and compared with every digest,
 with no early exit, so the time taken says nothing about which key matched or how close a guess is.
 """
@@ -34,6 +34,8 @@ __all__ = [
     "Owner",
     "install_api_keys",
     "owner_id",
+    "probe_key",
+    "read_key_file",
     "require_owner",
 ]
 
@@ -92,6 +94,16 @@ class ApiKeys:
         for digest in self.digests:  # no early exit
             matched |= hmac.compare_digest(digest, presented)
         return _owner_from_digest(presented) if matched else None
+
+
+def probe_key(environ: Mapping[str, str] | None = None) -> str | None:
+    """One configured key (the first), for a local probe of `/readyz` such as the launcher's."""
+    env = os.environ if environ is None else environ
+    keys = [key.strip() for key in env.get(API_KEYS_ENV, "").split(",") if key.strip()]
+    path = env.get(API_KEYS_FILE_ENV)
+    if not keys and path:
+        keys = read_key_file(Path(path))
+    return keys[0] if keys else None
 
 
 def read_key_file(path: Path) -> list[str]:

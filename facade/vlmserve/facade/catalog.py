@@ -11,6 +11,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.images import ImageLimits
 
 from .errors import model_not_found
+from .settings import Limits
 
 DEFAULT_MODEL_ALIAS = "default"
 
@@ -45,14 +46,21 @@ class ModelCatalog:
         raise model_not_found(requested)
 
 
-def image_limits(info: pb.GetModelInfoResponse) -> ImageLimits:
-    """The engine's image bounds, applied by the translation before any bytes are sent."""
-    defaults = ImageLimits()
-    limits = info.image_limits
+def image_limits(info: pb.GetModelInfoResponse, limits: Limits | None = None) -> ImageLimits:
+    """Bounds per image, applied by the translation before any bytes are sent: the facade's own
+    (`limits`) and the engine's, whichever is smaller."""
+    own = limits or Limits()
+    engine = info.image_limits
     return ImageLimits(
-        max_bytes=limits.max_image_bytes or defaults.max_bytes,
-        max_pixels=limits.max_image_pixels or defaults.max_pixels,
+        max_bytes=min(own.max_image_bytes, engine.max_image_bytes or own.max_image_bytes),
+        max_pixels=min(own.max_image_pixels, engine.max_image_pixels or own.max_image_pixels),
     )
+
+
+def images_per_request(info: pb.GetModelInfoResponse, limits: Limits) -> int:
+    """How many images one request may carry: the facade's limit and the engine's, the smaller."""
+    engine = info.image_limits.max_images_per_request
+    return min(limits.max_images_per_request, engine or limits.max_images_per_request)
 
 
 def model_object(info: pb.GetModelInfoResponse) -> dict[str, Any]:

@@ -15,10 +15,18 @@ from fastapi import APIRouter, Depends, Query, Request
 from vlmserve.responses import InvalidRequestError, input_to_messages, parse_metadata
 
 from . import ids
-from .catalog import image_limits
+from .catalog import image_limits, images_per_request
 from .errors import APIError, not_found
-from .openapi import ADD_CONVERSATION_ITEMS_BODY, CREATE_CONVERSATION_BODY
+from .openapi import (
+    ADD_CONVERSATION_ITEMS,
+    ADD_CONVERSATION_ITEMS_BODY,
+    CREATE_CONVERSATION_BODY,
+    DELETE_CONVERSATION,
+    LIST_CONVERSATION_ITEMS,
+    RETRIEVE_CONVERSATION,
+)
 from .request_body import read_json
+from .request_limits import check_image_count, count_image_parts
 from .resource import stored_items
 from .responses_api import item_list
 from .state import FacadeState, facade_state, owner_of
@@ -28,7 +36,7 @@ router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 State = Annotated[FacadeState, Depends(facade_state)]
 
 
-@router.post("", openapi_extra=CREATE_CONVERSATION_BODY)
+@router.post("", operation_id="createConversation", openapi_extra=CREATE_CONVERSATION_BODY)
 async def create_conversation(request: Request, state: State) -> dict[str, Any]:
     body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
     if not isinstance(body, dict):
@@ -44,7 +52,7 @@ async def create_conversation(request: Request, state: State) -> dict[str, Any]:
     )
 
 
-@router.get("/{conversation_id}")
+@router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION)
 async def retrieve_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     conversation = await asyncio.to_thread(
         state.store.get_conversation, conversation_id, owner=owner_of(request)
@@ -54,7 +62,7 @@ async def retrieve_conversation(conversation_id: str, request: Request, state: S
     return conversation
 
 
-@router.delete("/{conversation_id}")
+@router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION)
 async def delete_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     deleted = await asyncio.to_thread(
         state.store.delete_conversation, conversation_id, owner=owner_of(request)
@@ -64,7 +72,7 @@ async def delete_conversation(conversation_id: str, request: Request, state: Sta
     return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
 
-@router.get("/{conversation_id}/items")
+@router.get("/{conversation_id}/items", operation_id=LIST_CONVERSATION_ITEMS)
 async def list_conversation_items(
     conversation_id: str,
     request: Request,
@@ -89,7 +97,9 @@ async def list_conversation_items(
     return item_list(page)
 
 
-@router.post("/{conversation_id}/items", openapi_extra=ADD_CONVERSATION_ITEMS_BODY)
+@router.post(
+    "/{conversation_id}/items", operation_id=ADD_CONVERSATION_ITEMS, openapi_extra=ADD_CONVERSATION_ITEMS_BODY
+)
 async def add_conversation_items(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
     if not isinstance(body, dict):
@@ -118,14 +128,17 @@ async def _checked_items(
     if not value:
         return []
     info = await state.catalog.info()
+    limits = state.settings.limits
+    allowed_images = images_per_request(info, limits)
+    check_image_count(count_image_parts(value), allowed_images, param="items")
     owner = owner_of(request)
     try:
-        await asyncio.to_thread(
+        await state.responses.run_translation(
             input_to_messages,
             value,
             resolve_item=lambda item_id: state.store.find_item(item_id, owner=owner),
             image_source=state.responses.image_source(),
-            image_limits=image_limits(info),
+            image_limits=image_limits(info, limits),
         )
     except InvalidRequestError as error:
         param = "items" + error.param.removeprefix("input") if error.param else None

@@ -25,6 +25,8 @@ logger = logging.getLogger("vlmserve.facade")
 
 # Engine details are our own engine's words, but bound them so nothing unexpected is echoed at length.
 _MAX_DETAILS_CHARS = 500
+# gRPC's wording when a message exceeds a channel's size limit (RESOURCE_EXHAUSTED, either side).
+_MESSAGE_TOO_LARGE = "message larger than max"
 
 
 class APIError(Exception):
@@ -73,6 +75,16 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+def request_too_large_for_engine() -> APIError:
+    return APIError(
+        413,
+        "The request, with the earlier turns it continues, is larger than the engine accepts; "
+        "send fewer or smaller images, or start a new conversation.",
+        param="input",
+        code="request_too_large",
+    )
+
+
 def from_invalid_request(error: InvalidRequestError) -> APIError:
     return APIError(error.status, error.message, param=error.param, code=error.code)
 
@@ -96,6 +108,9 @@ def from_engine_error(
         )
     if code == grpc.StatusCode.NOT_FOUND:
         return APIError(404, details or "Not found.", code="not_found")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _MESSAGE_TOO_LARGE in details:
+        # gRPC's own size limit, not a full queue: retrying would never help.
+        return request_too_large_for_engine()
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return APIError(
             503,
@@ -162,9 +177,11 @@ async def _http_error_handler(_: Request, exc: Exception) -> JSONResponse:
     return APIError(exc.status_code, message, code=code, headers=exc.headers).to_response()
 
 
-async def _engine_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def _engine_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, EngineError)
-    return from_engine_error(exc).to_response()
+    state = getattr(request.app.state, "facade", None)
+    retry_after_s = state.settings.retry_after_s if state is not None else 1
+    return from_engine_error(exc, retry_after_s=retry_after_s).to_response()
 
 
 async def _unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:

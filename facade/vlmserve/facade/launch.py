@@ -25,6 +25,8 @@ import httpx
 
 from vlmserve.client import EngineClient
 
+from .auth import probe_key
+
 logger = logging.getLogger("vlmserve.launch")
 
 POLL_S = 0.2
@@ -151,8 +153,11 @@ class Launcher:
 
 
 def _ready(url: str) -> bool:
+    # /readyz is behind the API key when keys are configured; the facade child shares our env.
+    key = probe_key()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        return httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200
+        return httpx.get(f"{url}/readyz", headers=headers, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -11,8 +11,11 @@ from .errors import APIError, model_not_found
 from .state import FacadeState, facade_state
 
 models_router = APIRouter(prefix="/v1/models", tags=["models"])
-# Health stays outside any authentication dependency (issue 5): probes carry no key.
+# Liveness stays outside authentication (issue 5): it says only that the process is up.
 health_router = APIRouter(tags=["health"])
+# Readiness names the model and reaches the engine: behind the key like every other route
+# (probes that need it send the key; docs/responses-api.md, Authentication).
+readiness_router = APIRouter(tags=["health"])
 State = Annotated[FacadeState, Depends(facade_state)]
 
 
@@ -36,7 +39,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@health_router.get("/readyz")
+@readiness_router.get("/readyz")
 async def readyz(state: State) -> dict[str, str]:
     """The engine is reachable and SERVING, and its model is known."""
     if not await state.engine.health(timeout=state.settings.timeouts.control):

@@ -1,14 +1,24 @@
-"""Reading a JSON request body: bounded in size, and every failure an OpenAI-shaped 4xx."""
+"""Reading a JSON request body: bounded in size and depth, and every failure an OpenAI-shaped 4xx."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 from fastapi import Request
 
 from .errors import APIError
+
+# Deeper than any real request (tool schemas included); deeper values would make later
+# recursive code (json.dumps, protobuf, the store) fail with RecursionError.
+MAX_JSON_DEPTH = 100
+# A `\uD800`-`\uDFFF` escape: JSON allows a lone surrogate, UTF-8 (protobuf, SQLite, our own
+# JSON answers) does not. Only bodies containing one are searched for the bad string.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Bodies below this are parsed on the event loop; larger ones (base64 images) in a thread.
+_INLINE_PARSE_BYTES = 256 * 1024
 
 
 def _refuse_constant(name: str) -> Any:
@@ -21,6 +31,7 @@ def too_large(max_bytes: int) -> APIError:
 
 
 async def read_json(request: Request, *, max_bytes: int) -> Any:
+    """The parsed body. The size limit is enforced while reading: a larger body is never buffered."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(max_bytes)
@@ -32,17 +43,74 @@ async def read_json(request: Request, *, max_bytes: int) -> Any:
             raise too_large(max_bytes)
         chunks.append(chunk)
     raw = b"".join(chunks)
+    del chunks
     if not raw.strip():
         raise APIError(400, "The request body is empty; send a JSON object.", code="invalid_json")
-    # Large bodies (base64 images) take a while to parse; keep the event loop free meanwhile.
-    if size < 256 * 1024:
-        return _parse_sync(raw)
-    return await asyncio.to_thread(_parse_sync, raw)
+    if size < _INLINE_PARSE_BYTES:
+        return parse_json(raw)
+    return await asyncio.to_thread(parse_json, raw)
 
 
-def _parse_sync(raw: bytes) -> Any:
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON (no NaN/Infinity), nested at most MAX_JSON_DEPTH deep, strings valid Unicode."""
     try:
-        return json.loads(raw, parse_constant=_refuse_constant)
+        # Strict UTF-8 first: json.loads would guess UTF-16/32 and let encoded surrogates through.
+        value = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (ValueError, RecursionError):
         # UnicodeDecodeError and JSONDecodeError are ValueErrors; their text is not echoed.
         raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    _check_structure(value, check_strings=_SURROGATE_ESCAPE.search(raw) is not None)
+    return value
+
+
+def _check_structure(value: Any, *, check_strings: bool) -> None:
+    """Depth and (when asked) lone surrogates, walked without recursion; `param` is the path."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        current, path, depth = stack.pop()
+        if isinstance(current, dict):
+            entries: Any = current.items()
+        elif isinstance(current, list):
+            entries = ((f"[{index}]", item) for index, item in enumerate(current))
+        else:
+            if check_strings and isinstance(current, str) and not _is_utf8_safe(current):
+                raise _lone_surrogate(path)
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise APIError(
+                400,
+                f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.",
+                param=_shown(path) or None,
+                code="invalid_json",
+            )
+        for key, item in entries:
+            if isinstance(current, dict):
+                if check_strings and not _is_utf8_safe(key):
+                    raise _lone_surrogate(path or None)
+                child = f"{path}.{key}" if path else key
+            else:
+                child = f"{path}{key}"
+            stack.append((item, child, depth + 1))
+
+
+def _is_utf8_safe(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(path: str | None) -> APIError:
+    where = f"'{_shown(path)}'" if path else "the request body"
+    return APIError(
+        400,
+        f"Invalid value for {where}: the string contains an unpaired UTF-16 surrogate (\\uD800-\\uDFFF).",
+        param=_shown(path) if path else None,
+        code="invalid_value",
+    )
+
+
+def _shown(path: str | None) -> str:
+    # Keys come from the client; keep the echoed path short.
+    return (path or "")[:200]

@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -15,7 +16,14 @@ from starlette.background import BackgroundTask
 
 from .errors import APIError, not_found
 from .generation import Generation
-from .openapi import CREATE_RESPONSE_BODY, INPUT_TOKENS_BODY
+from .openapi import (
+    CANCEL_RESPONSE,
+    CREATE_RESPONSE_BODY,
+    DELETE_RESPONSE,
+    INPUT_TOKENS_BODY,
+    LIST_INPUT_ITEMS,
+    RETRIEVE_RESPONSE,
+)
 from .request_body import read_json
 from .resource import listed_item
 from .state import FacadeState, facade_state, owner_of
@@ -26,12 +34,17 @@ T = TypeVar("T")
 IGNORED_TOOLS_HEADER = "x-vlmserve-ignored-tools"
 # Status for a request whose client left before the answer (nginx's convention; never seen by it).
 CLIENT_CLOSED_REQUEST = 499
+# Server shutdown (SIGTERM): a stream still running `shutdown_grace_s` after it began is
+# cancelled (engine Abort, waiting this long), so it ends with its final events; sse-starlette
+# cuts it off only STREAM_CUTOFF_AFTER_GRACE_S after the grace. The CLI gives uvicorn longer.
+STREAM_CANCEL_WAIT_S = 3.0
+STREAM_CUTOFF_AFTER_GRACE_S = 8.0
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 State = Annotated[FacadeState, Depends(facade_state)]
 
 
-@router.post("", openapi_extra=CREATE_RESPONSE_BODY, response_model=None)
+@router.post("", operation_id="createResponse", openapi_extra=CREATE_RESPONSE_BODY, response_model=None)
 async def create_response(request: Request, state: State) -> Response:
     body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
     generation = await state.responses.prepare(body, owner=owner_of(request))
@@ -42,9 +55,18 @@ async def create_response(request: Request, state: State) -> Response:
         except BaseException:
             await generation.abandon()
             raise
+        # sse-starlette sets `shutdown` when the server begins to shut down; without an event
+        # and a grace period it would cut every stream off at once.
+        shutdown = anyio.Event()
+        grace_s = state.settings.shutdown_grace_s
         # The background task runs after the stream, also when the client left before it began.
         return EventSourceResponse(
-            _sse(generation), headers=headers, sep="\n", background=BackgroundTask(generation.abandon)
+            _sse(generation, shutdown, grace_s),
+            headers=headers,
+            sep="\n",
+            background=BackgroundTask(generation.abandon),
+            shutdown_event=shutdown,
+            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
         )
     try:
         resource = await _unless_disconnected(request, _collect(generation))
@@ -55,14 +77,14 @@ async def create_response(request: Request, state: State) -> Response:
     return JSONResponse(resource, headers=headers)
 
 
-@router.post("/input_tokens", openapi_extra=INPUT_TOKENS_BODY)
+@router.post("/input_tokens", operation_id="countInputTokens", openapi_extra=INPUT_TOKENS_BODY)
 async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
     body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
     tokens = await state.responses.count_tokens(body, owner=owner_of(request))
     return {"object": "response.input_tokens", "input_tokens": tokens}
 
 
-@router.get("/{response_id}")
+@router.get("/{response_id}", operation_id=RETRIEVE_RESPONSE)
 async def retrieve_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
     resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner_of(request))
     if resource is None:
@@ -70,7 +92,7 @@ async def retrieve_response(response_id: str, request: Request, state: State) ->
     return resource
 
 
-@router.delete("/{response_id}")
+@router.delete("/{response_id}", operation_id=DELETE_RESPONSE)
 async def delete_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
     deleted = await asyncio.to_thread(state.store.delete_response, response_id, owner=owner_of(request))
     if not deleted:
@@ -78,7 +100,7 @@ async def delete_response(response_id: str, request: Request, state: State) -> d
     return {"id": response_id, "object": "response", "deleted": True}
 
 
-@router.get("/{response_id}/input_items")
+@router.get("/{response_id}/input_items", operation_id=LIST_INPUT_ITEMS)
 async def list_input_items(
     response_id: str,
     request: Request,
@@ -104,7 +126,7 @@ async def list_input_items(
     return item_list(page)
 
 
-@router.post("/{response_id}/cancel")
+@router.post("/{response_id}/cancel", operation_id=CANCEL_RESPONSE)
 async def cancel_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
     owner = owner_of(request)
     generation = state.responses.running.get(response_id)
@@ -144,11 +166,24 @@ def _ignored_tools_header(generation: Generation) -> dict[str, str]:
     return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
 
 
-async def _sse(generation: Generation) -> AsyncIterator[ServerSentEvent]:
-    async for event in generation.events():
-        # One line of JSON per event: json.dumps escapes every newline inside strings.
-        yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
-    yield ServerSentEvent(data="[DONE]")
+async def _sse(
+    generation: Generation, shutdown: anyio.Event, grace_s: float
+) -> AsyncIterator[ServerSentEvent]:
+    drain = asyncio.ensure_future(_cancel_after_shutdown(generation, shutdown, grace_s))
+    try:
+        async for event in generation.events():
+            # One line of JSON per event: json.dumps escapes every newline inside strings.
+            yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
+        yield ServerSentEvent(data="[DONE]")
+    finally:
+        drain.cancel()
+
+
+async def _cancel_after_shutdown(generation: Generation, shutdown: anyio.Event, grace_s: float) -> None:
+    """On server shutdown, let the stream run for `grace_s`, then stop it cleanly."""
+    await shutdown.wait()
+    await asyncio.sleep(grace_s)
+    await generation.cancel(STREAM_CANCEL_WAIT_S)
 
 
 async def _collect(generation: Generation) -> dict[str, Any]:

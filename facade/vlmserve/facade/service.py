@@ -8,19 +8,23 @@ and the engine, and applies the facade's own limits.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from vlmserve.client import AsyncEngineClient, EngineError
+from vlmserve.client import MAX_MESSAGE_BYTES, AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
 
 from . import ids
-from .catalog import ModelCatalog, image_limits
-from .errors import APIError, from_engine_error, not_found
+from .catalog import ModelCatalog, image_limits, images_per_request
+from .errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from .generation import Generation
+from .request_limits import check_image_count, check_tools, count_contract_images, count_image_parts
 from .resource import new_resource, stored_items
 from .settings import FacadeSettings
 from .store import MissingChainLinkError, ResponseStore
@@ -28,6 +32,8 @@ from .store import MissingChainLinkError, ResponseStore
 logger = logging.getLogger("vlmserve.facade")
 
 ImageSourceFactory = Callable[[], ImageSource | None]
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
@@ -46,26 +52,52 @@ class ResponsesService:
     image_sources: ImageSourceFactory | None = None
     # Generations in flight, by response id (for the cancel endpoint and shutdown).
     running: dict[str, Generation] = field(default_factory=dict)
+    # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
+    # so that slow remote image hosts can hold at most these and never the store's threads.
+    _translators: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._translators = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.settings.limits.translation_workers, thread_name_prefix="translate"
+        )
+        # Idle workers go when the service does (tests build many apps without a lifespan).
+        weakref.finalize(self, self._translators.shutdown, wait=False)
+
+    async def run_translation(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run blocking translation work on the translation pool, off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._translators, functools.partial(function, *args, **kwargs))
 
     async def translate(self, body: object, *, owner: str = "") -> Translation:
         """Validate and translate a request body, with its replayed history, for this engine."""
         if not isinstance(body, Mapping):
             raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+        limits = self.settings.limits
+        check_tools(body, limits)
         info = await self.catalog.info()
+        allowed_images = images_per_request(info, limits)
+        # Counted before anything is decoded or fetched; again below with replayed turns.
+        check_image_count(count_image_parts(body.get("input")), allowed_images, param="input")
         replay = await self._replay(body, owner)
-        translated = await asyncio.to_thread(
+        translated = await self.run_translation(
             build_generate_request,
             body,
             resolve_item=lambda item_id: self.store.find_item(item_id, owner=owner),
             image_source=self.image_source(),
-            image_limits=image_limits(info),
+            image_limits=image_limits(info, limits),
             replay=replay,
         )
+        check_image_count(count_contract_images(translated.request.messages), allowed_images, param="input")
+        if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
+            raise request_too_large_for_engine()
         info = await self.catalog.resolve(translated.model)
         request = translated.request
         request.model = info.model_id
         self._apply_output_limit(request)
         return Translation(translated, info)
+
+    def close(self) -> None:
+        self._translators.shutdown(wait=False, cancel_futures=True)
 
     async def prepare(self, body: object, *, owner: str = "") -> Generation:
         translation = await self.translate(body, owner=owner)

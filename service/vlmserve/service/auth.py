@@ -27,7 +27,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -47,6 +47,8 @@ TOKEN_ENV = "VLMSERVE_ENGINE_TOKEN"
 MIN_TOKEN_CHARS = 16
 HEALTH_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 _UNAUTHENTICATED_DETAILS = "Missing or invalid engine token."
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 
 def _digest(token: str) -> bytes:
@@ -70,10 +72,10 @@ async def _reject(request_or_iterator: object, context: grpc.aio.ServicerContext
 
 # No deserializer: a refused caller's request bytes are never parsed. A stream-stream handler
 # neither waits for nor reads a request, so it answers every kind of call at once.
-_REJECTING_HANDLER = grpc.stream_stream_rpc_method_handler(_reject)
+_REJECTING_HANDLER: grpc.RpcMethodHandler[Any, Any] = grpc.stream_stream_rpc_method_handler(_reject)
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Requires `authorization: Bearer <token>` on every call except `exempt_methods`."""
 
     def __init__(self, tokens: Iterable[str], *, exempt_methods: Iterable[str] = HEALTH_METHODS) -> None:
@@ -95,9 +97,11 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Request, _Response] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Request, _Response] | None:
         if handler_call_details.method in self._exempt or self.authorized(
             handler_call_details.invocation_metadata
         ):

@@ -22,6 +22,8 @@ from .tool_parsers import tool_call_format_for
 __all__ = [
     "DEFAULT_MODEL_PATH",
     "DTYPE_CHOICES",
+    "FIXTURE_MODELS_DIR",
+    "RANDOM_MODEL_PATH",
     "LoadedModel",
     "ModelInfo",
     "default_model",
@@ -31,8 +33,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The committed random-weight fixture; VLMSERVE_MODEL (or --model) points elsewhere.
-DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[3] / "models" / "qwen2-vl-tiny"
+# Committed fixture models (in a checkout); VLMSERVE_MODEL (or --model) points elsewhere.
+FIXTURE_MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
+# Trained to count coloured squares (issue 4): it really sees, so a dropped image shows.
+DEFAULT_MODEL_PATH = FIXTURE_MODELS_DIR / "qwen2-vl-squares"
+# Same architecture and tokenizer, random weights: it never ends a turn by itself, which
+# plumbing tests (cancellation, streaming, limits) rely on.
+RANDOM_MODEL_PATH = FIXTURE_MODELS_DIR / "qwen2-vl-tiny"
 
 
 def default_model() -> str:

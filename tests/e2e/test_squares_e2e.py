@@ -1,0 +1,160 @@
+"""End to end: every way an image can arrive reaches the model (issue 4's proof).
+
+The trained squares model behind the real engine and facade. A correct `"<N> <colour>"` has a
+1/36 chance without the image, so accuracy near 100% proves delivery, and the controls (image
+removed) prove the test can fail. Fresh images from a seed the training never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e import squares_requests as req
+from training.squares import QUESTION, SquaresSample, make_samples
+from training.squares_conversations import agent_tool_result, png_image_part, screenshot_tool
+from vlmserve.client import EngineClient
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+E2E_SEED = 20_261_130
+IMAGES_PER_PATH = 50
+MIN_ACCURACY = 0.95
+MAX_CONTROL_ACCURACY = 0.10
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[SquaresSample]:
+    return make_samples(E2E_SEED, IMAGES_PER_PATH)
+
+
+@pytest.fixture(scope="module")
+def facade(squares_facade_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=squares_facade_url, timeout=120) as client:
+        yield client
+
+
+def _answers(facade: httpx.Client, samples: list[SquaresSample], items: Any, **extra: Any) -> list[str]:
+    return req.run_all(lambda s: req.output_text(req.create(facade, req.body(items(s), **extra))), samples)
+
+
+def test_user_input_image(facade: httpx.Client, samples: list[SquaresSample]) -> None:
+    answers = _answers(facade, samples, req.user_image_input)
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+def test_seed_000_tool_output_with_text_and_image(facade: httpx.Client, samples: list[SquaresSample]) -> None:
+    answers = _answers(
+        facade, samples, lambda s: req.agent_input(req.captured_with_image(s)), tools=[req.SCREENSHOT_TOOL]
+    )
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+def test_seed_003_image_only_tool_output(facade: httpx.Client, samples: list[SquaresSample]) -> None:
+    answers = _answers(
+        facade, samples, lambda s: req.agent_input(req.image_only(s)), tools=[req.SCREENSHOT_TOOL]
+    )
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+def test_image_on_assistant_message(facade: httpx.Client, samples: list[SquaresSample]) -> None:
+    answers = _answers(facade, samples, req.assistant_image_input)
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        pytest.param([{"type": "input_text", "text": "captured"}], id="image-removed"),
+        pytest.param("", id="image-only-output-dropped-to-empty-string"),
+    ],
+)
+def test_controls_without_the_image_fail(
+    facade: httpx.Client, samples: list[SquaresSample], output: str | list[dict[str, Any]]
+) -> None:
+    """Seed 000's request with its image gone: the model cannot know the answer."""
+    answers = _answers(facade, samples, lambda _: req.agent_input(output), tools=[req.SCREENSHOT_TOOL])
+    assert req.accuracy(answers, samples) <= MAX_CONTROL_ACCURACY, answers
+
+
+def test_openai_sdk(squares_facade_url: str, samples: list[SquaresSample]) -> None:
+    client = openai.OpenAI(base_url=f"{squares_facade_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+
+        def ask(sample: SquaresSample) -> str:
+            response = client.responses.create(
+                model="default",
+                input=req.agent_input(req.captured_with_image(sample)),  # type: ignore[arg-type]
+                tools=[req.SCREENSHOT_TOOL],  # type: ignore[list-item]
+                max_output_tokens=req.MAX_OUTPUT_TOKENS,
+            )
+            return response.output_text
+
+        answers = req.run_all(ask, samples)
+    finally:
+        client.close()
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+def test_grpc_client(squares_engine_address: str, samples: list[SquaresSample]) -> None:
+    """Contract messages straight to the engine; the client library applies the lowering."""
+    with EngineClient(squares_engine_address) as engine:
+
+        def ask(sample: SquaresSample) -> str:
+            conversation = agent_tool_result(png_image_part(sample.png_bytes()), sample.answer)
+            request = pb.GenerateRequest(
+                messages=conversation.messages,
+                tools=[screenshot_tool()],
+                sampling=pb.SamplingParams(max_tokens=req.MAX_OUTPUT_TOKENS),
+            )
+            return engine.generate_unary(request, lower=True).text
+
+        answers = req.run_all(ask, samples)
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+def test_agent_loop(facade: httpx.Client, samples: list[SquaresSample]) -> None:
+    """The model asks for the screenshot itself; answering its call with the image gets `N colour`."""
+
+    def loop(sample: SquaresSample) -> str:
+        first = req.create(facade, req.body(req.AGENT_PROMPT_INPUT, tools=[req.SCREENSHOT_TOOL]))
+        calls = req.function_calls(first)
+        assert [(c["name"], c["arguments"].replace(" ", "")) for c in calls] == [("screenshot", "{}")], first
+        output = {
+            "type": "function_call_output",
+            "call_id": calls[0]["call_id"],
+            "output": req.captured_with_image(sample),
+        }
+        second = req.create(
+            facade, req.body([output], previous_response_id=first["id"], tools=[req.SCREENSHOT_TOOL])
+        )
+        return req.output_text(second)
+
+    answers = req.run_all(loop, samples)
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+def test_previous_response_id_replay_keeps_the_image(
+    facade: httpx.Client, samples: list[SquaresSample]
+) -> None:
+    """A stored conversation whose tool output carried the image, continued with the question."""
+
+    def replay(sample: SquaresSample) -> str:
+        stored = req.create(
+            facade,
+            req.body(
+                req.agent_input(req.captured_with_image(sample)), tools=[req.SCREENSHOT_TOOL], store=True
+            ),
+        )
+        follow_up = req.create(
+            facade, req.body(QUESTION, previous_response_id=stored["id"], tools=[req.SCREENSHOT_TOOL])
+        )
+        return req.output_text(follow_up)
+
+    answers = req.run_all(replay, samples)
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
