@@ -2,7 +2,7 @@
 
 Builds the recorded Codex turn-2 request (tests/codex/data/codex_request_turn2.json) padded with
 exec_command history to ~19k OpenAI (o200k) tokens — 18,900 tokens of message, tool-output and tool
-text, counted once with an o200k tokenizer; see /work/notes/CODEX_SHAPES.md — translates it with
+text, counted once with an o200k tokenizer; see docs/codex-shapes.md — translates it with
 `vlmserve.responses`, and asks the engine for 1 output token, twice (cold, then the same prompt again).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \

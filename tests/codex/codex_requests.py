@@ -1,6 +1,6 @@
 """Codex-shaped Responses requests, built from the shapes Codex CLI 0.169.0 was recorded sending.
 
-See /work/notes/CODEX_SHAPES.md (and `data/codex_request_turn2.json`, a real recorded body). Used
+See docs/codex-shapes.md (and `data/codex_request_turn2.json`, a real recorded body). Used
 by the replay tests and by `bench/codex_prefill.py` (which pads the history to ~19k OpenAI tokens).
 """
 

@@ -1,6 +1,6 @@
 """The pinned Codex CLI against the recording server: pins what Codex sends and how it judges streams.
 
-These are the observations /work/notes/CODEX_SHAPES.md is built on (request shapes, the image-only
+These are the observations docs/codex-shapes.md is built on (request shapes, the image-only
 view_image output, which stream endings Codex accepts), re-checked on every run so that a Codex
 upgrade that changes them is noticed. They also prove the CLI test's verdict can fail: a 400, a
 failed or truncated stream are protocol problems; running out of output tokens is not.

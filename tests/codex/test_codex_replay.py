@@ -1,7 +1,7 @@
 """Codex-shaped requests through the real facade and engine (fixture model), streaming.
 
 The requests are built from the shapes Codex CLI 0.169.0 was recorded sending
-(/work/notes/CODEX_SHAPES.md), plus the recorded bodies themselves. Between facade and engine sits a
+(docs/codex-shapes.md), plus the recorded bodies themselves. Between facade and engine sits a
 recording gRPC hop, so "the engine received the image" is the engine's own `usage.image_count`.
 """
 

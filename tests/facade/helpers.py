@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import base64
-import functools
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 from PIL import Image
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
 
-SPEC_PATH = Path(__file__).resolve().parents[3] / "shared" / "specs" / "openresponses-openapi.json"
-_SPEC_URI = "urn:openresponses-openapi"
+from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
 
-# Streaming event type -> its schema in the Open Responses spec.
-EVENT_SCHEMAS = {
-    "response.created": "ResponseCreatedStreamingEvent",
-    "response.in_progress": "ResponseInProgressStreamingEvent",
-    "response.completed": "ResponseCompletedStreamingEvent",
-    "response.failed": "ResponseFailedStreamingEvent",
-    "response.incomplete": "ResponseIncompleteStreamingEvent",
-    "response.output_item.added": "ResponseOutputItemAddedStreamingEvent",
-    "response.output_item.done": "ResponseOutputItemDoneStreamingEvent",
-    "response.content_part.added": "ResponseContentPartAddedStreamingEvent",
-    "response.content_part.done": "ResponseContentPartDoneStreamingEvent",
-    "response.output_text.delta": "ResponseOutputTextDeltaStreamingEvent",
-    "response.output_text.done": "ResponseOutputTextDoneStreamingEvent",
-    "response.function_call_arguments.delta": "ResponseFunctionCallArgumentsDeltaStreamingEvent",
-    "response.function_call_arguments.done": "ResponseFunctionCallArgumentsDoneStreamingEvent",
-    "error": "ErrorStreamingEvent",
-}
+__all__ = ["EVENT_SCHEMAS", "assert_valid", "validator"]  # re-exported for the facade tests
 
 
 def png_bytes(color: tuple[int, int, int] = (255, 0, 0), size: tuple[int, int] = (16, 16)) -> bytes:
@@ -45,29 +23,6 @@ def png_bytes(color: tuple[int, int, int] = (255, 0, 0), size: tuple[int, int] =
 
 def png_data_url(color: tuple[int, int, int] = (255, 0, 0), size: tuple[int, int] = (16, 16)) -> str:
     return "data:image/png;base64," + base64.b64encode(png_bytes(color, size)).decode("ascii")
-
-
-@functools.cache
-def _registry() -> Registry:
-    spec = json.loads(SPEC_PATH.read_text())
-    registry: Registry = Registry().with_resource(
-        _SPEC_URI, Resource.from_contents(spec, default_specification=DRAFT202012)
-    )
-    return registry
-
-
-@functools.cache
-def validator(schema_name: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(
-        {"$ref": f"{_SPEC_URI}#/components/schemas/{schema_name}"}, registry=_registry()
-    )
-
-
-def assert_valid(instance: Any, schema_name: str) -> None:
-    errors = sorted(validator(schema_name).iter_errors(instance), key=lambda e: list(e.path))
-    assert not errors, f"{schema_name}: " + "; ".join(
-        f"{list(e.path)}: {e.message[:300]}" for e in errors[:5]
-    )
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ import base64
 import itertools
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from tests._openresponses import assert_valid, spec
 from tests.responses.responses_testkit import (
     BLUE,
     GREEN,
@@ -35,8 +35,6 @@ from vlmserve.responses import (
     result_to_output_items,
     usage_to_json,
 )
-
-SPEC = Path("/work/shared/specs/openresponses-openapi.json")
 
 
 def tool(parts: list[pb.Part], kind: pb.ToolKind.ValueType = pb.TOOL_KIND_FUNCTION) -> pb.Message:
@@ -244,30 +242,18 @@ def test_usage_to_json() -> None:
     }
 
 
-@pytest.fixture(scope="module")
-def schemas() -> dict[str, Any]:
-    if not SPEC.exists():
-        pytest.skip("Open Responses schema not present")
-    return dict(json.loads(SPEC.read_text()))
-
-
-def validate(document: dict[str, Any], component: str, spec: dict[str, Any]) -> None:
-    schema = {"$ref": f"#/components/schemas/{component}", "components": spec["components"]}
-    jsonschema.validate(document, schema)
-
-
-def test_output_items_validate_against_open_responses(schemas: dict[str, Any]) -> None:
+def test_output_items_validate_against_open_responses() -> None:
     result = pb.GenerateResult(text="hi", tool_calls=[pb.ToolCall(id="c", name="f", arguments="{}")])
     message_item, call_item = result_to_output_items(result, new_id=ids())
-    validate(message_item, "Message", schemas)
-    validate(call_item, "FunctionCall", schemas)
-    validate(usage_to_json(pb.Usage(input_tokens=1)), "Usage", schemas)
+    assert_valid(message_item, "Message")
+    assert_valid(call_item, "FunctionCall")
+    assert_valid(usage_to_json(pb.Usage(input_tokens=1)), "Usage")
 
 
-def test_tool_output_items_validate_against_open_responses(schemas: dict[str, Any]) -> None:
+def test_tool_output_items_validate_against_open_responses() -> None:
     [item] = messages_to_items([tool([text_part("a"), image_part(RED)])])
-    validate(item, "FunctionCallOutputItemParam", schemas)
-    validate(item["output"][1], "InputImageContent", schemas)
+    assert_valid(item, "FunctionCallOutputItemParam")
+    assert_valid(item["output"][1], "InputImageContent")
 
 
 @pytest.mark.parametrize(
@@ -295,12 +281,10 @@ def test_tool_output_items_validate_against_open_responses(schemas: dict[str, An
         {"metadata": {"k": "v"}, "max_output_tokens": 5, "instructions": "x", "previous_response_id": "r"},
     ],
 )
-def test_echo_fields_validate_against_response_resource(
-    schemas: dict[str, Any], extra: dict[str, Any]
-) -> None:
+def test_echo_fields_validate_against_response_resource(extra: dict[str, Any]) -> None:
     tools = [{"type": "function", "name": "f"}, {"type": "web_search"}, {"type": "custom", "name": "c"}]
     echo = build_generate_request({"input": "hi", "tools": tools, **extra}).echo_fields()
-    properties = schemas["components"]["schemas"]["ResponseResource"]["properties"]
+    components = spec()["components"]
+    properties = components["schemas"]["ResponseResource"]["properties"]
     for name, value in echo.items():
-        schema = {**properties[name], "components": schemas["components"]}
-        jsonschema.validate(value, schema)
+        jsonschema.validate(value, {**properties[name], "components": components})
