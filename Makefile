@@ -17,7 +17,7 @@ FACADE_HOST ?= 127.0.0.1
 FACADE_PORT ?= 8000
 MODEL ?=
 
-.PHONY: install system-deps run engine facade test lint proto proto-check buf-lint node-deps clean
+.PHONY: install system-deps run engine facade demo test lint proto proto-check buf-lint node-deps clean
 
 install: $(STAMP)
 
@@ -41,6 +41,10 @@ engine: install
 
 facade: install
 	$(BIN)/vlmserve-facade --engine-address $(ENGINE_ADDR) --host $(FACADE_HOST) --port $(FACADE_PORT)
+
+# With `make run` up: draw a squares image, ask the model, print the expected and the given answer.
+demo: install
+	$(BIN)/python -m training.ask_squares --url http://$(FACADE_HOST):$(FACADE_PORT) $(DEMO_ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
