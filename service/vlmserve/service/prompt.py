@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.responses import tool_output_text
 
 from .errors import invalid_argument
 from .tool_parsers import HERMES_FORMAT
@@ -182,27 +183,20 @@ def _tool_output_text(output: pb.ToolOutput, where: str) -> str:
     kind = output.WhichOneof("output")
     if kind == "text" or kind is None:
         return output.text
-    texts: list[str] = []
-    json_texts: list[str] = []
     for index, part in enumerate(output.parts.parts):
         part_where = f"{where}.tool_output.parts.parts[{index}]"
         part_kind = part.WhichOneof("kind")
-        if part_kind == "text":
-            texts.append(part.text.text)
-        elif part_kind == "json":
-            json_texts.append(part.json.json)
-        elif part_kind == "image":
+        if part_kind == "image":
             raise invalid_argument(
                 f"{part_where}: images are accepted only in user turns, not in a tool output; "
                 "lower them into a following user turn (the image follow-up lowering)"
             )
-        elif part_kind == "file":
+        if part_kind == "file":
             raise invalid_argument(f"{part_where}: file parts are not supported in tool outputs")
-        else:
+        if part_kind is None:
             raise invalid_argument(f"{part_where}: empty part")
-    if json_texts:
-        texts.append("[" + ", ".join(json_texts) + "]")
-    return "\n".join(texts)
+    # Text and JSON parts join exactly as the lowering joins them: one rule, one implementation.
+    return tool_output_text(output.parts.parts)
 
 
 def _assistant_tool_calls(message: pb.Message, where: str) -> list[dict[str, Any]]:
