@@ -14,6 +14,10 @@ import pytest
 
 from tests._services import ServiceProcess, start_engine, start_facade
 
+# The scripted-engine fixtures (fake_engine, engine, engine_client, settings, store) serve the
+# facade and hardening tests alike.
+pytest_plugins = ["tests.facade.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def service_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:

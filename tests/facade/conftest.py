@@ -3,52 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
-
-
-@pytest.fixture
-async def fake_engine() -> AsyncIterator[RunningFakeEngine]:
-    running = await start_fake_engine()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
-def engine(fake_engine: RunningFakeEngine) -> FakeEngine:
-    """The scripted servicer: set `.script`, read `.requests`."""
-    return fake_engine.servicer
-
-
-@pytest.fixture
-async def engine_client(fake_engine: RunningFakeEngine) -> AsyncIterator[AsyncEngineClient]:
-    client = AsyncEngineClient(fake_engine.address)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> FacadeSettings:
-    return FacadeSettings(
-        store_path=tmp_path / "facade.sqlite3",
-        timeouts=Timeouts(generate=30.0, control=5.0, stream_first_message=1.0),
-    )
-
-
-@pytest.fixture
-def store(settings: FacadeSettings) -> Iterator[ResponseStore]:
-    opened = ResponseStore(settings.store_path)
-    yield opened
-    opened.close()
+from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Hardening tests of the facade run it in-process against the scripted engine (a real gRPC server)."""
+"""Fixtures shared by the facade and hardening tests: the scripted engine on a real gRPC
+server, a client for it, settings and a store. conftest.py files import them from here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts
+
+__all__ = ["engine", "engine_client", "fake_engine", "settings", "store"]
 
 
 @pytest.fixture
