@@ -51,6 +51,8 @@ test: install
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I protos \
+		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy \
+		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc \
 		--python_out=clients --grpc_python_out=clients \
 		--mypy_out=clients --mypy_grpc_out=clients \
 		$(PROTO_SRC)
