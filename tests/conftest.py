@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._engine_recorder import EngineRecorder, start_engine_recorder
 from tests._services import ServiceProcess, start_engine, start_facade
 
 # The scripted-engine fixtures (fake_engine, engine, engine_client, settings, store) serve the
@@ -61,4 +62,23 @@ def random_engine_address(service_logs: Path) -> Iterator[str]:
 
     service = start_engine(service_logs, model=str(RANDOM_MODEL_PATH))
     yield service.address
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_recorder(engine_address: str) -> Iterator[EngineRecorder]:
+    """A recording gRPC hop in front of the session engine: tests see the exact engine requests."""
+    recorder = start_engine_recorder(engine_address)
+    yield recorder
+    recorder.stop()
+
+
+@pytest.fixture(scope="session")
+def recorded_facade(
+    engine_recorder: EngineRecorder, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """A real facade whose engine calls pass through `engine_recorder`."""
+    store = tmp_path_factory.mktemp("recorded-store") / "responses.sqlite3"
+    service = start_facade(service_logs, engine_recorder.address, store_path=store)
+    yield service
     service.stop()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests._services import ServiceProcess, start_facade
+from tests._engine_recorder import EngineRecorder, RecordedCall
+from tests._services import ServiceProcess
 from tests.codex.codex_requests import (
     RECORDED_KNOWN_MODEL_TURN1,
     RECORDED_TURN2,
@@ -25,7 +25,6 @@ from tests.codex.codex_requests import (
     load_recorded,
     screenshot_png,
 )
-from tests.codex.engine_recorder import EngineRecorder, RecordedCall, start_engine_recorder
 from tests.codex.sse import SseStream, post_streaming
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -33,23 +32,6 @@ from vlmserve.facade.responses_api import IGNORED_TOOLS_HEADER
 from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 TERMINAL_TYPES = {"response.completed", "response.incomplete"}
-
-
-@pytest.fixture(scope="module")
-def engine_recorder(engine_address: str) -> Iterator[EngineRecorder]:
-    recorder = start_engine_recorder(engine_address)
-    yield recorder
-    recorder.stop()
-
-
-@pytest.fixture(scope="module")
-def recorded_facade(
-    engine_recorder: EngineRecorder, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServiceProcess]:
-    store = tmp_path_factory.mktemp("codex-store") / "responses.sqlite3"
-    service = start_facade(service_logs, engine_recorder.address, store_path=store)
-    yield service
-    service.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -25,8 +24,8 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseCompletedEvent
 
-from tests._services import ServiceProcess, start_facade
-from tests.codex.engine_recorder import EngineRecorder, RecordedCall, start_engine_recorder
+from tests._engine_recorder import EngineRecorder, RecordedCall
+from tests._services import ServiceProcess
 from tests.e2e import squares_requests as squares
 from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_bytes, png_data_url, seed_000_input
 from training.squares import QUESTION, draw_sample
@@ -50,23 +49,6 @@ def sdk(facade_url: str) -> Iterator[openai.OpenAI]:
     client = sdk_client(facade_url)
     yield client
     client.close()
-
-
-@pytest.fixture(scope="module")
-def engine_recorder(engine_address: str) -> Iterator[EngineRecorder]:
-    recorder = start_engine_recorder(engine_address)
-    yield recorder
-    recorder.stop()
-
-
-@pytest.fixture(scope="module")
-def recorded_facade(
-    engine_recorder: EngineRecorder, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServiceProcess]:
-    store = tmp_path_factory.mktemp("recorded-store") / "responses.sqlite3"
-    service = start_facade(service_logs, engine_recorder.address, store_path=store)
-    yield service
-    service.stop()
 
 
 @pytest.fixture(scope="module")
