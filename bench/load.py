@@ -17,7 +17,6 @@ import asyncio
 import base64
 import contextlib
 import io
-import ipaddress
 import json
 import math
 import os
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from vlmserve.netaddr import is_loopback_host
 
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 256
@@ -106,13 +107,7 @@ def event_type(event: SSEEvent) -> str:
 
 
 def is_loopback_url(base_url: str) -> bool:
-    host = urllib.parse.urlsplit(base_url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urllib.parse.urlsplit(base_url).hostname or "")
 
 
 def request_body(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import logging
 import math
 import os
@@ -14,6 +13,8 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+
+from vlmserve.netaddr import is_loopback_host
 
 from .app import create_app
 from .auth import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys, read_key_file
@@ -164,19 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(settings.api_keys.digests)} configured" if settings.api_keys.enabled else "off",
         ", ".join(remote.allowed_domains) or "none allowed" if remote.enabled else "off",
     )
-    if not settings.api_keys.enabled and not _is_loopback(settings.host):
+    if not settings.api_keys.enabled and not is_loopback_host(settings.host):
         logger.warning("listening on %s without API keys: anyone who can reach it can use it", settings.host)
     uvicorn.Server(server_config(create_app(settings), settings)).run()
     return 0
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def server_config(app: FastAPI, settings: FacadeSettings) -> uvicorn.Config:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
-import ipaddress
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+
+from vlmserve.netaddr import is_loopback_host
 
 __all__ = [
     "HEALTH_METHODS",
@@ -113,13 +114,7 @@ def is_local_address(address: str) -> bool:
     """A gRPC bind address only this machine can reach: `unix:`, or a loopback host."""
     if address.startswith(("unix:", "unix-abstract:")):
         return True
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(address.rsplit(":", 1)[0])
 
 
 def server_credentials(
