@@ -40,6 +40,8 @@ class Script:
     hang: bool = False
     # Seconds before the first message (a long prefill).
     first_delay_s: float = 0.0
+    # Answer Abort with found=True but keep generating (a hung or buggy engine).
+    ignore_abort: bool = False
 
 
 def model_info() -> pb.GetModelInfoResponse:
@@ -143,7 +145,8 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
         event = self._abort_events.get(request.request_id)
         if event is None:
             return pb.AbortResponse(found=False)
-        event.set()
+        if not self.script.ignore_abort:
+            event.set()
         return pb.AbortResponse(found=True)
 
 

@@ -48,6 +48,31 @@ async def test_stream_disconnect_cancels_the_engine_call(
 
 
 async def test_non_stream_disconnect_cancels_the_engine_call(server_url: str, engine: FakeEngine) -> None:
+    engine.script = Script(text_chunks=["partial"], hang=True)
+    client = httpx.AsyncClient(base_url=server_url, timeout=WAIT_S)
+    request = asyncio.create_task(client.post("/v1/responses", json={"model": "default", "input": "hi"}))
+    await wait_for(engine.started)
+    response_id = engine.requests[0].request_id
+    # The engine has sent its first message: the response has started and is stored.
+    async with httpx.AsyncClient(base_url=server_url) as check:
+        for _ in range(250):
+            if (await check.get(f"/v1/responses/{response_id}")).status_code == 200:
+                break
+            await asyncio.sleep(0.02)
+    request.cancel()
+    await client.aclose()
+    await wait_for(engine.cancelled)
+    for _ in range(50):
+        if await stored_status(server_url, response_id) != "in_progress":
+            break
+        await asyncio.sleep(0.02)
+    assert await stored_status(server_url, response_id) == "cancelled"
+
+
+async def test_non_stream_disconnect_before_the_engine_started_stores_nothing(
+    server_url: str, engine: FakeEngine, app: FastAPI
+) -> None:
+    # No first message (a long prefill): the client leaves before the response has started.
     engine.script = Script(text_chunks=[], hang=True)
     client = httpx.AsyncClient(base_url=server_url, timeout=WAIT_S)
     request = asyncio.create_task(client.post("/v1/responses", json={"model": "default", "input": "hi"}))
@@ -55,7 +80,13 @@ async def test_non_stream_disconnect_cancels_the_engine_call(server_url: str, en
     request.cancel()
     await client.aclose()
     await wait_for(engine.cancelled)
-    assert await stored_status(server_url, engine.requests[0].request_id) == "cancelled"
+    for _ in range(50):
+        if not app.state.facade.responses.running:
+            break
+        await asyncio.sleep(0.02)
+    assert app.state.facade.responses.running == {}
+    async with httpx.AsyncClient(base_url=server_url) as check:
+        assert (await check.get(f"/v1/responses/{engine.requests[0].request_id}")).status_code == 404
 
 
 async def test_cancel_endpoint_stops_a_streaming_generation(server_url: str, engine: FakeEngine) -> None:

@@ -157,18 +157,6 @@ async def test_engine_errors_map_to_http_statuses(
         assert "engine says no" not in error["message"]
 
 
-async def test_stored_response_is_failed_after_an_engine_error(
-    http: httpx.AsyncClient, engine: FakeEngine
-) -> None:
-    engine.script.error = (grpc.StatusCode.UNAVAILABLE, "gone")
-    response = await http.post("/v1/responses", json={"model": "default", "input": "hi"})
-    assert response.status_code == 503
-    (request,) = engine.requests
-    stored = await http.get(f"/v1/responses/{request.request_id}")
-    assert stored.json()["status"] == "failed"
-    assert stored.json()["error"]["code"] == "engine_unavailable"
-
-
 async def test_engine_down_is_503(http: httpx.AsyncClient, fake_engine: Any) -> None:
     await fake_engine.stop()
     response = await http.post("/v1/responses", json={"model": "default", "input": "hi"})

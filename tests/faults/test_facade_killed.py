@@ -2,7 +2,8 @@
 
 Issue 5, Faults: every stored response, its input items, and every conversation with its items
 read back exactly as before. A generation that was running when the facade died is stopped by the
-engine (the facade's connection went away with it), and its response can still be cancelled.
+engine (the facade's connection went away with it), and the restarted facade marks its response
+failed (server_error) instead of leaving it in progress forever.
 """
 
 from __future__ import annotations
@@ -133,11 +134,14 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
     facades.append(second)
     with httpx.Client(base_url=second.address, timeout=WAIT_S) as http:
         assert snapshot(http, ids, conversation["id"], doomed["id"]) == before
-        # The interrupted response was kept; it can be cancelled now that nothing runs it.
-        assert http.get(f"/v1/responses/{running_id}").json()["status"] == "in_progress"
-        cancelled = http.post(f"/v1/responses/{running_id}/cancel")
-        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-        assert http.get(f"/v1/responses/{running_id}").json()["status"] == "cancelled"
+        # The interrupted response was kept, and start-up says it will never finish.
+        interrupted = http.get(f"/v1/responses/{running_id}").json()
+        assert interrupted["status"] == "failed"
+        assert interrupted["error"] == {
+            "code": "server_error",
+            "message": "The server restarted before this response finished.",
+        }
+        assert http.post(f"/v1/responses/{running_id}/cancel").status_code == 400
         # The restarted facade continues a stored chain (replay reads the recovered items).
         continued = created(
             http, {"previous_response_id": chained["id"], "input": "go on", "tools": [SEED_000_TOOL]}

@@ -426,10 +426,12 @@ async def test_hostile_inputs_leave_nothing_behind(
         f"Python objects left {python_alive_mib:.1f} MiB"
     )
     assert python_alive_mib < 8  # one leaked 8 MB string would show
-    # The allocator settles at a level that depends on what ran before in this process (alone:
-    # ~+30 MiB; after the whole suite: ~+120 MiB), then stays there. A leak keeps climbing: each
-    # round holds two 8 MB strings and a 30 MB body, so the last rounds must be flat.
+    # Python-level leaks are caught exactly above. RSS also sees native memory (Pillow, grpc),
+    # but the allocator settles at a level that depends on what ran before in this process
+    # (alone: ~+30 MiB; after the whole suite: ~+120 MiB) and drifts by tens of MiB. A native
+    # leak of what a round handles (two 8 MB strings, a 30 MB body, the bombs) climbs by more
+    # than that every round, so the last three rounds must stay within 64 MiB of each other.
     settled = growth_mib[-3:]
-    assert max(settled) - min(settled) < 24, growth_mib
+    assert max(settled) - min(settled) < 64, growth_mib
     # Transient copies of a 30 MB body (client and server side, raw, text, parsed) make the peak.
     assert peak_growth_mib < 512

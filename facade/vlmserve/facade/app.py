@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -27,6 +28,9 @@ from .state import FacadeState
 from .store import ResponseStore
 
 logger = logging.getLogger("vlmserve.facade")
+
+# What a response left in progress by a previous facade process says after start-up.
+INTERRUPTED_ERROR = {"code": "server_error", "message": "The server restarted before this response finished."}
 
 
 def engine_credentials(settings: FacadeSettings) -> grpc.ChannelCredentials | None:
@@ -62,6 +66,18 @@ def engine_client(settings: FacadeSettings) -> AsyncEngineClient:
     )
 
 
+async def _fail_interrupted(store: ResponseStore) -> None:
+    """Responses still in progress at start-up were running in a facade that died (SIGKILL, a
+    crash): nothing will ever finish them, so say so instead of `in_progress` forever."""
+    interrupted = await asyncio.to_thread(store.fail_unfinished, INTERRUPTED_ERROR)
+    if interrupted:
+        logger.warning(
+            "%d response(s) left in progress by a previous run marked failed: %s",
+            len(interrupted),
+            ", ".join(interrupted[:10]) + (" ..." if len(interrupted) > 10 else ""),
+        )
+
+
 def create_app(
     settings: FacadeSettings | None = None,
     *,
@@ -79,6 +95,8 @@ def create_app(
     files stored objects under the key's owner id); `dependencies` are added after it.
     `image_sources` makes the fetcher for remote image URLs, once per request; by default the
     safe fetcher when `settings.remote_images` enables it, else none (remote URLs are a 400).
+    On start-up (the lifespan) the store's responses still `in_progress` are marked `failed`:
+    one facade process owns a store.
     """
     settings = settings or FacadeSettings.from_env()
     if image_sources is None:
@@ -103,6 +121,7 @@ def create_app(
             the_store = store if store is not None else ResponseStore(settings.store_path)
             app.state.facade = build_state(opened_engine, the_store)
         try:
+            await _fail_interrupted(app.state.facade.store)
             yield
         finally:
             state: FacadeState = app.state.facade

@@ -2,7 +2,11 @@
 
 A `Generation` owns the gRPC call. Cancelling the task that iterates `events()` (a client that
 disconnects) cancels the call, so the engine stops; `cancel()` (the cancel endpoint) asks the
-engine to abort, and the generation ends with status `cancelled`.
+engine to abort, and the generation ends with status `cancelled`. An engine that ignores the
+abort has its call closed from our side, and the events still end the normal way.
+
+Stored responses: nothing is stored until the response has started (`open()` returned), so a
+request the engine refuses at once leaves no stored response whose id the client never saw.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from .store import ResponseStore, StoredItem
 logger = logging.getLogger("vlmserve.facade")
 
 
+class _CallClosed(Exception):
+    """`cancel()` closed the engine call because the engine did not end it after Abort."""
+
+
 @dataclass
 class Generation:
     response_id: str
@@ -49,6 +57,11 @@ class Generation:
     _first: asyncio.Future[pb.GenerateResponse] | None = None
     _task: asyncio.Task[Any] | None = None
     _cancel_requested: bool = False
+    # Set by `cancel()` when the engine ignored Abort: the reader stops and closes the call.
+    _close_call: asyncio.Event = field(default_factory=asyncio.Event)
+    # The first write of the stored response, and a final write that had to wait for it.
+    _stored: asyncio.Future[None] | None = None
+    _final_write: asyncio.Future[None] | None = None
 
     def __post_init__(self) -> None:
         self.builder = ResponseEvents(self.resource, offered_tools=self.translated.offered_tools)
@@ -81,13 +94,7 @@ class Generation:
             if self._stream is None:
                 self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
             if self.store_enabled:
-                await asyncio.to_thread(
-                    self.store.put_response,
-                    builder.snapshot(),
-                    self.input_items,
-                    owner=self.owner,
-                    conversation_id=self.conversation_id,
-                )
+                await self._store_started()
             for event in builder.start():
                 yield event
             try:
@@ -106,8 +113,8 @@ class Generation:
                     raise APIError(
                         502, "The engine ended the response without a result.", code="engine_error"
                     )
-            except (EngineError, APIError) as failure:
-                if (
+            except (EngineError, APIError, _CallClosed) as failure:
+                if isinstance(failure, _CallClosed) or (
                     isinstance(failure, EngineError)
                     and self._cancel_requested
                     and (failure.code == grpc.StatusCode.CANCELLED)
@@ -127,7 +134,7 @@ class Generation:
             # synchronously; an await here would be cancelled again.
             if not builder.finished:
                 builder.cancel()
-                self._persist_final_now()
+                self._persist_final_after_start()
             raise
         finally:
             await self._close_stream()
@@ -141,19 +148,31 @@ class Generation:
             found = await self.engine.abort(self.request.request_id)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.done.wait(), wait_s)
+        if self.done.is_set():
+            return
+        # The engine did not stop it (or did not know it): close the call from our side. The
+        # reader notices and ends the response as cancelled, final events and all.
+        logger.warning("response %s: abort found=%s, closing the call", self.response_id, found)
+        self._close_call.set()
+        if self._task is None:
+            return  # Not being read yet: the reader ends it as cancelled as soon as it starts.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.done.wait(), wait_s)
         if not self.done.is_set() and self._task is not None:
-            # The engine did not stop it (or did not know it): cut the call from our side.
-            logger.warning("response %s: abort found=%s, cancelling the call", self.response_id, found)
+            # Nobody reads the events (a client that stopped reading): cut the consumer too.
+            logger.warning("response %s: events not consumed, cancelling their task", self.response_id)
             self._task.cancel()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.done.wait(), wait_s)
 
     async def abandon(self) -> None:
         """End a generation that was never (or not fully) iterated: close its engine call."""
-        if self.done.is_set():
-            return
-        await self._close_stream()
-        self._finished()
+        if not self.done.is_set():
+            await self._close_stream()
+            self._finished()
+        if self._final_write is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._final_write)
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -162,12 +181,17 @@ class Generation:
         stream = self._stream
         assert stream is not None
         pending: asyncio.Future[pb.GenerateResponse] | None = self._first
+        close_call = asyncio.ensure_future(self._close_call.wait())
         try:
             while True:
                 if pending is None:
                     pending = asyncio.ensure_future(anext(stream))
-                done, _ = await asyncio.wait({pending}, timeout=self.heartbeat_s)
-                if not done:
+                waiting: set[asyncio.Future[Any]] = {pending, close_call}
+                await asyncio.wait(waiting, timeout=self.heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
+                # Checked first: an engine that ignores Abort may keep messages coming forever.
+                if close_call.done():
+                    raise _CallClosed
+                if not pending.done():
                     yield None
                     continue
                 try:
@@ -177,6 +201,7 @@ class Generation:
                 pending = None
                 yield message
         finally:
+            close_call.cancel()
             # asyncio.wait does not cancel what it waits for: a consumer that stops (or is
             # cancelled) must not leave the read, and so the engine call, running.
             if pending is not None and not pending.done():
@@ -186,6 +211,35 @@ class Generation:
 
     def _api_error(self, error: EngineError) -> APIError:
         return from_engine_error(error, context_length=self.context_length, retry_after_s=self.retry_after_s)
+
+    async def _store_started(self) -> None:
+        """Store the response as it starts (in progress). Shielded: a client that leaves meanwhile
+        must not cancel the write, else the final write could come first and be overwritten."""
+        self._stored = asyncio.ensure_future(
+            asyncio.to_thread(
+                self.store.put_response,
+                self.builder.snapshot(),
+                self.input_items,
+                owner=self.owner,
+                conversation_id=self.conversation_id,
+            )
+        )
+        await asyncio.shield(self._stored)
+
+    def _persist_final_after_start(self) -> None:
+        """Record the end without awaiting (the task is being cancelled): now, or, while the first
+        write still runs, right after it (`abandon()` waits for that)."""
+        stored = self._stored
+        if stored is None or stored.done():
+            self._persist_final_now()
+            return
+
+        async def after_start() -> None:
+            with contextlib.suppress(Exception):
+                await stored
+            await self._persist_final()
+
+        self._final_write = asyncio.ensure_future(after_start())
 
     async def _persist_final(self) -> None:
         await asyncio.to_thread(self._persist_final_now)

@@ -49,9 +49,13 @@ async def create_response(request: Request, state: State) -> Response:
     body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
     generation = await state.responses.prepare(body, owner=owner_of(request))
     headers = _ignored_tools_header(generation)
+    # Streaming or not, the engine call starts before anything is stored: an engine that refuses
+    # the request at once (queue full, down, bad argument) leaves no response whose id the
+    # client never saw.
+    first_message_s = state.settings.timeouts.stream_first_message
     if generation.translated.stream:
         try:
-            await generation.open(state.settings.timeouts.stream_first_message)
+            await generation.open(first_message_s)
         except BaseException:
             await generation.abandon()
             raise
@@ -69,7 +73,7 @@ async def create_response(request: Request, state: State) -> Response:
             shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
         )
     try:
-        resource = await _unless_disconnected(request, _collect(generation))
+        resource = await _unless_disconnected(request, _collect(generation, first_message_s))
     finally:
         await generation.abandon()
     if resource is None:
@@ -138,7 +142,8 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
     if resource is None:
         raise not_found("response", response_id)
     if resource["status"] in ("in_progress", "queued", "cancelled"):
-        # In progress here means its generation died with a previous facade process.
+        # In progress here means no generation of this process runs it (start-up marks those
+        # of a previous process failed; another process sharing the store is not supported).
         resource["status"] = "cancelled"
         await asyncio.to_thread(state.store.update_response, resource, owner=owner)
         return resource
@@ -186,7 +191,8 @@ async def _cancel_after_shutdown(generation: Generation, shutdown: anyio.Event, 
     await generation.cancel(STREAM_CANCEL_WAIT_S)
 
 
-async def _collect(generation: Generation) -> dict[str, Any]:
+async def _collect(generation: Generation, first_message_s: float) -> dict[str, Any]:
+    await generation.open(first_message_s)
     async for _ in generation.events(raise_errors=True):
         pass
     return generation.builder.snapshot()

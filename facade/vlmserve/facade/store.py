@@ -162,6 +162,24 @@ class ResponseStore:
             self._write_outputs(db, resource)
             return True
 
+    def fail_unfinished(self, error: dict[str, str]) -> list[str]:
+        """Mark every response still `queued` or `in_progress`, whoever owns it, `failed` with
+        `error`; their ids. Only for start-up: it assumes no generation of this store runs, which
+        holds while one facade process owns the store."""
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT id, resource FROM responses"
+                " WHERE json_extract(resource, '$.status') IN ('queued', 'in_progress')"
+            ).fetchall()
+            for response_id, text in rows:
+                resource = json.loads(text)
+                resource["status"] = "failed"
+                resource["error"] = dict(error)
+                db.execute(
+                    "UPDATE responses SET resource = ? WHERE id = ?", (json.dumps(resource), response_id)
+                )
+        return [response_id for response_id, _ in rows]
+
     @staticmethod
     def _write_outputs(db: sqlite3.Connection, resource: dict[str, Any]) -> None:
         db.executemany(
