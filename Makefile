@@ -46,7 +46,8 @@ facade: install
 demo: install
 	$(BIN)/python -m training.ask_squares --url http://$(FACADE_HOST):$(FACADE_PORT) $(DEMO_ARGS)
 
-test: install
+# The Codex CLI tests need the pinned npm packages; without npm they skip (CI installs npm).
+test: install $(if $(shell command -v npm),node-deps)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 proto: install
