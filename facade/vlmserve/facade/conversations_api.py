@@ -28,9 +28,9 @@ from .openapi import (
 from .request_body import read_json
 from .request_limits import check_image_count, count_image_parts
 from .resource import stored_items
-from .responses_api import item_list
+from .responses_api import item_list, item_page
 from .state import FacadeState, facade_state, owner_of
-from .store import ItemPage, StoredItem, UnknownCursorError
+from .store import ItemPage, StoredItem
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -81,20 +81,15 @@ async def list_conversation_items(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
 ) -> dict[str, Any]:
-    try:
-        page = await asyncio.to_thread(
-            state.store.list_conversation_items,
-            conversation_id,
-            after=after,
-            limit=limit,
-            order=order,
-            owner=owner_of(request),
-        )
-    except UnknownCursorError:
-        raise APIError(400, "Invalid value for 'after': no item has this id.", param="after") from None
-    if page is None:
-        raise not_found("conversation", conversation_id)
-    return item_list(page)
+    return await item_page(
+        state.store.list_conversation_items,
+        "conversation",
+        conversation_id,
+        request,
+        after=after,
+        limit=limit,
+        order=order,
+    )
 
 
 @router.post(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
@@ -114,20 +114,9 @@ async def list_input_items(
     order: Literal["asc", "desc"] = "desc",
     include: Annotated[list[str] | None, Query(alias="include[]")] = None,
 ) -> dict[str, Any]:
-    try:
-        page = await asyncio.to_thread(
-            state.store.list_input_items,
-            response_id,
-            after=after,
-            limit=limit,
-            order=order,
-            owner=owner_of(request),
-        )
-    except UnknownCursorError:
-        raise APIError(400, "Invalid value for 'after': no input item has this id.", param="after") from None
-    if page is None:
-        raise not_found("response", response_id)
-    return item_list(page)
+    return await item_page(
+        state.store.list_input_items, "response", response_id, request, after=after, limit=limit, order=order
+    )
 
 
 @router.post("/{response_id}/cancel", operation_id=CANCEL_RESPONSE)
@@ -153,6 +142,29 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
         param="response_id",
         code="response_not_cancellable",
     )
+
+
+async def item_page(
+    fetch: Callable[..., ItemPage | None],
+    kind: str,
+    object_id: str,
+    request: Request,
+    *,
+    after: str | None,
+    limit: int,
+    order: str,
+) -> dict[str, Any]:
+    """One page of a response's input items or a conversation's items, as an OpenAI list."""
+    try:
+        page = await asyncio.to_thread(
+            fetch, object_id, after=after, limit=limit, order=order, owner=owner_of(request)
+        )
+    except UnknownCursorError:
+        noun = "input item" if kind == "response" else "item"
+        raise APIError(400, f"Invalid value for 'after': no {noun} has this id.", param="after") from None
+    if page is None:
+        raise not_found(kind, object_id)
+    return item_list(page)
 
 
 def item_list(page: ItemPage) -> dict[str, Any]:
