@@ -140,7 +140,9 @@ async def test_input_items_paging(http: httpx.AsyncClient) -> None:
     last = (await http.get(url, params={"order": "asc", "limit": 2, "after": second["last_id"]})).json()
     assert [item["id"] for item in last["data"]] == ["msg_4"] and last["has_more"] is False
 
-    assert (await http.get(url, params={"after": "msg_nope"})).status_code == 400
+    unknown = await http.get(url, params={"after": "msg_nope"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "after"
+    assert (await http.get("/v1/responses/resp_nope/input_items")).status_code == 404
 
 
 async def test_stored_response_with_image_tool_output_replays_identically(
