@@ -349,3 +349,15 @@ def test_previous_response_id_replays_the_stored_tool_image(
     )
     assert by_reference.input_tokens == spelled_out.input_tokens == follow_up.usage.input_tokens
     assert first.usage is not None and follow_up.usage.input_tokens > first.usage.input_tokens
+
+
+@pytest.mark.parametrize("truncation", ["disabled", "auto"])
+def test_over_long_input_is_a_400_naming_the_context_length(facade_url: str, truncation: str) -> None:
+    info = httpx.get(f"{facade_url}/v1/models/default", timeout=30).json()
+    context = info["vlmserve"]["context_length"]
+    body = {"model": "default", "input": "word " * (context + 1000), "truncation": truncation}
+    reply = httpx.post(f"{facade_url}/v1/responses", json=body, timeout=120)
+    assert reply.status_code == 400, reply.text[:500]
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "input")
+    assert str(context) in error["message"]

@@ -239,14 +239,14 @@ def test_bad_image_bytes_are_invalid_argument(
     assert message in details and "messages[0].parts[0]" in details
 
 
-def test_over_long_prompt_is_invalid_argument_with_the_limits(
+def test_over_long_prompt_is_out_of_range_with_the_limits(
     idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
 ) -> None:
     context = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).context_length
     digits = "1234567890" * (context // 10 + 100)  # the tokenizer splits digits: one token each
     req = request(text_part(digits))
     code, details = status_of(lambda: list(stub.Generate(req, timeout=60)))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert code == grpc.StatusCode.OUT_OF_RANGE
     assert f"context length is {context} tokens" in details
     counted = stub.CountTokens(pb.CountTokensRequest(request=req), timeout=60).input_tokens
     assert counted > context

@@ -99,10 +99,10 @@ def from_engine_error(
         return APIError(400, details or "The engine refused the request.", code="invalid_value")
     if code == grpc.StatusCode.OUT_OF_RANGE:
         limit = f" of {context_length} tokens" if context_length else ""
+        said = f" ({details})" if details else ""
         return APIError(
             400,
-            f"The input is longer than the model's context window{limit}. Shorten the input or "
-            "lower max_output_tokens.",
+            f"The input is longer than the model's context window{limit}{said}. Shorten the input.",
             param="input",
             code="context_length_exceeded",
         )

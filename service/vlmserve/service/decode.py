@@ -135,8 +135,10 @@ class ActiveGeneration:
             self._phase = _Phase.DONE
             return
         if self.prompt_tokens >= info.context_length:
+            # OUT_OF_RANGE, not INVALID_ARGUMENT: the same prompt fits a model with a longer
+            # context, and callers (the facade) can answer "context length exceeded" precisely.
             raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.OUT_OF_RANGE,
                 f"the prompt is {self.prompt_tokens} tokens; the model's context length is "
                 f"{info.context_length} tokens, which must hold the prompt and at least one generated token",
             )
