@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -87,12 +87,9 @@ class ToolSet:
 
 @dataclass(frozen=True)
 class _Declared:
-    name: str
-    namespace: str | None
-    kind: ToolKindName
-    description: str | None
-    parameters: Mapping[str, Any]
-    strict: bool | None
+    """A tool as declared, offered under its own name until `_offer` settles name clashes."""
+
+    tool: OfferedTool
     path: str
 
 
@@ -138,25 +135,27 @@ def _declared(obj: Mapping[str, Any], path: str, kind: str, namespace: str | Non
         )
     description = optional_str(obj, "description", path)
     if kind == "custom":
-        return _Declared(
+        tool = OfferedTool(
+            name,
             name,
             namespace,
             "custom",
             _custom_description(obj, path, description),
             _custom_parameters(),
             False,
-            path,
         )
+        return _Declared(tool, path)
     parameters = optional_object(obj, "parameters", path)
-    return _Declared(
+    tool = OfferedTool(
+        name,
         name,
         namespace,
         "function",
         description,
         parameters if parameters is not None else _EMPTY_PARAMETERS,
         optional_bool(obj, "strict", path),
-        path,
     )
+    return _Declared(tool, path)
 
 
 def _custom_parameters() -> dict[str, Any]:
@@ -181,21 +180,20 @@ def _custom_description(obj: Mapping[str, Any], path: str, description: str | No
 
 def _offer(declared: list[_Declared]) -> dict[str, OfferedTool]:
     counts: dict[str, int] = {}
-    for tool in declared:
-        counts[tool.name] = counts.get(tool.name, 0) + 1
+    for entry in declared:
+        counts[entry.tool.name] = counts.get(entry.tool.name, 0) + 1
     offered: dict[str, OfferedTool] = {}
-    for tool in declared:
+    for entry in declared:
+        tool = entry.tool
         name = tool.name
         if counts[name] > 1 and tool.namespace is not None:
             name = f"{tool.namespace}__{tool.name}"
         if name in offered:
             raise InvalidRequestError(
-                f"Invalid value for '{join(tool.path, 'name')}': duplicate tool name.",
-                param=join(tool.path, "name"),
+                f"Invalid value for '{join(entry.path, 'name')}': duplicate tool name.",
+                param=join(entry.path, "name"),
             )
-        offered[name] = OfferedTool(
-            name, tool.name, tool.namespace, tool.kind, tool.description, tool.parameters, tool.strict
-        )
+        offered[name] = replace(tool, offered_name=name)
     return offered
 
 
