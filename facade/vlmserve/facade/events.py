@@ -140,16 +140,7 @@ class ResponseEvents:
             events += self._open_message()
         assert self._message is not None
         self._message.text += text
-        events.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=self._message.item_id,
-                output_index=self._message.output_index,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
+        events.append(self._text_delta(self._message, text))
         return events
 
     def _open_message(self) -> list[Event]:
@@ -169,17 +160,18 @@ class ResponseEvents:
             ),
         ]
         if self._message.text:
-            events.append(
-                self._event(
-                    "response.output_text.delta",
-                    item_id=self._message.item_id,
-                    output_index=self._message.output_index,
-                    content_index=0,
-                    delta=self._message.text,
-                    logprobs=[],
-                )
-            )
+            events.append(self._text_delta(self._message, self._message.text))
         return events
+
+    def _text_delta(self, message: _OpenMessage, text: str) -> Event:
+        return self._event(
+            "response.output_text.delta",
+            item_id=message.item_id,
+            output_index=message.output_index,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
 
     def _close_message(self, status: str) -> list[Event]:
         message = self._message
