@@ -1,7 +1,7 @@
 """Accuracy of a squares model per conversation shape, by real generation (no server).
 
 Each conversation goes the way inference takes it: `lower_messages`, the engine's
-`render_prompt`, the images decoded from their PNG bytes by `vlmserve.images.decode_image`, then
+`render_prompt`, the images decoded from their PNG bytes by `vlmserve.common.images.decode_image`, then
 greedy `mlx_vlm.generate`; tool calls are read with the engine's Hermes parser.
 
     python -m training.squares_eval --model models/qwen2-vl-squares --n 50
@@ -26,11 +26,11 @@ from training.squares_conversations import (
     png_image_part,
     user_image,
 )
+from vlmserve.common.images import decode_image
+from vlmserve.engine.prompt import render_prompt
+from vlmserve.engine.tool_parsers import HERMES_FORMAT, TextPiece, ToolCallPiece, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import decode_image
 from vlmserve.responses import lower_messages
-from vlmserve.service.prompt import render_prompt
-from vlmserve.service.tool_parsers import HERMES_FORMAT, TextPiece, ToolCallPiece, make_parser
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "qwen2-vl-squares"
 # Not the training seed (0) nor its in-training eval seed (777001).

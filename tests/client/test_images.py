@@ -1,4 +1,4 @@
-"""vlmserve.images: the one place untrusted image bytes are checked."""
+"""vlmserve.common.images: the one place untrusted image bytes are checked."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import io
 import pytest
 from PIL import Image
 
-from vlmserve.images import (
+from vlmserve.common.images import (
     ImageError,
     ImageLimits,
     decode_image,

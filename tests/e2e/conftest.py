@@ -24,7 +24,7 @@ def _session_model() -> Path:
     chosen = os.environ.get("VLMSERVE_TEST_MODEL") or os.environ.get("VLMSERVE_MODEL")
     if chosen:
         return Path(chosen).resolve()
-    from vlmserve.service.model import DEFAULT_MODEL_PATH
+    from vlmserve.engine.model import DEFAULT_MODEL_PATH
 
     return DEFAULT_MODEL_PATH.resolve()
 

@@ -28,9 +28,9 @@ from training.squares_conversations import (
     user_image,
 )
 from training.squares_eval import is_screenshot_call
+from vlmserve.engine.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import build_generate_request, lower_messages
-from vlmserve.service.prompt import render_prompt
 
 MODEL = str(SQUARES_MODEL)
 

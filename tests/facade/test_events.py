@@ -9,8 +9,8 @@ import pytest
 
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.errors import APIError
-from vlmserve.facade.events import ResponseEvents
+from vlmserve.facade.http_errors import APIError
+from vlmserve.facade.response_events import ResponseEvents
 
 
 def base_resource() -> dict[str, Any]:

@@ -10,8 +10,8 @@ import httpx
 from tests.facade.helpers import assert_valid
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.app import INTERRUPTED_ERROR
-from vlmserve.facade.auth import ANONYMOUS_OWNER
 
 OTHER_OWNER = "someone-else"
 

@@ -19,8 +19,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from tests.hardening._certs import PKIFiles, make_pki
 from vlmserve.client import AsyncEngineClient, UnauthenticatedError, UnimplementedError
-from vlmserve.service import auth
-from vlmserve.service.auth import EngineSecurity, TokenAuthInterceptor, add_security_arguments
+from vlmserve.engine import grpc_auth as auth
+from vlmserve.engine.grpc_auth import EngineSecurity, TokenAuthInterceptor, add_security_arguments
 
 TOKEN = "engine-token-0123456789abcdef"
 ROTATED = "next-engine-token-fedcba9876543210"

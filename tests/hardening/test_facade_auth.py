@@ -11,10 +11,17 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.testclient import TestClient
 
-from vlmserve.facade import auth
+from vlmserve.facade import api_keys as auth
+from vlmserve.facade.api_keys import (
+    ANONYMOUS_OWNER,
+    ApiKeys,
+    Owner,
+    install_api_keys,
+    owner_id,
+    require_owner,
+)
 from vlmserve.facade.app import create_app
-from vlmserve.facade.auth import ANONYMOUS_OWNER, ApiKeys, Owner, install_api_keys, owner_id, require_owner
-from vlmserve.facade.errors import install_error_handlers
+from vlmserve.facade.http_errors import install_error_handlers
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.state import owner_of
 

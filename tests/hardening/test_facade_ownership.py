@@ -14,7 +14,7 @@ import pytest
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
-from vlmserve.facade.auth import ApiKeys, owner_id
+from vlmserve.facade.api_keys import ApiKeys, owner_id
 from vlmserve.facade.cli import settings_from_args
 
 ALICE = "sk-alice-0123456789abcdef"

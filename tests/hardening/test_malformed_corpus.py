@@ -24,8 +24,8 @@ import pytest
 from tests.facade.fake_engine import FakeEngine
 from tests.hardening import _image_corpus as corpus
 from vlmserve.client import AsyncEngineClient
+from vlmserve.common.images import decode_image
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
-from vlmserve.images import decode_image
 
 Path = tuple[str | int, ...]
 

@@ -18,7 +18,7 @@ from tests.responses.responses_testkit import (
     input_text,
     message,
 )
-from vlmserve.images import ImageLimits
+from vlmserve.common.images import ImageLimits
 from vlmserve.responses import ImageFetchError, InvalidRequestError, input_to_messages
 
 RED_B64 = base64.b64encode(RED).decode("ascii")

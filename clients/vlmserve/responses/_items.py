@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import ImageLimits
 
 from ._errors import InvalidRequestError
 from ._json import as_list, as_object, join, missing, one_of, optional_str, required_str, wrong_type

@@ -3,7 +3,7 @@
 Every image a request carries passes through `MediaPolicy.load_image`: `data:` URLs are
 decoded here, remote http(s) URLs go to a pluggable `ImageSource` (none by default, so they
 are refused), and every other scheme or bare path is refused outright. Whatever the origin,
-the bytes are then checked by `vlmserve.images.inspect_image` (format sniffed from the
+the bytes are then checked by `vlmserve.common.images.inspect_image` (format sniffed from the
 bytes, declared type must match, size and pixel count bounded from the header).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from vlmserve.common.images import ImageError, ImageLimits, inspect_image, parse_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import ImageError, ImageLimits, inspect_image, parse_data_url
 
 from ._errors import InvalidRequestError
 

@@ -12,8 +12,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from vlmserve.common.images import sniff_media_type
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import sniff_media_type
 
 from ._media import DETAIL_NAMES
 from ._tools import OfferedTool

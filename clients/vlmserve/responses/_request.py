@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import ImageLimits
 
 from ._errors import InvalidRequestError
 from ._items import (

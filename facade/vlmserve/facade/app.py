@@ -17,12 +17,12 @@ from fastapi.responses import JSONResponse
 from vlmserve.client import AsyncEngineClient, Deadlines
 
 from . import conversations_api, models_api, responses_api
-from .auth import install_api_keys, require_owner
+from .api_keys import install_api_keys, require_owner
 from .catalog import ModelCatalog
-from .errors import install_error_handlers
+from .http_errors import install_error_handlers
 from .remote_images import image_fetcher_from_settings
 from .request_limits import HeaderLimits
-from .service import ImageSourceFactory, ResponsesService
+from .response_preparation import ImageSourceFactory, ResponsesService
 from .settings import FacadeSettings
 from .state import FacadeState
 from .store import ResponseStore

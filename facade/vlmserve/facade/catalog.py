@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 from vlmserve.client import AsyncEngineClient
+from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import ImageLimits
 
-from .errors import model_not_found
+from .http_errors import model_not_found
 from .settings import Limits
 
 DEFAULT_MODEL_ALIAS = "default"

@@ -14,10 +14,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from vlmserve.netaddr import is_loopback_host
+from vlmserve.common.netaddr import is_loopback_host
 
+from .api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys, read_key_file
 from .app import create_app
-from .auth import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys, read_key_file
 from .remote_image_checks import ENV_PREFIX as REMOTE_IMAGES_ENV_PREFIX
 from .responses_api import STREAM_CUTOFF_AFTER_GRACE_S
 from .settings import ENV_PREFIX, ENV_VARIABLES, FacadeSettings

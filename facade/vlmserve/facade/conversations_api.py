@@ -16,7 +16,7 @@ from vlmserve.responses import InvalidRequestError, input_to_messages, parse_met
 
 from . import ids
 from .catalog import image_limits, images_per_request
-from .errors import APIError, not_found
+from .http_errors import APIError, not_found
 from .openapi import (
     ADD_CONVERSATION_ITEMS,
     ADD_CONVERSATION_ITEMS_BODY,

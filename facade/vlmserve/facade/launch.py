@@ -25,7 +25,7 @@ import httpx
 
 from vlmserve.client import EngineClient
 
-from .auth import probe_key
+from .api_keys import probe_key
 
 logger = logging.getLogger("vlmserve.launch")
 

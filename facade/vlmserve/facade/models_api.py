@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from .catalog import DEFAULT_MODEL_ALIAS, model_object
-from .errors import APIError, model_not_found
+from .http_errors import APIError, model_not_found
 from .state import FacadeState, facade_state
 
 models_router = APIRouter(prefix="/v1/models", tags=["models"])

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
-from .errors import APIError
+from .http_errors import APIError
 
 # Deeper than any real request (tool schemas included); deeper values would make later
 # recursive code (json.dumps, protobuf, the store) fail with RecursionError.

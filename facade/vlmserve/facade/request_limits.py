@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from .errors import APIError
+from .http_errors import APIError
 from .settings import Limits
 
 REQUEST_HEADER_FIELDS_TOO_LARGE = 431

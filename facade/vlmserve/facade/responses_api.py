@@ -14,8 +14,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from .errors import APIError, not_found
-from .generation import Generation
+from .http_errors import APIError, not_found
 from .openapi import (
     CANCEL_RESPONSE,
     CREATE_RESPONSE_BODY,
@@ -26,6 +25,7 @@ from .openapi import (
 )
 from .request_body import read_json
 from .resource import listed_item
+from .running_response import Generation
 from .state import FacadeState, facade_state, owner_of
 from .store import ItemPage, UnknownCursorError
 

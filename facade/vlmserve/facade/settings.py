@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmserve.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
+from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 
-from .auth import ApiKeys
+from .api_keys import ApiKeys
 from .remote_image_checks import RemoteImageSettings
 
 ENV_PREFIX = "VLMSERVE_FACADE_"

@@ -9,7 +9,7 @@ from fastapi import Request
 from vlmserve.client import AsyncEngineClient
 
 from .catalog import ModelCatalog
-from .service import ResponsesService
+from .response_preparation import ResponsesService
 from .settings import FacadeSettings
 from .store import ResponseStore
 

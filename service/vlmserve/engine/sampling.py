@@ -15,7 +15,7 @@ from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from .errors import invalid_argument
+from .request_errors import invalid_argument
 
 __all__ = ["MAX_STOP_SEQUENCES", "SamplingSettings", "TokenSampler", "settings_from_proto"]
 

@@ -13,9 +13,9 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from PIL import Image
 
+from vlmserve.engine.server import ENGINE_SERVICE_NAME
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-from vlmserve.service.server import ENGINE_SERVICE_NAME
 
 from .conftest import MAX_ACTIVE, MAX_QUEUE, InProcessEngine
 

@@ -24,8 +24,8 @@ from vlmserve.client import AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import TranslatedRequest
 
-from .errors import APIError, from_engine_error
-from .events import Event, ResponseEvents
+from .http_errors import APIError, from_engine_error
+from .response_events import Event, ResponseEvents
 from .store import ResponseStore, StoredItem
 
 logger = logging.getLogger("vlmserve.facade")

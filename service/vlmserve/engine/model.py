@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmserve.images import SUPPORTED_MEDIA_TYPES, ImageLimits
+from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 
 from .prompt import ChatTemplate
 from .tool_parsers import tool_call_format_for

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from vlmserve.engine.prefix_cache import PrefixCache
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-from vlmserve.service.prefix_cache import PrefixCache
 
 from .conftest import InProcessEngine
 from .test_engine_grpc import image_part, png, text_part

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from vlmserve.service.detokenizer import IncrementalDetokenizer
-from vlmserve.service.model import DEFAULT_MODEL_PATH
+from vlmserve.engine.detokenizer import IncrementalDetokenizer
+from vlmserve.engine.model import DEFAULT_MODEL_PATH
 
 
 @pytest.fixture(scope="module")

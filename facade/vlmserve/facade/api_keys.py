@@ -24,7 +24,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
-from .errors import APIError
+from .http_errors import APIError
 
 __all__ = [
     "ANONYMOUS_OWNER",

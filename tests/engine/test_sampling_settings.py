@@ -7,9 +7,9 @@ from typing import Any
 import grpc
 import pytest
 
+from vlmserve.engine.request_errors import RequestError
+from vlmserve.engine.sampling import SamplingSettings, settings_from_proto
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.service.errors import RequestError
-from vlmserve.service.sampling import SamplingSettings, settings_from_proto
 
 
 def test_unset_fields_stay_unset_and_max_tokens_defaults_to_the_cap() -> None:

@@ -22,10 +22,10 @@ from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_re
 
 from . import ids
 from .catalog import ModelCatalog, image_limits, images_per_request
-from .errors import APIError, from_engine_error, not_found, request_too_large_for_engine
-from .generation import Generation
+from .http_errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from .request_limits import check_image_count, check_tools, count_contract_images, count_image_parts
 from .resource import new_resource, stored_items
+from .running_response import Generation
 from .settings import FacadeSettings
 from .store import MissingChainLinkError, ResponseStore
 

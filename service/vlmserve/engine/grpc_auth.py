@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from vlmserve.netaddr import is_loopback_host
+from vlmserve.common.netaddr import is_loopback_host
 
 __all__ = [
     "HEALTH_METHODS",

@@ -6,7 +6,7 @@
 SIGTERM/SIGINT: health turns NOT_SERVING, new requests are refused, in-flight requests get
 `--drain-seconds` to finish, then the rest are cancelled and the process exits.
 
-Authentication (see auth.py): loopback and unix sockets may run open; any other address needs
+Authentication (see grpc_auth.py): loopback and unix sockets may run open; any other address needs
 `--auth-token-file` / $VLMSERVE_ENGINE_TOKEN or `--tls-client-ca`, else the engine refuses to start.
 """
 
@@ -21,14 +21,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vlmserve.images import ImageLimits
+from vlmserve.common.images import ImageLimits
 
-from .auth import EngineSecurity, add_security_arguments
 from .generator import EngineConfig
+from .grpc_auth import EngineSecurity, add_security_arguments
 from .model import DTYPE_CHOICES, default_model
 from .server import EngineServer
 
-log = logging.getLogger("vlmserve.service")
+log = logging.getLogger("vlmserve.engine")
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -22,11 +22,11 @@ import grpc
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .detokenizer import IncrementalDetokenizer
-from .errors import RequestError
 from .jobs import CountedEvent, FailedEvent, FinishedEvent, Job, JobKind, JobReport, TextEvent, ToolCallEvent
 from .model import LoadedModel
 from .output import OutputAssembler
 from .prefix_cache import PrefixCache
+from .request_errors import RequestError
 from .sampling import TokenSampler
 
 __all__ = ["ActiveGeneration"]

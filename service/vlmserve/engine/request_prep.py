@@ -1,7 +1,7 @@
 """A contract request -> a `PreparedRequest` for the generation thread. No MLX.
 
 Checks the model name, sampling values, messages and images (decoded here, with the shared
-checks in `vlmserve.images`), and renders the prompt with the model's chat template. Runs in
+checks in `vlmserve.common.images`), and renders the prompt with the model's chat template. Runs in
 a worker thread (image decoding and template rendering take real time on big inputs).
 """
 
@@ -11,13 +11,13 @@ import uuid
 
 import grpc
 
+from vlmserve.common.images import ImageError, decode_image
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import ImageError, decode_image
 
-from .errors import RequestError, invalid_argument
 from .jobs import JobKind, PreparedRequest
 from .model import ModelInfo
 from .prompt import ChatTemplate, render_prompt
+from .request_errors import RequestError, invalid_argument
 from .sampling import settings_from_proto
 
 __all__ = ["check_model_name", "prepare_request"]

@@ -4,7 +4,7 @@
 anything that must build prompts exactly as the engine does (e.g. training data):
 
     from transformers import AutoTokenizer
-    from vlmserve.service.prompt import render_prompt
+    from vlmserve.engine.prompt import render_prompt
     tokenizer = AutoTokenizer.from_pretrained("models/qwen2-vl-tiny")
     rendered = render_prompt(messages, template=tokenizer)      # messages: Sequence[pb.Message]
     rendered.text    # the prompt, ending with the assistant generation prompt
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import tool_output_text
 
-from .errors import invalid_argument
+from .request_errors import invalid_argument
 from .tool_parsers import HERMES_FORMAT
 
 __all__ = [

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.images import ImageLimits
 
 from .decode import ActiveGeneration
-from .errors import RequestError
 from .jobs import Job, JobKind, JobReport, PreparedRequest
 from .model import LoadedModel, default_model, load_model
 from .prefix_cache import PrefixCache, vision_token_ids
+from .request_errors import RequestError
 from .sampling import SamplingSettings
 
 __all__ = ["EngineConfig", "Generator"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from vlmserve.engine.output import OutputAssembler
+from vlmserve.engine.stop_sequences import StopSequenceMatcher
+from vlmserve.engine.tool_parsers import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.service.output import OutputAssembler
-from vlmserve.service.stop_sequences import StopSequenceMatcher
-from vlmserve.service.tool_parsers import HERMES_FORMAT
 
 STOP_CASES = [
     ("no stops", [], ["abc", "def"], "abcdef", False),

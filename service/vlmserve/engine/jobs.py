@@ -17,7 +17,7 @@ from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from .errors import RequestError
+from .request_errors import RequestError
 from .sampling import SamplingSettings
 
 __all__ = [

@@ -9,10 +9,10 @@ import grpc
 import pytest
 from transformers import AutoTokenizer
 
+from vlmserve.engine.model import DEFAULT_MODEL_PATH
+from vlmserve.engine.prompt import render_prompt, to_template_conversation
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.service.errors import RequestError
-from vlmserve.service.model import DEFAULT_MODEL_PATH
-from vlmserve.service.prompt import render_prompt, to_template_conversation
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from vlmserve.responses import (
 )
 
 from . import ids
-from .errors import APIError
+from .http_errors import APIError
 
 Event = dict[str, Any]
 

@@ -21,11 +21,11 @@ from vlmserve.client import MAX_MESSAGE_BYTES, server_options
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
-from .auth import EngineSecurity
-from .errors import RequestError
 from .generator import EngineConfig, Generator
+from .grpc_auth import EngineSecurity
 from .jobs import CountedEvent, Event, FailedEvent, FinishedEvent, Job, JobKind, TextEvent, ToolCallEvent
 from .model import LoadedModel
+from .request_errors import RequestError
 from .request_prep import prepare_request
 
 __all__ = ["ENGINE_SERVICE_NAME", "EngineServer", "EngineServicer"]
