@@ -167,6 +167,42 @@ async def test_hosted_tools_are_left_out_and_named_in_a_header(
     assert any("web_search" in record.getMessage() for record in caplog.records)
 
 
+# Tool types that are not ours to echo: non-Latin-1 (a header cannot carry them: was a 500) and
+# CR/LF/NUL (header injection: uvicorn dropped the connection while the generation ran on).
+HOSTILE_TOOL_TYPES = ["wéb_séarch_ツール", "web_search\r\nx-injected: 1", "web\x00search", "web_search\n"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("tool_type", HOSTILE_TOOL_TYPES, ids=["non-latin-1", "crlf", "nul", "lf"])
+async def test_an_unknown_tool_type_is_a_400_and_never_reaches_a_header(
+    server_url: str, engine: FakeEngine, tool_type: str, stream: bool
+) -> None:
+    tools = [{"type": "web_search"}, {"type": tool_type}]
+    async with httpx.AsyncClient(base_url=server_url) as client:
+        body = {"model": "default", "input": "hi", "stream": stream, "tools": tools}
+        response = await client.post("/v1/responses", json=body)
+        assert response.status_code == 400, response.text[:300]
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("tools[1].type", "unsupported_value")
+        assert tool_type not in error["message"]
+        assert not any(tool_type in value for value in response.headers.values())
+        # Nothing ran and nothing was stored under an id the client never saw.
+        assert engine.requests == []
+
+
+async def test_only_known_hosted_tool_names_go_in_the_header(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    tools = [
+        {"type": "namespace", "name": "ns\r\nx-evil: 1", "tools": [{"type": "function", "name": "f"}]},
+        {"type": "code_interpreter", "container": {"type": "auto"}},
+        {"type": "web_search_preview"},
+    ]
+    response = await create(http, input="hi", tools=tools)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-vlmserve-ignored-tools"] == "code_interpreter,web_search_preview"
+
+
 async def test_codex_request_fields_are_accepted(http: httpx.AsyncClient, engine: FakeEngine) -> None:
     image = png_data_url((0, 255, 0))
     body = {

@@ -5,8 +5,10 @@
   their own name, or `<namespace>__<name>` when that name is already taken.
 * Custom (free-form) tools are offered as function tools taking `{"input": string}`; a call
   goes back out as a `custom_tool_call` whose `input` is that string.
-* Every other tool type (hosted tools such as web_search or file_search) cannot run here: it
-  is left out of the prompt and reported in `ignored`, never a 400.
+* OpenAI's hosted tools (web_search, file_search, ...; `HOSTED_TOOL_TYPES`) cannot run here:
+  they are left out of the prompt and reported in `ignored`, never a 400. Any other tool type
+  is a 400 naming it by path: it would be dropped unseen, and its text is the client's own (it
+  never goes into a header or a log line).
 """
 
 from __future__ import annotations
@@ -34,6 +36,29 @@ from ._json import (
 ToolKindName = Literal["function", "custom"]
 
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+# OpenAI's tool types that run on OpenAI's side (or, like tool_search, ask for a feature this
+# server has not): accepted, left out of the prompt, and named in `ignored` (the facade's
+# x-vlmserve-ignored-tools header), which therefore only ever carries these names.
+HOSTED_TOOL_TYPES = frozenset(
+    {
+        "apply_patch",
+        "code_interpreter",
+        "computer",
+        "computer_use_preview",
+        "file_search",
+        "image_generation",
+        "local_shell",
+        "mcp",
+        "programmatic_tool_calling",
+        "shell",
+        "tool_search",
+        "web_search",
+        "web_search_2025_08_26",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -107,8 +132,19 @@ def parse_tools(value: object, path: str = "tools") -> ToolSet:
         elif tool_type in ("function", "custom"):
             declared.append(_declared(obj, tool_path, tool_type, None))
         else:
-            ignored.append(tool_type)
+            ignored.append(_hosted(tool_type, tool_path))
     return ToolSet(offered=_offer(declared), ignored=ignored)
+
+
+def _hosted(tool_type: str, path: str) -> str:
+    if tool_type not in HOSTED_TOOL_TYPES:
+        raise InvalidRequestError(
+            f"Invalid value for '{join(path, 'type')}': unsupported tool type; supported: function, "
+            "custom, namespace, and OpenAI's hosted tools (accepted, but they do not run here).",
+            param=join(path, "type"),
+            code="unsupported_value",
+        )
+    return tool_type
 
 
 def _namespace_tools(obj: Mapping[str, Any], path: str, ignored: list[str]) -> list[_Declared]:
@@ -122,7 +158,8 @@ def _namespace_tools(obj: Mapping[str, Any], path: str, ignored: list[str]) -> l
         if tool_type in ("function", "custom"):
             found.append(_declared(inner, tool_path, tool_type, namespace))
         else:
-            ignored.append(f"{namespace}.{tool_type}")
+            # By type only: the namespace's name is the client's text.
+            ignored.append(_hosted(tool_type, tool_path))
     return found
 
 
