@@ -147,3 +147,35 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
             http, {"previous_response_id": chained["id"], "input": "go on", "tools": [SEED_000_TOOL]}
         )
         assert continued["previous_response_id"] == chained["id"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_facade_killed_right_after_the_final_event_keeps_the_response(
+    idle_small_stack: SmallStack, facade_logs: Path, facades: list[ServiceProcess], stream: bool
+) -> None:
+    """Issue 13.4: SIGKILL the moment the client has read the final event (`response.incomplete`:
+    the random model runs to max_output_tokens) or the JSON answer: the restarted facade shows the
+    response as the client saw it, and its conversation items."""
+    store_path = facade_logs / "responses.sqlite3"
+    for run in range(3):
+        facade = start_facade(facade_logs, idle_small_stack.engine.address, store_path=store_path)
+        facades.append(facade)
+        with httpx.Client(base_url=facade.address, timeout=WAIT_S) as http:
+            conversation = http.post("/v1/conversations", json={}).json()["id"]
+            body = {"model": "default", "max_output_tokens": SMALL, "input": f"run {run}"}
+            body["conversation"] = conversation
+            if stream:
+                with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as response:
+                    final = read_until(sse_events(response), "response.incomplete")[-1]["response"]
+                    kill(facade)
+            else:
+                final = http.post("/v1/responses", json=body).json()
+                kill(facade)
+        restarted = start_facade(facade_logs, idle_small_stack.engine.address, store_path=store_path)
+        facades.append(restarted)
+        with httpx.Client(base_url=restarted.address, timeout=WAIT_S) as http:
+            shown = http.get(f"/v1/responses/{final['id']}").json()
+            assert (shown["status"], shown["output"]) == (final["status"], final["output"]), run
+            items = http.get(f"/v1/conversations/{conversation}/items", params={"order": "asc"}).json()
+            assert [item["id"] for item in items["data"]][1:] == [item["id"] for item in final["output"]]
+        restarted.stop()

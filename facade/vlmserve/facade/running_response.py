@@ -97,6 +97,10 @@ class Generation:
                 await self._store_started()
             for event in builder.start():
                 yield event
+            # The events that end the response. They go out only after the final write: a client
+            # that has read `response.completed` must find the response (and its conversation
+            # items) stored, even if this process dies the next moment.
+            final: list[Event] = []
             try:
                 async for message in self._messages():
                     if message is None:
@@ -106,8 +110,7 @@ class Generation:
                         for event in builder.chunk(message.chunk):
                             yield event
                     elif message.WhichOneof("event") == "complete":
-                        for event in builder.complete(message.complete):
-                            yield event
+                        final = builder.complete(message.complete)
                         break
                 if not builder.finished:
                     raise APIError(
@@ -119,16 +122,16 @@ class Generation:
                     and self._cancel_requested
                     and (failure.code == grpc.StatusCode.CANCELLED)
                 ):
-                    events = builder.cancel()
+                    final = builder.cancel()
                 else:
                     api_error = failure if isinstance(failure, APIError) else self._api_error(failure)
-                    events = builder.fail(api_error)
+                    final = builder.fail(api_error)
                     if raise_errors:
                         await self._persist_final()
                         raise api_error from None
-                for event in events:
-                    yield event
             await self._persist_final()
+            for event in final:
+                yield event
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away: the engine call is cancelled with this task. Record the end
             # synchronously; an await here would be cancelled again.
@@ -247,13 +250,17 @@ class Generation:
     def _persist_final_now(self) -> None:
         resource = self.builder.snapshot()
         self.resource = resource
-        if self.store_enabled:
-            self.store.update_response(resource, owner=self.owner)
+        conversation_items: list[StoredItem] = []
         if self.conversation_id is not None and resource["status"] in ("completed", "incomplete"):
             outputs = [StoredItem(str(item["id"]), item) for item in resource["output"]]
-            self.store.append_conversation_items(
-                self.conversation_id, [*self.input_items, *outputs], owner=self.owner
-            )
+            conversation_items = [*self.input_items, *outputs]
+        # One transaction: the response's end and its conversation items are stored together.
+        self.store.finish_response(
+            resource if self.store_enabled else None,
+            owner=self.owner,
+            conversation_id=self.conversation_id if conversation_items else None,
+            conversation_items=conversation_items,
+        )
 
     async def _close_stream(self) -> None:
         if self._first is not None and not self._first.done():

@@ -150,17 +150,34 @@ class ResponseStore:
     def update_response(self, resource: dict[str, Any], *, owner: str = "") -> bool:
         """Replace a stored response's resource (its status, output, usage); False if it is gone."""
         with self._transaction() as db:
-            cursor = db.execute(
-                "UPDATE responses SET resource = ? WHERE id = ? AND owner = ?",
-                (json.dumps(resource), resource["id"], owner),
-            )
-            if cursor.rowcount == 0:
-                return False
-            db.execute(
-                "DELETE FROM response_items WHERE response_id = ? AND kind = 'output'", (resource["id"],)
-            )
-            self._write_outputs(db, resource)
-            return True
+            return self._update_response(db, resource, owner)
+
+    def finish_response(
+        self,
+        resource: dict[str, Any] | None,
+        *,
+        owner: str = "",
+        conversation_id: str | None = None,
+        conversation_items: Sequence[StoredItem] = (),
+    ) -> None:
+        """In one transaction: a response's final state (None: not stored) and the items it adds
+        to its conversation (a conversation deleted meanwhile gets nothing)."""
+        with self._transaction() as db:
+            if resource is not None:
+                self._update_response(db, resource, owner)
+            if conversation_id is not None and self._owns_conversation(db, conversation_id, owner):
+                self._append_at_end(db, conversation_id, conversation_items)
+
+    def _update_response(self, db: sqlite3.Connection, resource: dict[str, Any], owner: str) -> bool:
+        cursor = db.execute(
+            "UPDATE responses SET resource = ? WHERE id = ? AND owner = ?",
+            (json.dumps(resource), resource["id"], owner),
+        )
+        if cursor.rowcount == 0:
+            return False
+        db.execute("DELETE FROM response_items WHERE response_id = ? AND kind = 'output'", (resource["id"],))
+        self._write_outputs(db, resource)
+        return True
 
     def fail_unfinished(self, error: dict[str, str]) -> list[str]:
         """Mark every response still `queued` or `in_progress`, whoever owns it, `failed` with
@@ -326,15 +343,26 @@ class ResponseStore:
     ) -> bool:
         """Add items at the end of a conversation; False when it is gone."""
         with self._transaction() as db:
-            if not db.execute(
-                "SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
-            ).fetchall():
+            if not self._owns_conversation(db, conversation_id, owner):
                 return False
-            (count,) = db.execute(
-                "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
-            ).fetchone()
-            self._append(db, conversation_id, items, start=int(count))
+            self._append_at_end(db, conversation_id, items)
             return True
+
+    @staticmethod
+    def _owns_conversation(db: sqlite3.Connection, conversation_id: str, owner: str) -> bool:
+        return bool(
+            db.execute(
+                "SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+            ).fetchall()
+        )
+
+    def _append_at_end(
+        self, db: sqlite3.Connection, conversation_id: str, items: Sequence[StoredItem]
+    ) -> None:
+        (count,) = db.execute(
+            "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
+        ).fetchone()
+        self._append(db, conversation_id, items, start=int(count))
 
     @staticmethod
     def _append(
