@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 
 import pytest
 from PIL import Image
 
+from tests.hardening import _image_corpus as corpus
 from vlmserve.common.images import (
+    DEFAULT_MAX_JPEG_SCANS,
     ImageError,
     ImageLimits,
     decode_image,
     inspect_image,
+    jpeg_scan_count,
     parse_data_url,
     sniff_media_type,
 )
@@ -139,3 +143,71 @@ def test_animated_gif_gives_its_first_frame() -> None:
     frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
     red, _green, blue = decode_image(buffer.getvalue()).getpixel((0, 0))  # type: ignore[misc]
     assert red > 200 and blue < 50
+
+
+# -- progressive-JPEG scan bombs (issue 13 item 1) ----------------------------------------------
+
+
+def test_jpeg_scans_are_counted_without_decoding() -> None:
+    assert jpeg_scan_count(encode(fmt="JPEG", size=(64, 64))) == 1
+    assert jpeg_scan_count(encode(fmt="JPEG", size=(64, 64), progressive=True)) == 10
+    assert jpeg_scan_count(corpus.jpeg_scan_bomb(scans=2000)) == 2010
+
+
+def test_scans_of_an_exif_thumbnail_do_not_count() -> None:
+    thumbnail = encode(fmt="JPEG", size=(16, 16), progressive=True)  # 10 scans of its own
+    exif = Image.Exif()
+    exif[0x0201] = 0  # JPEGInterchangeFormat: a thumbnail lives in the APP1 payload
+    payload = b"Exif\x00\x00" + thumbnail * 10
+    image = encode(fmt="JPEG", size=(32, 32))
+    app1 = b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload
+    with_thumbnails = image[:2] + app1 + image[2:]
+    assert jpeg_scan_count(with_thumbnails) == 1
+    assert inspect_image(with_thumbnails).width == 32
+
+
+def test_scan_bomb_is_refused_before_decoding() -> None:
+    # 7000 x 7000 is under the pixel limit; its 2,010 scans would take ~10 s to decode.
+    bomb = corpus.jpeg_scan_bomb(scans=2000)
+    assert len(bomb) < 100_000 and inspect_image(bomb, limits=ImageLimits(max_jpeg_scans=2010)).width == 7000
+    started = time.process_time()
+    for check in (inspect_image, decode_image):
+        with pytest.raises(ImageError) as caught:
+            check(bomb)
+        assert caught.value.code == "image_too_complex"
+        assert f"more than {DEFAULT_MAX_JPEG_SCANS} scans" in caught.value.reason
+    # Far below one decode pass over 7000 x 7000 (~0.1 s of CPU), let alone 2,010 of them.
+    assert time.process_time() - started < 0.5
+
+
+def test_scan_limit_is_a_setting() -> None:
+    bomb = corpus.jpeg_scan_bomb(width=64, height=64, scans=20)  # 30 scans
+    assert decode_image(bomb).size == (64, 64)
+    with pytest.raises(ImageError, match="more than 29 scans"):
+        inspect_image(bomb, limits=ImageLimits(max_jpeg_scans=29))
+
+
+# -- decoding big images small (issue 10 item 5) ------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "GIF"])
+def test_big_images_decode_reduced_but_never_below_the_size_asked(fmt: str) -> None:
+    data = encode(fmt=fmt, size=(2000, 1000))
+    image = decode_image(data, min_size=(224, 112))
+    # JPEG decodes at 1/8 scale (250 x 125); the others are reduced by a whole factor (8).
+    assert image.mode == "RGB" and image.size == (250, 125)
+    assert decode_image(data, min_size=(1000, 500)).size == (1000, 500)
+
+
+def test_images_at_most_twice_the_size_asked_keep_their_size() -> None:
+    data = encode(fmt="PNG", size=(447, 300))
+    assert decode_image(data, min_size=(224, 150)).size == (447, 300)
+    assert decode_image(data).size == (447, 300)
+
+
+def test_reduction_keeps_exif_rotation() -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.new("RGB", (800, 400)).save(buffer, "JPEG", exif=exif)
+    assert decode_image(buffer.getvalue(), min_size=(100, 50)).size == (50, 100)

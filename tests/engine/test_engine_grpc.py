@@ -13,6 +13,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from PIL import Image
 
+from tests.hardening import _image_corpus as corpus
 from vlmserve.engine.server import ENGINE_SERVICE_NAME
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -227,8 +228,9 @@ def test_image_in_an_assistant_turn_is_invalid_argument(
         (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "image/png", "could not be decoded"),
         (b"definitely not an image", "image/png", "unsupported or unrecognised image format"),
         (png(), "image/jpeg", "does not match the image bytes"),
+        (corpus.jpeg_scan_bomb(), "image/jpeg", "JPEG has more than 64 scans"),
     ],
-    ids=["corrupt png", "not an image", "media type mismatch"],
+    ids=["corrupt png", "not an image", "media type mismatch", "progressive jpeg scan bomb"],
 )
 def test_bad_image_bytes_are_invalid_argument(
     idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, data: bytes, media_type: str, message: str

@@ -89,6 +89,40 @@ def jpeg_claiming(width: int, height: int) -> bytes:
     return bytes(data)
 
 
+def _jpeg_segments(data: bytes) -> list[bytes]:
+    """A JPEG split into its segments after SOI (a scan with its entropy-coded data), EOI last."""
+    segments: list[bytes] = []
+    position = 2
+    while position < len(data):
+        marker = data[position + 1]
+        if marker == 0xD9:
+            segments.append(data[position:])
+            break
+        end = position + 2 + struct.unpack(">H", data[position + 2 : position + 4])[0]
+        if marker == 0xDA:
+            while not (data[end] == 0xFF and data[end + 1] not in (0x00, *range(0xD0, 0xD8))):
+                end += 1
+        segments.append(data[position:end])
+        position = end
+    return segments
+
+
+def jpeg_scan_bomb(width: int = 7000, height: int = 7000, scans: int = 2000) -> bytes:
+    """A progressive JPEG whose header claims width x height (legal: under the pixel limit) and
+    whose last refinement scan (with its Huffman table) repeats `scans` times: a few kB per
+    hundred scans, each a pass over every block when decoded (~4 ms a scan at 7000x7000)."""
+    data = _save(Image.new("RGB", (16, 16), (120, 30, 200)), "JPEG", progressive=True, quality=90)
+    segments = _jpeg_segments(data)
+    for index, segment in enumerate(segments):
+        if segment[1] == 0xC2:  # SOF2: progressive frame header
+            patched = bytearray(segment)
+            patched[5:9] = struct.pack(">HH", height, width)
+            segments[index] = bytes(patched)
+    eoi = segments.pop()
+    last_scan = segments[-2] + segments[-1]  # DHT + SOS
+    return b"\xff\xd8" + b"".join(segments) + last_scan * scans + eoi
+
+
 def gif_claiming(width: int, height: int) -> bytes:
     """A small GIF whose logical screen claims width x height."""
     data = bytearray(_save(Image.new("P", (8, 8)), "GIF"))

@@ -275,6 +275,7 @@ IMAGE_CASES: list[tuple[str, str, bool]] = [
     ("upper-case type", corpus.data_url(corpus.png(), "IMAGE/PNG"), True),
     ("20000x20000 png bomb", corpus.data_url(corpus.png_bomb()), False),
     ("jpeg claiming 65500x65500", corpus.data_url(corpus.jpeg_claiming(65500, 65500), "image/jpeg"), False),
+    ("progressive jpeg with 2000 scans", corpus.data_url(corpus.jpeg_scan_bomb(), "image/jpeg"), False),
     ("gif claiming 65535x65535", corpus.data_url(corpus.gif_claiming(65535, 65535), "image/gif"), False),
     ("bmp", corpus.data_url(corpus.bmp(), "image/bmp"), False),
     ("tiff", corpus.data_url(corpus.tiff(), "image/tiff"), False),

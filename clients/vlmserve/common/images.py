@@ -2,8 +2,14 @@
 
 One choke point for turning untrusted bytes into something a model may see:
 the media type is sniffed from the bytes (never taken from a client's label
-alone), the pixel count is bounded from the header before any full decode, and
-only a fixed set of formats is accepted. Nothing here opens a path or a URL.
+alone), the pixel count is bounded from the header before any full decode, a
+JPEG's scans are counted before any decode (each progressive scan costs a pass
+over every block, so a small file with thousands of empty scans is a CPU bomb),
+and only a fixed set of formats is accepted. Nothing here opens a path or a URL.
+
+`decode_image(..., min_size=...)` decodes big images straight to a smaller
+size (JPEG DCT scaling, then an integer box reduction) so that a 7000x7000
+screenshot never lives in memory at full size longer than its decode.
 """
 
 from __future__ import annotations
@@ -18,17 +24,23 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_BYTES",
+    "DEFAULT_MAX_JPEG_SCANS",
     "SUPPORTED_MEDIA_TYPES",
     "ImageError",
     "ImageInfo",
     "ImageLimits",
     "decode_image",
     "inspect_image",
+    "jpeg_scan_count",
     "parse_data_url",
     "sniff_media_type",
 ]
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# libjpeg writes 10 scans for a progressive colour JPEG, mozjpeg about as many; each scan is
+# a pass over every 8x8 block (~5 ms per scan at 7000x7000 here), so 64 bounds the decode at
+# a few hundred milliseconds while no real encoder comes near it.
+DEFAULT_MAX_JPEG_SCANS = 64
 
 SUPPORTED_MEDIA_TYPES: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp", "image/gif")
 
@@ -62,6 +74,8 @@ class ImageLimits:
     # 50 Mpx: generous for screenshots, far below decompression-bomb sizes.
     max_pixels: int = 50_000_000
     min_side: int = 1
+    # Start-of-scan segments in one JPEG (see DEFAULT_MAX_JPEG_SCANS).
+    max_jpeg_scans: int = DEFAULT_MAX_JPEG_SCANS
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,21 +162,92 @@ def inspect_image(
             f"image has {width}x{height} pixels, over the limit of {limits.max_pixels}",
             code="image_too_large",
         )
+    if media_type == "image/jpeg":
+        scans = jpeg_scan_count(data, stop_after=limits.max_jpeg_scans)
+        if scans > limits.max_jpeg_scans:
+            raise ImageError(
+                f"JPEG has more than {limits.max_jpeg_scans} scans (the limit); "
+                "re-encode it as a baseline or ordinary progressive JPEG",
+                code="image_too_complex",
+            )
     return ImageInfo(media_type=media_type, width=width, height=height)
 
 
 def decode_image(
-    data: bytes, *, declared_media_type: str | None = None, limits: ImageLimits = ImageLimits()
+    data: bytes,
+    *,
+    declared_media_type: str | None = None,
+    limits: ImageLimits = ImageLimits(),
+    min_size: tuple[int, int] | None = None,
 ) -> Image.Image:
-    """Decode checked bytes into an RGB image, EXIF orientation applied, first frame only."""
+    """Decode checked bytes into an RGB image, EXIF orientation applied, first frame only.
+
+    `min_size` (width, height as stored, before EXIF rotation): the smallest size the caller
+    needs. A bigger image is decoded at a reduced scale (JPEG DCT scaling) and reduced by a
+    whole factor right after decoding, never below `min_size`; the full-size pixels are
+    dropped at once. Without it the image keeps its size.
+    """
     inspect_image(data, declared_media_type=declared_media_type, limits=limits)
     try:
         opened = Image.open(io.BytesIO(data))
         opened.seek(0)  # animated GIF/WebP: the first frame
+        if min_size is not None and opened.format == "JPEG":
+            # Decodes at 1/2, 1/4 or 1/8 scale while staying at least min_size.
+            opened.draft("RGB", min_size)
         opened.load()
-        return _to_rgb(ImageOps.exif_transpose(opened) or opened)
+        image: Image.Image = opened
+        if min_size is not None:
+            factor = min(image.width // max(1, min_size[0]), image.height // max(1, min_size[1]))
+            if factor >= 2:
+                if image.mode not in _REDUCIBLE_MODES:  # palette, 1-bit, 16-bit: convert first
+                    image = _to_rgb(image)
+                image = image.reduce(factor)
+                opened.close()  # the full-size pixels go now, not when the caller is done
+        return _to_rgb(ImageOps.exif_transpose(image) or image)
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError, UnidentifiedImageError):
         raise ImageError("image bytes could not be decoded", code="invalid_image") from None
+
+
+# Modes Image.reduce works on directly.
+_REDUCIBLE_MODES = frozenset({"L", "LA", "RGB", "RGBA", "CMYK", "I", "F"})
+
+# A marker: 0xFF (fill bytes allowed) then a code that is not a stuffed zero, a restart marker
+# (RSTn, inside entropy-coded data) or another fill byte.
+_JPEG_MARKER = re.compile(rb"\xff+([^\x00\xd0-\xd7\xff])")
+_JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
+
+
+def jpeg_scan_count(data: bytes, *, stop_after: int | None = None) -> int:
+    """How many start-of-scan (SOS) segments a JPEG has, found by walking its segments.
+
+    Segment payloads (EXIF thumbnails, ICC profiles) are skipped by their lengths, and a scan's
+    entropy-coded data up to the next marker, so only the image's own scans count. Malformed
+    structure ends the walk; decoding reports it. Stops counting past `stop_after`.
+    """
+    count = 0
+    position = 2  # after SOI
+    while position + 4 <= len(data):
+        match = _JPEG_MARKER.match(data, position)
+        if match is None:
+            break
+        marker = match.group(1)[0]
+        position = match.end()
+        if marker == 0xD9:  # EOI
+            break
+        if marker in _JPEG_STANDALONE:
+            continue
+        if position + 2 > len(data):
+            break
+        position += int.from_bytes(data[position : position + 2], "big")
+        if marker == 0xDA:  # SOS: entropy-coded data runs to the next marker
+            count += 1
+            if stop_after is not None and count > stop_after:
+                break
+            following = _JPEG_MARKER.search(data, position)
+            if following is None:
+                break
+            position = following.start()
+    return count
 
 
 def _header_size(data: bytes) -> tuple[int, int]:
