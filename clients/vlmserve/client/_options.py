@@ -38,6 +38,9 @@ def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.min_time_between_pings_ms", 10_000),
+        # gRPC sets SO_REUSEPORT by default, so a second engine on a taken port starts silently
+        # and the kernel splits new connections between the two: refuse to bind instead.
+        ("grpc.so_reuseport", 0),
     ]
 
 

@@ -112,7 +112,11 @@ async def _serve(args: argparse.Namespace, security: EngineSecurity) -> int:
         max_images_per_request=args.max_images,
     )
     server = EngineServer(config, security=security)
-    await server.start(args.address)
+    try:
+        await server.start(args.address)
+    except OSError as error:
+        log.error("%s", error)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

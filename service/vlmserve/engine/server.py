@@ -197,10 +197,15 @@ class EngineServer:
         self._load_done = asyncio.Event()
         for service in ("", ENGINE_SERVICE_NAME):
             await self.health.set(service, _NOT_SERVING)
-        port = self._security.add_port(self._server, address)
+        try:
+            port = self._security.add_port(self._server, address)
+        except RuntimeError:  # grpcio's bind failure; its text says only "failed to bind"
+            port = 0
+        if port == 0:
+            # SO_REUSEPORT is off (server_options), so a taken port fails here instead of
+            # silently sharing connections with whatever already listens there.
+            raise OSError(f"could not bind {address}: the address is in use or not available")
         if not address.startswith("unix:"):
-            if port == 0:
-                raise OSError(f"could not bind {address}")
             host = address.rsplit(":", 1)[0]
             address = f"{host}:{port}"
         await self._server.start()
