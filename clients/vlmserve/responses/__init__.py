@@ -12,7 +12,7 @@ Every client error is an `InvalidRequestError` carrying the JSON path of the bad
 """
 
 from ._errors import InvalidRequestError
-from ._items import ItemResolver, input_to_messages
+from ._items import ItemResolver, input_to_messages, is_item_reference
 from ._lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages, tool_output_text
 from ._media import ImageFetchError, ImageSource
 from ._outbound import (
@@ -25,11 +25,13 @@ from ._outbound import (
     tool_call_output_item,
     usage_to_json,
 )
+from ._parts import IMAGE_PART_TYPES
 from ._request import TranslatedRequest, build_generate_request, parse_metadata
 from ._tools import OfferedTool
 
 __all__ = [
     "IMAGE_FOLLOW_UP_MARKER",
+    "IMAGE_PART_TYPES",
     "ImageFetchError",
     "ImageSource",
     "InvalidRequestError",
@@ -40,6 +42,7 @@ __all__ = [
     "build_generate_request",
     "image_part_to_json",
     "input_to_messages",
+    "is_item_reference",
     "lower_messages",
     "message_output_item",
     "messages_to_items",

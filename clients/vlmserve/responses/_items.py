@@ -205,6 +205,14 @@ class _ItemConverter:
         self.messages.append(pb.Message(role=pb.ROLE_TOOL, tool_output=tool_output))
 
 
+def is_item_reference(item: object) -> bool:
+    """Whether an input item is an `item_reference` (typed, or a bare `{"id": ...}`)."""
+    if not isinstance(item, Mapping):
+        return False
+    item_type = item.get("type")
+    return item_type == "item_reference" or (item_type is None and "role" not in item and "id" in item)
+
+
 def _item_type(obj: Mapping[str, Any], path: str) -> str:
     item_type = obj.get("type")
     type_path = join(path, "type")

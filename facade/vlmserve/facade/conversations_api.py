@@ -17,6 +17,7 @@ from vlmserve.responses import InvalidRequestError, input_to_messages, parse_met
 from . import ids
 from .catalog import image_limits, images_per_request
 from .http_errors import APIError, not_found
+from .item_references import ItemReferences, check_reference_count
 from .openapi import (
     ADD_CONVERSATION_ITEMS,
     ADD_CONVERSATION_ITEMS_BODY,
@@ -26,8 +27,7 @@ from .openapi import (
     RETRIEVE_CONVERSATION,
 )
 from .request_body import read_json
-from .request_limits import check_image_count, count_image_parts
-from .resource import stored_items
+from .request_limits import check_image_count, count_contract_images, count_image_parts
 from .responses_api import item_list, item_page
 from .state import FacadeState, facade_state, owner_of
 from .store import ItemPage, StoredItem
@@ -122,16 +122,26 @@ async def _checked_items(
         raise APIError(400, "Invalid value for 'items': expected a non-empty array of items.", param="items")
     if not value:
         return []
-    info = await state.catalog.info()
     limits = state.settings.limits
+    check_reference_count(value, limits.max_item_references, param="items")
+    info = await state.catalog.info()
     allowed_images = images_per_request(info, limits)
-    check_image_count(count_image_parts(value), allowed_images, param="items")
+    own_images = count_image_parts(value)
+    check_image_count(own_images, allowed_images, param="items")
     owner = owner_of(request)
+    references = ItemReferences(
+        lambda item_id: state.store.find_item(item_id, owner=owner),
+        param="items",
+        allowed_images=allowed_images,
+        images_before=own_images,
+        max_bytes=limits.max_request_bytes,
+    )
+    await state.responses.run_translation(references.resolve_all, value)
     try:
-        await state.responses.run_translation(
+        messages = await state.responses.run_translation(
             input_to_messages,
             value,
-            resolve_item=lambda item_id: state.store.find_item(item_id, owner=owner),
+            resolve_item=references,
             image_source=state.responses.image_source(),
             image_limits=image_limits(info, limits),
         )
@@ -139,4 +149,5 @@ async def _checked_items(
         param = "items" + error.param.removeprefix("input") if error.param else None
         message = error.message.replace("'input", "'items")
         raise APIError(error.status, message, param=param, code=error.code) from None
-    return stored_items(value)
+    check_image_count(count_contract_images(messages), allowed_images, param="items")
+    return references.stored_items(value)

@@ -13,6 +13,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.responses import IMAGE_PART_TYPES
 
 from .http_errors import APIError
 from .settings import Limits
@@ -85,14 +86,15 @@ def check_tools(body: Mapping[str, Any], limits: Limits) -> None:
 
 
 def count_image_parts(value: object) -> int:
-    """`input_image` parts anywhere in a request's `input` (or conversation `items`), without
-    recursion: a cheap early count, before any image is decoded or fetched."""
+    """Image parts of every form (`input_image`, the `image_url` alias) anywhere in a request's
+    `input` (or conversation `items`, or a stored item), without recursion: a cheap early count,
+    before any image is decoded or fetched."""
     count = 0
     stack = [value]
     while stack:
         current = stack.pop()
         if isinstance(current, dict):
-            if current.get("type") == "input_image":
+            if current.get("type") in IMAGE_PART_TYPES:
                 count += 1
             stack.extend(current.values())
         elif isinstance(current, list):
@@ -101,8 +103,14 @@ def count_image_parts(value: object) -> int:
 
 
 def count_contract_images(messages: Iterable[pb.Message]) -> int:
-    """Images the engine will receive (replayed ones included)."""
-    return sum(1 for message in messages for part in message.parts if part.WhichOneof("kind") == "image")
+    """Images in contract messages, lowered or not (in tool outputs too)."""
+    count = 0
+    for message in messages:
+        parts = list(message.parts)
+        if message.HasField("tool_output") and message.tool_output.WhichOneof("output") == "parts":
+            parts += message.tool_output.parts.parts
+        count += sum(1 for part in parts if part.WhichOneof("kind") == "image")
+    return count
 
 
 def check_image_count(count: int, allowed: int, *, param: str) -> None:

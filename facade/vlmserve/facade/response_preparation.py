@@ -23,11 +23,12 @@ from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_re
 from . import ids
 from .catalog import ModelCatalog, image_limits, images_per_request
 from .http_errors import APIError, from_engine_error, not_found, request_too_large_for_engine
+from .item_references import ItemReferences, check_reference_count
 from .request_limits import check_image_count, check_tools, count_contract_images, count_image_parts
-from .resource import new_resource, stored_items
+from .resource import new_resource
 from .running_response import Generation
 from .settings import FacadeSettings
-from .store import MissingChainLinkError, ResponseStore
+from .store import MissingChainLinkError, ResponseStore, StoredItem
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -40,6 +41,8 @@ T = TypeVar("T")
 class Translation:
     translated: TranslatedRequest
     info: pb.GetModelInfoResponse
+    # `input` as it is stored: references replaced by what they resolved to.
+    input_items: list[StoredItem]
 
 
 @dataclass
@@ -74,15 +77,28 @@ class ResponsesService:
             raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
         limits = self.settings.limits
         check_tools(body, limits)
+        check_reference_count(body.get("input"), limits.max_item_references, param="input")
         info = await self.catalog.info()
         allowed_images = images_per_request(info, limits)
-        # Counted before anything is decoded or fetched; again below with replayed turns.
-        check_image_count(count_image_parts(body.get("input")), allowed_images, param="input")
+        # Counted before anything is decoded or fetched: the input's own images, then with the
+        # replayed turns, then (while resolving) with what its references add.
+        own_images = count_image_parts(body.get("input"))
+        check_image_count(own_images, allowed_images, param="input")
         replay = await self._replay(body, owner)
+        images_before = own_images + count_image_parts(list(replay))
+        check_image_count(images_before, allowed_images, param="input")
+        references = ItemReferences(
+            lambda item_id: self.store.find_item(item_id, owner=owner),
+            param="input",
+            allowed_images=allowed_images,
+            images_before=images_before,
+            max_bytes=limits.max_request_bytes,
+        )
+        await self.run_translation(references.resolve_all, body.get("input"))
         translated = await self.run_translation(
             build_generate_request,
             body,
-            resolve_item=lambda item_id: self.store.find_item(item_id, owner=owner),
+            resolve_item=references,
             image_source=self.image_source(),
             image_limits=image_limits(info, limits),
             replay=replay,
@@ -94,7 +110,7 @@ class ResponsesService:
         request = translated.request
         request.model = info.model_id
         self._apply_output_limit(request)
-        return Translation(translated, info)
+        return Translation(translated, info, references.stored_items(translated.input_items))
 
     def close(self) -> None:
         self._translators.shutdown(wait=False, cancel_futures=True)
@@ -114,7 +130,7 @@ class ResponsesService:
             response_id=response_id,
             translated=translated,
             request=translated.request,
-            input_items=stored_items(translated.input_items),
+            input_items=translation.input_items,
             resource=new_resource(
                 translated,
                 response_id=response_id,

@@ -47,6 +47,9 @@ class Limits:
     # any decoding, so decompression bombs are refused without being decoded.
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_image_pixels: int = ImageLimits().max_pixels
+    # `item_reference` items per request (or conversation `items` list). What references add
+    # (images, bytes) also counts against the image limit and `max_request_bytes`.
+    max_item_references: int = 100
     # `tools`: how many entries, and how large each may be as JSON (its schema, mostly).
     max_tools: int = 128
     max_tool_bytes: int = 64 * 1024
@@ -62,6 +65,7 @@ class Limits:
             "max_request_bytes",
             "max_chain_depth",
             "max_images_per_request",
+            "max_item_references",
             "max_image_bytes",
             "max_image_pixels",
             "max_tools",
@@ -175,6 +179,7 @@ ENV_VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "DEFAULT_MAX_OUTPUT_TOKENS": ("limits.default_max_output_tokens", _optional_int),
     "MAX_CHAIN_DEPTH": ("limits.max_chain_depth", int),
     "MAX_IMAGES_PER_REQUEST": ("limits.max_images_per_request", int),
+    "MAX_ITEM_REFERENCES": ("limits.max_item_references", int),
     "MAX_IMAGE_BYTES": ("limits.max_image_bytes", int),
     "MAX_IMAGE_PIXELS": ("limits.max_image_pixels", int),
     "MAX_TOOLS": ("limits.max_tools", int),

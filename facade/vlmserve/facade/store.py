@@ -267,10 +267,11 @@ class ResponseStore:
         return items
 
     def find_item(self, item_id: str, *, owner: str = "") -> dict[str, Any] | None:
-        """The most recent stored item with this id (for `item_reference`)."""
+        """The most recently stored item with this id (for `item_reference`): the last one written
+        to a response, else to a conversation (rowids grow with every insert)."""
         rows = self._query(
             "SELECT i.item FROM response_items i JOIN responses r ON r.id = i.response_id"
-            " WHERE i.item_id = ? AND r.owner = ? ORDER BY r.created_at DESC, i.kind, i.position LIMIT 1",
+            " WHERE i.item_id = ? AND r.owner = ? ORDER BY i.rowid DESC LIMIT 1",
             (item_id, owner),
         )
         if rows:
@@ -278,7 +279,7 @@ class ResponseStore:
             return found
         rows = self._query(
             "SELECT i.item FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id"
-            " WHERE i.item_id = ? AND c.owner = ? ORDER BY i.position DESC LIMIT 1",
+            " WHERE i.item_id = ? AND c.owner = ? ORDER BY i.rowid DESC LIMIT 1",
             (item_id, owner),
         )
         return json.loads(rows[0][0]) if rows else None
