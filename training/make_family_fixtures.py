@@ -1,0 +1,58 @@
+"""Write tiny random-weight models of the VLM families people run, one per family (issue 12).
+
+    python -m training.make_family_fixtures --out DIR [--family NAME ...]
+
+writes DIR/<name>/ for each family (all by default), each a directory laid out like a hub
+checkout that ``mlx_vlm.load`` opens by path: ``config.json`` shaped like the real checkpoint's
+(same keys, same nesting, small dimensions), ``generation_config.json`` with the real eos set,
+the family's real processor files (``preprocessor_config.json``, ``processor_config.json``)
+and chat template text (``chat_template.json`` and ``tokenizer_config.json``; sources in
+training/families/chat_templates.py and docs/models.md), a tokenizer trained locally in the family's
+style with every special token the processor needs (training/families/vocab.py), and
+random float16 weights from mlx-vlm's own model class (``model.safetensors``).
+
+Each model is under 2 MB and builds in about a second, so tests build them into a session
+temporary directory instead of committing them (tests/families/conftest.py). Image sizes are
+shrunk with the model: every family turns an image into a few dozen tokens at most.
+
+Families (directory name: what it stands for):
+  qwen2_5_vl         Qwen2.5-VL-*-Instruct (M-RoPE, windowed vision attention, no tools in template)
+  qwen3_vl           Qwen3-VL-*-Instruct (interleaved M-RoPE, deepstack, Hermes tool calls)
+  qwen3_vl_thinking  Qwen3-VL-*-Thinking (as qwen3_vl; the template opens <think>)
+  gemma3             Gemma 3 *-it (sliding-window layers, no system role, fixed image tokens)
+  idefics3           SmolVLM-Instruct (image splitting into tiles + a global image)
+  mistral3           Mistral Small 3.1 (Pixtral vision, [IMG_BREAK]/[IMG_END] rows, [TOOL_CALLS])
+  llama4             Llama 4 Scout (MoE, chunked local attention + NoPE layers, image tiles)
+  llava              LLaVA 1.5 (CLIP vision, USER:/ASSISTANT: template)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from training.families import FAMILIES, build_family
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory to write DIR/<family>/ into")
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=sorted(FAMILIES),
+        help="a family to build (repeatable; default: all)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
+    args = parser.parse_args(argv)
+    for name in args.family or sorted(FAMILIES):
+        out_dir = build_family(FAMILIES[name], args.out / name, seed=args.seed)
+        size = sum(p.stat().st_size for p in out_dir.iterdir())
+        print(f"wrote {out_dir} ({FAMILIES[name].stands_for}, {size / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()
