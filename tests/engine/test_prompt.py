@@ -89,20 +89,21 @@ def test_full_agent_conversation(tokenizer: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("choice", "mode", "prefix"),
+    ("choice", "mode", "forced"),
     [
-        (None, "auto", ""),
-        (pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_AUTO), "auto", ""),
-        (pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_NONE), "none", ""),
-        (pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED), "required", "<tool_call>\n"),
-        (pb.ToolChoice(function_name="shell"), "function", '<tool_call>\n{"name": "shell", "arguments": '),
+        (None, "auto", None),
+        (pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_AUTO), "auto", None),
+        (pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_NONE), "none", None),
+        (pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED), "required", None),
+        (pb.ToolChoice(function_name="shell"), "function", "shell"),
     ],
 )
-def test_tool_choice(tokenizer: Any, choice: pb.ToolChoice | None, mode: str, prefix: str) -> None:
+def test_tool_choice(tokenizer: Any, choice: pb.ToolChoice | None, mode: str, forced: str | None) -> None:
     rendered = render_prompt([user(text("hi"))], template=tokenizer, tools=[tool()], tool_choice=choice)
     assert rendered.tool_mode == mode
-    assert rendered.assistant_prefix == prefix
-    assert rendered.text.endswith("<|im_start|>assistant\n" + prefix)
+    assert rendered.forced_name == forced
+    # The prompt is the template's own: the grammar, not a prefilled prefix, forces the call.
+    assert rendered.text.endswith("<|im_start|>assistant\n")
     assert ("# Tools" in rendered.text) is (mode != "none")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -22,6 +23,7 @@ import grpc
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .detokenizer import IncrementalDetokenizer
+from .grammar_processor import GrammarLogitsProcessor
 from .jobs import CountedEvent, FailedEvent, FinishedEvent, Job, JobKind, JobReport, TextEvent, ToolCallEvent
 from .model import LoadedModel
 from .output import OutputAssembler
@@ -29,7 +31,10 @@ from .prefix_cache import PrefixCache
 from .request_errors import RequestError
 from .sampling import TokenSampler
 
-__all__ = ["ActiveGeneration"]
+__all__ = ["ActiveGeneration", "LogitsProcessor"]
+
+# mlx-lm / mlx-vlm convention: (ids so far, logits (1, vocab)) -> logits.
+LogitsProcessor = Callable[[Any, Any], Any]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,7 @@ class ActiveGeneration:
             tool_call_format=request.tool_call_format,
             assistant_prefix=request.assistant_prefix,
             parallel_tool_calls=request.parallel_tool_calls,
+            max_tool_calls=request.max_tool_calls,
         )
         self.started_at = time.perf_counter()
         self.first_token_at: float | None = None
@@ -85,6 +91,10 @@ class ActiveGeneration:
         self._cache: list[Any] = []
         self._last_token = 0
         self._sampler: TokenSampler | None = None
+        # Per-request logits processors (the grammar), applied before sampling; they see the
+        # ids so far (`_token_ids`: prompt then generated), as in mlx-lm / mlx-vlm.
+        self._processors: list[LogitsProcessor] = []
+        self._token_ids: Any = None
         self._detokenizer: IncrementalDetokenizer | None = None
 
     @property
@@ -161,6 +171,16 @@ class ActiveGeneration:
         else:
             self._cache = make_prompt_cache(model.language_model)
         self._sampler = TokenSampler(request.settings, model.config)
+        if request.constraint is not None:
+            self._processors = [
+                GrammarLogitsProcessor(
+                    request.constraint.grammar,
+                    self._loaded.grammar.tokenizer,
+                    eos_token_ids=self._loaded.eos_token_ids,
+                    max_new_tokens=self._max_tokens,
+                )
+            ]
+            self._token_ids = input_ids.reshape(-1)
         self._detokenizer = IncrementalDetokenizer(self._loaded.tokenizer)
         self._recent = self._prompt_ids[-20:]
         self._phase = _Phase.PREFILL
@@ -204,8 +224,15 @@ class ActiveGeneration:
     # -- tokens and results -----------------------------------------------------------------
 
     def _take_token(self, logits: Any) -> None:
+        import mlx.core as mx
+
         assert self._sampler is not None
+        for processor in self._processors:
+            logits = processor(self._token_ids, logits)
         token = int(self._sampler(logits, self._recent).item())
+        if self._processors:
+            step = mx.array([token], dtype=self._token_ids.dtype)
+            self._token_ids = mx.concatenate([self._token_ids, step])
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now

@@ -17,6 +17,7 @@ from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from .grammar import OutputConstraint
 from .request_errors import RequestError
 from .sampling import SamplingSettings
 
@@ -54,6 +55,10 @@ class PreparedRequest:
     # Forced-call markup already at the end of `prompt_text`; the output parser starts with it.
     assistant_prefix: str = ""
     parallel_tool_calls: bool = True
+    # At most this many calls (None: no limit).
+    max_tool_calls: int | None = None
+    # The grammar the output must match (JSON format, enforced tool choice); None: free.
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)

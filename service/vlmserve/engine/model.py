@@ -16,6 +16,7 @@ from typing import Any
 
 from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 
+from .grammar import GrammarCompiler
 from .prompt import ChatTemplate
 from .tool_parsers import tool_call_format_for
 
@@ -79,6 +80,8 @@ class LoadedModel:
     tokenizer: Any
     info: ModelInfo
     eos_token_ids: frozenset[int]
+    # The tokenizer in llguidance form (built once; read-only, shared with the gRPC side).
+    grammar: GrammarCompiler
 
 
 def _check_no_checkpoint_code(model_dir: Path) -> None:
@@ -167,6 +170,10 @@ def load_model(
     tool_format = tool_call_format_for(
         architecture, chat_template_text if isinstance(chat_template_text, str) else None
     )
+    eos_ids = frozenset(int(i) for i in eos)
+    grammar_started = time.perf_counter()
+    grammar = GrammarCompiler(tokenizer, eos_ids)
+    log.info("grammar tokenizer built in %.2fs", time.perf_counter() - grammar_started)
     info = ModelInfo(
         model_id=model_id_for(source),
         source=source,
@@ -194,5 +201,6 @@ def load_model(
         template=template,
         tokenizer=tokenizer,
         info=info,
-        eos_token_ids=frozenset(int(i) for i in eos),
+        eos_token_ids=eos_ids,
+        grammar=grammar,
     )

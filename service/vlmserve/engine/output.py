@@ -26,6 +26,8 @@ class OutputAssembler:
     # Markup the prompt already ends with (forced tool choice); parsed, never shown.
     assistant_prefix: str = ""
     parallel_tool_calls: bool = True
+    # None: no limit. The grammar enforces it where the format has one; this is the backstop.
+    max_tool_calls: int | None = None
     text: list[str] = field(default_factory=list)
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
 
@@ -37,8 +39,13 @@ class OutputAssembler:
 
     @property
     def stopped(self) -> bool:
-        """A stop sequence was seen, or a call arrived and parallel calls are off."""
-        return self._stops.stopped or (not self.parallel_tool_calls and bool(self.tool_calls))
+        """A stop sequence was seen, or the last call allowed arrived."""
+        return self._stops.stopped or self._calls_full
+
+    @property
+    def _calls_full(self) -> bool:
+        limit = 1 if not self.parallel_tool_calls else self.max_tool_calls
+        return limit is not None and len(self.tool_calls) >= limit
 
     def feed(self, text: str) -> list[OutputPiece]:
         """Newly decoded text -> pieces to stream now."""
@@ -57,8 +64,8 @@ class OutputAssembler:
     def _accept(self, pieces: list[Piece]) -> list[OutputPiece]:
         out: list[OutputPiece] = []
         for piece in pieces:
-            if not self.parallel_tool_calls and self.tool_calls:
-                break  # one call only: the rest of the output is dropped
+            if self._calls_full:
+                break  # no more calls allowed: the rest of the output is dropped
             if isinstance(piece, TextPiece):
                 if piece.text:
                     self.text.append(piece.text)

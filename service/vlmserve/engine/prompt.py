@@ -18,11 +18,11 @@ Rules (violations raise `RequestError` INVALID_ARGUMENT with a message naming th
 - file parts are refused anywhere (the engine does not read documents);
 - a JSON part in a message is rendered as its JSON text;
 - developer turns render as system turns (chat templates have no developer role);
-- tool choice: NONE renders no tools and parses no calls; AUTO renders the tools; REQUIRED or a
-  named function also starts the assistant turn with the call markup (`assistant_prefix`) so
-  the model must write a call; a named function must be one of the request's tools;
-- response_format json_object/json_schema adds an instruction to the system turn (best effort:
-  no constrained decoding).
+- tool choice: NONE renders no tools and parses no calls; AUTO, REQUIRED and a named function
+  render the tools (a named function must be one of them); the grammar (`grammar.py`) enforces
+  the choice while decoding;
+- response_format json_object/json_schema adds an instruction to the system turn (the grammar
+  enforces it; the instruction tells the model what it is writing).
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ class TemplateConversation:
     tools: list[dict[str, Any]] | None
     images: tuple[PromptImage, ...]
     tool_mode: ToolMode
-    # REQUIRED / named tool choice: text the assistant turn starts with.
-    assistant_prefix: str = ""
     tool_names: frozenset[str] = field(default_factory=frozenset)
+    # The function a named tool choice forces.
+    forced_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +91,7 @@ class RenderedPrompt:
     text: str
     images: tuple[PromptImage, ...]
     tool_mode: ToolMode
-    # Already part of `text`; the output parser is primed with it.
-    assistant_prefix: str
+    forced_name: str | None = None
 
 
 def _tool_mode(choice: pb.ToolChoice | None, tool_names: frozenset[str]) -> tuple[ToolMode, str | None]:
@@ -259,7 +258,7 @@ def to_template_conversation(
         raise invalid_argument("messages must not be empty")
     tool_specs, tool_names = _tools(tools)
     mode, forced_name = _tool_mode(tool_choice, tool_names)
-    if mode in ("required", "function") and tool_call_format != HERMES_FORMAT:
+    if mode in ("required", "function") and not tool_call_format:
         raise invalid_argument("this model has no tool-call format, so tool_choice cannot force a call")
     images: list[PromptImage] = []
     converted: list[dict[str, Any]] = []
@@ -288,18 +287,13 @@ def to_template_conversation(
                 entry["tool_calls"] = _assistant_tool_calls(message, where)
         converted.append(entry)
     _add_system_instruction(converted, _format_instruction(response_format))
-    prefix = ""
-    if mode == "required":
-        prefix = "<tool_call>\n"
-    elif mode == "function":
-        prefix = '<tool_call>\n{"name": ' + json.dumps(forced_name, ensure_ascii=False) + ', "arguments": '
     return TemplateConversation(
         messages=converted,
         tools=tool_specs if mode != "none" and tool_specs else None,
         images=tuple(images),
         tool_mode=mode,
-        assistant_prefix=prefix,
         tool_names=tool_names,
+        forced_name=forced_name,
     )
 
 
@@ -317,10 +311,10 @@ def render_conversation(conversation: TemplateConversation, template: ChatTempla
     if not isinstance(text, str):
         raise invalid_argument("the model's chat template did not produce text")
     return RenderedPrompt(
-        text=text + conversation.assistant_prefix,
+        text=text,
         images=conversation.images,
         tool_mode=conversation.tool_mode,
-        assistant_prefix=conversation.assistant_prefix,
+        forced_name=conversation.forced_name,
     )
 
 

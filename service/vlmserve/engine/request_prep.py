@@ -14,6 +14,7 @@ import grpc
 from vlmserve.common.images import ImageError, decode_image
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from .grammar import GrammarCompiler, constraint_for
 from .jobs import JobKind, PreparedRequest
 from .model import ModelInfo
 from .prompt import ChatTemplate, render_prompt
@@ -39,6 +40,7 @@ def prepare_request(
     kind: JobKind,
     info: ModelInfo,
     template: ChatTemplate | None,
+    grammar: GrammarCompiler | None = None,
 ) -> PreparedRequest:
     """Validate and render; raises RequestError with the status code the caller should see."""
     check_model_name(request.model, info)
@@ -77,13 +79,30 @@ def prepare_request(
         except ImageError as error:
             raise invalid_argument(f"{image.where}: {error.reason}") from None
     parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+    max_calls = request.max_tool_calls if request.HasField("max_tool_calls") else None
+    tool_mode = "none" if max_calls == 0 else rendered.tool_mode
+    if max_calls == 0 and rendered.tool_mode in ("required", "function"):
+        raise invalid_argument("max_tool_calls is 0 but tool_choice requires a call")
+    constraint = None
+    if grammar is not None and kind is JobKind.GENERATE:
+        constraint = constraint_for(
+            grammar,
+            tool_call_format=info.tool_call_format,
+            tools=request.tools,
+            tool_mode=tool_mode,
+            forced_name=rendered.forced_name,
+            parallel_tool_calls=parallel,
+            max_tool_calls=max_calls,
+            response_format=request.response_format if request.HasField("response_format") else None,
+        )
     return PreparedRequest(
         request_id=request_id,
         kind=kind,
         prompt_text=rendered.text,
         images=tuple(images),
         settings=settings,
-        tool_call_format=info.tool_call_format if rendered.tool_mode != "none" else "",
-        assistant_prefix=rendered.assistant_prefix,
+        tool_call_format=info.tool_call_format if tool_mode != "none" else "",
         parallel_tool_calls=parallel,
+        max_tool_calls=max_calls,
+        constraint=constraint,
     )

@@ -58,7 +58,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         try:
             loaded = self._loaded()
             prepared = await asyncio.to_thread(
-                prepare_request, request, kind=kind, info=loaded.info, template=loaded.template
+                prepare_request,
+                request,
+                kind=kind,
+                info=loaded.info,
+                template=loaded.template,
+                grammar=loaded.grammar,
             )
             job = Job(prepared, asyncio.get_running_loop())
             self._generator.submit(job)

@@ -671,11 +671,14 @@ class GenerateRequest(_message.Message):
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     RESPONSE_FORMAT_FIELD_NUMBER: _builtins.int
+    MAX_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id, used by Abort and in logs; the engine makes one when empty."""
     model: _builtins.str
     """Optional; when set it must name the loaded model."""
     parallel_tool_calls: _builtins.bool
+    max_tool_calls: _builtins.int
+    """At most this many tool calls (unset: no limit; 0: none)."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
         """The conversation, already lowered: images only in user turns."""
@@ -687,7 +690,11 @@ class GenerateRequest(_message.Message):
     @_builtins.property
     def sampling(self) -> Global___SamplingParams: ...
     @_builtins.property
-    def response_format(self) -> Global___ResponseFormat: ...
+    def response_format(self) -> Global___ResponseFormat:
+        """The output is constrained to this format (llguidance grammar); a schema that cannot be
+        compiled is INVALID_ARGUMENT naming response_format.json_schema.schema_json and why.
+        """
+
     def __init__(
         self,
         *,
@@ -699,13 +706,19 @@ class GenerateRequest(_message.Message):
         parallel_tool_calls: _builtins.bool | None = ...,
         sampling: Global___SamplingParams | None = ...,
         response_format: Global___ResponseFormat | None = ...,
+        max_tool_calls: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "messages", b"messages", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "request_id", b"request_id", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "max_tool_calls", b"max_tool_calls", "messages", b"messages", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "request_id", b"request_id", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_tool_calls: _TypeAlias = _typing.Literal["max_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__max_tool_calls: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls"]  # noqa: Y015
     _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tool_calls) -> _WhichOneofReturnType__max_tool_calls | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015

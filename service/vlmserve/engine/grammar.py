@@ -1,0 +1,269 @@
+"""What a request forces on the output -> an llguidance grammar, checked against the model. No MLX.
+
+A request is constrained when it asks for JSON (`response_format` json_object / json_schema) or
+when its tool choice must be enforced: REQUIRED or a named function (one valid call, several with
+parallel calls, at most `max_tool_calls`), or AUTO with tools, where the text is free until the
+model writes the family's call-start marker, and from there the call must name an offered tool
+with valid arguments (a lazy trigger). NONE adds nothing (calls are not parsed at all).
+
+Arguments follow the tool's `parameters` exactly when the tool is `strict`, else any JSON object
+(what OpenAI promises). JSON is compact (", " and ": " separators, no other whitespace), so a
+weak model cannot fill its budget with blanks.
+
+`GrammarCompiler` is built once per model (walking the vocabulary takes ~1 s on a 150k vocab);
+`constraint_for` builds a request's grammar and refuses one llguidance cannot compile with
+INVALID_ARGUMENT naming the contract field and llguidance's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+from .request_errors import invalid_argument
+from .tool_parsers import HERMES_FORMAT
+
+__all__ = [
+    "GrammarCompiler",
+    "OutputConstraint",
+    "constraint_for",
+    "enforceable_formats",
+]
+
+# Compact JSON: the only whitespace a constrained model may write inside JSON.
+_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputConstraint:
+    """A request's grammar (llguidance Lark text), already compiled once against the model."""
+
+    grammar: str
+    # What it enforces, for logs: "json_schema", "tool_choice=required", ...
+    summary: str
+
+
+class GrammarCompiler:
+    """The model's tokenizer in llguidance form, and grammar checks against it. Thread-safe."""
+
+    def __init__(self, hf_tokenizer: Any, eos_token_ids: Iterable[int]) -> None:
+        import llguidance.hf
+
+        eos = sorted(set(eos_token_ids))
+        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos or None)
+        # Added tokens (e.g. Qwen's `<tool_call>`): llguidance treats them as special tokens,
+        # which plain-text terminals never match, so markers that are one token are named by id.
+        added: dict[str, int] = getattr(hf_tokenizer, "get_added_vocab", dict)()
+        self._single_tokens: dict[str, int] = {str(text): int(i) for text, i in added.items()}
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the added token that is exactly `text`, if there is one."""
+        return self._single_tokens.get(text)
+
+    def marker(self, text: str) -> str:
+        """A Lark expression for a literal marker: its own token, or the same text spelled out."""
+        literal = json.dumps(text, ensure_ascii=False)
+        token = self.token_id(text)
+        return f"(<[{token}]> | {literal})" if token is not None else literal
+
+    def error(self, grammar: str) -> str:
+        """llguidance's reason this grammar cannot be used with this model ("" when it can)."""
+        from llguidance import LLMatcher
+
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        if not is_error or not messages:
+            return ""
+        # llguidance appends the grammar listing (our wrapping, not the caller's input) and a
+        # position in it; the reason is what the caller can act on.
+        reason = messages[0].split("\n   1 | ")[0]
+        reason = re.sub(r"^at \d+\(\d+\): ", "", reason)
+        return " ".join(line.strip() for line in reason.splitlines() if line.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class _Tool:
+    name: str
+    parameters: Any
+    strict: bool
+    where: str
+
+
+def _schema_rule(schema: Any) -> str:
+    """`%json {...}` with the compact-JSON options attached."""
+    if not isinstance(schema, dict):
+        return f"%json {json.dumps(schema)}"
+    guided = dict(schema)
+    guided["x-guidance"] = {**_JSON_OPTIONS, **(schema.get("x-guidance") or {})}
+    return f"%json {json.dumps(guided, ensure_ascii=False)}"
+
+
+def _json_grammar(schema: Any) -> str:
+    return f"%llguidance {{}}\nstart: answer\nanswer: {_schema_rule(schema)}\n"
+
+
+def _call_schema(tools: Sequence[_Tool]) -> dict[str, Any]:
+    """`{"name": ..., "arguments": {...}}` for any of `tools` (the Hermes / json_tools body)."""
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool.name},
+                "arguments": tool.parameters if tool.strict else _ANY_OBJECT,
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _repeat(rule: str, separator: str, count: int | None) -> str:
+    """`rule` once, then up to count-1 more (unbounded when None), each after `separator`."""
+    if count == 1:
+        return rule
+    more = "*" if count is None else f"{{0,{count - 1}}}"
+    return f"{rule} ({separator} {rule}){more}"
+
+
+# Families whose forced calls we can write a grammar for (their parser's name).
+_CALL_MARKERS = {HERMES_FORMAT: ("<tool_call>", "</tool_call>")}
+
+
+def enforceable_formats() -> frozenset[str]:
+    return frozenset(_CALL_MARKERS)
+
+
+def _tool_grammar(
+    compiler: GrammarCompiler,
+    tool_call_format: str,
+    tools: Sequence[_Tool],
+    *,
+    mode: str,
+    max_calls: int | None,
+    answer_schema: Any | None,
+) -> str:
+    start_marker, end_marker = _CALL_MARKERS[tool_call_format]
+    start, end = compiler.marker(start_marker), compiler.marker(end_marker)
+    lines = [
+        "%llguidance {}",
+        # At most a newline between and after calls: a weak model cannot pad forever.
+        "GAP: /\\n?/",
+        f'call_body: "\\n" {_schema_rule(_call_schema(tools))} "\\n" {end}',
+        f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
+    ]
+    if mode in ("required", "function"):
+        lines.append(f"start: {start} calls")
+        return "\n".join(lines) + "\n"
+    if answer_schema is not None:
+        # AUTO with a JSON format: the JSON answer, or calls from the first token (free text
+        # before a call would be neither).
+        lines += [f"start: answer | {start} calls", f"answer: {_schema_rule(answer_schema)}"]
+        return "\n".join(lines) + "\n"
+    # AUTO: free text, or text that opens a call; once the marker is written the call is
+    # enforced. Text ends lazily at the first marker spelled out in it; a marker that is its
+    # own token ends it too (plain-text terminals never match one).
+    choices = ["TEXT", "call_start calls"]
+    token = compiler.token_id(start_marker)
+    if token is not None:
+        choices.append(f"TEXT <[{token}]> calls")
+    lines += [
+        "TEXT: /(.|\\n)*/",
+        f"call_start[lazy]: TEXT {json.dumps(start_marker, ensure_ascii=False)}",
+        f"start: {' | '.join(choices)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _parse_tools(tools: Sequence[pb.Tool]) -> list[_Tool]:
+    parsed: list[_Tool] = []
+    for index, tool in enumerate(tools):
+        if tool.WhichOneof("kind") != "function":
+            continue  # prompt rendering refuses these with a precise message
+        where = f"tools[{index}].function.parameters_json"
+        parameters: Any = _ANY_OBJECT
+        if tool.function.parameters_json:
+            try:
+                parameters = json.loads(tool.function.parameters_json)
+            except ValueError:
+                raise invalid_argument(f"{where} is not valid JSON") from None
+        parsed.append(_Tool(tool.function.name, parameters, tool.function.strict, where))
+    return parsed
+
+
+def _answer_schema(response_format: pb.ResponseFormat | None) -> tuple[Any | None, str]:
+    """(schema the answer must match, or None for free text; its name for logs)."""
+    kind = response_format.WhichOneof("format") if response_format is not None else None
+    if response_format is None or kind in (None, "text"):
+        return None, ""
+    if kind == "json_object":
+        return _ANY_OBJECT, "json_object"
+    text = response_format.json_schema.schema_json
+    if not text:
+        return _ANY_OBJECT, "json_schema"
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        raise invalid_argument("response_format.json_schema.schema_json is not valid JSON") from None
+    if not isinstance(schema, dict | bool):
+        raise invalid_argument("response_format.json_schema.schema_json must be a JSON object")
+    return schema, "json_schema"
+
+
+def constraint_for(
+    compiler: GrammarCompiler,
+    *,
+    tool_call_format: str,
+    tools: Sequence[pb.Tool],
+    tool_mode: str,
+    forced_name: str | None,
+    parallel_tool_calls: bool,
+    max_tool_calls: int | None,
+    response_format: pb.ResponseFormat | None,
+) -> OutputConstraint | None:
+    """The request's grammar, or None when nothing is enforced. `tool_mode`: none|auto|required|function."""
+    answer_schema, format_name = _answer_schema(response_format)
+    if answer_schema is not None:
+        reason = compiler.error(_json_grammar(answer_schema))
+        if reason:
+            raise invalid_argument(f"response_format.json_schema.schema_json cannot be enforced: {reason}")
+    parsed = _parse_tools(tools)
+    calls_possible = tool_mode != "none" and bool(parsed) and tool_call_format in _CALL_MARKERS
+    if not calls_possible:
+        if tool_mode in ("required", "function"):
+            raise invalid_argument(
+                f"tool_choice cannot be enforced: this model's tool-call format "
+                f"{tool_call_format or '(none)'!r} has no call grammar"
+            )
+        if answer_schema is None:
+            return None
+        return OutputConstraint(_json_grammar(answer_schema), format_name)
+    for tool in parsed:
+        if tool.strict:
+            reason = compiler.error(_json_grammar(tool.parameters))
+            if reason:
+                raise invalid_argument(f"{tool.where} cannot be enforced (strict): {reason}")
+    if tool_mode == "function":
+        parsed = [tool for tool in parsed if tool.name == forced_name]
+    max_calls = 1 if not parallel_tool_calls else max_tool_calls
+    if max_tool_calls is not None and max_calls is not None:
+        max_calls = min(max_calls, max_tool_calls)
+    grammar = _tool_grammar(
+        compiler,
+        tool_call_format,
+        parsed,
+        mode=tool_mode,
+        max_calls=max_calls,
+        answer_schema=answer_schema if tool_mode == "auto" else None,
+    )
+    reason = compiler.error(grammar)
+    if reason:
+        raise invalid_argument(f"tools cannot be enforced: {reason}")
+    summary = f"tool_choice={tool_mode}" + (f", {format_name}" if format_name else "")
+    return OutputConstraint(grammar, summary)

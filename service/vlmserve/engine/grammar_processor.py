@@ -1,0 +1,202 @@
+"""A request's grammar as a logits processor: tokens the grammar forbids get -inf. Generation thread.
+
+The mlx-lm / mlx-vlm convention: `processor(tokens, logits) -> logits`, called once per step
+before sampling, `tokens` the ids so far (prompt and generated, 1-D or (1, n)), logits (1, vocab).
+The first call only records where generation starts; later calls feed the new ids to the matcher.
+
+Why not `mlx_vlm.structured.LLGuidanceLogitsProcessor`: its mask is applied by a Metal kernel,
+so it cannot run on the CPU backend. Here llguidance fills its packed bitmask into numpy and
+plain MLX ops unpack and apply it, so one path serves every backend. Two more things it does:
+
+- It finishes within the token budget. A grammar only says what may come next, so a model that
+  keeps writing digits or string characters would be cut off by max_tokens with half a JSON
+  document. When the shortest way to close the output (forced tokens, then the first closing
+  token the grammar allows: a quote, a bracket, `0`, ...) no longer fits comfortably in the
+  tokens left, the processor takes that way, then EOS. The output stays valid; only its length
+  was limited.
+- It fails closed: a matcher error (a token the grammar refused, which sampling from the mask
+  cannot produce) leaves only EOS.
+
+It waits for thinking to end when given the thinking end token (constraints bind the answer).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["GrammarLogitsProcessor"]
+
+log = logging.getLogger(__name__)
+
+# Tokens that close or shorten JSON (and call markup), in the order the closing path tries them.
+# A comma comes before value starts: after a value it is only allowed where more must follow.
+_CLOSERS = ('"', "}", "]", '"}', '"]', "}}", ",", "0", "false", "null", "[]", "{}", '""', "\n")
+# Check the closing path at least this often, and every step once the budget is within reach.
+_CHECK_EVERY = 16
+_CHECK_MARGIN = 32
+
+
+class GrammarLogitsProcessor:
+    """Masks one request's logits to its grammar. Not thread-safe; one per request."""
+
+    def __init__(
+        self,
+        grammar: str,
+        llg_tokenizer: Any,
+        *,
+        eos_token_ids: frozenset[int],
+        max_new_tokens: int,
+        thinking_end_token_id: int | None = None,
+    ) -> None:
+        import llguidance
+        import llguidance.numpy
+        import mlx.core as mx
+
+        self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar)
+        if self._matcher.is_error():
+            raise ValueError(f"grammar does not compile: {self._matcher.get_error()}")
+        self._vocab = int(llg_tokenizer.vocab_size)
+        self._bitmask = llguidance.numpy.allocate_token_bitmask(1, self._vocab)
+        self._eos = sorted(eos_token_ids)
+        self._shifts = mx.arange(32, dtype=mx.uint32)
+        self._closers = _single_tokens(llg_tokenizer, _CLOSERS)
+        self._max_new = max_new_tokens
+        # None until the first call: the length of `tokens` already accounted for.
+        self._seen: int | None = None
+        self._generated = 0
+        self._active = thinking_end_token_id is None
+        self._thinking_end = thinking_end_token_id
+        # The closing path being followed (ends with EOS), once the budget demanded it.
+        self._closing: list[int] = []
+        self._last_check: tuple[int, int] | None = None  # (generated, path length) at the last check
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is a complete sentence of the grammar."""
+        return bool(self._matcher.is_accepting())
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        new = self._new_tokens(tokens)
+        self._generated += len(new)
+        if not self._active:
+            if self._thinking_end is None or self._thinking_end not in new:
+                return logits
+            self._active = True
+            new = new[new.index(self._thinking_end) + 1 :]
+        for token in new:
+            if not self._matcher.consume_token(token):
+                log.warning("constrained output left its grammar: %s", self._matcher.get_error()[:300])
+                break
+        if self._matcher.is_error():
+            return self._only(self._eos, logits)
+        forced = self._closing_token()
+        if forced is not None:
+            return self._only([forced], logits)
+        return self._masked(logits)
+
+    # -- the budget -------------------------------------------------------------------------
+
+    def _closing_token(self) -> int | None:
+        """The next token of the closing path, when the budget says to take it now."""
+        if self._closing:
+            return self._closing.pop(0)
+        left = self._max_new - self._generated  # tokens still allowed, this one included
+        if self._last_check is not None:
+            checked_at, length = self._last_check
+            if left > 2 * length + _CHECK_MARGIN and self._generated - checked_at < _CHECK_EVERY:
+                return None
+        path = self._closing_path(limit=left)
+        self._last_check = (self._generated, len(path) if path is not None else left)
+        if path is None or len(path) <= 1 or len(path) < left - 1:
+            # It fits later, or the output is complete already (only EOS left to choose), or
+            # it cannot fit at all (then the output is cut, as without a grammar).
+            return None
+        self._closing = path
+        return self._closing.pop(0)
+
+    def _closing_path(self, *, limit: int) -> list[int] | None:
+        """Shortest-looking way from here to a complete output, ending with EOS; None if > limit."""
+        import llguidance.numpy
+
+        matcher = self._matcher.deep_copy()
+        path: list[int] = []
+        mask = llguidance.numpy.allocate_token_bitmask(1, self._vocab)
+        while len(path) < limit:
+            if matcher.is_accepting() or matcher.is_stopped():
+                eos = self._eos[0] if self._eos else None
+                return [*path, eos] if eos is not None else path
+            forced = matcher.compute_ff_tokens()
+            if forced:
+                choice: int | None = forced[0]
+            else:
+                llguidance.numpy.fill_next_token_bitmask(matcher, mask, 0)
+                choice = _first_allowed(mask[0], self._closers)
+            if choice is None:
+                return None
+            if not matcher.consume_token(choice):
+                return None
+            path.append(choice)
+        return None
+
+    # -- masks ------------------------------------------------------------------------------
+
+    def _new_tokens(self, tokens: Any) -> list[int]:
+        count = int(tokens.size)
+        if self._seen is None:
+            self._seen = count
+            return []
+        start, self._seen = self._seen, count
+        if count <= start:
+            return []
+        flat = tokens.reshape(-1)
+        return [int(t) for t in flat[start:].tolist()]
+
+    def _only(self, token_ids: list[int], logits: Any) -> Any:
+        import mlx.core as mx
+
+        vocab = int(logits.shape[-1])
+        allowed = mx.zeros((vocab,), dtype=mx.bool_)
+        allowed[mx.array([t for t in token_ids if t < vocab])] = True
+        return mx.where(allowed, logits, -mx.inf)
+
+    def _masked(self, logits: Any) -> Any:
+        import llguidance.numpy
+        import mlx.core as mx
+
+        vocab = int(logits.shape[-1])
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        words = mx.array(self._bitmask[0].view("uint32"))
+        bits = (words[:, None] >> self._shifts) & 1
+        allowed = bits.reshape(-1)[: min(vocab, self._vocab)].astype(mx.bool_)
+        if vocab > allowed.shape[0]:  # the model's padded vocabulary: those rows are never text
+            allowed = mx.concatenate([allowed, mx.zeros((vocab - allowed.shape[0],), dtype=mx.bool_)])
+        return mx.where(allowed, logits, -mx.inf)
+
+
+def _single_tokens(llg_tokenizer: Any, texts: tuple[str, ...]) -> list[int]:
+    ids: list[int] = []
+    for text in texts:
+        tokens = llg_tokenizer.tokenize_str(text)
+        if len(tokens) == 1 and tokens[0] not in ids:
+            ids.append(int(tokens[0]))
+    return ids
+
+
+def _is_set(words: Any, token: int) -> bool:
+    return bool((int(words[token >> 5]) >> (token & 31)) & 1)
+
+
+def _first_allowed(words: Any, preferred: list[int]) -> int | None:
+    """The first preferred token the mask allows, else the lowest allowed id, else None."""
+    for token in preferred:
+        if _is_set(words, token):
+            return token
+    import numpy as np
+
+    nonzero = np.flatnonzero(words.view(np.uint32))
+    if nonzero.size == 0:
+        return None
+    word = int(nonzero[0])
+    value = int(words.view(np.uint32)[word])
+    return word * 32 + ((value & -value).bit_length() - 1)
