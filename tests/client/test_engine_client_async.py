@@ -57,5 +57,8 @@ async def test_bad_tool_choice_is_a_typed_error(random_engine_address: str) -> N
     tool = pb.Tool(function=pb.FunctionTool(name="shell", parameters_json="{}"))
     req = request(tools=[tool], tool_choice=pb.ToolChoice(function_name="other"))
     async with AsyncEngineClient(random_engine_address) as client:
-        with pytest.raises(InvalidArgumentError, match="'other' is not one of the request's tools"):
+        with pytest.raises(InvalidArgumentError, match="'other' is not one of the request's tools") as caught:
             await client.generate_unary(req)
+    # The field path comes from the engine's google.rpc.BadRequest, not from the text.
+    assert caught.value.field == "tool_choice.function_name"
+    assert caught.value.field_violations[0].description == caught.value.details

@@ -102,10 +102,19 @@ def test_lowering_makes_a_tool_output_image_acceptable(client: EngineClient) -> 
 
 def test_typed_errors(client: EngineClient) -> None:
     corrupt = request(user(pb.Part(image=pb.ImagePart(data=b"\x89PNG\r\n\x1a\nxx", media_type="image/png"))))
-    with pytest.raises(InvalidArgumentError, match=r"messages\[0\]\.parts\[0\]"):
+    with pytest.raises(InvalidArgumentError, match=r"messages\[0\]\.parts\[0\]") as invalid:
         client.generate_unary(corrupt)
-    with pytest.raises(NotFoundError):
+    assert invalid.value.field == "messages[0].parts[0].image.data"
+    assert "[messages[0].parts[0].image.data]" in str(invalid.value)
+    with pytest.raises(NotFoundError) as not_found:
         client.generate_unary(request(model="not-this-one"))
+    assert not_found.value.field == "model"
+    bad_top_p = request()
+    bad_top_p.sampling.top_p = 3.0
+    with pytest.raises(InvalidArgumentError) as streamed:
+        list(client.generate(bad_top_p))
+    assert streamed.value.field == "sampling.top_p"
+    assert streamed.value.retry_after_s is None
     assert client.abort("no-such-request") is False
 
 

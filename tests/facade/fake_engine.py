@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from vlmserve.client import ENGINE_SERVICE_NAME, server_options
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -32,8 +33,10 @@ class Script:
     usage: pb.Usage = field(
         default_factory=lambda: pb.Usage(input_tokens=11, output_tokens=3, cached_tokens=2)
     )
-    # Fail with this status after `error_after` chunks (0: before any output).
-    error: tuple[grpc.StatusCode, str] | None = None
+    # Fail with this status after `error_after` chunks (0: before any output): a RequestError
+    # is what the engine itself sends (structured details); a (code, text) pair is a bare status,
+    # as gRPC's own errors (size limits) are.
+    error: RequestError | tuple[grpc.StatusCode, str] | None = None
     error_after: int = 0
     # Seconds between chunks; with `hang`, keep going until cancelled or aborted.
     delay_s: float = 0.0
@@ -42,6 +45,15 @@ class Script:
     first_delay_s: float = 0.0
     # Answer Abort with found=True but keep generating (a hung or buggy engine).
     ignore_abort: bool = False
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, error: RequestError | tuple[grpc.StatusCode, str]
+) -> None:
+    if isinstance(error, RequestError):
+        status = error.to_status()
+        await context.abort(status.code, status.details, status.trailing_metadata)
+    await context.abort(error[0], error[1])
 
 
 def model_info() -> pb.GetModelInfoResponse:
@@ -84,7 +96,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
             index = 0
             while index < len(chunks) or script.hang:
                 if script.error is not None and index == script.error_after:
-                    await context.abort(script.error[0], script.error[1])
+                    await _abort(context, script.error)
                 if aborted.is_set():
                     yield _complete(request, "".join(sent_text), [], pb.FINISH_REASON_CANCELLED, script.usage)
                     return
@@ -98,7 +110,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(aborted.wait(), script.delay_s or 0.05)
             if script.error is not None and script.error_after >= len(chunks):
-                await context.abort(script.error[0], script.error[1])
+                await _abort(context, script.error)
             yield _complete(
                 request, "".join(sent_text), script.tool_calls, script.finish_reason, script.usage
             )
@@ -120,7 +132,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
     ) -> pb.CountTokensResponse:
         self.count_requests.append(request.request)
         if self.script.error is not None:
-            await context.abort(self.script.error[0], self.script.error[1])
+            await _abort(context, self.script.error)
         images = sum(
             1
             for message in request.request.messages

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import CONTEXT_LENGTH, FakeEngine
+from vlmserve.engine.request_errors import RequestError
 
 IMAGE_PART_PATH = "input[0].content[0].image_url"
 
@@ -122,32 +123,47 @@ async def test_query_validation_errors_are_400_with_param(
     assert_error(response, 400, param)
 
 
+# What the real engine sends (a RequestError's status, structured details included).
 ENGINE_ERRORS = [
-    (grpc.StatusCode.INVALID_ARGUMENT, 400, None),
-    (grpc.StatusCode.NOT_FOUND, 404, None),
-    (grpc.StatusCode.RESOURCE_EXHAUSTED, 503, None),
-    (grpc.StatusCode.UNAVAILABLE, 503, None),
-    (grpc.StatusCode.DEADLINE_EXCEEDED, 504, None),
-    (grpc.StatusCode.OUT_OF_RANGE, 400, "input"),
-    (grpc.StatusCode.INTERNAL, 502, None),
+    (
+        RequestError(grpc.StatusCode.INVALID_ARGUMENT, "engine says no", field="messages[1].parts[0]"),
+        400,
+        "input",
+    ),
+    (RequestError(grpc.StatusCode.INVALID_ARGUMENT, "engine says no", field="sampling.top_p"), 400, "top_p"),
+    (
+        RequestError(grpc.StatusCode.INVALID_ARGUMENT, "engine says no", field="tools[0].function"),
+        400,
+        "tools",
+    ),
+    (RequestError(grpc.StatusCode.INVALID_ARGUMENT, "engine says no", field="request_id"), 400, None),
+    (RequestError(grpc.StatusCode.NOT_FOUND, "engine says no", field="model"), 404, "model"),
+    (RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "engine says no", retry_after_s=1.0), 503, None),
+    (RequestError(grpc.StatusCode.UNAVAILABLE, "engine says no"), 503, None),
+    (RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "engine says no"), 504, None),
+    (RequestError(grpc.StatusCode.OUT_OF_RANGE, "engine says no", field="messages"), 400, "input"),
+    (RequestError(grpc.StatusCode.INTERNAL, "engine says no"), 502, None),
 ]
 
 
 @pytest.mark.parametrize(
-    ("code", "status", "param"), ENGINE_ERRORS, ids=[c.name for c, _, _ in ENGINE_ERRORS]
+    ("engine_error", "status", "param"),
+    ENGINE_ERRORS,
+    ids=[f"{e.code.name}-{e.field}" for e, _, _ in ENGINE_ERRORS],
 )
 @pytest.mark.parametrize("stream", [False, True])
 async def test_engine_errors_map_to_http_statuses(
     http: httpx.AsyncClient,
     engine: FakeEngine,
-    code: grpc.StatusCode,
+    engine_error: RequestError,
     status: int,
     param: str | None,
     stream: bool,
 ) -> None:
-    engine.script.error = (code, "engine says no")
+    engine.script.error = engine_error
     response = await http.post("/v1/responses", json={"model": "default", "input": "hi", "stream": stream})
     error = assert_error(response, status, param)
+    code = engine_error.code
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         assert response.headers["retry-after"] == "1"
     if code == grpc.StatusCode.OUT_OF_RANGE:
@@ -155,6 +171,23 @@ async def test_engine_errors_map_to_http_statuses(
     if code == grpc.StatusCode.INTERNAL:
         # Unexpected engine failures are not echoed.
         assert "engine says no" not in error["message"]
+
+
+async def test_an_engine_field_path_becomes_param_whatever_the_text_says(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """`param` comes from the structured field violation; the message text plays no part."""
+    engine.script.error = RequestError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "tools[0] is wrong (see sampling.top_p)",
+        field="sampling.temperature",
+    )
+    response = await http.post("/v1/responses", json={"model": "default", "input": "hi"})
+    assert assert_error(response, 400, "temperature")["message"] == "tools[0] is wrong (see sampling.top_p)"
+    # A bare INVALID_ARGUMENT (no details) names no param rather than guessing one from its text.
+    engine.script.error = (grpc.StatusCode.INVALID_ARGUMENT, "messages[0].parts[0]: bad image")
+    response = await http.post("/v1/responses", json={"model": "default", "input": "hi"})
+    assert_error(response, 400, None)
 
 
 async def test_engine_down_is_503(http: httpx.AsyncClient, fake_engine: Any) -> None:

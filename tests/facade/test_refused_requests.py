@@ -13,14 +13,23 @@ import pytest
 
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, Script
 from tests.facade.helpers import assert_valid, stream_events
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.facade import FacadeSettings, Timeouts
 
 FIRST_MESSAGE_S = 0.2
 
 REFUSALS = [
-    (grpc.StatusCode.RESOURCE_EXHAUSTED, 503, "engine_overloaded"),
-    (grpc.StatusCode.UNAVAILABLE, 503, "engine_unavailable"),
-    (grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_value"),
+    (
+        RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", retry_after_s=1.0),
+        503,
+        "engine_overloaded",
+    ),
+    (RequestError(grpc.StatusCode.UNAVAILABLE, "engine says no"), 503, "engine_unavailable"),
+    (
+        RequestError(grpc.StatusCode.INVALID_ARGUMENT, "engine says no", field="messages"),
+        400,
+        "invalid_value",
+    ),
 ]
 
 
@@ -38,18 +47,20 @@ def stored_ids(settings: FacadeSettings) -> list[str]:
         return [response_id for (response_id,) in db.execute("SELECT id FROM responses ORDER BY id")]
 
 
-@pytest.mark.parametrize(("code", "status", "error_code"), REFUSALS, ids=[c.name for c, _, _ in REFUSALS])
+@pytest.mark.parametrize(
+    ("refusal", "status", "error_code"), REFUSALS, ids=[e.code.name for e, _, _ in REFUSALS]
+)
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_a_refused_request_stores_nothing(
     http: httpx.AsyncClient,
     engine: FakeEngine,
     settings: FacadeSettings,
-    code: grpc.StatusCode,
+    refusal: RequestError,
     status: int,
     error_code: str,
     stream: bool,
 ) -> None:
-    engine.script = Script(error=(code, "engine says no"))
+    engine.script = Script(error=refusal)
     reply = await http.post("/v1/responses", json={"model": "default", "input": "hi", "stream": stream})
     assert (reply.status_code, reply.json()["error"]["code"]) == (status, error_code)
     (request,) = engine.requests
@@ -75,7 +86,8 @@ async def test_a_stream_refused_after_its_id_was_sent_is_stored_failed(
 ) -> None:
     # The refusal comes after the first-message window: the stream has begun.
     engine.script = Script(
-        first_delay_s=FIRST_MESSAGE_S * 2, error=(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
+        first_delay_s=FIRST_MESSAGE_S * 2,
+        error=RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", retry_after_s=1.0),
     )
     reply = await http.post("/v1/responses", json={"model": "default", "input": "hi", "stream": True})
     events = stream_events(reply.text)

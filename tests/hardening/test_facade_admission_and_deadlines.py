@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import stream_events
 from vlmserve.client import ENGINE_SERVICE_NAME, AsyncEngineClient
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
@@ -41,7 +42,9 @@ async def test_a_full_engine_queue_is_a_503_with_the_configured_retry_after(
     path: str,
     body: dict[str, Any],
 ) -> None:
-    engine.script = Script(error=(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (64 waiting)"))
+    engine.script = Script(
+        error=RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (64 waiting)", retry_after_s=1.0)
+    )
     app = create_app(dataclasses.replace(settings, retry_after_s=7), engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         reply = await http.post(path, json=body)
@@ -62,7 +65,8 @@ async def test_a_message_over_grpc_size_limits_is_a_413_not_a_retry(
     engine: FakeEngine,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """RESOURCE_EXHAUSTED also means "message larger than max": retrying would never help."""
+    """RESOURCE_EXHAUSTED without the engine's RetryInfo is gRPC's "message larger than max":
+    retrying would never help."""
     app = create_app(settings, engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         engine.script = Script(

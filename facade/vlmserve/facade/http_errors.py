@@ -25,8 +25,21 @@ logger = logging.getLogger("vlmserve.facade")
 
 # Engine details are our own engine's words, but bound them so nothing unexpected is echoed at length.
 _MAX_DETAILS_CHARS = 500
-# gRPC's wording when a message exceeds a channel's size limit (RESOURCE_EXHAUSTED, either side).
-_MESSAGE_TOO_LARGE = "message larger than max"
+# Contract field path (the engine's BadRequest field violation) -> the Responses request field it
+# comes from. Messages are the lowered conversation (replay, instructions and input together) and
+# tools leave out hosted tools, so indexes do not carry over: those name the list.
+_PARAM_FOR_ENGINE_FIELD: tuple[tuple[str, str], ...] = (
+    ("messages", "input"),
+    ("tools", "tools"),
+    ("tool_choice", "tool_choice"),
+    ("parallel_tool_calls", "parallel_tool_calls"),
+    ("max_tool_calls", "max_tool_calls"),
+    ("sampling.max_tokens", "max_output_tokens"),
+    ("sampling.temperature", "temperature"),
+    ("sampling.top_p", "top_p"),
+    ("response_format", "text.format"),
+    ("model", "model"),
+)
 
 
 class APIError(Exception):
@@ -89,14 +102,29 @@ def from_invalid_request(error: InvalidRequestError) -> APIError:
     return APIError(error.status, error.message, param=error.param, code=error.code)
 
 
+def param_for_engine_field(field: str | None) -> str | None:
+    """The Responses `param` for the contract field an engine error names (None: not one we send)."""
+    if not field:
+        return None
+    for prefix, param in _PARAM_FOR_ENGINE_FIELD:
+        if field == prefix or field.startswith((f"{prefix}.", f"{prefix}[")):
+            return param
+    return None
+
+
 def from_engine_error(
     error: EngineError, *, context_length: int | None = None, retry_after_s: int = 1
 ) -> APIError:
-    """The HTTP answer for a failed engine call."""
+    """The HTTP answer for a failed engine call, from its status code and structured details."""
     details = (error.details or "")[:_MAX_DETAILS_CHARS]
     code = error.code
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return APIError(400, details or "The engine refused the request.", code="invalid_value")
+        return APIError(
+            400,
+            details or "The engine refused the request.",
+            param=param_for_engine_field(error.field),
+            code="invalid_value",
+        )
     if code == grpc.StatusCode.OUT_OF_RANGE:
         limit = f" of {context_length} tokens" if context_length else ""
         said = f" ({details})" if details else ""
@@ -107,9 +135,12 @@ def from_engine_error(
             code="context_length_exceeded",
         )
     if code == grpc.StatusCode.NOT_FOUND:
-        return APIError(404, details or "Not found.", code="not_found")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _MESSAGE_TOO_LARGE in details:
-        # gRPC's own size limit, not a full queue: retrying would never help.
+        return APIError(
+            404, details or "Not found.", param=param_for_engine_field(error.field), code="not_found"
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.retry_after_s is None:
+        # The engine's full queue says when to retry (RetryInfo); without it this is gRPC's own
+        # message-size limit, either side of the channel, which no retry would help.
         return request_too_large_for_engine()
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return APIError(

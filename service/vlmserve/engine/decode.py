@@ -137,6 +137,7 @@ class ActiveGeneration:
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"the model's processor could not prepare the input: {error}",
+                field="messages",
             ) from None
         input_ids = inputs["input_ids"]
         self.prompt_tokens = int(input_ids.shape[-1])
@@ -151,6 +152,7 @@ class ActiveGeneration:
                 grpc.StatusCode.OUT_OF_RANGE,
                 f"the prompt is {self.prompt_tokens} tokens; the model's context length is "
                 f"{info.context_length} tokens, which must hold the prompt and at least one generated token",
+                field="messages",
             )
         self._max_tokens = min(self._max_tokens, info.context_length - self.prompt_tokens)
         extra = {k: v for k, v in inputs.items() if k not in _INPUT_KEYS and v is not None}

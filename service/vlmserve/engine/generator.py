@@ -128,12 +128,15 @@ class Generator:
                 raise RequestError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"request id {job.request_id!r} is already queued or running",
+                    field="request_id",
                 )
             if self._waiting >= self.config.max_queue:
                 raise RequestError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the engine's queue is full ({self._waiting} requests waiting, "
                     f"limit {self.config.max_queue}); retry later",
+                    # RetryInfo: what tells this apart from gRPC's message-size limit (same code).
+                    retry_after_s=1.0,
                 )
             self._jobs[job.request_id] = job
             self._waiting += 1

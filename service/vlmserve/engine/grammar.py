@@ -192,7 +192,7 @@ def _parse_tools(tools: Sequence[pb.Tool]) -> list[_Tool]:
             try:
                 parameters = json.loads(tool.function.parameters_json)
             except ValueError:
-                raise invalid_argument(f"{where} is not valid JSON") from None
+                raise invalid_argument(f"{where} is not valid JSON", field=where) from None
         parsed.append(_Tool(tool.function.name, parameters, tool.function.strict, where))
     return parsed
 
@@ -210,9 +210,15 @@ def _answer_schema(response_format: pb.ResponseFormat | None) -> tuple[Any | Non
     try:
         schema = json.loads(text)
     except ValueError:
-        raise invalid_argument("response_format.json_schema.schema_json is not valid JSON") from None
+        raise invalid_argument(
+            "response_format.json_schema.schema_json is not valid JSON",
+            field="response_format.json_schema.schema_json",
+        ) from None
     if not isinstance(schema, dict | bool):
-        raise invalid_argument("response_format.json_schema.schema_json must be a JSON object")
+        raise invalid_argument(
+            "response_format.json_schema.schema_json must be a JSON object",
+            field="response_format.json_schema.schema_json",
+        )
     return schema, "json_schema"
 
 
@@ -232,14 +238,18 @@ def constraint_for(
     if answer_schema is not None:
         reason = compiler.error(_json_grammar(answer_schema))
         if reason:
-            raise invalid_argument(f"response_format.json_schema.schema_json cannot be enforced: {reason}")
+            raise invalid_argument(
+                f"response_format.json_schema.schema_json cannot be enforced: {reason}",
+                field="response_format.json_schema.schema_json",
+            )
     parsed = _parse_tools(tools)
     calls_possible = tool_mode != "none" and bool(parsed) and tool_call_format in _CALL_MARKERS
     if not calls_possible:
         if tool_mode in ("required", "function"):
             raise invalid_argument(
                 f"tool_choice cannot be enforced: this model's tool-call format "
-                f"{tool_call_format or '(none)'!r} has no call grammar"
+                f"{tool_call_format or '(none)'!r} has no call grammar",
+                field="tool_choice",
             )
         if answer_schema is None:
             return None
@@ -248,7 +258,9 @@ def constraint_for(
         if tool.strict:
             reason = compiler.error(_json_grammar(tool.parameters))
             if reason:
-                raise invalid_argument(f"{tool.where} cannot be enforced (strict): {reason}")
+                raise invalid_argument(
+                    f"{tool.where} cannot be enforced (strict): {reason}", field=tool.where
+                )
     if tool_mode == "function":
         parsed = [tool for tool in parsed if tool.name == forced_name]
     max_calls = 1 if not parallel_tool_calls else max_tool_calls
@@ -264,6 +276,6 @@ def constraint_for(
     )
     reason = compiler.error(grammar)
     if reason:
-        raise invalid_argument(f"tools cannot be enforced: {reason}")
+        raise invalid_argument(f"tools cannot be enforced: {reason}", field="tools")
     summary = f"tool_choice={tool_mode}" + (f", {format_name}" if format_name else "")
     return OutputConstraint(grammar, summary)

@@ -28,9 +28,12 @@ Rules (violations raise `RequestError` INVALID_ARGUMENT with a message naming th
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from jinja2 import TemplateError
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import tool_output_text
@@ -47,6 +50,12 @@ __all__ = [
     "render_prompt",
     "to_template_conversation",
 ]
+
+log = logging.getLogger(__name__)
+
+# JSON in a request (tool parameters, call arguments, a response schema) is parsed here and then
+# walked by the chat template; deeper nesting than this is refused, not left to hit the stack.
+MAX_JSON_DEPTH = 100
 
 _ROLE_NAMES: Mapping[int, str] = {
     pb.ROLE_SYSTEM: "system",
@@ -94,6 +103,43 @@ class RenderedPrompt:
     forced_name: str | None = None
 
 
+_NOT_JSON: Any = object()
+
+
+def _json_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _parse_json(text: str, *, field: str) -> Any:
+    """The parsed value, or `_NOT_JSON`; nesting deeper than MAX_JSON_DEPTH is INVALID_ARGUMENT."""
+    try:
+        value = json.loads(text)
+    except RecursionError:  # far deeper than the limit (json's C parser recurses per level)
+        value, depth = None, MAX_JSON_DEPTH + 1
+    except ValueError:
+        return _NOT_JSON
+    else:
+        depth = _json_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise invalid_argument(f"{field} is nested more than {MAX_JSON_DEPTH} levels deep", field=field)
+    return value
+
+
+def _json_value(text: str, *, field: str) -> Any:
+    value = _parse_json(text, field=field)
+    if value is _NOT_JSON:
+        raise invalid_argument(f"{field} is not valid JSON", field=field)
+    return value
+
+
 def _tool_mode(choice: pb.ToolChoice | None, tool_names: frozenset[str]) -> tuple[ToolMode, str | None]:
     """(mode, forced function name) from the request's tool choice."""
     kind = choice.WhichOneof("choice") if choice is not None else None
@@ -101,11 +147,14 @@ def _tool_mode(choice: pb.ToolChoice | None, tool_names: frozenset[str]) -> tupl
         assert choice is not None
         name = choice.function_name
         if not name:
-            raise invalid_argument("tool_choice.function_name must not be empty")
+            raise invalid_argument(
+                "tool_choice.function_name must not be empty", field="tool_choice.function_name"
+            )
         if name not in tool_names:
             known = ", ".join(sorted(tool_names)) or "none"
             raise invalid_argument(
-                f"tool_choice.function_name {name!r} is not one of the request's tools ({known})"
+                f"tool_choice.function_name {name!r} is not one of the request's tools ({known})",
+                field="tool_choice.function_name",
             )
         return "function", name
     mode = choice.mode if kind == "mode" and choice is not None else pb.TOOL_CHOICE_MODE_UNSPECIFIED
@@ -117,9 +166,13 @@ def _tool_mode(choice: pb.ToolChoice | None, tool_names: frozenset[str]) -> tupl
         return ("auto" if tool_names else "none"), None
     if mode == pb.TOOL_CHOICE_MODE_REQUIRED:
         if not tool_names:
-            raise invalid_argument("tool_choice is REQUIRED but the request has no tools")
+            raise invalid_argument(
+                "tool_choice is REQUIRED but the request has no tools", field="tool_choice.mode"
+            )
         return "required", None
-    raise invalid_argument(f"tool_choice.mode {mode} is not a known tool choice mode")
+    raise invalid_argument(
+        f"tool_choice.mode {mode} is not a known tool choice mode", field="tool_choice.mode"
+    )
 
 
 def _tools(tools: Sequence[pb.Tool]) -> tuple[list[dict[str, Any]], frozenset[str]]:
@@ -127,19 +180,25 @@ def _tools(tools: Sequence[pb.Tool]) -> tuple[list[dict[str, Any]], frozenset[st
     names: set[str] = set()
     for index, tool in enumerate(tools):
         if tool.WhichOneof("kind") != "function":
-            raise invalid_argument(f"tools[{index}]: only function tools are supported")
+            raise invalid_argument(
+                f"tools[{index}]: only function tools are supported", field=f"tools[{index}]"
+            )
         function = tool.function
         if not function.name:
-            raise invalid_argument(f"tools[{index}].function.name must not be empty")
+            raise invalid_argument(
+                f"tools[{index}].function.name must not be empty", field=f"tools[{index}].function.name"
+            )
         if function.name in names:
-            raise invalid_argument(f"tools[{index}]: duplicate tool name {function.name!r}")
+            raise invalid_argument(
+                f"tools[{index}]: duplicate tool name {function.name!r}",
+                field=f"tools[{index}].function.name",
+            )
         names.add(function.name)
         parameters: Any = {"type": "object", "properties": {}}
         if function.parameters_json:
-            try:
-                parameters = json.loads(function.parameters_json)
-            except ValueError:
-                raise invalid_argument(f"tools[{index}].function.parameters_json is not valid JSON") from None
+            parameters = _json_value(
+                function.parameters_json, field=f"tools[{index}].function.parameters_json"
+            )
         spec: dict[str, Any] = {"name": function.name}
         if function.description:
             spec["description"] = function.description
@@ -164,17 +223,22 @@ def _message_content(
                 raise invalid_argument(
                     f"{part_where}: images are accepted only in user turns, not in a "
                     f"{pb.Role.Name(message.role)} turn; move the image into a following user turn "
-                    "(the image follow-up lowering)"
+                    "(the image follow-up lowering)",
+                    field=part_where,
                 )
             if not part.image.data:
-                raise invalid_argument(f"{part_where}: image data is empty")
+                raise invalid_argument(f"{part_where}: image data is empty", field=f"{part_where}.image.data")
             images.append(PromptImage(part=part.image, where=part_where))
             content.append({"type": "image"})
         elif kind == "file":
             name = part.file.filename or part.file.file_id or "unnamed"
-            raise invalid_argument(f"{part_where}: file inputs ({name!r}) are not supported by this engine")
+            raise invalid_argument(
+                f"{part_where}: file inputs ({name!r}) are not supported by this engine", field=part_where
+            )
         else:
-            raise invalid_argument(f"{part_where}: empty part (no text, image, file or json)")
+            raise invalid_argument(
+                f"{part_where}: empty part (no text, image, file or json)", field=part_where
+            )
     return content
 
 
@@ -188,12 +252,15 @@ def _tool_output_text(output: pb.ToolOutput, where: str) -> str:
         if part_kind == "image":
             raise invalid_argument(
                 f"{part_where}: images are accepted only in user turns, not in a tool output; "
-                "lower them into a following user turn (the image follow-up lowering)"
+                "lower them into a following user turn (the image follow-up lowering)",
+                field=part_where,
             )
         if part_kind == "file":
-            raise invalid_argument(f"{part_where}: file parts are not supported in tool outputs")
+            raise invalid_argument(
+                f"{part_where}: file parts are not supported in tool outputs", field=part_where
+            )
         if part_kind is None:
-            raise invalid_argument(f"{part_where}: empty part")
+            raise invalid_argument(f"{part_where}: empty part", field=part_where)
     # Text and JSON parts join exactly as the lowering joins them: one rule, one implementation.
     return tool_output_text(output.parts.parts)
 
@@ -202,15 +269,19 @@ def _assistant_tool_calls(message: pb.Message, where: str) -> list[dict[str, Any
     calls: list[dict[str, Any]] = []
     for index, call in enumerate(message.tool_calls):
         if not call.name:
-            raise invalid_argument(f"{where}.tool_calls[{index}].name must not be empty")
+            raise invalid_argument(
+                f"{where}.tool_calls[{index}].name must not be empty",
+                field=f"{where}.tool_calls[{index}].name",
+            )
         arguments: Any
         if call.kind == pb.TOOL_KIND_CUSTOM:
             # Free-form input: shown as a JSON string so the markup stays JSON.
             arguments = json.dumps(call.arguments, ensure_ascii=False)
+        elif not call.arguments:
+            arguments = {}
         else:
-            try:
-                arguments = json.loads(call.arguments) if call.arguments else {}
-            except ValueError:
+            arguments = _parse_json(call.arguments, field=f"{where}.tool_calls[{index}].arguments")
+            if arguments is _NOT_JSON:
                 arguments = call.arguments  # history as the model wrote it
         calls.append(
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
@@ -226,10 +297,7 @@ def _format_instruction(response_format: pb.ResponseFormat | None) -> str:
         return "Respond with a single JSON object and nothing else."
     schema = response_format.json_schema
     if schema.schema_json:
-        try:
-            json.loads(schema.schema_json)
-        except ValueError:
-            raise invalid_argument("response_format.json_schema.schema_json is not valid JSON") from None
+        _json_value(schema.schema_json, field="response_format.json_schema.schema_json")
     text = "Respond with a single JSON object that matches this JSON schema, and nothing else"
     if schema.name:
         text += f" (schema {schema.name!r})"
@@ -255,27 +323,40 @@ def to_template_conversation(
 ) -> TemplateConversation:
     """Validate contract messages and convert them to chat-template inputs (no rendering)."""
     if not messages:
-        raise invalid_argument("messages must not be empty")
+        raise invalid_argument("messages must not be empty", field="messages")
     tool_specs, tool_names = _tools(tools)
     mode, forced_name = _tool_mode(tool_choice, tool_names)
     if mode in ("required", "function") and not tool_call_format:
-        raise invalid_argument("this model has no tool-call format, so tool_choice cannot force a call")
+        raise invalid_argument(
+            "this model has no tool-call format, so tool_choice cannot force a call", field="tool_choice"
+        )
     images: list[PromptImage] = []
     converted: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         role = _ROLE_NAMES.get(message.role)
         if role is None:
-            raise invalid_argument(f"{where}.role must be one of system, developer, user, assistant, tool")
+            raise invalid_argument(
+                f"{where}.role must be one of system, developer, user, assistant, tool", field=f"{where}.role"
+            )
         if message.tool_calls and role != "assistant":
-            raise invalid_argument(f"{where}: only assistant turns may carry tool_calls")
+            raise invalid_argument(
+                f"{where}: only assistant turns may carry tool_calls", field=f"{where}.tool_calls"
+            )
         if message.HasField("tool_output") and role != "tool":
-            raise invalid_argument(f"{where}: only tool turns may carry tool_output")
+            raise invalid_argument(
+                f"{where}: only tool turns may carry tool_output", field=f"{where}.tool_output"
+            )
         if role == "tool":
             if message.parts:
-                raise invalid_argument(f"{where}: a tool turn carries its result in tool_output, not parts")
+                raise invalid_argument(
+                    f"{where}: a tool turn carries its result in tool_output, not parts",
+                    field=f"{where}.parts",
+                )
             if not message.HasField("tool_output"):
-                raise invalid_argument(f"{where}: a tool turn needs tool_output")
+                raise invalid_argument(
+                    f"{where}: a tool turn needs tool_output", field=f"{where}.tool_output"
+                )
             entry: dict[str, Any] = {
                 "role": "tool",
                 "content": _tool_output_text(message.tool_output, where),
@@ -306,10 +387,22 @@ def render_conversation(conversation: TemplateConversation, template: ChatTempla
             add_generation_prompt=True,
             tokenize=False,
         )
-    except Exception as error:  # jinja2 TemplateError and friends: the template refused the input
-        raise invalid_argument(f"the model's chat template rejected the conversation: {error}") from None
+    except TemplateError as error:
+        # Only the template's own words (its raise_exception) are shown; jinja's and Python's
+        # (undefined names, recursion, types) are internals.
+        said = f": {error.message}" if type(error) is TemplateError and error.message else ""
+        if not said:
+            log.warning("chat template failed: %s: %s", type(error).__name__, error)
+        raise invalid_argument(
+            f"the model's chat template rejected the conversation{said}", field="messages"
+        ) from None
+    except (RecursionError, ValueError, TypeError, LookupError) as error:
+        log.warning("chat template failed: %s: %s", type(error).__name__, error)
+        raise invalid_argument(
+            "the model's chat template could not render the conversation", field="messages"
+        ) from None
     if not isinstance(text, str):
-        raise invalid_argument("the model's chat template did not produce text")
+        raise invalid_argument("the model's chat template did not produce text", field="messages")
     return RenderedPrompt(
         text=text,
         images=conversation.images,

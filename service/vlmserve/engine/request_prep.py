@@ -31,6 +31,7 @@ def check_model_name(requested: str, info: ModelInfo) -> None:
         raise RequestError(
             grpc.StatusCode.NOT_FOUND,
             f"model {requested!r} is not served here; this engine serves {info.model_id!r}",
+            field="model",
         )
 
 
@@ -45,7 +46,9 @@ def prepare_request(
     """Validate and render; raises RequestError with the status code the caller should see."""
     check_model_name(request.model, info)
     if len(request.request_id) > MAX_REQUEST_ID_CHARS:
-        raise invalid_argument(f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters")
+        raise invalid_argument(
+            f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters", field="request_id"
+        )
     request_id = request.request_id or f"req_{uuid.uuid4().hex}"
     if template is None:
         raise RequestError(
@@ -64,7 +67,8 @@ def prepare_request(
     if len(rendered.images) > info.max_images_per_request:
         raise invalid_argument(
             f"the request has {len(rendered.images)} images; this engine takes at most "
-            f"{info.max_images_per_request} per request"
+            f"{info.max_images_per_request} per request",
+            field="messages",
         )
     images = []
     for image in rendered.images:
@@ -77,12 +81,14 @@ def prepare_request(
                 )
             )
         except ImageError as error:
-            raise invalid_argument(f"{image.where}: {error.reason}") from None
+            raise invalid_argument(
+                f"{image.where}: {error.reason}", field=f"{image.where}.image.data"
+            ) from None
     parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
     max_calls = request.max_tool_calls if request.HasField("max_tool_calls") else None
     tool_mode = "none" if max_calls == 0 else rendered.tool_mode
     if max_calls == 0 and rendered.tool_mode in ("required", "function"):
-        raise invalid_argument("max_tool_calls is 0 but tool_choice requires a call")
+        raise invalid_argument("max_tool_calls is 0 but tool_choice requires a call", field="max_tool_calls")
     constraint = None
     if grammar is not None and kind is JobKind.GENERATE:
         constraint = constraint_for(

@@ -39,7 +39,7 @@ class SamplingSettings:
 
 def _finite(name: str, value: float) -> float:
     if not math.isfinite(value):
-        raise invalid_argument(f"sampling.{name} must be a finite number")
+        raise invalid_argument(f"sampling.{name} must be a finite number", field=f"sampling.{name}")
     return value
 
 
@@ -48,37 +48,44 @@ def settings_from_proto(params: pb.SamplingParams, *, max_tokens_cap: int) -> Sa
     max_tokens = max_tokens_cap
     if params.HasField("max_tokens"):
         if params.max_tokens < 1:
-            raise invalid_argument("sampling.max_tokens must be at least 1")
+            raise invalid_argument("sampling.max_tokens must be at least 1", field="sampling.max_tokens")
         max_tokens = min(params.max_tokens, max_tokens_cap)
     temperature = None
     if params.HasField("temperature"):
         temperature = _finite("temperature", params.temperature)
         if temperature < 0:
-            raise invalid_argument("sampling.temperature must be >= 0")
+            raise invalid_argument("sampling.temperature must be >= 0", field="sampling.temperature")
     top_p = None
     if params.HasField("top_p"):
         top_p = _finite("top_p", params.top_p)
         if not 0 < top_p <= 1:
-            raise invalid_argument("sampling.top_p must be in (0, 1]")
+            raise invalid_argument("sampling.top_p must be in (0, 1]", field="sampling.top_p")
     top_k = None
     if params.HasField("top_k"):
         if params.top_k < 0:
-            raise invalid_argument("sampling.top_k must be >= 0 (0 disables it)")
+            raise invalid_argument("sampling.top_k must be >= 0 (0 disables it)", field="sampling.top_k")
         top_k = params.top_k
     repetition_penalty = None
     if params.HasField("repetition_penalty"):
         repetition_penalty = _finite("repetition_penalty", params.repetition_penalty)
         if repetition_penalty <= 0:
-            raise invalid_argument("sampling.repetition_penalty must be > 0")
+            raise invalid_argument(
+                "sampling.repetition_penalty must be > 0", field="sampling.repetition_penalty"
+            )
     stops = tuple(params.stop)
     if len(stops) > MAX_STOP_SEQUENCES:
-        raise invalid_argument(f"sampling.stop has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES}")
+        raise invalid_argument(
+            f"sampling.stop has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES}", field="sampling.stop"
+        )
     for index, stop in enumerate(stops):
         if not stop:
-            raise invalid_argument(f"sampling.stop[{index}] must not be empty")
+            raise invalid_argument(
+                f"sampling.stop[{index}] must not be empty", field=f"sampling.stop[{index}]"
+            )
         if len(stop) > MAX_STOP_SEQUENCE_CHARS:
             raise invalid_argument(
-                f"sampling.stop[{index}] is longer than {MAX_STOP_SEQUENCE_CHARS} characters"
+                f"sampling.stop[{index}] is longer than {MAX_STOP_SEQUENCE_CHARS} characters",
+                field=f"sampling.stop[{index}]",
             )
     return SamplingSettings(
         max_tokens=max_tokens,

@@ -1,16 +1,19 @@
 """The grpc.aio server: EngineService, grpc.health.v1, reflection, drain on shutdown.
 
 Handlers are thin: check, prepare (in a worker thread, no MLX), enqueue, then relay the job's
-events. Bad input ends the call with a status code (`RequestError.code`), never INTERNAL. A
-handler that ends early (client cancel, disconnect, deadline) cancels its job.
+events. Bad input ends the call with a status code (`RequestError.code`) and structured details
+(`RequestError.to_status`), never INTERNAL; an unexpected exception is INTERNAL with a fixed
+message (`_guarded`). A handler that ends early (client cancel, disconnect, deadline) cancels its job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,7 +28,7 @@ from .generator import EngineConfig, Generator
 from .grpc_auth import EngineSecurity
 from .jobs import CountedEvent, Event, FailedEvent, FinishedEvent, Job, JobKind, TextEvent, ToolCallEvent
 from .model import LoadedModel
-from .request_errors import RequestError
+from .request_errors import RequestError, internal_error, invalid_argument
 from .request_prep import prepare_request
 
 __all__ = ["ENGINE_SERVICE_NAME", "EngineServer", "EngineServicer"]
@@ -38,8 +41,51 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: RequestError) -> NoReturn:
-    await context.abort(error.code, error.message)
+    status = error.to_status()
+    await context.abort(status.code, status.details, status.trailing_metadata)
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def _guarded(handler: Handler) -> Handler:
+    """End the call with the RequestError's status; any other exception is INTERNAL, logged here.
+
+    Without this grpc.aio answers an escaping exception with UNKNOWN and the exception's text
+    (a RecursionError's message, a file path) in the status details.
+    """
+
+    async def fail(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> NoReturn:
+        if isinstance(error, RequestError):
+            await _abort(context, error)
+        log.exception("%s failed", handler.__name__, exc_info=error)
+        await _abort(context, internal_error())
+
+    if inspect.isasyncgenfunction(handler):
+
+        @functools.wraps(handler)
+        async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                async for response in handler(self, request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except Exception as error:
+                await fail(context, error)
+
+        return cast(Handler, stream)
+
+    @functools.wraps(handler)
+    async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await handler(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:
+            await fail(context, error)
+
+    return cast(Handler, unary)
 
 
 class EngineServicer(pb_grpc.EngineServiceServicer):
@@ -49,26 +95,25 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     def _loaded(self) -> LoadedModel:
         loaded = self._generator.loaded
         if loaded is None or not self._generator.ready.is_set():
-            raise RequestError(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry shortly")
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry shortly", retry_after_s=1.0
+            )
         return loaded
 
     async def _admit(
         self, request: pb.GenerateRequest, kind: JobKind, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Job:
-        try:
-            loaded = self._loaded()
-            prepared = await asyncio.to_thread(
-                prepare_request,
-                request,
-                kind=kind,
-                info=loaded.info,
-                template=loaded.template,
-                grammar=loaded.grammar,
-            )
-            job = Job(prepared, asyncio.get_running_loop())
-            self._generator.submit(job)
-        except RequestError as error:
-            await _abort(context, error)
+        loaded = self._loaded()
+        prepared = await asyncio.to_thread(
+            prepare_request,
+            request,
+            kind=kind,
+            info=loaded.info,
+            template=loaded.template,
+            grammar=loaded.grammar,
+        )
+        job = Job(prepared, asyncio.get_running_loop())
+        self._generator.submit(job)
         return job
 
     async def _events(self, job: Job) -> AsyncIterator[Event]:
@@ -97,6 +142,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             if not ended:
                 job.cancel()
 
+    @_guarded
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
@@ -111,6 +157,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             elif isinstance(event, FailedEvent):
                 await _abort(context, event.error)
 
+    @_guarded
     async def GenerateUnary(
         self, request: pb.GenerateUnaryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GenerateUnaryResponse:
@@ -120,8 +167,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 return pb.GenerateUnaryResponse(result=event.result)
             if isinstance(event, FailedEvent):
                 await _abort(context, event.error)
-        await _abort(context, RequestError(grpc.StatusCode.INTERNAL, "generation ended without a result"))
+        raise RequestError(grpc.StatusCode.INTERNAL, "generation ended without a result")
 
+    @_guarded
     async def CountTokens(
         self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.CountTokensResponse:
@@ -131,15 +179,13 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 return pb.CountTokensResponse(input_tokens=event.input_tokens, image_count=event.image_count)
             if isinstance(event, FailedEvent):
                 await _abort(context, event.error)
-        await _abort(context, RequestError(grpc.StatusCode.INTERNAL, "token count ended without a result"))
+        raise RequestError(grpc.StatusCode.INTERNAL, "token count ended without a result")
 
+    @_guarded
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetModelInfoResponse:
-        try:
-            info = self._loaded().info
-        except RequestError as error:
-            await _abort(context, error)
+        info = self._loaded().info
         return pb.GetModelInfoResponse(
             model_id=info.model_id,
             architecture=info.architecture,
@@ -157,13 +203,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             loaded_at=int(info.loaded_at),
         )
 
+    @_guarded
     async def Abort(
         self, request: pb.AbortRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.AbortResponse:
         if not request.request_id:
-            await _abort(
-                context, RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
-            )
+            raise invalid_argument("request_id must not be empty", field="request_id")
         return pb.AbortResponse(found=self._generator.abort(request.request_id))
 
 
