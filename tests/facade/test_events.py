@@ -10,43 +10,50 @@ import pytest
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http_errors import APIError
-from vlmserve.facade.response_events import ResponseEvents
+from vlmserve.facade.response_events import Event, ResponseEvents
+from vlmserve.responses import ResponseResource
 
 
-def base_resource() -> dict[str, Any]:
-    return {
-        "id": "resp_1",
-        "object": "response",
-        "created_at": 1,
-        "completed_at": None,
-        "status": "in_progress",
-        "incomplete_details": None,
-        "model": "m",
-        "previous_response_id": None,
-        "instructions": None,
-        "output": [],
-        "error": None,
-        "tools": [],
-        "tool_choice": "auto",
-        "truncation": "disabled",
-        "parallel_tool_calls": True,
-        "text": {"format": {"type": "text"}},
-        "top_p": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "top_logprobs": 0,
-        "temperature": 1.0,
-        "reasoning": None,
-        "usage": None,
-        "max_output_tokens": None,
-        "max_tool_calls": None,
-        "store": True,
-        "background": False,
-        "service_tier": "default",
-        "metadata": {},
-        "safety_identifier": None,
-        "prompt_cache_key": None,
-    }
+def base_resource() -> ResponseResource:
+    return ResponseResource.model_validate(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 1,
+            "completed_at": None,
+            "status": "in_progress",
+            "incomplete_details": None,
+            "model": "m",
+            "previous_response_id": None,
+            "instructions": None,
+            "output": [],
+            "error": None,
+            "tools": [],
+            "tool_choice": "auto",
+            "truncation": "disabled",
+            "parallel_tool_calls": True,
+            "text": {"format": {"type": "text"}},
+            "top_p": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "top_logprobs": 0,
+            "temperature": 1.0,
+            "reasoning": None,
+            "usage": None,
+            "max_output_tokens": None,
+            "max_tool_calls": None,
+            "store": True,
+            "background": False,
+            "service_tier": "default",
+            "metadata": {},
+            "safety_identifier": None,
+            "prompt_cache_key": None,
+        }
+    )
+
+
+def as_json(events: list[Event]) -> list[dict[str, Any]]:
+    return [event.to_json() for event in events]
 
 
 def builder() -> ResponseEvents:
@@ -58,10 +65,11 @@ def run(
     chunks: list[pb.GenerateChunk], result: pb.GenerateResult
 ) -> tuple[ResponseEvents, list[dict[str, Any]]]:
     events_builder = builder()
-    events = events_builder.start()
+    sent = events_builder.start()
     for chunk in chunks:
-        events += events_builder.chunk(chunk)
-    events += events_builder.complete(result)
+        sent += events_builder.chunk(chunk)
+    sent += events_builder.complete(result)
+    events = as_json(sent)
     for event in events:
         if event["type"] in EVENT_SCHEMAS:
             assert_valid(event, EVENT_SCHEMAS[event["type"]])
@@ -79,7 +87,7 @@ def call(name: str, call_id: str = "") -> pb.ToolCall:
 
 def output_summary(events_builder: ResponseEvents) -> list[tuple[str, str]]:
     summary = []
-    for item in events_builder.snapshot()["output"]:
+    for item in events_builder.snapshot().to_json()["output"]:
         value = item["content"][0]["text"] if item["type"] == "message" else item["name"]
         summary.append((item["type"], value))
     return summary
@@ -120,16 +128,16 @@ def test_outputs(chunks: list[pb.GenerateChunk], result: pb.GenerateResult, expe
     events_builder, events = run(chunks, result)
     assert output_summary(events_builder) == expected
     assert events[-1]["type"] == "response.completed"
-    assert events[-1]["response"]["output"] == events_builder.snapshot()["output"]
+    assert events[-1]["response"]["output"] == events_builder.snapshot().to_json()["output"]
     # Every item that was added is also done, in the same order.
     added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
     done = [e["item"]["id"] for e in events if e["type"] == "response.output_item.done"]
-    assert added == done == [item["id"] for item in events_builder.snapshot()["output"]]
+    assert added == done == [item["id"] for item in events_builder.snapshot().to_json()["output"]]
 
 
 def test_call_without_an_id_gets_one() -> None:
     events_builder, _ = run([], pb.GenerateResult(tool_calls=[call("f")]))
-    assert events_builder.snapshot()["output"][0]["call_id"].startswith("call_")
+    assert events_builder.snapshot().to_json()["output"][0]["call_id"].startswith("call_")
 
 
 def test_cancelled_result_is_cancelled() -> None:
@@ -137,13 +145,14 @@ def test_cancelled_result_is_cancelled() -> None:
         [text("par")], pb.GenerateResult(text="par", finish_reason=pb.FINISH_REASON_CANCELLED)
     )
     assert events[-1]["type"] == "response.incomplete"
-    assert events_builder.resource["status"] == "cancelled"
+    assert events_builder.resource.status == "cancelled"
 
 
 def test_failure_keeps_partial_text_and_ends_failed() -> None:
     events_builder = builder()
-    events = events_builder.start() + events_builder.chunk(text("par"))
-    events += events_builder.fail(APIError(503, "The engine is unavailable.", code="engine_unavailable"))
+    sent = events_builder.start() + events_builder.chunk(text("par"))
+    sent += events_builder.fail(APIError(503, "The engine is unavailable.", code="engine_unavailable"))
+    events = as_json(sent)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     for event in events[-2:]:
         assert_valid(event, EVENT_SCHEMAS[event["type"]])
@@ -156,4 +165,4 @@ def test_failure_keeps_partial_text_and_ends_failed() -> None:
 def test_usage_comes_from_the_result() -> None:
     usage = pb.Usage(input_tokens=5, output_tokens=7, cached_tokens=1)
     events_builder, _ = run([text("x")], pb.GenerateResult(text="x", usage=usage))
-    assert events_builder.resource["usage"]["total_tokens"] == 12
+    assert events_builder.resource.usage.total_tokens == 12

@@ -33,7 +33,7 @@ from vlmserve.responses import (
     input_to_messages,
     messages_to_items,
     result_to_output_items,
-    usage_to_json,
+    usage_from_contract,
 )
 
 
@@ -148,6 +148,11 @@ def test_every_image_in_items_has_detail() -> None:
     assert all(part["detail"] == "auto" for part in images)
 
 
+def output_items(result: pb.GenerateResult, **kwargs: Any) -> list[dict[str, Any]]:
+    """The output items as the JSON the server sends."""
+    return [item.to_json() for item in result_to_output_items(result, **kwargs)]
+
+
 def ids() -> Callable[[str], str]:
     counter = itertools.count()
     return lambda prefix: f"{prefix}_{next(counter)}"
@@ -155,7 +160,7 @@ def ids() -> Callable[[str], str]:
 
 def test_result_text_becomes_a_message_item() -> None:
     result = pb.GenerateResult(text="It is red.", finish_reason=pb.FINISH_REASON_STOP)
-    assert result_to_output_items(result, new_id=ids()) == [
+    assert output_items(result, new_id=ids()) == [
         {
             "type": "message",
             "id": "msg_0",
@@ -168,7 +173,7 @@ def test_result_text_becomes_a_message_item() -> None:
 
 def test_length_stop_marks_the_message_incomplete() -> None:
     result = pb.GenerateResult(text="It is", finish_reason=pb.FINISH_REASON_LENGTH)
-    [item] = result_to_output_items(result, new_id=ids())
+    [item] = output_items(result, new_id=ids())
     assert item["status"] == "incomplete"
 
 
@@ -181,7 +186,7 @@ def test_tool_calls_become_function_call_items_after_the_text() -> None:
         ],
         finish_reason=pb.FINISH_REASON_TOOL_CALLS,
     )
-    message_item, first, second = result_to_output_items(result, new_id=ids())
+    message_item, first, second = output_items(result, new_id=ids())
     assert message_item["type"] == "message"
     assert first == {
         "id": "fc_1",
@@ -197,7 +202,7 @@ def test_tool_calls_become_function_call_items_after_the_text() -> None:
 
 def test_only_tool_calls_means_no_empty_message() -> None:
     result = pb.GenerateResult(tool_calls=[pb.ToolCall(id="c", name="f", arguments="{}")])
-    assert [item["type"] for item in result_to_output_items(result, new_id=ids())] == ["function_call"]
+    assert [item["type"] for item in output_items(result, new_id=ids())] == ["function_call"]
 
 
 def test_calls_go_back_out_under_the_clients_names() -> None:
@@ -221,7 +226,7 @@ def test_calls_go_back_out_under_the_clients_names() -> None:
             pb.ToolCall(id="c2", name="apply_patch", arguments=json.dumps({"input": "*** Begin Patch"})),
         ]
     )
-    spawn, patch = result_to_output_items(result, new_id=ids(), offered_tools=translated.offered_tools)
+    spawn, patch = output_items(result, new_id=ids(), offered_tools=translated.offered_tools)
     assert (spawn["type"], spawn["name"], spawn["namespace"]) == ("function_call", "spawn", "agents")
     assert (patch["type"], patch["name"], patch["input"], patch["call_id"]) == (
         "custom_tool_call",
@@ -231,9 +236,9 @@ def test_calls_go_back_out_under_the_clients_names() -> None:
     )
 
 
-def test_usage_to_json() -> None:
+def test_usage_from_contract() -> None:
     usage = pb.Usage(input_tokens=10, output_tokens=5, cached_tokens=4, image_count=1)
-    assert usage_to_json(usage) == {
+    assert usage_from_contract(usage).to_json() == {
         "input_tokens": 10,
         "output_tokens": 5,
         "total_tokens": 15,
@@ -244,10 +249,10 @@ def test_usage_to_json() -> None:
 
 def test_output_items_validate_against_open_responses() -> None:
     result = pb.GenerateResult(text="hi", tool_calls=[pb.ToolCall(id="c", name="f", arguments="{}")])
-    message_item, call_item = result_to_output_items(result, new_id=ids())
+    message_item, call_item = output_items(result, new_id=ids())
     assert_valid(message_item, "Message")
     assert_valid(call_item, "FunctionCall")
-    assert_valid(usage_to_json(pb.Usage(input_tokens=1)), "Usage")
+    assert_valid(usage_from_contract(pb.Usage(input_tokens=1)).to_json(), "Usage")
 
 
 def test_tool_output_items_validate_against_open_responses() -> None:
@@ -283,7 +288,7 @@ def test_tool_output_items_validate_against_open_responses() -> None:
 )
 def test_echo_fields_validate_against_response_resource(extra: dict[str, Any]) -> None:
     tools = [{"type": "function", "name": "f"}, {"type": "web_search"}, {"type": "custom", "name": "c"}]
-    echo = build_generate_request({"input": "hi", "tools": tools, **extra}).echo_fields()
+    echo = build_generate_request({"input": "hi", "tools": tools, **extra}).echo_fields().to_json()
     components = spec()["components"]
     properties = components["schemas"]["ResponseResource"]["properties"]
     for name, value in echo.items():

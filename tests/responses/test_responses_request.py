@@ -75,7 +75,7 @@ def test_unset_sampling_fields_stay_unset() -> None:
 
 def test_defaults_and_echo_fields() -> None:
     translated = build_generate_request(body())
-    echo = translated.echo_fields()
+    echo = translated.echo_fields().to_json()
     assert echo["tool_choice"] == "auto"
     assert echo["store"] is True
     assert echo["truncation"] == "disabled"
@@ -91,7 +91,7 @@ def test_instructions_lead_and_are_echoed() -> None:
     assert translated.request.messages[0] == pb.Message(
         role=pb.ROLE_SYSTEM, parts=[pb.Part(text=pb.TextPart(text="Be brief."))]
     )
-    assert translated.echo_fields()["instructions"] == "Be brief."
+    assert translated.echo_fields().to_json()["instructions"] == "Be brief."
 
 
 def test_string_input_is_stored_as_one_message_item() -> None:
@@ -244,7 +244,7 @@ def test_codex_only_fields_are_accepted() -> None:
     assert translated.prompt_cache_key == "k"
     assert translated.text == {"format": {"type": "text"}, "verbosity": "low"}
     assert translated.truncation == "auto"
-    assert translated.echo_fields()["reasoning"] == {"effort": None, "summary": "auto"}
+    assert translated.echo_fields().to_json()["reasoning"] == {"effort": None, "summary": "auto"}
 
 
 def test_conversation_and_previous_response_id_are_parsed() -> None:

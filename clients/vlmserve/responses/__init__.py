@@ -6,12 +6,29 @@ Pure functions, shared by the facade and by client-library callers (see docs/res
   `TranslatedRequest` whose `request` (a GenerateRequest) holds the lowered conversation.
 * `input_to_messages(input)` gives the raw (not lowered) contract messages for `input`.
 * `lower_messages(messages)` applies the image follow-up lowering to contract messages.
-* `messages_to_items`, `result_to_output_items`, `usage_to_json` go back out to JSON.
+* `messages_to_items` gives contract messages back as input items (JSON);
+  `result_to_output_items` and `usage_from_contract` give the exact output models
+  (`ResponseResource`, `OutputMessage`, ..., and the stream events in `ResponseStreamEvent`).
 
 Every client error is an `InvalidRequestError` carrying the JSON path of the bad field.
 """
 
 from ._errors import InvalidRequestError
+from ._events import (
+    ContentPartEvent,
+    CustomToolCallInputDeltaEvent,
+    CustomToolCallInputDoneEvent,
+    ErrorEvent,
+    ErrorPayload,
+    FunctionCallArgumentsDeltaEvent,
+    FunctionCallArgumentsDoneEvent,
+    LifecycleEventType,
+    OutputItemEvent,
+    OutputTextDeltaEvent,
+    OutputTextDoneEvent,
+    ResponseLifecycleEvent,
+    ResponseStreamEvent,
+)
 from ._items import ItemResolver, input_to_messages, is_item_reference
 from ._lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages, tool_output_text
 from ._media import ImageFetchError, ImageSource
@@ -23,7 +40,25 @@ from ._outbound import (
     output_text_part,
     result_to_output_items,
     tool_call_output_item,
-    usage_to_json,
+    usage_from_contract,
+)
+from ._output_models import (
+    ConversationRef,
+    CustomToolCallItem,
+    FunctionCallItem,
+    IncompleteDetails,
+    IncompleteReason,
+    ItemStatus,
+    OutboundModel,
+    OutputItem,
+    OutputMessage,
+    OutputTextContent,
+    RequestEcho,
+    ResponseError,
+    ResponseResource,
+    ResponseStatus,
+    ToolCallItem,
+    Usage,
 )
 from ._parts import IMAGE_PART_TYPES
 from ._request import TranslatedRequest, build_generate_request, parse_metadata
@@ -32,13 +67,42 @@ from ._tools import OfferedTool
 __all__ = [
     "IMAGE_FOLLOW_UP_MARKER",
     "IMAGE_PART_TYPES",
+    "ContentPartEvent",
+    "ConversationRef",
+    "CustomToolCallInputDeltaEvent",
+    "CustomToolCallInputDoneEvent",
+    "CustomToolCallItem",
+    "ErrorEvent",
+    "ErrorPayload",
+    "FunctionCallArgumentsDeltaEvent",
+    "FunctionCallArgumentsDoneEvent",
+    "FunctionCallItem",
     "ImageFetchError",
     "ImageSource",
+    "IncompleteDetails",
+    "IncompleteReason",
     "InvalidRequestError",
     "ItemResolver",
+    "ItemStatus",
+    "LifecycleEventType",
     "NewId",
     "OfferedTool",
+    "OutboundModel",
+    "OutputItem",
+    "OutputItemEvent",
+    "OutputMessage",
+    "OutputTextContent",
+    "OutputTextDeltaEvent",
+    "OutputTextDoneEvent",
+    "RequestEcho",
+    "ResponseError",
+    "ResponseLifecycleEvent",
+    "ResponseResource",
+    "ResponseStatus",
+    "ResponseStreamEvent",
+    "ToolCallItem",
     "TranslatedRequest",
+    "Usage",
     "build_generate_request",
     "image_part_to_json",
     "input_to_messages",
@@ -51,5 +115,5 @@ __all__ = [
     "result_to_output_items",
     "tool_call_output_item",
     "tool_output_text",
-    "usage_to_json",
+    "usage_from_contract",
 ]

@@ -16,6 +16,7 @@ from vlmserve.common.images import ImageError, ImageLimits, inspect_image, parse
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
+from ._output_models import ImageDetailName
 
 
 class ImageSource(Protocol):
@@ -44,7 +45,12 @@ _DETAILS: dict[str, pb.ImageDetail.ValueType] = {
     "high": pb.IMAGE_DETAIL_HIGH,
     "original": pb.IMAGE_DETAIL_ORIGINAL,
 }
-DETAIL_NAMES: dict[pb.ImageDetail.ValueType, str] = {value: name for name, value in _DETAILS.items()}
+DETAIL_NAMES: dict[pb.ImageDetail.ValueType, ImageDetailName] = {
+    pb.IMAGE_DETAIL_AUTO: "auto",
+    pb.IMAGE_DETAIL_LOW: "low",
+    pb.IMAGE_DETAIL_HIGH: "high",
+    pb.IMAGE_DETAIL_ORIGINAL: "original",
+}
 
 
 def parse_detail(value: object, param: str) -> pb.ImageDetail.ValueType:

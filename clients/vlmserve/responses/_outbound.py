@@ -16,6 +16,17 @@ from vlmserve.common.images import sniff_media_type
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._media import DETAIL_NAMES
+from ._output_models import (
+    CustomToolCallItem,
+    FunctionCallItem,
+    InputImageContent,
+    InputTokensDetails,
+    ItemStatus,
+    OutputMessage,
+    OutputTextContent,
+    ToolCallItem,
+    Usage,
+)
 from ._tools import OfferedTool
 
 NewId = Callable[[str], str]
@@ -50,15 +61,15 @@ def result_to_output_items(
     *,
     new_id: NewId,
     offered_tools: Mapping[str, OfferedTool] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[OutputMessage | ToolCallItem]:
     """A GenerateResult as Responses `output` items: the message (if any text), then tool calls.
 
     `new_id(prefix)` makes item ids; prefixes used: "msg", "fc", "ctc" and "call" (a call id,
     only when the engine gave none).
     """
-    items: list[dict[str, Any]] = []
+    items: list[OutputMessage | ToolCallItem] = []
     if result.text or not result.tool_calls:
-        status = "incomplete" if result.finish_reason == pb.FINISH_REASON_LENGTH else "completed"
+        status: ItemStatus = "incomplete" if result.finish_reason == pb.FINISH_REASON_LENGTH else "completed"
         items.append(message_output_item(result.text, item_id=new_id("msg"), status=status))
     items.extend(
         tool_call_output_item(call, new_id=new_id, offered_tools=offered_tools) for call in result.tool_calls
@@ -66,49 +77,44 @@ def result_to_output_items(
     return items
 
 
-def message_output_item(text: str, *, item_id: str, status: str = "completed") -> dict[str, Any]:
+def message_output_item(text: str, *, item_id: str, status: ItemStatus = "completed") -> OutputMessage:
     """An assistant `message` output item with one `output_text` part."""
-    return {
-        "type": "message",
-        "id": item_id,
-        "status": status,
-        "role": "assistant",
-        "content": [output_text_part(text)],
-    }
+    return OutputMessage(id=item_id, status=status, content=[output_text_part(text)])
 
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text_part(text: str) -> OutputTextContent:
+    return OutputTextContent(text=text)
 
 
 def tool_call_output_item(
     call: pb.ToolCall, *, new_id: NewId, offered_tools: Mapping[str, OfferedTool] | None = None
-) -> dict[str, Any]:
+) -> ToolCallItem:
     """A model's tool call as a `function_call` (or `custom_tool_call`) output item."""
     item = _call_item(call, offered_tools)
-    item_id = new_id("ctc" if item["type"] == "custom_tool_call" else "fc")
-    return {"id": item_id, **item, "call_id": call.id or new_id("call")}
+    if item["type"] == "custom_tool_call":
+        return CustomToolCallItem.model_validate(
+            {**item, "id": new_id("ctc"), "call_id": call.id or new_id("call")}
+        )
+    return FunctionCallItem.model_validate({**item, "id": new_id("fc"), "call_id": call.id or new_id("call")})
 
 
-def usage_to_json(usage: pb.Usage) -> dict[str, Any]:
-    return {
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "total_tokens": usage.input_tokens + usage.output_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "output_tokens_details": {"reasoning_tokens": 0},
-    }
+def usage_from_contract(usage: pb.Usage) -> Usage:
+    return Usage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        total_tokens=usage.input_tokens + usage.output_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+    )
 
 
 def image_part_to_json(image: pb.ImagePart) -> dict[str, Any]:
     """An `input_image` part with a data: URL and `detail` always present."""
     media_type = image.media_type or sniff_media_type(image.data) or "application/octet-stream"
     encoded = base64.b64encode(image.data).decode("ascii")
-    return {
-        "type": "input_image",
-        "image_url": f"data:{media_type};base64,{encoded}",
-        "detail": DETAIL_NAMES.get(image.detail, "auto"),
-    }
+    part = InputImageContent(
+        image_url=f"data:{media_type};base64,{encoded}", detail=DETAIL_NAMES.get(image.detail, "auto")
+    )
+    return part.to_json()
 
 
 def _call_item(call: pb.ToolCall, offered_tools: Mapping[str, OfferedTool] | None) -> dict[str, Any]:
@@ -172,7 +178,7 @@ def _tool_output_part(part: pb.Part) -> dict[str, Any]:
 def _content_part(part: pb.Part, *, assistant: bool) -> dict[str, Any]:
     if part.WhichOneof("kind") == "text":
         if assistant:
-            return output_text_part(part.text.text)
+            return output_text_part(part.text.text).to_json()
         return {"type": "input_text", "text": part.text.text}
     return _non_text_part(part)
 

@@ -33,6 +33,7 @@ from ._json import (
 )
 from ._lowering import lower_messages
 from ._media import ImageSource, MediaPolicy
+from ._output_models import RequestEcho
 from ._tools import OfferedTool, parse_tool_choice, parse_tools
 
 METADATA_MAX_PAIRS = 16
@@ -78,31 +79,29 @@ class TranslatedRequest:
     service_tier: str | None = None
     user: str | None = None
 
-    def echo_fields(self) -> dict[str, Any]:
+    def echo_fields(self) -> RequestEcho:
         """The request fields a ResponseResource echoes, with schema-valid defaults."""
-        return {
-            "instructions": self.instructions,
-            "previous_response_id": self.previous_response_id,
-            "tools": self.tools,
-            "tool_choice": self.tool_choice,
-            "truncation": self.truncation,
-            "parallel_tool_calls": self.parallel_tool_calls,
-            "text": self.text,
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-            "top_logprobs": 0,
-            "reasoning": _reasoning_echo(self.reasoning),
-            "max_output_tokens": self.max_output_tokens,
-            "max_tool_calls": self.max_tool_calls,
-            "store": self.store,
-            "background": False,
-            "service_tier": self.service_tier or "default",
-            "metadata": self.metadata,
-            "safety_identifier": self.safety_identifier,
-            "prompt_cache_key": self.prompt_cache_key,
-        }
+        return RequestEcho.model_validate(
+            {
+                "instructions": self.instructions,
+                "previous_response_id": self.previous_response_id,
+                "tools": self.tools,
+                "tool_choice": self.tool_choice,
+                "truncation": self.truncation,
+                "parallel_tool_calls": self.parallel_tool_calls,
+                "text": self.text,
+                "temperature": 1.0 if self.temperature is None else self.temperature,
+                "top_p": 1.0 if self.top_p is None else self.top_p,
+                "reasoning": _reasoning_echo(self.reasoning),
+                "max_output_tokens": self.max_output_tokens,
+                "max_tool_calls": self.max_tool_calls,
+                "store": self.store,
+                "service_tier": self.service_tier or "default",
+                "metadata": self.metadata,
+                "safety_identifier": self.safety_identifier,
+                "prompt_cache_key": self.prompt_cache_key,
+            }
+        )
 
 
 _REASONING_EFFORTS = ("none", "low", "medium", "high", "xhigh")

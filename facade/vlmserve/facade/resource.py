@@ -6,7 +6,7 @@ import copy
 import time
 from typing import Any
 
-from vlmserve.responses import TranslatedRequest
+from vlmserve.responses import ConversationRef, ResponseResource, TranslatedRequest
 
 from . import ids
 from .store import StoredItem
@@ -28,25 +28,16 @@ def new_resource(
     response_id: str,
     model_id: str,
     conversation_id: str | None = None,
-) -> dict[str, Any]:
-    resource: dict[str, Any] = {
-        "id": response_id,
-        "object": "response",
-        "created_at": int(time.time()),
-        "completed_at": None,
-        "status": "in_progress",
-        "incomplete_details": None,
-        "model": model_id,
-        "output": [],
-        "error": None,
-        "usage": None,
-        **copy.deepcopy(translated.echo_fields()),
-    }
-    if conversation_id is not None:
-        resource["conversation"] = {"id": conversation_id}
-    if translated.user is not None:
-        resource["user"] = translated.user
-    return resource
+) -> ResponseResource:
+    """The response as it starts: in progress, no output yet, the request's fields echoed."""
+    return ResponseResource(
+        **dict(translated.echo_fields()),
+        id=response_id,
+        created_at=int(time.time()),
+        model=model_id,
+        conversation=None if conversation_id is None else ConversationRef(id=conversation_id),
+        user=translated.user,
+    )
 
 
 def stored_items(items: list[Any]) -> list[StoredItem]:

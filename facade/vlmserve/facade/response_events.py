@@ -1,14 +1,13 @@
 """The Responses streaming events for one generation, in OpenAI's order, and the final resource.
 
 Both the streaming and the non-streaming endpoint drive this one state machine, so a streamed
-response and a plain one always agree. Item shapes come from the translation package
-(`message_output_item`, `tool_call_output_item`, `usage_to_json`); only the in-progress
-states, which exist only while streaming, are made here.
+response and a plain one always agree. Items and events are the translation package's exact
+models (`message_output_item`, `tool_call_output_item`, `ResponseStreamEvent`); only the
+in-progress states, which exist only while streaming, are made here.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,17 +15,37 @@ from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import (
+    ContentPartEvent,
+    CustomToolCallInputDeltaEvent,
+    CustomToolCallInputDoneEvent,
+    ErrorEvent,
+    ErrorPayload,
+    FunctionCallArgumentsDeltaEvent,
+    FunctionCallArgumentsDoneEvent,
+    IncompleteDetails,
+    IncompleteReason,
+    ItemStatus,
+    LifecycleEventType,
     OfferedTool,
+    OutputItem,
+    OutputItemEvent,
+    OutputTextDeltaEvent,
+    OutputTextDoneEvent,
+    ResponseError,
+    ResponseLifecycleEvent,
+    ResponseResource,
+    ResponseStatus,
+    ResponseStreamEvent,
     message_output_item,
     output_text_part,
     tool_call_output_item,
-    usage_to_json,
+    usage_from_contract,
 )
 
 from . import ids
 from .http_errors import APIError
 
-Event = dict[str, Any]
+Event = ResponseStreamEvent
 
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -42,11 +61,11 @@ class _OpenMessage:
 class ResponseEvents:
     """Feed it engine messages; it returns the events to send and keeps `resource` up to date."""
 
-    resource: dict[str, Any]
+    resource: ResponseResource
     offered_tools: Mapping[str, OfferedTool] = field(default_factory=dict)
     new_id: Callable[[str], str] = ids.new_id
     _sequence: int = 0
-    _output: list[dict[str, Any]] = field(default_factory=list)
+    _output: list[OutputItem] = field(default_factory=list)
     _message: _OpenMessage | None = None
     # Whitespace the model wrote before anything visible: it opens no message on its own, since a
     # turn that only calls tools often starts with a newline.
@@ -57,23 +76,20 @@ class ResponseEvents:
 
     @property
     def finished(self) -> bool:
-        return self.resource["status"] in TERMINAL_STATUSES
+        return self.resource.status in TERMINAL_STATUSES
 
-    def snapshot(self) -> dict[str, Any]:
-        """The resource as it stands, output items included."""
-        resource = copy.deepcopy(self.resource)
-        resource["output"] = copy.deepcopy(self._output)
+    def snapshot(self) -> ResponseResource:
+        """The resource as it stands, output items included (a copy)."""
+        resource = self.resource.model_copy(deep=True)
+        resource.output = [item.model_copy(deep=True) for item in self._output]
         return resource
 
     def start(self) -> list[Event]:
-        return [
-            self._event("response.created", response=self.snapshot()),
-            self._event("response.in_progress", response=self.snapshot()),
-        ]
+        return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
 
     def heartbeat(self) -> list[Event]:
         """Nothing new yet (a long prefill): a `response.in_progress` event as a sign of life."""
-        return [self._event("response.in_progress", response=self.snapshot())]
+        return [self._lifecycle("response.in_progress")]
 
     def chunk(self, chunk: pb.GenerateChunk) -> list[Event]:
         events: list[Event] = []
@@ -97,17 +113,17 @@ class ResponseEvents:
         events += self._close_message("incomplete" if length else "completed")
         for call in unsent_calls:
             events += self._tool_call(call)
-        self.resource["usage"] = usage_to_json(result.usage)
+        self.resource.usage = usage_from_contract(result.usage)
         if result.finish_reason == pb.FINISH_REASON_CANCELLED:
-            return events + self._finish("cancelled", "response.incomplete", {"reason": "cancelled"})
+            return events + self._finish("cancelled", "response.incomplete", "cancelled")
         if length:
-            return events + self._finish("incomplete", "response.incomplete", {"reason": "max_output_tokens"})
+            return events + self._finish("incomplete", "response.incomplete", "max_output_tokens")
         return events + self._finish("completed", "response.completed", None)
 
     def cancel(self) -> list[Event]:
         """Stopped before the engine's result (cancel endpoint or client gone)."""
         events = self._close_message("incomplete")
-        return events + self._finish("cancelled", "response.incomplete", {"reason": "cancelled"})
+        return events + self._finish("cancelled", "response.incomplete", "cancelled")
 
     def fail(self, error: APIError) -> list[Event]:
         """A mid-stream failure: an `error` event, then `response.failed`."""
@@ -117,17 +133,22 @@ class ResponseEvents:
                 message_output_item(self._message.text, item_id=self._message.item_id, status="incomplete")
             )
             self._message = None
-        events = [self._event("error", error=error.payload())]
-        self.resource["status"] = "failed"
-        self.resource["error"] = {"code": error.code or "server_error", "message": error.message}
-        return [*events, self._event("response.failed", response=self.snapshot())]
+        events: list[Event] = [
+            ErrorEvent(sequence_number=self._next(), error=ErrorPayload(**error.payload()))
+        ]
+        self.resource.status = "failed"
+        self.resource.error = ResponseError(code=error.code or "server_error", message=error.message)
+        return [*events, self._lifecycle("response.failed")]
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _event(self, event_type: str, **fields: Any) -> Event:
-        event = {"type": event_type, "sequence_number": self._sequence, **fields}
+    def _next(self) -> int:
+        sequence = self._sequence
         self._sequence += 1
-        return event
+        return sequence
+
+    def _lifecycle(self, event_type: LifecycleEventType) -> Event:
+        return ResponseLifecycleEvent(type=event_type, sequence_number=self._next(), response=self.snapshot())
 
     def _text(self, text: str) -> list[Event]:
         events: list[Event] = []
@@ -148,11 +169,17 @@ class ResponseEvents:
         # Whitespace held back and never followed by text still belongs to the message.
         self._message.text, self._leading = self._leading, ""
         added = message_output_item("", item_id=self._message.item_id, status="in_progress")
-        added["content"] = []
-        events = [
-            self._event("response.output_item.added", output_index=self._message.output_index, item=added),
-            self._event(
-                "response.content_part.added",
+        added.content = []
+        events: list[Event] = [
+            OutputItemEvent(
+                type="response.output_item.added",
+                sequence_number=self._next(),
+                output_index=self._message.output_index,
+                item=added,
+            ),
+            ContentPartEvent(
+                type="response.content_part.added",
+                sequence_number=self._next(),
                 item_id=self._message.item_id,
                 output_index=self._message.output_index,
                 content_index=0,
@@ -164,27 +191,37 @@ class ResponseEvents:
         return events
 
     def _text_delta(self, message: _OpenMessage, text: str) -> Event:
-        return self._event(
-            "response.output_text.delta",
+        return OutputTextDeltaEvent(
+            sequence_number=self._next(),
             item_id=message.item_id,
             output_index=message.output_index,
             content_index=0,
             delta=text,
-            logprobs=[],
         )
 
-    def _close_message(self, status: str) -> list[Event]:
+    def _close_message(self, status: ItemStatus) -> list[Event]:
         message = self._message
         if message is None:
             return []
         self._message = None
         item = message_output_item(message.text, item_id=message.item_id, status=status)
         self._output.append(item)
-        where = {"item_id": message.item_id, "output_index": message.output_index, "content_index": 0}
+        where: dict[str, Any] = {
+            "item_id": message.item_id,
+            "output_index": message.output_index,
+            "content_index": 0,
+        }
         return [
-            self._event("response.output_text.done", **where, text=message.text, logprobs=[]),
-            self._event("response.content_part.done", **where, part=item["content"][0]),
-            self._event("response.output_item.done", output_index=message.output_index, item=item),
+            OutputTextDoneEvent(sequence_number=self._next(), **where, text=message.text),
+            ContentPartEvent(
+                type="response.content_part.done", sequence_number=self._next(), **where, part=item.content[0]
+            ),
+            OutputItemEvent(
+                type="response.output_item.done",
+                sequence_number=self._next(),
+                output_index=message.output_index,
+                item=item,
+            ),
         ]
 
     def _tool_call(self, call: pb.ToolCall) -> list[Event]:
@@ -192,22 +229,42 @@ class ResponseEvents:
         index = len(self._output)
         self._output.append(item)
         self._calls_sent += 1
-        added = dict(item, status="in_progress")
-        where = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "custom_tool_call":
-            key, prefix = "input", "response.custom_tool_call_input"
+        where: dict[str, Any] = {"item_id": item.id, "output_index": index}
+        added = OutputItemEvent(
+            type="response.output_item.added",
+            sequence_number=self._next(),
+            output_index=index,
+            item=item.model_copy(update={"status": "in_progress", _streamed_field(item): ""}),
+        )
+        arguments: list[Event]
+        if item.type == "custom_tool_call":
+            arguments = [
+                CustomToolCallInputDeltaEvent(sequence_number=self._next(), **where, delta=item.input),
+                CustomToolCallInputDoneEvent(sequence_number=self._next(), **where, input=item.input),
+            ]
         else:
-            key, prefix = "arguments", "response.function_call_arguments"
-        added[key] = ""
-        return [
-            self._event("response.output_item.added", output_index=index, item=added),
-            self._event(f"{prefix}.delta", **where, delta=item[key]),
-            self._event(f"{prefix}.done", **where, **{key: item[key]}),
-            self._event("response.output_item.done", output_index=index, item=item),
-        ]
+            arguments = [
+                FunctionCallArgumentsDeltaEvent(sequence_number=self._next(), **where, delta=item.arguments),
+                FunctionCallArgumentsDoneEvent(
+                    sequence_number=self._next(), **where, arguments=item.arguments
+                ),
+            ]
+        done = OutputItemEvent(
+            type="response.output_item.done", sequence_number=self._next(), output_index=index, item=item
+        )
+        return [added, *arguments, done]
 
-    def _finish(self, status: str, event_type: str, incomplete: dict[str, str] | None) -> list[Event]:
-        self.resource["status"] = status
-        self.resource["incomplete_details"] = incomplete
-        self.resource["completed_at"] = int(time.time())
-        return [self._event(event_type, response=self.snapshot())]
+    def _finish(
+        self, status: ResponseStatus, event_type: LifecycleEventType, incomplete: IncompleteReason | None
+    ) -> list[Event]:
+        self.resource.status = status
+        self.resource.incomplete_details = (
+            None if incomplete is None else IncompleteDetails(reason=incomplete)
+        )
+        self.resource.completed_at = int(time.time())
+        return [self._lifecycle(event_type)]
+
+
+def _streamed_field(item: OutputItem) -> str:
+    """The field a tool call item's deltas fill in."""
+    return "input" if item.type == "custom_tool_call" else "arguments"

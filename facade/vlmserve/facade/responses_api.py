@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -126,7 +125,7 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
     if generation is not None and generation.owner == owner:
         await generation.cancel(state.settings.timeouts.control)
         resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
-        return resource if resource is not None else generation.builder.snapshot()
+        return resource if resource is not None else generation.builder.snapshot().to_json()
     resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
     if resource is None:
         raise not_found("response", response_id)
@@ -189,8 +188,8 @@ async def _sse(
     drain = asyncio.ensure_future(_cancel_after_shutdown(generation, shutdown, grace_s))
     try:
         async for event in generation.events():
-            # One line of JSON per event: json.dumps escapes every newline inside strings.
-            yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
+            # One line of JSON per event: JSON escapes every newline inside strings.
+            yield ServerSentEvent(data=event.model_dump_json(), event=event.type)
         yield ServerSentEvent(data="[DONE]")
     finally:
         drain.cancel()
@@ -207,7 +206,7 @@ async def _collect(generation: Generation, first_message_s: float) -> dict[str, 
     await generation.open(first_message_s)
     async for _ in generation.events(raise_errors=True):
         pass
-    return generation.builder.snapshot()
+    return generation.builder.snapshot().to_json()
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

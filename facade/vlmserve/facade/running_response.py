@@ -22,7 +22,7 @@ import grpc
 
 from vlmserve.client import AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import TranslatedRequest
+from vlmserve.responses import ResponseResource, TranslatedRequest
 
 from .http_errors import APIError, from_engine_error
 from .response_events import Event, ResponseEvents
@@ -41,7 +41,7 @@ class Generation:
     translated: TranslatedRequest
     request: pb.GenerateRequest
     input_items: list[StoredItem]
-    resource: dict[str, Any]
+    resource: ResponseResource
     engine: AsyncEngineClient
     store: ResponseStore
     timeout_s: float
@@ -221,7 +221,7 @@ class Generation:
         self._stored = asyncio.ensure_future(
             asyncio.to_thread(
                 self.store.put_response,
-                self.builder.snapshot(),
+                self.builder.snapshot().to_json(),
                 self.input_items,
                 owner=self.owner,
                 conversation_id=self.conversation_id,
@@ -251,12 +251,12 @@ class Generation:
         resource = self.builder.snapshot()
         self.resource = resource
         conversation_items: list[StoredItem] = []
-        if self.conversation_id is not None and resource["status"] in ("completed", "incomplete"):
-            outputs = [StoredItem(str(item["id"]), item) for item in resource["output"]]
+        if self.conversation_id is not None and resource.status in ("completed", "incomplete"):
+            outputs = [StoredItem(item.id, item.to_json()) for item in resource.output]
             conversation_items = [*self.input_items, *outputs]
         # One transaction: the response's end and its conversation items are stored together.
         self.store.finish_response(
-            resource if self.store_enabled else None,
+            resource.to_json() if self.store_enabled else None,
             owner=self.owner,
             conversation_id=self.conversation_id if conversation_items else None,
             conversation_items=conversation_items,

@@ -1,0 +1,211 @@
+"""What the server sends back, as exact pydantic models: output items, usage and the response.
+
+Outbound is exact (`extra="forbid"`, literal types, assignments validated): a field we never
+meant to send cannot slip in. Every model here is held against the Open Responses schema
+(tests/responses/test_output_models.py), which is what clients are written against; the
+openai package's own types are lenient (every field optional, unknown fields kept), so they
+cannot make output exact, and the client library does not depend on that package. Optional
+keys that are absent rather than null (e.g. `namespace`) are declared with `optional()`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def optional() -> Any:
+    """A key left out of the JSON when it is None (not sent as null)."""
+    return Field(default=None, exclude_if=_is_none)
+
+
+class OutboundModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object as sent (plain dicts, lists and scalars)."""
+        return self.model_dump(mode="json")
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+ImageDetailName = Literal["auto", "low", "high", "original"]
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+# ---- content parts -----------------------------------------------------------------------------
+
+
+class OutputTextContent(OutboundModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    # Citations and token log probabilities: this server produces neither.
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+    logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class InputTextContent(OutboundModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class InputImageContent(OutboundModel):
+    type: Literal["input_image"] = "input_image"
+    image_url: str
+    detail: ImageDetailName = "auto"
+
+
+# ---- output items ------------------------------------------------------------------------------
+
+
+class OutputMessage(OutboundModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: ItemStatus
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputTextContent]
+
+
+class FunctionCallItem(OutboundModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus = "completed"
+    namespace: str | None = optional()
+
+
+class CustomToolCallItem(OutboundModel):
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    # Only while streaming (`response.output_item.added`); the finished item has none.
+    status: ItemStatus | None = optional()
+    namespace: str | None = optional()
+
+
+ToolCallItem = FunctionCallItem | CustomToolCallItem
+OutputItem = Annotated[OutputMessage | FunctionCallItem | CustomToolCallItem, Field(discriminator="type")]
+
+
+# ---- usage and the response --------------------------------------------------------------------
+
+
+class InputTokensDetails(OutboundModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(OutboundModel):
+    reasoning_tokens: int = 0
+
+
+class Usage(OutboundModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+
+
+IncompleteReason = Literal["max_output_tokens", "cancelled"]
+
+
+class IncompleteDetails(OutboundModel):
+    reason: IncompleteReason
+
+
+class ResponseError(OutboundModel):
+    code: str
+    message: str
+
+
+class FunctionToolEcho(OutboundModel):
+    """An offered tool as the response echoes it (custom and namespaced tools as offered)."""
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
+    strict: bool | None
+
+
+class FunctionChoice(OutboundModel):
+    type: Literal["function"] = "function"
+    name: str
+
+
+class AllowedToolsChoice(OutboundModel):
+    type: Literal["allowed_tools"] = "allowed_tools"
+    mode: Literal["auto", "required"]
+    tools: list[FunctionChoice]
+
+
+ToolChoiceEcho = Literal["none", "auto", "required"] | FunctionChoice | AllowedToolsChoice
+
+
+class TextFormatEcho(OutboundModel):
+    type: Literal["text"] = "text"
+
+
+class TextEcho(OutboundModel):
+    format: TextFormatEcho = Field(default_factory=TextFormatEcho)
+    verbosity: Literal["low", "medium", "high"] | None = optional()
+
+
+class ReasoningEcho(OutboundModel):
+    effort: Literal["none", "low", "medium", "high", "xhigh"] | None
+    summary: Literal["auto", "concise", "detailed"] | None
+
+
+class ConversationRef(OutboundModel):
+    id: str
+
+
+class RequestEcho(OutboundModel):
+    """The request fields a response echoes, with schema-valid defaults."""
+
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[FunctionToolEcho] = Field(default_factory=list)
+    tool_choice: ToolChoiceEcho = "auto"
+    truncation: Literal["auto", "disabled"] = "disabled"
+    parallel_tool_calls: bool = True
+    text: TextEcho = Field(default_factory=TextEcho)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    reasoning: ReasoningEcho | None = None
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    store: bool = True
+    background: bool = False
+    service_tier: str = "default"
+    metadata: dict[str, str] = Field(default_factory=dict)
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+class ResponseResource(RequestEcho):
+    """A response object: what POST /v1/responses returns, GET retrieves and events carry."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    completed_at: int | None = None
+    status: ResponseStatus = "in_progress"
+    incomplete_details: IncompleteDetails | None = None
+    model: str
+    output: list[OutputItem] = Field(default_factory=list)
+    error: ResponseError | None = None
+    usage: Usage | None = None
+    conversation: ConversationRef | None = optional()
+    user: str | None = optional()
