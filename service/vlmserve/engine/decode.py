@@ -25,7 +25,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from .detokenizer import IncrementalDetokenizer
 from .grammar_processor import GrammarLogitsProcessor
 from .jobs import CountedEvent, FailedEvent, FinishedEvent, Job, JobKind, JobReport, TextEvent, ToolCallEvent
-from .model import LoadedModel
+from .model import LoadedModel, prompt_needs_special_tokens
 from .output import OutputAssembler
 from .prefix_cache import PrefixCache
 from .request_errors import RequestError
@@ -131,7 +131,7 @@ class ActiveGeneration:
                 processor,
                 images=list(request.images) or None,
                 prompts=[request.prompt_text],
-                add_special_tokens=utils.should_add_special_tokens(info.architecture, processor),
+                add_special_tokens=prompt_needs_special_tokens(request.prompt_text, self._loaded.tokenizer),
             )
         except (ValueError, TypeError, OSError) as error:
             raise RequestError(

@@ -30,6 +30,7 @@ __all__ = [
     "default_model",
     "load_model",
     "model_id_for",
+    "prompt_needs_special_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,18 @@ def _chat_template_holder(processor: Any, tokenizer: Any) -> ChatTemplate | None
         holder: ChatTemplate = processor
         return holder
     return None
+
+
+def prompt_needs_special_tokens(prompt: str, tokenizer: Any) -> bool:
+    """Whether tokenizing a rendered prompt should add the tokenizer's specials (its BOS).
+
+    Not when the chat template already wrote the BOS token: Gemma 3's, Mistral's and Llama 4's
+    templates do, and their tokenizers add it again. (mlx-vlm's `should_add_special_tokens`
+    knows only Gemma's case, and misses it when the processor carries no template, so those
+    prompts began with two BOS tokens.)
+    """
+    bos = getattr(tokenizer, "bos_token", None)
+    return not (isinstance(bos, str) and bos and prompt.startswith(bos))
 
 
 # --dtype choices: "auto" casts half-precision weights to float32 on the CPU backend, where
