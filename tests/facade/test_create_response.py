@@ -288,7 +288,7 @@ async def test_output_token_default_and_cap(
     sent: int | None,
 ) -> None:
     limits = Limits(default_max_output_tokens=default, max_output_tokens=cap)
-    app = create_app(settings.replace_path("limits", limits), engine=engine_client, store=store)
+    app = create_app(settings.replace(limits=limits), engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         body: dict[str, Any] = {"input": "hi"}
         if requested is not None:
@@ -305,7 +305,7 @@ async def test_max_output_tokens_above_the_cap_is_400(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
 ) -> None:
     app = create_app(
-        settings.replace_path("limits", Limits(max_output_tokens=100)), engine=engine_client, store=store
+        settings.replace(limits=Limits(max_output_tokens=100)), engine=engine_client, store=store
     )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         response = await http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 101})

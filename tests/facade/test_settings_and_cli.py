@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vlmserve.facade import launch
-from vlmserve.facade.cli import settings_from_args
+from vlmserve.facade.cli import server_shutdown_timeout_s, settings_from_args
 from vlmserve.facade.settings import FacadeSettings
 
 
@@ -46,36 +46,33 @@ def test_command_line_overrides_environment(tmp_path: Path) -> None:
 
 
 def test_launcher_commands() -> None:
-    args = launch.build_parser().parse_args(
+    """The launcher takes every facade flag (declared once, in FacadeSettings) and passes the ones
+    given on to the facade; the engine gets the address, the shutdown grace and the model."""
+    settings, facade_flags = launch.parse_args(
         [
-            "--engine-address",
-            "unix:/tmp/e.sock",
-            "--model",
-            "models/x",
-            "--port",
-            "8001",
-            "--store-path",
-            "s.db",
-        ]
+            *("--engine-address", "unix:/tmp/e.sock", "--model", "models/x", "--port", "8001"),
+            *("--store-path", "s.db", "--max-images", "3", "--shutdown-grace", "4"),
+        ],
+        {"VLMSERVE_FACADE_HOST": "127.0.0.2"},
     )
-    engine = launch.engine_command(args)
-    assert engine[0].endswith("vlmserve-engine") and engine[1:] == [
-        "--address",
-        "unix:/tmp/e.sock",
-        "--model",
-        "models/x",
-    ]
-    facade = launch.facade_command(args)
+    assert (settings.facade.host, settings.facade.port, settings.facade.limits.max_images_per_request) == (
+        "127.0.0.2",
+        8001,
+        3,
+    )
+    engine = launch.engine_command(settings)
+    assert engine[0].endswith("vlmserve-engine")
+    assert engine[1:] == ["--address", "unix:/tmp/e.sock", "--drain-seconds", "4.0", "--model", "models/x"]
+    facade = launch.facade_command(facade_flags)
     assert facade[0].endswith("vlmserve-facade")
     assert facade[1:] == [
-        "--engine-address",
-        "unix:/tmp/e.sock",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8001",
-        "--log-level",
-        "info",
-        "--store-path",
-        "s.db",
+        *("--engine-address", "unix:/tmp/e.sock", "--port", "8001", "--store-path", "s.db"),
+        *("--shutdown-grace", "4", "--max-images", "3"),
     ]
+    # The facade itself parses what it is given to the same settings (the host from the environment).
+    passed_on = settings_from_args(facade[1:], {"VLMSERVE_FACADE_HOST": "127.0.0.2"})
+    assert passed_on == settings.facade
+    # One setting drives every shutdown deadline: the launcher outwaits the facade's own.
+    timeouts = launch.stop_timeouts(settings.facade)
+    assert timeouts["facade"] > server_shutdown_timeout_s(settings.facade) > 4
+    assert timeouts["engine"] > 4

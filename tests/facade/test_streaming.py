@@ -137,7 +137,7 @@ async def test_hosted_tool_header_on_a_stream(http: httpx.AsyncClient) -> None:
 async def test_heartbeats_during_a_long_prefill(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
 ) -> None:
-    quick = settings.replace_path("timeouts", Timeouts(heartbeat=0.05, stream_first_message=0.01))
+    quick = settings.replace(timeouts=Timeouts(heartbeat=0.05, stream_first_message=0.01))
     app = create_app(quick, engine=engine_client, store=store)
     engine.script.first_delay_s = 0.6
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:

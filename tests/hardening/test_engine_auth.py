@@ -19,8 +19,10 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from tests.hardening._certs import PKIFiles, make_pki
 from vlmserve.client import AsyncEngineClient, UnauthenticatedError, UnimplementedError
+from vlmserve.common import secrets
+from vlmserve.common.settings import add_arguments, load
 from vlmserve.engine import grpc_auth as auth
-from vlmserve.engine.grpc_auth import EngineSecurity, TokenAuthInterceptor, add_security_arguments
+from vlmserve.engine.grpc_auth import EngineSecurity, TokenAuthInterceptor
 
 TOKEN = "engine-token-0123456789abcdef"
 ROTATED = "next-engine-token-fedcba9876543210"
@@ -212,7 +214,7 @@ def test_every_configured_token_is_compared(monkeypatch: pytest.MonkeyPatch) -> 
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(secrets.hmac, "compare_digest", counting)
     interceptor = TokenAuthInterceptor([TOKEN, ROTATED, "third-token-0123456789abcdef"])
     assert interceptor.authorized(bearer(TOKEN))
     assert len(compared) == 3
@@ -291,16 +293,17 @@ async def test_token_and_tls_together(pki: PKIFiles) -> None:
 # --- settings -------------------------------------------------------------------------------------
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_security_arguments(parser)
-    return parser.parse_args(argv)
+def security_from(argv: list[str], environ: dict[str, str]) -> EngineSecurity:
+    """As the engine's command line reads its authentication settings."""
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_arguments(parser, EngineSecurity)
+    return load(EngineSecurity, environ=environ, args=parser.parse_args(argv))
 
 
 def test_security_from_flags_and_environment(tmp_path: Path, pki: PKIFiles) -> None:
     token_file = tmp_path / "tokens"
     token_file.write_text(f"# current and next\n{TOKEN}\n\n{ROTATED}\n", encoding="utf-8")
-    args = parse(
+    security = security_from(
         [
             "--auth-token-file",
             str(token_file),
@@ -308,13 +311,14 @@ def test_security_from_flags_and_environment(tmp_path: Path, pki: PKIFiles) -> N
             str(pki.server.cert),
             "--tls-key",
             str(pki.server.key),
-        ]
+        ],
+        {auth.TOKEN_ENV: "ignored-when-a-file-is-named-0123"},
     )
-    security = EngineSecurity.from_args(args, environ={})
     assert security.tokens == (TOKEN, ROTATED)
     assert security.uses_tls and security.is_protected
-    assert EngineSecurity.from_args(parse([]), environ={auth.TOKEN_ENV: TOKEN}).tokens == (TOKEN,)
-    assert EngineSecurity.from_args(parse([]), environ={}) == EngineSecurity()
+    assert security_from([], {auth.TOKEN_ENV: TOKEN}).tokens == (TOKEN,)
+    assert security_from([], {}) == EngineSecurity()
+    assert TOKEN not in repr(security)
     assert not EngineSecurity().is_protected
     assert EngineSecurity().interceptors() == []
 
@@ -324,14 +328,14 @@ def test_security_from_flags_and_environment(tmp_path: Path, pki: PKIFiles) -> N
 )
 def test_incomplete_tls_flags_are_refused(argv: list[str]) -> None:
     with pytest.raises(ValueError):
-        EngineSecurity.from_args(parse(argv), environ={})
+        security_from(argv, {})
 
 
 def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
     token_file = tmp_path / "tokens"
     token_file.write_text("# nothing yet\n", encoding="utf-8")
     with pytest.raises(ValueError):
-        EngineSecurity.from_args(parse(["--auth-token-file", str(token_file)]), environ={})
+        security_from(["--auth-token-file", str(token_file)], {})
 
 
 async def test_the_client_library_sends_the_token_the_interceptor_expects() -> None:

@@ -4,7 +4,6 @@ every facade -> engine call carries a deadline."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -45,7 +44,7 @@ async def test_a_full_engine_queue_is_a_503_with_the_configured_retry_after(
     engine.script = Script(
         error=RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (64 waiting)", retry_after_s=1.0)
     )
-    app = create_app(dataclasses.replace(settings, retry_after_s=7), engine=engine_client, store=store)
+    app = create_app(settings.replace(retry_after_s=7), engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         reply = await http.post(path, json=body)
     assert reply.status_code == 503
@@ -137,7 +136,7 @@ async def test_a_hung_engine_never_hangs_a_request(
     quick = Timeouts(generate=1.0, control=0.5, stream_first_message=0.2, heartbeat=0.3)
     # The client's own default deadlines are long: the facade must pass its own.
     async with AsyncEngineClient(address) as client:
-        app = create_app(dataclasses.replace(settings, timeouts=quick), engine=client, store=store)
+        app = create_app(settings.replace(timeouts=quick), engine=client, store=store)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
 
             async def timed(method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, float]:
@@ -162,7 +161,7 @@ async def test_a_hung_engine_never_hangs_a_request(
             reply, took = await timed("POST", "/v1/responses/input_tokens", json={"input": "hi"})
             assert (reply.status_code, took < 5) == (504, True)
             servicer.hang = {"info"}
-            fresh = create_app(dataclasses.replace(settings, timeouts=quick), engine=client, store=store)
+            fresh = create_app(settings.replace(timeouts=quick), engine=client, store=store)
             async with httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=fresh), base_url="http://t"
             ) as cold:

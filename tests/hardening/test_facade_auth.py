@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.testclient import TestClient
 
+from vlmserve.common import secrets
 from vlmserve.facade import api_keys as auth
 from vlmserve.facade.api_keys import (
     ANONYMOUS_OWNER,
@@ -153,7 +154,7 @@ def test_every_key_is_compared(monkeypatch: pytest.MonkeyPatch) -> None:
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(secrets.hmac, "compare_digest", counting)
     keys = ApiKeys.from_keys([KEY, OTHER_KEY, "sk-third-key-0000000000"])
     assert keys.owner_for_key(KEY) == owner_id(KEY)
     assert len(compared) == 3
@@ -163,19 +164,21 @@ def test_every_key_is_compared(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_keys_from_env_and_file(tmp_path: Path) -> None:
     key_file = tmp_path / "keys"
     key_file.write_text(f"# team keys\n{OTHER_KEY}\n\n", encoding="utf-8")
-    keys = ApiKeys.from_env({auth.API_KEYS_ENV: f" {KEY} ,,", auth.API_KEYS_FILE_ENV: str(key_file)})
+    keys = FacadeSettings.from_env(
+        {auth.API_KEYS_ENV: f" {KEY} ,,", auth.API_KEYS_FILE_ENV: str(key_file)}
+    ).api_keys
     assert keys.enabled and len(keys.digests) == 2
     assert keys.owner_for_key(OTHER_KEY) == owner_id(OTHER_KEY)
     assert keys.owner_for_key("sk-nope") is None
-    assert not ApiKeys.from_env({}).enabled
+    assert not FacadeSettings.from_env({}).api_keys.enabled
     assert KEY not in repr(keys)
 
 
 def test_an_empty_key_file_is_refused(tmp_path: Path) -> None:
     key_file = tmp_path / "keys"
     key_file.write_text("# to be filled\n", encoding="utf-8")
-    with pytest.raises(ValueError):
-        ApiKeys.from_env({auth.API_KEYS_FILE_ENV: str(key_file)})
+    with pytest.raises(ValueError, match=auth.API_KEYS_FILE_ENV):
+        FacadeSettings.from_env({auth.API_KEYS_FILE_ENV: str(key_file)})
 
 
 def test_every_facade_route_but_healthz_needs_a_key(tmp_path: Path) -> None:

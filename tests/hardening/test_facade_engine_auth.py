@@ -3,7 +3,6 @@ TLS to the engine, configured by settings; the engine side is `vlmserve.engine.g
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -61,11 +60,11 @@ async def token_engine() -> AsyncIterator[str]:
 async def test_the_facade_sends_the_engine_token(
     token_engine: str, settings: FacadeSettings, store: ResponseStore
 ) -> None:
-    with_token = dataclasses.replace(settings, engine_address=token_engine, engine_token=TOKEN)
+    with_token = settings.replace(engine_address=token_engine, engine_token=TOKEN)
     assert await create_status(with_token, store) == 200
-    without = dataclasses.replace(settings, engine_address=token_engine)
+    without = settings.replace(engine_address=token_engine)
     assert await create_status(without, store) == 502  # UNAUTHENTICATED: a misconfigured server
-    wrong = dataclasses.replace(with_token, engine_token="not-the-engine-token-xxxx")
+    wrong = with_token.replace(engine_token="not-the-engine-token-xxxx")
     assert await create_status(wrong, store) == 502
 
 
@@ -75,17 +74,15 @@ async def test_the_facade_speaks_mutual_tls_to_the_engine(
     security = EngineSecurity(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca_cert)
     server, address = await start_engine(security)
     try:
-        base = dataclasses.replace(settings, engine_address=address, engine_tls_ca=pki.ca_cert)
-        mutual = dataclasses.replace(base, engine_tls_cert=pki.client.cert, engine_tls_key=pki.client.key)
+        base = settings.replace(engine_address=address, engine_tls_ca=pki.ca_cert)
+        mutual = base.replace(engine_tls_cert=pki.client.cert, engine_tls_key=pki.client.key)
         assert await create_status(mutual, store) == 200
         # No client certificate, or one from another CA: the handshake fails, the engine is unavailable.
         assert await create_status(base, store) == 503
-        stranger = dataclasses.replace(
-            base, engine_tls_cert=pki.stranger.cert, engine_tls_key=pki.stranger.key
-        )
+        stranger = base.replace(engine_tls_cert=pki.stranger.cert, engine_tls_key=pki.stranger.key)
         assert await create_status(stranger, store) == 503
         # Plain text to a TLS engine fails too.
-        assert await create_status(dataclasses.replace(settings, engine_address=address), store) == 503
+        assert await create_status(settings.replace(engine_address=address), store) == 503
     finally:
         await server.stop(grace=None)
 
@@ -109,7 +106,7 @@ def test_engine_auth_settings_from_env_and_flags(tmp_path: Path, pki: PKIFiles) 
         pki.client.cert,
         pki.client.key,
     )
-    half = dataclasses.replace(flags, engine_tls_key=None)
+    half = flags.replace(engine_tls_key=None)
     with pytest.raises(ValueError):
         engine_client(half)
     empty = tmp_path / "empty"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,9 +32,7 @@ async def client_for(
     opened: list[httpx.AsyncClient] = []
 
     def make(**limits: Any) -> httpx.AsyncClient:
-        app = create_app(
-            dataclasses.replace(settings, limits=Limits(**limits)), engine=engine_client, store=store
-        )
+        app = create_app(settings.replace(limits=Limits(**limits)), engine=engine_client, store=store)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
         opened.append(client)
         return client
@@ -86,7 +83,7 @@ async def test_oversize_body_is_refused_while_it_is_read(
 ) -> None:
     """A chunked body with no Content-Length: the app stops reading just past the limit."""
     app = create_app(
-        dataclasses.replace(settings, limits=Limits(max_request_bytes=10_000)),
+        settings.replace(limits=Limits(max_request_bytes=10_000)),
         engine=engine_client,
         store=store,
     )
@@ -291,7 +288,7 @@ async def test_the_server_bounds_what_it_buffers_for_headers(
 ) -> None:
     """Through uvicorn as the CLI configures it: a header block far over the limit is refused by
     the HTTP parser itself (it never reaches the app), a moderate one by the app's 431."""
-    limited = dataclasses.replace(settings, host="127.0.0.1", port=0, limits=Limits(max_header_bytes=4096))
+    limited = settings.replace(host="127.0.0.1", port=0, limits=Limits(max_header_bytes=4096))
     app: FastAPI = create_app(limited, engine=engine_client, store=store)
     config = server_config(app, limited)
     config.lifespan = "off"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,7 +28,7 @@ def bearer(key: str) -> dict[str, str]:
 async def http(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
 ) -> AsyncIterator[httpx.AsyncClient]:
-    keyed = dataclasses.replace(settings, api_keys=ApiKeys.from_keys([ALICE, BOB]))
+    keyed = settings.replace(api_keys=ApiKeys.from_keys([ALICE, BOB]))
     app = create_app(keyed, engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         yield client

@@ -4,7 +4,6 @@ translation pool (never the event loop, never the store's threads), errors OpenA
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -60,7 +59,7 @@ async def test_enabled_by_settings_the_safe_fetcher_refuses_loopback(
 ) -> None:
     """Allowlisted and http allowed, but 127.0.0.1 is not a public address: refused, never reached."""
     remote = RemoteImageSettings(enabled=True, allowed_domains=("127.0.0.1",), allow_http=True)
-    app = create_app(dataclasses.replace(settings, remote_images=remote), engine=engine_client, store=store)
+    app = create_app(settings.replace(remote_images=remote), engine=engine_client, store=store)
     server.seen.clear()
     url = server.url("/image.png")
     reply = await post(app, image_body(url))
@@ -126,7 +125,7 @@ async def test_slow_fetches_hold_only_the_translation_pool(
             with lock:
                 active -= 1
 
-    limited = dataclasses.replace(settings, limits=Limits(translation_workers=workers))
+    limited = settings.replace(limits=Limits(translation_workers=workers))
     app = create_app(limited, engine=engine_client, store=store, image_sources=lambda: blocking_source)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         stored = (await http.post("/v1/responses", json={"input": "hi"})).json()

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -33,9 +32,7 @@ async def client_for(
     opened: list[httpx.AsyncClient] = []
 
     def make(**limits: Any) -> httpx.AsyncClient:
-        app = create_app(
-            dataclasses.replace(settings, limits=Limits(**limits)), engine=engine_client, store=store
-        )
+        app = create_app(settings.replace(limits=Limits(**limits)), engine=engine_client, store=store)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
         opened.append(client)
         return client

@@ -24,6 +24,7 @@ from vlmserve.facade.remote_images import (
     connect_tcp,
     image_fetcher_from_settings,
 )
+from vlmserve.facade.settings import FacadeSettings
 from vlmserve.responses import InvalidRequestError, build_generate_request
 
 LOCALHOST = ipaddress.IPv4Address("127.0.0.1")
@@ -244,18 +245,18 @@ def test_bad_allowlist_entries_are_refused_at_startup(entry: str) -> None:
 
 
 def test_settings_from_env() -> None:
-    settings = RemoteImageSettings.from_env(
+    settings = FacadeSettings.from_env(
         {
             "VLMSERVE_FACADE_REMOTE_IMAGES_ENABLED": "true",
             "VLMSERVE_FACADE_REMOTE_IMAGES_ALLOWED_DOMAINS": "a.example, *.b.example",
             "VLMSERVE_FACADE_REMOTE_IMAGES_MAX_BYTES_PER_IMAGE": "1000",
             "VLMSERVE_FACADE_REMOTE_IMAGES_TIMEOUT_S": "2.5",
         }
-    )
+    ).remote_images
     assert (settings.enabled, settings.allowed_domains) == (True, ("a.example", "*.b.example"))
     assert (settings.max_bytes_per_image, settings.timeout_s, settings.allow_http) == (1000, 2.5, False)
     with pytest.raises(ValueError, match="ENABLED"):
-        RemoteImageSettings.from_env({"VLMSERVE_FACADE_REMOTE_IMAGES_ENABLED": "maybe"})
+        FacadeSettings.from_env({"VLMSERVE_FACADE_REMOTE_IMAGES_ENABLED": "maybe"})
 
 
 # --- forbidden addresses ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Optional API keys for the facade: `Authorization: Bearer <key>`, checked in constant time.
 
-Keys come from `VLMSERVE_API_KEYS` (comma-separated) and/or the file named by
+Keys come (see settings.py) from `VLMSERVE_API_KEYS` (comma-separated) and/or the file named by
 `VLMSERVE_API_KEYS_FILE` (one per line, `#` comments). With no key configured, authentication is
 off and every caller is the owner "anonymous" (the facade binds 127.0.0.1 by default).
 
@@ -14,8 +14,6 @@ with no early exit, so the time taken says nothing about which key matched or ho
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,6 +21,8 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
+
+from vlmserve.common.secrets import digest, matches_any, read_secret_file
 
 from .http_errors import APIError
 
@@ -35,7 +35,6 @@ __all__ = [
     "install_api_keys",
     "owner_id",
     "probe_key",
-    "read_key_file",
     "require_owner",
 ]
 
@@ -45,17 +44,13 @@ ANONYMOUS_OWNER = "anonymous"
 _OWNER_HEX_CHARS = 24  # 96 bits: unique per key, and not the key's full digest
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8")).digest()
-
-
 def _owner_from_digest(digest: bytes) -> str:
     return "key_" + digest.hex()[:_OWNER_HEX_CHARS]
 
 
 def owner_id(key: str) -> str:
     """The stable owner id of an API key (what stored responses are filed under)."""
-    return _owner_from_digest(_digest(key))
+    return _owner_from_digest(digest(key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +62,7 @@ class ApiKeys:
     @classmethod
     def from_keys(cls, keys: Iterable[str]) -> ApiKeys:
         unique = dict.fromkeys(key.strip() for key in keys if key.strip())
-        return cls(tuple(_digest(key) for key in unique))
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiKeys:
-        """Keys from $VLMSERVE_API_KEYS and the file named by $VLMSERVE_API_KEYS_FILE, together."""
-        env = os.environ if environ is None else environ
-        keys = env.get(API_KEYS_ENV, "").split(",")
-        path = env.get(API_KEYS_FILE_ENV)
-        if path:
-            from_file = read_key_file(Path(path))
-            if not from_file:
-                # A named but empty file is a mistake; failing open would silently disable auth.
-                raise ValueError(f"{API_KEYS_FILE_ENV}: no key in {path}")
-            keys.extend(from_file)
-        return cls.from_keys(keys)
+        return cls(tuple(digest(key) for key in unique))
 
     @property
     def enabled(self) -> bool:
@@ -89,27 +70,18 @@ class ApiKeys:
 
     def owner_for_key(self, key: str) -> str | None:
         """The owner id if `key` is one of ours, else None. Compares with every key."""
-        presented = _digest(key)
-        matched = False
-        for digest in self.digests:  # no early exit
-            matched |= hmac.compare_digest(digest, presented)
-        return _owner_from_digest(presented) if matched else None
+        presented = digest(key)
+        return _owner_from_digest(presented) if matches_any(self.digests, presented) else None
 
 
-def probe_key(environ: Mapping[str, str] | None = None) -> str | None:
+def probe_key(environ: Mapping[str, str] | None = None, *, key_file: Path | None = None) -> str | None:
     """One configured key (the first), for a local probe of `/readyz` such as the launcher's."""
     env = os.environ if environ is None else environ
     keys = [key.strip() for key in env.get(API_KEYS_ENV, "").split(",") if key.strip()]
-    path = env.get(API_KEYS_FILE_ENV)
-    if not keys and path:
-        keys = read_key_file(Path(path))
+    file = key_file or (Path(env[API_KEYS_FILE_ENV]) if env.get(API_KEYS_FILE_ENV) else None)
+    if not keys and file is not None:
+        keys = read_secret_file(file)
     return keys[0] if keys else None
-
-
-def read_key_file(path: Path) -> list[str]:
-    """One key per line; blank lines and `#` comments ignored."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 def install_api_keys(app: FastAPI, keys: ApiKeys) -> None:

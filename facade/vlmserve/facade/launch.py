@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -17,38 +18,66 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Annotated, ClassVar
 
 import httpx
+from pydantic import Field
 
 from vlmserve.client import EngineClient
+from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv
 
 from .api_keys import probe_key
+from .cli import server_shutdown_timeout_s
+from .settings import FacadeSettings
 
 logger = logging.getLogger("vlmserve.launch")
 
 POLL_S = 0.2
+# Past a child's own shutdown deadline: time to exit once it has stopped serving.
+STOP_MARGIN_S = 5.0
+
+
+class LaunchSettings(DeclaredSettings):
+    """The launcher: what it starts and how long it waits"""
+
+    ENV_PREFIX: ClassVar[str] = "VLMSERVE_LAUNCH_"
+
+    model: Annotated[str | None, Option(env="VLMSERVE_MODEL")] = Field(
+        None, description="model path or Hugging Face id for the engine (default: the engine's own)"
+    )
+    engine_command: str | None = Field(
+        None,
+        description="the engine program (default: vlmserve-engine next to this Python); "
+        "--address, --drain-seconds and --model are appended",
+    )
+    engine_ready_timeout: float = Field(600.0, gt=0, description="seconds the engine may take to load")
+    facade_ready_timeout: float = Field(60.0, gt=0, description="seconds the facade may take to be ready")
+    # Every facade setting, passed on to it: one declaration, whichever program is started.
+    facade: FacadeSettings = Field(default_factory=FacadeSettings, description="the facade's settings")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m vlmserve.facade.launch", description=__doc__)
-    parser.add_argument("--engine-address", default="127.0.0.1:50051", help="host:port or unix:/path")
-    parser.add_argument("--model", help="model path or id for the engine (default: its own default)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--store-path", type=Path, help="SQLite file for stored responses")
-    parser.add_argument("--log-level", default="info")
-    parser.add_argument("--engine-ready-timeout", type=float, default=600.0, help="seconds to load the model")
-    parser.add_argument("--facade-ready-timeout", type=float, default=60.0)
-    parser.add_argument("--stop-timeout", type=float, default=20.0, help="seconds each process gets to stop")
-    parser.add_argument(
-        "--engine-command",
-        help="the engine program (default: vlmserve-engine next to this Python); --address and "
-        "--model are appended",
+    parser = argparse.ArgumentParser(
+        prog="python -m vlmserve.facade.launch", description=__doc__, allow_abbrev=False
     )
+    add_arguments(parser, LaunchSettings)
     return parser
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[LaunchSettings, list[str]]:
+    """The launcher's settings, and the facade flags given (to pass on to the facade)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load(LaunchSettings, environ=os.environ if environ is None else environ, args=args)
+    except SettingsError as error:
+        parser.error(str(error))
+    return settings, to_argv(LaunchSettings, args, under="facade")
 
 
 def _program(name: str) -> list[str]:
@@ -59,29 +88,35 @@ def _program(name: str) -> list[str]:
     return [found]
 
 
-def engine_command(args: argparse.Namespace) -> list[str]:
-    command = shlex.split(args.engine_command) if args.engine_command else _program("vlmserve-engine")
-    command += ["--address", args.engine_address]
-    if args.model:
-        command += ["--model", args.model]
+def engine_command(settings: LaunchSettings) -> list[str]:
+    command = shlex.split(settings.engine_command) if settings.engine_command else _program("vlmserve-engine")
+    command += ["--address", settings.facade.engine_address]
+    # The engine is stopped after the facade, so its drain only covers what the facade left.
+    command += ["--drain-seconds", str(settings.facade.shutdown_grace_s)]
+    if settings.model:
+        command += ["--model", settings.model]
     return command
 
 
-def facade_command(args: argparse.Namespace) -> list[str]:
-    command = [
-        *_program("vlmserve-facade"),
-        *("--engine-address", args.engine_address),
-        *("--host", args.host, "--port", str(args.port)),
-        *("--log-level", args.log_level),
-    ]
-    if args.store_path is not None:
-        command += ["--store-path", str(args.store_path)]
-    return command
+def facade_command(facade_flags: Sequence[str]) -> list[str]:
+    return [*_program("vlmserve-facade"), *facade_flags]
+
+
+def stop_timeouts(settings: FacadeSettings) -> dict[str, float]:
+    """How long each child gets after SIGTERM before it is killed: all from `shutdown_grace_s`.
+    The facade: uvicorn's graceful timeout (the grace, then time for streams to end cleanly)
+    plus a margin; the engine: its drain (the same grace) plus a margin."""
+    return {
+        "facade": server_shutdown_timeout_s(settings) + STOP_MARGIN_S,
+        "engine": settings.shutdown_grace_s + STOP_MARGIN_S,
+    }
 
 
 class Launcher:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, settings: LaunchSettings, facade_flags: Sequence[str]) -> None:
+        self.settings = settings
+        self.facade_flags = list(facade_flags)
+        self.stop_timeouts = stop_timeouts(settings.facade)
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.stopping = threading.Event()
 
@@ -115,25 +150,28 @@ class Launcher:
                 logger.info("stopping %s", name)
                 process.terminate()
                 try:
-                    process.wait(timeout=self.args.stop_timeout)
+                    process.wait(timeout=self.stop_timeouts[name])
                 except subprocess.TimeoutExpired:
                     logger.warning("%s did not stop in time; killing it", name)
                     process.kill()
                     process.wait()
 
     def run(self) -> int:
-        args = self.args
-        engine = self.start("engine", engine_command(args))
-        with EngineClient(args.engine_address) as client:
+        settings, facade = self.settings, self.settings.facade
+        engine_process = self.start("engine", engine_command(settings))
+        with EngineClient(facade.engine_address) as client:
             if not self.wait_until(
-                "engine", engine, lambda: client.health(timeout=2.0), args.engine_ready_timeout
+                "engine", engine_process, lambda: client.health(timeout=2.0), settings.engine_ready_timeout
             ):
                 return self._fail()
-        facade = self.start("facade", facade_command(args))
-        url = f"http://{args.host}:{args.port}"
-        if not self.wait_until("facade", facade, lambda: _ready(url), args.facade_ready_timeout):
+        facade_process = self.start("facade", facade_command(self.facade_flags))
+        url = f"http://{facade.host}:{facade.port}"
+        key = probe_key(key_file=facade.api_keys_file)
+        if not self.wait_until(
+            "facade", facade_process, lambda: _ready(url, key), settings.facade_ready_timeout
+        ):
             return self._fail()
-        logger.info("ready: Responses API at %s/v1 (engine at %s)", url, args.engine_address)
+        logger.info("ready: Responses API at %s/v1 (engine at %s)", url, facade.engine_address)
         while not self.stopping.is_set():
             for name, process in self.processes:
                 if process.poll() is not None:
@@ -152,9 +190,8 @@ class Launcher:
         self.stopping.set()
 
 
-def _ready(url: str) -> bool:
-    # /readyz is behind the API key when keys are configured; the facade child shares our env.
-    key = probe_key()
+def _ready(url: str, key: str | None) -> bool:
+    # /readyz is behind the API key when keys are configured.
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         return httpx.get(f"{url}/readyz", headers=headers, timeout=2.0).status_code == 200
@@ -163,11 +200,11 @@ def _ready(url: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    settings, facade_flags = parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.facade.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    launcher = Launcher(args)
+    launcher = Launcher(settings, facade_flags)
     signal.signal(signal.SIGTERM, launcher.handle_signal)
     signal.signal(signal.SIGINT, launcher.handle_signal)
     try:

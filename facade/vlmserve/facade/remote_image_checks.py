@@ -8,17 +8,18 @@ host, port, path), taken from that one parse, so the check and the fetch cannot 
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Annotated, Any, ClassVar
 
 import httpx
+from pydantic import Field, field_validator, model_validator
+
+from vlmserve.common.settings import DeclaredSettings, Option
 
 __all__ = [
     "DEFAULT_PORTS",
-    "ENV_PREFIX",
     "IPAddress",
     "RefusalCause",
     "Refused",
@@ -27,13 +28,11 @@ __all__ = [
     "check_url",
     "is_public_address",
     "join_url",
-    "parse_domain_list",
     "parse_url",
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-ENV_PREFIX = "VLMSERVE_FACADE_REMOTE_IMAGES_"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _MAX_URL_CHARS = 4096
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -105,31 +104,47 @@ def _normalise_entry(entry: str) -> str:
         return _normalise_name(entry)
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteImageSettings:
-    """Remote image fetching. Safe defaults: off; when on, https only, small bounds."""
+class RemoteImageSettings(DeclaredSettings):
+    """Remote images: http(s) image URLs, fetched only from allowed hosts (off by default)"""
 
-    enabled: bool = False
-    # Exact hosts (`images.example.com`, or an IP literal) or `*.example.com` (names strictly
-    # below example.com). Empty allows nothing. There is deliberately no "any host" entry.
-    allowed_domains: tuple[str, ...] = ()
-    allow_http: bool = False
-    max_bytes_per_image: int = 20 * 1024 * 1024
-    max_bytes_per_request: int = 50 * 1024 * 1024
-    # One deadline per image: DNS, connect, TLS, every redirect, headers and body together.
-    timeout_s: float = 10.0
-    # All of one request's fetches together, so many slow URLs cannot hold a worker for long.
-    request_timeout_s: float = 30.0
-    max_redirects: int = 3
+    ENV_PREFIX: ClassVar[str] = "VLMSERVE_FACADE_REMOTE_IMAGES_"
+    FLAG_PREFIX: ClassVar[str] = "remote_images_"
 
-    def __post_init__(self) -> None:
-        domains = tuple(_normalise_entry(entry) for entry in self.allowed_domains if entry.strip())
-        object.__setattr__(self, "allowed_domains", domains)
-        for name in ("max_bytes_per_image", "max_bytes_per_request", "timeout_s", "request_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
-        if not 0 <= self.max_redirects <= 10:
-            raise ValueError("max_redirects must be between 0 and 10")
+    enabled: bool = Field(False, description="fetch remote image URLs (on when allowed domains are given)")
+    # There is deliberately no "any host" entry.
+    allowed_domains: Annotated[
+        tuple[str, ...], Option(flag="--allow-remote-images-from", metavar="DOMAIN")
+    ] = Field(
+        (),
+        description="hosts to fetch from: exact, or *.example.com for names strictly below it",
+    )
+    allow_http: bool = Field(False, description="allow http:// as well as https://")
+    max_bytes_per_image: Annotated[int, Option(flag="--remote-image-max-bytes")] = Field(
+        20 * 1024 * 1024, gt=0, description="bytes per fetched image"
+    )
+    max_bytes_per_request: Annotated[int, Option(flag="--remote-images-max-request-bytes")] = Field(
+        50 * 1024 * 1024, gt=0, description="fetched bytes per request"
+    )
+    timeout_s: Annotated[float, Option(flag="--remote-image-timeout")] = Field(
+        10.0, gt=0, description="seconds per image: DNS, connect, TLS, every redirect, headers and body"
+    )
+    # So many slow URLs cannot hold a worker for long.
+    request_timeout_s: Annotated[float, Option(flag="--remote-images-request-timeout")] = Field(
+        30.0, gt=0, description="seconds for all of one request's fetches together"
+    )
+    max_redirects: int = Field(3, ge=0, le=10, description="redirects followed per image")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _enabled_by_domains(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("enabled") is None and data.get("allowed_domains"):
+            data = {**data, "enabled": True}
+        return data
+
+    @field_validator("allowed_domains")
+    @classmethod
+    def _normalise_domains(cls, domains: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_normalise_entry(entry) for entry in domains if entry.strip())
 
     def allows_host(self, host: str, *, is_literal: bool) -> bool:
         """`host` is a `Target.host`. IP literals match only an identical entry."""
@@ -137,44 +152,6 @@ class RemoteImageSettings:
             if entry == host or (not is_literal and entry.startswith("*.") and host.endswith(entry[1:])):
                 return True
         return False
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteImageSettings:
-        """Defaults overridden by `VLMSERVE_FACADE_REMOTE_IMAGES_<FIELD>` (field name upper-cased;
-        ALLOWED_DOMAINS is comma-separated; booleans are 1/0, true/false, yes/no, on/off)."""
-        env = os.environ if environ is None else environ
-        parsers: dict[str, Callable[[str], object]] = {
-            "enabled": _parse_bool,
-            "allowed_domains": parse_domain_list,
-            "allow_http": _parse_bool,
-            "max_bytes_per_image": int,
-            "max_bytes_per_request": int,
-            "timeout_s": float,
-            "request_timeout_s": float,
-            "max_redirects": int,
-        }
-        values: dict[str, object] = {}
-        for name, parse in parsers.items():
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw:
-                try:
-                    values[name] = parse(raw)
-                except ValueError as exc:
-                    raise ValueError(f"{ENV_PREFIX}{name.upper()}: cannot parse {raw!r}") from exc
-        return cls(**values)  # type: ignore[arg-type]
-
-
-def parse_domain_list(raw: str) -> tuple[str, ...]:
-    return tuple(entry.strip() for entry in raw.split(",") if entry.strip())
-
-
-def _parse_bool(raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)
 
 
 # --- URLs ----------------------------------------------------------------------------------------

@@ -1,24 +1,27 @@
-"""Facade settings: one frozen dataclass, filled from defaults, then the environment, then the CLI.
+"""Facade settings, each declared once: default, `--flag`, `$VLMSERVE_FACADE_*` and help text all
+come from the field below (see vlmserve.common.settings; `vlmserve-facade --help` lists them).
 
-pydantic-settings is deliberately not a dependency; the environment variables are read here, by
-name, so `vlmserve-facade --help` and docs/responses-api.md can list every one of them.
+To add one: add a field with `description=` to the model it belongs to; nothing else.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
+from vlmserve.common.secrets import read_secret_file
+from vlmserve.common.settings import DeclaredSettings, Option
 
-from .api_keys import ApiKeys
+from .api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys
 from .remote_image_checks import RemoteImageSettings
 
-ENV_PREFIX = "VLMSERVE_FACADE_"
+__all__ = ["ENGINE_TOKEN_ENV", "FacadeSettings", "Limits", "Timeouts", "default_store_path"]
+
+ENGINE_TOKEN_ENV = "VLMSERVE_ENGINE_TOKEN"
 
 
 def default_store_path() -> Path:
@@ -27,171 +30,154 @@ def default_store_path() -> Path:
     return Path(data_dir) / "facade.sqlite3" if data_dir else Path("var") / "facade.sqlite3"
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Bounds on what one request may ask for; every field has a safe default (docs: Limits)."""
+class Limits(DeclaredSettings):
+    """Limits: bounds on what one request may ask for (every one has a safe default)"""
 
-    # Request bodies larger than this are refused with 413 while they are read.
-    max_request_bytes: int = 64 * 1024 * 1024
-    # Upper bound on `max_output_tokens`: a larger value is a 400. None: only the engine's own
-    # cap (which silently clamps) applies.
-    max_output_tokens: int | None = 32768
-    # Applied when a request sets no `max_output_tokens` (Codex never does): a turn on a small
-    # model must not run to the context limit. None leaves the engine's own cap in charge.
-    default_max_output_tokens: int | None = 1024
-    # How many responses a `previous_response_id` chain may replay.
-    max_chain_depth: int = 256
-    # Images one request may carry (replayed ones included), never more than the engine allows.
-    max_images_per_request: int = 16
-    # Per image, never more than the engine allows; pixels are read from the header, before
-    # any decoding, so decompression bombs are refused without being decoded.
-    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
-    max_image_pixels: int = ImageLimits().max_pixels
-    # `item_reference` items per request (or conversation `items` list). What references add
-    # (images, bytes) also counts against the image limit and `max_request_bytes`.
-    max_item_references: int = 100
-    # `tools`: how many entries, and how large each may be as JSON (its schema, mostly).
-    max_tools: int = 128
-    max_tool_bytes: int = 64 * 1024
-    # Request headers: how many, and their total size (name + value bytes); over either: 431.
-    max_headers: int = 100
-    max_header_bytes: int = 32 * 1024
-    # Threads that translate requests (decode base64, check images, fetch remote images); their
-    # own pool, so slow remote hosts can never starve the store's threads.
-    translation_workers: int = 8
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_request_bytes",
-            "max_chain_depth",
-            "max_images_per_request",
-            "max_item_references",
-            "max_image_bytes",
-            "max_image_pixels",
-            "max_tools",
-            "max_tool_bytes",
-            "max_headers",
-            "max_header_bytes",
-            "translation_workers",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"limits.{name} must be at least 1")
+    max_request_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="largest request body; 413 while it is read"
+    )
+    max_output_tokens: int | None = Field(
+        32768,
+        ge=1,
+        description="upper bound on a request's max_output_tokens (a larger value is a 400); "
+        "none: only the engine's own cap applies",
+    )
+    # Codex never sets max_output_tokens: a turn on a small model must not run to the context limit.
+    default_max_output_tokens: int | None = Field(
+        1024, ge=1, description="max_output_tokens for requests that set none; none: the engine's cap"
+    )
+    max_chain_depth: int = Field(256, ge=1, description="responses one previous_response_id chain may replay")
+    max_images_per_request: Annotated[int, Option(flag="--max-images")] = Field(
+        16, ge=1, description="images per request, earlier turns included (never more than the engine's)"
+    )
+    # Pixels are read from the header, before any decoding, so bombs are refused undecoded.
+    max_image_bytes: int = Field(
+        DEFAULT_MAX_IMAGE_BYTES, ge=1, description="bytes per image (never more than the engine's)"
+    )
+    max_image_pixels: int = Field(
+        ImageLimits().max_pixels,
+        ge=1,
+        description="pixels per image, from its header (never more than the engine's)",
+    )
+    # What references add (images, bytes) also counts against the image limit and max_request_bytes.
+    max_item_references: int = Field(
+        100, ge=1, description="item_reference items per request (or per conversation items list)"
+    )
+    max_tools: int = Field(128, ge=1, description="entries in `tools`")
+    max_tool_bytes: int = Field(64 * 1024, ge=1, description="size of one tool as JSON (its schema, mostly)")
+    max_headers: int = Field(100, ge=1, description="request headers per request; 431 above it")
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1, description="request headers' total size (names + values); 431 above it"
+    )
+    # Their own pool, so slow remote image hosts can never starve the store's threads.
+    translation_workers: int = Field(
+        8, ge=1, description="threads that translate requests (base64, image checks, remote fetches)"
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Deadlines (seconds) on facade -> engine calls, so no request can hang forever."""
+class Timeouts(DeclaredSettings):
+    """Timeouts (seconds) on facade -> engine calls, so no request can hang forever"""
 
-    # Whole generation (prefill + decode) for one response.
-    generate: float = 600.0
-    # CountTokens, GetModelInfo, Abort, health.
-    control: float = 10.0
-    # A streamed request waits this long for the engine's first message before sending headers,
-    # so errors the engine finds up front (bad image, context too long) are plain HTTP errors.
-    stream_first_message: float = 2.0
-    # While a stream has nothing to send (a long prefill), a `response.in_progress` event this
-    # often keeps clients' idle timers alive; Codex does not count SSE comments as activity.
-    heartbeat: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class FacadeSettings:
-    engine_address: str = "127.0.0.1:50051"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    store_path: Path = field(default_factory=default_store_path)
-    log_level: str = "info"
-    # How long the engine's model info is trusted before it is asked again.
-    model_info_ttl_s: float = 30.0
-    # Sent as Retry-After when the engine's admission queue is full.
-    retry_after_s: int = 1
-    # SIGTERM: listening stops at once; in-flight requests get this long to finish; streams
-    # still running then are cancelled (engine Abort) and end with a final event.
-    shutdown_grace_s: float = 30.0
-    limits: Limits = field(default_factory=Limits)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    # Empty: authentication off (from $VLMSERVE_API_KEYS / $VLMSERVE_API_KEYS_FILE; digests only).
-    api_keys: ApiKeys = field(default_factory=ApiKeys)
-    # Remote http(s) image URLs: off unless enabled ($VLMSERVE_FACADE_REMOTE_IMAGES_*).
-    remote_images: RemoteImageSettings = field(default_factory=RemoteImageSettings)
-    # Sent to the engine as `authorization: Bearer` ($VLMSERVE_ENGINE_TOKEN, the variable the
-    # engine reads too, or --engine-token-file). Never in repr (settings get logged).
-    engine_token: str | None = field(default=None, repr=False)
-    # TLS to the engine: its CA (PEM); with a client certificate and key, mutual TLS.
-    engine_tls_ca: Path | None = None
-    engine_tls_cert: Path | None = None
-    engine_tls_key: Path | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> FacadeSettings:
-        """Defaults overridden by `VLMSERVE_FACADE_*` variables (see ENV_VARIABLES), API keys from
-        `VLMSERVE_API_KEYS[_FILE]` and remote images from `VLMSERVE_FACADE_REMOTE_IMAGES_*`."""
-        env = os.environ if environ is None else environ
-        settings = cls(
-            api_keys=ApiKeys.from_env(env),
-            remote_images=RemoteImageSettings.from_env(env),
-            engine_token=_first_token(env.get(ENGINE_TOKEN_ENV, "")),
-        )
-        for name, (path, convert) in ENV_VARIABLES.items():
-            raw = env.get(ENV_PREFIX + name)
-            if raw is not None and raw != "":
-                try:
-                    value = convert(raw)
-                except ValueError as exc:
-                    raise ValueError(f"{ENV_PREFIX}{name}: cannot parse {raw!r}") from exc
-                settings = settings.replace_path(path, value)
-        return settings
-
-    def replace_path(self, path: str, value: Any) -> FacadeSettings:
-        """A copy with one (possibly nested, dotted) field replaced."""
-        head, _, rest = path.partition(".")
-        if not rest:
-            return dataclasses.replace(self, **{head: value})
-        nested = getattr(self, head)
-        return dataclasses.replace(self, **{head: dataclasses.replace(nested, **{rest: value})})
+    generate: Annotated[
+        float, Option(flag="--generate-timeout", env="VLMSERVE_FACADE_GENERATE_TIMEOUT_S")
+    ] = Field(600.0, gt=0, description="seconds one generation (prefill + decode) may take")
+    control: Annotated[float, Option(flag="--control-timeout", env="VLMSERVE_FACADE_CONTROL_TIMEOUT_S")] = (
+        Field(10.0, gt=0, description="seconds for CountTokens, GetModelInfo, Abort and health calls")
+    )
+    # So errors the engine finds up front (bad image, context too long) are plain HTTP errors.
+    stream_first_message: Annotated[
+        float, Option(flag="--stream-first-message-timeout", env="VLMSERVE_FACADE_STREAM_FIRST_MESSAGE_S")
+    ] = Field(
+        2.0,
+        gt=0,
+        description="a stream waits this long for the engine's first message before sending headers",
+    )
+    # Codex does not count SSE comments as activity.
+    heartbeat: Annotated[float, Option(flag="--heartbeat", env="VLMSERVE_FACADE_HEARTBEAT_S")] = Field(
+        5.0, gt=0, description="a quiet stream (long prefill) sends response.in_progress this often"
+    )
 
 
-ENGINE_TOKEN_ENV = "VLMSERVE_ENGINE_TOKEN"
-
-
-def _first_token(raw: str) -> str | None:
+def _first_token(raw: object) -> object:
     """The engine accepts a comma-separated list (rotation); the facade sends the first."""
+    if not isinstance(raw, str):
+        return raw
     tokens = [token.strip() for token in raw.split(",") if token.strip()]
     return tokens[0] if tokens else None
 
 
-def _optional_int(raw: str) -> int | None:
-    return None if raw.lower() in ("", "none") else int(raw)
+def _api_keys(raw: object) -> object:
+    return ApiKeys.from_keys(raw.split(",")) if isinstance(raw, str) else raw
 
 
-# Environment variable (after the prefix) -> (settings field path, parser).
-ENV_VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
-    "ENGINE_ADDRESS": ("engine_address", str),
-    "HOST": ("host", str),
-    "PORT": ("port", int),
-    "STORE_PATH": ("store_path", Path),
-    "LOG_LEVEL": ("log_level", str),
-    "MODEL_INFO_TTL_S": ("model_info_ttl_s", float),
-    "RETRY_AFTER_S": ("retry_after_s", int),
-    "SHUTDOWN_GRACE_S": ("shutdown_grace_s", float),
-    "MAX_REQUEST_BYTES": ("limits.max_request_bytes", int),
-    "MAX_OUTPUT_TOKENS": ("limits.max_output_tokens", _optional_int),
-    "DEFAULT_MAX_OUTPUT_TOKENS": ("limits.default_max_output_tokens", _optional_int),
-    "MAX_CHAIN_DEPTH": ("limits.max_chain_depth", int),
-    "MAX_IMAGES_PER_REQUEST": ("limits.max_images_per_request", int),
-    "MAX_ITEM_REFERENCES": ("limits.max_item_references", int),
-    "MAX_IMAGE_BYTES": ("limits.max_image_bytes", int),
-    "MAX_IMAGE_PIXELS": ("limits.max_image_pixels", int),
-    "MAX_TOOLS": ("limits.max_tools", int),
-    "MAX_TOOL_BYTES": ("limits.max_tool_bytes", int),
-    "MAX_HEADERS": ("limits.max_headers", int),
-    "MAX_HEADER_BYTES": ("limits.max_header_bytes", int),
-    "TRANSLATION_WORKERS": ("limits.translation_workers", int),
-    "GENERATE_TIMEOUT_S": ("timeouts.generate", float),
-    "CONTROL_TIMEOUT_S": ("timeouts.control", float),
-    "STREAM_FIRST_MESSAGE_S": ("timeouts.stream_first_message", float),
-    "HEARTBEAT_S": ("timeouts.heartbeat", float),
-    "ENGINE_TLS_CA": ("engine_tls_ca", Path),
-    "ENGINE_TLS_CERT": ("engine_tls_cert", Path),
-    "ENGINE_TLS_KEY": ("engine_tls_key", Path),
-}
+class FacadeSettings(DeclaredSettings):
+    """What `vlmserve-facade` serves and how."""
+
+    ENV_PREFIX: ClassVar[str] = "VLMSERVE_FACADE_"
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    engine_address: str = Field("127.0.0.1:50051", description="engine gRPC target: host:port or unix:/path")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on")
+    store_path: Annotated[
+        Path, Option(default_text="$VLMSERVE_DATA_DIR/facade.sqlite3, else var/facade.sqlite3")
+    ] = Field(default_factory=default_store_path, description="SQLite file for stored responses")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="log level"
+    )
+    model_info_ttl_s: float = Field(30.0, gt=0, description="seconds the engine's model info is trusted")
+    retry_after_s: int = Field(
+        1, ge=0, description="Retry-After (seconds) sent when the engine's queue is full"
+    )
+    # Listening stops at once; streams still running after the grace are cancelled (engine Abort)
+    # and end with a final event.
+    shutdown_grace_s: Annotated[float, Option(flag="--shutdown-grace")] = Field(
+        30.0, ge=0, description="seconds in-flight requests get to finish on SIGTERM"
+    )
+    limits: Limits = Field(default_factory=Limits, description="request limits")
+    timeouts: Timeouts = Field(default_factory=Timeouts, description="engine call deadlines")
+    api_keys: Annotated[ApiKeys, Option(flag=None, env=API_KEYS_ENV), BeforeValidator(_api_keys)] = Field(
+        default_factory=ApiKeys,
+        repr=False,
+        description="API keys, comma-separated; every route but /healthz then needs one (held as digests)",
+    )
+    api_keys_file: Annotated[Path | None, Option(env=API_KEYS_FILE_ENV)] = Field(
+        None, description="file of API keys, one per line (# comments); added to $VLMSERVE_API_KEYS"
+    )
+    remote_images: RemoteImageSettings = Field(
+        default_factory=RemoteImageSettings, description="remote images"
+    )
+    # Sent as `authorization: Bearer`; the engine reads the same variable. Never in repr (logged).
+    engine_token: Annotated[
+        str | None, Option(flag=None, env=ENGINE_TOKEN_ENV), BeforeValidator(_first_token)
+    ] = Field(None, repr=False, description="the engine's shared token (the first of a comma-separated list)")
+    engine_token_file: Path | None = Field(
+        None, description="file holding the engine's shared token (instead of $VLMSERVE_ENGINE_TOKEN)"
+    )
+    engine_tls_ca: Path | None = Field(None, description="CA certificate (PEM) to verify the engine's TLS")
+    engine_tls_cert: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
+    engine_tls_key: Path | None = Field(None, description="client key (PEM) for mutual TLS")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secret_files(cls, data: Any) -> Any:
+        """Keys and tokens named by file are read now, so a missing or empty file stops start-up:
+        an empty key file must never mean "authentication off"."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("api_keys_file") is not None:
+            path = Path(data["api_keys_file"])
+            keys = ApiKeys.from_keys(read_secret_file(path))
+            if not keys.enabled:
+                raise ValueError(f"--api-keys-file / ${API_KEYS_FILE_ENV}: no key in {path}")
+            configured = _api_keys(data.get("api_keys", ApiKeys()))
+            assert isinstance(configured, ApiKeys)
+            data["api_keys"] = ApiKeys(configured.digests + keys.digests)
+        if data.get("engine_token_file") is not None:
+            path = Path(data["engine_token_file"])
+            token = next(iter(read_secret_file(path)), None)
+            if token is None:
+                raise ValueError(f"--engine-token-file: no token in {path}")
+            data["engine_token"] = token
+        return data

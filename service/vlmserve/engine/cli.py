@@ -18,69 +18,60 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar, Literal
 
-from vlmserve.common.images import ImageLimits
+from pydantic import Field, model_validator
+
+from vlmserve.common.settings import DeclaredSettings, SettingsError, add_arguments, load
 
 from .generator import EngineConfig
-from .grpc_auth import EngineSecurity, add_security_arguments
-from .model import DTYPE_CHOICES, default_model
+from .grpc_auth import EngineSecurity
 from .server import EngineServer
 
 log = logging.getLogger("vlmserve.engine")
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="vlmserve-engine", description="Serve an mlx-vlm model over gRPC.")
-    parser.add_argument(
-        "--model",
-        default=default_model(),
-        help="local model directory or Hugging Face id (default: $VLMSERVE_MODEL or the committed fixture)",
+class EngineCommand(DeclaredSettings):
+    """Everything `vlmserve-engine` takes: where to listen, how to stop, who may call, what to serve."""
+
+    ENV_PREFIX: ClassVar[str] = "VLMSERVE_ENGINE_"
+
+    address: str = Field("127.0.0.1:50051", description="host:port, or unix:/path/to.sock")
+    host: str | None = Field(None, description="with --port: overrides --address")
+    port: int | None = Field(None, ge=0, le=65535, description="with --host (default host 127.0.0.1)")
+    drain_seconds: float = Field(30.0, ge=0, description="grace for in-flight requests on SIGTERM")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    security: EngineSecurity = Field(default_factory=EngineSecurity, description="authentication")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="model and bounds")
+
+    @model_validator(mode="after")
+    def _host_and_port(self) -> EngineCommand:
+        if self.host is not None and self.port is None:
+            raise ValueError("--host needs --port")
+        return self
+
+    @property
+    def listen_address(self) -> str:
+        if self.port is not None:
+            return f"{self.host or '127.0.0.1'}:{self.port}"
+        return self.address
+
+
+def _parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> EngineCommand:
+    parser = argparse.ArgumentParser(
+        prog="vlmserve-engine",
+        description="Serve an mlx-vlm model over gRPC. Every option can also be set with the environment "
+        "variable named in its help; the command line wins.",
+        allow_abbrev=False,
     )
-    parser.add_argument(
-        "--address", default="127.0.0.1:50051", help="host:port, or unix:/path/to.sock (default: %(default)s)"
-    )
-    parser.add_argument("--host", default=None, help="with --port: overrides --address")
-    parser.add_argument("--port", type=int, default=None, help="with --host (default host 127.0.0.1)")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="cap on generated tokens per request")
-    parser.add_argument(
-        "--max-queue", type=int, default=64, help="requests waiting for a slot before refusing"
-    )
-    parser.add_argument("--max-active", type=int, default=8, help="requests advancing together")
-    parser.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill step")
-    parser.add_argument(
-        "--prefix-cache-min-tokens",
-        type=int,
-        default=64,
-        help="reuse the previous request's KV cache for a shared prompt prefix this long (0: off)",
-    )
-    parser.add_argument("--max-images", type=int, default=16, help="images per request")
-    parser.add_argument("--max-image-bytes", type=int, default=ImageLimits().max_bytes)
-    parser.add_argument("--max-image-pixels", type=int, default=ImageLimits().max_pixels)
-    parser.add_argument(
-        "--drain-seconds", type=float, default=30.0, help="grace for in-flight requests on SIGTERM"
-    )
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPE_CHOICES,
-        help="weight dtype; auto = float32 on the CPU backend (much faster there), as stored on a GPU",
-    )
-    parser.add_argument(
-        "--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint"
-    )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    add_security_arguments(parser)
+    add_arguments(parser, EngineCommand)
     args = parser.parse_args(argv)
-    if args.port is not None or args.host is not None:
-        if args.port is None:
-            parser.error("--host needs --port")
-        args.address = f"{args.host or '127.0.0.1'}:{args.port}"
-    for name in ("max_tokens", "max_queue", "max_active", "prefill_chunk", "max_images"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    return args
+    try:
+        return load(EngineCommand, environ=os.environ if environ is None else environ, args=args)
+    except SettingsError as error:
+        parser.error(str(error))
 
 
 def _warn_without_openblas() -> None:
@@ -98,22 +89,10 @@ def _warn_without_openblas() -> None:
     log.warning("OpenBLAS is not preloaded: mlx will use its slow reference BLAS on CPU (%s)", hint)
 
 
-async def _serve(args: argparse.Namespace, security: EngineSecurity) -> int:
-    config = EngineConfig(
-        model=args.model,
-        trust_remote_code=args.trust_remote_code,
-        dtype=args.dtype,
-        max_output_tokens=args.max_tokens,
-        max_queue=args.max_queue,
-        max_active=args.max_active,
-        prefill_chunk_tokens=args.prefill_chunk,
-        prefix_cache_min_tokens=max(0, args.prefix_cache_min_tokens),
-        image_limits=ImageLimits(max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels),
-        max_images_per_request=args.max_images,
-    )
-    server = EngineServer(config, security=security)
+async def _serve(command: EngineCommand) -> int:
+    server = EngineServer(command.engine, security=command.security)
     try:
-        await server.start(args.address)
+        await server.start(command.listen_address)
     except OSError as error:
         log.error("%s", error)
         return 2
@@ -121,45 +100,45 @@ async def _serve(args: argparse.Namespace, security: EngineSecurity) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    log.info("loading %s", args.model)
+    log.info("loading %s", command.engine.model)
     server.load()
     loading = asyncio.ensure_future(server.wait_loaded())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if loading.done() and loading.exception() is not None:
-        log.error("could not load %s: %s", args.model, loading.exception())
+        log.error("could not load %s: %s", command.engine.model, loading.exception())
         stopping.cancel()
         await server.shutdown(grace_seconds=0)
         return 1
     if loading.done():
         log.info(
-            "ready: %s", server.generator.loaded.info.model_id if server.generator.loaded else args.model
+            "ready: %s",
+            server.generator.loaded.info.model_id if server.generator.loaded else command.engine.model,
         )
         await stopping
     else:
         loading.cancel()
-    log.info("shutting down: draining for up to %.0fs", args.drain_seconds)
-    await server.shutdown(grace_seconds=args.drain_seconds)
+    log.info("shutting down: draining for up to %.0fs", command.drain_seconds)
+    await server.shutdown(grace_seconds=command.drain_seconds)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parse_args(argv)
+    command = _parse_args(argv)
     logging.basicConfig(
-        level=args.log_level,
+        level=command.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # Never reach for the Hugging Face Hub unless the model is a hub id that is not cached.
-    if Path(args.model).exists():
+    if Path(command.engine.model).exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        security = EngineSecurity.from_args(args)
-        security.check_address(args.address)
-    except (ValueError, OSError) as error:
+        command.security.check_address(command.listen_address)
+    except ValueError as error:
         log.error("%s", error)
         sys.exit(2)
     _warn_without_openblas()
-    sys.exit(asyncio.run(_serve(args, security)))
+    sys.exit(asyncio.run(_serve(command)))
 
 
 if __name__ == "__main__":

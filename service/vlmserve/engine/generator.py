@@ -16,16 +16,18 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Annotated, ClassVar
 
 import grpc
+from pydantic import Field, field_validator
 
-from vlmserve.common.images import ImageLimits
+from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
+from vlmserve.common.settings import DeclaredSettings, Option
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .decode import ActiveGeneration
 from .jobs import Job, JobKind, JobReport, PreparedRequest
-from .model import LoadedModel, default_model, load_model
+from .model import DEFAULT_MODEL_PATH, DTYPE_CHOICES, LoadedModel, load_model
 from .prefix_cache import PrefixCache, vision_token_ids
 from .request_errors import RequestError
 from .sampling import SamplingSettings
@@ -35,25 +37,55 @@ __all__ = ["EngineConfig", "Generator"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    model: str = field(default_factory=default_model)
-    trust_remote_code: bool = False
-    # See model.DTYPE_CHOICES.
-    dtype: str = "auto"
-    # Cap on generated tokens per request (also the default when a request sets none).
-    max_output_tokens: int = 4096
-    # Requests waiting for a slot; more are refused with RESOURCE_EXHAUSTED.
-    max_queue: int = 64
-    # Requests advancing together (round-robin, one step each).
-    max_active: int = 8
-    prefill_chunk_tokens: int = 512
-    # Reuse the previous request's KV cache when a prompt shares at least this many leading
-    # tokens with it (0 disables; see prefix_cache.py).
-    prefix_cache_min_tokens: int = 64
-    image_limits: ImageLimits = field(default_factory=ImageLimits)
-    max_images_per_request: int = 16
-    warmup: bool = True
+class EngineConfig(DeclaredSettings):
+    """Model and bounds: what the generation thread serves, and how much at once"""
+
+    ENV_PREFIX: ClassVar[str] = "VLMSERVE_ENGINE_"
+
+    model: Annotated[str, Option(env="VLMSERVE_MODEL", default_text="models/qwen2-vl-squares")] = Field(
+        str(DEFAULT_MODEL_PATH), description="local model directory or Hugging Face id"
+    )
+    trust_remote_code: bool = Field(False, description="allow code shipped with the checkpoint")
+    dtype: Annotated[str, Option(metavar="{" + ",".join(DTYPE_CHOICES) + "}")] = Field(
+        "auto",
+        description="weight dtype; auto = float32 on the CPU backend (much faster there), as stored on a GPU",
+    )
+    max_output_tokens: Annotated[int, Option(flag="--max-tokens")] = Field(
+        4096,
+        ge=1,
+        description="cap on generated tokens per request (also the default when a request sets none)",
+    )
+    max_queue: int = Field(
+        64, ge=1, description="requests waiting for a slot; more are refused with RESOURCE_EXHAUSTED"
+    )
+    max_active: int = Field(8, ge=1, description="requests advancing together (round-robin, one step each)")
+    prefill_chunk_tokens: Annotated[int, Option(flag="--prefill-chunk")] = Field(
+        512, ge=1, description="prompt tokens per prefill step"
+    )
+    # See prefix_cache.py.
+    prefix_cache_min_tokens: int = Field(
+        64,
+        ge=0,
+        description="reuse the previous request's KV cache for a shared prompt prefix this long (0: off)",
+    )
+    max_images_per_request: Annotated[int, Option(flag="--max-images")] = Field(
+        16, ge=1, description="images per request"
+    )
+    max_image_bytes: int = Field(DEFAULT_MAX_IMAGE_BYTES, ge=1, description="bytes per image")
+    # From the header, before decoding: decompression bombs are refused undecoded.
+    max_image_pixels: int = Field(ImageLimits().max_pixels, ge=1, description="pixels per image")
+    warmup: bool = Field(True, description="run one tiny generation after loading, before serving")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, dtype: str) -> str:
+        if dtype not in DTYPE_CHOICES:
+            raise ValueError(f"must be one of {', '.join(DTYPE_CHOICES)}")
+        return dtype
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels)
 
 
 ReadyCallback = Callable[[LoadedModel | None, BaseException | None], None]

@@ -9,28 +9,26 @@
   Reflection is not exempt: it describes the whole API.
 * `server_credentials`: TLS from PEM files; with a client CA, mutual TLS (client certificate
   required and verified).
-* `EngineSecurity` bundles both for the engine's CLI: `add_security_arguments` adds the flags,
-  `EngineSecurity.from_args` reads them (the token from a file or the environment, never from
-  the command line, where `ps` would show it), `check_address()` refuses a non-local address
-  with no authentication, `interceptors()` and `add_port()` apply them.
+* `EngineSecurity` bundles both as the engine's settings (flags and variables declared there:
+  the token from a file or the environment, never from the command line, where `ps` would show
+  it); `check_address()` refuses a non-local address with no authentication, `interceptors()` and
+  `add_port()` apply them.
 
-No mlx here: this module imports only grpc, so it is cheap to test and to reuse.
+No mlx here: this module imports only grpc and pydantic, so it is cheap to test and to reuse.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import hmac
-import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import grpc
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from vlmserve.common.netaddr import is_loopback_host
+from vlmserve.common.secrets import digest, matches_any, read_secret_file
+from vlmserve.common.settings import DeclaredSettings, Option
 
 __all__ = [
     "HEALTH_METHODS",
@@ -38,9 +36,7 @@ __all__ = [
     "TOKEN_ENV",
     "EngineSecurity",
     "TokenAuthInterceptor",
-    "add_security_arguments",
     "is_local_address",
-    "read_tokens",
     "server_credentials",
 ]
 
@@ -50,11 +46,6 @@ HEALTH_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Hea
 _UNAUTHENTICATED_DETAILS = "Missing or invalid engine token."
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
-
-
-def _digest(token: str) -> bytes:
-    # Comparing fixed-length digests keeps the comparison from leaking the token's length.
-    return hashlib.sha256(token.encode("utf-8")).digest()
 
 
 def _checked_tokens(tokens: Iterable[str]) -> tuple[str, ...]:
@@ -80,7 +71,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Requires `authorization: Bearer <token>` on every call except `exempt_methods`."""
 
     def __init__(self, tokens: Iterable[str], *, exempt_methods: Iterable[str] = HEALTH_METHODS) -> None:
-        self._digests = tuple(_digest(token) for token in _checked_tokens(tokens))
+        self._digests = tuple(digest(token) for token in _checked_tokens(tokens))
         self._exempt = frozenset(exempt_methods)
 
     def authorized(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
@@ -90,11 +81,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         scheme, _, token = values[0].partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return False
-        presented = _digest(token.strip())
-        matched = False
-        for digest in self._digests:  # no early exit: the time taken does not say which one matched
-            matched |= hmac.compare_digest(digest, presented)
-        return matched
+        return matches_any(self._digests, digest(token.strip()))
 
     async def intercept_service(
         self,
@@ -132,29 +119,54 @@ def server_credentials(
     )
 
 
-def read_tokens(path: Path) -> tuple[str, ...]:
-    """One token per line; blank lines and `#` comments ignored."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+def _token_list(raw: object) -> object:
+    return tuple(token for token in raw.split(",") if token.strip()) if isinstance(raw, str) else raw
 
 
-@dataclass(frozen=True, slots=True)
-class EngineSecurity:
-    """The engine's authentication settings. The default (no token, no TLS) is for loopback and
-    unix sockets only; the CLI should refuse a non-loopback address without one or the other."""
+class EngineSecurity(DeclaredSettings):
+    """Authentication: a shared token and/or TLS (loopback and unix sockets may run without)"""
 
-    tokens: tuple[str, ...] = ()
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
+    ENV_PREFIX: ClassVar[str] = "VLMSERVE_ENGINE_"
 
-    def __post_init__(self) -> None:
-        if self.tokens:
-            object.__setattr__(self, "tokens", _checked_tokens(self.tokens))
+    tokens: Annotated[tuple[str, ...], Option(flag=None, env=TOKEN_ENV), BeforeValidator(_token_list)] = (
+        Field(
+            (),
+            repr=False,
+            description="shared token(s) callers must send as 'authorization: Bearer TOKEN', "
+            "comma-separated (several allow rotation); none: no token required",
+        )
+    )
+    auth_token_file: Path | None = Field(
+        None, description=f"file of shared tokens, one per line (instead of ${TOKEN_ENV})"
+    )
+    tls_cert: Path | None = Field(None, description="PEM certificate chain: serve TLS")
+    tls_key: Path | None = Field(None, description="PEM private key for --tls-cert")
+    tls_client_ca: Path | None = Field(
+        None, description="PEM CA bundle: require client certificates (mutual TLS)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_token_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("auth_token_file") is not None:
+            tokens = read_secret_file(Path(data["auth_token_file"]))
+            if not tokens:
+                raise ValueError(f"--auth-token-file: no token in {data['auth_token_file']}")
+            data = {**data, "tokens": tuple(tokens)}
+        return data
+
+    @field_validator("tokens")
+    @classmethod
+    def _check_tokens(cls, tokens: tuple[str, ...]) -> tuple[str, ...]:
+        return _checked_tokens(tokens) if tokens else ()
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineSecurity:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        return self
 
     @property
     def uses_tls(self) -> bool:
@@ -184,36 +196,3 @@ class EngineSecurity:
             credentials = server_credentials(self.tls_cert, self.tls_key, self.tls_client_ca)
             return int(server.add_secure_port(address, credentials))
         return int(server.add_insecure_port(address))
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> EngineSecurity:
-        """From the flags of `add_security_arguments`; tokens from --auth-token-file, else the env."""
-        env = os.environ if environ is None else environ
-        if args.auth_token_file is not None:
-            tokens = read_tokens(args.auth_token_file)
-            if not tokens:
-                raise ValueError(f"{args.auth_token_file}: no token in the file")
-        else:
-            tokens = tuple(token for token in env.get(TOKEN_ENV, "").split(",") if token.strip())
-        return cls(
-            tokens=tokens, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca
-        )
-
-
-def add_security_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("authentication")
-    group.add_argument(
-        "--auth-token-file",
-        type=Path,
-        default=None,
-        help=f"file with the shared token(s) callers must send as 'authorization: Bearer <token>', "
-        f"one per line (default: ${TOKEN_ENV}, comma-separated; none: no token required)",
-    )
-    group.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve TLS")
-    group.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
-    group.add_argument(
-        "--tls-client-ca",
-        type=Path,
-        default=None,
-        help="PEM CA bundle: require client certificates (mutual TLS)",
-    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,6 @@ __all__ = [
     "RANDOM_MODEL_PATH",
     "LoadedModel",
     "ModelInfo",
-    "default_model",
     "load_model",
     "model_id_for",
     "prompt_needs_special_tokens",
@@ -42,10 +40,6 @@ DEFAULT_MODEL_PATH = FIXTURE_MODELS_DIR / "qwen2-vl-squares"
 # Same architecture and tokenizer, random weights: it never ends a turn by itself, which
 # plumbing tests (cancellation, streaming, limits) rely on.
 RANDOM_MODEL_PATH = FIXTURE_MODELS_DIR / "qwen2-vl-tiny"
-
-
-def default_model() -> str:
-    return os.environ.get("VLMSERVE_MODEL") or str(DEFAULT_MODEL_PATH)
 
 
 def model_id_for(model: str) -> str:
