@@ -39,7 +39,7 @@ MAX_TOKENS = 12
 IMAGES_BROKEN_UPSTREAM = frozenset({"llava"})
 # Templates that refuse the lowered tool turn (role alternation, empty assistant content) until
 # the engine adapts conversations to what each template can render (issue 12 item 3).
-TOOL_TURN_REFUSED = frozenset({"gemma3", "idefics3"})
+TOOL_TURN_REFUSED: frozenset[str] = frozenset()
 
 
 def skip_known(family: str, conversation: str) -> None:

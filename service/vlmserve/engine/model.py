@@ -17,7 +17,8 @@ from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 
 from .grammar import GrammarCompiler
 from .prompt import ChatTemplate
-from .tool_parsers import tool_call_format_for
+from .template_fit import probe
+from .tool_parsers import HERMES_FORMAT, tool_call_format_for
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
@@ -177,6 +178,10 @@ def load_model(
     tool_format = tool_call_format_for(
         architecture, chat_template_text if isinstance(chat_template_text, str) else None
     )
+    if not tool_format and template is not None and not probe(template).renders_tools:
+        # The template drops tools, so the prompt describes them in the Hermes format
+        # (template_fit.py) and the output is parsed in it.
+        tool_format = HERMES_FORMAT
     eos_ids = frozenset(int(i) for i in eos)
     grammar_started = time.perf_counter()
     grammar = GrammarCompiler(tokenizer, eos_ids)

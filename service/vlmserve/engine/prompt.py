@@ -39,6 +39,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import tool_output_text
 
 from .request_errors import invalid_argument
+from .template_fit import fit_messages, probe
 from .tool_parsers import HERMES_FORMAT
 
 __all__ = [
@@ -379,11 +380,12 @@ def to_template_conversation(
 
 
 def render_conversation(conversation: TemplateConversation, template: ChatTemplate) -> RenderedPrompt:
-    """Render already-converted inputs with the model's chat template."""
+    """Render already-converted inputs with the model's chat template, fitted to what it renders."""
+    messages, tools = fit_messages(conversation.messages, conversation.tools, probe(template))
     try:
         text = template.apply_chat_template(
-            conversation.messages,
-            tools=conversation.tools,
+            messages,
+            tools=tools,
             add_generation_prompt=True,
             tokenize=False,
         )
