@@ -32,9 +32,10 @@ system-deps:
 	@bash scripts/install-system-deps.sh
 
 # Engine + facade together, on the committed fixture model unless MODEL is set.
+# RUN_ARGS: more launcher/facade flags (python -m vlmserve.facade.launch --help).
 run: install
 	$(BIN)/python -m vlmserve.facade.launch --engine-address $(ENGINE_ADDR) \
-		--host $(FACADE_HOST) --port $(FACADE_PORT) $(if $(MODEL),--model $(MODEL))
+		--host $(FACADE_HOST) --port $(FACADE_PORT) $(if $(MODEL),--model $(MODEL)) $(RUN_ARGS)
 
 engine: install
 	$(BIN)/vlmserve-engine --address $(ENGINE_ADDR) $(if $(MODEL),--model $(MODEL))

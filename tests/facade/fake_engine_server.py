@@ -11,6 +11,7 @@ import asyncio
 import signal
 
 from tests.facade.fake_engine import Script, start_fake_engine
+from vlmserve.common.lifeline import watch_lifeline
 
 
 async def serve(address: str, *, chunks: int | None = None, delay_s: float = 0.0) -> None:
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int)
     parser.add_argument("--delay-s", type=float, default=0.0)
     args = parser.parse_args()
+    watch_lifeline()  # as the real engine does: stop when the launcher that started us is gone
     asyncio.run(serve(args.address, chunks=args.chunks, delay_s=args.delay_s))
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import uvicorn
 from fastapi import FastAPI
 
+from vlmserve.common.lifeline import watch_lifeline
 from vlmserve.common.netaddr import is_loopback_host
 from vlmserve.common.settings import SettingsError, add_arguments, load
 
@@ -68,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not settings.api_keys.enabled and not is_loopback_host(settings.host):
         logger.warning("listening on %s without API keys: anyone who can reach it can use it", settings.host)
+    watch_lifeline()
     uvicorn.Server(server_config(create_app(settings), settings)).run()
     return 0
 

@@ -2,8 +2,11 @@
 
 Starts `vlmserve-engine` and waits until it reports SERVING, then starts `vlmserve-facade` pointed
 at it and waits until `/readyz` answers. SIGTERM/SIGINT stop the facade first (so no request is
-accepted that the engine could not finish), then the engine. If either process dies, the other
-is stopped and the launcher exits with an error.
+accepted that the engine could not finish), then the engine; more signals while stopping change
+nothing (`make` passes its SIGTERM on, so a process group gets two). Every path out of the
+launcher stops both: a child that outlives its deadline is killed, an exception stops the rest,
+and if the launcher itself is killed the children see their lifeline close and stop themselves
+(vlmserve.common.lifeline). All deadlines come from the facade's `--shutdown-grace`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import httpx
 from pydantic import Field
 
 from vlmserve.client import EngineClient
+from vlmserve.common.lifeline import LIFELINE_ENV
 from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv
 
 from .api_keys import probe_key
@@ -119,11 +123,23 @@ class Launcher:
         self.stop_timeouts = stop_timeouts(settings.facade)
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.stopping = threading.Event()
+        self.child_env: dict[str, str] = {}
+        self._lifeline: tuple[int, int] | None = None
+        self._signals: list[int] = []
 
     def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         logger.info("starting %s: %s", name, shlex.join(command))
+        if self._lifeline is None:
+            # We keep the write end (never inherited); each child gets the read end.
+            self._lifeline = os.pipe()
+        read_end = self._lifeline[0]
         # Own session: a terminal's Ctrl-C reaches only the launcher, which stops the children in order.
-        process = subprocess.Popen(command, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            start_new_session=True,
+            pass_fds=(read_end,),
+            env={**os.environ, **self.child_env, LIFELINE_ENV: str(read_end)},
+        )
         self.processes.append((name, process))
         return process
 
@@ -144,15 +160,22 @@ class Launcher:
         return False
 
     def stop_all(self) -> None:
-        # Reverse order: the facade goes first, then the engine it depends on.
-        for name, process in reversed(self.processes):
-            if process.poll() is None:
-                logger.info("stopping %s", name)
-                process.terminate()
-                try:
-                    process.wait(timeout=self.stop_timeouts[name])
-                except subprocess.TimeoutExpired:
-                    logger.warning("%s did not stop in time; killing it", name)
+        """Stop every child still running (idempotent). Reverse order: the facade goes first, then
+        the engine it depends on. Whatever interrupts this, the children still running are killed."""
+        try:
+            for name, process in reversed(self.processes):
+                if process.poll() is None:
+                    logger.info("stopping %s (up to %.0f s)", name, self.stop_timeouts[name])
+                    process.terminate()
+                    try:
+                        process.wait(timeout=self.stop_timeouts[name])
+                    except subprocess.TimeoutExpired:
+                        logger.warning("%s did not stop in time; killing it", name)
+                        process.kill()
+                        process.wait()
+        finally:
+            for _name, process in self.processes:
+                if process.poll() is None:
                     process.kill()
                     process.wait()
 
@@ -178,16 +201,25 @@ class Launcher:
                     logger.error("%s exited with status %s", name, process.returncode)
                     return self._fail()
             self.stopping.wait(POLL_S)
+        self._log_signal()
         self.stop_all()
         return 0
 
     def _fail(self) -> int:
+        self._log_signal()
         self.stop_all()
         return 0 if self.stopping.is_set() else 1
 
     def handle_signal(self, signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s; stopping", signal.Signals(signum).name)
+        # Only note it: logging from a signal handler can re-enter a stream being written
+        # (RuntimeError mid-stop). A repeated signal changes nothing.
+        self._signals.append(signum)
         self.stopping.set()
+
+    def _log_signal(self) -> None:
+        if self._signals:
+            names = sorted({signal.Signals(signum).name for signum in self._signals})
+            logger.info("received %s (%d signal(s)); stopping", "/".join(names), len(self._signals))
 
 
 def _ready(url: str, key: str | None) -> bool:
@@ -211,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return launcher.run()
     finally:
         launcher.stop_all()
+        logger.info("stopped")
 
 
 if __name__ == "__main__":

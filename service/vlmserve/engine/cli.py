@@ -24,6 +24,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from vlmserve.common.lifeline import watch_lifeline
 from vlmserve.common.settings import DeclaredSettings, SettingsError, add_arguments, load
 
 from .generator import EngineConfig
@@ -138,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log.error("%s", error)
         sys.exit(2)
     _warn_without_openblas()
+    watch_lifeline()
     sys.exit(asyncio.run(_serve(command)))
 
 
