@@ -92,12 +92,13 @@ def test_model_info_and_health(client: EngineClient) -> None:
     assert info.model_id == "qwen2-vl-tiny" and info.architecture == "qwen2_vl"
 
 
-def test_lowering_makes_a_tool_output_image_acceptable(client: EngineClient) -> None:
+def test_a_tool_output_image_is_sent_as_is_and_reaches_the_model(client: EngineClient) -> None:
     req = request(*screenshot_turns(png(2)), max_tokens=2)
-    with pytest.raises(InvalidArgumentError, match="images are accepted only in user turns"):
-        client.generate_unary(req)
-    result = client.generate_unary(req, lower=True)
+    before = pb.GenerateRequest()
+    before.CopyFrom(req)
+    result = client.generate_unary(req)
     assert result.usage.image_count == 1
+    assert req == before  # the client does not rewrite requests; the engine lowers
 
 
 def test_typed_errors(client: EngineClient) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -17,8 +18,9 @@ import pytest
 from tests.e2e import squares_requests as req
 from training.squares import QUESTION, SquaresSample, make_samples
 from training.squares_conversations import agent_tool_result, png_image_part, screenshot_tool
-from vlmserve.client import EngineClient
+from vlmserve.client import EngineClient, channel_options
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
 E2E_SEED = 20_261_130
 IMAGES_PER_PATH = 50
@@ -101,18 +103,39 @@ def test_openai_sdk(squares_facade_url: str, samples: list[SquaresSample]) -> No
     assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
 
 
+def _tool_output_request(sample: SquaresSample, *, with_text: bool) -> pb.GenerateRequest:
+    """An agent turn whose tool output holds the screenshot, not lowered by anyone."""
+    conversation = agent_tool_result(png_image_part(sample.png_bytes()), sample.answer, with_text=with_text)
+    assert conversation.messages[-1].tool_output.WhichOneof("output") == "parts"
+    return pb.GenerateRequest(
+        messages=conversation.messages,
+        tools=[screenshot_tool()],
+        sampling=pb.SamplingParams(max_tokens=req.MAX_OUTPUT_TOKENS),
+    )
+
+
 def test_grpc_client(squares_engine_address: str, samples: list[SquaresSample]) -> None:
-    """Contract messages straight to the engine; the client library applies the lowering."""
+    """Contract messages straight to the engine through the client library, image in the tool output."""
     with EngineClient(squares_engine_address) as engine:
+        answers = req.run_all(
+            lambda sample: engine.generate_unary(_tool_output_request(sample, with_text=True)).text, samples
+        )
+    assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
+
+
+def test_raw_grpc_stub_with_an_image_in_a_tool_output(
+    squares_engine_address: str, samples: list[SquaresSample]
+) -> None:
+    """Issue 9.1: any gRPC caller (the generated stub, no client library, no lowering of its own)
+    sends an image-only tool output and the model sees the image: the engine lowers it."""
+    with grpc.insecure_channel(squares_engine_address, options=channel_options()) as channel:
+        stub = pb_grpc.EngineServiceStub(channel)
 
         def ask(sample: SquaresSample) -> str:
-            conversation = agent_tool_result(png_image_part(sample.png_bytes()), sample.answer)
-            request = pb.GenerateRequest(
-                messages=conversation.messages,
-                tools=[screenshot_tool()],
-                sampling=pb.SamplingParams(max_tokens=req.MAX_OUTPUT_TOKENS),
-            )
-            return engine.generate_unary(request, lower=True).text
+            unary = pb.GenerateUnaryRequest(request=_tool_output_request(sample, with_text=False))
+            result = stub.GenerateUnary(unary, timeout=120).result
+            assert result.usage.image_count == 1
+            return result.text
 
         answers = req.run_all(ask, samples)
     assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers

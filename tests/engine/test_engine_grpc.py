@@ -189,37 +189,50 @@ def test_interleaved_requests_match_sequential_ones(
 # -- bad input ---------------------------------------------------------------------------------
 
 
-def test_image_in_a_tool_turn_is_invalid_argument(
-    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
-) -> None:
-    messages = [
+def screenshot_turns(image: pb.Part) -> list[pb.Message]:
+    return [
         pb.Message(role=pb.ROLE_USER, parts=[text_part("look")]),
         pb.Message(
             role=pb.ROLE_ASSISTANT, tool_calls=[pb.ToolCall(id="c1", name="screenshot", arguments="{}")]
         ),
         pb.Message(
             role=pb.ROLE_TOOL,
-            tool_output=pb.ToolOutput(call_id="c1", parts=pb.PartList(parts=[image_part(png())])),
+            tool_output=pb.ToolOutput(call_id="c1", parts=pb.PartList(parts=[text_part("shot"), image])),
         ),
     ]
-    code, details = status_of(lambda: list(stub.Generate(request(messages=messages), timeout=30)))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "images are accepted only in user turns" in details
-    assert "messages[2]" in details
 
 
-def test_image_in_an_assistant_turn_is_invalid_argument(
+def test_image_in_a_tool_turn_reaches_the_model(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
+) -> None:
+    """The engine lowers (issue 9.1): a raw gRPC caller gets what the facade's callers get."""
+    req = request(messages=screenshot_turns(image_part(png())), max_tokens=2)
+    result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=req), timeout=30).result
+    assert result.usage.image_count == 1
+    counted = stub.CountTokens(pb.CountTokensRequest(request=req), timeout=30)
+    assert (counted.input_tokens, counted.image_count) == (result.usage.input_tokens, 1)
+
+
+def test_image_in_an_assistant_turn_reaches_the_model(
     idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
 ) -> None:
     messages = [
         pb.Message(role=pb.ROLE_USER, parts=[text_part("hi")]),
         pb.Message(role=pb.ROLE_ASSISTANT, parts=[image_part(png())]),
     ]
+    req = request(messages=messages, max_tokens=2)
+    assert stub.GenerateUnary(pb.GenerateUnaryRequest(request=req), timeout=30).result.usage.image_count == 1
+
+
+def test_a_bad_image_in_a_tool_output_is_named_where_it_was_sent(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
+) -> None:
+    corrupt = image_part(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
     code, details = status_of(
-        lambda: stub.GenerateUnary(pb.GenerateUnaryRequest(request=request(messages=messages)), timeout=30)
+        lambda: list(stub.Generate(request(messages=screenshot_turns(corrupt)), timeout=30))
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "images are accepted only in user turns" in details
+    assert details.startswith("messages[2].tool_output.parts.parts[1]: ")
 
 
 @pytest.mark.parametrize(

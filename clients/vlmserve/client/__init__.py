@@ -2,11 +2,12 @@
 
     from vlmserve.client import EngineClient
     with EngineClient("127.0.0.1:50051") as engine:
-        result = engine.generate_unary(request, lower=True)
+        result = engine.generate_unary(request)
 
-`lower=True` applies the same image follow-up lowering the REST facade applies
-(`vlmserve.responses.lower_messages`), so images in tool outputs and in
-assistant/system/developer turns reach the model as a following user turn.
+Requests go as they are: the engine itself applies the image follow-up lowering (images in tool
+outputs and in assistant/system/developer turns reach the model as a following user turn), so
+gRPC callers get exactly what REST callers get. Failures raise `EngineError` subclasses carrying
+the engine's structured details (`field`, `field_violations`, `retry_after_s`).
 """
 
 from ._aio import AsyncEngineClient, text_of

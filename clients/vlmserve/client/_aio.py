@@ -12,8 +12,14 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
 from ._errors import from_rpc_error
-from ._options import DEFAULT_DEADLINES, ENGINE_SERVICE_NAME, MAX_MESSAGE_BYTES, Deadlines, channel_options
-from ._prepare import auth_metadata, prepare_request
+from ._options import (
+    DEFAULT_DEADLINES,
+    ENGINE_SERVICE_NAME,
+    MAX_MESSAGE_BYTES,
+    Deadlines,
+    auth_metadata,
+    channel_options,
+)
 
 
 class AsyncEngineClient:
@@ -46,11 +52,11 @@ class AsyncEngineClient:
         self.deadlines = deadlines
 
     async def generate(
-        self, request: pb.GenerateRequest, *, timeout: float | None = None, lower: bool = False
+        self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> AsyncIterator[pb.GenerateResponse]:
         """Stream chunks, then one `complete`. Leaving the loop early cancels the call."""
         call = self._stub.Generate(
-            prepare_request(request, lower=lower),
+            request,
             timeout=timeout or self.deadlines.generate,
             metadata=self._metadata,
         )
@@ -64,11 +70,11 @@ class AsyncEngineClient:
             call.cancel()
 
     async def generate_unary(
-        self, request: pb.GenerateRequest, *, timeout: float | None = None, lower: bool = False
+        self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> pb.GenerateResult:
         try:
             response = await self._stub.GenerateUnary(
-                pb.GenerateUnaryRequest(request=prepare_request(request, lower=lower)),
+                pb.GenerateUnaryRequest(request=request),
                 timeout=timeout or self.deadlines.generate,
                 metadata=self._metadata,
             )
@@ -78,11 +84,11 @@ class AsyncEngineClient:
         return result
 
     async def count_tokens(
-        self, request: pb.GenerateRequest, *, timeout: float | None = None, lower: bool = False
+        self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> pb.CountTokensResponse:
         try:
             response: pb.CountTokensResponse = await self._stub.CountTokens(
-                pb.CountTokensRequest(request=prepare_request(request, lower=lower)),
+                pb.CountTokensRequest(request=request),
                 timeout=timeout or self.deadlines.count_tokens,
                 metadata=self._metadata,
             )

@@ -44,6 +44,11 @@ def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
     ]
 
 
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying the engine token (see the engine's --auth-token-file)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
 @dataclass(frozen=True, slots=True)
 class Deadlines:
     """Seconds allowed per call; every call has one."""

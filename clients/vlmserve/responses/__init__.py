@@ -5,7 +5,9 @@ Pure functions, shared by the facade and by client-library callers (see docs/res
 * `build_generate_request(body)` validates a whole `POST /v1/responses` body and returns a
   `TranslatedRequest` whose `request` (a GenerateRequest) holds the lowered conversation.
 * `input_to_messages(input)` gives the raw (not lowered) contract messages for `input`.
-* `lower_messages(messages)` applies the image follow-up lowering to contract messages.
+* `lower_messages(messages)` applies the image follow-up lowering to contract messages
+  (`lower_conversation` also keeps each part's field path); the engine applies it too, when it
+  renders the prompt, so lowering here first is optional and changes nothing.
 * `messages_to_items` gives contract messages back as input items (JSON);
   `result_to_output_items` and `usage_from_contract` give the exact output models
   (`ResponseResource`, `OutputMessage`, ..., and the stream events in `ResponseStreamEvent`).
@@ -30,7 +32,13 @@ from ._events import (
     ResponseStreamEvent,
 )
 from ._items import ItemResolver, input_to_messages, is_item_reference
-from ._lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages, tool_output_text
+from ._lowering import (
+    IMAGE_FOLLOW_UP_MARKER,
+    LoweredMessage,
+    lower_conversation,
+    lower_messages,
+    tool_output_text,
+)
 from ._media import ImageFetchError, ImageSource
 from ._outbound import (
     NewId,
@@ -85,6 +93,7 @@ __all__ = [
     "ItemResolver",
     "ItemStatus",
     "LifecycleEventType",
+    "LoweredMessage",
     "NewId",
     "OfferedTool",
     "OutboundModel",
@@ -107,6 +116,7 @@ __all__ = [
     "image_part_to_json",
     "input_to_messages",
     "is_item_reference",
+    "lower_conversation",
     "lower_messages",
     "message_output_item",
     "messages_to_items",

@@ -17,6 +17,7 @@ are supported), so they are never silently turned into text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -27,35 +28,59 @@ IMAGE_FOLLOW_UP_MARKER = "[Image output attached in the next message]"
 _MEDIA_KINDS = frozenset({"image", "file"})
 
 
-def lower_messages(messages: Sequence[pb.Message]) -> list[pb.Message]:
-    """Lower a conversation so that media appear only in user turns and tool outputs are text.
+@dataclass(frozen=True, slots=True)
+class LoweredMessage:
+    """One message of a lowered conversation and where its content was in the caller's list."""
+
+    message: pb.Message
+    # Field path of the message it came from ("messages[2]"), and of each of its parts
+    # ("messages[2].tool_output.parts.parts[1]" for an image moved out of a tool output).
+    source: str
+    part_sources: tuple[str, ...]
+
+
+def lower_conversation(messages: Sequence[pb.Message]) -> list[LoweredMessage]:
+    """The lowering, keeping each part's field path in `messages` (for errors that name it).
 
     Pure: the input messages are not modified. Idempotent: lowering a lowered conversation
     returns an equal one.
     """
-    lowered: list[pb.Message] = []
+    lowered: list[LoweredMessage] = []
     for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        media: list[tuple[pb.Part, str]]
         if message.role == pb.ROLE_TOOL:
-            tool_message, media = _lower_tool_message(message, index)
-            lowered.append(tool_message)
+            tool_message, media = _lower_tool_message(message, where)
+            lowered.append(LoweredMessage(tool_message, where, ()))
         elif message.role == pb.ROLE_USER:
-            lowered.append(_copy(message))
+            sources = tuple(f"{where}.parts[{n}]" for n in range(len(message.parts)))
+            lowered.append(LoweredMessage(_copy(message), where, sources))
             continue
         elif message.role in (pb.ROLE_ASSISTANT, pb.ROLE_SYSTEM, pb.ROLE_DEVELOPER):
-            kept = [part for part in message.parts if part.WhichOneof("kind") not in _MEDIA_KINDS]
-            media = [part for part in message.parts if part.WhichOneof("kind") in _MEDIA_KINDS]
+            placed = [(part, f"{where}.parts[{n}]") for n, part in enumerate(message.parts)]
+            kept = [(part, source) for part, source in placed if part.WhichOneof("kind") not in _MEDIA_KINDS]
+            media = [(part, source) for part, source in placed if part.WhichOneof("kind") in _MEDIA_KINDS]
             turn = _copy(message)
             del turn.parts[:]
-            turn.parts.extend(kept)
-            lowered.append(turn)
+            turn.parts.extend(part for part, _ in kept)
+            lowered.append(LoweredMessage(turn, where, tuple(source for _, source in kept)))
         else:
             raise InvalidRequestError(
                 "every message needs a role (system, developer, user, assistant or tool)",
-                param=f"messages[{index}].role",
+                param=f"{where}.role",
             )
         if media:
-            lowered.append(pb.Message(role=pb.ROLE_USER, parts=media))
+            follow_up = pb.Message(role=pb.ROLE_USER, parts=[part for part, _ in media])
+            lowered.append(LoweredMessage(follow_up, where, tuple(source for _, source in media)))
     return lowered
+
+
+def lower_messages(messages: Sequence[pb.Message]) -> list[pb.Message]:
+    """Lower a conversation so that media appear only in user turns and tool outputs are text.
+
+    Pure and idempotent (see `lower_conversation`, which also says where each part came from).
+    """
+    return [lowered.message for lowered in lower_conversation(messages)]
 
 
 def tool_output_text(parts: Sequence[pb.Part]) -> str:
@@ -80,18 +105,26 @@ def tool_output_text(parts: Sequence[pb.Part]) -> str:
     return "\n".join(lines)
 
 
-def _lower_tool_message(message: pb.Message, index: int) -> tuple[pb.Message, list[pb.Part]]:
+def _lower_tool_message(message: pb.Message, where: str) -> tuple[pb.Message, list[tuple[pb.Part, str]]]:
     if len(message.parts):
         raise InvalidRequestError(
-            "a tool message carries its content in tool_output, not in parts",
-            param=f"messages[{index}].parts",
+            "a tool message carries its content in tool_output, not in parts", param=f"{where}.parts"
         )
     turn = _copy(message)
     if message.tool_output.WhichOneof("output") != "parts":
         return turn, []
     parts = message.tool_output.parts.parts
+    sources = [f"{where}.tool_output.parts.parts[{n}]" for n in range(len(parts))]
+    for part, source in zip(parts, sources, strict=True):
+        if part.WhichOneof("kind") is None:
+            # Refused rather than skipped: the caller sent a part and it would vanish.
+            raise InvalidRequestError("a tool output part has no content", param=source)
     turn.tool_output.text = tool_output_text(parts)  # replaces the `parts` arm of the oneof
-    media = [_copy_part(part) for part in parts if part.WhichOneof("kind") in _MEDIA_KINDS]
+    media = [
+        (_copy_part(part), source)
+        for part, source in zip(parts, sources, strict=True)
+        if part.WhichOneof("kind") in _MEDIA_KINDS
+    ]
     return turn, media
 
 

@@ -10,11 +10,14 @@ anything that must build prompts exactly as the engine does (e.g. training data)
     rendered.text    # the prompt, ending with the assistant generation prompt
     rendered.images  # PromptImage(part, where) per image, in prompt order
 
-Rules (violations raise `RequestError` INVALID_ARGUMENT with a message naming the rule):
-- images only in user turns; the caller lowers images elsewhere into a following user turn;
-- tool outputs are text at the engine: `tool_output.text`, or parts that are text (joined with
-  "\\n") and JSON parts (appended as one JSON-array line, as the lowering does); images or
-  files in a tool output are refused;
+Rules (violations raise `RequestError` INVALID_ARGUMENT naming the rule and the field, by its
+path in the request as sent):
+- the conversation is lowered first (`vlmserve.responses.lower_conversation`, the one
+  implementation the facade also uses): images in tool outputs and in assistant, system or
+  developer turns move to a user turn right after, and a part-list tool output becomes text
+  (text parts joined with "\\n", JSON parts as one JSON-array line, the marker line when it held
+  images). The lowering is idempotent, so a conversation the caller already lowered (the
+  facade's) renders exactly as before;
 - file parts are refused anywhere (the engine does not read documents);
 - a JSON part in a message is rendered as its JSON text;
 - developer turns render as system turns (chat templates have no developer role);
@@ -36,7 +39,7 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import tool_output_text
+from vlmserve.responses import InvalidRequestError, LoweredMessage, lower_conversation
 
 from .request_errors import invalid_argument
 from .template_fit import fit_messages, probe
@@ -208,25 +211,15 @@ def _tools(tools: Sequence[pb.Tool]) -> tuple[list[dict[str, Any]], frozenset[st
     return rendered, frozenset(names)
 
 
-def _message_content(
-    message: pb.Message, where: str, role: str, images: list[PromptImage]
-) -> list[dict[str, Any]]:
+def _message_content(lowered: LoweredMessage, images: list[PromptImage]) -> list[dict[str, Any]]:
     content: list[dict[str, Any]] = []
-    for index, part in enumerate(message.parts):
-        part_where = f"{where}.parts[{index}]"
+    for part, part_where in zip(lowered.message.parts, lowered.part_sources, strict=True):
         kind = part.WhichOneof("kind")
         if kind == "text":
             content.append({"type": "text", "text": part.text.text})
         elif kind == "json":
             content.append({"type": "text", "text": part.json.json})
-        elif kind == "image":
-            if role != "user":
-                raise invalid_argument(
-                    f"{part_where}: images are accepted only in user turns, not in a "
-                    f"{pb.Role.Name(message.role)} turn; move the image into a following user turn "
-                    "(the image follow-up lowering)",
-                    field=part_where,
-                )
+        elif kind == "image":  # only in user turns: the lowering moved the others
             if not part.image.data:
                 raise invalid_argument(f"{part_where}: image data is empty", field=f"{part_where}.image.data")
             images.append(PromptImage(part=part.image, where=part_where))
@@ -241,29 +234,6 @@ def _message_content(
                 f"{part_where}: empty part (no text, image, file or json)", field=part_where
             )
     return content
-
-
-def _tool_output_text(output: pb.ToolOutput, where: str) -> str:
-    kind = output.WhichOneof("output")
-    if kind == "text" or kind is None:
-        return output.text
-    for index, part in enumerate(output.parts.parts):
-        part_where = f"{where}.tool_output.parts.parts[{index}]"
-        part_kind = part.WhichOneof("kind")
-        if part_kind == "image":
-            raise invalid_argument(
-                f"{part_where}: images are accepted only in user turns, not in a tool output; "
-                "lower them into a following user turn (the image follow-up lowering)",
-                field=part_where,
-            )
-        if part_kind == "file":
-            raise invalid_argument(
-                f"{part_where}: file parts are not supported in tool outputs", field=part_where
-            )
-        if part_kind is None:
-            raise invalid_argument(f"{part_where}: empty part", field=part_where)
-    # Text and JSON parts join exactly as the lowering joins them: one rule, one implementation.
-    return tool_output_text(output.parts.parts)
 
 
 def _assistant_tool_calls(message: pb.Message, where: str) -> list[dict[str, Any]]:
@@ -331,15 +301,15 @@ def to_template_conversation(
         raise invalid_argument(
             "this model has no tool-call format, so tool_choice cannot force a call", field="tool_choice"
         )
+    try:
+        lowered = lower_conversation(messages)
+    except InvalidRequestError as error:
+        raise invalid_argument(error.message, field=error.param or "messages") from None
     images: list[PromptImage] = []
     converted: list[dict[str, Any]] = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        role = _ROLE_NAMES.get(message.role)
-        if role is None:
-            raise invalid_argument(
-                f"{where}.role must be one of system, developer, user, assistant, tool", field=f"{where}.role"
-            )
+    for entry in lowered:
+        message, where = entry.message, entry.source
+        role = _ROLE_NAMES[message.role]  # the lowering refused any other role
         if message.tool_calls and role != "assistant":
             raise invalid_argument(
                 f"{where}: only assistant turns may carry tool_calls", field=f"{where}.tool_calls"
@@ -348,26 +318,21 @@ def to_template_conversation(
             raise invalid_argument(
                 f"{where}: only tool turns may carry tool_output", field=f"{where}.tool_output"
             )
-        if role == "tool":
-            if message.parts:
-                raise invalid_argument(
-                    f"{where}: a tool turn carries its result in tool_output, not parts",
-                    field=f"{where}.parts",
-                )
+        if role == "tool":  # parts on a tool turn: the lowering refused them
             if not message.HasField("tool_output"):
                 raise invalid_argument(
                     f"{where}: a tool turn needs tool_output", field=f"{where}.tool_output"
                 )
-            entry: dict[str, Any] = {
+            turn: dict[str, Any] = {
                 "role": "tool",
-                "content": _tool_output_text(message.tool_output, where),
+                "content": message.tool_output.text,  # the lowering made part lists text
                 "tool_call_id": message.tool_output.call_id,
             }
         else:
-            entry = {"role": role, "content": _message_content(message, where, role, images)}
+            turn = {"role": role, "content": _message_content(entry, images)}
             if role == "assistant" and message.tool_calls:
-                entry["tool_calls"] = _assistant_tool_calls(message, where)
-        converted.append(entry)
+                turn["tool_calls"] = _assistant_tool_calls(message, where)
+        converted.append(turn)
     _add_system_instruction(converted, _format_instruction(response_format))
     return TemplateConversation(
         messages=converted,

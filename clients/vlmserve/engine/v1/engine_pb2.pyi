@@ -681,7 +681,9 @@ class GenerateRequest(_message.Message):
     """At most this many tool calls (unset: no limit; 0: none)."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
-        """The conversation, already lowered: images only in user turns."""
+        """The conversation. Images may be in any turn and in tool outputs: the engine applies the image
+        follow-up lowering (docs/responses-api.md) before rendering, so a caller need not lower first.
+        """
 
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tool]: ...
