@@ -175,3 +175,74 @@ def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+@pytest.mark.slow
+def test_with_api_keys_the_launcher_locks_the_engine_with_a_token(tmp_path: Path) -> None:
+    """Issue 13.13: with API keys on the facade, `make run`'s engine is not open on loopback.
+    The launcher makes a token for the run; the facade's requests get through, while Generate,
+    Abort and reflection without it are refused (health stays open for probes)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    from vlmserve.engine.v1 import engine_pb2 as pb
+    from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+
+    key = "sk-launcher-test-key-0123456789"
+    authorization = {"Authorization": f"Bearer {key}"}
+    port, engine_port = free_port(), free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "vlmserve.facade.launch",
+        *("--model", str(REPO / "models" / "qwen2-vl-tiny"), "--engine-address", f"127.0.0.1:{engine_port}"),
+        *("--port", str(port), "--store-path", str(tmp_path / "store.sqlite3"), "--log-level", "warning"),
+    ]
+    environ = {name: value for name, value in env().items() if name != "VLMSERVE_ENGINE_TOKEN"}
+    launcher = subprocess.Popen(command, cwd=REPO, env={**environ, "VLMSERVE_API_KEYS": key})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", headers=authorization)
+                if ready.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert launcher.poll() is None and time.monotonic() < deadline, "never ready"
+            time.sleep(0.3)
+        body = {"input": "hi", "max_output_tokens": 2}
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/responses",
+            json=body,
+            headers=authorization,
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        with grpc.insecure_channel(f"127.0.0.1:{engine_port}") as channel:
+            engine = pb_grpc.EngineServiceStub(channel)
+            calls = {
+                "Generate": lambda: list(engine.Generate(pb.GenerateRequest(), timeout=10)),
+                "Abort": lambda: engine.Abort(pb.AbortRequest(request_id="resp_x"), timeout=10),
+                "GetModelInfo": lambda: engine.GetModelInfo(pb.GetModelInfoRequest(), timeout=10),
+                "reflection": lambda: list(
+                    reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+                    )
+                ),
+            }
+            for name, call in calls.items():
+                with pytest.raises(grpc.RpcError) as refused:
+                    call()
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -35,7 +36,7 @@ from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, ad
 
 from .api_keys import probe_key
 from .cli import server_shutdown_timeout_s
-from .settings import FacadeSettings
+from .settings import ENGINE_TOKEN_ENV, FacadeSettings
 
 logger = logging.getLogger("vlmserve.launch")
 
@@ -95,6 +96,9 @@ def _program(name: str) -> list[str]:
 def engine_command(settings: LaunchSettings) -> list[str]:
     command = shlex.split(settings.engine_command) if settings.engine_command else _program("vlmserve-engine")
     command += ["--address", settings.facade.engine_address]
+    if settings.facade.engine_token_file is not None:
+        # The facade sends the token from this file; the engine must ask for it.
+        command += ["--auth-token-file", str(settings.facade.engine_token_file)]
     # The engine is stopped after the facade, so its drain only covers what the facade left.
     command += ["--drain-seconds", str(settings.facade.shutdown_grace_s)]
     if settings.model:
@@ -104,6 +108,16 @@ def engine_command(settings: LaunchSettings) -> list[str]:
 
 def facade_command(facade_flags: Sequence[str]) -> list[str]:
     return [*_program("vlmserve-facade"), *facade_flags]
+
+
+def engine_token_env(settings: FacadeSettings) -> dict[str, str]:
+    """With API keys on, the engine must not stay open to anyone on this machine (its Generate,
+    Abort and reflection would bypass the keys): unless a token is configured already, one is
+    made for this run and handed to both children in the environment (never on a command line,
+    where `ps` shows it). The engine requires it; the facade sends it; health stays open."""
+    if not settings.api_keys.enabled or settings.engine_token or settings.engine_token_file:
+        return {}
+    return {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
 
 
 def stop_timeouts(settings: FacadeSettings) -> dict[str, float]:
@@ -123,7 +137,7 @@ class Launcher:
         self.stop_timeouts = stop_timeouts(settings.facade)
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.stopping = threading.Event()
-        self.child_env: dict[str, str] = {}
+        self.child_env = engine_token_env(settings.facade)
         self._lifeline: tuple[int, int] | None = None
         self._signals: list[int] = []
 
@@ -181,6 +195,8 @@ class Launcher:
 
     def run(self) -> int:
         settings, facade = self.settings, self.settings.facade
+        if self.child_env:
+            logger.info("API keys are on: the engine requires a token made for this run")
         engine_process = self.start("engine", engine_command(settings))
         with EngineClient(facade.engine_address) as client:
             if not self.wait_until(
