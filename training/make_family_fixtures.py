@@ -38,7 +38,7 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, required=True, help="directory to write DIR/<family>/ into")
     parser.add_argument(
         "--family",

@@ -63,7 +63,11 @@ def _start(model_dir: Path) -> tuple[EngineServer, str, asyncio.AbstractEventLoo
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="family-engine-loop", daemon=True)
     thread.start()
-    config = EngineConfig(model=str(model_dir), max_output_tokens=64, warmup=False, prefix_cache_min_tokens=0)
+    # The prefix cache is on: a request sharing a prompt prefix with the previous one continues
+    # from its cache (trimmed), which must not change a single token.
+    config = EngineConfig(
+        model=str(model_dir), max_output_tokens=64, warmup=False, prefix_cache_min_tokens=16
+    )
 
     async def start() -> tuple[EngineServer, str]:
         server = EngineServer(config)
@@ -159,8 +163,10 @@ def prompt_adds_special_tokens(prompt: str, tokenizer: Any) -> bool:
     return not (bos and prompt.startswith(bos))
 
 
-def reference_generate(loaded: LoadedModel, messages: list[pb.Message], max_tokens: int) -> tuple[str, int]:
-    """(text, prompt tokens) from mlx-vlm's generation loop on the engine's prompt and images.
+def reference_tokens(
+    loaded: LoadedModel, messages: list[pb.Message], max_tokens: int
+) -> tuple[list[int], int]:
+    """(generated ids, prompt tokens) from mlx-vlm's loop on the engine's prompt and images.
 
     The inputs are prepared with mlx-vlm's own `prepare_inputs`, with one BOS token (mlx-vlm's
     `should_add_special_tokens` adds a second one for gemma3, mistral3 and llama4); the text is
@@ -200,7 +206,12 @@ def reference_generate(loaded: LoadedModel, messages: list[pb.Message], max_toke
     )
     tokens = list(final.token_ids)
     assert final.finish_reason == "length" and len(tokens) == max_tokens
-    return loaded.tokenizer.decode(tokens, skip_special_tokens=True), int(input_ids.shape[-1])
+    return tokens, int(input_ids.shape[-1])
+
+
+def reference_generate(loaded: LoadedModel, messages: list[pb.Message], max_tokens: int) -> tuple[str, int]:
+    tokens, prompt_tokens = reference_tokens(loaded, messages, max_tokens)
+    return loaded.tokenizer.decode(tokens, skip_special_tokens=True), prompt_tokens
 
 
 # -- tests --------------------------------------------------------------------------------------
@@ -256,3 +267,86 @@ def test_prompt_starts_with_one_bos(family: FamilyEngine) -> None:
     if bos:
         assert ids.count(tokenizer.bos_token_id) == 1
     assert counted == len(ids)
+
+
+# Gemma 3's sliding-window layers keep a rotating cache that cannot be trimmed once past its
+# window, so the engine prefills afresh. (Llama 4's chunked layers can be trimmed back while
+# the kept chunk covers the shared prefix, as here; when not, the engine starts fresh: the
+# two_images parity test runs after one_image, which shares only a short prefix with it.)
+PREFIX_CACHE_UNSUPPORTED = frozenset({"gemma3"})
+
+LONG_SYSTEM = pb.Message(
+    role=pb.ROLE_SYSTEM,
+    parts=[text("You describe pictures for a museum catalogue. " * 12 + "Keep every answer short.")],
+)
+
+
+def test_a_shared_prefix_reuses_the_cache_without_changing_output(family: FamilyEngine) -> None:
+    """Sliding-window (gemma3) and chunked (llama4) caches must survive the prefix-cache trim."""
+    first = [LONG_SYSTEM, user(text("Describe a calm harbour at noon."))]
+    second = [LONG_SYSTEM, user(text("Describe a busy market in the rain."))]
+    family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(first)), timeout=120)
+    result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(second)), timeout=120).result
+    expected_text, _ = reference_generate(family.reference, second, MAX_TOKENS)
+    assert result.text == expected_text
+    if family.name in PREFIX_CACHE_UNSUPPORTED:
+        assert result.usage.cached_tokens == 0
+    else:
+        assert result.usage.cached_tokens > 16
+
+
+def test_every_configured_eos_token_ends_the_turn(
+    family: FamilyEngine, family_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The eos set is generation_config's list (Gemma's <end_of_turn>, Llama 4's <|eot|> and
+    <|eom|> ...): a token in it ends the turn with STOP and is not shown. A greedy token of this
+    model is made an eos token in a copy of the checkpoint, so the model really emits one."""
+    import json
+    import shutil
+
+    messages = CONVERSATIONS["text"]
+    tokens, _ = reference_tokens(family.reference, messages, 6)
+    # The first token that did not occur before (stopping at an earlier occurrence would
+    # stop sooner); a model repeating one token stops at once.
+    stop_at = next((i for i in range(1, 6) if tokens[i] not in tokens[:i]), 0)
+    copy = tmp_path / family.name
+    shutil.copytree(family_models[family.name], copy)
+    generation = json.loads((copy / "generation_config.json").read_text())
+    configured = generation["eos_token_id"]
+    configured = configured if isinstance(configured, list) else [configured]
+    generation["eos_token_id"] = [*configured, tokens[stop_at]]
+    (copy / "generation_config.json").write_text(json.dumps(generation))
+    assert set(configured) <= family.reference.eos_token_ids  # the real set, all of it
+
+    server, address, loop, thread = _start(copy)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.EngineServiceStub(channel)
+            result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(messages)), timeout=120).result
+    finally:
+        asyncio.run_coroutine_threadsafe(server.shutdown(grace_seconds=5), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert result.finish_reason == pb.FINISH_REASON_STOP
+    assert result.usage.output_tokens == stop_at + 1  # the eos token counts as generated
+    assert result.text == family.reference.tokenizer.decode(tokens[:stop_at], skip_special_tokens=True)
+
+
+def test_a_short_shared_prefix_after_a_long_prompt(family: FamilyEngine) -> None:
+    """Llama 4's chunked layers have dropped a short shared prefix by the end of a long prompt:
+    the engine must notice the trim fell short and prefill afresh (it used to continue from the
+    wrong keys)."""
+    first = [LONG_SYSTEM, user(text("Describe a calm harbour at noon."))]
+    short = pb.Message(
+        role=pb.ROLE_SYSTEM,
+        parts=[text("You describe pictures for a museum catalogue. " * 2 + "Use French.")],
+    )
+    second = [short, user(text("Describe a busy market in the rain."))]
+    family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(first)), timeout=120)
+    result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(second)), timeout=120).result
+    expected_text, _ = reference_generate(family.reference, second, MAX_TOKENS)
+    assert result.text == expected_text
+    if family.name in {"gemma3", "llama4"}:
+        assert result.usage.cached_tokens == 0
+    else:
+        assert result.usage.cached_tokens > 16

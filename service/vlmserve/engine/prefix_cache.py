@@ -92,6 +92,10 @@ class PrefixCache:
         self._entry = None
         for layer in entry.cache:
             layer.trim(layer.offset - shared)
+        if any(layer.offset != shared for layer in entry.cache):
+            # A chunked-attention layer (Llama 4) keeps only its current chunk and cannot trim
+            # back past its start; its cache no longer holds the shared tokens, so start fresh.
+            return None
         return entry.cache, shared
 
     def clear(self) -> None:
