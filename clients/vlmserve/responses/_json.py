@@ -1,4 +1,4 @@
-"""Typed reads from untrusted JSON that fail with the exact JSON path of the bad field."""
+"""JSON paths (`input[2].content`) and the errors that name them."""
 
 from __future__ import annotations
 
@@ -50,64 +50,6 @@ def as_object(value: object, path: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise wrong_type(path, "an object", value)
     return value
-
-
-def as_list(value: object, path: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise wrong_type(path, "an array", value)
-    return value
-
-
-def required_str(obj: Mapping[str, Any], key: str, path: str) -> str:
-    value = obj.get(key)
-    if value is None:
-        raise missing(join(path, key))
-    if not isinstance(value, str):
-        raise wrong_type(join(path, key), "a string", value)
-    return value
-
-
-def optional_str(obj: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = obj.get(key)
-    if value is not None and not isinstance(value, str):
-        raise wrong_type(join(path, key), "a string", value)
-    return value
-
-
-def optional_bool(obj: Mapping[str, Any], key: str, path: str) -> bool | None:
-    value = obj.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise wrong_type(join(path, key), "a boolean", value)
-    return value
-
-
-def optional_int(obj: Mapping[str, Any], key: str, path: str) -> int | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise wrong_type(join(path, key), "an integer", value)
-    return value
-
-
-def optional_number(obj: Mapping[str, Any], key: str, path: str) -> float | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise wrong_type(join(path, key), "a number", value)
-    try:
-        return float(value)
-    except OverflowError:  # an integer too large for a float
-        param = join(path, key)
-        raise InvalidRequestError(f"Invalid value for '{param}': out of range.", param=param) from None
-
-
-def optional_object(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    return as_object(value, join(path, key))
 
 
 def one_of(value: str, allowed: tuple[str, ...], path: str) -> str:

@@ -19,21 +19,13 @@ from ._items import (
     with_instructions,
 )
 from ._json import (
-    as_list,
     as_object,
-    join,
-    missing,
     one_of,
-    optional_bool,
-    optional_int,
-    optional_number,
-    optional_object,
-    optional_str,
-    wrong_type,
 )
 from ._lowering import lower_messages
 from ._media import ImageSource, MediaPolicy
 from ._output_models import RequestEcho
+from ._request_models import ConversationParam, CreateResponseBody, TextParam, parse_body
 from ._tools import OfferedTool, parse_tool_choice, parse_tools
 
 METADATA_MAX_PAIRS = 16
@@ -134,16 +126,12 @@ def build_generate_request(
     previous_response_id or a conversation; they go before `input` and are lowered the same
     way, so a replayed conversation reaches the model exactly as it did the first time.
     """
-    if not isinstance(body, Mapping):
-        raise wrong_type("body", "a JSON object", body)
-    tools = parse_tools(body.get("tools"))
-    choice = parse_tool_choice(body.get("tool_choice"), tools)
-    instructions = optional_str(body, "instructions", "")
-    raw_input = body.get("input")
-    if raw_input is None:
-        raise missing("input")
+    parsed = parse_body(body)
+    tools = parse_tools(parsed.tools)
+    choice = parse_tool_choice(parsed.tool_choice, tools)
+    instructions = parsed.instructions
     media = MediaPolicy(image_source=image_source, limits=image_limits or ImageLimits())
-    input_part = input_entries(raw_input)
+    input_part = input_entries(parsed.input)
     replayed = items_to_messages(
         [(f"replay[{index}]", item) for index, item in enumerate(replay)],
         media=media,
@@ -154,61 +142,64 @@ def build_generate_request(
     require_content(current)
     raw_messages = with_instructions(instructions, replayed + current)
 
-    previous_response_id = optional_str(body, "previous_response_id", "")
-    conversation_id = _conversation_id(body.get("conversation"))
-    if previous_response_id is not None and conversation_id is not None:
+    conversation = parsed.conversation
+    conversation_id = conversation.id if isinstance(conversation, ConversationParam) else conversation
+    if parsed.previous_response_id is not None and conversation_id is not None:
         raise InvalidRequestError(
             "Use either 'previous_response_id' or 'conversation', not both.", param="conversation"
         )
-    _reject_unsupported(body)
-    text = _text(body.get("text"))
-    max_output_tokens = _positive_int(body, "max_output_tokens")
-    temperature = _bounded(body, "temperature", 0.0, 2.0)
-    top_p = _bounded(body, "top_p", 0.0, 1.0)
-    parallel = optional_bool(body, "parallel_tool_calls", "")
-
+    _reject_unsupported(parsed)
+    text = _text(parsed.text)
+    sampling = pb.SamplingParams(
+        max_tokens=parsed.max_output_tokens, temperature=parsed.temperature, top_p=parsed.top_p
+    )
     request = pb.GenerateRequest(
         messages=_custom_calls_as_function_calls(lower_messages(raw_messages)),
         tools=tools.contract_tools(choice.allowed),
-        sampling=pb.SamplingParams(max_tokens=max_output_tokens, temperature=temperature, top_p=top_p),
+        sampling=sampling,
         response_format=pb.ResponseFormat(text=pb.TextFormat()),
     )
     if choice.choice is not None:
         request.tool_choice.CopyFrom(choice.choice)
-    if parallel is not None:
-        request.parallel_tool_calls = parallel
+    if parsed.parallel_tool_calls is not None:
+        request.parallel_tool_calls = parsed.parallel_tool_calls
 
     return TranslatedRequest(
         request=request,
         raw_messages=raw_messages,
-        input_items=[item for _, item in input_part],
+        input_items=_raw_items(body["input"]),
         ignored_tools=tools.ignored,
         offered_tools=tools.offered,
-        model=optional_str(body, "model", ""),
+        model=parsed.model,
         instructions=instructions,
-        previous_response_id=previous_response_id,
+        previous_response_id=parsed.previous_response_id,
         conversation_id=conversation_id,
-        stream=bool(optional_bool(body, "stream", "")),
-        store=optional_bool(body, "store", "") is not False,
-        truncation=one_of(
-            optional_str(body, "truncation", "") or "disabled", ("auto", "disabled"), "truncation"
-        ),
-        metadata=parse_metadata(body.get("metadata")),
+        stream=bool(parsed.stream),
+        store=parsed.store is not False,
+        truncation=parsed.truncation or "disabled",
+        metadata=parse_metadata(parsed.metadata),
         tools=tools.echo(choice.allowed),
         tool_choice=choice.echo,
-        parallel_tool_calls=parallel is not False,
-        max_output_tokens=max_output_tokens,
-        max_tool_calls=_positive_int(body, "max_tool_calls"),
-        temperature=temperature,
-        top_p=top_p,
+        parallel_tool_calls=parsed.parallel_tool_calls is not False,
+        max_output_tokens=parsed.max_output_tokens,
+        max_tool_calls=parsed.max_tool_calls,
+        temperature=parsed.temperature,
+        top_p=parsed.top_p,
         text=text,
-        reasoning=_plain(optional_object(body, "reasoning", "")),
-        include=_include(body.get("include")),
-        prompt_cache_key=optional_str(body, "prompt_cache_key", ""),
-        safety_identifier=optional_str(body, "safety_identifier", ""),
-        service_tier=optional_str(body, "service_tier", ""),
-        user=optional_str(body, "user", ""),
+        reasoning=None if parsed.reasoning is None else parsed.reasoning.model_dump(),
+        include=parsed.include or [],
+        prompt_cache_key=parsed.prompt_cache_key,
+        safety_identifier=parsed.safety_identifier,
+        service_tier=parsed.service_tier,
+        user=parsed.user,
     )
+
+
+def _raw_items(value: Any) -> list[Any]:
+    """`input` as the client sent it, as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value)
 
 
 def _custom_calls_as_function_calls(messages: list[pb.Message]) -> list[pb.Message]:
@@ -221,40 +212,28 @@ def _custom_calls_as_function_calls(messages: list[pb.Message]) -> list[pb.Messa
     return messages
 
 
-def _conversation_id(value: object) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, Mapping):
-        conversation_id = optional_str(value, "id", "conversation")
-        if conversation_id is None:
-            raise missing("conversation.id")
-        return conversation_id
-    raise wrong_type("conversation", "a string or an object with 'id'", value)
-
-
-def _reject_unsupported(body: Mapping[str, Any]) -> None:
-    top_logprobs = optional_int(body, "top_logprobs", "")
-    if top_logprobs:
+def _reject_unsupported(body: CreateResponseBody) -> None:
+    if body.top_logprobs:
         raise InvalidRequestError(
             "Invalid value for 'top_logprobs': log probabilities are not supported by this server; "
             "omit it or send 0.",
             param="top_logprobs",
             code="unsupported_value",
         )
-    if optional_bool(body, "background", ""):
+    if body.background:
         raise InvalidRequestError(
             "Invalid value for 'background': background responses are not supported.",
             param="background",
             code="unsupported_value",
         )
     for penalty in ("presence_penalty", "frequency_penalty"):
-        if optional_number(body, penalty, ""):
+        if getattr(body, penalty):
             raise InvalidRequestError(
                 f"Invalid value for '{penalty}': only 0 is supported.",
                 param=penalty,
                 code="unsupported_value",
             )
-    if body.get("prompt") is not None:
+    if body.prompt is not None:
         raise InvalidRequestError(
             "Invalid value for 'prompt': stored prompt templates are not supported; send 'input'.",
             param="prompt",
@@ -262,13 +241,8 @@ def _reject_unsupported(body: Mapping[str, Any]) -> None:
         )
 
 
-def _text(value: object) -> dict[str, Any]:
-    if value is None:
-        return {"format": {"type": "text"}}
-    text = as_object(value, "text")
-    text_format = optional_object(text, "format", "text")
-    format_type = optional_str(text_format, "type", "text.format") if text_format is not None else None
-    format_type = format_type or "text"
+def _text(text: TextParam | None) -> dict[str, Any]:
+    format_type = text.format.type if text is not None and text.format is not None else "text"
     if format_type in ("json_object", "json_schema"):
         raise InvalidRequestError(
             f"Invalid value for 'text.format': {format_type} output is not supported yet; use "
@@ -277,33 +251,10 @@ def _text(value: object) -> dict[str, Any]:
             code="unsupported_value",
         )
     one_of(format_type, ("text",), "text.format.type")
-    verbosity = optional_str(text, "verbosity", "text")
     echo: dict[str, Any] = {"format": {"type": "text"}}
-    if verbosity is not None:
-        echo["verbosity"] = one_of(verbosity, ("low", "medium", "high"), "text.verbosity")
+    if text is not None and text.verbosity is not None:
+        echo["verbosity"] = one_of(text.verbosity, ("low", "medium", "high"), "text.verbosity")
     return echo
-
-
-# The contract's token counts are uint32; larger values could not even be sent.
-_MAX_COUNT = 2**31 - 1
-
-
-def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
-    value = optional_int(body, key, "")
-    if value is not None and value < 1:
-        raise InvalidRequestError(f"Invalid value for '{key}': must be at least 1.", param=key)
-    if value is not None and value > _MAX_COUNT:
-        raise InvalidRequestError(f"Invalid value for '{key}': must be at most {_MAX_COUNT}.", param=key)
-    return value
-
-
-def _bounded(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
-    value = optional_number(body, key, "")
-    if value is not None and not low <= value <= high:
-        raise InvalidRequestError(
-            f"Invalid value for '{key}': must be between {low:g} and {high:g}.", param=key
-        )
-    return value
 
 
 def parse_metadata(value: object) -> dict[str, str]:
@@ -331,17 +282,3 @@ def parse_metadata(value: object) -> dict[str, str]:
                 param="metadata",
             )
     return dict(metadata)
-
-
-def _include(value: object) -> list[str]:
-    if value is None:
-        return []
-    entries = as_list(value, "include")
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, str):
-            raise wrong_type(join("include", index), "a string", entry)
-    return list(entries)
-
-
-def _plain(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    return None if value is None else dict(value)

@@ -14,51 +14,25 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
-from ._json import (
-    as_list,
-    as_object,
-    join,
-    one_of,
-    optional_bool,
-    optional_object,
-    optional_str,
-    required_str,
-    wrong_type,
+from ._json import join, missing
+from ._request_models import (
+    AllowedToolsChoiceParam,
+    CustomToolParam,
+    FunctionToolParam,
+    NamedToolChoiceParam,
+    NamespaceToolParam,
 )
 
 ToolKindName = Literal["function", "custom"]
 
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-
-# OpenAI's tool types that run on OpenAI's side (or, like tool_search, ask for a feature this
-# server has not): accepted, left out of the prompt, and named in `ignored` (the facade's
-# x-vlmserve-ignored-tools header), which therefore only ever carries these names.
-HOSTED_TOOL_TYPES = frozenset(
-    {
-        "apply_patch",
-        "code_interpreter",
-        "computer",
-        "computer_use_preview",
-        "file_search",
-        "image_generation",
-        "local_shell",
-        "mcp",
-        "programmatic_tool_calling",
-        "shell",
-        "tool_search",
-        "web_search",
-        "web_search_2025_08_26",
-        "web_search_preview",
-        "web_search_preview_2025_03_11",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -118,81 +92,51 @@ class _Declared:
     path: str
 
 
-def parse_tools(value: object, path: str = "tools") -> ToolSet:
+def parse_tools(value: Sequence[Any] | None, path: str = "tools") -> ToolSet:
+    """Validated `tools` (`_request_models.ToolParam`) -> what the model is offered."""
     if value is None:
         return ToolSet()
     declared: list[_Declared] = []
     ignored: list[str] = []
-    for index, tool in enumerate(as_list(value, path)):
+    for index, tool in enumerate(value):
         tool_path = join(path, index)
-        obj = as_object(tool, tool_path)
-        tool_type = required_str(obj, "type", tool_path)
-        if tool_type == "namespace":
-            declared.extend(_namespace_tools(obj, tool_path, ignored))
-        elif tool_type in ("function", "custom"):
-            declared.append(_declared(obj, tool_path, tool_type, None))
+        if isinstance(tool, NamespaceToolParam):
+            declared.extend(_namespace_tools(tool, tool_path, ignored))
+        elif isinstance(tool, FunctionToolParam | CustomToolParam):
+            declared.append(_declared(tool, tool_path, None))
         else:
-            ignored.append(_hosted(tool_type, tool_path))
+            # A hosted tool (validation refused every other type). By type only: the rest of
+            # the tool, like a namespace's name, is the client's text.
+            ignored.append(tool.type)
     return ToolSet(offered=_offer(declared), ignored=ignored)
 
 
-def _hosted(tool_type: str, path: str) -> str:
-    if tool_type not in HOSTED_TOOL_TYPES:
-        raise InvalidRequestError(
-            f"Invalid value for '{join(path, 'type')}': unsupported tool type; supported: function, "
-            "custom, namespace, and OpenAI's hosted tools (accepted, but they do not run here).",
-            param=join(path, "type"),
-            code="unsupported_value",
-        )
-    return tool_type
-
-
-def _namespace_tools(obj: Mapping[str, Any], path: str, ignored: list[str]) -> list[_Declared]:
-    namespace = required_str(obj, "name", path)
+def _namespace_tools(namespace: NamespaceToolParam, path: str, ignored: list[str]) -> list[_Declared]:
     tools_path = join(path, "tools")
     found: list[_Declared] = []
-    for index, tool in enumerate(as_list(obj.get("tools", []), tools_path)):
-        tool_path = join(tools_path, index)
-        inner = as_object(tool, tool_path)
-        tool_type = required_str(inner, "type", tool_path)
-        if tool_type in ("function", "custom"):
-            found.append(_declared(inner, tool_path, tool_type, namespace))
+    for index, tool in enumerate(namespace.tools):
+        if isinstance(tool, FunctionToolParam | CustomToolParam):
+            found.append(_declared(tool, join(tools_path, index), namespace.name))
         else:
-            # By type only: the namespace's name is the client's text.
-            ignored.append(_hosted(tool_type, tool_path))
+            ignored.append(tool.type)
     return found
 
 
-def _declared(obj: Mapping[str, Any], path: str, kind: str, namespace: str | None) -> _Declared:
-    name = required_str(obj, "name", path)
+def _declared(tool: FunctionToolParam | CustomToolParam, path: str, namespace: str | None) -> _Declared:
+    name = tool.name
     if not name:
         raise InvalidRequestError(
             f"Invalid value for '{join(path, 'name')}': a tool name cannot be empty.",
             param=join(path, "name"),
         )
-    description = optional_str(obj, "description", path)
-    if kind == "custom":
-        tool = OfferedTool(
-            name,
-            name,
-            namespace,
-            "custom",
-            _custom_description(obj, path, description),
-            _custom_parameters(),
-            False,
+    if isinstance(tool, CustomToolParam):
+        offered = OfferedTool(
+            name, name, namespace, "custom", _custom_description(tool), _custom_parameters(), False
         )
-        return _Declared(tool, path)
-    parameters = optional_object(obj, "parameters", path)
-    tool = OfferedTool(
-        name,
-        name,
-        namespace,
-        "function",
-        description,
-        parameters if parameters is not None else _EMPTY_PARAMETERS,
-        optional_bool(obj, "strict", path),
-    )
-    return _Declared(tool, path)
+        return _Declared(offered, path)
+    parameters = tool.parameters if tool.parameters is not None else _EMPTY_PARAMETERS
+    offered = OfferedTool(name, name, namespace, "function", tool.description, parameters, tool.strict)
+    return _Declared(offered, path)
 
 
 def _custom_parameters() -> dict[str, Any]:
@@ -204,13 +148,11 @@ def _custom_parameters() -> dict[str, Any]:
     }
 
 
-def _custom_description(obj: Mapping[str, Any], path: str, description: str | None) -> str:
-    lines = [description] if description else []
-    tool_format = optional_object(obj, "format", path)
-    if tool_format is not None and tool_format.get("type") == "grammar":
-        syntax = optional_str(tool_format, "syntax", join(path, "format")) or "grammar"
-        definition = optional_str(tool_format, "definition", join(path, "format")) or ""
-        lines.append(f"`input` must match this {syntax} grammar:\n{definition}")
+def _custom_description(tool: CustomToolParam) -> str:
+    lines = [tool.description] if tool.description else []
+    if tool.format is not None and tool.format.type == "grammar":
+        syntax = tool.format.syntax or "grammar"
+        lines.append(f"`input` must match this {syntax} grammar:\n{tool.format.definition or ''}")
     lines.append("Put the free-form input in the `input` string.")
     return "\n".join(lines)
 
@@ -260,57 +202,46 @@ _MODES = {
 
 
 def parse_tool_choice(value: object, tools: ToolSet, path: str = "tool_choice") -> ParsedToolChoice:
+    """A validated `tool_choice` (`_request_models.ToolChoiceParam`) against the offered tools."""
     if value is None:
         return ParsedToolChoice(None, "auto")
     if isinstance(value, str):
-        mode = one_of(value, tuple(_MODES), path)
-        if mode == "required" and not tools.offered:
+        if value == "required" and not tools.offered:
             raise InvalidRequestError(
                 f"Invalid value for '{path}': 'required' needs at least one function tool in 'tools'.",
                 param=path,
             )
-        return ParsedToolChoice(pb.ToolChoice(mode=_MODES[mode]), mode)
-    if not isinstance(value, Mapping):
-        raise wrong_type(path, "a string or an object", value)
-    choice_type = required_str(value, "type", path)
-    if choice_type in ("function", "custom"):
-        name = _offered_name(value, path, tools, choice_type)
+        return ParsedToolChoice(pb.ToolChoice(mode=_MODES[value]), value)
+    if isinstance(value, NamedToolChoiceParam):
+        name = _offered_name(value.name, path, tools, value.type)
         return ParsedToolChoice(pb.ToolChoice(function_name=name), {"type": "function", "name": name})
-    if choice_type == "allowed_tools":
-        return _allowed_tools(value, path, tools)
-    raise InvalidRequestError(
-        f"Invalid value for '{join(path, 'type')}': only function, custom and allowed_tools choices are "
-        "supported; hosted tools do not run on this server.",
-        param=join(path, "type"),
-        code="unsupported_value",
-    )
+    assert isinstance(value, AllowedToolsChoiceParam)  # validation admits nothing else
+    return _allowed_tools(value, path, tools)
 
 
-def _allowed_tools(value: Mapping[str, Any], path: str, tools: ToolSet) -> ParsedToolChoice:
-    mode = one_of(required_str(value, "mode", path), ("auto", "required"), join(path, "mode"))
+def _allowed_tools(value: AllowedToolsChoiceParam, path: str, tools: ToolSet) -> ParsedToolChoice:
     tools_path = join(path, "tools")
     allowed: set[str] = set()
-    for index, entry in enumerate(as_list(value.get("tools"), tools_path)):
+    for index, entry in enumerate(value.tools):
         entry_path = join(tools_path, index)
-        obj = as_object(entry, entry_path)
-        entry_type = required_str(obj, "type", entry_path)
-        if entry_type in ("function", "custom"):
-            allowed.add(_offered_name(obj, entry_path, tools, entry_type))
-    if not allowed and mode == "required":
+        if entry.type in ("function", "custom"):
+            if entry.name is None:
+                raise missing(join(entry_path, "name"))
+            allowed.add(_offered_name(entry.name, entry_path, tools, entry.type))
+    if not allowed and value.mode == "required":
         raise InvalidRequestError(
             f"Invalid value for '{tools_path}': 'required' needs at least one function or custom tool.",
             param=tools_path,
         )
     echo = {
         "type": "allowed_tools",
-        "mode": mode,
+        "mode": value.mode,
         "tools": [{"type": "function", "name": name} for name in sorted(allowed)],
     }
-    return ParsedToolChoice(pb.ToolChoice(mode=_MODES[mode]), echo, frozenset(allowed))
+    return ParsedToolChoice(pb.ToolChoice(mode=_MODES[value.mode]), echo, frozenset(allowed))
 
 
-def _offered_name(obj: Mapping[str, Any], path: str, tools: ToolSet, kind: str) -> str:
-    name = required_str(obj, "name", path)
+def _offered_name(name: str, path: str, tools: ToolSet, kind: str) -> str:
     if name in tools.offered and tools.offered[name].kind == kind:
         return name
     matches = [
