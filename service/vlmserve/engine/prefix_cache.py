@@ -47,6 +47,20 @@ def _plain_length(ids: np.ndarray, vision_ids: np.ndarray) -> int:
     return int(hits[0]) if hits.size else int(ids.size)
 
 
+def _holds_prefix(layer: Any, shared: int) -> bool:
+    """Whether a trimmed layer cache can continue at position `shared` as a fresh one would.
+
+    A chunked-attention layer (Llama 4) attends within fixed blocks of `chunk_size` positions
+    and keeps only its last `chunk_size` keys: it can trim back only while it still holds every
+    key of the block that position `shared` falls in (it used to go on from the wrong keys).
+    """
+    if layer.offset != shared:
+        return False
+    chunk = getattr(layer, "chunk_size", None)
+    start = getattr(layer, "start_position", 0)
+    return not chunk or start <= shared - shared % chunk
+
+
 @dataclass
 class _Entry:
     token_ids: np.ndarray
@@ -92,10 +106,8 @@ class PrefixCache:
         self._entry = None
         for layer in entry.cache:
             layer.trim(layer.offset - shared)
-        if any(layer.offset != shared for layer in entry.cache):
-            # A chunked-attention layer (Llama 4) keeps only its current chunk and cannot trim
-            # back past its start; its cache no longer holds the shared tokens, so start fresh.
-            return None
+        if not all(_holds_prefix(layer, shared) for layer in entry.cache):
+            return None  # start fresh
         return entry.cache, shared
 
     def clear(self) -> None:
