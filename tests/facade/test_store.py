@@ -95,7 +95,51 @@ def test_paging_errors_on_unknown_cursor(store: ResponseStore) -> None:
 def test_conversation_items_append_in_order(store: ResponseStore) -> None:
     store.create_conversation("conv_1", metadata={}, items=[message("a", "1")])
     assert store.append_conversation_items("conv_1", [message("b", "2"), message("c", "3")])
-    items = store.conversation_items("conv_1")
-    assert items is not None and [entry.id for entry in items] == ["a", "b", "c"]
+    page = store.list_conversation_items("conv_1", order="asc")
+    assert page is not None and [entry.id for entry in page.items] == ["a", "b", "c"]
     assert not store.append_conversation_items("conv_missing", [message("d", "4")])
-    assert store.conversation_items("conv_1", owner="someone-else") is None
+    assert store.list_conversation_items("conv_1", owner="someone-else") is None
+    assert store.conversation_replay("conv_1", owner="someone-else") is None
+
+
+# The schema before version 1 (no sizes, no messages, auto_vacuum off), as older facades made it.
+SCHEMA_V0 = """
+CREATE TABLE responses (id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL,
+    previous_response_id TEXT, conversation_id TEXT, resource TEXT NOT NULL);
+CREATE TABLE response_items (response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL CHECK (kind IN ('input', 'output')), position INTEGER NOT NULL,
+    item_id TEXT NOT NULL, item TEXT NOT NULL, PRIMARY KEY (response_id, kind, position));
+CREATE INDEX response_items_by_item_id ON response_items(item_id);
+CREATE TABLE conversations (id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL,
+    metadata TEXT NOT NULL);
+CREATE TABLE conversation_items (conversation_id TEXT NOT NULL REFERENCES conversations(id)
+    ON DELETE CASCADE, position INTEGER NOT NULL, item_id TEXT NOT NULL, item TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, position));
+INSERT INTO responses VALUES ('resp_old', 'alice', 1, NULL, NULL,
+    '{"id": "resp_old", "status": "completed"}');
+INSERT INTO response_items VALUES ('resp_old', 'input', 0, 'm1', '{"role": "user", "content": "old"}');
+INSERT INTO conversations VALUES ('conv_old', 'alice', 1, '{}');
+INSERT INTO conversation_items VALUES ('conv_old', 0, 'm2', '{"role": "user", "content": "kept"}');
+"""
+
+
+def test_a_store_made_by_an_older_version_is_upgraded(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V0)
+    store = ResponseStore(path)
+    replay = store.replay("resp_old", owner="alice")
+    assert replay is not None and replay.items == [{"role": "user", "content": "old"}]
+    conversation = store.conversation_replay("conv_old", owner="alice")
+    assert conversation is not None and conversation.items == [{"role": "user", "content": "kept"}]
+    expected = len('{"id": "resp_old", "status": "completed"}') + len('{"role": "user", "content": "old"}')
+    expected += len("{}") + len('{"role": "user", "content": "kept"}')
+    assert store.stored_bytes("alice") == expected
+    # New items on an old conversation: it replays from items until all have messages.
+    assert store.append_conversation_items("conv_old", [message("m3", "new")], owner="alice")
+    conversation = store.conversation_replay("conv_old", owner="alice")
+    assert conversation is not None and [item["content"] for item in conversation.items] == ["kept", "new"]
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # incremental
+        assert db.execute("PRAGMA user_version").fetchone() == (1,)

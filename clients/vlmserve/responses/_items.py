@@ -108,13 +108,14 @@ def items_to_messages(
     call_name: CallNamer | None = None,
 ) -> list[pb.Message]:
     """Translate (JSON path, item) pairs, in order, into raw contract messages."""
-    converter = _ItemConverter(media, resolve_item, call_name or _bare_name)
+    converter = _ItemConverter(media, resolve_item, call_name or bare_call_name)
     for path, item in entries:
         converter.add(item, path)
     return converter.messages
 
 
-def _bare_name(namespace: str | None, name: str) -> str:
+def bare_call_name(namespace: str | None, name: str) -> str:
+    """The call namer without a request's tools: the name as it is."""
     return name
 
 

@@ -12,7 +12,9 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
 from ._items import (
+    CallNamer,
     ItemResolver,
+    bare_call_name,
     input_entries,
     items_to_messages,
     require_content,
@@ -43,6 +45,9 @@ class TranslatedRequest:
     raw_messages: list[pb.Message]
     # `input` as a list of items (a string input becomes one user message item): what to store.
     input_items: list[Any]
+    # `input` as raw contract messages (not lowered): what a later turn replays instead of
+    # translating the items again.
+    input_messages: list[pb.Message] = field(default_factory=list)
     # Hosted tools we cannot run, left out of the prompt (types, e.g. "web_search").
     ignored_tools: list[str] = field(default_factory=list)
     # Offered tool name -> the tool as the client declared it (namespace, custom); pass this
@@ -70,6 +75,14 @@ class TranslatedRequest:
     safety_identifier: str | None = None
     service_tier: str | None = None
     user: str | None = None
+    # (namespace, name) -> the tool name the model was offered (see _tools).
+    call_name: CallNamer = field(default=bare_call_name, repr=False, compare=False)
+
+    def output_messages(self, items: Sequence[Any]) -> list[pb.Message]:
+        """A response's output items as raw contract messages, tool calls under the names this
+        request offered them: what a later turn replays."""
+        entries = [(f"output[{index}]", item) for index, item in enumerate(items)]
+        return items_to_messages(entries, media=MediaPolicy(), call_name=self.call_name)
 
     def echo_fields(self) -> RequestEcho:
         """The request fields a ResponseResource echoes, with schema-valid defaults."""
@@ -119,12 +132,15 @@ def build_generate_request(
     image_source: ImageSource | None = None,
     image_limits: ImageLimits | None = None,
     replay: Sequence[Any] = (),
+    history: Sequence[pb.Message] = (),
 ) -> TranslatedRequest:
     """Validate a Responses request body and translate it for the engine.
 
-    `replay` holds the raw input (and output) items of earlier turns, from
-    previous_response_id or a conversation; they go before `input` and are lowered the same
-    way, so a replayed conversation reaches the model exactly as it did the first time.
+    Earlier turns (from previous_response_id or a conversation) come as `history`, the raw
+    contract messages they were translated to when they were new (`input_messages`,
+    `output_messages`), and/or as `replay`, their raw input (and output) items, translated here
+    again. Both go before `input`, in that order, and are lowered the same way, so a replayed
+    conversation reaches the model exactly as it did the first time.
     """
     parsed = parse_body(body)
     tools = parse_tools(parsed.tools)
@@ -140,7 +156,7 @@ def build_generate_request(
     )
     current = items_to_messages(input_part, media=media, resolve_item=resolve_item, call_name=tools.call_name)
     require_content(current)
-    raw_messages = with_instructions(instructions, replayed + current)
+    raw_messages = with_instructions(instructions, [*history, *replayed, *current])
 
     conversation = parsed.conversation
     conversation_id = conversation.id if isinstance(conversation, ConversationParam) else conversation
@@ -168,6 +184,8 @@ def build_generate_request(
         request=request,
         raw_messages=raw_messages,
         input_items=_raw_items(body["input"]),
+        input_messages=current,
+        call_name=tools.call_name,
         ignored_tools=tools.ignored,
         offered_tools=tools.offered,
         model=parsed.model,

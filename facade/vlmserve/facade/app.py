@@ -25,6 +25,7 @@ from .request_limits import HeaderLimits
 from .response_preparation import ImageSourceFactory, ResponsesService
 from .settings import FacadeSettings
 from .state import FacadeState
+from .storage import Store
 from .store import ResponseStore
 
 logger = logging.getLogger("vlmserve.facade")
@@ -66,7 +67,7 @@ def engine_client(settings: FacadeSettings) -> AsyncEngineClient:
     )
 
 
-async def _fail_interrupted(store: ResponseStore) -> None:
+async def _fail_interrupted(store: Store) -> None:
     """Responses still in progress at start-up were running in a facade that died (SIGKILL, a
     crash): nothing will ever finish them, so say so instead of `in_progress` forever."""
     interrupted = await asyncio.to_thread(store.fail_unfinished, INTERRUPTED_ERROR)
@@ -82,7 +83,7 @@ def create_app(
     settings: FacadeSettings | None = None,
     *,
     engine: AsyncEngineClient | None = None,
-    store: ResponseStore | None = None,
+    store: Store | None = None,
     dependencies: Sequence[fastapi_params.Depends] = (),
     image_sources: ImageSourceFactory | None = None,
 ) -> FastAPI:
@@ -103,7 +104,7 @@ def create_app(
         fetcher = image_fetcher_from_settings(settings.remote_images)
         image_sources = fetcher.for_request if fetcher is not None else None
 
-    def build_state(client: AsyncEngineClient, the_store: ResponseStore) -> FacadeState:
+    def build_state(client: AsyncEngineClient, the_store: Store) -> FacadeState:
         catalog = ModelCatalog(client, ttl_s=settings.model_info_ttl_s, timeout_s=settings.timeouts.control)
         service = ResponsesService(
             settings=settings, engine=client, store=the_store, catalog=catalog, image_sources=image_sources
@@ -118,7 +119,7 @@ def create_app(
         opened_engine = None
         if engine is None:
             opened_engine = engine_client(settings)
-            the_store = store if store is not None else ResponseStore(settings.store_path)
+            the_store: Store = store if store is not None else ResponseStore(settings.store_path)
             app.state.facade = build_state(opened_engine, the_store)
         try:
             await _fail_interrupted(app.state.facade.store)

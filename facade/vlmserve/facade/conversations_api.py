@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import InvalidRequestError, input_to_messages, parse_metadata
 
 from . import ids
@@ -30,7 +31,7 @@ from .request_body import read_json
 from .request_limits import check_image_count, count_contract_images, count_image_parts
 from .responses_api import item_list, item_page
 from .state import FacadeState, facade_state, owner_of
-from .store import ItemPage, StoredItem
+from .storage import ItemPage, StoredItem
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -41,13 +42,14 @@ async def create_conversation(request: Request, state: State) -> dict[str, Any]:
     body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
-    items = await _checked_items(body.get("items"), state, request, required=False)
+    items, messages = await _checked_items(body.get("items"), state, request, required=False)
     metadata = parse_metadata(body.get("metadata"))
     return await asyncio.to_thread(
         state.store.create_conversation,
         ids.new_id(ids.CONVERSATION),
         metadata=metadata,
         items=items,
+        messages=messages,
         owner=owner_of(request),
     )
 
@@ -99,9 +101,13 @@ async def add_conversation_items(conversation_id: str, request: Request, state: 
     body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
-    items = await _checked_items(body.get("items"), state, request, required=True)
+    items, messages = await _checked_items(body.get("items"), state, request, required=True)
     added = await asyncio.to_thread(
-        state.store.append_conversation_items, conversation_id, items, owner=owner_of(request)
+        state.store.append_conversation_items,
+        conversation_id,
+        items,
+        messages=messages,
+        owner=owner_of(request),
     )
     if not added:
         raise not_found("conversation", conversation_id)
@@ -114,14 +120,15 @@ def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
 
 async def _checked_items(
     value: object, state: FacadeState, request: Request, *, required: bool
-) -> list[StoredItem]:
-    """Items validated by the translation (the same rules as a response's `input`)."""
+) -> tuple[list[StoredItem], list[pb.Message]]:
+    """Items validated by the translation (the same rules as a response's `input`), as they
+    are stored, and the raw contract messages they were translated to."""
     if value is None and not required:
-        return []
+        return [], []
     if not isinstance(value, list) or (required and not value):
         raise APIError(400, "Invalid value for 'items': expected a non-empty array of items.", param="items")
     if not value:
-        return []
+        return [], []
     limits = state.settings.limits
     check_reference_count(value, limits.max_item_references, param="items")
     info = await state.catalog.info()
@@ -150,4 +157,4 @@ async def _checked_items(
         message = error.message.replace("'input", "'items")
         raise APIError(error.status, message, param=param, code=error.code) from None
     check_image_count(count_contract_images(messages), allowed_images, param="items")
-    return references.stored_items(value)
+    return references.stored_items(value), messages

@@ -25,7 +25,7 @@ from vlmserve.responses import is_item_reference
 from .http_errors import APIError
 from .request_limits import check_image_count, count_image_parts
 from .resource import stored_items as fresh_stored_items
-from .store import StoredItem
+from .storage import StoredItem
 
 Finder = Callable[[str], "dict[str, Any] | None"]
 

@@ -9,7 +9,7 @@ from typing import Any
 from vlmserve.responses import ConversationRef, ResponseResource, TranslatedRequest
 
 from . import ids
-from .store import StoredItem
+from .storage import StoredItem
 
 # Item type -> the prefix of the id the facade gives an item that came without one.
 _ITEM_ID_PREFIXES = {

@@ -12,7 +12,7 @@ import concurrent.futures
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -28,7 +28,7 @@ from .request_limits import check_image_count, check_tools, count_contract_image
 from .resource import new_resource
 from .running_response import Generation
 from .settings import FacadeSettings
-from .store import MissingChainLinkError, ResponseStore, StoredItem
+from .storage import MissingChainLinkError, Replay, Store, StoredItem
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -49,7 +49,7 @@ class Translation:
 class ResponsesService:
     settings: FacadeSettings
     engine: AsyncEngineClient
-    store: ResponseStore
+    store: Store
     catalog: ModelCatalog
     # Makes the image source for one request (remote http(s) images); None: remote URLs refused.
     image_sources: ImageSourceFactory | None = None
@@ -85,7 +85,7 @@ class ResponsesService:
         own_images = count_image_parts(body.get("input"))
         check_image_count(own_images, allowed_images, param="input")
         replay = await self._replay(body, owner)
-        images_before = own_images + count_image_parts(list(replay))
+        images_before = own_images + count_image_parts(replay.items) + count_contract_images(replay.messages)
         check_image_count(images_before, allowed_images, param="input")
         references = ItemReferences(
             lambda item_id: self.store.find_item(item_id, owner=owner),
@@ -101,7 +101,8 @@ class ResponsesService:
             resolve_item=references,
             image_source=self.image_source(),
             image_limits=image_limits(info, limits),
-            replay=replay,
+            replay=replay.items,
+            history=replay.messages,
         )
         check_image_count(count_contract_images(translated.request.messages), allowed_images, param="input")
         if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
@@ -157,31 +158,31 @@ class ResponsesService:
     def _forget(self, generation: Generation) -> None:
         self.running.pop(generation.response_id, None)
 
-    async def _replay(self, body: Mapping[str, Any], owner: str) -> Sequence[Any]:
-        """The stored items a request continues from (previous_response_id or conversation)."""
+    async def _replay(self, body: Mapping[str, Any], owner: str) -> Replay:
+        """The stored turns a request continues from (previous_response_id or conversation)."""
         previous = body.get("previous_response_id")
         conversation = body.get("conversation")
         conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
         if isinstance(previous, str) and conversation is None:
             try:
-                items = await asyncio.to_thread(
-                    self.store.replay_items,
+                replay = await asyncio.to_thread(
+                    self.store.replay,
                     previous,
                     owner=owner,
                     max_depth=self.settings.limits.max_chain_depth,
                 )
             except MissingChainLinkError as error:
                 raise not_found("response", error.response_id, param="previous_response_id") from None
-            if items is None:
+            if replay is None:
                 raise not_found("response", previous, param="previous_response_id")
-            return items
+            return replay
         if isinstance(conversation_id, str) and previous is None:
-            stored = await asyncio.to_thread(self.store.conversation_items, conversation_id, owner=owner)
-            if stored is None:
+            replay = await asyncio.to_thread(self.store.conversation_replay, conversation_id, owner=owner)
+            if replay is None:
                 raise not_found("conversation", conversation_id, param="conversation")
-            return [entry.item for entry in stored]
+            return replay
         # Anything else is for the translation to accept or refuse with the right param.
-        return ()
+        return Replay()
 
     def _apply_output_limit(self, request: pb.GenerateRequest) -> None:
         limits = self.settings.limits

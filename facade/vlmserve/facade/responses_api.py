@@ -26,7 +26,7 @@ from .request_body import read_json
 from .resource import listed_item
 from .running_response import Generation
 from .state import FacadeState, facade_state, owner_of
-from .store import ItemPage, UnknownCursorError
+from .storage import ItemPage, UnknownCursorError
 
 T = TypeVar("T")
 

@@ -22,11 +22,11 @@ import grpc
 
 from vlmserve.client import AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import ResponseResource, TranslatedRequest
+from vlmserve.responses import InvalidRequestError, ResponseResource, TranslatedRequest
 
 from .http_errors import APIError, from_engine_error
 from .response_events import Event, ResponseEvents
-from .store import ResponseStore, StoredItem
+from .storage import Store, StoredItem
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -43,7 +43,7 @@ class Generation:
     input_items: list[StoredItem]
     resource: ResponseResource
     engine: AsyncEngineClient
-    store: ResponseStore
+    store: Store
     timeout_s: float
     heartbeat_s: float | None = None
     context_length: int | None = None
@@ -225,6 +225,7 @@ class Generation:
                 self.input_items,
                 owner=self.owner,
                 conversation_id=self.conversation_id,
+                input_messages=self.translated.input_messages,
             )
         )
         await asyncio.shield(self._stored)
@@ -250,17 +251,32 @@ class Generation:
     def _persist_final_now(self) -> None:
         resource = self.builder.snapshot()
         self.resource = resource
+        output_messages = self._output_messages(resource)
         conversation_items: list[StoredItem] = []
+        conversation_messages: list[pb.Message] | None = None
         if self.conversation_id is not None and resource.status in ("completed", "incomplete"):
             outputs = [StoredItem(item.id, item.to_json()) for item in resource.output]
             conversation_items = [*self.input_items, *outputs]
+            if output_messages is not None:
+                conversation_messages = [*self.translated.input_messages, *output_messages]
         # One transaction: the response's end and its conversation items are stored together.
         self.store.finish_response(
             resource.to_json() if self.store_enabled else None,
             owner=self.owner,
+            output_messages=output_messages,
             conversation_id=self.conversation_id if conversation_items else None,
             conversation_items=conversation_items,
+            conversation_messages=conversation_messages,
         )
+
+    def _output_messages(self, resource: ResponseResource) -> list[pb.Message] | None:
+        """The output as the contract messages a later turn replays; None if it does not
+        translate (replays then translate the stored output items and say what is wrong)."""
+        try:
+            return self.translated.output_messages([item.to_json() for item in resource.output])
+        except InvalidRequestError as error:
+            logger.warning("response %s: output kept as items only: %s", self.response_id, error.message)
+            return None
 
     async def _close_stream(self) -> None:
         if self._first is not None and not self._first.done():

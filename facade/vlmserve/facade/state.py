@@ -11,14 +11,14 @@ from vlmserve.client import AsyncEngineClient
 from .catalog import ModelCatalog
 from .response_preparation import ResponsesService
 from .settings import FacadeSettings
-from .store import ResponseStore
+from .storage import Store
 
 
 @dataclass
 class FacadeState:
     settings: FacadeSettings
     engine: AsyncEngineClient
-    store: ResponseStore
+    store: Store
     catalog: ModelCatalog
     responses: ResponsesService
 

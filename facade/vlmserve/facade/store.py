@@ -1,11 +1,15 @@
-"""Durable store for responses, their raw input items, and conversations (SQLite, WAL).
+"""The SQLite store (WAL): responses, their items, conversations; all the facade's SQL is here.
 
-Input items are kept exactly as the client sent them (images included) so that a replay through
-`previous_response_id` or `conversation` re-applies the same translation and lowering and the model
-sees the same request. Every row has an `owner` (the API key's identity once authentication exists;
-"" until then) and every query filters on it, so stored objects never leak between keys.
+Kept per response: its resource, its raw input items exactly as the client sent them (for
+`input_items`, images included) and its output items; and, for replays, the raw contract
+messages its input and its output were translated to (`message_codec`), images by content hash
+in `images`. A later turn replays those messages instead of translating the items (and
+decoding their images) again, so a turn costs its own items, not the whole chain's. Responses
+stored before messages were kept replay from their raw items.
 
-The methods are synchronous and thread-safe; the app calls them through `asyncio.to_thread`.
+Space: every response and conversation carries its `size` in bytes (JSON, messages, and the
+bytes of the images it uses), summed per owner in `usage` for quotas. Deleting frees images no
+longer used and returns the pages to the file system (auto_vacuum INCREMENTAL).
 """
 
 from __future__ import annotations
@@ -14,20 +18,46 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-_SCHEMA = """
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+from .message_codec import EncodedMessages, MessageCache, decode_messages, encode_messages
+from .storage import (
+    ItemPage,
+    Maintenance,
+    MissingChainLinkError,
+    Order,
+    Replay,
+    StoredItem,
+    UnknownCursorError,
+)
+
+__all__ = [
+    "ItemPage",
+    "MissingChainLinkError",
+    "Order",
+    "Replay",
+    "ResponseStore",
+    "StoredItem",
+    "UnknownCursorError",
+]
+
+SCHEMA_VERSION = 1
+
+_TABLES = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     created_at INTEGER NOT NULL,
     previous_response_id TEXT,
     conversation_id TEXT,
-    resource TEXT NOT NULL
+    resource TEXT NOT NULL,
+    input_size INTEGER NOT NULL DEFAULT 0,
+    size INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS response_items (
     response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
@@ -42,7 +72,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     created_at INTEGER NOT NULL,
-    metadata TEXT NOT NULL
+    metadata TEXT NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS conversation_items (
     conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
@@ -53,48 +84,84 @@ CREATE TABLE IF NOT EXISTS conversation_items (
 );
 """
 
-Order = Literal["asc", "desc"]
+# Added in schema version 1 (also to stores made before it).
+_TABLES_V1 = """
+CREATE INDEX IF NOT EXISTS responses_by_created_at ON responses(created_at);
+CREATE INDEX IF NOT EXISTS conversation_items_by_item_id ON conversation_items(item_id);
+CREATE TABLE IF NOT EXISTS usage (owner TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS images (hash TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS response_messages (
+    response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL CHECK (kind IN ('input', 'output')),
+    messages BLOB NOT NULL,
+    images TEXT NOT NULL,
+    PRIMARY KEY (response_id, kind)
+);
+CREATE TABLE IF NOT EXISTS response_images (
+    response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+    hash TEXT NOT NULL,
+    PRIMARY KEY (response_id, hash)
+);
+CREATE INDEX IF NOT EXISTS response_images_by_hash ON response_images(hash);
+CREATE TABLE IF NOT EXISTS conversation_messages (
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    item_count INTEGER NOT NULL,
+    messages BLOB NOT NULL,
+    images TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, position)
+);
+CREATE TABLE IF NOT EXISTS conversation_images (
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    hash TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, hash)
+);
+CREATE INDEX IF NOT EXISTS conversation_images_by_hash ON conversation_images(hash);
+"""
+
+# SQLite's bound on `?` parameters per statement is 32766 since 3.32; stay well below.
+_BATCH = 500
 
 
-@dataclass(frozen=True, slots=True)
-class StoredItem:
-    """One item and the id it is listed under (the client's `id`, or one the facade assigned)."""
-
-    id: str
-    item: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ItemPage:
-    items: list[StoredItem]
-    has_more: bool
-
-
-class UnknownCursorError(LookupError):
-    """`after` names no item of the listed object."""
-
-
-class MissingChainLinkError(LookupError):
-    """A response in a `previous_response_id` chain no longer exists."""
-
-    def __init__(self, response_id: str) -> None:
-        super().__init__(response_id)
-        self.response_id = response_id
+# Decoded messages kept in memory for the next turns of recent chains and conversations.
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 
 
 class ResponseStore:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._cache = MessageCache(cache_bytes)
+        self._appended: list[tuple[tuple[str, str], Sequence[pb.Message]]] = []
         path_text = str(path)
         if path_text != ":memory:":
             Path(path_text).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path_text, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA busy_timeout=5000")
+        # Takes effect on a new file (before any table exists); an older one is switched over
+        # by a VACUUM in _migrate.
+        self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         self._db.execute("PRAGMA journal_mode=WAL")
         # In WAL mode NORMAL loses nothing on a process crash (only on an OS crash or power loss).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version >= SCHEMA_VERSION:
+            return
+        existed = bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses'").fetchall())
+        with self._transaction() as db:
+            _run_script(db, _TABLES)
+            if existed:
+                _add_missing_columns(db)
+            _run_script(db, _TABLES_V1)
+            if existed:
+                _backfill_sizes(db)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        (auto_vacuum,) = self._db.execute("PRAGMA auto_vacuum").fetchone()
+        if auto_vacuum != _AUTO_VACUUM_INCREMENTAL:
+            self._db.execute("VACUUM")
 
     def close(self) -> None:
         with self._lock:
@@ -103,6 +170,7 @@ class ResponseStore:
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            self._appended.clear()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -110,6 +178,9 @@ class ResponseStore:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            # Conversation messages appended by this transaction: cached only now it holds.
+            for key, messages in self._appended:
+                self._cache.put(key, messages)
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -124,59 +195,96 @@ class ResponseStore:
         *,
         owner: str = "",
         conversation_id: str | None = None,
+        input_messages: Sequence[pb.Message] | None = None,
     ) -> None:
-        """Store a new response (any status) with its raw input items."""
+        """Store a new response (any status) with its raw input items and, for replays, the
+        contract messages they were translated to (None: replays translate the items again)."""
+        response_id = resource["id"]
+        resource_text = json.dumps(resource)
+        items = [(s.id, json.dumps(s.item)) for s in input_items]
+        encoded = encode_messages(input_messages) if input_messages is not None else None
+        input_size = sum(len(text) for _, text in items) + (_encoded_size(encoded) if encoded else 0)
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO responses"
-                " (id, owner, created_at, previous_response_id, conversation_id, resource)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO responses (id, owner, created_at, previous_response_id, conversation_id,"
+                " resource, input_size, size) VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
                 (
-                    resource["id"],
+                    response_id,
                     owner,
                     int(resource["created_at"]),
                     resource.get("previous_response_id"),
                     conversation_id,
-                    json.dumps(resource),
+                    resource_text,
+                    input_size,
                 ),
             )
             db.executemany(
                 "INSERT INTO response_items (response_id, kind, position, item_id, item)"
                 " VALUES (?, 'input', ?, ?, ?)",
-                [(resource["id"], i, s.id, json.dumps(s.item)) for i, s in enumerate(input_items)],
+                [(response_id, i, item_id, text) for i, (item_id, text) in enumerate(items)],
             )
-            self._write_outputs(db, resource)
+            output_size = self._write_outputs(db, resource)
+            if encoded is not None:
+                # An empty output until the response finishes: the response replays either way.
+                self._write_response_messages(db, response_id, "input", encoded)
+                output_size += self._write_response_messages(db, response_id, "output", encode_messages([]))
+            self._set_response_size(db, response_id, owner, input_size + len(resource_text) + output_size)
+        if input_messages is not None:
+            self._cache.put((response_id, "input"), input_messages)
+            self._cache.put((response_id, "output"), [])
 
     def update_response(self, resource: dict[str, Any], *, owner: str = "") -> bool:
-        """Replace a stored response's resource (its status, output, usage); False if it is gone."""
+        """Replace a stored response's resource (its status, output, usage); False if it is gone.
+        Its output messages are dropped: replays then translate its output items."""
         with self._transaction() as db:
-            return self._update_response(db, resource, owner)
+            updated = self._update_response(db, resource, owner, None)
+        self._cache.drop((resource["id"], "output"))
+        return updated
 
     def finish_response(
         self,
         resource: dict[str, Any] | None,
         *,
         owner: str = "",
+        output_messages: Sequence[pb.Message] | None = None,
         conversation_id: str | None = None,
         conversation_items: Sequence[StoredItem] = (),
+        conversation_messages: Sequence[pb.Message] | None = None,
     ) -> None:
-        """In one transaction: a response's final state (None: not stored) and the items it adds
-        to its conversation (a conversation deleted meanwhile gets nothing)."""
+        """In one transaction: a response's final state (None: not stored) with the messages
+        its output was translated to, and the items (and messages) it adds to its conversation
+        (a conversation deleted meanwhile gets nothing)."""
+        encoded = encode_messages(output_messages) if output_messages is not None else None
         with self._transaction() as db:
-            if resource is not None:
-                self._update_response(db, resource, owner)
-            if conversation_id is not None and self._owns_conversation(db, conversation_id, owner):
-                self._append_at_end(db, conversation_id, conversation_items)
+            updated = resource is not None and self._update_response(db, resource, owner, encoded)
+            if conversation_id is not None and conversation_items:
+                self._append(db, conversation_id, owner, conversation_items, conversation_messages)
+        if resource is not None:
+            if updated and output_messages is not None:
+                self._cache.put((resource["id"], "output"), output_messages)
+            else:
+                self._cache.drop((resource["id"], "output"))
 
-    def _update_response(self, db: sqlite3.Connection, resource: dict[str, Any], owner: str) -> bool:
-        cursor = db.execute(
-            "UPDATE responses SET resource = ? WHERE id = ? AND owner = ?",
-            (json.dumps(resource), resource["id"], owner),
-        )
-        if cursor.rowcount == 0:
+    def _update_response(
+        self, db: sqlite3.Connection, resource: dict[str, Any], owner: str, output: EncodedMessages | None
+    ) -> bool:
+        response_id = resource["id"]
+        rows = db.execute(
+            "SELECT input_size FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
+        ).fetchall()
+        if not rows:
             return False
-        db.execute("DELETE FROM response_items WHERE response_id = ? AND kind = 'output'", (resource["id"],))
-        self._write_outputs(db, resource)
+        resource_text = json.dumps(resource)
+        db.execute("UPDATE responses SET resource = ? WHERE id = ?", (resource_text, response_id))
+        db.execute("DELETE FROM response_items WHERE response_id = ? AND kind = 'output'", (response_id,))
+        size = rows[0][0] + len(resource_text) + self._write_outputs(db, resource)
+        if output is not None:
+            size += self._write_response_messages(db, response_id, "output", output)
+        else:
+            db.execute(
+                "DELETE FROM response_messages WHERE response_id = ? AND kind = 'output'", (response_id,)
+            )
+        self._set_response_size(db, response_id, owner, size)
         return True
 
     def fail_unfinished(self, error: dict[str, str]) -> list[str]:
@@ -198,15 +306,39 @@ class ResponseStore:
         return [response_id for response_id, _ in rows]
 
     @staticmethod
-    def _write_outputs(db: sqlite3.Connection, resource: dict[str, Any]) -> None:
+    def _write_outputs(db: sqlite3.Connection, resource: dict[str, Any]) -> int:
+        rows = [
+            (resource["id"], i, str(item.get("id", "")), json.dumps(item))
+            for i, item in enumerate(resource.get("output") or [])
+        ]
         db.executemany(
             "INSERT INTO response_items (response_id, kind, position, item_id, item)"
             " VALUES (?, 'output', ?, ?, ?)",
-            [
-                (resource["id"], i, str(item.get("id", "")), json.dumps(item))
-                for i, item in enumerate(resource.get("output") or [])
-            ],
+            rows,
         )
+        return sum(len(row[3]) for row in rows)
+
+    @staticmethod
+    def _write_response_messages(
+        db: sqlite3.Connection, response_id: str, kind: str, encoded: EncodedMessages
+    ) -> int:
+        db.execute(
+            "INSERT OR REPLACE INTO response_messages (response_id, kind, messages, images)"
+            " VALUES (?, ?, ?, ?)",
+            (response_id, kind, encoded.blob, json.dumps(encoded.image_hashes)),
+        )
+        _put_images(db, encoded.images)
+        db.executemany(
+            "INSERT OR IGNORE INTO response_images (response_id, hash) VALUES (?, ?)",
+            [(response_id, digest) for digest in encoded.images],
+        )
+        return _encoded_size(encoded)
+
+    @staticmethod
+    def _set_response_size(db: sqlite3.Connection, response_id: str, owner: str, size: int) -> None:
+        (old,) = db.execute("SELECT size FROM responses WHERE id = ?", (response_id,)).fetchone()
+        db.execute("UPDATE responses SET size = ? WHERE id = ?", (size, response_id))
+        _add_usage(db, owner, size - old)
 
     def get_response(self, response_id: str, *, owner: str = "") -> dict[str, Any] | None:
         rows = self._query("SELECT resource FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
@@ -214,8 +346,28 @@ class ResponseStore:
 
     def delete_response(self, response_id: str, *, owner: str = "") -> bool:
         with self._transaction() as db:
-            cursor = db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
-            return cursor.rowcount > 0
+            deleted = self._delete_responses(db, [(response_id, owner)])
+        if deleted:
+            self._vacuum()
+        return deleted > 0
+
+    def _delete_responses(self, db: sqlite3.Connection, keys: Iterable[tuple[str, str]]) -> int:
+        """Delete responses by (id, owner), keeping `usage` right and freeing unused images."""
+        deleted = 0
+        hashes: set[str] = set()
+        for response_id, owner in keys:
+            used = db.execute("SELECT hash FROM response_images WHERE response_id = ?", (response_id,))
+            hashes.update(digest for (digest,) in used)
+            rows = db.execute(
+                "DELETE FROM responses WHERE id = ? AND owner = ? RETURNING size", (response_id, owner)
+            ).fetchall()
+            if rows:
+                deleted += 1
+                _add_usage(db, owner, -int(rows[0][0]))
+                self._cache.forget(response_id)
+        # The cascade removed their response_images rows: free what nothing else uses.
+        _free_unused_images(db, hashes)
+        return deleted
 
     def list_input_items(
         self,
@@ -226,38 +378,99 @@ class ResponseStore:
         order: Order = "desc",
         owner: str = "",
     ) -> ItemPage | None:
-        """A page of a response's input items; None when the response is unknown."""
+        """A page of a response's input items; None when the response is unknown. Reads only
+        the page (and its cursor), however many items the response has."""
         if self.get_response(response_id, owner=owner) is None:
             return None
-        rows = self._query(
-            "SELECT position, item_id, item FROM response_items WHERE response_id = ? AND kind = 'input'"
-            " ORDER BY position",
-            (response_id,),
+        return self._page(
+            "response_items", "response_id = ? AND kind = 'input'", (response_id,), after, limit, order
         )
-        items = [StoredItem(item_id, json.loads(item)) for _, item_id, item in rows]
-        return _page(items, after=after, limit=limit, order=order)
 
-    def replay_items(
-        self, response_id: str, *, owner: str = "", max_depth: int = 256
-    ) -> list[dict[str, Any]] | None:
+    def _page(
+        self, table: str, where: str, key: tuple[Any, ...], after: str | None, limit: int, order: Order
+    ) -> ItemPage:
+        direction, compare = ("ASC", ">") if order == "asc" else ("DESC", "<")
+        condition, params = where, list(key)
+        if after is not None:
+            rows = self._query(
+                f"SELECT position FROM {table} WHERE {where} AND item_id = ?"
+                f" ORDER BY position {direction} LIMIT 1",
+                (*key, after),
+            )
+            if not rows:
+                raise UnknownCursorError(after)
+            condition += f" AND position {compare} ?"
+            params.append(rows[0][0])
+        rows = self._query(
+            f"SELECT item_id, item FROM {table} WHERE {condition} ORDER BY position {direction} LIMIT ?",
+            (*params, limit + 1),
+        )
+        items = [StoredItem(item_id, json.loads(item)) for item_id, item in rows[:limit]]
+        return ItemPage(items=items, has_more=len(rows) > limit)
+
+    def _chain(self, response_id: str, owner: str, max_depth: int) -> list[str] | None:
+        """The ids of a `previous_response_id` chain, newest first (at most `max_depth`)."""
+        rows = self._query(
+            "WITH RECURSIVE chain(id, previous, depth) AS ("
+            " SELECT id, previous_response_id, 1 FROM responses WHERE id = ? AND owner = ?"
+            " UNION ALL"
+            " SELECT r.id, r.previous_response_id, c.depth + 1 FROM responses r"
+            " JOIN chain c ON r.id = c.previous AND r.owner = ? WHERE c.depth < ?"
+            ") SELECT id, previous, depth FROM chain ORDER BY depth",
+            (response_id, owner, owner, max_depth),
+        )
+        if not rows:
+            return None
+        _, previous, depth = rows[-1]
+        if previous is not None and depth < max_depth:
+            raise MissingChainLinkError(previous)
+        return [row[0] for row in rows]
+
+    def replay(self, response_id: str, *, owner: str = "", max_depth: int = 256) -> Replay | None:
         """Everything the model saw and said up to and including `response_id`, oldest first.
 
         None when `response_id` is unknown; MissingChainLinkError when an older link was deleted.
         """
-        chain: list[str] = []
-        current: str | None = response_id
-        while current is not None and len(chain) < max_depth:
-            rows = self._query(
-                "SELECT previous_response_id FROM responses WHERE id = ? AND owner = ?", (current, owner)
-            )
-            if not rows:
-                if not chain:
-                    return None
-                raise MissingChainLinkError(current)
-            chain.append(current)
-            current = rows[0][0]
+        chain = self._chain(response_id, owner, max_depth)
+        if chain is None:
+            return None
+        links = list(reversed(chain))
+        keys = [(link, kind) for link in links for kind in ("input", "output")]
+        found: dict[tuple[str, str], list[pb.Message]] = {}
+        for key in keys:
+            cached = self._cache.get(key)
+            if cached is not None:
+                found[key] = cached
+        missing = sorted(
+            {link for link, _ in keys if (link, "input") not in found or (link, "output") not in found}
+        )
+        stored: dict[tuple[str, str], tuple[bytes, list[str]]] = {}
+        for batch in _batches(missing):
+            marks = ",".join("?" * len(batch))
+            for link, kind, blob, hashes in self._query(
+                f"SELECT response_id, kind, messages, images FROM response_messages"
+                f" WHERE response_id IN ({marks})",
+                batch,
+            ):
+                stored[(link, kind)] = (blob, json.loads(hashes))
+        wanted = [key for key in keys if key not in found]
+        if any(key not in stored for key in wanted):
+            return Replay(items=self._replay_items(links))
+        for key, messages in zip(wanted, self._decode([stored[key] for key in wanted]), strict=True):
+            self._cache.put(key, messages)
+            found[key] = messages
+        return Replay(messages=[message for key in keys for message in found[key]])
+
+    def replay_items(
+        self, response_id: str, *, owner: str = "", max_depth: int = 256
+    ) -> list[dict[str, Any]] | None:
+        """The raw items of a chain, oldest first (what `replay` falls back to)."""
+        chain = self._chain(response_id, owner, max_depth)
+        return None if chain is None else self._replay_items(list(reversed(chain)))
+
+    def _replay_items(self, links: Sequence[str]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
-        for link in reversed(chain):
+        for link in links:
             rows = self._query(
                 "SELECT item FROM response_items WHERE response_id = ?"
                 " ORDER BY CASE kind WHEN 'input' THEN 0 ELSE 1 END, position",
@@ -265,6 +478,15 @@ class ResponseStore:
             )
             items.extend(json.loads(item) for (item,) in rows)
         return items
+
+    def _decode(self, stored: Sequence[tuple[bytes, list[str]]]) -> list[list[pb.Message]]:
+        """Each stored (blob, image hashes) as its messages, images read in one go."""
+        wanted = sorted({digest for _, hashes in stored for digest in hashes})
+        images: dict[str, bytes] = {}
+        for batch in _batches(wanted):
+            marks = ",".join("?" * len(batch))
+            images.update(self._query(f"SELECT hash, data FROM images WHERE hash IN ({marks})", batch))
+        return [decode_messages(blob, hashes, images) for blob, hashes in stored]
 
     def find_item(self, item_id: str, *, owner: str = "") -> dict[str, Any] | None:
         """The most recently stored item with this id (for `item_reference`): the last one written
@@ -292,15 +514,19 @@ class ResponseStore:
         *,
         metadata: dict[str, str],
         items: Sequence[StoredItem] = (),
+        messages: Sequence[pb.Message] | None = None,
         owner: str = "",
     ) -> dict[str, Any]:
         created_at = int(time.time())
+        metadata_text = json.dumps(metadata)
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO conversations (id, owner, created_at, metadata) VALUES (?, ?, ?, ?)",
-                (conversation_id, owner, created_at, json.dumps(metadata)),
+                "INSERT INTO conversations (id, owner, created_at, metadata, size) VALUES (?, ?, ?, ?, ?)",
+                (conversation_id, owner, created_at, metadata_text, len(metadata_text)),
             )
-            self._append(db, conversation_id, items, start=0)
+            _add_usage(db, owner, len(metadata_text))
+            if items:
+                self._append(db, conversation_id, owner, items, messages)
         return _conversation_object(conversation_id, created_at, metadata)
 
     def get_conversation(self, conversation_id: str, *, owner: str = "") -> dict[str, Any] | None:
@@ -312,20 +538,21 @@ class ResponseStore:
 
     def delete_conversation(self, conversation_id: str, *, owner: str = "") -> bool:
         with self._transaction() as db:
-            cursor = db.execute(
-                "DELETE FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+            used = db.execute(
+                "SELECT hash FROM conversation_images WHERE conversation_id = ?", (conversation_id,)
             )
-            return cursor.rowcount > 0
-
-    def conversation_items(self, conversation_id: str, *, owner: str = "") -> list[StoredItem] | None:
-        """All items of a conversation, oldest first; None when the conversation is unknown."""
-        if self.get_conversation(conversation_id, owner=owner) is None:
-            return None
-        rows = self._query(
-            "SELECT item_id, item FROM conversation_items WHERE conversation_id = ? ORDER BY position",
-            (conversation_id,),
-        )
-        return [StoredItem(item_id, json.loads(item)) for item_id, item in rows]
+            hashes = {digest for (digest,) in used}
+            rows = db.execute(
+                "DELETE FROM conversations WHERE id = ? AND owner = ? RETURNING size",
+                (conversation_id, owner),
+            ).fetchall()
+            if rows:
+                _add_usage(db, owner, -int(rows[0][0]))
+                _free_unused_images(db, hashes)
+        self._cache.forget(conversation_id)
+        if rows:
+            self._vacuum()
+        return bool(rows)
 
     def list_conversation_items(
         self,
@@ -336,54 +563,223 @@ class ResponseStore:
         order: Order = "desc",
         owner: str = "",
     ) -> ItemPage | None:
-        items = self.conversation_items(conversation_id, owner=owner)
-        return None if items is None else _page(items, after=after, limit=limit, order=order)
+        """A page of a conversation's items; reads only that page (and its cursor)."""
+        if self.get_conversation(conversation_id, owner=owner) is None:
+            return None
+        return self._page(
+            "conversation_items", "conversation_id = ?", (conversation_id,), after, limit, order
+        )
 
     def append_conversation_items(
-        self, conversation_id: str, items: Sequence[StoredItem], *, owner: str = ""
+        self,
+        conversation_id: str,
+        items: Sequence[StoredItem],
+        *,
+        messages: Sequence[pb.Message] | None = None,
+        owner: str = "",
     ) -> bool:
-        """Add items at the end of a conversation; False when it is gone."""
+        """Add items (and the contract messages they were translated to) at the end of a
+        conversation; False when it is gone."""
         with self._transaction() as db:
-            if not self._owns_conversation(db, conversation_id, owner):
-                return False
-            self._append_at_end(db, conversation_id, items)
-            return True
+            return self._append(db, conversation_id, owner, items, messages)
 
-    @staticmethod
-    def _owns_conversation(db: sqlite3.Connection, conversation_id: str, owner: str) -> bool:
-        return bool(
-            db.execute(
-                "SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
-            ).fetchall()
-        )
-
-    def _append_at_end(
-        self, db: sqlite3.Connection, conversation_id: str, items: Sequence[StoredItem]
-    ) -> None:
-        (count,) = db.execute(
+    def _append(
+        self,
+        db: sqlite3.Connection,
+        conversation_id: str,
+        owner: str,
+        items: Sequence[StoredItem],
+        messages: Sequence[pb.Message] | None,
+    ) -> bool:
+        if not db.execute(
+            "SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+        ).fetchall():
+            return False
+        (start,) = db.execute(
             "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
         ).fetchone()
-        self._append(db, conversation_id, items, start=int(count))
-
-    @staticmethod
-    def _append(
-        db: sqlite3.Connection, conversation_id: str, items: Sequence[StoredItem], *, start: int
-    ) -> None:
+        rows = [(conversation_id, start + i, s.id, json.dumps(s.item)) for i, s in enumerate(items)]
         db.executemany(
             "INSERT INTO conversation_items (conversation_id, position, item_id, item) VALUES (?, ?, ?, ?)",
-            [(conversation_id, start + i, s.id, json.dumps(s.item)) for i, s in enumerate(items)],
+            rows,
         )
+        size = sum(len(row[3]) for row in rows)
+        if messages is not None:
+            encoded = encode_messages(messages)
+            db.execute(
+                "INSERT INTO conversation_messages (conversation_id, position, item_count, messages, images)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (conversation_id, start, len(items), encoded.blob, json.dumps(encoded.image_hashes)),
+            )
+            _put_images(db, encoded.images)
+            db.executemany(
+                "INSERT OR IGNORE INTO conversation_images (conversation_id, hash) VALUES (?, ?)",
+                [(conversation_id, digest) for digest in encoded.images],
+            )
+            size += _encoded_size(encoded)
+        db.execute("UPDATE conversations SET size = size + ? WHERE id = ?", (size, conversation_id))
+        if messages is not None:
+            # For the cache, once the transaction has committed (see _cache_appended).
+            self._appended.append(((conversation_id, str(start)), messages))
+        _add_usage(db, owner, size)
+        return True
+
+    def conversation_replay(self, conversation_id: str, *, owner: str = "") -> Replay | None:
+        """A conversation's items, oldest first: as contract messages when every item has them
+        (items added by older versions have not), else as raw items."""
+        if self.get_conversation(conversation_id, owner=owner) is None:
+            return None
+        chunks = self._query(
+            "SELECT position, item_count FROM conversation_messages"
+            " WHERE conversation_id = ? ORDER BY position",
+            (conversation_id,),
+        )
+        (count,) = self._query(
+            "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
+        )[0]
+        if sum(item_count for _, item_count in chunks) != count:
+            items = self._query(
+                "SELECT item FROM conversation_items WHERE conversation_id = ? ORDER BY position",
+                (conversation_id,),
+            )
+            return Replay(items=[json.loads(item) for (item,) in items])
+        keys = [(conversation_id, str(position)) for position, _ in chunks]
+        found = {key: cached for key in keys if (cached := self._cache.get(key)) is not None}
+        wanted = [key for key in keys if key not in found]
+        stored: dict[tuple[str, str], tuple[bytes, list[str]]] = {}
+        if wanted:
+            rows = self._query(
+                "SELECT position, messages, images FROM conversation_messages"
+                " WHERE conversation_id = ? AND position >= ?",
+                (conversation_id, min(int(position) for _, position in wanted)),
+            )
+            stored = {
+                (conversation_id, str(position)): (blob, json.loads(hashes))
+                for position, blob, hashes in rows
+            }
+        for key, messages in zip(wanted, self._decode([stored[key] for key in wanted]), strict=True):
+            self._cache.put(key, messages)
+            found[key] = messages
+        return Replay(messages=[message for key in keys for message in found[key]])
+
+    # ---- quotas and upkeep -----------------------------------------------------------------
+
+    def stored_bytes(self, owner: str) -> int:
+        """Bytes `owner`'s responses and conversations take (JSON, messages, images they use)."""
+        rows = self._query("SELECT bytes FROM usage WHERE owner = ?", (owner,))
+        return int(rows[0][0]) if rows else 0
+
+    def conversation_bytes(self, conversation_id: str, *, owner: str = "") -> int | None:
+        rows = self._query(
+            "SELECT size FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+        )
+        return int(rows[0][0]) if rows else None
+
+    def maintain(self, *, expire_before: int | None = None) -> Maintenance:
+        """Delete responses created before `expire_before` (unix seconds; None: none), free the
+        images nothing uses any more, and return free pages to the file system."""
+        expired = 0
+        while expire_before is not None:
+            with self._transaction() as db:
+                keys = db.execute(
+                    "SELECT id, owner FROM responses WHERE created_at < ? LIMIT ?", (expire_before, _BATCH)
+                ).fetchall()
+                expired += self._delete_responses(db, keys)
+            if len(keys) < _BATCH:
+                break
+        with self._transaction() as db:
+            freed_images = _free_unused_images(db, None)
+        return Maintenance(expired, freed_images, self._vacuum())
+
+    def _vacuum(self) -> int:
+        """Give free pages back to the file system; how many there were."""
+        with self._lock:
+            (free,) = self._db.execute("PRAGMA freelist_count").fetchone()
+            if free:
+                self._db.execute("PRAGMA incremental_vacuum").fetchall()
+                # The file only shrinks once the WAL is written back into it.
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return int(free)
+
+
+_AUTO_VACUUM_INCREMENTAL = 2
+
+
+def _run_script(db: sqlite3.Connection, script: str) -> None:
+    # executescript() would COMMIT the open transaction first; run the statements one by one.
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """Columns schema version 1 added to tables of older stores."""
+    for table, column in (("responses", "input_size"), ("responses", "size"), ("conversations", "size")):
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in columns:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+
+
+def _backfill_sizes(db: sqlite3.Connection) -> None:
+    """Sizes and usage of the objects an older store already holds."""
+    db.execute(
+        "UPDATE responses SET input_size = (SELECT COALESCE(SUM(length(item)), 0) FROM response_items"
+        " WHERE response_id = responses.id AND kind = 'input')"
+    )
+    db.execute(
+        "UPDATE responses SET size = input_size + length(resource) + (SELECT COALESCE(SUM(length(item)), 0)"
+        " FROM response_items WHERE response_id = responses.id AND kind = 'output')"
+    )
+    db.execute(
+        "UPDATE conversations SET size = length(metadata) + (SELECT COALESCE(SUM(length(item)), 0)"
+        " FROM conversation_items WHERE conversation_id = conversations.id)"
+    )
+    db.execute("DELETE FROM usage")
+    db.execute(
+        "INSERT INTO usage (owner, bytes) SELECT owner, SUM(size) FROM"
+        " (SELECT owner, size FROM responses UNION ALL SELECT owner, size FROM conversations)"
+        " GROUP BY owner"
+    )
+
+
+def _add_usage(db: sqlite3.Connection, owner: str, delta: int) -> None:
+    if delta:
+        db.execute(
+            "INSERT INTO usage (owner, bytes) VALUES (?, ?)"
+            " ON CONFLICT (owner) DO UPDATE SET bytes = bytes + excluded.bytes",
+            (owner, delta),
+        )
+
+
+def _put_images(db: sqlite3.Connection, images: dict[str, bytes]) -> None:
+    db.executemany("INSERT OR IGNORE INTO images (hash, data) VALUES (?, ?)", list(images.items()))
+
+
+def _free_unused_images(db: sqlite3.Connection, candidates: Iterable[str] | None) -> int:
+    """Delete the images (among `candidates`; None: all) that no response or conversation uses."""
+    unused = (
+        "NOT EXISTS (SELECT 1 FROM response_images u WHERE u.hash = images.hash)"
+        " AND NOT EXISTS (SELECT 1 FROM conversation_images u WHERE u.hash = images.hash)"
+    )
+    if candidates is None:
+        return db.execute(f"DELETE FROM images WHERE {unused}").rowcount
+    freed = 0
+    for batch in _batches(sorted(candidates)):
+        marks = ",".join("?" * len(batch))
+        freed += db.execute(f"DELETE FROM images WHERE hash IN ({marks}) AND {unused}", batch).rowcount
+    return freed
+
+
+def _encoded_size(encoded: EncodedMessages) -> int:
+    """Bytes an object is charged for its messages: the blob, and every image it uses, as if
+    it were its own copy (shared storage is the store's saving, not the owner's)."""
+    return len(encoded.blob) + sum(len(encoded.images[digest]) for digest in encoded.image_hashes)
+
+
+def _batches(values: Sequence[str]) -> Iterator[list[str]]:
+    for start in range(0, len(values), _BATCH):
+        yield list(values[start : start + _BATCH])
 
 
 def _conversation_object(conversation_id: str, created_at: int, metadata: dict[str, str]) -> dict[str, Any]:
     return {"id": conversation_id, "object": "conversation", "created_at": created_at, "metadata": metadata}
-
-
-def _page(items: list[StoredItem], *, after: str | None, limit: int, order: Order) -> ItemPage:
-    ordered = items if order == "asc" else list(reversed(items))
-    if after is not None:
-        index = next((i for i, s in enumerate(ordered) if s.id == after), None)
-        if index is None:
-            raise UnknownCursorError(after)
-        ordered = ordered[index + 1 :]
-    return ItemPage(items=ordered[:limit], has_more=len(ordered) > limit)
