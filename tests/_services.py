@@ -74,7 +74,9 @@ def start_engine(
     return service
 
 
-def start_facade(log_dir: Path, engine_address: str, *, store_path: Path) -> ServiceProcess:
+def start_facade(
+    log_dir: Path, engine_address: str, *, store_path: Path, extra: tuple[str, ...] = ()
+) -> ServiceProcess:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = log_dir / f"facade-{port}.log"
@@ -83,6 +85,7 @@ def start_facade(log_dir: Path, engine_address: str, *, store_path: Path) -> Ser
         *("--engine-address", engine_address),
         *("--host", "127.0.0.1", "--port", str(port)),
         *("--store-path", str(store_path)),
+        *extra,
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO)

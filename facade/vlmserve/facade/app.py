@@ -18,6 +18,7 @@ from vlmserve.client import AsyncEngineClient, Deadlines
 
 from . import conversations_api, models_api, responses_api
 from .api_keys import install_api_keys, require_owner
+from .body_budget import BodyBudget
 from .catalog import ModelCatalog
 from .http_errors import install_error_handlers
 from .remote_images import image_fetcher_from_settings
@@ -110,7 +111,14 @@ def create_app(
             settings=settings, engine=client, store=the_store, catalog=catalog, image_sources=image_sources
         )
         return FacadeState(
-            settings=settings, engine=client, store=the_store, catalog=catalog, responses=service
+            settings=settings,
+            engine=client,
+            store=the_store,
+            catalog=catalog,
+            responses=service,
+            body_budget=BodyBudget(
+                settings.limits.max_body_bytes_in_flight, retry_after_s=settings.retry_after_s
+            ),
         )
 
     @asynccontextmanager

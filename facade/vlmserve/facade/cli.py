@@ -16,6 +16,7 @@ from vlmserve.common.netaddr import is_loopback_host
 from vlmserve.common.settings import SettingsError, add_arguments, load
 
 from .app import create_app
+from .http_protocol import bounded_protocol
 from .responses_api import STREAM_CUTOFF_AFTER_GRACE_S
 from .settings import FacadeSettings
 
@@ -84,9 +85,14 @@ def server_config(app: FastAPI, settings: FacadeSettings) -> uvicorn.Config:
         # On SIGTERM/SIGINT uvicorn stops listening at once; in-flight requests get
         # `shutdown_grace_s` (streams: see responses_api), then the app shuts down.
         timeout_graceful_shutdown=server_shutdown_timeout_s(settings),
-        # h11 (not httptools, if installed) so the header buffer is bounded: request line and
-        # headers together; HeaderLimits then checks the headers themselves.
-        http="h11",
+        # uvicorn's h11 protocol (not httptools, if installed) so the header buffer is bounded:
+        # request line and headers together; HeaderLimits then checks the headers themselves.
+        # Slow and numerous clients: a connection cap and a header deadline (http_protocol.py).
+        http=bounded_protocol(
+            max_connections=settings.limits.max_connections,
+            header_timeout_s=settings.limits.header_timeout_s,
+            retry_after_s=settings.retry_after_s,
+        ),
         h11_max_incomplete_event_size=settings.limits.max_header_bytes + _REQUEST_LINE_BYTES,
         # Client addresses come from the socket, never from X-Forwarded-* headers.
         proxy_headers=False,

@@ -39,7 +39,12 @@ State = Annotated[FacadeState, Depends(facade_state)]
 
 @router.post("", operation_id="createConversation", openapi_extra=CREATE_CONVERSATION_BODY)
 async def create_conversation(request: Request, state: State) -> dict[str, Any]:
-    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        return await _create_conversation(body, request, state)
+
+
+async def _create_conversation(body: Any, request: Request, state: FacadeState) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     items, messages = await _checked_items(body.get("items"), state, request, required=False)
@@ -98,7 +103,14 @@ async def list_conversation_items(
     "/{conversation_id}/items", operation_id=ADD_CONVERSATION_ITEMS, openapi_extra=ADD_CONVERSATION_ITEMS_BODY
 )
 async def add_conversation_items(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
-    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        return await _add_conversation_items(conversation_id, body, request, state)
+
+
+async def _add_conversation_items(
+    conversation_id: str, body: Any, request: Request, state: FacadeState
+) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     items, messages = await _checked_items(body.get("items"), state, request, required=True)

@@ -9,7 +9,9 @@ from typing import Any
 
 from fastapi import Request
 
+from .body_budget import BodyHold
 from .http_errors import APIError
+from .settings import Limits
 
 # Deeper than any real request (tool schemas included); deeper values would make later
 # recursive code (json.dumps, protobuf, the store) fail with RecursionError.
@@ -30,18 +32,36 @@ def too_large(max_bytes: int) -> APIError:
     return APIError(413, f"The request body is larger than {max_bytes} bytes.", code="request_too_large")
 
 
-async def read_json(request: Request, *, max_bytes: int) -> Any:
-    """The parsed body. The size limit is enforced while reading: a larger body is never buffered."""
+async def read_json(request: Request, *, limits: Limits, hold: BodyHold | None = None) -> Any:
+    """The parsed body. The size limit is enforced while reading: a larger body is never buffered.
+    With `hold`, the body's bytes are held in the facade's in-flight budget (body_budget.py) as
+    they are known: the declared Content-Length before anything is read, else chunk by chunk. The
+    body must arrive within `limits.body_timeout_s`."""
+    max_bytes = limits.max_request_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise too_large(max_bytes)
+    if declared is not None and declared.isdigit():
+        if int(declared) > max_bytes:
+            raise too_large(max_bytes)
+        if hold is not None:
+            hold.reserve(int(declared))
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large(max_bytes)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_large(max_bytes)
+                if hold is not None:
+                    hold.reserve(size)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"The request body did not arrive within {limits.body_timeout_s:g} seconds.",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
     raw = b"".join(chunks)
     del chunks
     if not raw.strip():

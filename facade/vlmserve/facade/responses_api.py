@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
+from .body_budget import BodyHold
 from .http_errors import APIError, not_found
 from .openapi import (
     CANCEL_RESPONSE,
@@ -45,8 +46,23 @@ State = Annotated[FacadeState, Depends(facade_state)]
 
 @router.post("", operation_id="createResponse", openapi_extra=CREATE_RESPONSE_BODY, response_model=None)
 async def create_response(request: Request, state: State) -> Response:
-    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
-    generation = await state.responses.prepare(body, owner=owner_of(request))
+    # The body holds its bytes in the in-flight budget until the response is finished: its
+    # parsed and translated forms live that long (body_budget.py).
+    hold = BodyHold(state.body_budget)
+    try:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        generation = await state.responses.prepare(body, owner=owner_of(request))
+        del body
+    except BaseException:
+        hold.release()
+        raise
+
+    async def finish() -> None:
+        try:
+            await generation.abandon()
+        finally:
+            hold.release()
+
     headers = _ignored_tools_header(generation)
     # Streaming or not, the engine call starts before anything is stored: an engine that refuses
     # the request at once (queue full, down, bad argument) leaves no response whose id the
@@ -56,7 +72,7 @@ async def create_response(request: Request, state: State) -> Response:
         try:
             await generation.open(first_message_s)
         except BaseException:
-            await generation.abandon()
+            await finish()
             raise
         # sse-starlette sets `shutdown` when the server begins to shut down; without an event
         # and a grace period it would cut every stream off at once.
@@ -67,14 +83,14 @@ async def create_response(request: Request, state: State) -> Response:
             _sse(generation, shutdown, grace_s),
             headers=headers,
             sep="\n",
-            background=BackgroundTask(generation.abandon),
+            background=BackgroundTask(finish),
             shutdown_event=shutdown,
             shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
         )
     try:
         resource = await _unless_disconnected(request, _collect(generation, first_message_s))
     finally:
-        await generation.abandon()
+        await finish()
     if resource is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return JSONResponse(resource, headers=headers)
@@ -82,8 +98,9 @@ async def create_response(request: Request, state: State) -> Response:
 
 @router.post("/input_tokens", operation_id="countInputTokens", openapi_extra=INPUT_TOKENS_BODY)
 async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
-    body = await read_json(request, max_bytes=state.settings.limits.max_request_bytes)
-    tokens = await state.responses.count_tokens(body, owner=owner_of(request))
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        tokens = await state.responses.count_tokens(body, owner=owner_of(request))
     return {"object": "response.input_tokens", "input_tokens": tokens}
 
 

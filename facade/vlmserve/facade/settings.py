@@ -69,6 +69,25 @@ class Limits(DeclaredSettings):
     max_header_bytes: int = Field(
         32 * 1024, ge=1, description="request headers' total size (names + values); 431 above it"
     )
+    # Bodies being read and translated hold their size here (Content-Length up front); one that
+    # does not fit is a 503 with Retry-After. The facade's memory peaks at a few times this.
+    max_body_bytes_in_flight: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="request bodies being read and translated at once, in bytes; 503 + Retry-After above it",
+    )
+    # uvicorn alone times out only idle keep-alive connections (see http_protocol.py).
+    max_connections: int = Field(
+        1000, ge=1, description="open client connections; a new one past it is answered 503 and closed"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="seconds a client has to send a request's line and headers; 408 after it"
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds a client has to send a request's body, once its headers are in; 408 after it",
+    )
     # Their own pool, so slow remote image hosts can never starve the store's threads.
     translation_workers: int = Field(
         8, ge=1, description="threads that translate requests (base64, image checks, remote fetches)"
@@ -157,6 +176,14 @@ class FacadeSettings(DeclaredSettings):
     engine_tls_ca: Path | None = Field(None, description="CA certificate (PEM) to verify the engine's TLS")
     engine_tls_cert: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
     engine_tls_key: Path | None = Field(None, description="client key (PEM) for mutual TLS")
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> FacadeSettings:
+        if self.limits.max_body_bytes_in_flight < self.limits.max_request_bytes:
+            raise ValueError(
+                "--max-body-bytes-in-flight must be at least --max-request-bytes (or no body that size fits)"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

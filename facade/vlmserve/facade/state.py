@@ -8,6 +8,7 @@ from fastapi import Request
 
 from vlmserve.client import AsyncEngineClient
 
+from .body_budget import BodyBudget
 from .catalog import ModelCatalog
 from .response_preparation import ResponsesService
 from .settings import FacadeSettings
@@ -21,6 +22,8 @@ class FacadeState:
     store: Store
     catalog: ModelCatalog
     responses: ResponsesService
+    # Bytes of request bodies being read and translated (body_budget.py).
+    body_budget: BodyBudget
 
 
 def facade_state(request: Request) -> FacadeState:

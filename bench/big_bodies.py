@@ -1,0 +1,92 @@
+"""Many large request bodies at once (issue 13.12): the facade's peak memory with the bound on
+bodies in flight (--max-body-bytes-in-flight) off and on, side by side in one run.
+
+    python bench/big_bodies.py --bodies 4 --mib 30
+
+Each run starts the scripted engine and a fresh facade, posts N bodies of M MiB at once (one long
+`input_text`, which the facade reads, parses and translates), and reads the facade's peak RSS
+(VmHWM) from /proc. Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests._services import free_port, process_env, start_facade  # noqa: E402
+
+UNBOUNDED = str(1 << 40)
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+async def post_all(url: str, bodies: int, mib: int) -> Counter[int]:
+    body = json.dumps({"input": "x" * (mib * 1024 * 1024 - 64), "max_output_tokens": 4}).encode()
+    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        replies = await asyncio.gather(
+            *(
+                http.post("/v1/responses", content=body, headers={"content-type": "application/json"})
+                for _ in range(bodies)
+            )
+        )
+    return Counter(reply.status_code for reply in replies)
+
+
+def run(budget: str | None, bodies: int, mib: int, logs: Path) -> dict[str, object]:
+    engine_address = f"127.0.0.1:{free_port()}"
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "tests.facade.fake_engine_server", "--address", engine_address],
+        cwd=REPO,
+        env=process_env(),
+    )
+    try:
+        time.sleep(1.5)
+        extra = ("--max-body-bytes-in-flight", budget) if budget else ()
+        facade = start_facade(logs, engine_address, store_path=logs / f"store-{budget}.sqlite3", extra=extra)
+        try:
+            before = peak_rss_mib(facade.process.pid)
+            statuses = asyncio.run(post_all(facade.address, bodies, mib))
+            peak = peak_rss_mib(facade.process.pid)
+        finally:
+            facade.stop()
+    finally:
+        engine.terminate()
+        engine.wait(10)
+    return {
+        "budget": "unbounded" if budget == UNBOUNDED else budget or "default (64 MiB)",
+        "statuses": dict(statuses),
+        "rss_before_mib": round(before),
+        "peak_rss_mib": round(peak),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
+    parser.add_argument("--bodies", type=int, default=4)
+    parser.add_argument("--mib", type=int, default=30)
+    args = parser.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="vlmserve-bodies-"))
+    for budget in (UNBOUNDED, str(96 << 20), None):
+        print(json.dumps(run(budget, args.bodies, args.mib, logs)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
