@@ -70,7 +70,7 @@ def running_engine(model_dir: Path) -> Iterator[tuple[RunningEngine, pb_grpc.Eng
     # The prefix cache is on: a request sharing a prompt prefix with the previous one continues
     # from its cache (trimmed), which must not change a single token.
     config = EngineConfig(
-        model=str(model_dir), max_output_tokens=64, warmup=False, prefix_cache_min_tokens=16
+        model=str(model_dir), max_output_tokens=256, warmup=False, prefix_cache_min_tokens=16
     )
 
     async def start() -> tuple[EngineServer, str]:
