@@ -1,11 +1,14 @@
-"""Prompt-prefix KV reuse: the slot logic (pure), then on the real engine (same output, fewer prefills)."""
+"""Prompt-prefix KV reuse: the cache's matching, partitions and bounds (pure), then on the real
+engine (same output, fewer prefills, nothing crosses tenants)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
+from vlmserve.engine.model_inputs import ImageSpan
 from vlmserve.engine.prefix_cache import PrefixCache
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -13,58 +16,124 @@ from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from .conftest import InProcessEngine
 from .test_engine_grpc import image_part, png, text_part
 
-VISION = 900
+IMAGE = 900
+LAYERS = 2
+# Bytes one cached token takes in these fake caches (keys + values, 2 layers, float32).
+TOKEN_BYTES = LAYERS * 2 * 4 * 4
 
 
 @dataclass
-class FakeLayerCache:
+class FakeLayer:
+    """A one-row KV cache layer: keys/values [1, heads, tokens, dim] (numpy slices like MLX)."""
+
+    keys: np.ndarray
+    values: np.ndarray
     offset: int
 
-    def is_trimmable(self) -> bool:
-        return True
 
-    def trim(self, n: int) -> int:
-        self.offset -= n
-        return n
+def layers_for(ids: list[int]) -> list[FakeLayer]:
+    n = len(ids)
+    data = np.asarray(ids, dtype=np.float32).reshape(1, 1, n, 1) * np.ones((1, 1, n, 4), np.float32)
+    return [FakeLayer(data, data.copy(), n) for _ in range(LAYERS)]
 
 
-def stored(ids: list[int], *, min_tokens: int = 4) -> PrefixCache:
-    cache = PrefixCache(min_tokens=min_tokens, vision_ids=frozenset({VISION}))
-    cache.store(ids, [FakeLayerCache(len(ids)), FakeLayerCache(len(ids))])
+def cache_with(*entries: tuple[str, list[int]], min_tokens: int = 4, max_bytes: int = 1 << 20) -> PrefixCache:
+    cache = PrefixCache(min_tokens=min_tokens, max_bytes=max_bytes)
+    for partition, ids in entries:
+        cache.store(partition, ids, spans_of(ids), layers_for(ids))
     return cache
 
 
+def spans_of(ids: list[int], hashes: tuple[str, ...] = ("red", "blue", "green")) -> list[ImageSpan]:
+    """Runs of IMAGE tokens, labelled with `hashes` in order."""
+    spans: list[ImageSpan] = []
+    index = 0
+    while index < len(ids):
+        if ids[index] == IMAGE:
+            start = index
+            while index < len(ids) and ids[index] == IMAGE:
+                index += 1
+            spans.append(ImageSpan(start, index - start, hashes[len(spans)]))
+        else:
+            index += 1
+    return spans
+
+
+IMG = [IMAGE] * 4
 CASES = [
     ("shared prefix is reused", list(range(10)), [*range(6), 50, 51], 6),
     ("identical prompt keeps one token to run", list(range(10)), list(range(10)), 9),
     ("longer prompt reuses all", list(range(10)), list(range(14)), 10),
     ("too short a match", list(range(10)), [0, 1, 2, 60, 61, 62], None),
-    ("stops before a vision token in the new prompt", list(range(10)), [0, 1, 2, 3, 4, VISION, 6, 7], 5),
-    ("stops before a vision token in the cached ids", [0, 1, 2, 3, 4, VISION, 6, 7], list(range(10)), 5),
     ("nothing shared", list(range(10)), [7, 7, 7, 7, 7, 7], None),
+    ("the same image is reused past", [1, 2, *IMG, 3, 4, 5], [1, 2, *IMG, 3, 4, 9, 9], 8),
 ]
 
 
 @pytest.mark.parametrize(("name", "cached", "prompt", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_take(name: str, cached: list[int], prompt: list[int], expected: int | None) -> None:
-    cache = stored(cached)
-    taken = cache.take(prompt)
+    cache = cache_with(("a", cached))
+    taken = cache.take("a", prompt, spans_of(prompt))
     if expected is None:
         assert taken is None
-        assert cache.take([*cached[:-1], cached[-1] + 1]) is not None, "a miss must leave the slot in place"
     else:
         assert taken is not None
         layers, shared = taken
         assert shared == expected
-        assert all(layer.offset == expected for layer in layers)
-        assert cache.take(prompt) is None, "a hit empties the slot"
+        assert all(layer.offset == expected and layer.keys.shape[2] == expected for layer in layers)
+        assert np.array_equal(layers[0].keys[0, 0, :, 0], np.asarray(cached[:expected], np.float32))
+        assert cache.take("a", prompt, spans_of(prompt)) is not None, "entries are shared, not taken away"
 
 
-def test_disabled_and_mismatched_caches_are_not_kept() -> None:
-    assert stored(list(range(10)), min_tokens=0).take(list(range(12))) is None
-    cache = PrefixCache(min_tokens=2, vision_ids=frozenset())
-    cache.store(list(range(10)), [FakeLayerCache(9)])  # cache does not hold exactly these ids
-    assert cache.take(list(range(12))) is None
+def test_a_different_image_at_the_same_place_is_not_reused() -> None:
+    ids = [1, 2, 3, 4, 5, *IMG, 6, 7]
+    cache = cache_with(("a", ids))
+    taken = cache.take("a", [*ids, 8], spans_of(ids, hashes=("blue",)))
+    assert taken is not None and taken[1] == 5, "same placeholder ids, other pixels: stops at the image"
+
+
+def test_a_prefix_never_serves_another_partition() -> None:
+    secret = list(range(100, 140))
+    cache = cache_with(("tenant-a", secret))
+    for guess_length in (8, 20, 39, 40):
+        guess = [*secret[:guess_length], 7]
+        assert cache.take("tenant-b", guess, []) is None
+        assert cache.take("", guess, []) is None
+    taken = cache.take("tenant-a", [*secret, 7], [])
+    assert taken is not None and taken[1] == 40
+
+
+def test_longest_match_among_several_entries() -> None:
+    cache = cache_with(("a", [1, 2, 3, 4, 5, 6]), ("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]), ("a", [9] * 8))
+    assert len(cache) == 2, "an entry that a newer one extends is dropped"
+    taken = cache.take("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [])
+    assert taken is not None and taken[1] == 8
+    taken = cache.take("a", [9] * 6 + [1], [])
+    assert taken is not None and taken[1] == 6
+
+
+def test_least_recently_used_entries_go_first_within_the_byte_bound() -> None:
+    first, second, third = [1] * 10, [2] * 10, [3] * 10
+    cache = cache_with(("a", first), ("a", second), max_bytes=25 * TOKEN_BYTES)
+    assert cache.bytes == 20 * TOKEN_BYTES
+    assert cache.take("a", [*first, 0], []) is not None  # `first` is now the most recent
+    cache.store("a", third, [], layers_for(third))
+    assert cache.bytes <= 25 * TOKEN_BYTES
+    assert cache.take("a", [*second, 0], []) is None, "least recently used, evicted"
+    assert cache.take("a", [*first, 0], []) is not None
+    assert cache.take("a", [*third, 0], []) is not None
+
+
+def test_disabled_and_oversized_caches_are_not_kept() -> None:
+    assert cache_with(("a", list(range(10))), min_tokens=0).take("a", list(range(12)), []) is None
+    assert cache_with(("a", list(range(10))), max_bytes=0).take("a", list(range(12)), []) is None
+    too_big = cache_with(("a", list(range(10))), max_bytes=5 * TOKEN_BYTES)
+    assert len(too_big) == 0 and too_big.bytes == 0
+    mismatched = PrefixCache(min_tokens=2, max_bytes=1 << 20)
+    layers = layers_for(list(range(10)))
+    layers[0].offset = 9  # the cache does not hold exactly these ids
+    mismatched.store("a", list(range(10)), [], layers)
+    assert len(mismatched) == 0
 
 
 # -- on the engine --------------------------------------------------------------------------------
@@ -72,15 +141,17 @@ def test_disabled_and_mismatched_caches_are_not_kept() -> None:
 SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: answer precisely." for i in range(60))
 
 
-def conversation(*turns: str, image: bytes | None = None) -> pb.GenerateRequest:
+def conversation(*turns: str, image: bytes | None = None, partition: str = "") -> pb.GenerateRequest:
     messages = [pb.Message(role=pb.ROLE_SYSTEM, parts=[text_part(SYSTEM)])]
     for index, turn in enumerate(turns):
         role = pb.ROLE_USER if index % 2 == 0 else pb.ROLE_ASSISTANT
         messages.append(pb.Message(role=role, parts=[text_part(turn)]))
     if image is not None:
-        messages[-1].parts.append(image_part(image))
+        messages[1].parts.append(image_part(image))  # in the first user turn: history from then on
     return pb.GenerateRequest(
-        messages=messages, sampling=pb.SamplingParams(max_tokens=16, temperature=1.0, seed=21)
+        messages=messages,
+        sampling=pb.SamplingParams(max_tokens=16, temperature=1.0, seed=21),
+        partition_key=partition,
     )
 
 
@@ -89,30 +160,45 @@ def unary(stub: pb_grpc.EngineServiceStub, req: pb.GenerateRequest) -> pb.Genera
     return result
 
 
-def evict(stub: pb_grpc.EngineServiceStub) -> None:
-    """A long unrelated request takes the slot, so the next one starts cold."""
-    unrelated = pb.GenerateRequest(
-        messages=[pb.Message(role=pb.ROLE_USER, parts=[text_part("9876543210" * 20)])],
-        sampling=pb.SamplingParams(max_tokens=2),
-    )
-    assert unary(stub, unrelated).usage.cached_tokens == 0
-
-
 @pytest.mark.parametrize("with_image", [False, True])
 def test_follow_up_turn_reuses_the_prefix_with_identical_output(
     idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, with_image: bool
 ) -> None:
     image = png(seed=8) if with_image else None
-    follow_up = conversation("First question?", "An answer.", "Second question?", image=image)
-    evict(stub)
-    cold = unary(stub, follow_up)
+    partition = f"follow-up-{with_image}"
+    follow_up = conversation(
+        "First question?", "An answer.", "Second question?", image=image, partition=partition
+    )
+    cold_partition = pb.GenerateRequest()
+    cold_partition.CopyFrom(follow_up)
+    cold_partition.partition_key = partition + "-cold"
+    cold = unary(stub, cold_partition)
     assert cold.usage.cached_tokens == 0
 
-    evict(stub)
-    first = unary(stub, conversation("First question?"))
+    first = unary(stub, conversation("First question?", image=image, partition=partition))
     warm = unary(stub, follow_up)
-    assert warm.usage.cached_tokens > 200  # the long system prompt at least
+    assert first.usage.cached_tokens == 0
+    # The long system prompt at least, and past the image in the first turn when there is one.
+    assert warm.usage.cached_tokens > (first.usage.input_tokens - 8)
     assert warm.usage.cached_tokens < warm.usage.input_tokens
     assert warm.usage.input_tokens == cold.usage.input_tokens
     assert warm.text == cold.text
-    assert first.usage.cached_tokens == 0
+
+
+def test_another_tenants_prompt_never_shows_in_cached_tokens(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
+) -> None:
+    """Issue 10's finding: with one shared slot, key B's cached_tokens rose 112 -> 116 -> 118 ->
+    126 as its guess approached key A's secret prompt. Same guesses here: from partition A they
+    do hit (so the cache is really there to leak), from partition B never."""
+    secret = "The launch code is 7 4 1 9 3 and the vault opens at midnight."
+    unary(stub, conversation(secret, partition="tenant-a"))
+    guesses = [secret[:n] for n in (20, 35, 50, len(secret))]
+    from_b = [unary(stub, conversation(g, partition="tenant-b")).usage.cached_tokens for g in guesses]
+    from_a = [unary(stub, conversation(g, partition="tenant-a-again")).usage.cached_tokens for g in guesses]
+    same_tenant = [unary(stub, conversation(g, partition="tenant-a")).usage.cached_tokens for g in guesses]
+    assert from_b == from_a, "a new tenant sees what any other tenant would: its own history only"
+    # B's own earlier guesses may serve B (its own prompts); A's secret never does: B's hits stop
+    # where its own earlier guesses ended, while A's would run on into the secret.
+    assert max(from_b) < same_tenant[-1]
+    assert same_tenant[-1] >= unary(stub, conversation(secret, partition="tenant-a")).usage.input_tokens - 16

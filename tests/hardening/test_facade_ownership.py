@@ -129,3 +129,17 @@ def test_keys_come_from_the_environment_and_a_file(tmp_path: Path) -> None:
 
 def test_the_facade_binds_loopback_by_default() -> None:
     assert settings_from_args([], {}).host == "127.0.0.1"
+
+
+async def test_each_key_is_its_own_prefix_cache_partition(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """The engine's prefix cache is partitioned by `partition_key` (issue 10: one shared slot let
+    one key's cached_tokens reveal another key's prompt). The facade sends the owner id: a hash
+    of the key, never the key itself; the same key always lands in the same partition."""
+    for key in (ALICE, BOB, ALICE):
+        reply = await http.post("/v1/responses", json={"input": "same words"}, headers=bearer(key))
+        assert reply.status_code == 200, reply.text
+    alice, bob, alice_again = (request.partition_key for request in engine.requests)
+    assert alice == owner_id(ALICE) and bob == owner_id(BOB) and alice_again == alice
+    assert alice != bob and ALICE not in alice and BOB not in bob

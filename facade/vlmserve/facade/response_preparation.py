@@ -121,6 +121,8 @@ class ResponsesService:
         translated, info = translation.translated, translation.info
         response_id = ids.new_id(ids.RESPONSE)
         translated.request.request_id = response_id
+        # The engine's prefix cache is partitioned by this (the owner id is a hash of the key).
+        translated.request.partition_key = owner
         if translated.ignored_tools:
             logger.info(
                 "response %s: hosted tools left out of the prompt: %s",

@@ -1,13 +1,14 @@
-"""One request on the generation thread: prepare inputs, prefill in chunks, decode token by token.
+"""One request on the generation thread: prepare its inputs, prefill in chunks, then take tokens.
 
-Each `step()` does one bounded piece of work (input preparation, one prefill chunk, or one
-decoded token), so the generator can interleave requests and check cancellation between steps.
-Built from mlx-vlm's own pieces: `prepare_inputs`, `Model.get_input_embeddings`, the language
-model called with a per-request KV cache, and its sample utilities.
+A request's own work is `prepare()` (processor, vision features, prefix-cache lookup) and
+`prefill(budget)` (the next chunk of its prompt, single-row, so its KV cache and first token are
+exactly what it gets alone). Once prefilled it hands its KV cache to the `DecodeBatch`
+(batch.py), which runs one forward for all decoding requests per step and gives each row's
+logits back to `sample()`; `accept()` turns the chosen token into output events.
 
-Per-request position state (Qwen2-VL's M-RoPE `rope_deltas`) is passed explicitly on every
-call instead of relying on the state mlx-vlm keeps on the model, which belongs to whichever
-request ran last.
+Per-request position state (Qwen2-VL's M-RoPE `rope_deltas`) travels with the request (and then
+with its batch row) and is passed explicitly on every call, instead of relying on the state
+mlx-vlm keeps on the model, which belongs to whichever request ran last.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -24,24 +24,31 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .detokenizer import IncrementalDetokenizer
 from .grammar_processor import GrammarLogitsProcessor
-from .jobs import CountedEvent, FailedEvent, FinishedEvent, Job, JobKind, JobReport, TextEvent, ToolCallEvent
-from .model import LoadedModel, prompt_needs_special_tokens
+from .jobs import (
+    CountedEvent,
+    FailedEvent,
+    FinishedEvent,
+    Job,
+    JobKind,
+    JobReport,
+    LogitsProcessor,
+    TextEvent,
+    ToolCallEvent,
+)
+from .model import LoadedModel
+from .model_inputs import ImageSpan, ModelInputs, build_model_inputs
 from .output import OutputAssembler
 from .prefix_cache import PrefixCache
 from .request_errors import RequestError
 from .sampling import TokenSampler
+from .vision_cache import VisionFeatureCache
 
-__all__ = ["ActiveGeneration", "LogitsProcessor"]
-
-# mlx-lm / mlx-vlm convention: (ids so far, logits (1, vocab)) -> logits.
-LogitsProcessor = Callable[[Any, Any], Any]
+__all__ = ["ActiveGeneration", "LogitsProcessor", "Phase"]
 
 log = logging.getLogger(__name__)
 
-_INPUT_KEYS = ("input_ids", "pixel_values", "attention_mask")
 
-
-class _Phase(enum.Enum):
+class Phase(enum.Enum):
     PREPARE = 1
     PREFILL = 2
     DECODE = 3
@@ -58,12 +65,14 @@ class ActiveGeneration:
         *,
         prefill_chunk_tokens: int,
         prefix_cache: PrefixCache | None = None,
+        vision_cache: VisionFeatureCache | None = None,
     ) -> None:
         self.job = job
         self._loaded = loaded
         self._prefix_cache = prefix_cache
+        self._vision_cache = vision_cache
         self._chunk = max(1, prefill_chunk_tokens)
-        self._phase = _Phase.PREPARE
+        self.phase = Phase.PREPARE
         request = job.request
         self._assembler = OutputAssembler(
             stop=request.settings.stop,
@@ -80,70 +89,53 @@ class ActiveGeneration:
         self.tokens_after_cancel = 0
         self.finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_UNSPECIFIED
         self._max_tokens = request.settings.max_tokens
+        # Per-request logits processors (the grammar first), applied before sampling.
+        self._processors: list[LogitsProcessor] = []
         self._recent: list[int] = []
-        self._prompt_ids: list[int] = []
         self._generated: list[int] = []
-        self._input_ids: Any = None
-        self._embeds: Any = None
-        self._prefill_kwargs: dict[str, Any] = {}
-        self._decode_kwargs: dict[str, Any] = {}
+        self._inputs: ModelInputs | None = None
         self._prefilled = 0
         self._cache: list[Any] = []
-        self._last_token = 0
+        self.last_token = 0
         self._sampler: TokenSampler | None = None
-        # Per-request logits processors (the grammar), applied before sampling; they see the
-        # ids so far (`_token_ids`: prompt then generated), as in mlx-lm / mlx-vlm.
-        self._processors: list[LogitsProcessor] = []
-        self._token_ids: Any = None
         self._detokenizer: IncrementalDetokenizer | None = None
 
     @property
     def done(self) -> bool:
-        return self._phase is _Phase.DONE
+        return self.phase is Phase.DONE
 
     @property
     def image_count(self) -> int:
         return len(self.job.request.images)
 
-    def step(self) -> None:
-        """One bounded unit of work; afterwards `done` says whether the job has ended."""
-        if self._phase is _Phase.PREPARE:
-            self._prepare()
-        elif self._phase is _Phase.PREFILL:
-            self._prefill_step()
-        elif self._phase is _Phase.DECODE:
-            self._decode_step()
+    @property
+    def prefill_remaining(self) -> int:
+        """Prompt tokens still to run (before preparation: unknown, counted as 0)."""
+        if self._inputs is None:
+            return 0
+        return self.prompt_tokens - self._prefilled
 
-    # -- phases -----------------------------------------------------------------------------
+    @property
+    def image_spans(self) -> tuple[ImageSpan, ...]:
+        return self._inputs.image_spans if self._inputs is not None else ()
 
-    def _prepare(self) -> None:
-        from mlx_vlm import utils
+    @property
+    def rope_deltas(self) -> Any:
+        return self._inputs.rope_deltas if self._inputs is not None else None
+
+    # -- preparation and prefill ------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Model inputs (vision features included) and any reusable prefix; PREPARE -> PREFILL."""
         from mlx_vlm.models.cache import make_prompt_cache
 
-        prepare_inputs: Any = utils.prepare_inputs  # unannotated in mlx-vlm
-
         request = self.job.request
-        model = self._loaded.model
-        processor = self._loaded.processor
         info = self._loaded.info
-        try:
-            inputs = prepare_inputs(
-                processor,
-                images=list(request.images) or None,
-                prompts=[request.prompt_text],
-                add_special_tokens=prompt_needs_special_tokens(request.prompt_text, self._loaded.tokenizer),
-            )
-        except (ValueError, TypeError, OSError) as error:
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the model's processor could not prepare the input: {error}",
-                field="messages",
-            ) from None
-        input_ids = inputs["input_ids"]
-        self.prompt_tokens = int(input_ids.shape[-1])
+        inputs = build_model_inputs(self._loaded, request, vision_cache=self._vision_cache)
+        self.prompt_tokens = len(inputs.token_ids)
         if request.kind is JobKind.COUNT_TOKENS:
             self.job.emit(CountedEvent(input_tokens=self.prompt_tokens, image_count=self.image_count))
-            self._phase = _Phase.DONE
+            self.phase = Phase.DONE
             return
         if self.prompt_tokens >= info.context_length:
             # OUT_OF_RANGE, not INVALID_ARGUMENT: the same prompt fits a model with a longer
@@ -155,93 +147,93 @@ class ActiveGeneration:
                 field="messages",
             )
         self._max_tokens = min(self._max_tokens, info.context_length - self.prompt_tokens)
-        extra = {k: v for k, v in inputs.items() if k not in _INPUT_KEYS and v is not None}
-        embedding = model.get_input_embeddings(
-            input_ids, inputs.get("pixel_values"), mask=inputs.get("attention_mask"), **extra
+        self._inputs = inputs
+        taken = (
+            self._prefix_cache.take(request.partition_key, inputs.token_ids, inputs.image_spans)
+            if self._prefix_cache is not None
+            else None
         )
-        self._embeds = embedding.inputs_embeds
-        derived = {k: v for k, v in embedding.to_dict().items() if k != "inputs_embeds" and v is not None}
-        self._prefill_kwargs = {**extra, **derived}
-        if "rope_deltas" in derived:
-            self._decode_kwargs = {"rope_deltas": derived["rope_deltas"]}
-        self._input_ids = input_ids
-        self._prompt_ids = [int(t) for t in input_ids[0].tolist()]
-        taken = self._prefix_cache.take(self._prompt_ids) if self._prefix_cache is not None else None
         if taken is not None:
             self._cache, self._prefilled = taken
             self.cached_tokens = self._prefilled
         else:
-            self._cache = make_prompt_cache(model.language_model)
-        self._sampler = TokenSampler(request.settings, model.config)
+            self._cache = make_prompt_cache(self._loaded.model.language_model)
+        self._sampler = TokenSampler(request.settings, self._loaded.model.config)
         if request.constraint is not None:
-            self._processors = [
+            self._processors.append(
                 GrammarLogitsProcessor(
                     request.constraint.grammar,
                     self._loaded.grammar.tokenizer,
                     eos_token_ids=self._loaded.eos_token_ids,
                     max_new_tokens=self._max_tokens,
                 )
-            ]
-            self._token_ids = input_ids.reshape(-1)
-        self._detokenizer = IncrementalDetokenizer(self._loaded.tokenizer)
-        self._recent = self._prompt_ids[-20:]
-        self._phase = _Phase.PREFILL
-
-    def _prefill_step(self) -> None:
-        import mlx.core as mx
-
-        language_model = self._loaded.model.language_model
-        total = int(self._embeds.shape[1])
-        start = self._prefilled
-        if total - start > self._chunk:
-            end = start + self._chunk
-            language_model(
-                self._input_ids[:, start:end],
-                inputs_embeds=self._embeds[:, start:end],
-                cache=self._cache,
-                **self._prefill_kwargs,
             )
-            mx.eval([c.state for c in self._cache])
-            self._prefilled = end
-            return
-        output = language_model(
-            self._input_ids[:, start:],
-            inputs_embeds=self._embeds[:, start:],
-            cache=self._cache,
-            **self._prefill_kwargs,
-        )
-        self._prefilled = total
-        self._embeds = None  # the prompt's embeddings are in the cache now
-        self._phase = _Phase.DECODE
-        self._take_token(output.logits[:, -1, :])
+        self._processors.extend(request.logits_processors)
+        self._detokenizer = IncrementalDetokenizer(self._loaded.tokenizer)
+        self._recent = list(inputs.token_ids[-20:])
+        self.phase = Phase.PREFILL
 
-    def _decode_step(self) -> None:
+    @property
+    def next_chunk_tokens(self) -> int:
+        """Size of the next prefill chunk. Chunks are always whole (only the last is shorter),
+        whatever else runs in the step, so a request's KV cache and first token do not depend
+        on the company it keeps."""
+        return min(self._chunk, self.prompt_tokens - self._prefilled)
+
+    def prefill(self) -> int:
+        """Run the next prompt chunk; returns its size.
+
+        The last chunk yields the first token; then the request is in DECODE (or DONE).
+        """
         import mlx.core as mx
 
-        output = self._loaded.model.language_model(
-            mx.array([[self._last_token]]), cache=self._cache, **self._decode_kwargs
+        inputs = self._inputs
+        assert inputs is not None
+        language_model = self._loaded.model.language_model
+        start = self._prefilled
+        end = start + self.next_chunk_tokens
+        output = language_model(
+            inputs.input_ids[:, start:end],
+            inputs_embeds=inputs.embeds[:, start:end],
+            cache=self._cache,
+            **inputs.prefill_kwargs,
         )
-        self._take_token(output.logits[:, -1, :])
+        self._prefilled = end
+        if end < self.prompt_tokens:
+            mx.eval([c.state for c in self._cache])
+            return end - start
+        inputs.release_prompt()  # the prompt's embeddings are in the cache now
+        self.phase = Phase.DECODE
+        self.accept(int(self.sample(output.logits[:, -1, :]).item()))
+        return end - start
+
+    def hand_over_cache(self) -> list[Any]:
+        """The prefilled KV cache, for the decode batch (which owns it from now on)."""
+        cache, self._cache = self._cache, []
+        return cache
 
     # -- tokens and results -----------------------------------------------------------------
 
-    def _take_token(self, logits: Any) -> None:
+    def sample(self, logits: Any) -> Any:
+        """This request's next token (lazy array [1]) from its logits row [1, vocab]."""
         import mlx.core as mx
 
         assert self._sampler is not None
-        for processor in self._processors:
-            logits = processor(self._token_ids, logits)
-        token = int(self._sampler(logits, self._recent).item())
         if self._processors:
-            step = mx.array([token], dtype=self._token_ids.dtype)
-            self._token_ids = mx.concatenate([self._token_ids, step])
+            assert self._inputs is not None
+            so_far = mx.array([*self._inputs.token_ids, *self._generated], dtype=mx.int32)
+            for processor in self._processors:
+                logits = processor(so_far, logits)
+        return self._sampler(logits, self._recent)
+
+    def accept(self, token: int) -> None:
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
         self.output_tokens += 1
         if self.job.cancelled:
             self.tokens_after_cancel += 1
-        self._last_token = token
+        self.last_token = token
         self._recent.append(token)
         self._generated.append(token)
         if token in self._loaded.eos_token_ids:
@@ -260,7 +252,7 @@ class ActiveGeneration:
 
     def finish(self, reason: pb.FinishReason.ValueType) -> None:
         """End the job with a result (also used for cancellation at any phase)."""
-        if self._phase is _Phase.DONE:
+        if self.phase is Phase.DONE:
             return
         if self._detokenizer is not None and not self._assembler.stopped:
             self._emit(self._assembler.feed(self._detokenizer.flush()))
@@ -268,25 +260,31 @@ class ActiveGeneration:
         if reason == pb.FINISH_REASON_STOP and self._assembler.tool_calls:
             reason = pb.FINISH_REASON_TOOL_CALLS
         self.finish_reason = reason
-        self._phase = _Phase.DONE
-        if self._prefix_cache is not None and self._generated:
-            # The cache holds the prompt and every generated token but the last (never fed back).
-            self._prefix_cache.store(self._prompt_ids + self._generated[:-1], self._cache)
-        self._release()
+        self.phase = Phase.DONE
+        self._cache = []
         if self.job.request.kind is JobKind.GENERATE:
             self.job.emit(FinishedEvent(self._result()))
 
-    def fail(self, error: RequestError) -> None:
-        if self._phase is _Phase.DONE:
+    def keep_prefix(self, cache: list[Any]) -> None:
+        """Offer the finished request's KV cache (one row) to the prefix cache."""
+        inputs = self._inputs
+        if self._prefix_cache is None or inputs is None or not self._generated:
             return
-        self._phase = _Phase.DONE
-        self._release()
-        self.job.emit(FailedEvent(error))
+        # The cache holds the prompt and every generated token but the last (never fed back).
+        self._prefix_cache.store(
+            self.job.request.partition_key,
+            [*inputs.token_ids, *self._generated[:-1]],
+            inputs.image_spans,
+            cache,
+        )
 
-    def _release(self) -> None:
+    def fail(self, error: RequestError) -> None:
+        if self.phase is Phase.DONE:
+            return
+        self.phase = Phase.DONE
         self._cache = []
-        self._embeds = None
-        self._input_ids = None
+        self._inputs = None
+        self.job.emit(FailedEvent(error))
 
     def _result(self) -> pb.GenerateResult:
         now = time.perf_counter()
@@ -328,4 +326,6 @@ class ActiveGeneration:
             output_tokens=self.output_tokens,
             tokens_after_cancel=self.tokens_after_cancel,
             image_count=self.image_count,
+            cached_tokens=self.cached_tokens,
+            token_ids=tuple(self._generated),
         )

@@ -1,16 +1,24 @@
 """The generation thread: the only thread that touches MLX.
 
 It loads the model (MLX streams are thread-local, so loading happens here too), warms it up,
-then serves jobs from a bounded admission queue. Up to `max_active` jobs are in flight at once
-and advance round-robin, one step each (input preparation, a prefill chunk, or one token), so a
-long prompt cannot starve a short one and batching can replace the loop body later. A job's
-cancel flag is checked before each of its steps. Any failure of one job becomes that job's
-error; the thread itself keeps running.
+then serves jobs from a bounded admission queue with continuous batching. Each step:
+
+1. requests whose caller cancelled leave (the cancel flag is checked every step);
+2. every decoding request advances one token in one batched forward (batch.py);
+3. requests still starting are prepared and prefilled, shortest remaining prompt first, in
+   whole chunks while they fit the step's token budget (`step_tokens`, the decode rows count
+   too; at least one chunk runs per step, so a long prompt always progresses). A request whose
+   last chunk ran has its first token and joins the batch for the next step.
+
+So a short request that arrives while a long prompt prefills waits at most one step, and
+nobody's decode stalls for a whole prefill. Any failure of one job becomes that job's error;
+the thread itself keeps running.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import queue
 import threading
@@ -25,12 +33,14 @@ from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.common.settings import DeclaredSettings, Option
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from .decode import ActiveGeneration
+from .batch import DecodeBatch
+from .decode import ActiveGeneration, Phase
 from .jobs import Job, JobKind, JobReport, PreparedRequest
 from .model import DEFAULT_MODEL_PATH, DTYPE_CHOICES, LoadedModel, load_model
-from .prefix_cache import PrefixCache, vision_token_ids
+from .prefix_cache import PrefixCache
 from .request_errors import RequestError
 from .sampling import SamplingSettings
+from .vision_cache import VisionFeatureCache
 
 __all__ = ["EngineConfig", "Generator"]
 
@@ -58,15 +68,31 @@ class EngineConfig(DeclaredSettings):
     max_queue: int = Field(
         64, ge=1, description="requests waiting for a slot; more are refused with RESOURCE_EXHAUSTED"
     )
-    max_active: int = Field(8, ge=1, description="requests advancing together (round-robin, one step each)")
+    max_active: int = Field(
+        16, ge=1, description="requests in flight: decoding as one batch, or preparing and prefilling"
+    )
     prefill_chunk_tokens: Annotated[int, Option(flag="--prefill-chunk")] = Field(
-        512, ge=1, description="prompt tokens per prefill step"
+        256, ge=1, description="prompt tokens per prefill chunk (a request's chunks are always whole)"
+    )
+    step_tokens: int = Field(
+        256,
+        ge=1,
+        description="token budget of one engine step: one per decoding request plus whole prefill chunks "
+        "(at least one chunk runs per step)",
     )
     # See prefix_cache.py.
     prefix_cache_min_tokens: int = Field(
         64,
         ge=0,
-        description="reuse the previous request's KV cache for a shared prompt prefix this long (0: off)",
+        description="reuse a finished request's KV cache (same partition) for a shared prompt prefix "
+        "this long (0: off)",
+    )
+    prefix_cache_mib: int = Field(
+        1024, ge=0, description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)"
+    )
+    # See vision_cache.py.
+    vision_cache_mib: int = Field(
+        256, ge=0, description="MiB of image features kept by image content hash (0: off)"
     )
     max_images_per_request: Annotated[int, Option(flag="--max-images")] = Field(
         16, ge=1, description="images per request"
@@ -91,6 +117,23 @@ class EngineConfig(DeclaredSettings):
 ReadyCallback = Callable[[LoadedModel | None, BaseException | None], None]
 
 
+def _release_buffers() -> None:
+    """Return MLX's cached buffers (a finished prefill's activations, a leaving row's cache) to
+    the system, as mlx-vlm's batch generator does after each prompt batch: otherwise the
+    allocator keeps every size it has seen and the process's memory only grows."""
+    import mlx.core as mx
+
+    mx.clear_cache()
+
+
+def _plain_kv_layers(loaded: LoadedModel) -> bool:
+    """Whether every layer keeps a plain KV cache, the only kind the prefix cache can cut and
+    share (a sliding-window or recurrent layer's state is not a prefix of token positions)."""
+    from mlx_vlm.models.cache import KVCache, make_prompt_cache
+
+    return all(type(layer) is KVCache for layer in make_prompt_cache(loaded.model.language_model))
+
+
 class Generator:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -108,6 +151,9 @@ class Generator:
         self.ready = threading.Event()
         # Recent finished jobs, newest last (logs, tests, metrics).
         self.reports: collections.deque[JobReport] = collections.deque(maxlen=256)
+        # Generation thread only (read by tests once idle).
+        self.prefix_cache: PrefixCache | None = None
+        self.vision_cache: VisionFeatureCache | None = None
 
     # -- lifecycle (any thread) -------------------------------------------------------------
 
@@ -194,8 +240,15 @@ class Generator:
                 image_limits=self.config.image_limits,
                 max_images_per_request=self.config.max_images_per_request,
             )
+            self.prefix_cache = PrefixCache(
+                min_tokens=self.config.prefix_cache_min_tokens if _plain_kv_layers(loaded) else 0,
+                max_bytes=self.config.prefix_cache_mib << 20,
+            )
+            self.vision_cache = VisionFeatureCache(self.config.vision_cache_mib << 20)
             if self.config.warmup:
                 self._warm_up(loaded)
+                self.prefix_cache.clear()
+                self.vision_cache.clear()
         except BaseException as error:  # reported to the server, which exits
             log.exception("model load failed")
             self.load_error = error
@@ -230,47 +283,123 @@ class Generator:
             images=(Image.new("RGB", (112, 112), (127, 127, 127)),) if loaded.template is not None else (),
             settings=SamplingSettings(max_tokens=2, temperature=0.0),
         )
-        generation = ActiveGeneration(
-            Job(request, None), loaded, prefill_chunk_tokens=self.config.prefill_chunk_tokens
-        )
-        while not generation.done:
-            generation.step()
+        generation = self._new_generation(Job(request, None), loaded)
+        batch = DecodeBatch(loaded.model.language_model)
+        generation.prepare()
+        while generation.phase is Phase.PREFILL:
+            generation.prefill()
+        if generation.phase is Phase.DECODE:
+            batch.add(generation)
+            while not generation.done:
+                for row, token in zip(list(batch.rows), batch.step(), strict=True):
+                    row.accept(token)
+            batch.remove(generation, extract=False)
         log.info("warm-up done in %.2fs", time.perf_counter() - started)
 
-    def _serve(self, loaded: LoadedModel) -> None:
-        active: collections.deque[ActiveGeneration] = collections.deque()
-        prefix_cache = PrefixCache(
-            min_tokens=self.config.prefix_cache_min_tokens,
-            vision_ids=vision_token_ids(loaded.model.config),
+    def _new_generation(self, job: Job, loaded: LoadedModel) -> ActiveGeneration:
+        return ActiveGeneration(
+            job,
+            loaded,
+            prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+            prefix_cache=self.prefix_cache,
+            vision_cache=self.vision_cache,
         )
+
+    def _serve(self, loaded: LoadedModel) -> None:
+        batch = DecodeBatch(loaded.model.language_model)
+        # Admitted, preparing or prefilling, in arrival order.
+        starting: list[ActiveGeneration] = []
         while True:
-            while len(active) < self.config.max_active:
+            while len(starting) + len(batch) < self.config.max_active:
                 try:
-                    job = self._queue.get(block=not active)
+                    job = self._queue.get(block=not (starting or batch))
                 except queue.Empty:
                     break
                 if job is None:
-                    self._drain_on_stop(active, loaded)
+                    self._drain_on_stop([*batch.rows, *starting], loaded)
                     return
                 with self._lock:
                     self._waiting -= 1
-                active.append(
-                    ActiveGeneration(
-                        job,
-                        loaded,
-                        prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-                        prefix_cache=prefix_cache,
-                    )
-                )
-            if not active:
-                continue
+                starting.append(self._new_generation(job, loaded))
             self._end_cancelled_waiting(loaded)
-            generation = active.popleft()
-            self._advance(generation)
+            for generation in [*batch.rows, *starting]:
+                if generation.job.cancelled:
+                    generation.finish(pb.FINISH_REASON_CANCELLED)
+                    self._leave(generation, batch, starting)
+            if batch:
+                self._decode_step(batch, starting)
+            self._start_step(batch, starting, budget=self.config.step_tokens - len(batch))
+
+    def _decode_step(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
+        try:
+            tokens = batch.step()
+        except Exception as error:  # the batch's forward failed: every row fails, the thread lives
+            log.exception("batched decode step failed")
+            for generation in list(batch.rows):
+                generation.fail(
+                    RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
+                )
+                self._leave(generation, batch, starting)
+            return
+        for generation, token in zip(list(batch.rows), tokens, strict=True):
+            self._guarded(generation, functools.partial(generation.accept, token))
             if generation.done:
-                self._retire(generation)
-            else:
-                active.append(generation)
+                self._leave(generation, batch, starting)
+
+    def _start_step(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> None:
+        """Prepare new arrivals, then prefill chunks, shortest remaining prompt first, within `budget`."""
+        ran = False
+        for generation in [g for g in starting if g.phase is Phase.PREPARE]:
+            if ran and budget <= 0:
+                break
+            self._guarded(generation, generation.prepare)
+            ran = True
+            budget -= max(1, sum(span.length for span in generation.image_spans))
+            if generation.done:
+                self._leave(generation, batch, starting)
+        for generation in sorted(
+            (g for g in starting if g.phase is Phase.PREFILL), key=lambda g: g.prefill_remaining
+        ):
+            if ran and generation.next_chunk_tokens > budget:
+                continue
+            budget -= generation.next_chunk_tokens
+            ran = True
+            self._guarded(generation, generation.prefill)
+            if generation.phase is Phase.DECODE:
+                starting.remove(generation)
+                batch.add(generation)
+                _release_buffers()
+            elif generation.done:
+                self._leave(generation, batch, starting)
+
+    def _guarded(self, generation: ActiveGeneration, work: Callable[[], object]) -> None:
+        """Run one piece of a request's work; its failure is its own error."""
+        try:
+            work()
+        except RequestError as error:
+            generation.fail(error)
+        except Exception as error:
+            log.exception("request %s failed", generation.job.request_id)
+            generation.fail(
+                RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
+            )
+
+    def _leave(
+        self, generation: ActiveGeneration, batch: DecodeBatch, starting: list[ActiveGeneration]
+    ) -> None:
+        """A done request leaves at once (its KV row goes to the prefix cache)."""
+        if generation in starting:
+            starting.remove(generation)
+        elif generation in batch.rows:
+            keep = self.prefix_cache is not None and self.prefix_cache.enabled
+            # A failed request (no finish reason) leaves nothing behind.
+            row = batch.remove(
+                generation, extract=keep and generation.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+            )
+            if row is not None:
+                generation.keep_prefix(row)
+            _release_buffers()
+        self._retire(generation)
 
     def _end_cancelled_waiting(self, loaded: LoadedModel) -> None:
         """End queued jobs whose caller left or aborted now, not when a slot frees up.
@@ -290,23 +419,9 @@ class Generator:
         with self._lock:
             self._waiting -= len(cancelled)
         for job in cancelled:
-            generation = ActiveGeneration(job, loaded, prefill_chunk_tokens=1)
+            generation = self._new_generation(job, loaded)
             generation.finish(pb.FINISH_REASON_CANCELLED)
             self._retire(generation)
-
-    def _advance(self, generation: ActiveGeneration) -> None:
-        if generation.job.cancelled:
-            generation.finish(pb.FINISH_REASON_CANCELLED)
-            return
-        try:
-            generation.step()
-        except RequestError as error:
-            generation.fail(error)
-        except Exception as error:
-            log.exception("request %s failed", generation.job.request_id)
-            generation.fail(
-                RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
-            )
 
     def _retire(self, generation: ActiveGeneration) -> None:
         report = generation.report()
@@ -328,7 +443,7 @@ class Generator:
                 f" tokens_after_cancel={report.tokens_after_cancel}" if generation.job.cancelled else "",
             )
 
-    def _drain_on_stop(self, active: collections.deque[ActiveGeneration], loaded: LoadedModel) -> None:
+    def _drain_on_stop(self, active: list[ActiveGeneration], loaded: LoadedModel) -> None:
         """Stop requested: everything still here ends as cancelled."""
         pending = list(active)
         while True:
@@ -339,7 +454,7 @@ class Generator:
             if job is not None:
                 with self._lock:
                     self._waiting -= 1
-                pending.append(ActiveGeneration(job, loaded, prefill_chunk_tokens=1))
+                pending.append(self._new_generation(job, loaded))
         for generation in pending:
             generation.finish(pb.FINISH_REASON_CANCELLED)
             self._retire(generation)

@@ -12,6 +12,7 @@ import contextlib
 import enum
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +30,15 @@ __all__ = [
     "Job",
     "JobKind",
     "JobReport",
+    "LogitsProcessor",
     "PreparedRequest",
     "TextEvent",
     "ToolCallEvent",
 ]
+
+
+# (tokens: mx.array, logits: mx.array) -> mx.array; typed loosely so this module needs no MLX.
+LogitsProcessor = Callable[[Any, Any], Any]
 
 
 class JobKind(enum.Enum):
@@ -59,6 +65,14 @@ class PreparedRequest:
     max_tool_calls: int | None = None
     # The grammar the output must match (JSON format, enforced tool choice); None: free.
     constraint: OutputConstraint | None = None
+    # Prefix-cache tenant (opaque; the facade sends a hash of the API key): a cached prefix is
+    # only ever reused within the same partition.
+    partition_key: str = ""
+    # Applied in order to this request's logits before sampling (after the grammar of
+    # `constraint`), in the mlx-lm convention `processor(tokens, logits) -> logits`: tokens = the
+    # ids so far, prompt then generated (1-D int32), logits shape (1, vocab). Built fresh per
+    # request (they may keep state); called on the generation thread only.
+    logits_processors: tuple[LogitsProcessor, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +115,10 @@ class JobReport:
     # Tokens produced after cancellation was requested (the goal: at most one step's worth).
     tokens_after_cancel: int
     image_count: int
+    # Prompt tokens taken from the prefix cache.
+    cached_tokens: int = 0
+    # The generated token ids (parity tests compare them).
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(eq=False)

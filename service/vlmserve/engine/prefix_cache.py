@@ -1,114 +1,139 @@
-"""Reuse of the previous request's KV cache for a shared prompt prefix (generation thread only).
+"""KV caches of finished requests, reused by later prompts that start the same way.
 
-Agents resend the same long prefix (system prompt, tool schemas, history) every turn; on a CPU
-its prefill costs far more than the new turn. One slot holds the KV cache of the most recently
-finished request with the token ids it covers. A new request whose prompt starts with at least
-`min_tokens` of the same ids takes the slot over (no copy), trimmed to the shared part, and
-prefills only the rest; `Usage.cached_tokens` reports the reused count.
+Agents resend the same long prefix (system prompt, tool schemas, history with its screenshots)
+every turn; on a CPU its prefill costs far more than the new turn. Each finished request leaves
+its KV cache here with the token ids it covers and where its images sit (by content hash). A new
+prompt takes the longest shared prefix among the entries *of its own partition* (the facade
+sends a hash of the caller's API key): a prefix never serves another tenant, so neither
+`cached_tokens` nor time to first token can tell one tenant anything about another's prompts.
 
-Only tokens before the first vision token are reused: up to there positions are plain
-sequential ones in every request, whereas after an image Qwen2-VL's M-RoPE positions depend on
-the image grid.
+Image tokens match only when the same image (content hash) sits at the same place: the
+placeholder ids alone are identical for every image. With equal tokens and images before it,
+a position's KV is the same in both prompts, M-RoPE positions included (they depend only on
+what comes before). Entries are evicted least recently used first, to stay under `max_bytes`.
+Taking an entry shares its arrays (MLX arrays are immutable; the taker's cache grows into new
+buffers), so several requests can start from one entry at once.
+
+Generation thread only.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["PrefixCache", "vision_token_ids"]
-
-_VISION_TOKEN_ATTRIBUTES = (
-    "image_token_id",
-    "image_token_index",
-    "video_token_id",
-    "video_token_index",
-    "vision_start_token_id",
-    "boi_token_index",
-)
+__all__ = ["PrefixCache"]
 
 
-def vision_token_ids(model_config: Any) -> frozenset[int]:
-    """Ids after which positions may stop being plain (image/video placeholders and markers)."""
-    ids = set()
-    for name in _VISION_TOKEN_ATTRIBUTES:
-        value = getattr(model_config, name, None)
-        if isinstance(value, int) and value >= 0:
-            ids.add(value)
-    return frozenset(ids)
-
-
-def _plain_length(ids: np.ndarray, vision_ids: np.ndarray) -> int:
-    """How many leading ids come before the first vision token."""
-    hits = np.flatnonzero(np.isin(ids, vision_ids))
-    return int(hits[0]) if hits.size else int(ids.size)
-
-
-def _holds_prefix(layer: Any, shared: int) -> bool:
-    """Whether a trimmed layer cache can continue at position `shared` as a fresh one would.
-
-    A chunked-attention layer (Llama 4) attends within fixed blocks of `chunk_size` positions
-    and keeps only its last `chunk_size` keys: it can trim back only while it still holds every
-    key of the block that position `shared` falls in (it used to go on from the wrong keys).
-    """
-    if layer.offset != shared:
-        return False
-    chunk = getattr(layer, "chunk_size", None)
-    start = getattr(layer, "start_position", 0)
-    return not chunk or start <= shared - shared % chunk
+class _Span(Protocol):
+    @property
+    def start(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def content_hash(self) -> str: ...
 
 
 @dataclass
 class _Entry:
+    partition: str
     token_ids: np.ndarray
-    cache: list[Any]
-    plain: int
+    images: dict[int, tuple[int, str]]  # start -> (length, content hash)
+    layers: list[tuple[Any, Any]]  # per layer (keys, values), exactly len(token_ids) long
+    nbytes: int
+
+
+def _shared_length(entry: _Entry, ids: np.ndarray, images: dict[int, tuple[int, str]]) -> int:
+    limit = min(entry.token_ids.size, ids.size)
+    mismatches = np.flatnonzero(entry.token_ids[:limit] != ids[:limit])
+    shared = int(mismatches[0]) if mismatches.size else limit
+    for start, image in entry.images.items():
+        if start < shared and images.get(start) != image:
+            shared = start  # same placeholder ids, a different image (or a different layout)
+    return shared
 
 
 class PrefixCache:
-    def __init__(self, *, min_tokens: int, vision_ids: frozenset[int]) -> None:
+    def __init__(self, *, min_tokens: int, max_bytes: int) -> None:
         self.min_tokens = min_tokens
-        self._vision_ids = np.array(sorted(vision_ids), dtype=np.int64)
-        self._entry: _Entry | None = None
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._next_key = 0
 
-    def store(self, token_ids: Sequence[int], cache: list[Any]) -> None:
-        """Keep `cache`, which holds exactly `token_ids`, for the next request."""
-        if self.min_tokens <= 0 or not cache:
+    @property
+    def enabled(self) -> bool:
+        return self.min_tokens > 0 and self.max_bytes > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def store(
+        self, partition: str, token_ids: Sequence[int], spans: Sequence[_Span], cache: list[Any]
+    ) -> None:
+        """Keep `cache` (one row per layer, holding exactly `token_ids`) for `partition`."""
+        if not self.enabled or len(token_ids) < self.min_tokens or not cache:
             return
-        if not all(getattr(c, "is_trimmable", lambda: False)() for c in cache):
-            return
-        if any(getattr(c, "offset", -1) != len(token_ids) for c in cache):
+        if any(
+            getattr(layer, "offset", -1) != len(token_ids) or getattr(layer, "keys", None) is None
+            for layer in cache
+        ):
             return  # not the plain per-layer KV layout this relies on
-        ids = np.asarray(token_ids, dtype=np.int64)
-        plain = _plain_length(ids, self._vision_ids)
-        if plain < self.min_tokens:
-            self._entry = None
+        n = len(token_ids)
+        layers = [(layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in cache]
+        nbytes = sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)
+        if nbytes > self.max_bytes:
             return
-        self._entry = _Entry(token_ids=ids, cache=cache, plain=plain)
+        ids = np.asarray(token_ids, dtype=np.int64)
+        images = {span.start: (span.length, span.content_hash) for span in spans}
+        entry = _Entry(partition, ids, images, layers, nbytes)
+        # An entry this one extends is redundant now.
+        for key, old in list(self._entries.items()):
+            if old.partition == partition and _shared_length(old, ids, images) == old.token_ids.size:
+                self._drop(key)
+        self._entries[self._next_key] = entry
+        self._next_key += 1
+        self.bytes += nbytes
+        while self.bytes > self.max_bytes and self._entries:
+            self._drop(next(iter(self._entries)))
 
-    def take(self, prompt_ids: Sequence[int]) -> tuple[list[Any], int] | None:
-        """(cache holding the first n prompt tokens, n) when enough is shared; the slot is emptied."""
-        entry = self._entry
-        if entry is None:
+    def take(
+        self, partition: str, prompt_ids: Sequence[int], spans: Sequence[_Span]
+    ) -> tuple[list[Any], int] | None:
+        """(a KV cache holding the first n prompt tokens, n) for the longest same-partition match."""
+        if not self.enabled or not self._entries:
             return None
+        from mlx_vlm.models.cache import KVCache
+
         ids = np.asarray(prompt_ids, dtype=np.int64)
-        # At least one prompt token must still be run, to get logits for the first new token.
-        limit = min(entry.plain, _plain_length(ids, self._vision_ids), ids.size - 1)
-        if limit < self.min_tokens:
+        images = {span.start: (span.length, span.content_hash) for span in spans}
+        best_key, best = None, 0
+        for key, entry in self._entries.items():
+            if entry.partition != partition:
+                continue
+            shared = _shared_length(entry, ids, images)
+            if shared > best:
+                best_key, best = key, shared
+        # At least one prompt token must still run, to get logits for the first new token.
+        best = min(best, ids.size - 1)
+        if best_key is None or best < self.min_tokens:
             return None
-        mismatches = np.flatnonzero(entry.token_ids[:limit] != ids[:limit])
-        shared = int(mismatches[0]) if mismatches.size else limit
-        if shared < self.min_tokens:
-            return None
-        self._entry = None
-        for layer in entry.cache:
-            layer.trim(layer.offset - shared)
-        if not all(_holds_prefix(layer, shared) for layer in entry.cache):
-            return None  # start fresh
-        return entry.cache, shared
+        self._entries.move_to_end(best_key)
+        layers = []
+        for keys, values in self._entries[best_key].layers:
+            layer: Any = KVCache()  # type: ignore[no-untyped-call]
+            layer.keys, layer.values, layer.offset = keys[..., :best, :], values[..., :best, :], best
+            layers.append(layer)
+        return layers, best
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        self.bytes -= entry.nbytes
 
     def clear(self) -> None:
-        self._entry = None
+        self._entries.clear()
+        self.bytes = 0

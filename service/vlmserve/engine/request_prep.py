@@ -24,6 +24,7 @@ from .sampling import settings_from_proto
 __all__ = ["check_model_name", "prepare_request"]
 
 MAX_REQUEST_ID_CHARS = 256
+MAX_PARTITION_KEY_CHARS = 256
 
 
 def check_model_name(requested: str, info: ModelInfo) -> None:
@@ -50,6 +51,10 @@ def prepare_request(
             f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters", field="request_id"
         )
     request_id = request.request_id or f"req_{uuid.uuid4().hex}"
+    if len(request.partition_key) > MAX_PARTITION_KEY_CHARS:
+        raise invalid_argument(
+            f"partition_key is longer than {MAX_PARTITION_KEY_CHARS} characters", field="partition_key"
+        )
     if template is None:
         raise RequestError(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -111,4 +116,5 @@ def prepare_request(
         parallel_tool_calls=parallel,
         max_tool_calls=max_calls,
         constraint=constraint,
+        partition_key=request.partition_key,
     )

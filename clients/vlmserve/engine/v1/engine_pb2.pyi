@@ -672,6 +672,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     RESPONSE_FORMAT_FIELD_NUMBER: _builtins.int
     MAX_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    PARTITION_KEY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id, used by Abort and in logs; the engine makes one when empty."""
     model: _builtins.str
@@ -679,6 +680,11 @@ class GenerateRequest(_message.Message):
     parallel_tool_calls: _builtins.bool
     max_tool_calls: _builtins.int
     """At most this many tool calls (unset: no limit; 0: none)."""
+    partition_key: _builtins.str
+    """Opaque tenant key for the engine's prefix cache (the facade sends a hash of the caller's
+    API key; one partition when authentication is off). A cached prompt prefix is reused only
+    within its partition, so cached_tokens and latency never reveal another tenant's prompts.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
         """The conversation. Images may be in any turn and in tool outputs: the engine applies the image
@@ -709,10 +715,11 @@ class GenerateRequest(_message.Message):
         sampling: Global___SamplingParams | None = ...,
         response_format: Global___ResponseFormat | None = ...,
         max_tool_calls: _builtins.int | None = ...,
+        partition_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "max_tool_calls", b"max_tool_calls", "messages", b"messages", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "request_id", b"request_id", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "max_tool_calls", b"max_tool_calls", "messages", b"messages", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "partition_key", b"partition_key", "request_id", b"request_id", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_tool_calls: _TypeAlias = _typing.Literal["max_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__max_tool_calls: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls"]  # noqa: Y015

@@ -1,0 +1,112 @@
+"""The decoding requests, advanced together: one batched forward per step (generation thread only).
+
+Built on mlx-vlm's batch KV caches: a prefilled request's per-layer cache joins through the
+cache class's own `merge` (to a one-row batch cache, e.g. `BatchKVCache`) and `extend`; a
+leaving row goes with `filter`, and `extract` gives back its row for the prefix cache. Rows
+are left-padded to a common length; the batch cache masks the padding and keeps each row's own
+offset, so the model computes every row's positions (M-RoPE: offset + the row's rope_deltas)
+as if it ran alone.
+
+Why not mlx-vlm's `BatchGenerator` / `GenerationBatch` as a whole: one sampler serves the whole
+batch (our requests each have their own temperature, top_p and seeded random key), prompts are
+prefilled together as one left-padded batch that admits nobody else until it is done (a short
+request would wait behind an 8k-token prefill), and stop sequences are text, not tokens.
+Sampling is per row here; the forward pass, caches and masks are mlx-vlm's.
+
+A model with a cache layer mlx-vlm cannot batch (no `merge`, e.g. Llama 4's chunked attention
+cache) still works: its rows keep their own caches and run one forward each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .decode import ActiveGeneration
+
+__all__ = ["DecodeBatch"]
+
+
+class DecodeBatch:
+    def __init__(self, language_model: Any) -> None:
+        self._language_model = language_model
+        self.rows: list[ActiveGeneration] = []
+        self._caches: list[Any] = []
+        self._rope_deltas: Any = None
+        # Per-row caches, for models whose cache layers cannot be batched.
+        self._row_caches: list[list[Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, generation: ActiveGeneration) -> None:
+        """A request whose prompt is prefilled (and first token taken) joins the batch."""
+        import mlx.core as mx
+
+        cache = generation.hand_over_cache()
+        if not all(callable(getattr(type(layer), "merge", None)) for layer in cache):
+            self._row_caches.append(cache)
+            self.rows.append(generation)
+            return
+        row = [type(layer).merge([layer]) for layer in cache]
+        deltas = generation.rope_deltas
+        if not self.rows:
+            self._caches, self._rope_deltas = row, deltas
+        else:
+            for mine, theirs in zip(self._caches, row, strict=True):
+                mine.extend(theirs)
+            if (self._rope_deltas is None) != (deltas is None):
+                raise RuntimeError("a batch cannot mix M-RoPE and plain RoPE rows")
+            if deltas is not None:
+                self._rope_deltas = mx.concatenate([self._rope_deltas, deltas.reshape(1, -1)], axis=0)
+        if self._rope_deltas is not None:
+            self._rope_deltas = self._rope_deltas.reshape(len(self.rows) + 1, -1)
+        self.rows.append(generation)
+
+    def remove(self, generation: ActiveGeneration, *, extract: bool) -> list[Any] | None:
+        """Drop a request's row; with `extract`, return its cache (one row per layer) first."""
+        import mlx.core as mx
+
+        index = self.rows.index(generation)
+        if self._row_caches:
+            del self.rows[index]
+            own = self._row_caches.pop(index)
+            return own if extract else None
+        row = [layer.extract(index) for layer in self._caches] if extract else None
+        keep = [i for i in range(len(self.rows)) if i != index]
+        del self.rows[index]
+        if not keep:
+            self._caches, self._rope_deltas = [], None
+            return row
+        kept = mx.array(keep, dtype=mx.int32)
+        for layer in self._caches:
+            layer.filter(kept)
+        if self._rope_deltas is not None:
+            self._rope_deltas = self._rope_deltas[kept]
+        return row
+
+    def step(self) -> list[int]:
+        """One forward for every row; returns each row's next token (not yet accepted)."""
+        import mlx.core as mx
+
+        if self._row_caches:
+            return self._step_rows_alone()
+        inputs = mx.array([[row.last_token] for row in self.rows], dtype=mx.int32)
+        kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
+        output = self._language_model(inputs, cache=self._caches, **kwargs)
+        logits = output.logits[:, -1, :]
+        tokens = [row.sample(logits[i : i + 1]) for i, row in enumerate(self.rows)]
+        chosen = mx.concatenate([t.reshape(-1) for t in tokens]) if len(tokens) > 1 else tokens[0].reshape(-1)
+        values: list[int] = chosen.tolist()  # type: ignore[assignment]
+        return values
+
+    def _step_rows_alone(self) -> list[int]:
+        import mlx.core as mx
+
+        tokens = []
+        for row, cache in zip(self.rows, self._row_caches, strict=True):
+            deltas = row.rope_deltas
+            kwargs = {"rope_deltas": deltas} if deltas is not None else {}
+            output = self._language_model(mx.array([[row.last_token]], dtype=mx.int32), cache=cache, **kwargs)
+            tokens.append(row.sample(output.logits[:, -1, :]).reshape(-1))
+        values: list[int] = mx.concatenate(tokens).tolist()  # type: ignore[assignment]
+        return values

@@ -1,0 +1,125 @@
+"""A prepared request -> the arrays the language model takes (generation thread only).
+
+Runs the model's processor (until request preparation moves it off this thread), gets the
+input embeddings with the vision features (from the vision cache when every image is known),
+and records where each image's tokens sit, keyed by the image's content hash, so the prefix
+cache can match prompts that hold images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from .jobs import PreparedRequest
+from .model import LoadedModel, prompt_needs_special_tokens
+from .request_errors import RequestError
+from .vision_cache import VisionFeatureCache, encode_images
+
+__all__ = ["ImageSpan", "ModelInputs", "build_model_inputs", "image_content_hash"]
+
+_INPUT_KEYS = ("input_ids", "pixel_values", "attention_mask")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """One image's placeholder tokens in a prompt: [start, start + length), and whose they are."""
+
+    start: int
+    length: int
+    content_hash: str
+
+
+@dataclass(slots=True)
+class ModelInputs:
+    token_ids: tuple[int, ...]
+    image_spans: tuple[ImageSpan, ...]
+    input_ids: Any  # mx.array [1, n]
+    embeds: Any  # mx.array [1, n, hidden]; None once the prompt is prefilled
+    # Passed with every prefill chunk (M-RoPE position_ids, grids, ...).
+    prefill_kwargs: dict[str, Any]
+    # Qwen2-VL's M-RoPE offset of generated positions, [1, 1]; None for plain RoPE models.
+    rope_deltas: Any
+
+    def release_prompt(self) -> None:
+        self.embeds = None
+        self.prefill_kwargs = {}
+
+
+def image_content_hash(image: Any) -> str:
+    """Content hash of a decoded PIL image: its pixels, size and mode."""
+    digest = hashlib.sha256()
+    digest.update(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())
+    digest.update(image.tobytes())
+    return digest.hexdigest()
+
+
+def image_spans(
+    token_ids: Sequence[int], image_token_id: int | None, hashes: Sequence[str]
+) -> tuple[ImageSpan, ...]:
+    """The i-th run of image placeholder tokens belongs to the i-th image."""
+    if image_token_id is None or not hashes:
+        return ()
+    spans: list[ImageSpan] = []
+    index, total = 0, len(token_ids)
+    while index < total and len(spans) < len(hashes):
+        if token_ids[index] != image_token_id:
+            index += 1
+            continue
+        start = index
+        while index < total and token_ids[index] == image_token_id:
+            index += 1
+        spans.append(ImageSpan(start, index - start, hashes[len(spans)]))
+    return tuple(spans)
+
+
+def build_model_inputs(
+    loaded: LoadedModel, request: PreparedRequest, *, vision_cache: VisionFeatureCache | None
+) -> ModelInputs:
+    from mlx_vlm import utils
+
+    prepare_inputs: Any = utils.prepare_inputs  # unannotated in mlx-vlm
+
+    model = loaded.model
+    try:
+        inputs = prepare_inputs(
+            loaded.processor,
+            images=list(request.images) or None,
+            prompts=[request.prompt_text],
+            add_special_tokens=prompt_needs_special_tokens(request.prompt_text, loaded.tokenizer),
+        )
+    except (ValueError, TypeError, OSError) as error:
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the model's processor could not prepare the input: {error}",
+            field="messages",
+        ) from None
+    input_ids = inputs["input_ids"]
+    token_ids = tuple(int(t) for t in input_ids[0].tolist())
+    hashes = [image_content_hash(image) for image in request.images]
+    extra = {k: v for k, v in inputs.items() if k not in _INPUT_KEYS and v is not None}
+    pixel_values = inputs.get("pixel_values")
+    if pixel_values is not None and vision_cache is not None:
+        features = encode_images(model, vision_cache, pixel_values, extra, hashes)
+        if features is not None:
+            extra["cached_image_features"] = features
+    embedding = model.get_input_embeddings(
+        input_ids, pixel_values, mask=inputs.get("attention_mask"), **extra
+    )
+    extra.pop("cached_image_features", None)
+    derived = {k: v for k, v in embedding.to_dict().items() if k != "inputs_embeds" and v is not None}
+    image_token_id = getattr(model.config, "image_token_id", None)
+    return ModelInputs(
+        token_ids=token_ids,
+        image_spans=image_spans(
+            token_ids, image_token_id if isinstance(image_token_id, int) else None, hashes
+        ),
+        input_ids=input_ids,
+        embeds=embedding.inputs_embeds,
+        prefill_kwargs={**extra, **derived},
+        rope_deltas=derived.get("rope_deltas"),
+    )

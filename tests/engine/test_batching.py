@@ -1,0 +1,276 @@
+"""Continuous batching: a mixed batch produces, per request, exactly what the request produces
+alone and what `mlx_vlm.stream_generate` produces (greedy), on the random fixture model.
+
+The batch mixes text-only and image requests (one image; two images of different sizes),
+different prompt lengths, a request that joins mid-decode and one cancelled mid-decode. Small
+prefill chunks make prompts prefill over several steps, interleaved with the batch's decode.
+Joins and cancels are triggered from a logits processor at an exact token, so the test is
+deterministic (and exercises the logits-processor hook on the way).
+
+The random model's greedy output tends to repeat one token, which would hide a wrong position
+or a mixed-up row; the same batch is therefore also run with seeded sampling at a high
+temperature, where any difference in a row's logits changes its tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests._family_models import FAMILY_NAMES
+from vlmserve.engine.generator import EngineConfig, Generator
+from vlmserve.engine.jobs import Job, JobKind, JobReport, PreparedRequest
+from vlmserve.engine.model import RANDOM_MODEL_PATH
+from vlmserve.engine.request_prep import prepare_request
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+from .test_engine_grpc import image_part, png, text_part
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def generator() -> Iterator[Generator]:
+    config = EngineConfig(
+        model=str(RANDOM_MODEL_PATH),
+        max_active=8,
+        max_queue=16,
+        max_output_tokens=64,
+        prefill_chunk_tokens=32,
+        step_tokens=48,
+        prefix_cache_min_tokens=0,  # every request computes its whole prompt
+        warmup=False,
+    )
+    generator = Generator(config)
+    generator.start()
+    assert generator.ready.wait(60), generator.load_error
+    yield generator
+    generator.stop()
+
+
+def prepared(
+    generator: Generator, *parts: pb.Part, temperature: float, seed: int, max_tokens: int = MAX_TOKENS
+) -> PreparedRequest:
+    loaded = generator.loaded
+    assert loaded is not None
+    request = pb.GenerateRequest(
+        messages=[pb.Message(role=pb.ROLE_USER, parts=list(parts))],
+        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
+    )
+    return prepare_request(request, kind=JobKind.GENERATE, info=loaded.info, template=loaded.template)
+
+
+def mixed_requests(generator: Generator, temperature: float) -> dict[str, PreparedRequest]:
+    long_text = " ".join(f"item {i} is on the list;" for i in range(30))
+    return {
+        "text_short": prepared(generator, text_part("Hi."), temperature=temperature, seed=1),
+        "text_long": prepared(generator, text_part(long_text), temperature=temperature, seed=2),
+        "one_image": prepared(
+            generator,
+            image_part(png((64, 64), seed=3)),
+            text_part("What is this?"),
+            temperature=temperature,
+            seed=3,
+        ),
+        "two_images": prepared(
+            generator,
+            text_part("Compare"),
+            image_part(png((56, 112), seed=4)),
+            text_part("with"),
+            image_part(png((96, 96), seed=5)),
+            temperature=temperature,
+            seed=4,
+        ),
+        "joins_late": prepared(
+            generator, image_part(png((84, 56), seed=6)), text_part("Late."), temperature=temperature, seed=5
+        ),
+        "cancelled": prepared(generator, text_part("Cancel me " * 5), temperature=temperature, seed=6),
+    }
+
+
+class AtToken:
+    """A logits processor that runs `action` once, when its request has generated `at` tokens."""
+
+    def __init__(self, at: int, action: Callable[[], None]) -> None:
+        self.at, self.action, self.fired = at, action, False
+        self.calls = 0
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        self.calls += 1
+        if not self.fired and tokens.size == self.at:
+            self.fired = True
+            self.action()
+        return logits
+
+
+class Recorder:
+    """A logits processor that keeps every logits row it sees."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        self.rows.append(np.array(logits[0]))
+        return logits
+
+
+def recorded(requests: dict[str, PreparedRequest]) -> tuple[dict[str, PreparedRequest], dict[str, Recorder]]:
+    recorders = {name: Recorder() for name in requests}
+    return {
+        name: dataclasses.replace(req, logits_processors=(*req.logits_processors, recorders[name]))
+        for name, req in requests.items()
+    }, recorders
+
+
+def run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
+    """Submit every request at once and wait; returns their reports by name."""
+    jobs = {
+        name: Job(dataclasses.replace(req, request_id=f"{tag}-{name}"), None)
+        for name, req in requests.items()
+    }
+    for job in jobs.values():
+        generator.submit(job)
+    assert generator.wait_idle(300)
+    reports = {report.request_id: report for report in generator.reports}
+    return {name: reports[job.request_id] for name, job in jobs.items()}
+
+
+def run_mixed(
+    generator: Generator, requests: dict[str, PreparedRequest]
+) -> tuple[dict[str, JobReport], AtToken]:
+    """All but `joins_late` start together; `joins_late` is submitted and `cancelled` cancelled
+    from inside the batch, when `text_short` has generated 6 and 9 tokens."""
+    late = Job(dataclasses.replace(requests["joins_late"], request_id="mixed-joins_late"), None)
+    early = {name: req for name, req in requests.items() if name != "joins_late"}
+    jobs = {
+        name: Job(dataclasses.replace(req, request_id=f"mixed-{name}"), None) for name, req in early.items()
+    }
+    joined = AtToken(6, lambda: generator.submit(late))
+    cancel = AtToken(9, jobs["cancelled"].cancel)
+    jobs["text_short"] = Job(
+        dataclasses.replace(
+            jobs["text_short"].request,
+            logits_processors=(*jobs["text_short"].request.logits_processors, joined, cancel),
+        ),
+        None,
+    )
+    for job in jobs.values():
+        generator.submit(job)
+    threading.Event().wait(0.05)
+    assert generator.wait_idle(300)
+    reports = {report.request_id: report for report in generator.reports}
+    jobs["joins_late"] = late
+    return {name: reports[job.request_id] for name, job in jobs.items()}, joined
+
+
+def alone(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
+    return {name: run(generator, {name: req}, f"{tag}-alone")[name] for name, req in requests.items()}
+
+
+def check_mixed_equals_alone(
+    generator: Generator, temperature: float
+) -> tuple[dict[str, JobReport], dict[str, Recorder]]:
+    requests, alone_logits = recorded(mixed_requests(generator, temperature))
+    reference = alone(generator, requests, f"t{temperature}")
+    requests, mixed_logits = recorded(mixed_requests(generator, temperature))
+    mixed, joined = run_mixed(generator, requests)
+    # The logits themselves, not only the tokens: a wrong position or row would show here
+    # even where it does not change the chosen token.
+    for name, recorder in mixed_logits.items():
+        rows = len(recorder.rows)
+        assert rows == mixed[name].output_tokens, name
+        np.testing.assert_allclose(
+            np.stack(recorder.rows), np.stack(alone_logits[name].rows[:rows]), rtol=0, atol=1e-4, err_msg=name
+        )
+    assert joined.fired and joined.calls == MAX_TOKENS, "the logits processor ran once per token"
+    for name, report in mixed.items():
+        expected = reference[name].token_ids
+        if name == "cancelled":
+            assert report.finish_reason == pb.FINISH_REASON_CANCELLED
+            assert report.tokens_after_cancel <= 1
+            assert 1 <= report.output_tokens < MAX_TOKENS
+            assert report.token_ids == expected[: report.output_tokens]
+        else:
+            assert report.finish_reason == pb.FINISH_REASON_LENGTH, name
+            assert report.token_ids == expected, name
+    return reference, alone_logits
+
+
+def test_greedy_mixed_batch_equals_each_request_alone_and_mlx_vlm(generator: Generator) -> None:
+    reference, alone_logits = check_mixed_equals_alone(generator, temperature=0.0)
+    # ... and `mlx_vlm.stream_generate` on the same prompt, images and weights.
+    from mlx_vlm import stream_generate
+
+    loaded = generator.loaded
+    assert loaded is not None
+    requests = mixed_requests(generator, 0.0)
+    expected: dict[str, list[int]] = {}
+    logits = {name: Recorder() for name in requests}
+    done = threading.Event()
+
+    def on_generation_thread_free() -> None:
+        # The model is shared with the idle engine; MLX runs this thread's own stream.
+        for name, req in requests.items():
+            *_, last = stream_generate(
+                loaded.model,
+                loaded.processor,
+                req.prompt_text,
+                image=list(req.images) or None,
+                max_tokens=MAX_TOKENS,
+                temperature=0.0,
+                logits_processors=[logits[name]],
+            )
+            expected[name] = list(last.token_ids)
+        done.set()
+
+    worker = threading.Thread(target=on_generation_thread_free)
+    worker.start()
+    worker.join(300)
+    assert done.is_set()
+    for name, report in reference.items():
+        assert list(report.token_ids) == expected[name], name
+        np.testing.assert_allclose(
+            np.stack(logits[name].rows[:MAX_TOKENS]),
+            np.stack(alone_logits[name].rows),
+            rtol=0,
+            atol=1e-4,
+            err_msg=name,
+        )
+
+
+def test_sampled_mixed_batch_equals_each_request_alone(generator: Generator) -> None:
+    reference, _ = check_mixed_equals_alone(generator, temperature=1.5)
+    assert all(len(set(report.token_ids)) > MAX_TOKENS // 2 for report in reference.values())
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_every_family_batches_like_it_runs_alone(family: str, family_models: dict[str, Path]) -> None:
+    """Other architectures: sliding-window caches (Gemma 3), chunked attention that mlx-vlm cannot
+    batch (Llama 4, rows run one by one), Qwen 2.5/3-VL M-RoPE; seeded sampling, so any
+    difference in a row's logits shows."""
+    generator = Generator(
+        EngineConfig(model=str(family_models[family]), warmup=False, prefill_chunk_tokens=16, step_tokens=24)
+    )
+    generator.start()
+    try:
+        assert generator.ready.wait(120) and generator.loaded is not None, generator.load_error
+        parts = [[text_part("hello there " * 5)], [text_part("x")]]
+        if family != "llava":  # mlx-vlm 0.7.10's LlavaProcessor cannot take images (see family notes)
+            parts.append([image_part(png((64, 64), seed=1)), text_part("what?")])
+        requests = {
+            str(i): prepared(generator, *p, temperature=1.5, seed=i, max_tokens=12)
+            for i, p in enumerate(parts)
+        }
+        reference = alone(generator, requests, family)
+        together = run(generator, requests, f"{family}-together")
+        for name, report in together.items():
+            assert report.output_tokens == 12
+            assert report.token_ids == reference[name].token_ids, name
+    finally:
+        generator.stop()
