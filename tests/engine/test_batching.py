@@ -103,7 +103,7 @@ class AtToken:
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         self.calls += 1
-        if not self.fired and tokens.size == self.at:
+        if not self.fired and self.calls == self.at + 1:  # called once per token, before it
             self.fired = True
             self.action()
         return logits

@@ -88,7 +88,9 @@ class EngineConfig(DeclaredSettings):
         "this long (0: off)",
     )
     prefix_cache_mib: int = Field(
-        1024, ge=0, description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)"
+        1024,
+        ge=0,
+        description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)",
     )
     # See vision_cache.py.
     vision_cache_mib: int = Field(
