@@ -431,8 +431,8 @@ async def test_hostile_inputs_leave_nothing_behind(
     # but the allocator settles at a level that depends on what ran before in this process
     # (alone: ~+30 MiB; after the whole suite: ~+120 MiB) and drifts by tens of MiB. A native
     # leak of what a round handles (two 8 MB strings, a 30 MB body, the bombs) climbs by more
-    # than that every round, so the last three rounds must stay within 64 MiB of each other.
-    settled = growth_mib[-3:]
-    assert max(settled) - min(settled) < 64, growth_mib
+    # than that every round (>= ~46 MiB a round, so >= ~138 MiB over the last three). Falling is
+    # the allocator returning pages, not a leak: only a climb above the early rounds counts.
+    assert growth_mib[-1] - min(growth_mib[:2]) < 64, growth_mib
     # Transient copies of a 30 MB body (client and server side, raw, text, parsed) make the peak.
     assert peak_growth_mib < 512
