@@ -40,8 +40,12 @@ __all__ = ["family"]  # the fixture, imported for this module
 IMAGES_BROKEN_UPSTREAM = frozenset({"llava"})
 
 
+def _skipped(family: str, conversation: str) -> bool:
+    return conversation != "text" and family in IMAGES_BROKEN_UPSTREAM
+
+
 def skip_known(family: str, conversation: str) -> None:
-    if conversation != "text" and family in IMAGES_BROKEN_UPSTREAM:
+    if _skipped(family, conversation):
         pytest.xfail("mlx-vlm 0.7.10's LlavaProcessor cannot process images with transformers 5")
 
 
@@ -168,3 +172,22 @@ def test_a_short_shared_prefix_after_a_long_prompt(family: FamilyEngine) -> None
         assert result.usage.cached_tokens == 0
     else:
         assert result.usage.cached_tokens > 16
+
+
+def test_requests_running_together_match_each_alone(family: FamilyEngine) -> None:
+    """Several requests in flight at once (interleaved or batched by the engine) each produce
+    exactly the tokens they produce alone: rows must not leak into each other (positions, caches,
+    image features, masks)."""
+    names = [name for name in ("text", "one_image", "two_images") if not _skipped(family.name, name)]
+    futures = [
+        family.stub.GenerateUnary.future(
+            pb.GenerateUnaryRequest(request=greedy(CONVERSATIONS[name])), timeout=180
+        )
+        for name in names
+    ]
+    results = [future.result().result for future in futures]
+    for name, result in zip(names, results, strict=True):
+        expected_text, expected_prompt_tokens = reference_generate(
+            family.reference, CONVERSATIONS[name], MAX_TOKENS
+        )
+        assert (name, result.text, result.usage.input_tokens) == (name, expected_text, expected_prompt_tokens)
