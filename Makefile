@@ -17,7 +17,7 @@ FACADE_HOST ?= 127.0.0.1
 FACADE_PORT ?= 8000
 MODEL ?=
 
-.PHONY: install system-deps run engine facade demo test lint proto proto-check buf-lint node-deps clean
+.PHONY: install system-deps run engine facade demo test lint proto proto-check buf-lint buf-breaking contract-release node-deps clean
 
 install: $(STAMP)
 
@@ -74,6 +74,20 @@ node_modules/.stamp: package.json package-lock.json
 
 buf-lint: node-deps
 	npx --no-install buf lint
+
+# The contract against its last released state (protos/released/engine-v1.binpb), buf's FILE
+# rules, with the reviewed exceptions in protos/released/accepted-breaks.json (docs/engine-contract.md).
+buf-breaking: install node-deps
+	$(BIN)/python -m scripts.contract_breaking
+
+# On a release: record the contract at REF (a commit or tag) as the released one, then empty
+# protos/released/accepted-breaks.json's list (those changes are now the baseline).
+contract-release: node-deps
+	@test -n "$(REF)" || { echo "usage: make contract-release REF=<commit or tag>" >&2; exit 2; }
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+		git archive "$(REF)" protos buf.yaml | tar -x -C "$$tmp" && \
+		npx --no-install buf build "$$tmp" --exclude-source-info -o protos/released/engine-v1.binpb
+	@echo "protos/released/engine-v1.binpb is now the contract at $(REF); empty accepted-breaks.json's list"
 
 lint: install buf-lint
 	$(BIN)/ruff check .

@@ -47,8 +47,10 @@ def sampled(seed: int) -> pb.SamplingParams:
     return pb.SamplingParams(temperature=1.0, seed=seed)
 
 
-def schema_format(schema: Any) -> pb.ResponseFormat:
-    return pb.ResponseFormat(json_schema=pb.JsonSchemaFormat(name="person", schema_json=json.dumps(schema)))
+def schema_format(schema: Any, *, strict: bool = False) -> pb.ResponseFormat:
+    return pb.ResponseFormat(
+        json_schema=pb.JsonSchemaFormat(name="person", schema_json=json.dumps(schema), strict=strict)
+    )
 
 
 def tools() -> list[pb.Tool]:
@@ -146,7 +148,7 @@ def test_max_tool_calls_is_enforced(idle_engine: InProcessEngine, stub: pb_grpc.
     ("fields", "message"),
     [
         (
-            {"response_format": schema_format({"type": "string", "pattern": "a(?=b)"})},
+            {"response_format": schema_format({"type": "string", "pattern": "a(?=b)"}, strict=True)},
             "response_format.json_schema.schema_json cannot be enforced",
         ),
         (

@@ -57,6 +57,8 @@ def stream(
     for response in stub.Generate(req, timeout=60):
         assert not results, "nothing may follow the final message"
         if response.HasField("chunk"):
+            # A chunk is one thing: text or a whole tool call (the oneof), never empty.
+            assert response.chunk.WhichOneof("kind") in ("text", "tool_call"), response
             chunks.append(response.chunk)
         else:
             results.append(response.complete)

@@ -76,8 +76,10 @@ def call(name: str, arguments: Any) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def json_format(schema: Any) -> pb.ResponseFormat:
-    return pb.ResponseFormat(json_schema=pb.JsonSchemaFormat(name="out", schema_json=json.dumps(schema)))
+def json_format(schema: Any, *, strict: bool = False) -> pb.ResponseFormat:
+    return pb.ResponseFormat(
+        json_schema=pb.JsonSchemaFormat(name="out", schema_json=json.dumps(schema), strict=strict)
+    )
 
 
 @pytest.mark.parametrize(
@@ -180,16 +182,29 @@ def test_auto_with_a_json_format_answers_json_or_calls(compiler: GrammarCompiler
     assert not accepts(compiler, tokenizer, constraint, "plain words")
 
 
+@pytest.mark.parametrize("schema", [{"type": "string", "pattern": "(?=a)"}, {"type": "strng"}])
+def test_a_non_strict_schema_that_cannot_be_enforced_is_asked_for_in_the_prompt_only(
+    compiler: GrammarCompiler, schema: Any
+) -> None:
+    """As OpenAI's strict=false: best effort (the instruction carries the schema), not a refusal."""
+    assert build(compiler, tools=[], response_format=json_format(schema)) is None
+    # Strict or not, a schema that compiles is enforced.
+    assert build(compiler, tools=[], response_format=json_format(WEATHER)) is not None
+
+
 @pytest.mark.parametrize(
     ("options", "field", "reason"),
     [
         (
-            {"tools": [], "response_format": json_format({"type": "string", "pattern": "(?=a)"})},
+            {
+                "tools": [],
+                "response_format": json_format({"type": "string", "pattern": "(?=a)"}, strict=True),
+            },
             "response_format.json_schema.schema_json cannot be enforced",
             "look-around",
         ),
         (
-            {"tools": [], "response_format": json_format({"type": "strng"})},
+            {"tools": [], "response_format": json_format({"type": "strng"}, strict=True)},
             "response_format.json_schema.schema_json cannot be enforced",
             "strng",
         ),

@@ -133,6 +133,14 @@ def test_json_response_format_adds_an_instruction(tokenizer: Any) -> None:
     assert '{"type": "object"}' in rendered.text
 
 
+def test_json_schema_description_is_part_of_the_instruction(tokenizer: Any) -> None:
+    fmt = pb.ResponseFormat(
+        json_schema=pb.JsonSchemaFormat(name="out", description="a person's name and age", schema_json="{}")
+    )
+    rendered = render_prompt([user(text("hi"))], template=tokenizer, response_format=fmt)
+    assert "(schema 'out') (a person's name and age):\n{}" in rendered.text
+
+
 def tool_call(call_id: str = "c") -> pb.Message:
     return pb.Message(
         role=pb.ROLE_ASSISTANT, tool_calls=[pb.ToolCall(id=call_id, name="shell", arguments="{}")]

@@ -137,6 +137,15 @@ ENGINE_ERRORS = [
         "tools",
     ),
     (RequestError(grpc.StatusCode.INVALID_ARGUMENT, "engine says no", field="request_id"), 400, None),
+    (
+        RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "engine says no",
+            field="response_format.json_schema.schema_json",
+        ),
+        400,
+        "text.format.schema",
+    ),
     (RequestError(grpc.StatusCode.NOT_FOUND, "engine says no", field="model"), 404, "model"),
     (RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "engine says no", retry_after_s=1.0), 503, None),
     (RequestError(grpc.StatusCode.UNAVAILABLE, "engine says no"), 503, None),

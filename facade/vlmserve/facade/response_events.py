@@ -92,13 +92,12 @@ class ResponseEvents:
         return [self._lifecycle("response.in_progress")]
 
     def chunk(self, chunk: pb.GenerateChunk) -> list[Event]:
-        events: list[Event] = []
-        if chunk.text:
-            events += self._text(chunk.text)
-        if chunk.HasField("tool_call"):
-            events += self._close_message("completed")
-            events += self._tool_call(chunk.tool_call)
-        return events
+        kind = chunk.WhichOneof("kind")
+        if kind == "text" and chunk.text:
+            return self._text(chunk.text)
+        if kind == "tool_call":
+            return self._close_message("completed") + self._tool_call(chunk.tool_call)
+        return []
 
     def complete(self, result: pb.GenerateResult) -> list[Event]:
         """The engine's final result: close what is open, emit what was not streamed, finish."""

@@ -237,7 +237,11 @@ def constraint_for(
     answer_schema, format_name = _answer_schema(response_format)
     if answer_schema is not None:
         reason = compiler.error(_json_grammar(answer_schema))
-        if reason:
+        if reason and response_format is not None and not response_format.json_schema.strict:
+            # json_schema with strict=false: best effort, the instruction in the prompt asks for it
+            # (json_object's schema always compiles, so this is json_schema's case only).
+            answer_schema, format_name = None, ""
+        elif reason:
             raise invalid_argument(
                 f"response_format.json_schema.schema_json cannot be enforced: {reason}",
                 field="response_format.json_schema.schema_json",

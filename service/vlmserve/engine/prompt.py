@@ -272,6 +272,8 @@ def _format_instruction(response_format: pb.ResponseFormat | None) -> str:
     text = "Respond with a single JSON object that matches this JSON schema, and nothing else"
     if schema.name:
         text += f" (schema {schema.name!r})"
+    if schema.description:
+        text += f" ({schema.description})"
     return f"{text}:\n{schema.schema_json or '{}'}"
 
 

@@ -214,7 +214,10 @@ Global___ImagePart: _TypeAlias = ImagePart  # noqa: Y015
 
 @_typing.final
 class FilePart(_message.Message):
-    """A document. The engine does not read files yet; it refuses them by name."""
+    """A document. The engine does not read files yet: it refuses them (INVALID_ARGUMENT naming the
+    part and the filename or file_id) rather than drop them; callers that keep contract messages
+    give them back as they were sent.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -364,6 +367,9 @@ class ToolOutput(_message.Message):
     PARTS_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     kind: Global___ToolKind.ValueType
+    """Which kind of call this answers. The prompt renders both kinds alike; callers that keep
+    contract messages (the facade's store) use it to give the output back under its kind.
+    """
     text: _builtins.str
     @_builtins.property
     def parts(self) -> Global___PartList: ...
@@ -440,6 +446,7 @@ class FunctionTool(_message.Message):
     parameters_json: _builtins.str
     """JSON Schema of the arguments, as JSON text (keeps integers and key order intact)."""
     strict: _builtins.bool
+    """True: a call's arguments are held to `parameters` while decoding; false: any JSON object."""
     def __init__(
         self,
         *,
@@ -605,9 +612,13 @@ class JsonSchemaFormat(_message.Message):
     SCHEMA_JSON_FIELD_NUMBER: _builtins.int
     STRICT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Named in the instruction the engine adds to the system turn, with the description."""
     description: _builtins.str
     schema_json: _builtins.str
     strict: _builtins.bool
+    """True: the schema must be enforced; one the grammar cannot compile is INVALID_ARGUMENT.
+    False: enforced when it compiles, else only asked for in the instruction.
+    """
     def __init__(
         self,
         *,
@@ -795,8 +806,8 @@ Global___Timings: _TypeAlias = Timings  # noqa: Y015
 
 @_typing.final
 class GenerateChunk(_message.Message):
-    """Incremental output. Tool-call markup is never streamed as text: a call arrives
-    whole, in `tool_call`, once the model has finished writing it.
+    """Incremental output: exactly one of text or a tool call. Tool-call markup is never streamed
+    as text: a call arrives whole, in `tool_call`, once the model has finished writing it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -812,11 +823,13 @@ class GenerateChunk(_message.Message):
         text: _builtins.str = ...,
         tool_call: Global___ToolCall | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["tool_call", b"tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "tool_call"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___GenerateChunk: _TypeAlias = GenerateChunk  # noqa: Y015
 
