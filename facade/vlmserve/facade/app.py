@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from .settings import FacadeSettings
 from .state import FacadeState
 from .storage import Store
 from .store import ResponseStore
+from .store_upkeep import run_upkeep
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -68,6 +70,10 @@ def engine_client(settings: FacadeSettings) -> AsyncEngineClient:
     )
 
 
+def open_store(settings: FacadeSettings) -> Store:
+    return ResponseStore(settings.store_path, cache_bytes=settings.storage.replay_cache_bytes)
+
+
 async def _fail_interrupted(store: Store) -> None:
     """Responses still in progress at start-up were running in a facade that died (SIGKILL, a
     crash): nothing will ever finish them, so say so instead of `in_progress` forever."""
@@ -98,7 +104,8 @@ def create_app(
     `image_sources` makes the fetcher for remote image URLs, once per request; by default the
     safe fetcher when `settings.remote_images` enables it, else none (remote URLs are a 400).
     On start-up (the lifespan) the store's responses still `in_progress` are marked `failed`:
-    one facade process owns a store.
+    one facade process owns a store; while the app runs, `store_upkeep` expires old responses and
+    gives freed space back.
     """
     settings = settings or FacadeSettings.from_env()
     if image_sources is None:
@@ -127,12 +134,18 @@ def create_app(
         opened_engine = None
         if engine is None:
             opened_engine = engine_client(settings)
-            the_store: Store = store if store is not None else ResponseStore(settings.store_path)
+            the_store: Store = store if store is not None else open_store(settings)
             app.state.facade = build_state(opened_engine, the_store)
+        upkeep: asyncio.Task[None] | None = None
         try:
             await _fail_interrupted(app.state.facade.store)
+            upkeep = asyncio.create_task(run_upkeep(app.state.facade.store, settings.storage))
             yield
         finally:
+            if upkeep is not None:
+                upkeep.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await upkeep
             state: FacadeState = app.state.facade
             await state.responses.cancel_all()
             if opened_engine is not None:
@@ -156,9 +169,7 @@ def create_app(
     )
     if engine is not None:
         # Ready without a lifespan run (in-process tests drive the app over ASGI directly).
-        app.state.facade = build_state(
-            engine, store if store is not None else ResponseStore(settings.store_path)
-        )
+        app.state.facade = build_state(engine, store if store is not None else open_store(settings))
     install_error_handlers(app)
     install_api_keys(app, settings.api_keys)
     limits = settings.limits

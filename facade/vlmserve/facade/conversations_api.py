@@ -8,6 +8,7 @@ replays them all before its own input. Unknown ids are 404s; nothing is created 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -32,6 +33,7 @@ from .request_limits import check_image_count, count_contract_images, count_imag
 from .responses_api import item_list, item_page
 from .state import FacadeState, facade_state, owner_of
 from .storage import ItemPage, StoredItem
+from .storage_quotas import check_room, stored_size
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -49,6 +51,15 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     items, messages = await _checked_items(body.get("items"), state, request, required=False)
     metadata = parse_metadata(body.get("metadata"))
+    adding = stored_size(items, messages) + len(json.dumps(metadata))
+    await check_room(
+        state.store,
+        state.settings.storage,
+        owner=owner_of(request),
+        adding=adding,
+        conversation_id=None,
+        param="items",
+    )
     return await asyncio.to_thread(
         state.store.create_conversation,
         ids.new_id(ids.CONVERSATION),
@@ -114,6 +125,14 @@ async def _add_conversation_items(
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     items, messages = await _checked_items(body.get("items"), state, request, required=True)
+    await check_room(
+        state.store,
+        state.settings.storage,
+        owner=owner_of(request),
+        adding=stored_size(items, messages),
+        conversation_id=conversation_id,
+        param="items",
+    )
     added = await asyncio.to_thread(
         state.store.append_conversation_items,
         conversation_id,

@@ -29,6 +29,7 @@ from .resource import new_resource
 from .running_response import Generation
 from .settings import FacadeSettings
 from .storage import MissingChainLinkError, Replay, Store, StoredItem
+from .storage_quotas import check_room, stored_size
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -119,6 +120,15 @@ class ResponsesService:
     async def prepare(self, body: object, *, owner: str = "") -> Generation:
         translation = await self.translate(body, owner=owner)
         translated, info = translation.translated, translation.info
+        if translated.store or translated.conversation_id is not None:
+            await check_room(
+                self.store,
+                self.settings.storage,
+                owner=owner,
+                adding=stored_size(translation.input_items, translated.input_messages),
+                conversation_id=translated.conversation_id,
+                param="input",
+            )
         response_id = ids.new_id(ids.RESPONSE)
         translated.request.request_id = response_id
         # The engine's prefix cache is partitioned by this (the owner id is a hash of the key).

@@ -19,7 +19,7 @@ from vlmserve.common.settings import DeclaredSettings, Option
 from .api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys
 from .remote_image_checks import RemoteImageSettings
 
-__all__ = ["ENGINE_TOKEN_ENV", "FacadeSettings", "Limits", "Timeouts", "default_store_path"]
+__all__ = ["ENGINE_TOKEN_ENV", "FacadeSettings", "Limits", "Storage", "Timeouts", "default_store_path"]
 
 ENGINE_TOKEN_ENV = "VLMSERVE_ENGINE_TOKEN"
 
@@ -117,6 +117,40 @@ class Timeouts(DeclaredSettings):
     )
 
 
+class Storage(DeclaredSettings):
+    """Storage: how much stored responses and conversations may take, and for how long"""
+
+    # Images count per use here (stored once per content, but each user pays for their own).
+    max_stored_bytes_per_key: int | None = Field(
+        1024 * 1024 * 1024,
+        ge=1,
+        description="bytes one API key's stored responses and conversations may take (429 "
+        "storage_quota_exceeded above it); none: no limit",
+    )
+    max_conversation_bytes: int | None = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="bytes one conversation may hold (400 conversation_too_large above it); none: no limit",
+    )
+    # OpenAI keeps responses 30 days; conversations are not subject to it, as with OpenAI.
+    response_ttl_s: Annotated[int | None, Option(flag="--response-ttl")] = Field(
+        30 * 24 * 3600,
+        ge=1,
+        description="seconds a stored response is kept after it was created; none: until deleted",
+    )
+    maintenance_interval_s: float = Field(
+        600.0,
+        gt=0,
+        description="seconds between runs that delete expired responses and return freed space",
+    )
+    replay_cache_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="memory for the decoded messages of recent turns, so the next turn of a chain "
+        "or conversation does not read them back",
+    )
+
+
 def _first_token(raw: object) -> object:
     """The engine accepts a comma-separated list (rotation); the facade sends the first."""
     if not isinstance(raw, str):
@@ -155,6 +189,7 @@ class FacadeSettings(DeclaredSettings):
     )
     limits: Limits = Field(default_factory=Limits, description="request limits")
     timeouts: Timeouts = Field(default_factory=Timeouts, description="engine call deadlines")
+    storage: Storage = Field(default_factory=Storage, description="storage quotas and retention")
     api_keys: Annotated[ApiKeys, Option(flag=None, env=API_KEYS_ENV), BeforeValidator(_api_keys)] = Field(
         default_factory=ApiKeys,
         repr=False,

@@ -88,6 +88,9 @@ CREATE TABLE IF NOT EXISTS conversation_items (
 _TABLES_V1 = """
 CREATE INDEX IF NOT EXISTS responses_by_created_at ON responses(created_at);
 CREATE INDEX IF NOT EXISTS conversation_items_by_item_id ON conversation_items(item_id);
+CREATE INDEX IF NOT EXISTS conversation_items_cursor
+    ON conversation_items(conversation_id, item_id, position);
+CREATE INDEX IF NOT EXISTS response_items_cursor ON response_items(response_id, kind, item_id, position);
 CREATE TABLE IF NOT EXISTS usage (owner TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS images (hash TEXT PRIMARY KEY, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS response_messages (
@@ -696,7 +699,8 @@ class ResponseStore:
         with self._lock:
             (free,) = self._db.execute("PRAGMA freelist_count").fetchone()
             if free:
-                self._db.execute("PRAGMA incremental_vacuum").fetchall()
+                # executescript steps the pragma to its end (execute() frees one page a call).
+                self._db.executescript("PRAGMA incremental_vacuum;")
                 # The file only shrinks once the WAL is written back into it.
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         return int(free)

@@ -1,0 +1,201 @@
+"""Storage that cannot grow without bound (issue 13.11): per-key quota, per-conversation limit,
+a TTL for responses, freed space returned to the file system, item lists read page by page."""
+
+from __future__ import annotations
+
+import base64
+import io
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.facade.helpers import png_data_url
+from vlmserve.client import AsyncEngineClient
+from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade.settings import Storage
+from vlmserve.facade.storage import StoredItem
+from vlmserve.facade.store_upkeep import upkeep_once
+from vlmserve.responses import input_to_messages
+
+MakeClient = Callable[..., httpx.AsyncClient]
+
+
+@pytest.fixture
+async def client_for(
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+) -> AsyncIterator[MakeClient]:
+    """`client_for(max_conversation_bytes=...)`: a client of an app with those storage settings."""
+    opened: list[httpx.AsyncClient] = []
+
+    def make(**storage: Any) -> httpx.AsyncClient:
+        app = create_app(settings.replace(storage=Storage(**storage)), engine=engine_client, store=store)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        opened.append(client)
+        return client
+
+    yield make
+    for client in opened:
+        await client.aclose()
+
+
+def noise_png(side: int) -> str:
+    """A PNG that does not compress: about 3 × side² bytes."""
+    buffer = io.BytesIO()
+    Image.effect_noise((side, side), 64).convert("RGB").save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def image_item(url: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": url}]}
+
+
+async def respond(http: httpx.AsyncClient, **body: Any) -> httpx.Response:
+    return await http.post("/v1/responses", json={"model": "default", **body})
+
+
+async def test_a_conversation_cannot_grow_past_its_limit(client_for: MakeClient) -> None:
+    """The finding, scaled down: a conversation took 12 images of 8 MiB; here 12 of ~50 KB
+    against a 200 KB limit."""
+    http = client_for(max_conversation_bytes=200_000)
+    conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+    image = noise_png(128)  # ~49 KB of PNG, ~66 KB as base64
+    accepted = 0
+    for _ in range(12):
+        added = await http.post(
+            f"/v1/conversations/{conversation}/items", json={"items": [image_item(image)]}
+        )
+        if added.status_code != 200:
+            break
+        accepted += 1
+    assert 1 <= accepted < 4
+    error = added.json()["error"]
+    assert (added.status_code, error["code"], error["param"]) == (400, "conversation_too_large", "items")
+    # A response in that conversation is refused before the engine is asked, naming `input`.
+    refused = await respond(http, conversation=conversation, input=[image_item(image)])
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "input")
+    # Text still fits.
+    assert (await respond(http, conversation=conversation, input="and now?")).status_code == 200
+
+
+async def test_each_key_has_a_storage_quota(client_for: MakeClient, store: ResponseStore) -> None:
+    http = client_for(max_stored_bytes_per_key=300_000)
+    image = noise_png(128)
+    stored: list[str] = []
+    for _ in range(10):
+        reply = await respond(http, input=[image_item(image)])
+        if reply.status_code != 200:
+            break
+        stored.append(reply.json()["id"])
+    assert 1 <= len(stored) < 10
+    error = reply.json()["error"]
+    assert (reply.status_code, error["code"], error["type"]) == (
+        429,
+        "storage_quota_exceeded",
+        "invalid_request_error",
+    )
+    assert "store" in error["message"]
+    # Nothing stored: allowed. Conversations count too.
+    assert (await respond(http, input=[image_item(image)], store=False)).status_code == 200
+    full = await http.post("/v1/conversations", json={"items": [image_item(image)]})
+    assert full.status_code == 429
+    # Deleting gives the room back.
+    used = store.stored_bytes("anonymous")
+    assert (await http.delete(f"/v1/responses/{stored[0]}")).status_code == 200
+    assert store.stored_bytes("anonymous") < used
+    assert (await respond(http, input=[image_item(image)])).status_code == 200
+
+
+def resource(response_id: str, created_at: int) -> dict[str, Any]:
+    return {"id": response_id, "created_at": created_at, "status": "completed", "output": []}
+
+
+def test_responses_expire_and_conversations_do_not(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path / "s.sqlite3")
+    messages = input_to_messages([image_item(png_data_url())])
+    item = [StoredItem("m", image_item(png_data_url()))]
+    store.put_response(resource("resp_old", 1_000), item, owner="k", input_messages=messages)
+    store.put_response(resource("resp_new", 9_000), item, owner="k", input_messages=messages)
+    store.create_conversation("conv_old", metadata={}, items=item, messages=messages, owner="k")
+    before = store.stored_bytes("k")
+    done = upkeep_once(store, Storage(response_ttl_s=3_600), now=10_000)
+    assert done.expired_responses == 1
+    assert store.get_response("resp_old", owner="k") is None
+    assert store.get_response("resp_new", owner="k") is not None
+    assert store.get_conversation("conv_old", owner="k") is not None
+    assert 0 < store.stored_bytes("k") < before
+    # No TTL: nothing expires.
+    assert upkeep_once(store, Storage(response_ttl_s=None), now=10**12).expired_responses == 0
+    store.close()
+
+
+def file_bytes(path: Path) -> int:
+    return path.stat().st_size + (
+        path.with_name(path.name + "-wal").stat().st_size
+        if path.with_name(path.name + "-wal").exists()
+        else 0
+    )
+
+
+def test_deleted_space_goes_back_to_the_file_system(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = ResponseStore(path)
+    images = [noise_png(256) for _ in range(4)]  # ~200 KB each
+    for index, url in enumerate(images):
+        items = [StoredItem(f"m{index}", image_item(url))]
+        store.put_response(
+            resource(f"resp_{index}", 1), items, input_messages=input_to_messages([image_item(url)])
+        )
+    store.maintain()
+    full = file_bytes(path)
+    assert full > 4 * 200_000
+    for index in range(4):
+        assert store.delete_response(f"resp_{index}")
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM images").fetchone() == (0,)
+    assert file_bytes(path) < full / 4
+    store.close()
+
+
+def vm_steps(store: ResponseStore, call: Callable[[], object]) -> int:
+    """SQLite virtual-machine steps a call takes (in tens): work, not time."""
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    store._db.set_progress_handler(count, 10)
+    try:
+        call()
+    finally:
+        store._db.set_progress_handler(None, 10)
+    return steps[0]
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+def test_item_lists_read_one_page_whatever_the_size(tmp_path: Path, order: str) -> None:
+    """`GET .../items?limit=1` used to load the whole conversation; now the work is the page's."""
+    store = ResponseStore(tmp_path / "s.sqlite3")
+    for conversation, count in (("conv_small", 10), ("conv_big", 3_000)):
+        items = [StoredItem(f"m{i}", {"role": "user", "content": "x" * 200}) for i in range(count)]
+        store.create_conversation(conversation, metadata={}, items=items)
+        store.put_response(resource(f"resp_{conversation}", 1), items)
+    for list_items, key in (
+        (store.list_conversation_items, "conv"),
+        (store.list_input_items, "resp_conv"),
+    ):
+        small, big = (
+            vm_steps(store, lambda: list_items(name, limit=1, order=order, after="m5"))  # noqa: B023
+            for name in (f"{key}_small", f"{key}_big")
+        )
+        assert big <= 2 * small + 2, (key, small, big)
+        page = list_items(f"{key}_big", limit=2, order=order, after="m5")
+        assert page is not None
+        assert [item.id for item in page.items] == (["m6", "m7"] if order == "asc" else ["m4", "m3"])
+        assert page.has_more
+    store.close()
