@@ -16,6 +16,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from vlmserve.engine import decode as decode_module
 from vlmserve.engine import server as server_module
 from vlmserve.engine.prompt import MAX_JSON_DEPTH
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -221,3 +222,34 @@ def test_an_unexpected_exception_is_internal_without_its_text(
     assert error.details() == "the engine failed to process the request"
     # The text is for the operator's log, with its traceback.
     assert any("something internal" in record.getMessage() or record.exc_info for record in caplog.records)
+
+
+def test_a_failure_on_the_generation_thread_is_internal_without_its_text(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("/srv/secret/kernel.metal: out of something")
+
+    monkeypatch.setattr(decode_module.ActiveGeneration, "prefill", broken)
+    code, message, _ = failure(stub, request())
+    assert (code, message) == (grpc.StatusCode.INTERNAL, "the engine failed to process the request")
+    monkeypatch.undo()
+    # The generation thread lives on.
+    ok = request()
+    ok.sampling.max_tokens = 1
+    assert stub.GenerateUnary(pb.GenerateUnaryRequest(request=ok), timeout=60).result.usage.output_tokens == 1
+
+
+def test_the_processors_own_words_are_not_echoed(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlx_vlm.utils
+
+    def refusing(*_: Any, **__: Any) -> Any:
+        raise ValueError("Mismatch in `image` token count between text and `input_ids`: 17 vs 16")
+
+    monkeypatch.setattr(mlx_vlm.utils, "prepare_inputs", refusing)
+    code, message, status = failure(stub, request())
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert field_violations(status) == ["messages"]
+    assert "input_ids" not in message and "17 vs 16" not in message

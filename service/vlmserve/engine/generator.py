@@ -38,7 +38,7 @@ from .decode import ActiveGeneration, Phase
 from .jobs import Job, JobKind, JobReport, PreparedRequest
 from .model import DEFAULT_MODEL_PATH, DTYPE_CHOICES, LoadedModel, load_model
 from .prefix_cache import PrefixCache
-from .request_errors import RequestError
+from .request_errors import RequestError, internal_error
 from .sampling import SamplingSettings
 from .vision_cache import VisionFeatureCache
 
@@ -335,12 +335,10 @@ class Generator:
     def _decode_step(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
         try:
             tokens = batch.step()
-        except Exception as error:  # the batch's forward failed: every row fails, the thread lives
+        except Exception:  # the batch's forward failed: every row fails, the thread lives
             log.exception("batched decode step failed")
             for generation in list(batch.rows):
-                generation.fail(
-                    RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
-                )
+                generation.fail(internal_error())
                 self._leave(generation, batch, starting)
             return
         for generation, token in zip(list(batch.rows), tokens, strict=True):
@@ -380,11 +378,9 @@ class Generator:
             work()
         except RequestError as error:
             generation.fail(error)
-        except Exception as error:
+        except Exception:
             log.exception("request %s failed", generation.job.request_id)
-            generation.fail(
-                RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
-            )
+            generation.fail(internal_error())  # its text and traceback are in the log, not the status
 
     def _leave(
         self, generation: ActiveGeneration, batch: DecodeBatch, starting: list[ActiveGeneration]

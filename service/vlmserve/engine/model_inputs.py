@@ -9,6 +9,7 @@ cache can match prompts that hold images.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,8 @@ from .request_errors import RequestError
 from .vision_cache import VisionFeatureCache, encode_images
 
 __all__ = ["ImageSpan", "ModelInputs", "build_model_inputs", "image_content_hash"]
+
+log = logging.getLogger(__name__)
 
 _INPUT_KEYS = ("input_ids", "pixel_values", "attention_mask")
 
@@ -93,9 +96,11 @@ def build_model_inputs(
             add_special_tokens=prompt_needs_special_tokens(request.prompt_text, loaded.tokenizer),
         )
     except (ValueError, TypeError, OSError) as error:
+        # The processor's words name its internals (token ids, tensor shapes): log them, say ours.
+        log.warning("processor refused request %s: %s: %s", request.request_id, type(error).__name__, error)
         raise RequestError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"the model's processor could not prepare the input: {error}",
+            "the model's processor could not prepare the input (its text and images do not fit together)",
             field="messages",
         ) from None
     input_ids = inputs["input_ids"]
