@@ -17,7 +17,7 @@ FACADE_HOST ?= 127.0.0.1
 FACADE_PORT ?= 8000
 MODEL ?=
 
-.PHONY: install system-deps run engine facade demo test lint proto proto-check buf-lint buf-breaking contract-release node-deps clean
+.PHONY: install system-deps run engine facade demo test test-fast lint proto proto-check buf-lint buf-breaking contract-release node-deps clean
 
 install: $(STAMP)
 
@@ -50,6 +50,13 @@ demo: install
 # The Codex CLI tests need the pinned npm packages; without npm they skip (CI installs npm).
 test: install $(if $(shell command -v npm),node-deps)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The inner loop: unit and in-process tests (scripted engine, no processes, no real model), not
+# the `slow` ones; about a minute and a half on 2 cores. `make test` runs everything (CI does).
+FAST_TESTS := tests/common tests/responses tests/facade tests/hardening tests/client/test_images.py \
+	tests/test_vendored_schema.py
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I protos \

@@ -380,6 +380,7 @@ async def test_bombs_are_refused_without_being_decoded(
 
 
 @LINUX_ONLY
+@pytest.mark.slow
 async def test_hostile_inputs_leave_nothing_behind(
     http: httpx.AsyncClient, valid: dict[str, Any], engine: FakeEngine
 ) -> None:

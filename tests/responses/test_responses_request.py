@@ -391,8 +391,7 @@ def test_request_messages_equal_lowering_of_raw_messages() -> None:
 @pytest.mark.parametrize("name", ["codex_request_known_model_turn1.json", "codex_request_turn2.json"])
 def test_recorded_codex_requests_are_accepted(name: str) -> None:
     path = CODEX_DATA / name
-    if not path.exists():
-        pytest.skip(f"recording {name} not present")
+    assert path.exists(), f"the committed recording {path} is missing"
     recorded = json.loads(path.read_text())
     translated = build_generate_request(recorded)
     assert "web_search" in translated.ignored_tools
