@@ -149,6 +149,7 @@ ENGINE_ERRORS = [
     (RequestError(grpc.StatusCode.NOT_FOUND, "engine says no", field="model"), 404, "model"),
     (RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "engine says no", retry_after_s=1.0), 503, None),
     (RequestError(grpc.StatusCode.UNAVAILABLE, "engine says no"), 503, None),
+    (RequestError(grpc.StatusCode.UNAVAILABLE, "still loading", retry_after_s=2.5), 503, None),
     (RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "engine says no"), 504, None),
     (RequestError(grpc.StatusCode.OUT_OF_RANGE, "engine says no", field="messages"), 400, "input"),
     (RequestError(grpc.StatusCode.INTERNAL, "engine says no"), 502, None),
@@ -175,6 +176,9 @@ async def test_engine_errors_map_to_http_statuses(
     code = engine_error.code
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         assert response.headers["retry-after"] == "1"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        # Only an engine that says when (RetryInfo, while its model loads) gets a Retry-After.
+        assert response.headers.get("retry-after") == ("3" if engine_error.retry_after_s else None)
     if code == grpc.StatusCode.OUT_OF_RANGE:
         assert str(CONTEXT_LENGTH) in error["message"] and error["code"] == "context_length_exceeded"
     if code == grpc.StatusCode.INTERNAL:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -152,7 +153,9 @@ def from_engine_error(
             headers={"Retry-After": str(retry_after_s)},
         )
     if code == grpc.StatusCode.UNAVAILABLE:
-        return APIError(503, "The engine is unavailable.", code="engine_unavailable")
+        # A loading model says when to come back (RetryInfo); a dead engine says nothing.
+        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))} if error.retry_after_s else {}
+        return APIError(503, "The engine is unavailable.", code="engine_unavailable", headers=headers)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return APIError(504, "The engine did not answer in time.", code="engine_timeout")
     if code == grpc.StatusCode.UNIMPLEMENTED:
