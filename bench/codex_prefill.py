@@ -50,7 +50,7 @@ def measure(client: EngineClient, request: pb.GenerateRequest) -> dict[str, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--engine-address", default=None)
     parser.add_argument("--model", default=None)

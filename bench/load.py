@@ -382,7 +382,7 @@ def _mib(kib: int | None) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> tuple[LoadConfig, Path | None]:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="the facade (loopback only)")
     parser.add_argument("--requests", type=int, default=200)

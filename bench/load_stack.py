@@ -26,7 +26,7 @@ from tests._services import start_engine, start_facade  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--model", default=None, help="model path or id (default: the fixture model)")
     parser.add_argument("--engine-arg", action="append", default=[], help="extra engine flag (repeatable)")

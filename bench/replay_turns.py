@@ -211,7 +211,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--turns", type=int, default=20, help="turns per agent loop (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="loops per mode; the median is reported")

@@ -53,7 +53,9 @@ def ask(url: str, png: bytes, timeout: float = 60) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the facade's base URL")
     parser.add_argument("--seed", type=int, default=None, help="image seed (default: random)")
     parser.add_argument("--save", type=Path, default=Path("squares.png"), help="where to write the image")

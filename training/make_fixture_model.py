@@ -396,7 +396,9 @@ def copy_tokenizer_from(model_dir: Path) -> Tokenizer:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUTPUT_DIR, help="output model directory")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     parser.add_argument(

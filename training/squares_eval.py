@@ -122,7 +122,9 @@ def evaluate(model: Any, processor: Any, samples: Sequence[SquaresSample]) -> di
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--n", type=int, default=50, help="images per shape")
     parser.add_argument("--seed", type=int, default=DEFAULT_EVAL_SEED)

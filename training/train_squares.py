@@ -211,7 +211,7 @@ def _card(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train the squares model (issue 4).")
+    parser = argparse.ArgumentParser(description="Train the squares model (issue 4).", allow_abbrev=False)
     parser.add_argument("--fixture", type=Path, default=FIXTURE_DIR)
     parser.add_argument("--out", type=Path, default=OUTPUT_DIR)
     parser.add_argument("--seed", type=int, default=0)

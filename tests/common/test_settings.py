@@ -162,3 +162,26 @@ def test_the_configuration_doc_lists_every_setting() -> None:
     for model in (EngineCommand, FacadeSettings):
         for setting in declared(model):
             assert f"`{setting.env}`" in text
+
+
+def test_every_argument_parser_in_the_repository_refuses_abbreviations() -> None:
+    """Each `argparse.ArgumentParser(...)` in our sources says allow_abbrev=False."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for folder in ("service", "facade", "clients", "bench", "training", "tests", "scripts"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute | ast.Name)
+                    and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+                    == "ArgumentParser"
+                ):
+                    flags = {kw.arg: kw.value for kw in node.keywords}
+                    value = flags.get("allow_abbrev")
+                    if not (isinstance(value, ast.Constant) and value.value is False):
+                        offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, offenders

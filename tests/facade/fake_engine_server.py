@@ -29,7 +29,7 @@ async def serve(address: str, *, chunks: int | None = None, delay_s: float = 0.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--address", required=True)
     parser.add_argument("--model")
     parser.add_argument("--drain-seconds", type=float)  # what the launcher passes; nothing to drain here
