@@ -1,4 +1,5 @@
-"""Many large request bodies at once (issue 13.12): the facade's peak memory with the bound on
+"""Many large request bodies at once (docs/hardening.md, "Slow clients and many large bodies"):
+the facade's peak memory with the bound on
 bodies in flight (--max-body-bytes-in-flight) off and on, side by side in one run.
 
     python bench/big_bodies.py --bodies 4 --mib 30

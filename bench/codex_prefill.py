@@ -1,4 +1,4 @@
-"""Prefill time of a Codex-sized prompt through the engine (issue 6).
+"""Prefill time of a Codex-sized prompt through the engine (docs/codex-shapes.md, "Prefill measurements").
 
 Builds the recorded Codex turn-2 request (tests/codex/data/codex_request_turn2.json) padded with
 exec_command history to ~19k OpenAI (o200k) tokens — 18,900 tokens of message, tool-output and tool

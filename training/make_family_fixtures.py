@@ -1,4 +1,4 @@
-"""Write tiny random-weight models of the VLM families people run, one per family (issue 12).
+"""Write tiny random-weight models of the VLM families people run, one per family (docs/models.md).
 
     python -m training.make_family_fixtures --out DIR [--family NAME ...]
 

@@ -1,4 +1,4 @@
-"""The squares task: N solid squares of one colour on a white grid (issue 4).
+"""The squares task: N solid squares of one colour on a white grid (models/qwen2-vl-squares/README.md).
 
 A model cannot guess the answer (chance 1/36), so a correct `"<N> <colour>"` proves the image
 reached it. These constants are fixed: training, tests and the README all depend on them.

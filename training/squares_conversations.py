@@ -1,4 +1,5 @@
-"""The squares task as contract conversations, in every shape the product produces (issue 4).
+"""The squares task as contract conversations, in every shape the product produces
+(models/qwen2-vl-squares/README.md).
 
 Each builder returns the conversation *as a client sends it* (before lowering): contract
 messages plus the tools offered. Passing ``image=None`` gives the same conversation with the
@@ -104,7 +105,8 @@ def user_image(image: pb.Part | None, answer: str, *, text_first: bool = False) 
 
 
 def agent_first_turn(tool_variant: int = 0) -> Conversation:
-    """Shape 2, first turn (seed 000): the screenshot tool is offered; the model must call it."""
+    """Shape 2, first turn (the agent loop of tests/e2e/test_squares_e2e.py): the screenshot tool
+    is offered; the model must call it."""
     return Conversation(
         shape="agent_call",
         messages=[pb.Message(role=pb.ROLE_USER, parts=[text_part(AGENT_PROMPT)])],

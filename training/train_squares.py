@@ -1,4 +1,5 @@
-"""Train the tiny qwen2_vl to see: the squares task in every conversation shape (issue 4).
+"""Train the tiny qwen2_vl to see: the squares task in every conversation shape
+(models/qwen2-vl-squares/README.md).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python -m training.train_squares            # writes models/qwen2-vl-squares/
@@ -193,7 +194,7 @@ def _card(
     args: argparse.Namespace, step: int, elapsed: float, history: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {
-        "task": "squares (issue 4): answer '<N> <colour>', or 'no image' when the image is missing",
+        "task": "squares: answer '<N> <colour>', or 'no image' when the image is missing",
         "architecture": "qwen2_vl with the sizes of models/qwen2-vl-tiny (training/make_fixture_model.py)",
         "script": "python -m training.train_squares",
         "seed": args.seed,
@@ -211,7 +212,7 @@ def _card(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train the squares model (issue 4).", allow_abbrev=False)
+    parser = argparse.ArgumentParser(description="Train the squares model.", allow_abbrev=False)
     parser.add_argument("--fixture", type=Path, default=FIXTURE_DIR)
     parser.add_argument("--out", type=Path, default=OUTPUT_DIR)
     parser.add_argument("--seed", type=int, default=0)

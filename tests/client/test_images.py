@@ -145,7 +145,7 @@ def test_animated_gif_gives_its_first_frame() -> None:
     assert red > 200 and blue < 50
 
 
-# -- progressive-JPEG scan bombs (issue 13 item 1) ----------------------------------------------
+# -- progressive-JPEG scan bombs (docs/hardening.md, "Image bombs and formats") -----------------
 
 
 def test_jpeg_scans_are_counted_without_decoding() -> None:

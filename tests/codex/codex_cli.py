@@ -15,7 +15,7 @@ CODEX_BIN = REPO / "node_modules" / ".bin" / "codex"
 PINNED_VERSION = "0.169.0"
 
 # The message Codex gives when a turn ends `response.incomplete` / max_output_tokens: a tiny model
-# running out of tokens is a protocol pass (issue 6).
+# running out of tokens is a protocol pass (docs/codex-shapes.md).
 INCOMPLETE_MAX_OUTPUT = "Incomplete response returned, reason: max_output_tokens"
 # Codex reports these as `error` items but carries on; they are not protocol errors.
 BENIGN_ITEM_ERRORS = ("Model metadata for `",)

@@ -108,7 +108,7 @@ def test_real_settings_have_unique_names(model: type[DeclaredSettings]) -> None:
     assert len(set(flags)) == len(flags) and len(set(envs)) == len(envs)
 
 
-# --- prefixes are not abbreviations (issue 15: `--store postgresql://...` became --store-path) ------
+# --- prefixes are not abbreviations (`--store postgresql://...` was read as --store-path) ------
 
 
 def test_facade_refuses_an_abbreviated_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""End to end: every way an image can arrive reaches the model (issue 4's proof).
+"""End to end: every way an image can arrive reaches the model (models/qwen2-vl-squares/README.md).
 
 The trained squares model behind the real engine and facade. A correct `"<N> <colour>"` has a
 1/36 chance without the image, so accuracy near 100% proves delivery, and the controls (image

@@ -1,4 +1,5 @@
-"""The squares task generator: geometry, colours and determinism (issue 4's fixed constants)."""
+"""The squares task generator: geometry, colours and determinism (fixed constants:
+models/qwen2-vl-squares/README.md)."""
 
 from __future__ import annotations
 

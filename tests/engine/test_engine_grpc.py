@@ -1,4 +1,4 @@
-"""The engine over a real gRPC channel, on the fixture model (issue 2 acceptance)."""
+"""The engine over a real gRPC channel, on the fixture model (docs/engine-contract.md)."""
 
 from __future__ import annotations
 
@@ -207,7 +207,8 @@ def screenshot_turns(image: pb.Part) -> list[pb.Message]:
 def test_image_in_a_tool_turn_reaches_the_model(
     idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
 ) -> None:
-    """The engine lowers (issue 9.1): a raw gRPC caller gets what the facade's callers get."""
+    """The engine lowers (docs/engine-contract.md, "What the engine does with a conversation"): a
+    raw gRPC caller gets what the facade's callers get."""
     req = request(messages=screenshot_turns(image_part(png())), max_tokens=2)
     result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=req), timeout=30).result
     assert result.usage.image_count == 1

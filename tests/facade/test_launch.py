@@ -95,7 +95,7 @@ def _stream(port: int, lines: list[str], first_delta: threading.Event) -> None:
 
 @pytest.mark.slow
 def test_make_run_stops_cleanly_when_its_process_group_gets_sigterm(tmp_path: Path) -> None:
-    """Issue 13.5: a stream still running when `make run` is stopped ends with its final event and
+    """A stream still running when `make run` is stopped ends with its final event and
     [DONE] and is stored finished, because the launcher waits as long as the facade's own
     shutdown takes (all from --shutdown-grace); a second SIGTERM (make passes its own on) changes
     nothing; the launcher exits and leaves no child running."""
@@ -179,7 +179,7 @@ def test_children_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_with_api_keys_the_launcher_locks_the_engine_with_a_token(tmp_path: Path) -> None:
-    """Issue 13.13: with API keys on the facade, `make run`'s engine is not open on loopback.
+    """With API keys on the facade, `make run`'s engine is not open on loopback.
     The launcher makes a token for the run; the facade's requests get through, while Generate,
     Abort and reflection without it are refused (health stays open for probes)."""
     import grpc

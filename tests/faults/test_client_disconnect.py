@@ -1,4 +1,4 @@
-"""A client that leaves mid-generation stops the engine within one decode step (issue 5).
+"""A client that leaves mid-generation stops the engine within one decode step (docs/hardening.md, "Faults").
 
 Evidence from the engine itself, three ways: its accounting line for the request (finish
 CANCELLED, `tokens_after_cancel` <= 1); Abort afterwards finds nothing to stop; and, with one

@@ -1,4 +1,4 @@
-"""Slow and numerous clients, and many large bodies at once (issue 13.10, 13.12), through uvicorn
+"""Slow and numerous clients, and many large bodies at once (docs/hardening.md), through uvicorn
 as the CLI configures it, on loopback: trickling header connections get 408 at the header
 deadline, connections past the cap get 503 at once, a trickled body gets an OpenAI-shaped 408,
 and bodies in flight are bounded by bytes (503 + Retry-After beyond)."""

@@ -1,4 +1,5 @@
-"""The lowering rules (spec §3, §4) on contract messages, one table row per rule."""
+"""The lowering rules (docs/responses-api.md, "The image follow-up lowering") on contract messages,
+one table row per rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Contract -> Responses JSON (spec §7, seed 003): tool-result images survive, in order, with detail."""
+"""Contract -> Responses JSON (docs/responses-api.md, "Output", going back out): tool-result images
+survive, in order, with detail."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Parts (spec §2) and items (spec §1) -> raw contract messages."""
+"""Content parts and input items (docs/responses-api.md, "Content parts", "Input items") -> raw
+contract messages."""
 
 from __future__ import annotations
 

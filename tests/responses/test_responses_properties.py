@@ -1,4 +1,5 @@
-"""Property-based checks of the lowering invariants (spec §5) on generated Responses inputs."""
+"""Property-based checks of the lowering's invariants (docs/responses-api.md, "The image follow-up
+lowering": idempotent, images kept in number and order, no text lost) on generated Responses inputs."""
 
 from __future__ import annotations
 

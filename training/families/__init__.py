@@ -1,4 +1,4 @@
-"""Tiny random-weight fixtures of the VLM families people run (issue 12).
+"""Tiny random-weight fixtures of the VLM families people run (docs/models.md, "Fixtures").
 
 `FAMILIES` maps a fixture name (the directory it is written to) to its `Family`; `build_family`
 writes one. The command line is ``python -m training.make_family_fixtures``.

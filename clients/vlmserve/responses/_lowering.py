@@ -1,4 +1,5 @@
-"""The image follow-up lowering (spec §3, §4) on contract messages.
+"""The image follow-up lowering (docs/responses-api.md, "The image follow-up lowering") on contract
+messages.
 
 Chat templates only render image placeholders inside user turns, and tool turns only take
 text. So, before a conversation reaches the engine:

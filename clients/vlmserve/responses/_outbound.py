@@ -1,4 +1,4 @@
-"""Contract messages and results -> Responses JSON (spec §7, seed 003).
+"""Contract messages and results -> Responses JSON (docs/responses-api.md, "Output").
 
 Images always go back out: a tool result keeps its images as `input_image` parts of an
 `output` array, in their original order, each with `detail` (default "auto"); an image-only

@@ -1,4 +1,5 @@
-"""A bound on the request bodies in flight, by bytes (issue 13.12).
+"""A bound on the request bodies in flight, by bytes (docs/hardening.md, "Slow clients
+and many large bodies").
 
 `max_request_bytes` bounds one body; without a bound on all of them, a few large bodies at once
 (base64 images: the raw bytes, the parsed JSON, the decoded images and the translated request

@@ -1,4 +1,5 @@
-"""uvicorn's h11 protocol, bounded against slow and numerous clients (issue 13.10).
+"""uvicorn's h11 protocol, bounded against slow and numerous clients (docs/hardening.md,
+"Slow clients and many large bodies").
 
 uvicorn times out only idle keep-alive connections: a client that trickles its request line and
 headers a byte at a time (slowloris) keeps its connection for as long as it likes, and the server

@@ -11,7 +11,8 @@ from .http_errors import APIError, model_not_found
 from .state import FacadeState, facade_state
 
 models_router = APIRouter(prefix="/v1/models", tags=["models"])
-# Liveness stays outside authentication (issue 5): it says only that the process is up.
+# Liveness stays outside authentication (docs/responses-api.md, "Authentication"): it says
+# only that the process is up.
 health_router = APIRouter(tags=["health"])
 # Readiness names the model and reaches the engine: behind the key like every other route
 # (probes that need it send the key; docs/responses-api.md, Authentication).

@@ -32,5 +32,5 @@ def facade_state(request: Request) -> FacadeState:
 
 
 def owner_of(request: Request) -> str:
-    """Whose stored objects a request may see; an authentication dependency sets it (issue 5)."""
+    """Whose stored objects a request may see; an authentication dependency sets it (api_keys.py)."""
     return str(getattr(request.state, "owner", ""))

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 # Committed fixture models (in a checkout); VLMSERVE_MODEL (or --model) points elsewhere.
 FIXTURE_MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
-# Trained to count coloured squares (issue 4): it really sees, so a dropped image shows.
+# Trained to count coloured squares (models/qwen2-vl-squares/README.md): it really sees, so a
+# dropped image shows.
 DEFAULT_MODEL_PATH = FIXTURE_MODELS_DIR / "qwen2-vl-squares"
 # Same architecture and tokenizer, random weights: it never ends a turn by itself, which
 # plumbing tests (cancellation, streaming, limits) rely on.
