@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+from typing import Any
+
 import grpc
 import httpx
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from tests.facade.fake_engine import CONTEXT_LENGTH, MODEL_ID, FakeEngine, RunningFakeEngine
 from tests.facade.helpers import png_data_url
+from vlmserve.responses import CreateResponseBody
+
+CODEX_DATA = Path(__file__).resolve().parents[1] / "codex" / "data"
 
 
 async def test_models_list_names_the_loaded_model(http: httpx.AsyncClient) -> None:
@@ -103,4 +112,35 @@ async def test_openapi_document_lists_every_endpoint(http: httpx.AsyncClient) ->
         "/readyz",
     } <= set(paths)
     body = paths["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body["required"] == ["input"]
+    assert body == {"$ref": "#/components/schemas/CreateResponseBody"}
+
+
+async def test_openapi_schemas_are_the_models(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """The document is generated from the request and response models: every reference
+    resolves, Codex's recorded bodies validate against the request schema, and a created
+    response validates against the response schema."""
+    document = (await http.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    text = json.dumps(document)
+    for name in set(re.findall(r'"#/components/schemas/([^"]+)"', text)):
+        assert name in schemas, name
+    assert set(schemas["CreateResponseBody"]["properties"]) == set(CreateResponseBody.model_fields)
+    assert schemas["CreateResponseBody"]["required"] == ["input"]
+
+    def validator(name: str) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", **document})
+
+    for recorded in (
+        CODEX_DATA / "codex_request_turn2.json",
+        CODEX_DATA / "codex_request_known_model_turn1.json",
+    ):
+        validator("CreateResponseBody").validate(json.loads(recorded.read_text()))
+    created = await http.post("/v1/responses", json={"model": "default", "input": "hi"})
+    validator("ResponseResource").validate(created.json())
+    links = paths_links(document, "/v1/responses")
+    assert {link["operationId"] for link in links.values()} >= {"retrieveResponse", "cancelResponse"}
+
+
+def paths_links(document: dict[str, Any], path: str) -> dict[str, Any]:
+    links: dict[str, Any] = document["paths"][path]["post"]["responses"]["200"]["links"]
+    return links

@@ -70,6 +70,15 @@ from ._output_models import (
 )
 from ._parts import IMAGE_PART_TYPES
 from ._request import TranslatedRequest, build_generate_request, parse_metadata
+from ._request_models import (
+    CreateResponseBody,
+    InputItemParam,
+    RequestModel,
+    parse_as,
+    parse_body,
+    parse_input,
+    parse_item,
+)
 from ._tools import OfferedTool
 
 __all__ = [
@@ -77,6 +86,7 @@ __all__ = [
     "IMAGE_PART_TYPES",
     "ContentPartEvent",
     "ConversationRef",
+    "CreateResponseBody",
     "CustomToolCallInputDeltaEvent",
     "CustomToolCallInputDoneEvent",
     "CustomToolCallItem",
@@ -89,6 +99,7 @@ __all__ = [
     "ImageSource",
     "IncompleteDetails",
     "IncompleteReason",
+    "InputItemParam",
     "InvalidRequestError",
     "ItemResolver",
     "ItemStatus",
@@ -104,6 +115,7 @@ __all__ = [
     "OutputTextDeltaEvent",
     "OutputTextDoneEvent",
     "RequestEcho",
+    "RequestModel",
     "ResponseError",
     "ResponseLifecycleEvent",
     "ResponseResource",
@@ -121,6 +133,10 @@ __all__ = [
     "message_output_item",
     "messages_to_items",
     "output_text_part",
+    "parse_as",
+    "parse_body",
+    "parse_input",
+    "parse_item",
     "parse_metadata",
     "result_to_output_items",
     "tool_call_output_item",

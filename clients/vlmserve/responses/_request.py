@@ -271,7 +271,7 @@ def _text(text: TextParam | None) -> dict[str, Any]:
     one_of(format_type, ("text",), "text.format.type")
     echo: dict[str, Any] = {"format": {"type": "text"}}
     if text is not None and text.verbosity is not None:
-        echo["verbosity"] = one_of(text.verbosity, ("low", "medium", "high"), "text.verbosity")
+        echo["verbosity"] = text.verbosity
     return echo
 
 

@@ -17,14 +17,17 @@ from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
     TypeAdapter,
     ValidationError,
+    WithJsonSchema,
     field_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from ._errors import InvalidRequestError
@@ -33,6 +36,8 @@ from ._json import join, type_name
 # Union members are tagged with a leading "#"; a tag is dropped from an error's `loc`.
 _TAG = "#"
 _OTHER = "#other"
+# Union members that exist only to refuse a value by name stay out of the OpenAPI document.
+_UNDOCUMENTED: Any = SkipJsonSchema()  # type: ignore[type-arg]
 
 
 class RequestModel(BaseModel):
@@ -86,6 +91,11 @@ def refuse(code: str, message: str) -> PydanticCustomError:
 # ---- content parts -----------------------------------------------------------------------------
 
 ImageDetailParam = Literal["auto", "low", "high", "original"]
+# A 2x2 PNG: lets generated requests (schemathesis) carry an image that decodes.
+EXAMPLE_IMAGE_URL = (
+    "data:image/png;base64,"
+    "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR42mM8oaHBwMDAxMDAwMDAAAAN6gEcJklYAwAAAABJRU5ErkJggg=="
+)
 TEXT_PART_TYPES = ("input_text", "text", "output_text")
 IMAGE_PART_TYPES = ("input_image", "image_url")
 MESSAGE_PART_TYPES = (*TEXT_PART_TYPES, *IMAGE_PART_TYPES, "refusal")
@@ -117,9 +127,7 @@ class InputImagePartParam(RequestModel):
     type: Literal["input_image"]
     # A base64 data: URL (http(s) only where the server fetches remote images). `file_id` is
     # refused by the translation: this server has no files store.
-    image_url: str | None = Field(
-        default=None, json_schema_extra={"examples": ["data:image/png;base64,iVBORw0KGgo..."]}
-    )
+    image_url: str | None = Field(default=None, examples=[EXAMPLE_IMAGE_URL])
     file_id: str | None = None
     detail: ImageDetailParam | None = None
 
@@ -174,9 +182,9 @@ MessagePartParam: TypeAlias = Annotated[
     Annotated[TextPartParam, Tag("#text")]
     | Annotated[InputImagePartParam, Tag("#input_image")]
     | Annotated[ChatImagePartParam, Tag("#image_url")]
-    | Annotated[UnsupportedPartParam, Tag("#unsupported")]
+    | Annotated[UnsupportedPartParam, Tag("#unsupported"), _UNDOCUMENTED]
     | Annotated[RefusalPartParam, Tag("#refusal")]
-    | Annotated[UnknownPartParam, Tag(_OTHER)],
+    | Annotated[UnknownPartParam, Tag(_OTHER), _UNDOCUMENTED],
     by_type({**_PART_TAGS, "refusal": "#refusal"}),
 ]
 # In a tool output, a part of any other kind is kept as the caller's JSON (its text reaches the
@@ -185,7 +193,7 @@ ToolOutputPartParam: TypeAlias = Annotated[
     Annotated[TextPartParam, Tag("#text")]
     | Annotated[InputImagePartParam, Tag("#input_image")]
     | Annotated[ChatImagePartParam, Tag("#image_url")]
-    | Annotated[UnsupportedPartParam, Tag("#unsupported")]
+    | Annotated[UnsupportedPartParam, Tag("#unsupported"), _UNDOCUMENTED]
     | Annotated[dict[str, Any], Tag(_OTHER)],
     by_type(_PART_TAGS),
 ]
@@ -290,11 +298,13 @@ InputItemParam: TypeAlias = Annotated[
     | Annotated[CustomToolCallOutputParam, Tag("#custom_tool_call_output")]
     | Annotated[ReasoningParam, Tag("#reasoning")]
     | Annotated[ItemReferenceParam, Tag("#item_reference")]
-    | Annotated[UnknownItemParam, Tag(_OTHER)],
+    | Annotated[UnknownItemParam, Tag(_OTHER), _UNDOCUMENTED],
     by_type({kind: f"#{kind}" for kind in INPUT_ITEM_TYPES}, implicit=_implicit_item_type),
 ]
+# Documented as non-empty; an empty input is refused by the translation, which says why.
 InputParam: TypeAlias = Annotated[
-    Annotated[str, Tag("#string")] | Annotated[list[InputItemParam], Tag("#array")],
+    Annotated[str, Tag("#string"), WithJsonSchema({"type": "string", "minLength": 1, "pattern": "\\S"})]
+    | Annotated[list[InputItemParam], Tag("#array"), Field(json_schema_extra={"minItems": 1})],
     by_json_type("a string or an array of input items"),
 ]
 
@@ -325,9 +335,13 @@ HOSTED_TOOL_TYPES = frozenset(
 )
 
 
+# OpenAI's rule for tool names, documented; this server accepts any non-empty name.
+_TOOL_NAME_DOC: dict[str, Any] = {"pattern": "^[a-zA-Z0-9_-]{1,64}$"}
+
+
 class FunctionToolParam(RequestModel):
     type: Literal["function"]
-    name: str
+    name: str = Field(json_schema_extra=_TOOL_NAME_DOC)
     description: str | None = None
     # A JSON Schema object; absent means no arguments.
     parameters: dict[str, Any] | None = None
@@ -349,10 +363,13 @@ class CustomToolParam(RequestModel):
     format: CustomToolFormatParam | None = None
 
 
+_HOSTED_DOC: dict[str, Any] = {"enum": sorted(HOSTED_TOOL_TYPES)}
+
+
 class HostedToolParam(RequestModel):
     """One of OpenAI's hosted tools: accepted, left out of the prompt, named in a header."""
 
-    type: str
+    type: str = Field(json_schema_extra=_HOSTED_DOC)
 
     @field_validator("type")
     @classmethod
@@ -427,7 +444,7 @@ ToolChoiceMode = Literal["none", "auto", "required"]
 ToolChoiceObject: TypeAlias = Annotated[
     Annotated[NamedToolChoiceParam, Tag("#named")]
     | Annotated[AllowedToolsChoiceParam, Tag("#allowed_tools")]
-    | Annotated[HostedToolChoiceParam, Tag(_OTHER)],
+    | Annotated[HostedToolChoiceParam, Tag(_OTHER), _UNDOCUMENTED],
     by_type({"function": "#named", "custom": "#named", "allowed_tools": "#allowed_tools"}),
 ]
 ToolChoiceParam: TypeAlias = Annotated[
@@ -442,17 +459,27 @@ ToolChoiceParam: TypeAlias = Annotated[
 MAX_COUNT = 2**31 - 1
 
 
+def _integral(value: object) -> object:
+    # JSON has one number type: 100.0 is the integer 100 (as JSON Schema's "integer" says).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Count: TypeAlias = Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_COUNT)]
+
+
 class ConversationParam(RequestModel):
     id: str
 
 
 class TextFormatParam(RequestModel):
-    type: str = "text"
+    type: str = Field(default="text", json_schema_extra={"enum": ["text"]})
 
 
 class TextParam(RequestModel):
     format: TextFormatParam | None = None
-    verbosity: str | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ReasoningConfigParam(RequestModel):
@@ -478,17 +505,19 @@ class CreateResponseBody(RequestModel):
     input: InputParam = Field(description="A string (one user message) or an array of input items.")
     previous_response_id: str | None = None
     conversation: ConversationChoice | None = None
-    max_output_tokens: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
-    max_tool_calls: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
+    max_output_tokens: Count | None = None
+    max_tool_calls: Count | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # Accepted only at their neutral values (the translation says why otherwise); the document
+    # names the values that work.
+    top_logprobs: int | None = Field(default=None, json_schema_extra={"enum": [0, None]})
+    presence_penalty: float | None = Field(default=None, json_schema_extra={"enum": [0, None]})
+    frequency_penalty: float | None = Field(default=None, json_schema_extra={"enum": [0, None]})
     parallel_tool_calls: bool | None = None
     stream: bool | None = None
     store: bool | None = None
-    background: bool | None = None
+    background: bool | None = Field(default=None, json_schema_extra={"enum": [False, None]})
     truncation: Literal["auto", "disabled"] | None = None
     text: TextParam | None = None
     reasoning: ReasoningConfigParam | None = None
@@ -498,7 +527,8 @@ class CreateResponseBody(RequestModel):
         json_schema_extra={"maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 512}},
     )
     include: list[str] | None = None
-    prompt: dict[str, Any] | None = None
+    # Stored prompt templates: not supported (send `input`).
+    prompt: dict[str, Any] | None = Field(default=None, json_schema_extra={"enum": [None]})
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None

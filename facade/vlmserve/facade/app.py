@@ -19,6 +19,7 @@ from vlmserve.client import AsyncEngineClient, Deadlines
 
 from . import conversations_api, models_api, responses_api
 from .api_keys import install_api_keys, require_owner
+from .api_schema import install_openapi
 from .body_budget import BodyBudget
 from .catalog import ModelCatalog
 from .http_errors import install_error_handlers
@@ -171,6 +172,7 @@ def create_app(
         # Ready without a lifespan run (in-process tests drive the app over ASGI directly).
         app.state.facade = build_state(engine, store if store is not None else open_store(settings))
     install_error_handlers(app)
+    install_openapi(app, settings.limits)
     install_api_keys(app, settings.api_keys)
     limits = settings.limits
     app.add_middleware(HeaderLimits, max_headers=limits.max_headers, max_header_bytes=limits.max_header_bytes)

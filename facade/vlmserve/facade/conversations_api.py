@@ -14,20 +14,22 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import InvalidRequestError, input_to_messages, parse_metadata
+from vlmserve.responses import InvalidRequestError, input_to_messages, parse_as, parse_metadata
 
 from . import ids
-from .catalog import image_limits, images_per_request
-from .http_errors import APIError, not_found
-from .item_references import ItemReferences, check_reference_count
-from .openapi import (
+from .api_schema import (
     ADD_CONVERSATION_ITEMS,
     ADD_CONVERSATION_ITEMS_BODY,
+    ADD_CONVERSATION_ITEMS_REQUEST,
+    CREATE_CONVERSATION,
     CREATE_CONVERSATION_BODY,
     DELETE_CONVERSATION,
     LIST_CONVERSATION_ITEMS,
     RETRIEVE_CONVERSATION,
 )
+from .catalog import image_limits, images_per_request
+from .http_errors import APIError, not_found
+from .item_references import ItemReferences, check_reference_count
 from .request_body import read_json
 from .request_limits import check_image_count, count_contract_images, count_image_parts
 from .responses_api import item_list, item_page
@@ -49,6 +51,7 @@ async def create_conversation(request: Request, state: State) -> dict[str, Any]:
 async def _create_conversation(body: Any, request: Request, state: FacadeState) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    parse_as(CREATE_CONVERSATION, body, "")
     items, messages = await _checked_items(body.get("items"), state, request, required=False)
     metadata = parse_metadata(body.get("metadata"))
     adding = stored_size(items, messages) + len(json.dumps(metadata))
@@ -111,7 +114,9 @@ async def list_conversation_items(
 
 
 @router.post(
-    "/{conversation_id}/items", operation_id=ADD_CONVERSATION_ITEMS, openapi_extra=ADD_CONVERSATION_ITEMS_BODY
+    "/{conversation_id}/items",
+    operation_id=ADD_CONVERSATION_ITEMS,
+    openapi_extra=ADD_CONVERSATION_ITEMS_REQUEST,
 )
 async def add_conversation_items(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     with state.body_budget.hold() as hold:
@@ -124,6 +129,7 @@ async def _add_conversation_items(
 ) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    parse_as(ADD_CONVERSATION_ITEMS_BODY, body, "")
     items, messages = await _checked_items(body.get("items"), state, request, required=True)
     await check_room(
         state.store,

@@ -13,9 +13,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from .body_budget import BodyHold
-from .http_errors import APIError, not_found
-from .openapi import (
+from .api_schema import (
     CANCEL_RESPONSE,
     CREATE_RESPONSE_BODY,
     DELETE_RESPONSE,
@@ -23,6 +21,8 @@ from .openapi import (
     LIST_INPUT_ITEMS,
     RETRIEVE_RESPONSE,
 )
+from .body_budget import BodyHold
+from .http_errors import APIError, not_found
 from .request_body import read_json
 from .resource import listed_item
 from .running_response import Generation
