@@ -76,3 +76,14 @@ def test_launcher_commands() -> None:
     timeouts = launch.stop_timeouts(settings.facade)
     assert timeouts["facade"] > server_shutdown_timeout_s(settings.facade) > 4
     assert timeouts["engine"] > 4
+
+
+def test_a_validated_copy_keeps_keys_from_a_file_once(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text("sk-from-the-file-0123456789\n", encoding="utf-8")
+    settings = settings_from_args(
+        ["--api-keys-file", str(key_file)], {"VLMSERVE_API_KEYS": "sk-env-0123456789"}
+    )
+    assert len(settings.api_keys.digests) == 2
+    copy = settings.replace(port=9001)
+    assert copy.port == 9001 and copy.api_keys == settings.api_keys

@@ -235,7 +235,8 @@ class FacadeSettings(DeclaredSettings):
                 raise ValueError(f"--api-keys-file / ${API_KEYS_FILE_ENV}: no key in {path}")
             configured = _api_keys(data.get("api_keys", ApiKeys()))
             assert isinstance(configured, ApiKeys)
-            data["api_keys"] = ApiKeys(configured.digests + keys.digests)
+            # dict.fromkeys: a copy made with replace() reads the file again; keep each key once.
+            data["api_keys"] = ApiKeys(tuple(dict.fromkeys(configured.digests + keys.digests)))
         if data.get("engine_token_file") is not None:
             path = Path(data["engine_token_file"])
             token = next(iter(read_secret_file(path)), None)
