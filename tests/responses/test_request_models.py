@@ -8,19 +8,16 @@ from typing import Any
 
 import pytest
 
-from vlmserve.responses import InvalidRequestError
-from vlmserve.responses._request_models import (
-    CustomToolParam,
+from vlmserve.responses import InvalidRequestError, parse_body
+from vlmserve.responses._input_models import (
     FunctionCallOutputParam,
     FunctionCallParam,
-    HostedToolParam,
     InputImagePartParam,
     ItemReferenceParam,
     MessageParam,
-    NamespaceToolParam,
     ReasoningParam,
-    parse_body,
 )
+from vlmserve.responses._tool_models import CustomToolParam, HostedToolParam, NamespaceToolParam
 
 CODEX_DATA = Path(__file__).resolve().parents[1] / "codex" / "data"
 

@@ -31,6 +31,7 @@ from ._events import (
     ResponseLifecycleEvent,
     ResponseStreamEvent,
 )
+from ._input_models import InputItemParam, parse_input, parse_item
 from ._items import ItemResolver, input_to_messages, is_item_reference
 from ._lowering import (
     IMAGE_FOLLOW_UP_MARKER,
@@ -70,16 +71,9 @@ from ._output_models import (
 )
 from ._parts import IMAGE_PART_TYPES
 from ._request import TranslatedRequest, build_generate_request, parse_metadata
-from ._request_models import (
-    CreateResponseBody,
-    InputItemParam,
-    RequestModel,
-    parse_as,
-    parse_body,
-    parse_input,
-    parse_item,
-)
+from ._request_models import CreateResponseBody, parse_body
 from ._tools import OfferedTool
+from ._validation import RequestModel, parse_as
 
 __all__ = [
     "IMAGE_FOLLOW_UP_MARKER",

@@ -14,10 +14,7 @@ from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
-from ._json import join
-from ._media import ImageSource, MediaPolicy
-from ._parts import parse_message_part, parse_tool_output_part
-from ._request_models import (
+from ._input_models import (
     INPUT_ITEM_TYPES,
     CustomToolCallOutputParam,
     CustomToolCallParam,
@@ -25,10 +22,13 @@ from ._request_models import (
     FunctionCallParam,
     ItemReferenceParam,
     MessageParam,
-    RequestModel,
     parse_input,
     parse_item,
 )
+from ._json import join
+from ._media import ImageSource, MediaPolicy
+from ._parts import parse_message_part, parse_tool_output_part
+from ._validation import RequestModel
 
 __all__ = [
     "INPUT_ITEM_TYPES",

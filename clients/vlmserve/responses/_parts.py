@@ -13,9 +13,7 @@ from typing import Any
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
-from ._json import join
-from ._media import MediaPolicy, parse_detail
-from ._request_models import (
+from ._input_models import (
     IMAGE_PART_TYPES,
     TEXT_PART_TYPES,
     ChatImagePartParam,
@@ -23,6 +21,8 @@ from ._request_models import (
     RefusalPartParam,
     TextPartParam,
 )
+from ._json import join
+from ._media import MediaPolicy, parse_detail
 
 __all__ = ["IMAGE_PART_TYPES", "TEXT_PART_TYPES", "parse_message_part", "parse_tool_output_part"]
 

@@ -22,7 +22,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
 from ._json import join, missing
-from ._request_models import (
+from ._tool_models import (
     AllowedToolsChoiceParam,
     CustomToolParam,
     FunctionToolParam,

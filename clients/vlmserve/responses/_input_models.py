@@ -1,0 +1,250 @@
+"""Input items and content parts as request models (docs/responses-api.md, Input items)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import (
+    Field,
+    Tag,
+    TypeAdapter,
+    WithJsonSchema,
+    field_validator,
+)
+
+from ._validation import OTHER, UNDOCUMENTED, RequestModel, by_json_type, by_type, parse_as, refuse
+
+# ---- content parts -----------------------------------------------------------------------------
+
+ImageDetailParam = Literal["auto", "low", "high", "original"]
+# A 2x2 PNG: lets generated requests (schemathesis) carry an image that decodes.
+EXAMPLE_IMAGE_URL = (
+    "data:image/png;base64,"
+    "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR42mM8oaHBwMDAxMDAwMDAAAAN6gEcJklYAwAAAABJRU5ErkJggg=="
+)
+TEXT_PART_TYPES = ("input_text", "text", "output_text")
+IMAGE_PART_TYPES = ("input_image", "image_url")
+MESSAGE_PART_TYPES = (*TEXT_PART_TYPES, *IMAGE_PART_TYPES, "refusal")
+
+# Parts with a known meaning that we cannot serve yet: refused by name wherever they appear.
+UNSUPPORTED_PARTS = {
+    "input_file": (
+        "input_file parts are not supported yet; send images as input_image parts with a base64 "
+        "data: URL and documents as input_text"
+    ),
+    "file": "file parts are not supported yet; send documents as input_text",
+    "input_audio": "audio input is not supported by this server; send text or images",
+    "video_url": "video input is not supported by this server; send text or images",
+    "input_video": "video input is not supported by this server; send text or images",
+}
+
+
+class TextPartParam(RequestModel):
+    type: Literal["input_text", "text", "output_text"]
+    text: str
+
+
+class RefusalPartParam(RequestModel):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class InputImagePartParam(RequestModel):
+    type: Literal["input_image"]
+    # A base64 data: URL (http(s) only where the server fetches remote images). `file_id` is
+    # refused by the translation: this server has no files store.
+    image_url: str | None = Field(default=None, examples=[EXAMPLE_IMAGE_URL])
+    file_id: str | None = None
+    detail: ImageDetailParam | None = None
+
+
+class ImageURLParam(RequestModel):
+    url: str
+    detail: ImageDetailParam | None = None
+
+
+class ChatImagePartParam(RequestModel):
+    """The Chat Completions form: `image_url` is `{url, detail}` or a plain URL string."""
+
+    type: Literal["image_url"]
+    image_url: Annotated[
+        Annotated[str, Tag("#string")] | Annotated[ImageURLParam, Tag("#object")],
+        by_json_type("an object with 'url' or a string"),
+    ]
+    detail: ImageDetailParam | None = None
+
+
+class UnsupportedPartParam(RequestModel):
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _refused(cls, value: str) -> str:
+        raise refuse("unsupported_value", UNSUPPORTED_PARTS[value] + ".")
+
+
+class UnknownPartParam(RequestModel):
+    """Any other message part: its `type` says what is wrong."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _unknown(cls, value: str) -> str:
+        raise refuse(
+            "invalid_value",
+            "Invalid value for '{param}': unsupported content part type; supported: "
+            "input_text, input_image, text, image_url, output_text, refusal.",
+        )
+
+
+_PARTTAGS = {
+    **dict.fromkeys(TEXT_PART_TYPES, "#text"),
+    "input_image": "#input_image",
+    "image_url": "#image_url",
+    **dict.fromkeys(UNSUPPORTED_PARTS, "#unsupported"),
+}
+MessagePartParam: TypeAlias = Annotated[
+    Annotated[TextPartParam, Tag("#text")]
+    | Annotated[InputImagePartParam, Tag("#input_image")]
+    | Annotated[ChatImagePartParam, Tag("#image_url")]
+    | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
+    | Annotated[RefusalPartParam, Tag("#refusal")]
+    | Annotated[UnknownPartParam, Tag(OTHER), UNDOCUMENTED],
+    by_type({**_PARTTAGS, "refusal": "#refusal"}),
+]
+# In a tool output, a part of any other kind is kept as the caller's JSON (its text reaches the
+# model as one JSON line; docs/responses-api.md).
+ToolOutputPartParam: TypeAlias = Annotated[
+    Annotated[TextPartParam, Tag("#text")]
+    | Annotated[InputImagePartParam, Tag("#input_image")]
+    | Annotated[ChatImagePartParam, Tag("#image_url")]
+    | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
+    | Annotated[dict[str, Any], Tag(OTHER)],
+    by_type(_PARTTAGS),
+]
+
+
+# ---- input items -------------------------------------------------------------------------------
+
+MessageRole = Literal["user", "assistant", "system", "developer"]
+INPUT_ITEM_TYPES = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "reasoning",
+    "item_reference",
+)
+
+
+class MessageParam(RequestModel):
+    # Optional: an "easy input message" is just role + content.
+    type: Literal["message"] | None = "message"
+    role: MessageRole
+    content: Annotated[
+        Annotated[str, Tag("#string")] | Annotated[list[MessagePartParam], Tag("#array")],
+        by_json_type("a string or an array of content parts"),
+    ]
+
+
+class FunctionCallParam(RequestModel):
+    type: Literal["function_call"]
+    name: str
+    arguments: str
+    call_id: str
+    namespace: str | None = None
+
+
+class CustomToolCallParam(RequestModel):
+    type: Literal["custom_tool_call"]
+    name: str
+    input: str
+    call_id: str
+    namespace: str | None = None
+
+
+ToolOutputParam: TypeAlias = Annotated[
+    Annotated[str, Tag("#string")] | Annotated[list[ToolOutputPartParam], Tag("#array")],
+    by_json_type("a string or an array of content parts"),
+]
+
+
+class FunctionCallOutputParam(RequestModel):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: ToolOutputParam
+
+
+class CustomToolCallOutputParam(RequestModel):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: ToolOutputParam
+
+
+class ReasoningParam(RequestModel):
+    """Accepted and not rendered: nothing reaches the model from it."""
+
+    type: Literal["reasoning"]
+
+
+class ItemReferenceParam(RequestModel):
+    # Optional: a bare {"id": ...} refers to a stored item.
+    type: Literal["item_reference"] | None = "item_reference"
+    id: str
+
+
+class UnknownItemParam(RequestModel):
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _unknown(cls, value: str) -> str:
+        raise refuse(
+            "invalid_value",
+            "Invalid value for '{param}': unsupported input item type; supported: "
+            + ", ".join(INPUT_ITEM_TYPES)
+            + ".",
+        )
+
+
+def _implicit_item_type(item: Mapping[str, Any]) -> str:
+    # Easy-input messages carry only role + content; a bare {"id"} is an item reference.
+    if "role" in item:
+        return "message"
+    return "item_reference" if "id" in item else ""
+
+
+InputItemParam: TypeAlias = Annotated[
+    Annotated[MessageParam, Tag("#message")]
+    | Annotated[FunctionCallParam, Tag("#function_call")]
+    | Annotated[FunctionCallOutputParam, Tag("#function_call_output")]
+    | Annotated[CustomToolCallParam, Tag("#custom_tool_call")]
+    | Annotated[CustomToolCallOutputParam, Tag("#custom_tool_call_output")]
+    | Annotated[ReasoningParam, Tag("#reasoning")]
+    | Annotated[ItemReferenceParam, Tag("#item_reference")]
+    | Annotated[UnknownItemParam, Tag(OTHER), UNDOCUMENTED],
+    by_type({kind: f"#{kind}" for kind in INPUT_ITEM_TYPES}, implicit=_implicit_item_type),
+]
+# Documented as non-empty; an empty input is refused by the translation, which says why.
+InputParam: TypeAlias = Annotated[
+    Annotated[str, Tag("#string"), WithJsonSchema({"type": "string", "minLength": 1, "pattern": "\\S"})]
+    | Annotated[list[InputItemParam], Tag("#array"), Field(json_schema_extra={"minItems": 1})],
+    by_json_type("a string or an array of input items"),
+]
+
+
+_INPUT: TypeAdapter[str | list[Any]] = TypeAdapter(InputParam)
+_ITEM: TypeAdapter[Any] = TypeAdapter(InputItemParam)
+
+
+def parse_input(value: object, path: str = "input") -> str | list[Any]:
+    """Validate an `input` value (or a conversation's `items`): a string or input items."""
+    return parse_as(_INPUT, value, path)
+
+
+def parse_item(value: object, path: str) -> Any:
+    """Validate one input item (a replayed or referenced one); errors are under `path`."""
+    return parse_as(_ITEM, value, path)
