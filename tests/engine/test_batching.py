@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 from tests._family_models import FAMILY_NAMES
+from vlmserve.common.images import decode_image
 from vlmserve.engine.generator import EngineConfig, Generator
 from vlmserve.engine.jobs import Job, JobKind, JobReport, PreparedRequest
 from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.request_prep import prepare_request
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_engine_grpc import image_part, png, text_part
@@ -57,13 +57,20 @@ def generator() -> Iterator[Generator]:
 def prepared(
     generator: Generator, *parts: pb.Part, temperature: float, seed: int, max_tokens: int = MAX_TOKENS
 ) -> PreparedRequest:
-    loaded = generator.loaded
-    assert loaded is not None
+    assert generator.preparer is not None
     request = pb.GenerateRequest(
         messages=[pb.Message(role=pb.ROLE_USER, parts=list(parts))],
         sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
     )
-    return prepare_request(request, kind=JobKind.GENERATE, info=loaded.info, template=loaded.template)
+    ready = generator.preparer.prepare(request, kind=JobKind.GENERATE)
+    # The reference (mlx-vlm's own loop) takes decoded images; these are all small enough to
+    # reach the processor at their own size.
+    DECODED[ready.request_id] = [decode_image(p.image.data) for p in parts if p.HasField("image")]
+    return ready
+
+
+# request id -> the request's images decoded, for the mlx-vlm reference.
+DECODED: dict[str, list[Any]] = {}
 
 
 def mixed_requests(generator: Generator, temperature: float) -> dict[str, PreparedRequest]:
@@ -221,7 +228,7 @@ def test_greedy_mixed_batch_equals_each_request_alone_and_mlx_vlm(generator: Gen
                 loaded.model,
                 loaded.processor,
                 req.prompt_text,
-                image=list(req.images) or None,
+                image=DECODED[req.request_id] or None,
                 max_tokens=MAX_TOKENS,
                 temperature=0.0,
                 logits_processors=[logits[name]],

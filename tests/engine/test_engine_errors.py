@@ -17,7 +17,6 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from vlmserve.engine import decode as decode_module
-from vlmserve.engine import server as server_module
 from vlmserve.engine.prompt import MAX_JSON_DEPTH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -206,7 +205,7 @@ def test_an_unexpected_exception_is_internal_without_its_text(
     def broken(*_: Any, **__: Any) -> Any:
         raise ValueError("/srv/secret/path/module.py: something internal")
 
-    monkeypatch.setattr(server_module, "prepare_request", broken)
+    monkeypatch.setattr(idle_engine.server.generator.preparer, "prepare", broken)
     calls = {
         "Generate": lambda: list(stub.Generate(request(), timeout=30)),
         "GenerateUnary": lambda: stub.GenerateUnary(pb.GenerateUnaryRequest(request=request()), timeout=30),
@@ -243,13 +242,20 @@ def test_a_failure_on_the_generation_thread_is_internal_without_its_text(
 def test_the_processors_own_words_are_not_echoed(
     idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mlx_vlm.utils
+    import io
+
+    from PIL import Image
 
     def refusing(*_: Any, **__: Any) -> Any:
         raise ValueError("Mismatch in `image` token count between text and `input_ids`: 17 vs 16")
 
-    monkeypatch.setattr(mlx_vlm.utils, "prepare_inputs", refusing)
-    code, message, status = failure(stub, request())
+    preparer = idle_engine.server.generator.preparer
+    assert preparer is not None
+    monkeypatch.setattr(type(preparer._images), "prepare", refusing)
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(png, "PNG")
+    image = pb.Part(image=pb.ImagePart(data=png.getvalue(), media_type="image/png"))
+    code, message, status = failure(stub, request([user(image, text_part("?"))]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
-    assert field_violations(status) == ["messages"]
+    assert field_violations(status) == ["messages[0].parts[0].image.data"]
     assert "input_ids" not in message and "17 vs 16" not in message

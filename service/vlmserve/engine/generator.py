@@ -35,11 +35,11 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .batch import DecodeBatch
 from .decode import ActiveGeneration, Phase
-from .jobs import Job, JobKind, JobReport, PreparedRequest
+from .jobs import Job, JobKind, JobReport
 from .model import DEFAULT_MODEL_PATH, DTYPE_CHOICES, LoadedModel, load_model
 from .prefix_cache import PrefixCache
 from .request_errors import RequestError, internal_error
-from .sampling import SamplingSettings
+from .request_prep import DEFAULT_MAX_REQUEST_PIXELS, RequestPreparer
 from .vision_cache import VisionFeatureCache
 
 __all__ = ["EngineConfig", "Generator"]
@@ -102,6 +102,17 @@ class EngineConfig(DeclaredSettings):
     max_image_bytes: int = Field(DEFAULT_MAX_IMAGE_BYTES, ge=1, description="bytes per image")
     # From the header, before decoding: decompression bombs are refused undecoded.
     max_image_pixels: int = Field(ImageLimits().max_pixels, ge=1, description="pixels per image")
+    max_request_pixels: int = Field(
+        DEFAULT_MAX_REQUEST_PIXELS,
+        ge=1,
+        description="pixels of all of one request's images together, from their headers, before decoding",
+    )
+    image_decode_slots: int = Field(
+        2, ge=1, description="images decoded at once, engine-wide (each may be full size while it decodes)"
+    )
+    prepare_workers: int = Field(
+        4, ge=1, description="threads preparing requests (decode, render, tokenize) beside generation"
+    )
     warmup: bool = Field(True, description="run one tiny generation after loading, before serving")
 
     @field_validator("dtype")
@@ -149,6 +160,10 @@ class Generator:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.loaded: LoadedModel | None = None
+        # Set once the model is loaded; used from the preparation worker threads.
+        self.preparer: RequestPreparer | None = None
+        # Queue places held by requests still being prepared (see reserve()).
+        self._reserved = 0
         self.load_error: BaseException | None = None
         self.ready = threading.Event()
         # Recent finished jobs, newest last (logs, tests, metrics).
@@ -196,31 +211,60 @@ class Generator:
 
     # -- requests (asyncio thread) ----------------------------------------------------------
 
-    def submit(self, job: Job) -> None:
-        """Admit a job or refuse it with a RequestError (queue full, not ready, duplicate id)."""
+    def reserve(self) -> None:
+        """Hold a queue place for a request about to be prepared, or refuse it now.
+
+        Called before any decoding or tokenizing, so a full queue costs a refused request
+        nothing; `submit(job, reserved=True)` then uses the place, `release()` gives it back.
+        """
         with self._lock:
-            if not self._accepting:
-                raise RequestError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "the engine is not accepting requests (loading or shutting down)",
-                )
+            self._check_accepting()
+            self._check_queue_space()
+            self._reserved += 1
+
+    def release(self) -> None:
+        """Give back a place from `reserve()` that no job will use (preparation failed)."""
+        with self._lock:
+            self._reserved -= 1
+
+    def submit(self, job: Job, *, reserved: bool = False) -> None:
+        """Admit a job or refuse it with a RequestError (queue full, not ready, duplicate id).
+
+        With `reserved`, the job takes the place `reserve()` held (given back if refused here).
+        """
+        with self._lock:
+            if reserved:
+                self._reserved -= 1
+            self._check_accepting()
             if job.request_id in self._jobs:
                 raise RequestError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"request id {job.request_id!r} is already queued or running",
                     field="request_id",
                 )
-            if self._waiting >= self.config.max_queue:
-                raise RequestError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the engine's queue is full ({self._waiting} requests waiting, "
-                    f"limit {self.config.max_queue}); retry later",
-                    # RetryInfo: what tells this apart from gRPC's message-size limit (same code).
-                    retry_after_s=1.0,
-                )
+            if not reserved:
+                self._check_queue_space()
             self._jobs[job.request_id] = job
             self._waiting += 1
         self._queue.put(job)
+
+    def _check_accepting(self) -> None:
+        if not self._accepting:
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the engine is not accepting requests (loading or shutting down)",
+            )
+
+    def _check_queue_space(self) -> None:
+        waiting = self._waiting + self._reserved
+        if waiting >= self.config.max_queue:
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the engine's queue is full ({waiting} requests waiting or being prepared, "
+                f"limit {self.config.max_queue}); retry later",
+                # RetryInfo: what tells this apart from gRPC's message-size limit (same code).
+                retry_after_s=1.0,
+            )
 
     def abort(self, request_id: str) -> bool:
         with self._lock:
@@ -247,8 +291,13 @@ class Generator:
                 max_bytes=self.config.prefix_cache_mib << 20,
             )
             self.vision_cache = VisionFeatureCache(self.config.vision_cache_mib << 20)
+            preparer = RequestPreparer(
+                loaded,
+                max_request_pixels=self.config.max_request_pixels,
+                decode_slots=self.config.image_decode_slots,
+            )
             if self.config.warmup:
-                self._warm_up(loaded)
+                self._warm_up(loaded, preparer)
                 self.prefix_cache.clear()
                 self.vision_cache.clear()
         except BaseException as error:  # reported to the server, which exits
@@ -258,6 +307,7 @@ class Generator:
                 on_ready(None, error)
             return
         self.loaded = loaded
+        self.preparer = preparer
         with self._lock:
             # Stopped while loading: never start accepting.
             self._accepting = not self._stopping
@@ -266,24 +316,27 @@ class Generator:
             on_ready(loaded, None)
         self._serve(loaded)
 
-    def _warm_up(self, loaded: LoadedModel) -> None:
+    def _warm_up(self, loaded: LoadedModel, preparer: RequestPreparer) -> None:
         """One short generation with an image, so the first request does not pay for kernel setup."""
+        import io
+
         from PIL import Image
 
+        if loaded.template is None:
+            return  # such a model takes no conversation, so no request would run
         started = time.perf_counter()
-        content: list[dict[str, str]] = [{"type": "image"}, {"type": "text", "text": "warm-up"}]
-        if loaded.template is not None:
-            text = loaded.template.apply_chat_template(
-                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = "warm-up"
-        request = PreparedRequest(
-            request_id="warm-up",
+        png = io.BytesIO()
+        Image.new("RGB", (112, 112), (127, 127, 127)).save(png, "PNG")
+        parts = [pb.Part(text=pb.TextPart(text="warm-up"))]
+        if preparer.takes_images:
+            parts.insert(0, pb.Part(image=pb.ImagePart(data=png.getvalue(), media_type="image/png")))
+        request = preparer.prepare(
+            pb.GenerateRequest(
+                request_id="warm-up",
+                messages=[pb.Message(role=pb.ROLE_USER, parts=parts)],
+                sampling=pb.SamplingParams(max_tokens=2, temperature=0.0),
+            ),
             kind=JobKind.GENERATE,
-            prompt_text=str(text),
-            images=(Image.new("RGB", (112, 112), (127, 127, 127)),) if loaded.template is not None else (),
-            settings=SamplingSettings(max_tokens=2, temperature=0.0),
         )
         generation = self._new_generation(Job(request, None), loaded)
         batch = DecodeBatch(loaded.model.language_model)

@@ -1,6 +1,6 @@
 """A request as the generation thread sees it, and the events it sends back.
 
-The gRPC side builds a `Job` (prompt already rendered, images already decoded), hands it to the
+The gRPC side builds a `Job` (prompt already tokenized, images already processed), hands it to the
 generator, and reads `Event`s from the job's asyncio queue. The generation thread reaches the
 event loop only through `Job.emit` (loop.call_soon_threadsafe), never directly.
 """
@@ -12,9 +12,11 @@ import contextlib
 import enum
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -31,6 +33,7 @@ __all__ = [
     "JobKind",
     "JobReport",
     "LogitsProcessor",
+    "PreparedImage",
     "PreparedRequest",
     "TextEvent",
     "ToolCallEvent",
@@ -47,18 +50,34 @@ class JobKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedImage:
+    """One image as the processor prepared it (numpy, no MLX)."""
+
+    # sha256 of the client's bytes and the sizing applied: equal hashes, equal pixels seen.
+    content_hash: str
+    # Image tokens this image occupies in `PreparedRequest.prompt_ids`.
+    token_count: int
+    # The processor's outputs for this image alone, axis 0 = its rows (qwen2_vl: pixel_values
+    # (patches, dim) float32, image_grid_thw (1, 3)); a request concatenates them per key.
+    # Empty for families prepared as a whole request (`PreparedRequest.joint_arrays`).
+    arrays: Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """Everything the generation thread needs; built without MLX on the gRPC side."""
 
     request_id: str
     kind: JobKind
-    prompt_text: str
-    # Decoded RGB PIL images, in prompt order.
-    images: tuple[Any, ...]
+    # The prompt's token ids, image tokens expanded, client text tokenized as text.
+    prompt_ids: tuple[int, ...]
+    images: tuple[PreparedImage, ...]
     settings: SamplingSettings
+    # For logs and debugging only: never tokenize it again.
+    prompt_text: str = ""
     # "" when tool calls are not parsed for this request (no tools, tool_choice NONE, no format).
     tool_call_format: str = ""
-    # Forced-call markup already at the end of `prompt_text`; the output parser starts with it.
+    # Forced-call markup already at the end of the prompt; the output parser starts with it.
     assistant_prefix: str = ""
     parallel_tool_calls: bool = True
     # At most this many calls (None: no limit).
@@ -73,6 +92,22 @@ class PreparedRequest:
     # ids so far, prompt then generated (1-D int32), logits shape (1, vocab). Built fresh per
     # request (they may keep state); called on the generation thread only.
     logits_processors: tuple[LogitsProcessor, ...] = ()
+    # The request's image arrays as one (families whose processor pads or tiles across a
+    # request's images; their `PreparedImage.arrays` are empty). None: join the per-image ones.
+    joint_arrays: Mapping[str, np.ndarray] | None = None
+
+    @property
+    def image_count(self) -> int:
+        return len(self.images)
+
+    def image_arrays(self) -> dict[str, np.ndarray]:
+        """All images' processor arrays for the model, per key (empty without images)."""
+        if self.joint_arrays is not None:
+            return dict(self.joint_arrays)
+        if not self.images:
+            return {}
+        keys = self.images[0].arrays.keys()
+        return {key: np.concatenate([image.arrays[key] for image in self.images], axis=0) for key in keys}
 
 
 @dataclass(frozen=True, slots=True)

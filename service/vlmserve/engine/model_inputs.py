@@ -1,31 +1,22 @@
 """A prepared request -> the arrays the language model takes (generation thread only).
 
-Runs the model's processor (until request preparation moves it off this thread), gets the
-input embeddings with the vision features (from the vision cache when every image is known),
-and records where each image's tokens sit, keyed by the image's content hash, so the prefix
-cache can match prompts that hold images.
+Takes the token ids and processor arrays that request preparation made off this thread, gets
+the input embeddings with the vision features (from the vision cache when every image is
+known), and records where each image's tokens sit, keyed by the image's content hash, so the
+prefix cache can match prompts that hold images.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from .jobs import PreparedRequest
-from .model import LoadedModel, prompt_needs_special_tokens
-from .request_errors import RequestError
+from .model import LoadedModel
 from .vision_cache import VisionFeatureCache, encode_images
 
-__all__ = ["ImageSpan", "ModelInputs", "build_model_inputs", "image_content_hash"]
-
-log = logging.getLogger(__name__)
-
-_INPUT_KEYS = ("input_ids", "pixel_values", "attention_mask")
+__all__ = ["ImageSpan", "ModelInputs", "build_model_inputs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +44,6 @@ class ModelInputs:
         self.prefill_kwargs = {}
 
 
-def image_content_hash(image: Any) -> str:
-    """Content hash of a decoded PIL image: its pixels, size and mode."""
-    digest = hashlib.sha256()
-    digest.update(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())
-    digest.update(image.tobytes())
-    return digest.hexdigest()
-
-
 def image_spans(
     token_ids: Sequence[int], image_token_id: int | None, hashes: Sequence[str]
 ) -> tuple[ImageSpan, ...]:
@@ -83,38 +66,22 @@ def image_spans(
 def build_model_inputs(
     loaded: LoadedModel, request: PreparedRequest, *, vision_cache: VisionFeatureCache | None
 ) -> ModelInputs:
-    from mlx_vlm import utils
-
-    prepare_inputs: Any = utils.prepare_inputs  # unannotated in mlx-vlm
+    """Token ids and image arrays (prepared off this thread, `request_prep.py`) -> MLX arrays,
+    the input embeddings with the vision features, and where each image's tokens sit."""
+    import mlx.core as mx
 
     model = loaded.model
-    try:
-        inputs = prepare_inputs(
-            loaded.processor,
-            images=list(request.images) or None,
-            prompts=[request.prompt_text],
-            add_special_tokens=prompt_needs_special_tokens(request.prompt_text, loaded.tokenizer),
-        )
-    except (ValueError, TypeError, OSError) as error:
-        # The processor's words name its internals (token ids, tensor shapes): log them, say ours.
-        log.warning("processor refused request %s: %s: %s", request.request_id, type(error).__name__, error)
-        raise RequestError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "the model's processor could not prepare the input (its text and images do not fit together)",
-            field="messages",
-        ) from None
-    input_ids = inputs["input_ids"]
-    token_ids = tuple(int(t) for t in input_ids[0].tolist())
-    hashes = [image_content_hash(image) for image in request.images]
-    extra = {k: v for k, v in inputs.items() if k not in _INPUT_KEYS and v is not None}
-    pixel_values = inputs.get("pixel_values")
+    token_ids = request.prompt_ids
+    input_ids = mx.array([token_ids])
+    extra: dict[str, Any] = {key: mx.array(value) for key, value in request.image_arrays().items()}
+    pixel_values = extra.pop("pixel_values", None)
+    hashes = [image.content_hash for image in request.images]
     if pixel_values is not None and vision_cache is not None:
         features = encode_images(model, vision_cache, pixel_values, extra, hashes)
         if features is not None:
             extra["cached_image_features"] = features
-    embedding = model.get_input_embeddings(
-        input_ids, pixel_values, mask=inputs.get("attention_mask"), **extra
-    )
+    mask = mx.ones(input_ids.shape, dtype=mx.int32)
+    embedding = model.get_input_embeddings(input_ids, pixel_values, mask=mask, **extra)
     extra.pop("cached_image_features", None)
     derived = {k: v for k, v in embedding.to_dict().items() if k != "inputs_embeds" and v is not None}
     image_token_id = getattr(model.config, "image_token_id", None)

@@ -1,30 +1,60 @@
 """A contract request -> a `PreparedRequest` for the generation thread. No MLX.
 
-Checks the model name, sampling values, messages and images (decoded here, with the shared
-checks in `vlmserve.common.images`), and renders the prompt with the model's chat template. Runs in
-a worker thread (image decoding and template rendering take real time on big inputs).
+Runs in the engine's preparation worker threads, never on the generation thread, so a big image
+or a long text delays only its own request. In order, each step refusing before the next costs
+anything:
+
+1. model name, request id, sampling values; messages checked and converted (`prompt.py`);
+2. every image's header checked (format, pixels, JPEG scans; `vlmserve.common.images`), and the
+   request's pixels summed against `max_request_pixels`, before any image is decoded;
+3. the prompt rendered with the chat template, client special-token strings protected
+   (`prompt_tokens.py`); a text whose length alone guarantees more tokens than the context is
+   refused before it is tokenized;
+4. tokenized (client text as text); over-long prompts refused before decoding images;
+5. images decoded one or two at a time (`decode_slots`), each straight to about twice the
+   processor's target size and dropped once the processor has its arrays (`image_inputs.py`);
+   the caller leaving stops the work between images;
+6. image tokens expanded; the exact prompt length checked against the context.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import logging
+import threading
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
+from PIL import Image
 
-from vlmserve.common.images import ImageError, decode_image
+from vlmserve.common.images import ImageError, ImageInfo, decode_image, inspect_image
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .grammar import GrammarCompiler, constraint_for
-from .jobs import JobKind, PreparedRequest
-from .model import ModelInfo
-from .prompt import ChatTemplate, render_prompt
+from .image_inputs import DynamicResolution, GenericProcessor, ImageInputs, image_inputs_for
+from .jobs import JobKind, PreparedImage, PreparedRequest
+from .model import LoadedModel, ModelInfo, prompt_needs_special_tokens
+from .prompt import PromptImage, TemplateConversation, render_conversation, to_template_conversation
+from .prompt_tokens import PromptTokenizer, Protection
 from .request_errors import RequestError, invalid_argument
 from .sampling import settings_from_proto
 
-__all__ = ["check_model_name", "prepare_request"]
+__all__ = ["DEFAULT_MAX_REQUEST_PIXELS", "RequestPreparer", "check_model_name"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_REQUEST_ID_CHARS = 256
 MAX_PARTITION_KEY_CHARS = 256
+# Pixels of all of one request's images, from their headers: sixteen 2560x1440 screenshots
+# (59 Mpx) pass, and so does one image at the per-image limit (50 Mpx).
+DEFAULT_MAX_REQUEST_PIXELS = 64_000_000
+PILLOW_BLOCK_BYTES = 64 * 1024 * 1024
 
 
 def check_model_name(requested: str, info: ModelInfo) -> None:
@@ -36,85 +66,269 @@ def check_model_name(requested: str, info: ModelInfo) -> None:
         )
 
 
-def prepare_request(
-    request: pb.GenerateRequest,
-    *,
-    kind: JobKind,
-    info: ModelInfo,
-    template: ChatTemplate | None,
-    grammar: GrammarCompiler | None = None,
-) -> PreparedRequest:
-    """Validate and render; raises RequestError with the status code the caller should see."""
-    check_model_name(request.model, info)
-    if len(request.request_id) > MAX_REQUEST_ID_CHARS:
-        raise invalid_argument(
-            f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters", field="request_id"
-        )
-    request_id = request.request_id or f"req_{uuid.uuid4().hex}"
-    if len(request.partition_key) > MAX_PARTITION_KEY_CHARS:
-        raise invalid_argument(
-            f"partition_key is longer than {MAX_PARTITION_KEY_CHARS} characters", field="partition_key"
-        )
-    if template is None:
-        raise RequestError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"model {info.model_id!r} has no chat template, so it cannot take a conversation",
-        )
-    settings = settings_from_proto(request.sampling, max_tokens_cap=info.max_output_tokens)
-    rendered = render_prompt(
-        request.messages,
-        template=template,
-        tools=request.tools,
-        tool_choice=request.tool_choice if request.HasField("tool_choice") else None,
-        response_format=request.response_format if request.HasField("response_format") else None,
-        tool_call_format=info.tool_call_format,
+def _too_long(tokens: int, context: int, *, at_least: bool = False) -> RequestError:
+    # OUT_OF_RANGE, not INVALID_ARGUMENT: the same prompt fits a model with a longer context,
+    # and callers (the facade) can answer "context length exceeded" precisely.
+    size = f"at least {tokens}" if at_least else str(tokens)
+    return RequestError(
+        grpc.StatusCode.OUT_OF_RANGE,
+        f"the prompt is {size} tokens; the model's context length is {context} tokens, which must "
+        "hold the prompt and at least one generated token",
+        field="messages",
     )
-    if len(rendered.images) > info.max_images_per_request:
-        raise invalid_argument(
-            f"the request has {len(rendered.images)} images; this engine takes at most "
-            f"{info.max_images_per_request} per request",
-            field="messages",
+
+
+@dataclass(frozen=True, slots=True)
+class _CheckedImage:
+    source: PromptImage
+    info: ImageInfo
+
+
+def _return_freed_pixels_to_the_os() -> None:
+    """Pillow allocates big images in 16 MiB blocks, which glibc serves from per-thread arenas
+    and keeps once freed: every preparation thread went on holding a full-size decode (~150 MiB
+    at 7000x7000, RSS climbing with each new thread). Blocks over glibc's largest mmap threshold
+    (32 MiB on 64-bit) are mapped and unmapped instead, so freed pixels go back at once."""
+    from PIL import _imaging
+
+    _imaging.set_block_size(PILLOW_BLOCK_BYTES)
+
+
+def _content_hash(image: _CheckedImage) -> str:
+    return hashlib.sha256(image.source.part.data).hexdigest()
+
+
+class RequestPreparer:
+    """Prepares requests for one loaded model. Thread-safe; touches no MLX state."""
+
+    def __init__(self, loaded: LoadedModel, *, max_request_pixels: int, decode_slots: int) -> None:
+        self.info = loaded.info
+        self._template = loaded.template
+        self._grammar: GrammarCompiler | None = loaded.grammar
+        self._tokenizer = loaded.tokenizer
+        self._tokens = PromptTokenizer(loaded.tokenizer)
+        self._images: ImageInputs | None = image_inputs_for(loaded.processor, loaded.tokenizer)
+        self._max_request_pixels = max_request_pixels
+        _return_freed_pixels_to_the_os()
+        # Bounds the full-size decodes alive at once (a PNG cannot be decoded at a reduced scale).
+        self._decode_slots = threading.BoundedSemaphore(max(1, decode_slots))
+
+    @property
+    def takes_images(self) -> bool:
+        return self._images is not None
+
+    def prepare(
+        self,
+        request: pb.GenerateRequest,
+        *,
+        kind: JobKind,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> PreparedRequest:
+        """Validate, render, tokenize, prepare images; raises RequestError with the caller's status."""
+        info = self.info
+        check_model_name(request.model, info)
+        if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+            raise invalid_argument(
+                f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters", field="request_id"
+            )
+        request_id = request.request_id or f"req_{uuid.uuid4().hex}"
+        if len(request.partition_key) > MAX_PARTITION_KEY_CHARS:
+            raise invalid_argument(
+                f"partition_key is longer than {MAX_PARTITION_KEY_CHARS} characters", field="partition_key"
+            )
+        if self._template is None:
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model {info.model_id!r} has no chat template, so it cannot take a conversation",
+            )
+        settings = settings_from_proto(request.sampling, max_tokens_cap=info.max_output_tokens)
+        conversation = to_template_conversation(
+            request.messages,
+            tools=request.tools,
+            tool_choice=request.tool_choice if request.HasField("tool_choice") else None,
+            response_format=request.response_format if request.HasField("response_format") else None,
+            tool_call_format=info.tool_call_format,
         )
-    images = []
-    for image in rendered.images:
-        try:
-            images.append(
-                decode_image(
+        checked = self._check_images(conversation.images)
+        protection = Protection()
+        rendered = render_conversation(self._protected(conversation, protection), self._template)
+        prompt_text = self._tokens.restore(rendered.text, protection)
+        generating = kind is JobKind.GENERATE
+        if generating:
+            at_least = self._tokens.minimum_tokens(prompt_text)
+            if at_least >= info.context_length:
+                raise _too_long(at_least, info.context_length, at_least=True)
+        add_special_tokens = prompt_needs_special_tokens(prompt_text, self._tokenizer)
+        ids = self._tokens.encode(rendered.text, protection, add_special_tokens=add_special_tokens)
+        if generating and len(ids) >= info.context_length:
+            raise _too_long(len(ids), info.context_length)
+        joint_arrays = None
+        if isinstance(self._images, GenericProcessor) and checked:
+            decoded = self._decode_images(checked, cancelled, lambda _image, pixels: pixels)
+            try:
+                ids, joint_arrays = self._images.build(
+                    rendered.text,
+                    decoded,
+                    lambda text, add: self._tokens.encode(text, protection, add_special_tokens=add),
+                    add_special_tokens=add_special_tokens,
+                )
+            except (ValueError, TypeError, OSError) as error:
+                log.warning("the processor failed: %s: %s", type(error).__name__, error)
+                raise invalid_argument(
+                    "the model's processor could not prepare the request's images", field="messages"
+                ) from None
+            del decoded
+            images = tuple(
+                PreparedImage(content_hash=_content_hash(image), token_count=0, arrays={})
+                for image in checked
+            )
+        else:
+            images = tuple(self._decode_images(checked, cancelled, self._prepare_image))
+            ids = self._expand_image_tokens(ids, images)
+        if generating and len(ids) >= info.context_length:
+            raise _too_long(len(ids), info.context_length)
+        parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+        max_calls = request.max_tool_calls if request.HasField("max_tool_calls") else None
+        tool_mode = "none" if max_calls == 0 else rendered.tool_mode
+        if max_calls == 0 and rendered.tool_mode in ("required", "function"):
+            raise invalid_argument(
+                "max_tool_calls is 0 but tool_choice requires a call", field="max_tool_calls"
+            )
+        constraint = None
+        if self._grammar is not None and generating:
+            constraint = constraint_for(
+                self._grammar,
+                tool_call_format=info.tool_call_format,
+                tools=request.tools,
+                tool_mode=tool_mode,
+                forced_name=rendered.forced_name,
+                parallel_tool_calls=parallel,
+                max_tool_calls=max_calls,
+                response_format=request.response_format if request.HasField("response_format") else None,
+            )
+        return PreparedRequest(
+            request_id=request_id,
+            kind=kind,
+            prompt_ids=tuple(ids),
+            images=images,
+            settings=settings,
+            prompt_text=prompt_text,
+            tool_call_format=info.tool_call_format if tool_mode != "none" else "",
+            parallel_tool_calls=parallel,
+            max_tool_calls=max_calls,
+            constraint=constraint,
+            joint_arrays=joint_arrays,
+            partition_key=request.partition_key,
+        )
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _check_images(self, images: Sequence[PromptImage]) -> list[_CheckedImage]:
+        """Headers only: nothing is decoded before every image of the request passed."""
+        info = self.info
+        if len(images) > info.max_images_per_request:
+            raise invalid_argument(
+                f"the request has {len(images)} images; this engine takes at most "
+                f"{info.max_images_per_request} per request",
+                field="messages",
+            )
+        if images and self._images is None:
+            raise invalid_argument(
+                f"{images[0].where}: model {info.model_id!r} does not take images", field=images[0].where
+            )
+        checked: list[_CheckedImage] = []
+        total = 0
+        for image in images:
+            try:
+                header = inspect_image(
                     image.part.data,
                     declared_media_type=image.part.media_type or None,
                     limits=info.image_limits,
                 )
-            )
-        except ImageError as error:
+            except ImageError as error:
+                raise invalid_argument(
+                    f"{image.where}: {error.reason}", field=f"{image.where}.image.data"
+                ) from None
+            total += header.width * header.height
+            if total > self._max_request_pixels:
+                raise invalid_argument(
+                    f"{image.where}: the request's images have more than {self._max_request_pixels} pixels "
+                    "in all (the per-request limit); send fewer or smaller images",
+                    field=f"{image.where}.image.data",
+                )
+            checked.append(_CheckedImage(image, header))
+        return checked
+
+    def _protected(self, conversation: TemplateConversation, protection: Protection) -> TemplateConversation:
+        """The conversation with special-token strings in client text swapped for placeholders."""
+        tokens = self._tokens
+        messages = tokens.protect(conversation.messages, protection)
+        tools = tokens.protect(conversation.tools, protection)
+        if not protection.originals:
+            return conversation
+        return dataclasses.replace(conversation, messages=messages, tools=tools)
+
+    def _decode_images(
+        self,
+        checked: Sequence[_CheckedImage],
+        cancelled: Callable[[], bool],
+        then: Callable[[_CheckedImage, Image.Image], T],
+    ) -> list[T]:
+        """Decode each image (a few at a time, engine-wide), reduced to what the processor needs,
+        and pass it to `then` at once; stops between images when the caller has left."""
+        adapter = self._images
+        assert adapter is not None  # _check_images refused images for a model without one
+        results: list[T] = []
+        for image in checked:
+            if cancelled():
+                raise RequestError(
+                    grpc.StatusCode.CANCELLED, "the caller left while the request was prepared"
+                )
+            part = image.source.part
+            where = image.source.where
+            try:
+                min_size = adapter.decode_size(image.info.width, image.info.height, part.detail)
+                with self._decode_slots:
+                    decoded = decode_image(
+                        part.data,
+                        declared_media_type=part.media_type or None,
+                        limits=self.info.image_limits,
+                        min_size=min_size,
+                    )
+                results.append(then(image, decoded))
+                del decoded
+            except ImageError as error:
+                raise invalid_argument(f"{where}: {error.reason}", field=f"{where}.image.data") from None
+            except (ValueError, TypeError, OSError) as error:
+                log.warning("%s: the processor failed: %s: %s", where, type(error).__name__, error)
+                raise invalid_argument(
+                    f"{where}: the model's processor could not prepare the image", field=f"{where}.image.data"
+                ) from None
+        return results
+
+    def _prepare_image(self, image: _CheckedImage, pixels: Image.Image) -> PreparedImage:
+        assert isinstance(self._images, DynamicResolution)
+        return self._images.prepare(pixels, image.source.part.detail, _content_hash(image))
+
+    def _expand_image_tokens(self, ids: list[int], images: Sequence[PreparedImage]) -> list[int]:
+        """Each image slot the template wrote becomes that image's run of image tokens."""
+        if self._images is None:
+            return ids
+        slot = self._images.image_token_id
+        slots = [index for index, token in enumerate(ids) if token == slot]
+        if len(slots) != len(images):
             raise invalid_argument(
-                f"{image.where}: {error.reason}", field=f"{image.where}.image.data"
-            ) from None
-    parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
-    max_calls = request.max_tool_calls if request.HasField("max_tool_calls") else None
-    tool_mode = "none" if max_calls == 0 else rendered.tool_mode
-    if max_calls == 0 and rendered.tool_mode in ("required", "function"):
-        raise invalid_argument("max_tool_calls is 0 but tool_choice requires a call", field="max_tool_calls")
-    constraint = None
-    if grammar is not None and kind is JobKind.GENERATE:
-        constraint = constraint_for(
-            grammar,
-            tool_call_format=info.tool_call_format,
-            tools=request.tools,
-            tool_mode=tool_mode,
-            forced_name=rendered.forced_name,
-            parallel_tool_calls=parallel,
-            max_tool_calls=max_calls,
-            response_format=request.response_format if request.HasField("response_format") else None,
-        )
-    return PreparedRequest(
-        request_id=request_id,
-        kind=kind,
-        prompt_text=rendered.text,
-        images=tuple(images),
-        settings=settings,
-        tool_call_format=info.tool_call_format if tool_mode != "none" else "",
-        parallel_tool_calls=parallel,
-        max_tool_calls=max_calls,
-        constraint=constraint,
-        partition_key=request.partition_key,
-    )
+                f"the chat template wrote {len(slots)} image slots for {len(images)} images; "
+                "this model's template does not place every image",
+                field="messages",
+            )
+        if not images:
+            return ids
+        expanded: list[int] = []
+        start = 0
+        for position, image in zip(slots, images, strict=True):
+            expanded += ids[start:position]
+            expanded += [slot] * image.token_count
+            start = position + 1
+        expanded += ids[start:]
+        return expanded

@@ -1,17 +1,20 @@
 """The grpc.aio server: EngineService, grpc.health.v1, reflection, drain on shutdown.
 
-Handlers are thin: check, prepare (in a worker thread, no MLX), enqueue, then relay the job's
-events. Bad input ends the call with a status code (`RequestError.code`) and structured details
-(`RequestError.to_status`), never INTERNAL; an unexpected exception is INTERNAL with a fixed
-message (`_guarded`). A handler that ends early (client cancel, disconnect, deadline) cancels its job.
+Handlers are thin: hold a queue place, prepare (in a preparation worker thread, no MLX), enqueue,
+then relay the job's events. Bad input ends the call with a status code (`RequestError.code`)
+and structured details (`RequestError.to_status`), never INTERNAL; an unexpected exception is
+INTERNAL with a fixed message (`_guarded`). A handler that ends early (client cancel,
+disconnect, deadline) cancels its job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -26,10 +29,20 @@ from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
 from .generator import EngineConfig, Generator
 from .grpc_auth import EngineSecurity
-from .jobs import CountedEvent, Event, FailedEvent, FinishedEvent, Job, JobKind, TextEvent, ToolCallEvent
+from .jobs import (
+    CountedEvent,
+    Event,
+    FailedEvent,
+    FinishedEvent,
+    Job,
+    JobKind,
+    PreparedRequest,
+    TextEvent,
+    ToolCallEvent,
+)
 from .model import LoadedModel
 from .request_errors import RequestError, internal_error, invalid_argument
-from .request_prep import prepare_request
+from .request_prep import RequestPreparer
 
 __all__ = ["ENGINE_SERVICE_NAME", "EngineServer", "EngineServicer"]
 
@@ -89,31 +102,41 @@ def _guarded(handler: Handler) -> Handler:
 
 
 class EngineServicer(pb_grpc.EngineServiceServicer):
-    def __init__(self, generator: Generator) -> None:
+    def __init__(self, generator: Generator, workers: concurrent.futures.Executor) -> None:
         self._generator = generator
+        # Request preparation (decoding, rendering, tokenizing) runs here, never on the
+        # generation thread and never on the event loop.
+        self._workers = workers
 
-    def _loaded(self) -> LoadedModel:
-        loaded = self._generator.loaded
-        if loaded is None or not self._generator.ready.is_set():
+    def _preparer(self) -> RequestPreparer:
+        preparer = self._generator.preparer
+        if preparer is None or not self._generator.ready.is_set():
             raise RequestError(
                 grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry shortly", retry_after_s=1.0
             )
-        return loaded
+        return preparer
 
-    async def _admit(
-        self, request: pb.GenerateRequest, kind: JobKind, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Job:
-        loaded = self._loaded()
-        prepared = await asyncio.to_thread(
-            prepare_request,
-            request,
-            kind=kind,
-            info=loaded.info,
-            template=loaded.template,
-            grammar=loaded.grammar,
-        )
+    async def _prepare(self, request: pb.GenerateRequest, kind: JobKind) -> PreparedRequest:
+        """Run request preparation in a worker thread; the work stops if the caller leaves."""
+        preparer = self._preparer()
+        left = threading.Event()
+        prepare = functools.partial(preparer.prepare, request, kind=kind, cancelled=left.is_set)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._workers, prepare)
+        finally:
+            left.set()  # a no-op when preparation finished; stops it between images otherwise
+
+    async def _admit(self, request: pb.GenerateRequest) -> Job:
+        self._preparer()
+        # A queue place first: a full engine refuses before decoding or tokenizing anything.
+        self._generator.reserve()
+        try:
+            prepared = await self._prepare(request, JobKind.GENERATE)
+        except BaseException:
+            self._generator.release()
+            raise
         job = Job(prepared, asyncio.get_running_loop())
-        self._generator.submit(job)
+        self._generator.submit(job, reserved=True)
         return job
 
     async def _events(self, job: Job) -> AsyncIterator[Event]:
@@ -146,7 +169,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
-        job = await self._admit(request, JobKind.GENERATE, context)
+        job = await self._admit(request)
         async for event in self._events(job):
             if isinstance(event, TextEvent):
                 yield pb.GenerateResponse(chunk=pb.GenerateChunk(text=event.text))
@@ -161,7 +184,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def GenerateUnary(
         self, request: pb.GenerateUnaryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GenerateUnaryResponse:
-        job = await self._admit(request.request, JobKind.GENERATE, context)
+        job = await self._admit(request.request)
         async for event in self._events(job):
             if isinstance(event, FinishedEvent):
                 return pb.GenerateUnaryResponse(result=event.result)
@@ -173,19 +196,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def CountTokens(
         self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.CountTokensResponse:
-        job = await self._admit(request.request, JobKind.COUNT_TOKENS, context)
-        async for event in self._events(job):
-            if isinstance(event, CountedEvent):
-                return pb.CountTokensResponse(input_tokens=event.input_tokens, image_count=event.image_count)
-            if isinstance(event, FailedEvent):
-                await _abort(context, event.error)
-        raise RequestError(grpc.StatusCode.INTERNAL, "token count ended without a result")
+        # Answered by preparation alone: counting needs no generation thread.
+        prepared = await self._prepare(request.request, JobKind.COUNT_TOKENS)
+        return pb.CountTokensResponse(input_tokens=len(prepared.prompt_ids), image_count=prepared.image_count)
 
     @_guarded
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetModelInfoResponse:
-        info = self._loaded().info
+        info = self._preparer().info
         return pb.GetModelInfoResponse(
             model_id=info.model_id,
             architecture=info.architecture,
@@ -223,12 +242,16 @@ class EngineServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.generator = Generator(config)
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=config.prepare_workers, thread_name_prefix="vlmserve-prepare"
+        )
         self.health = HealthServicer()
         self._security = security if security is not None else EngineSecurity()
         self._server = grpc.aio.server(
             options=server_options(max_message_bytes), interceptors=self._security.interceptors()
         )
-        pb_grpc.add_EngineServiceServicer_to_server(EngineServicer(self.generator), self._server)
+        servicer = EngineServicer(self.generator, self._workers)
+        pb_grpc.add_EngineServiceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
             (
@@ -294,4 +317,5 @@ class EngineServer:
         await asyncio.to_thread(self.generator.stop)
         # A moment for handlers to send the final messages of cancelled jobs.
         await self._server.stop(grace=1.0)
+        self._workers.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")
