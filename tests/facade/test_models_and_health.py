@@ -11,6 +11,8 @@ import grpc
 import httpx
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+from openai.types.conversations import Conversation, ConversationDeletedResource
+from openai.types.responses import InputTokenCountResponse
 
 from tests.facade.fake_engine import CONTEXT_LENGTH, MODEL_ID, FakeEngine, RunningFakeEngine
 from tests.facade.helpers import png_data_url
@@ -144,3 +146,15 @@ async def test_openapi_schemas_are_the_models(http: httpx.AsyncClient, engine: F
 def paths_links(document: dict[str, Any], path: str) -> dict[str, Any]:
     links: dict[str, Any] = document["paths"][path]["post"]["responses"]["200"]["links"]
     return links
+
+
+async def test_conversation_answers_parse_as_openai_types(http: httpx.AsyncClient) -> None:
+    """The other answers are exact models too; OpenAI's own types read them."""
+    created = (await http.post("/v1/conversations", json={"metadata": {"k": "v"}})).json()
+    assert Conversation.model_validate(created).metadata == {"k": "v"}
+    retrieved = (await http.get(f"/v1/conversations/{created['id']}")).json()
+    assert retrieved == created
+    deleted = (await http.delete(f"/v1/conversations/{created['id']}")).json()
+    assert ConversationDeletedResource.model_validate(deleted).deleted
+    counted = (await http.post("/v1/responses/input_tokens", json={"model": "default", "input": "hi"})).json()
+    assert InputTokenCountResponse.model_validate(counted).input_tokens == counted["input_tokens"] > 0

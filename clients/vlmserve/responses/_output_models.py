@@ -194,6 +194,36 @@ class RequestEcho(OutboundModel):
     prompt_cache_key: str | None = None
 
 
+class ConversationResource(OutboundModel):
+    """A conversation (`/v1/conversations`): its items are listed separately."""
+
+    id: str
+    object: Literal["conversation"] = "conversation"
+    created_at: int
+    metadata: dict[str, str]
+
+
+class DeletedObject(OutboundModel):
+    id: str
+    object: Literal["response", "conversation.deleted"]
+    deleted: bool
+
+
+class InputTokensCount(OutboundModel):
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
+class ItemList(OutboundModel):
+    """A page of stored items: each as the client sent it (or as the server made it), with its id."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class ResponseResource(RequestEcho):
     """A response object: what POST /v1/responses returns, GET retrieves and events carry."""
 

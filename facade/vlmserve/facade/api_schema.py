@@ -50,13 +50,6 @@ class AddConversationItemsBody(RequestModel):
     items: Annotated[list[InputItemParam], Field(min_length=1)]
 
 
-class Conversation(BaseModel):
-    id: str
-    object: str = "conversation"
-    created_at: int
-    metadata: dict[str, str]
-
-
 CREATE_CONVERSATION = TypeAdapter(CreateConversationBody)
 ADD_CONVERSATION_ITEMS_BODY = TypeAdapter(AddConversationItemsBody)
 
@@ -66,7 +59,6 @@ _MODELS: list[tuple[type[BaseModel], Any]] = [
     (CreateConversationBody, "validation"),
     (AddConversationItemsBody, "validation"),
     (ResponseResource, "serialization"),
-    (Conversation, "serialization"),
 ]
 
 
@@ -118,7 +110,6 @@ CREATE_RESPONSE_BODY = _body(
 INPUT_TOKENS_BODY = _body(CreateResponseBody)
 CREATE_CONVERSATION_BODY = _body(
     CreateConversationBody,
-    answer={"application/json": {"schema": _ref(Conversation)}},
     links=_links(
         "conversation_id",
         {

@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import InvalidRequestError, input_to_messages, parse_as, parse_metadata
+from vlmserve.responses import (
+    ConversationResource,
+    DeletedObject,
+    InvalidRequestError,
+    ItemList,
+    input_to_messages,
+    parse_as,
+    parse_metadata,
+)
 
 from . import ids
 from .api_schema import (
@@ -41,7 +49,12 @@ router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 State = Annotated[FacadeState, Depends(facade_state)]
 
 
-@router.post("", operation_id="createConversation", openapi_extra=CREATE_CONVERSATION_BODY)
+@router.post(
+    "",
+    operation_id="createConversation",
+    openapi_extra=CREATE_CONVERSATION_BODY,
+    response_model=ConversationResource,
+)
 async def create_conversation(request: Request, state: State) -> dict[str, Any]:
     with state.body_budget.hold() as hold:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
@@ -73,7 +86,7 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
     )
 
 
-@router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION)
+@router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION, response_model=ConversationResource)
 async def retrieve_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     conversation = await asyncio.to_thread(
         state.store.get_conversation, conversation_id, owner=owner_of(request)
@@ -83,7 +96,7 @@ async def retrieve_conversation(conversation_id: str, request: Request, state: S
     return conversation
 
 
-@router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION)
+@router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION, response_model=DeletedObject)
 async def delete_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     deleted = await asyncio.to_thread(
         state.store.delete_conversation, conversation_id, owner=owner_of(request)
@@ -93,7 +106,7 @@ async def delete_conversation(conversation_id: str, request: Request, state: Sta
     return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
 
-@router.get("/{conversation_id}/items", operation_id=LIST_CONVERSATION_ITEMS)
+@router.get("/{conversation_id}/items", operation_id=LIST_CONVERSATION_ITEMS, response_model=ItemList)
 async def list_conversation_items(
     conversation_id: str,
     request: Request,
@@ -117,6 +130,7 @@ async def list_conversation_items(
     "/{conversation_id}/items",
     operation_id=ADD_CONVERSATION_ITEMS,
     openapi_extra=ADD_CONVERSATION_ITEMS_REQUEST,
+    response_model=ItemList,
 )
 async def add_conversation_items(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     with state.body_budget.hold() as hold:

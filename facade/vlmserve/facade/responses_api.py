@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
+from vlmserve.responses import DeletedObject, InputTokensCount, ItemList
+
 from .api_schema import (
     CANCEL_RESPONSE,
     CREATE_RESPONSE_BODY,
@@ -96,7 +98,12 @@ async def create_response(request: Request, state: State) -> Response:
     return JSONResponse(resource, headers=headers)
 
 
-@router.post("/input_tokens", operation_id="countInputTokens", openapi_extra=INPUT_TOKENS_BODY)
+@router.post(
+    "/input_tokens",
+    operation_id="countInputTokens",
+    openapi_extra=INPUT_TOKENS_BODY,
+    response_model=InputTokensCount,
+)
 async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
     with state.body_budget.hold() as hold:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
@@ -112,7 +119,7 @@ async def retrieve_response(response_id: str, request: Request, state: State) ->
     return resource
 
 
-@router.delete("/{response_id}", operation_id=DELETE_RESPONSE)
+@router.delete("/{response_id}", operation_id=DELETE_RESPONSE, response_model=DeletedObject)
 async def delete_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
     deleted = await asyncio.to_thread(state.store.delete_response, response_id, owner=owner_of(request))
     if not deleted:
@@ -120,7 +127,7 @@ async def delete_response(response_id: str, request: Request, state: State) -> d
     return {"id": response_id, "object": "response", "deleted": True}
 
 
-@router.get("/{response_id}/input_items", operation_id=LIST_INPUT_ITEMS)
+@router.get("/{response_id}/input_items", operation_id=LIST_INPUT_ITEMS, response_model=ItemList)
 async def list_input_items(
     response_id: str,
     request: Request,
