@@ -128,7 +128,10 @@ class CodexRun:
         return f"rc={self.returncode}\nstdout:\n{self.stdout[-6000:]}\nstderr:\n{self.stderr[-6000:]}"
 
 
-def run_codex_exec(prompt: str, workdir: Path, env: dict[str, str], timeout_s: float) -> CodexRun:
+def run_codex_exec(
+    prompt: str, workdir: Path, env: dict[str, str], timeout_s: float, *, options: tuple[str, ...] = ()
+) -> CodexRun:
+    """`codex exec` once; `options` go before the prompt (e.g. `--output-schema FILE`)."""
     command = [
         str(CODEX_BIN),
         "exec",
@@ -140,6 +143,7 @@ def run_codex_exec(prompt: str, workdir: Path, env: dict[str, str], timeout_s: f
         "never",
         "--cd",
         str(workdir),
+        *options,
         prompt,
     ]
     completed = subprocess.run(

@@ -8,9 +8,11 @@ Skipped only where node or the npm-installed CLI is missing, and never under CI 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from tests._services import free_port
@@ -66,3 +68,33 @@ def test_codex_exec_turn_ends_without_protocol_error(codex_env: tuple[dict[str, 
         assert result["usage"]["input_tokens"] > 0, run.describe()
     else:
         assert result["error"]["message"] == INCOMPLETE_MAX_OUTPUT, run.describe()
+
+
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "shapes": {"type": "array", "items": {"type": "string"}},
+        "count": {"type": "integer"},
+    },
+    "required": ["shapes", "count"],
+    "additionalProperties": False,
+}
+
+
+def test_codex_exec_output_schema_gives_json_valid_against_it(
+    codex_env: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    env, workdir = codex_env
+    schema_path = tmp_path / "schema.json"
+    schema_path.write_text(json.dumps(ANSWER_SCHEMA))
+    last_message = tmp_path / "last-message.txt"
+    run = run_codex_exec(
+        "List the shapes you can think of and how many there are.",
+        workdir,
+        env,
+        CODEX_TIMEOUT_S,
+        options=("--output-schema", str(schema_path), "--output-last-message", str(last_message)),
+    )
+    assert not run.protocol_problems(), run.describe()
+    assert run.turn_results()[0]["type"] == "turn.completed", run.describe()
+    jsonschema.validate(json.loads(last_message.read_text()), ANSWER_SCHEMA)

@@ -86,7 +86,7 @@ def json_format(schema: Any, *, strict: bool = False) -> pb.ResponseFormat:
     ("text", "ok"),
     [
         (call("weather", {"city": "Oslo", "days": 3}), True),
-        (call("shell", {"anything": [1, 2]}), True),  # not strict: any JSON object
+        (call("shell", {"anything": [1, 2]}), True),  # not strict, its schema is any object
         (call("weather", {"city": "Oslo"}), False),  # strict: the parameters' schema
         (call("weather", {"city": "Oslo", "days": "3"}), False),
         (call("nope", {}), False),  # never offered
@@ -241,3 +241,34 @@ def test_what_cannot_be_enforced_is_invalid_argument_naming_the_field(
     assert caught.value.message.startswith(field)
     assert reason in caught.value.message
     assert "%llguidance" not in caught.value.message  # our wrapping grammar is not shown
+
+
+NESTED = {  # as pydantic writes a model with a nested model
+    "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+    "type": "object",
+    "properties": {"city": {"$ref": "#/$defs/City"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_tool_parameters_with_local_refs(compiler: GrammarCompiler, tokenizer: Any, strict: bool) -> None:
+    constraint = build(compiler, tools=[function("f", NESTED, strict=strict), function("g", NESTED)])
+    assert accepts(compiler, tokenizer, constraint, call("f", {"city": {"name": "Oslo"}, "days": 1}))
+    assert not accepts(compiler, tokenizer, constraint, call("f", {"city": {"nom": "Oslo"}, "days": 1}))
+    assert not accepts(compiler, tokenizer, constraint, call("g", {"city": "Oslo", "days": 1}))
+
+
+def test_non_strict_tools_follow_their_schema_leniently_or_fall_back_to_any_object(
+    compiler: GrammarCompiler, tokenizer: Any
+) -> None:
+    loose = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "format": "custom"}},
+        "required": ["a"],
+    }
+    unusable = {"type": "object", "properties": {"a": {"$ref": "http://example.com/schema"}}}
+    constraint = build(compiler, tools=[function("loose", loose), function("other", unusable)])
+    assert accepts(compiler, tokenizer, constraint, call("loose", {"a": 1}))
+    assert not accepts(compiler, tokenizer, constraint, call("loose", {"a": "x"}))  # the schema, leniently
+    assert accepts(compiler, tokenizer, constraint, call("other", {"anything": True}))  # any object

@@ -313,16 +313,34 @@ BODY_ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "unsupported_value",
     ),
     (
-        "text.format json_schema",
-        body(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
-        "text.format",
-        "unsupported_value",
+        "text.format json_schema without name",
+        body(text={"format": {"type": "json_schema", "schema": {}}}),
+        "text.format.name",
+        "missing_required_parameter",
     ),
     (
-        "text.format json_object",
-        body(text={"format": {"type": "json_object"}}),
-        "text.format",
-        "unsupported_value",
+        "text.format json_schema bad name",
+        body(text={"format": {"type": "json_schema", "name": "a b", "schema": {}}}),
+        "text.format.name",
+        "invalid_value",
+    ),
+    (
+        "text.format json_schema without schema",
+        body(text={"format": {"type": "json_schema", "name": "x"}}),
+        "text.format.schema",
+        "missing_required_parameter",
+    ),
+    (
+        "text.format json_schema schema not object",
+        body(text={"format": {"type": "json_schema", "name": "x", "schema": "string"}}),
+        "text.format.schema",
+        "invalid_type",
+    ),
+    (
+        "text.format json_schema strict not bool",
+        body(text={"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}}),
+        "text.format.strict",
+        "invalid_type",
     ),
     ("text.format unknown", body(text={"format": {"type": "yaml"}}), "text.format.type", "invalid_value"),
     ("text not object", body(text="plain"), "text", "invalid_type"),
@@ -410,3 +428,39 @@ def test_recorded_codex_requests_are_accepted(name: str) -> None:
         if tool["type"] == "namespace":
             for inner in tool["tools"]:
                 assert translated.offered_tools[inner["name"]].namespace == tool["name"]
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "echo"),
+    [
+        (None, "text", {"format": {"type": "text"}}),
+        ({"format": {"type": "json_object"}}, "json_object", {"format": {"type": "json_object"}}),
+        (
+            {"format": {"type": "json_schema", "name": "p", "schema": {"type": "object"}, "strict": True}},
+            "json_schema",
+            {
+                "format": {
+                    "type": "json_schema",
+                    "name": "p",
+                    "description": None,
+                    "schema": {"type": "object"},
+                    "strict": True,
+                }
+            },
+        ),
+    ],
+)
+def test_text_format_reaches_the_engine(text: Any, kind: str, echo: dict[str, Any]) -> None:
+    translated = build_generate_request(body(text=text) if text is not None else body())
+    response_format = translated.request.response_format
+    assert response_format.WhichOneof("format") == kind
+    assert translated.text == echo
+    if kind == "json_schema":
+        schema = response_format.json_schema
+        assert (schema.name, json.loads(schema.schema_json), schema.strict) == ("p", {"type": "object"}, True)
+
+
+def test_max_tool_calls_reaches_the_engine() -> None:
+    translated = build_generate_request(body(tools=[fn("f")], max_tool_calls=2))
+    assert translated.request.max_tool_calls == 2 and translated.max_tool_calls == 2
+    assert not build_generate_request(body()).request.HasField("max_tool_calls")

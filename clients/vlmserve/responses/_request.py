@@ -22,12 +22,12 @@ from ._items import (
 )
 from ._json import (
     as_object,
-    one_of,
 )
 from ._lowering import lower_messages
 from ._media import ImageSource, MediaPolicy
 from ._output_models import RequestEcho
-from ._request_models import ConversationParam, CreateResponseBody, TextParam, parse_body
+from ._request_models import ConversationParam, CreateResponseBody, parse_body
+from ._text_format import parse_text
 from ._tools import OfferedTool, parse_tool_choice, parse_tools
 
 METADATA_MAX_PAIRS = 16
@@ -165,7 +165,7 @@ def build_generate_request(
             "Use either 'previous_response_id' or 'conversation', not both.", param="conversation"
         )
     _reject_unsupported(parsed)
-    text = _text(parsed.text)
+    text, response_format = parse_text(parsed.text)
     sampling = pb.SamplingParams(
         max_tokens=parsed.max_output_tokens, temperature=parsed.temperature, top_p=parsed.top_p
     )
@@ -173,7 +173,8 @@ def build_generate_request(
         messages=_custom_calls_as_function_calls(lower_messages(raw_messages)),
         tools=tools.contract_tools(choice.allowed),
         sampling=sampling,
-        response_format=pb.ResponseFormat(text=pb.TextFormat()),
+        response_format=response_format,
+        max_tool_calls=parsed.max_tool_calls,
     )
     if choice.choice is not None:
         request.tool_choice.CopyFrom(choice.choice)
@@ -257,22 +258,6 @@ def _reject_unsupported(body: CreateResponseBody) -> None:
             param="prompt",
             code="unsupported_value",
         )
-
-
-def _text(text: TextParam | None) -> dict[str, Any]:
-    format_type = text.format.type if text is not None and text.format is not None else "text"
-    if format_type in ("json_object", "json_schema"):
-        raise InvalidRequestError(
-            f"Invalid value for 'text.format': {format_type} output is not supported yet; use "
-            "{'type': 'text'} and describe the JSON you want in the instructions.",
-            param="text.format",
-            code="unsupported_value",
-        )
-    one_of(format_type, ("text",), "text.format.type")
-    echo: dict[str, Any] = {"format": {"type": "text"}}
-    if text is not None and text.verbosity is not None:
-        echo["verbosity"] = text.verbosity
-    return echo
 
 
 def parse_metadata(value: object) -> dict[str, str]:

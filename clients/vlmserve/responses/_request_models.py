@@ -48,7 +48,14 @@ class ConversationParam(RequestModel):
 
 
 class TextFormatParam(RequestModel):
-    type: str = Field(default="text", json_schema_extra={"enum": ["text"]})
+    """`text`, `json_object`, or `json_schema` with its fields (checked in _text_format.py)."""
+
+    type: str = Field(default="text", json_schema_extra={"enum": ["text", "json_object", "json_schema"]})
+    name: str | None = None
+    description: str | None = None
+    # `schema` would shadow BaseModel.schema; the JSON key is still "schema".
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
 
 class TextParam(RequestModel):

@@ -483,8 +483,9 @@ class Generator:
         generation.job.done.set()
         if generation.job.request.kind is JobKind.GENERATE:
             first = generation.first_token_at
+            constraint = generation.job.request.constraint
             log.info(
-                "request %s: prompt_tokens=%d images=%d generated=%d ttft=%s finish=%s%s",
+                "request %s: prompt_tokens=%d images=%d generated=%d ttft=%s finish=%s%s%s",
                 report.request_id,
                 report.prompt_tokens,
                 report.image_count,
@@ -492,6 +493,7 @@ class Generator:
                 f"{first - generation.started_at:.3f}s" if first is not None else "-",
                 pb.FinishReason.Name(report.finish_reason) if report.finish_reason else "ERROR",
                 f" tokens_after_cancel={report.tokens_after_cancel}" if generation.job.cancelled else "",
+                f" constrained=({constraint.summary})" if constraint is not None else "",
             )
 
     def _drain_on_stop(self, active: list[ActiveGeneration], loaded: LoadedModel) -> None:

@@ -6,9 +6,11 @@ parallel calls, at most `max_tool_calls`), or AUTO with tools, where the text is
 model writes the family's call-start marker, and from there the call must name an offered tool
 with valid arguments (a lazy trigger). NONE adds nothing (calls are not parsed at all).
 
-Arguments follow the tool's `parameters` exactly when the tool is `strict`, else any JSON object
-(what OpenAI promises). JSON is compact (", " and ": " separators, no other whitespace), so a
-weak model cannot fill its budget with blanks.
+Arguments follow the tool's `parameters`: exactly when the tool is `strict` (a schema llguidance
+cannot compile is refused); otherwise leniently (keywords llguidance does not implement are
+ignored), and when even that does not compile, any JSON object (what OpenAI promises for
+non-strict tools), so a client's loose schema never fails a request. JSON is compact (", " and
+": " separators, no other whitespace), so a weak model cannot fill its budget with blanks.
 
 `GrammarCompiler` is built once per model (walking the vocabulary takes ~1 s on a 150k vocab);
 `constraint_for` builds a request's grammar and refuses one llguidance cannot compile with
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -38,6 +40,7 @@ __all__ = [
 # Compact JSON: the only whitespace a constrained model may write inside JSON.
 _JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+_LENIENT: dict[str, Any] = {"lenient": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,21 +110,47 @@ def _json_grammar(schema: Any) -> str:
     return f"%llguidance {{}}\nstart: answer\nanswer: {_schema_rule(schema)}\n"
 
 
-def _call_schema(tools: Sequence[_Tool]) -> dict[str, Any]:
-    """`{"name": ..., "arguments": {...}}` for any of `tools` (the Hermes / json_tools body)."""
-    options = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool.name},
-                "arguments": tool.parameters if tool.strict else _ANY_OBJECT,
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
+def _relocated(schema: Any, home: str) -> Any:
+    """`schema` with its local `$ref`s ("#...") pointing into `home`, where a copy of it will live."""
+    if isinstance(schema, dict):
+        return {
+            key: (home + value[1:])
+            if key == "$ref" and isinstance(value, str) and value.startswith("#")
+            else _relocated(value, home)
+            for key, value in schema.items()
         }
-        for tool in tools
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    if isinstance(schema, list):
+        return [_relocated(value, home) for value in schema]
+    return schema
+
+
+def _call_schema(tools: Sequence[_Tool]) -> dict[str, Any]:
+    """`{"name": ..., "arguments": {...}}` for any of `tools` (the Hermes / json_tools body).
+
+    Each tool's parameters are nested in this wrapper, so their local references ("#/$defs/X",
+    as pydantic writes them) are moved to a copy kept under the wrapper's `$defs`.
+    """
+    options = []
+    definitions: dict[str, Any] = {}
+    for index, tool in enumerate(tools):
+        arguments = tool.parameters
+        if "$ref" in json.dumps(arguments):
+            arguments = _relocated(arguments, f"#/$defs/tool{index}")
+            definitions[f"tool{index}"] = arguments
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if definitions:
+        schema = {**schema, "$defs": definitions}
+    # llguidance reads options at the top only; strict tools compiled without it, so leniency
+    # changes nothing for them.
+    return {**schema, "x-guidance": _LENIENT} if any(not tool.strict for tool in tools) else schema
 
 
 def _repeat(rule: str, separator: str, count: int | None) -> str:
@@ -179,6 +208,20 @@ def _tool_grammar(
         f"start: {' | '.join(choices)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _arguments_schema(compiler: GrammarCompiler, tool: _Tool) -> _Tool:
+    """The tool with the schema its arguments will be held to (see the module docstring)."""
+    if tool.strict:
+        reason = compiler.error(_json_grammar(tool.parameters))
+        if reason:
+            raise invalid_argument(f"{tool.where} cannot be enforced (strict): {reason}", field=tool.where)
+        return tool
+    if not isinstance(tool.parameters, dict):
+        return replace(tool, parameters=_ANY_OBJECT)
+    if compiler.error(_json_grammar({**tool.parameters, "x-guidance": _LENIENT})):
+        return replace(tool, parameters=_ANY_OBJECT)
+    return tool
 
 
 def _parse_tools(tools: Sequence[pb.Tool]) -> list[_Tool]:
@@ -258,13 +301,7 @@ def constraint_for(
         if answer_schema is None:
             return None
         return OutputConstraint(_json_grammar(answer_schema), format_name)
-    for tool in parsed:
-        if tool.strict:
-            reason = compiler.error(_json_grammar(tool.parameters))
-            if reason:
-                raise invalid_argument(
-                    f"{tool.where} cannot be enforced (strict): {reason}", field=tool.where
-                )
+    parsed = [_arguments_schema(compiler, tool) for tool in parsed]
     if tool_mode == "function":
         parsed = [tool for tool in parsed if tool.name == forced_name]
     max_calls = 1 if not parallel_tool_calls else max_tool_calls

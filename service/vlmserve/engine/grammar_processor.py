@@ -35,6 +35,8 @@ _CLOSERS = ('"', "}", "]", '"}', '"]', "}}", ",", "0", "false", "null", "[]", "{
 # Check the closing path at least this often, and every step once the budget is within reach.
 _CHECK_EVERY = 16
 _CHECK_MARGIN = 32
+# Tokens kept in hand beyond the closing path's length (grows with the jumps observed).
+_MIN_RESERVE = 4
 
 
 class GrammarLogitsProcessor:
@@ -70,6 +72,9 @@ class GrammarLogitsProcessor:
         # The closing path being followed (ends with EOS), once the budget demanded it.
         self._closing: list[int] = []
         self._last_check: tuple[int, int] | None = None  # (generated, path length) at the last check
+        self._reserve = _MIN_RESERVE
+        # The output has been inside a structure (a call, a JSON value) at some point.
+        self._structured = False
 
     @property
     def accepting(self) -> bool:
@@ -90,6 +95,8 @@ class GrammarLogitsProcessor:
                 break
         if self._matcher.is_error():
             return self._only(self._eos, logits)
+        if not self._matcher.is_accepting():
+            self._structured = True
         forced = self._closing_token()
         if forced is not None:
             return self._only([forced], logits)
@@ -104,14 +111,25 @@ class GrammarLogitsProcessor:
         left = self._max_new - self._generated  # tokens still allowed, this one included
         if self._last_check is not None:
             checked_at, length = self._last_check
-            if left > 2 * length + _CHECK_MARGIN and self._generated - checked_at < _CHECK_EVERY:
+            far = left > 2 * length + self._reserve + _CHECK_MARGIN
+            if far and self._generated - checked_at < _CHECK_EVERY:
                 return None
         path = self._closing_path(limit=left)
-        self._last_check = (self._generated, len(path) if path is not None else left)
-        if path is None or len(path) <= 1 or len(path) < left - 1:
-            # It fits later, or the output is complete already (only EOS left to choose), or
-            # it cannot fit at all (then the output is cut, as without a grammar).
-            return None
+        length = len(path) if path is not None else left
+        if self._last_check is not None and self._generated - self._last_check[0] == 1:
+            # One token can lengthen the way out by several (a new key, a nested object):
+            # keep a reserve of twice the largest jump seen, so the next step still fits.
+            self._reserve = max(self._reserve, 2 * (length - self._last_check[1]))
+        self._last_check = (self._generated, length)
+        if path is None:
+            return None  # it cannot fit at all: the output is cut, as without a grammar
+        if len(path) == 1:
+            # Complete already. Free text may run to the end of the budget; after a call or a
+            # JSON value, stop while another call could still be closed in what is left.
+            if not self._structured or left > self._reserve + _CHECK_MARGIN:
+                return None
+        elif len(path) + self._reserve < left:
+            return None  # it still fits later
         self._closing = path
         return self._closing.pop(0)
 
