@@ -154,8 +154,27 @@ class TextFormatEcho(OutboundModel):
     type: Literal["text"] = "text"
 
 
+class JsonObjectFormatEcho(OutboundModel):
+    type: Literal["json_object"] = "json_object"
+
+
+class JsonSchemaFormatEcho(OutboundModel):
+    """Echoed as OpenAI does, schema included (the Open Responses schema types `schema` as null)."""
+
+    # `schema` would shadow BaseModel.schema: the field is `schema_`, sent as "schema".
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, serialize_by_alias=True)
+
+    type: Literal["json_schema"] = "json_schema"
+    name: str
+    description: str | None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool
+
+
 class TextEcho(OutboundModel):
-    format: TextFormatEcho = Field(default_factory=TextFormatEcho)
+    format: TextFormatEcho | JsonObjectFormatEcho | JsonSchemaFormatEcho = Field(
+        default_factory=TextFormatEcho, discriminator="type"
+    )
     verbosity: Literal["low", "medium", "high"] | None = optional()
 
 
