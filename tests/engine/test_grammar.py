@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from vlmserve.engine.grammar import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.request_errors import RequestError
-from vlmserve.engine.tool_parsers import HERMES_FORMAT
+from vlmserve.engine.tool_parsers import HERMES_FORMAT, ToolCallPiece, collect, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WEATHER = {
@@ -272,3 +272,39 @@ def test_non_strict_tools_follow_their_schema_leniently_or_fall_back_to_any_obje
     assert accepts(compiler, tokenizer, constraint, call("loose", {"a": 1}))
     assert not accepts(compiler, tokenizer, constraint, call("loose", {"a": "x"}))  # the schema, leniently
     assert accepts(compiler, tokenizer, constraint, call("other", {"anything": True}))  # any object
+
+
+@pytest.fixture(scope="module")
+def mistral(family_models: dict[str, Any]) -> tuple[Any, GrammarCompiler]:
+    tokenizer = AutoTokenizer.from_pretrained(str(family_models["mistral3"]))
+    return tokenizer, GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
+
+
+@pytest.mark.parametrize(
+    ("mode", "limit", "text", "ok"),
+    [
+        ("required", None, '[TOOL_CALLS] [{"name": "shell", "arguments": {"a": 1}}]', True),
+        ("required", None, '[TOOL_CALLS] [{"name": "weather", "arguments": {"city": "x", "days": 2}}]', True),
+        ("required", None, '[TOOL_CALLS] [{"name": "weather", "arguments": {"city": "x"}}]', False),
+        ("required", None, '[TOOL_CALLS] [{"name": "nope", "arguments": {}}]', False),
+        ("required", None, "Sure.", False),
+        (
+            "required",
+            1,
+            '[TOOL_CALLS] [{"name": "shell", "arguments": {}}, {"name": "shell", "arguments": {}}]',
+            False,
+        ),
+        ("auto", None, "Just words.", True),
+        ("auto", None, 'Words [TOOL_CALLS] [{"name": "shell", "arguments": {}}]', True),
+        ("auto", None, 'Words [TOOL_CALLS] [{"name": "nope", "arguments": {}}]', False),
+    ],
+)
+def test_mistral_calls_are_its_json_array(
+    mistral: tuple[Any, GrammarCompiler], mode: str, limit: int | None, text: str, ok: bool
+) -> None:
+    tokenizer, compiler = mistral
+    constraint = build(compiler, tool_call_format="mistral", tool_mode=mode, max_tool_calls=limit)
+    assert accepts(compiler, tokenizer, constraint, text) is ok
+    if ok and "[TOOL_CALLS]" in text:  # and the family's parser reads what the grammar allows
+        pieces = collect(make_parser("mistral"), [text])
+        assert [p.call.name for p in pieces if isinstance(p, ToolCallPiece)]

@@ -15,6 +15,7 @@ from vlmserve.engine.tool_parsers import (
     TextPiece,
     ToolCallPiece,
     collect,
+    make_parser,
     tool_call_format_for,
 )
 
@@ -146,7 +147,65 @@ def test_plain_parser_passes_markup_through() -> None:
         ("llava", "{{ '<tool_call>' }}", HERMES_FORMAT),
         ("llava", "{{ messages }}", ""),
         ("paligemma", None, ""),
+        # Chosen by mlx-vlm's registry from the template's markers.
+        ("mistral3", "{{ '[TOOL_CALLS]' + tool_calls|tojson }}", "mistral"),
+        ("gemma4", "{{ '<|tool_call>call:' }}", "gemma4"),
+        ("gpt_oss", "<|channel|>commentary to=functions.x <|call|>", "harmony"),
+        ("llava", "{{ '<tool_call>' }}{{ tool_call.name }}", HERMES_FORMAT),  # json_tools = Hermes
+        ("qwen3_5", "<tool_call>\n<function=f>", "qwen3_coder"),
     ],
 )
 def test_format_is_chosen_per_family(model_type: str, template: str | None, expected: str) -> None:
     assert tool_call_format_for(model_type, template) == expected
+
+
+# Other families: mlx-vlm's body decoders inside our streaming wrapper.
+FAMILY_CASES = [
+    (
+        "mistral name[ARGS] form runs to the end",
+        "mistral",
+        'Checking. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+        [("text", "Checking. "), ("get_weather", args(city="Paris"))],
+    ),
+    (
+        "mistral JSON array, two calls",
+        "mistral",
+        '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
+        [("a", args(x=1)), ("b", args())],
+    ),
+    (
+        "mistral malformed call kept as text",
+        "mistral",
+        "[TOOL_CALLS]not a call",
+        [("text", "[TOOL_CALLS]not a call")],
+    ),
+    (
+        "harmony commentary call",
+        "harmony",
+        '<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>{"q": "x"}<|call|>',
+        [("lookup", args(q="x"))],
+    ),
+    (
+        "qwen3_coder XML call",
+        "qwen3_coder",
+        "<tool_call>\n<function=shell>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call>",
+        [("shell", args(cmd="ls"))],
+    ),
+    ("plain text passes", "gemma4", "No calls here.", [("text", "No calls here.")]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "tool_format", "text", "expected"), FAMILY_CASES, ids=[c[0] for c in FAMILY_CASES]
+)
+@pytest.mark.parametrize("split", ["whole", "by_char"])
+def test_family_parsers_stream(
+    name: str, tool_format: str, text: str, expected: list[tuple[str, str]], split: str
+) -> None:
+    chunks = [text] if split == "whole" else list(text)
+    assert summary(collect(make_parser(tool_format), chunks)) == expected
+
+
+def test_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError):
+        make_parser("no_such_family")

@@ -161,12 +161,37 @@ def _repeat(rule: str, separator: str, count: int | None) -> str:
     return f"{rule} ({separator} {rule}){more}"
 
 
-# Families whose forced calls we can write a grammar for (their parser's name).
-_CALL_MARKERS = {HERMES_FORMAT: ("<tool_call>", "</tool_call>")}
+def _hermes_calls(compiler: GrammarCompiler, tools: Sequence[_Tool], max_calls: int | None) -> list[str]:
+    """`calls` after the first `<tool_call>`: `\\n{json}\\n</tool_call>`, repeated with the marker."""
+    start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
+    return [
+        # At most a newline between and after calls: a weak model cannot pad forever.
+        "GAP: /\\n?/",
+        f'call_body: "\\n" {_schema_rule(_call_schema(tools))} "\\n" {end}',
+        f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
+    ]
+
+
+def _mistral_calls(compiler: GrammarCompiler, tools: Sequence[_Tool], max_calls: int | None) -> list[str]:
+    """`calls` after `[TOOL_CALLS]`: one JSON array of calls (Mistral Small 3.x templates), the
+    output's end. The parser also reads the `name[ARGS]{...}` form; the grammar writes one."""
+    items = _call_schema(tools)
+    array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+    if max_calls is not None:
+        array["maxItems"] = max_calls
+    for key in ("$defs", "x-guidance"):  # document-level keys: references resolve from the top
+        if key in items:
+            array[key] = items.pop(key)
+    return [f'calls: " "? {_schema_rule(array)}']
+
+
+# Families whose calls we can write a grammar for (their parser's name): call-start marker and
+# the `calls` rule that follows it.
+_CALL_SYNTAX = {HERMES_FORMAT: ("<tool_call>", _hermes_calls), "mistral": ("[TOOL_CALLS]", _mistral_calls)}
 
 
 def enforceable_formats() -> frozenset[str]:
-    return frozenset(_CALL_MARKERS)
+    return frozenset(_CALL_SYNTAX)
 
 
 def _tool_grammar(
@@ -178,15 +203,9 @@ def _tool_grammar(
     max_calls: int | None,
     answer_schema: Any | None,
 ) -> str:
-    start_marker, end_marker = _CALL_MARKERS[tool_call_format]
-    start, end = compiler.marker(start_marker), compiler.marker(end_marker)
-    lines = [
-        "%llguidance {}",
-        # At most a newline between and after calls: a weak model cannot pad forever.
-        "GAP: /\\n?/",
-        f'call_body: "\\n" {_schema_rule(_call_schema(tools))} "\\n" {end}',
-        f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
-    ]
+    start_marker, calls_rules = _CALL_SYNTAX[tool_call_format]
+    start = compiler.marker(start_marker)
+    lines = ["%llguidance {}", *calls_rules(compiler, tools, max_calls)]
     if mode in ("required", "function"):
         lines.append(f"start: {start} calls")
         return "\n".join(lines) + "\n"
@@ -290,7 +309,7 @@ def constraint_for(
                 field="response_format.json_schema.schema_json",
             )
     parsed = _parse_tools(tools)
-    calls_possible = tool_mode != "none" and bool(parsed) and tool_call_format in _CALL_MARKERS
+    calls_possible = tool_mode != "none" and bool(parsed) and tool_call_format in _CALL_SYNTAX
     if not calls_possible:
         if tool_mode in ("required", "function"):
             raise invalid_argument(

@@ -5,20 +5,30 @@ calls. Markup is never emitted as text: a possible start tag at the end of the i
 back until it is decided, and a call is emitted once, complete, when its end tag arrives.
 Work is linear in the input (each character is scanned a bounded number of times) and a call
 body is bounded; an over-long or malformed call is given back as text so nothing is dropped.
+
+The family is chosen the way mlx-vlm's server chooses it (`mlx_vlm.tools` registry: the chat
+template's markers), and the body of a call is decoded by that family's mlx-vlm parser
+(`parse_tool_call`: mistral, gemma4, pythonic, glm47, qwen3_coder, kimi_k2, harmony, ...).
+mlx-vlm's extractor works on the finished text only and drops a call it cannot parse (a log
+line), so the streaming and the keep-it-as-text rule are ours (`MarkupToolCallParser`).
+Hermes / Qwen `<tool_call>{json}</tool_call>` (mlx-vlm's `json_tools`) keeps our own body
+decoder: json_tools is `json.loads` and needs `name` and `arguments`, while Qwen-family models
+also write `parameters` and double-encoded argument strings.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_MAX_CALL_CHARS",
     "HERMES_FORMAT",
     "HermesToolCallParser",
+    "MarkupToolCallParser",
     "ParsedToolCall",
     "PlainTextParser",
     "TextPiece",
@@ -69,12 +79,18 @@ class ToolCallParser(Protocol):
 
 
 def tool_call_format_for(model_type: str, chat_template: str | None) -> str:
-    """The parser name for a model: by family, else by what its chat template writes ("" if none)."""
+    """The parser name for a model ("" if none): Qwen families are Hermes; otherwise the mlx-vlm
+    parser its chat template selects (`mlx_vlm.tools.registry`), json_tools being Hermes."""
     if model_type in _HERMES_FAMILIES:
         return HERMES_FORMAT
-    if chat_template and "<tool_call>" in chat_template:
+    if not chat_template:
+        return ""
+    from mlx_vlm.tools import _infer_tool_parser
+
+    name = _infer_tool_parser(chat_template)
+    if name == "json_tools" or (name is None and "<tool_call>" in chat_template):
         return HERMES_FORMAT
-    return ""
+    return name or ""
 
 
 def make_parser(tool_call_format: str, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> ToolCallParser:
@@ -83,7 +99,37 @@ def make_parser(tool_call_format: str, *, max_call_chars: int = DEFAULT_MAX_CALL
         return HermesToolCallParser(max_call_chars=max_call_chars)
     if tool_call_format == "":
         return PlainTextParser()
-    raise ValueError(f"unknown tool call format {tool_call_format!r}")
+    from mlx_vlm import tools
+
+    load_tool_module: Any = tools.load_tool_module  # unannotated in mlx-vlm
+    module = load_tool_module(tool_call_format)  # ValueError for an unknown name
+    return MarkupToolCallParser(
+        module.tool_call_start,
+        module.tool_call_end,
+        _module_body_parser(module.parse_tool_call),
+        max_call_chars=max_call_chars,
+    )
+
+
+def _module_body_parser(parse: Callable[..., Any]) -> BodyParser:
+    """mlx-vlm's `parse_tool_call(text, tools)` -> ours: calls, or None when it is not a call."""
+
+    def parse_body(body: str) -> list[ParsedToolCall] | None:
+        try:
+            parsed = parse(body, None)
+        except Exception:  # each family raises its own kinds; any failure means "not a call"
+            return None
+        calls: list[ParsedToolCall] = []
+        for entry in parsed if isinstance(parsed, list) else [parsed]:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or not name.strip():
+                return None
+            arguments = entry.get("arguments", {})
+            text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            calls.append(ParsedToolCall(id=new_call_id(), name=name.strip(), arguments=text))
+        return calls or None
+
+    return parse_body
 
 
 def new_call_id() -> str:
@@ -108,7 +154,7 @@ def _held_prefix_length(buffer: str, tag: str) -> int:
     return 0
 
 
-def _parse_hermes_body(body: str) -> ParsedToolCall | None:
+def _parse_hermes_body(body: str) -> list[ParsedToolCall] | None:
     """`{"name": ..., "arguments": {...}}` -> a call; None when it is not one."""
     try:
         payload = json.loads(body)
@@ -129,20 +175,32 @@ def _parse_hermes_body(body: str) -> ParsedToolCall | None:
             arguments_text = json.dumps(arguments, ensure_ascii=False)
     else:
         arguments_text = json.dumps(arguments, ensure_ascii=False)
-    return ParsedToolCall(id=new_call_id(), name=name, arguments=arguments_text)
+    return [ParsedToolCall(id=new_call_id(), name=name, arguments=arguments_text)]
 
 
-class HermesToolCallParser:
-    """Qwen/Hermes markup: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+# A call's body (between the markers, stripped) -> its calls, or None when it is not a call.
+BodyParser = Callable[[str], "list[ParsedToolCall] | None"]
+
+
+class MarkupToolCallParser:
+    """Calls written as `start_tag body end_tag` (an empty `end_tag`: the call runs to the end of
+    the output, as Mistral's `[TOOL_CALLS]`), the body decoded by `parse_body`.
 
     Whitespace between or after calls is dropped (it is layout, not an answer); any other text
     around calls is visible text.
     """
 
-    start_tag = "<tool_call>"
-    end_tag = "</tool_call>"
-
-    def __init__(self, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> None:
+    def __init__(
+        self,
+        start_tag: str,
+        end_tag: str,
+        parse_body: BodyParser,
+        *,
+        max_call_chars: int = DEFAULT_MAX_CALL_CHARS,
+    ) -> None:
+        self.start_tag = start_tag
+        self.end_tag = end_tag
+        self._parse_body = parse_body
         self._max_call_chars = max_call_chars
         self._buffer = ""
         self._inside = False
@@ -165,7 +223,9 @@ class HermesToolCallParser:
 
     def finish(self) -> list[Piece]:
         pieces: list[Piece] = []
-        if self._inside:
+        if self._inside and not self.end_tag:
+            self._end_call(self._buffer, pieces)  # the call ran to the end of the output
+        elif self._inside:
             self._emit_text(self.start_tag + self._buffer, pieces)
         else:
             self._emit_text(self._buffer, pieces)
@@ -203,7 +263,7 @@ class HermesToolCallParser:
     def _scan_call(self, pieces: list[Piece]) -> bool:
         """Inside a call; True when the call ended (keep scanning the rest)."""
         start = max(0, self._searched - len(self.end_tag) + 1)
-        index = self._buffer.find(self.end_tag, start)
+        index = self._buffer.find(self.end_tag, start) if self.end_tag else -1
         if index < 0:
             self._searched = len(self._buffer)
             if len(self._buffer) > self._max_call_chars:
@@ -214,15 +274,25 @@ class HermesToolCallParser:
             return False
         body = self._buffer[:index]
         self._buffer = self._buffer[index + len(self.end_tag) :]
-        self._inside = False
-        call = _parse_hermes_body(body.strip()) if len(body) <= self._max_call_chars else None
-        if call is None:
-            self._emit_text(self.start_tag + body + self.end_tag, pieces)
-        else:
-            self._pending_space = ""
-            self._seen_call = True
-            pieces.append(ToolCallPiece(call))
+        self._end_call(body, pieces)
         return True
+
+    def _end_call(self, body: str, pieces: list[Piece]) -> None:
+        self._inside = False
+        calls = self._parse_body(body.strip()) if len(body) <= self._max_call_chars else None
+        if calls is None:
+            self._emit_text(self.start_tag + body + self.end_tag, pieces)
+            return
+        self._pending_space = ""
+        self._seen_call = True
+        pieces.extend(ToolCallPiece(call) for call in calls)
+
+
+class HermesToolCallParser(MarkupToolCallParser):
+    """Qwen/Hermes markup: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`."""
+
+    def __init__(self, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> None:
+        super().__init__("<tool_call>", "</tool_call>", _parse_hermes_body, max_call_chars=max_call_chars)
 
 
 def collect(parser: ToolCallParser, chunks: Sequence[str]) -> list[Piece]:
