@@ -5,8 +5,8 @@ before sampling, `tokens` the ids so far (prompt and generated, 1-D or (1, n)), 
 The first call only records where generation starts; later calls feed the new ids to the matcher.
 
 Why not `mlx_vlm.structured.LLGuidanceLogitsProcessor`: its mask is applied by a Metal kernel,
-so it cannot run on the CPU backend. Here llguidance fills its packed bitmask into numpy and
-plain MLX ops unpack and apply it, so one path serves every backend. Two more things it does:
+so it cannot run on the CPU backend. Here llguidance fills its packed bitmask into numpy, numpy
+unpacks it and one MLX `where` applies it, so one path serves every backend. Two more things:
 
 - It finishes within the token budget. A grammar only says what may come next, so a model that
   keeps writing digits or string characters would be cut off by max_tokens with half a JSON
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 _CLOSERS = ('"', "}", "]", '"}', '"]', "}}", ",", "0", "false", "null", "[]", "{}", '""', "\n")
 # Check the closing path at least this often, and every step once the budget is within reach.
 _CHECK_EVERY = 16
-_CHECK_MARGIN = 32
+_CHECK_MARGIN = 8
 # Tokens kept in hand beyond the closing path's length (grows with the jumps observed).
 _MIN_RESERVE = 4
 
@@ -53,7 +53,6 @@ class GrammarLogitsProcessor:
     ) -> None:
         import llguidance
         import llguidance.numpy
-        import mlx.core as mx
 
         self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar)
         if self._matcher.is_error():
@@ -61,7 +60,6 @@ class GrammarLogitsProcessor:
         self._vocab = int(llg_tokenizer.vocab_size)
         self._bitmask = llguidance.numpy.allocate_token_bitmask(1, self._vocab)
         self._eos = sorted(eos_token_ids)
-        self._shifts = mx.arange(32, dtype=mx.uint32)
         self._closers = _single_tokens(llg_tokenizer, _CLOSERS)
         self._max_new = max_new_tokens
         # None until the first call: the length of `tokens` already accounted for.
@@ -111,14 +109,14 @@ class GrammarLogitsProcessor:
         left = self._max_new - self._generated  # tokens still allowed, this one included
         if self._last_check is not None:
             checked_at, length = self._last_check
-            far = left > 2 * length + self._reserve + _CHECK_MARGIN
+            far = left > length + self._reserve + _CHECK_MARGIN
             if far and self._generated - checked_at < _CHECK_EVERY:
                 return None
         path = self._closing_path(limit=left)
         length = len(path) if path is not None else left
-        if self._last_check is not None and self._generated - self._last_check[0] == 1:
-            # One token can lengthen the way out by several (a new key, a nested object):
-            # keep a reserve of twice the largest jump seen, so the next step still fits.
+        if self._last_check is not None:
+            # Writing can lengthen the way out by several tokens at once (a new key, a nested
+            # object): keep a reserve of twice the largest growth seen between two checks.
             self._reserve = max(self._reserve, 2 * (length - self._last_check[1]))
         self._last_check = (self._generated, length)
         if path is None:
@@ -126,7 +124,7 @@ class GrammarLogitsProcessor:
         if len(path) == 1:
             # Complete already. Free text may run to the end of the budget; after a call or a
             # JSON value, stop while another call could still be closed in what is left.
-            if not self._structured or left > self._reserve + _CHECK_MARGIN:
+            if not self._structured or left > self._reserve + 4 * _CHECK_MARGIN:
                 return None
         elif len(path) + self._reserve < left:
             return None  # it still fits later
@@ -181,15 +179,15 @@ class GrammarLogitsProcessor:
     def _masked(self, logits: Any) -> Any:
         import llguidance.numpy
         import mlx.core as mx
+        import numpy as np
 
         vocab = int(logits.shape[-1])
         llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-        words = mx.array(self._bitmask[0].view("uint32"))
-        bits = (words[:, None] >> self._shifts) & 1
-        allowed = bits.reshape(-1)[: min(vocab, self._vocab)].astype(mx.bool_)
-        if vocab > allowed.shape[0]:  # the model's padded vocabulary: those rows are never text
-            allowed = mx.concatenate([allowed, mx.zeros((vocab - allowed.shape[0],), dtype=mx.bool_)])
-        return mx.where(allowed, logits, -mx.inf)
+        # Unpacking 1 bit per token is cheapest in numpy; the mask is applied with MLX ops.
+        bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")[: min(vocab, self._vocab)]
+        if vocab > bits.shape[0]:  # the model's padded vocabulary: those rows are never text
+            bits = np.concatenate([bits, np.zeros(vocab - bits.shape[0], dtype=np.uint8)])
+        return mx.where(mx.array(bits.view(np.bool_)), logits, -mx.inf)
 
 
 def _single_tokens(llg_tokenizer: Any, texts: tuple[str, ...]) -> list[int]:
