@@ -48,3 +48,14 @@ def test_special_tokens_are_not_text(tokenizer: Any) -> None:
     assert detokenizer.add(im_start) == ""
     hello = tokenizer.encode("hi", add_special_tokens=False)
     assert "".join(detokenizer.add(t) for t in hello) + detokenizer.flush() == "hi"
+
+
+def test_kept_special_tokens_are_text_and_others_are_skipped(tokenizer: Any) -> None:
+    vision_start = tokenizer.convert_tokens_to_ids("<|vision_start|>")  # special: skipped by default
+    box_start = tokenizer.convert_tokens_to_ids("<|box_start|>")
+    ids = [*tokenizer.encode("ab", add_special_tokens=False), vision_start, box_start]
+    ids += tokenizer.encode("cd", add_special_tokens=False)
+    plain = IncrementalDetokenizer(tokenizer)
+    kept = IncrementalDetokenizer(tokenizer, keep={vision_start: "<|vision_start|>"})
+    assert "".join(plain.add(t) for t in ids) + plain.flush() == "abcd"
+    assert "".join(kept.add(t) for t in ids) + kept.flush() == "ab<|vision_start|>cd"

@@ -3,8 +3,8 @@
 For each family: the engine names the call format it parses, a call written in that format is
 parsed into a `ToolCall`, and a forced call (tool_choice naming the function) comes out as one,
 with JSON arguments, through the grammar and the parser. Families whose template renders tools
-in a format the engine has no parser for yet (Mistral's ``[TOOL_CALLS]``, Llama 4's bare JSON)
-are expected failures, strict: a parser landing shows up as an unexpected pass.
+in a format the engine has no parser for yet (Llama 4's bare JSON: mlx-vlm has none either) are
+expected failures, strict: a parser landing shows up as an unexpected pass.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ EXPECTED_FORMAT = {
     "gemma3": HERMES_FORMAT,
     "idefics3": HERMES_FORMAT,
     "llava": HERMES_FORMAT,
-    "mistral3": "",
+    "mistral3": "mistral",  # mlx-vlm's parser, chosen by its registry from the template
     "llama4": "",
 }
 NO_PARSER_YET = frozenset(name for name, fmt in EXPECTED_FORMAT.items() if not fmt)

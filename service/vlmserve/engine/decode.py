@@ -169,7 +169,7 @@ class ActiveGeneration:
                 )
             )
         self._processors.extend(request.logits_processors)
-        self._detokenizer = IncrementalDetokenizer(self._loaded.tokenizer)
+        self._detokenizer = IncrementalDetokenizer(self._loaded.tokenizer, keep=self._loaded.kept_tokens)
         self._recent = list(inputs.token_ids[-20:])
         self.phase = Phase.PREFILL
 

@@ -5,10 +5,14 @@ output without spaces (code, CJK, a repeating random model) would only stream at
 decodes a small window instead: the text of the tokens since the last emitted boundary, minus
 what that window already produced. A window ending inside a multi-byte character (U+FFFD at
 the end) waits for the next token. Work per token is bounded by the window, not the output.
+
+Special tokens are skipped, except those in `keep` (token id -> text): the markup a parser must
+see even where the tokenizer calls it special (Mistral's `[TOOL_CALLS]`, harmony's `<|call|>`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["IncrementalDetokenizer"]
@@ -17,8 +21,9 @@ _REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, keep: Mapping[int, str] | None = None) -> None:
         self._tokenizer = tokenizer
+        self._keep = dict(keep or {})
         self._tokens: list[int] = []
         # tokens[prefix:read] were already emitted; decoding from `prefix` keeps the context a
         # SentencePiece decoder needs for leading spaces.
@@ -31,6 +36,12 @@ class IncrementalDetokenizer:
 
     def add(self, token: int) -> str:
         """Add a generated token; return the new text it completes ("" if not yet decidable)."""
+        kept = self._keep.get(token)
+        if kept is not None:  # a boundary: what was pending, then the token's own text
+            pending = self.flush()
+            self._tokens.append(token)
+            self._prefix = self._read = len(self._tokens)
+            return pending + kept
         self._tokens.append(token)
         before = self._decode(self._tokens[self._prefix : self._read])
         after = self._decode(self._tokens[self._prefix :])

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 from .grammar import GrammarCompiler
 from .prompt import ChatTemplate
 from .template_fit import probe
-from .tool_parsers import HERMES_FORMAT, tool_call_format_for
+from .tool_parsers import HERMES_FORMAT, markup_of, tool_call_format_for
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
@@ -79,6 +80,8 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     # The tokenizer in llguidance form (built once; read-only, shared with the gRPC side).
     grammar: GrammarCompiler
+    # Special tokens the detokenizer keeps as text: the tool-call format's markup.
+    kept_tokens: Mapping[int, str] = field(default_factory=dict)
 
 
 def _check_no_checkpoint_code(model_dir: Path) -> None:
@@ -216,4 +219,11 @@ def load_model(
         info=info,
         eos_token_ids=eos_ids,
         grammar=grammar,
+        kept_tokens=_markup_tokens(tokenizer, markup_of(tool_format)),
     )
+
+
+def _markup_tokens(tokenizer: Any, markup: tuple[str, ...]) -> dict[int, str]:
+    """Added tokens whose text is part of the format's markup, by id."""
+    added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
+    return {int(i): text for text, i in added.items() if any(text in marker for marker in markup)}

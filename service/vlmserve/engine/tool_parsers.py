@@ -35,6 +35,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCallPiece",
     "make_parser",
+    "markup_of",
     "tool_call_format_for",
 ]
 
@@ -91,6 +92,24 @@ def tool_call_format_for(model_type: str, chat_template: str | None) -> str:
     if name == "json_tools" or (name is None and "<tool_call>" in chat_template):
         return HERMES_FORMAT
     return name or ""
+
+
+# Markup inside a call that a family's parser reads, beyond its start and end markers.
+_INNER_MARKUP = {"harmony": ("<|message|>", "<|constrain|>")}
+
+
+def markup_of(tool_call_format: str) -> tuple[str, ...]:
+    """The marker strings a format's calls are written with (for the detokenizer to keep)."""
+    if tool_call_format == HERMES_FORMAT:
+        return ("<tool_call>", "</tool_call>")
+    if not tool_call_format:
+        return ()
+    from mlx_vlm import tools
+
+    load_tool_module: Any = tools.load_tool_module  # unannotated in mlx-vlm
+    module = load_tool_module(tool_call_format)
+    markers = (module.tool_call_start, module.tool_call_end, *_INNER_MARKUP.get(tool_call_format, ()))
+    return tuple(marker for marker in markers if marker)
 
 
 def make_parser(tool_call_format: str, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> ToolCallParser:
