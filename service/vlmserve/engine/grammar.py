@@ -300,9 +300,11 @@ def constraint_for(
     if answer_schema is not None:
         reason = compiler.error(_json_grammar(answer_schema))
         if reason and response_format is not None and not response_format.json_schema.strict:
-            # json_schema with strict=false: best effort, the instruction in the prompt asks for it
-            # (json_object's schema always compiles, so this is json_schema's case only).
-            answer_schema, format_name = None, ""
+            # json_schema with strict=false: best effort (OpenAI's promise), yet always JSON: the
+            # schema without the keywords llguidance does not implement, else any JSON value
+            # (the instruction in the prompt still carries the whole schema).
+            lenient = {**answer_schema, "x-guidance": _LENIENT} if isinstance(answer_schema, dict) else {}
+            answer_schema = lenient if not compiler.error(_json_grammar(lenient)) else {}
         elif reason:
             raise invalid_argument(
                 f"response_format.json_schema.schema_json cannot be enforced: {reason}",
