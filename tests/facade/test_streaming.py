@@ -7,7 +7,7 @@ from typing import Any
 import grpc
 import httpx
 
-from tests.facade.fake_engine import FakeEngine
+from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import EVENT_SCHEMAS, SEED_000_TOOL, assert_valid, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -150,3 +150,12 @@ async def test_heartbeats_during_a_long_prefill(
     assert types[2:first_output] == ["response.in_progress"] * (first_output - 2)
     assert first_output - 2 >= 2
     assert types[-1] == "response.completed"
+
+
+async def test_events_are_ascii_json_lines(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """Non-ASCII text (U+2028 among it, which some line readers split on) travels escaped."""
+    engine.script = Script(text_chunks=["héllo", "\u2028", "ツ\n"])
+    response, events = await stream(http, input="hi")
+    assert response.content.isascii()
+    deltas = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
+    assert deltas == "héllo\u2028ツ\n"

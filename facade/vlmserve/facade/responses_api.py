@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -212,8 +213,10 @@ async def _sse(
     drain = asyncio.ensure_future(_cancel_after_shutdown(generation, shutdown, grace_s))
     try:
         async for event in generation.events():
-            # One line of JSON per event: JSON escapes every newline inside strings.
-            yield ServerSentEvent(data=event.model_dump_json(), event=event.type)
+            # One line of ASCII JSON per event: json.dumps escapes every newline and every
+            # non-ASCII character (U+2028 too, which some line readers split on).
+            data = json.dumps(event.to_json(), separators=(",", ":"))
+            yield ServerSentEvent(data=data, event=event.type)
         yield ServerSentEvent(data="[DONE]")
     finally:
         drain.cancel()
