@@ -3,7 +3,9 @@ a TTL for responses, freed space returned to the file system, item lists read pa
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import io
 import sqlite3
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +21,7 @@ from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 from vlmserve.facade.settings import Storage
 from vlmserve.facade.storage import StoredItem
-from vlmserve.facade.store_upkeep import upkeep_once
+from vlmserve.facade.store_upkeep import run_upkeep, upkeep_once
 from vlmserve.responses import input_to_messages
 
 MakeClient = Callable[..., httpx.AsyncClient]
@@ -199,3 +201,22 @@ def test_item_lists_read_one_page_whatever_the_size(tmp_path: Path, order: str) 
         assert [item.id for item in page.items] == (["m6", "m7"] if order == "asc" else ["m4", "m3"])
         assert page.has_more
     store.close()
+
+
+async def test_upkeep_runs_on_its_interval_until_cancelled(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path / "s.sqlite3")
+    task = asyncio.create_task(run_upkeep(store, Storage(response_ttl_s=60, maintenance_interval_s=0.05)))
+    try:
+        # Stored after the first run: only a later run can delete it.
+        await asyncio.sleep(0.1)
+        store.put_response(resource("resp_old", 1), [StoredItem("m", {"role": "user", "content": "x"})])
+        for _ in range(100):
+            if store.get_response("resp_old") is None:
+                break
+            await asyncio.sleep(0.05)
+        assert store.get_response("resp_old") is None
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        store.close()
