@@ -1,4 +1,5 @@
-"""Facade time per turn of an agent loop that sends one new screenshot per turn (issue 9.6).
+"""Facade time per turn of an agent loop that sends one new screenshot per turn (docs/responses-api.md,
+"Replay cost").
 
 The facade runs in this process (its real app, store and translation) against a scripted engine
 on a real gRPC server that answers every turn at once with a `screenshot` tool call, so what is

@@ -187,7 +187,7 @@ def test_scan_limit_is_a_setting() -> None:
         inspect_image(bomb, limits=ImageLimits(max_jpeg_scans=29))
 
 
-# -- decoding big images small (issue 10 item 5) ------------------------------------------------
+# -- decoding big images small (docs/images.md, "Memory") ---------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "GIF"])

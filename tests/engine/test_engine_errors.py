@@ -1,5 +1,6 @@
 """Every engine error is a proper gRPC status with structured details, read here with the generated
-stub and grpcio-status only (no client library): what any gRPC caller gets (issues 9.5, 13.6).
+stub and grpcio-status only (no client library): what any gRPC caller gets
+(docs/engine-contract.md, "Errors").
 
 - a client-caused error names its field in a google.rpc.BadRequest field violation;
 - nothing escapes as UNKNOWN with an exception's text (13.6: JSON nested 5,000 levels in a tool

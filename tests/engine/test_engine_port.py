@@ -1,4 +1,4 @@
-"""A second engine on a port that is already taken refuses to start (issue 13.9).
+"""A second engine on a port that is already taken refuses to start.
 
 gRPC turns SO_REUSEPORT on by default: a second engine used to bind the same port silently and
 the kernel split new connections between the two models.

@@ -1,4 +1,4 @@
-"""Tool calls in each family's own format, on the real engine (issue 12 item 4).
+"""Tool calls in each family's own format, on the real engine (docs/models.md, "The matrix").
 
 For each family: the engine names the call format it parses, a call written in that format is
 parsed into a `ToolCall`, and a forced call (tool_choice naming the function) comes out as one,

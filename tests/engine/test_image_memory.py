@@ -1,4 +1,4 @@
-"""Engine memory under big legal images (issue 10 item 5), on a real engine process.
+"""Engine memory under big legal images (docs/images.md, "Memory"), on a real engine process.
 
 Found on the old engine: four legal 7000x7000 PNGs (160 KB each) took its RSS from 846 to 2418
 MiB, because every image was decoded at full size (140 MiB of RGB) and kept until the generation

@@ -1,4 +1,4 @@
-"""Request preparation off the generation thread (issue 10 item 5, issue 13 item 8).
+"""Request preparation off the generation thread (docs/images.md).
 
 On the session's real engine (random fixture): what the preparer hands the generation thread,
 that preparation never holds up other requests, and what it refuses before doing any work.
@@ -125,7 +125,7 @@ def test_images_arrive_as_numpy_arrays_per_image(preparer: RequestPreparer) -> N
     assert again.images[0].content_hash == prepared.images[0].content_hash
 
 
-# -- client special tokens are text (issue 13 item 8) -----------------------------------------
+# -- client special tokens are text (docs/images.md, "Control tokens in client text") ---------
 
 
 def special_counts(preparer: RequestPreparer, text: str) -> dict[str, int]:
@@ -189,7 +189,7 @@ def test_typed_image_token_with_an_image_is_text_not_a_slot(
     assert prepared.prompt_ids.count(slot) == prepared.images[0].token_count == 16
 
 
-# -- preparation never holds up the generation thread (issue 10 item 5) -----------------------
+# -- preparation never holds up the generation thread (docs/images.md, "Memory") --------------
 
 
 def test_image_preparation_runs_beside_generation(
@@ -269,7 +269,7 @@ def test_a_caller_leaving_stops_preparation_between_images(
     assert held.count == 1, "images after the caller left were decoded"
 
 
-# -- refused before the work (issue 10 item 5) ------------------------------------------------
+# -- refused before the work (docs/images.md, "Memory") ---------------------------------------
 
 
 def test_text_too_long_for_the_context_is_refused_before_tokenizing(
@@ -356,7 +356,7 @@ def test_every_special_token_typed_by_a_client_is_text_in_other_families(
     assert counts(picture, text_part(typed)) == counts(picture, text_part("x"))
 
 
-# -- ImageDetail (issue 9 item 5) -------------------------------------------------------------
+# -- ImageDetail (docs/images.md, per model family) --------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Replays reuse the contract messages earlier turns were translated to (issue 9.6).
+"""Replays reuse the contract messages earlier turns were translated to (docs/responses-api.md,
+"Replay cost").
 
 A turn translates (and decodes the images of) its own items only: earlier turns come back from
 the store as raw contract messages, images kept once per content hash, so the engine request is

@@ -1,4 +1,5 @@
-"""Storage that cannot grow without bound (issue 13.11): per-key quota, per-conversation limit,
+"""Storage that cannot grow without bound (docs/hardening.md, "Stored data"): per-key quota,
+per-conversation limit,
 a TTL for responses, freed space returned to the file system, item lists read page by page."""
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def test_the_facade_binds_loopback_by_default() -> None:
 async def test_each_key_is_its_own_prefix_cache_partition(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    """The engine's prefix cache is partitioned by `partition_key` (issue 10: one shared slot let
+    """The engine's prefix cache is partitioned by `partition_key` (one shared slot let
     one key's cached_tokens reveal another key's prompt). The facade sends the owner id: a hash
     of the key, never the key itself; the same key always lands in the same partition."""
     for key in (ALICE, BOB, ALICE):

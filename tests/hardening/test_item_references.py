@@ -1,4 +1,4 @@
-"""`item_reference` and image counting (issue 13.2, 13.3, 13.7).
+"""`item_reference` and image counting (docs/hardening.md, "Stored data").
 
 * A reference is stored as the item it points to: reusing it, or replaying the response that
   used it, keeps working (13.7).
