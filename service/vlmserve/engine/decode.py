@@ -166,6 +166,7 @@ class ActiveGeneration:
                     self._loaded.grammar.tokenizer,
                     eos_token_ids=self._loaded.eos_token_ids,
                     max_new_tokens=self._max_tokens,
+                    thinking_end_token_id=request.constraint.thinking_end_token_id,
                 )
             )
         self._processors.extend(request.logits_processors)

@@ -33,6 +33,7 @@ from .tool_parsers import HERMES_FORMAT
 __all__ = [
     "GrammarCompiler",
     "OutputConstraint",
+    "after_thinking",
     "constraint_for",
     "enforceable_formats",
 ]
@@ -50,6 +51,20 @@ class OutputConstraint:
     grammar: str
     # What it enforces, for logs: "json_schema", "tool_choice=required", ...
     summary: str
+    # The prompt leaves the model thinking: the grammar binds from the token after this one.
+    thinking_end_token_id: int | None = None
+
+
+def after_thinking(
+    constraint: OutputConstraint, compiler: GrammarCompiler, prompt_text: str
+) -> OutputConstraint:
+    """`constraint`, waiting for `</think>` when the prompt opens thinking without closing it
+    (Qwen3-VL-Thinking's generation prompt ends with an open `<think>`): constraints bind the answer."""
+    opened, closed = prompt_text.rfind("<think>"), prompt_text.rfind("</think>")
+    end = compiler.token_id("</think>")
+    if opened > closed and end is not None:
+        return replace(constraint, thinking_end_token_id=end)
+    return constraint
 
 
 class GrammarCompiler:

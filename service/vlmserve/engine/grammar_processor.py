@@ -71,6 +71,7 @@ class GrammarLogitsProcessor:
         self._closing: list[int] = []
         self._last_check: tuple[int, int] | None = None  # (generated, path length) at the last check
         self._reserve = _MIN_RESERVE
+        self._answer_tokens: int | None = None
         # The output has been inside a structure (a call, a JSON value) at some point.
         self._structured = False
 
@@ -84,6 +85,10 @@ class GrammarLogitsProcessor:
         self._generated += len(new)
         if not self._active:
             if self._thinking_end is None or self._thinking_end not in new:
+                # Still thinking; end it while the answer still fits in what is left.
+                left = self._max_new - self._generated
+                if self._thinking_end is not None and left <= self._answer_reserve():
+                    return self._only([self._thinking_end], logits)
                 return logits
             self._active = True
             new = new[new.index(self._thinking_end) + 1 :]
@@ -101,6 +106,13 @@ class GrammarLogitsProcessor:
         return self._masked(logits)
 
     # -- the budget -------------------------------------------------------------------------
+
+    def _answer_reserve(self) -> int:
+        """Tokens the shortest complete answer needs, with margins (computed once)."""
+        if self._answer_tokens is None:
+            path = self._closing_path(limit=self._max_new)
+            self._answer_tokens = len(path) if path is not None else 0
+        return 2 * self._answer_tokens + self._reserve + _CHECK_MARGIN
 
     def _closing_token(self) -> int | None:
         """The next token of the closing path, when the budget says to take it now."""

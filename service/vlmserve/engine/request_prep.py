@@ -34,7 +34,7 @@ from PIL import Image
 from vlmserve.common.images import ImageError, ImageInfo, decode_image, inspect_image
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from .grammar import GrammarCompiler, constraint_for
+from .grammar import GrammarCompiler, after_thinking, constraint_for
 from .image_inputs import DynamicResolution, GenericProcessor, ImageInputs, image_inputs_for
 from .jobs import JobKind, PreparedImage, PreparedRequest
 from .model import LoadedModel, ModelInfo, prompt_needs_special_tokens
@@ -206,6 +206,8 @@ class RequestPreparer:
                 max_tool_calls=max_calls,
                 response_format=request.response_format if request.HasField("response_format") else None,
             )
+            if constraint is not None:
+                constraint = after_thinking(constraint, self._grammar, prompt_text)
         return PreparedRequest(
             request_id=request_id,
             kind=kind,
