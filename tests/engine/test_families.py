@@ -21,6 +21,7 @@ from tests.engine._family_engine import (
     FamilyEngine,
     family,
     greedy,
+    png,
     prompt_adds_special_tokens,
     reference_generate,
     reference_tokens,
@@ -191,3 +192,39 @@ def test_requests_running_together_match_each_alone(family: FamilyEngine) -> Non
             family.reference, CONVERSATIONS[name], MAX_TOKENS
         )
         assert (name, result.text, result.usage.input_tokens) == (name, expected_text, expected_prompt_tokens)
+
+
+# Families whose processor has a cheaper view for `detail: low`: Qwen's pixel budget
+# (image_inputs.DynamicResolution), SmolVLM without tiles, Llama 4 with one tile, Pixtral at half
+# the longest edge. Gemma 3 has a fixed token count per image.
+DETAIL_CHANGES_TOKENS = frozenset(
+    {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_thinking", "idefics3", "mistral3", "llama4"}
+)
+
+
+@pytest.mark.parametrize("size", [(400, 100), (160, 320)])
+def test_detail_low_looks_at_fewer_image_tokens(family: FamilyEngine, size: tuple[int, int]) -> None:
+    skip_known(family.name, "one_image")
+    data = png(*size, seed=3)
+
+    def request(detail: pb.ImageDetail.ValueType) -> pb.GenerateRequest:
+        part = pb.Part(image=pb.ImagePart(data=data, media_type="image/png", detail=detail))
+        return greedy([user(part, text("What is this?"))], max_tokens=4)
+
+    counts = {
+        detail: family.stub.CountTokens(
+            pb.CountTokensRequest(request=request(detail)), timeout=60
+        ).input_tokens
+        for detail in (pb.IMAGE_DETAIL_LOW, pb.IMAGE_DETAIL_AUTO, pb.IMAGE_DETAIL_HIGH)
+    }
+    low, auto, high = counts[pb.IMAGE_DETAIL_LOW], counts[pb.IMAGE_DETAIL_AUTO], counts[pb.IMAGE_DETAIL_HIGH]
+    if family.name in DETAIL_CHANGES_TOKENS:
+        assert low < auto <= high
+    else:
+        assert low == auto == high
+    # The low view really runs: the model takes its arrays and the count is what it prefilled.
+    result = family.stub.GenerateUnary(
+        pb.GenerateUnaryRequest(request=request(pb.IMAGE_DETAIL_LOW)), timeout=120
+    )
+    assert result.result.usage.input_tokens == low
+    assert result.result.usage.output_tokens == 4

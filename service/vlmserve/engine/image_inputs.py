@@ -111,7 +111,9 @@ class GenericProcessor:
     write tile grids, Mistral 3 image rows) is kept exactly; only its tokenizer call is swapped
     for the prompt tokenizer, so client text stays text. Arrays come for the request as a whole
     (`PreparedRequest.joint_arrays`): these processors pad or tile across a request's images.
-    `detail` has no effect (the processor's default resolution).
+    `detail` `low`, when every image of the request asks for it (the processor runs once for
+    all of them), takes the family's cheaper view where it has one (`_low_detail`); any other
+    `detail` is the processor's default.
     """
 
     processor: Any
@@ -137,6 +139,7 @@ class GenericProcessor:
         encode: Callable[[str, bool], list[int]],
         *,
         add_special_tokens: bool,
+        low_detail: bool = False,
     ) -> tuple[list[int], dict[str, np.ndarray]]:
         """(token ids, arrays) for the rendered prompt `text` and its decoded images."""
         from mlx_vlm import utils
@@ -144,6 +147,8 @@ class GenericProcessor:
         process_inputs: Any = utils.process_inputs  # unannotated in mlx-vlm
         processor = copy.copy(self.processor)  # a private tokenizer slot for this call
         processor.tokenizer = _PromptTokenizerCall(self.processor.tokenizer, encode)
+        if low_detail:
+            processor.image_processor = _low_detail(self.processor.image_processor)
         out = process_inputs(
             processor,
             prompts=[text],
@@ -160,6 +165,25 @@ class GenericProcessor:
             if key not in _TEXT_KEYS and value is not None and not isinstance(value, str)
         }
         return ids, arrays
+
+
+def _low_detail(image_processor: Any) -> Any:
+    """A copy of the image processor that looks at less, where the family has a knob for it.
+
+    Idefics3 / SmolVLM: no tiles, the global image only. Llama 4: one tile. Pixtral (Mistral 3):
+    half the longest edge. Others (Gemma 3, a fixed token count per image): unchanged.
+    """
+    low = copy.copy(image_processor)
+    size = getattr(low, "size", None)
+    if getattr(low, "do_image_splitting", False):
+        low.do_image_splitting = False
+    elif isinstance(getattr(low, "max_patches", None), int) and low.max_patches > 1:
+        low.max_patches = 1
+    elif isinstance(size, Mapping) and isinstance(size.get("longest_edge"), int):
+        patch = getattr(low, "patch_size", None)
+        side = int(patch.get("height", 1)) if isinstance(patch, Mapping) else int(patch or 1)
+        low.size = {**size, "longest_edge": max(side, size["longest_edge"] // 2)}
+    return low
 
 
 class _PromptTokenizerCall:

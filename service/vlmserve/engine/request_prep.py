@@ -171,6 +171,7 @@ class RequestPreparer:
                     decoded,
                     lambda text, add: self._tokens.encode(text, protection, add_special_tokens=add),
                     add_special_tokens=add_special_tokens,
+                    low_detail=all(image.source.part.detail == pb.IMAGE_DETAIL_LOW for image in checked),
                 )
             except (ValueError, TypeError, OSError) as error:
                 log.warning("the processor failed: %s: %s", type(error).__name__, error)
