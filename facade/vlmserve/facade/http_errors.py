@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vlmserve.client import EngineError
-from vlmserve.responses import InvalidRequestError
+from vlmserve.responses import ErrorPayload, InvalidRequestError
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -66,12 +66,14 @@ class APIError(Exception):
         self.type = type or ("invalid_request_error" if status < 500 else "server_error")
         self.headers = dict(headers or {})
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> ErrorPayload:
         """The inner object: what an SSE `error` event carries too."""
-        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return ErrorPayload(message=self.message, type=self.type, param=self.param, code=self.code)
 
     def to_response(self) -> JSONResponse:
-        return JSONResponse({"error": self.payload()}, status_code=self.status, headers=self.headers)
+        return JSONResponse(
+            {"error": self.payload().to_json()}, status_code=self.status, headers=self.headers
+        )
 
 
 def not_found(kind: str, identifier: str, *, param: str | None = None) -> APIError:

@@ -19,7 +19,6 @@ from vlmserve.responses import (
     CustomToolCallInputDeltaEvent,
     CustomToolCallInputDoneEvent,
     ErrorEvent,
-    ErrorPayload,
     FunctionCallArgumentsDeltaEvent,
     FunctionCallArgumentsDoneEvent,
     IncompleteDetails,
@@ -132,9 +131,7 @@ class ResponseEvents:
                 message_output_item(self._message.text, item_id=self._message.item_id, status="incomplete")
             )
             self._message = None
-        events: list[Event] = [
-            ErrorEvent(sequence_number=self._next(), error=ErrorPayload(**error.payload()))
-        ]
+        events: list[Event] = [ErrorEvent(sequence_number=self._next(), error=error.payload())]
         self.resource.status = "failed"
         self.resource.error = ResponseError(code=error.code or "server_error", message=error.message)
         return [*events, self._lifecycle("response.failed")]
