@@ -13,7 +13,7 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from vlmserve.engine.model import DEFAULT_MODEL_PATH
-from vlmserve.engine.prompt import render_prompt, to_template_conversation
+from vlmserve.engine.prompt import render_conversation, render_prompt, to_template_conversation
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import build_generate_request, lower_messages
@@ -372,3 +372,16 @@ def test_refusals_name_the_rule_and_the_field(
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert message in caught.value.message
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize(("enable_thinking", "expected"), [(None, "DEFAULT"), (False, "OFF"), (True, "ON")])
+def test_enable_thinking_reaches_a_template_with_a_thinking_switch(
+    tokenizer: Any, enable_thinking: bool | None, expected: str
+) -> None:
+    switched = AutoTokenizer.from_pretrained(str(DEFAULT_MODEL_PATH))
+    switched.chat_template = tokenizer.chat_template + (
+        "{%- if enable_thinking is not defined %}DEFAULT"
+        "{%- elif enable_thinking %}ON{%- else %}OFF{%- endif %}"
+    )
+    conversation = to_template_conversation([user(text("hi"))], enable_thinking=enable_thinking)
+    assert render_conversation(conversation, switched).text.endswith(expected)

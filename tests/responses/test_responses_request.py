@@ -464,3 +464,14 @@ def test_max_tool_calls_reaches_the_engine() -> None:
     translated = build_generate_request(body(tools=[fn("f")], max_tool_calls=2))
     assert translated.request.max_tool_calls == 2 and translated.max_tool_calls == 2
     assert not build_generate_request(body()).request.HasField("max_tool_calls")
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "enable_thinking"),
+    [(None, None), ({"effort": "none"}, False), ({"effort": "minimal"}, False), ({"effort": "high"}, None)],
+)
+def test_reasoning_effort_none_or_minimal_turns_thinking_off(
+    reasoning: Any, enable_thinking: bool | None
+) -> None:
+    request = build_generate_request(body(reasoning=reasoning) if reasoning else body()).request
+    assert (request.enable_thinking if request.HasField("enable_thinking") else None) == enable_thinking

@@ -178,6 +178,9 @@ def build_generate_request(
     )
     if choice.choice is not None:
         request.tool_choice.CopyFrom(choice.choice)
+    if parsed.reasoning is not None and parsed.reasoning.effort in ("none", "minimal"):
+        # The least reasoning there is: the template's thinking switch off, where it has one.
+        request.enable_thinking = False
     if parsed.parallel_tool_calls is not None:
         request.parallel_tool_calls = parsed.parallel_tool_calls
 

@@ -96,6 +96,8 @@ class TemplateConversation:
     tool_names: frozenset[str] = field(default_factory=frozenset)
     # The function a named tool choice forces.
     forced_name: str | None = None
+    # The template's `enable_thinking` variable; None: not passed (the template's default).
+    enable_thinking: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +295,7 @@ def to_template_conversation(
     tool_choice: pb.ToolChoice | None = None,
     response_format: pb.ResponseFormat | None = None,
     tool_call_format: str = HERMES_FORMAT,
+    enable_thinking: bool | None = None,
 ) -> TemplateConversation:
     """Validate contract messages and convert them to chat-template inputs (no rendering)."""
     if not messages:
@@ -343,6 +346,7 @@ def to_template_conversation(
         tool_mode=mode,
         tool_names=tool_names,
         forced_name=forced_name,
+        enable_thinking=enable_thinking,
     )
 
 
@@ -350,11 +354,16 @@ def render_conversation(conversation: TemplateConversation, template: ChatTempla
     """Render already-converted inputs with the model's chat template, fitted to what it renders."""
     messages, tools = fit_messages(conversation.messages, conversation.tools, probe(template))
     try:
+        # A template without a thinking switch ignores the extra variable.
+        switch = (
+            {} if conversation.enable_thinking is None else {"enable_thinking": conversation.enable_thinking}
+        )
         text = template.apply_chat_template(
             messages,
             tools=tools,
             add_generation_prompt=True,
             tokenize=False,
+            **switch,
         )
     except TemplateError as error:
         # Only the template's own words (its raise_exception) are shown; jinja's and Python's

@@ -146,6 +146,7 @@ class RequestPreparer:
             request.messages,
             tools=request.tools,
             tool_choice=request.tool_choice if request.HasField("tool_choice") else None,
+            enable_thinking=request.enable_thinking if request.HasField("enable_thinking") else None,
             response_format=request.response_format if request.HasField("response_format") else None,
             tool_call_format=info.tool_call_format,
         )

@@ -684,6 +684,7 @@ class GenerateRequest(_message.Message):
     RESPONSE_FORMAT_FIELD_NUMBER: _builtins.int
     MAX_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     PARTITION_KEY_FIELD_NUMBER: _builtins.int
+    ENABLE_THINKING_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id, used by Abort and in logs; the engine makes one when empty."""
     model: _builtins.str
@@ -695,6 +696,11 @@ class GenerateRequest(_message.Message):
     """Opaque tenant key for the engine's prefix cache (the facade sends a hash of the caller's
     API key; one partition when authentication is off). A cached prompt prefix is reused only
     within its partition, so cached_tokens and latency never reveal another tenant's prompts.
+    """
+    enable_thinking: _builtins.bool
+    """Passed to the chat template as `enable_thinking` (templates with a thinking switch, e.g.
+    Qwen3's, honour it; others ignore it). Unset: the template's own default. The facade sets
+    false for reasoning.effort none / minimal.
     """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
@@ -727,15 +733,20 @@ class GenerateRequest(_message.Message):
         response_format: Global___ResponseFormat | None = ...,
         max_tool_calls: _builtins.int | None = ...,
         partition_key: _builtins.str = ...,
+        enable_thinking: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "enable_thinking", b"enable_thinking", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "max_tool_calls", b"max_tool_calls", "messages", b"messages", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "partition_key", b"partition_key", "request_id", b"request_id", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "enable_thinking", b"enable_thinking", "max_tool_calls", b"max_tool_calls", "messages", b"messages", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "partition_key", b"partition_key", "request_id", b"request_id", "response_format", b"response_format", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__enable_thinking: _TypeAlias = _typing.Literal["enable_thinking"]  # noqa: Y015
+    _WhichOneofArgType__enable_thinking: _TypeAlias = _typing.Literal["_enable_thinking", b"_enable_thinking"]  # noqa: Y015
     _WhichOneofReturnType__max_tool_calls: _TypeAlias = _typing.Literal["max_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__max_tool_calls: _TypeAlias = _typing.Literal["_max_tool_calls", b"_max_tool_calls"]  # noqa: Y015
     _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__enable_thinking) -> _WhichOneofReturnType__enable_thinking | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tool_calls) -> _WhichOneofReturnType__max_tool_calls | None: ...
     @_typing.overload
