@@ -113,7 +113,13 @@ async def test_unknown_route_and_wrong_method_are_openai_shaped(http: httpx.Asyn
 
 @pytest.mark.parametrize(
     ("query", "param"),
-    [("limit=0", "limit"), ("limit=101", "limit"), ("limit=abc", "limit"), ("order=sideways", "order")],
+    [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("limit=abc", "limit"),
+        ("order=sideways", "order"),
+        ("include[]=message.input_image.image_url&include[]=everything", "include[1]"),
+    ],
 )
 async def test_query_validation_errors_are_400_with_param(
     http: httpx.AsyncClient, query: str, param: str

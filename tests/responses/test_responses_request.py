@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -21,6 +21,7 @@ from tests.responses.responses_testkit import (
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import (
     IMAGE_FOLLOW_UP_MARKER,
+    IncludeValue,
     InvalidRequestError,
     build_generate_request,
     input_to_messages,
@@ -356,6 +357,21 @@ BODY_ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("metadata value too long", body(metadata={"k": "v" * 513}), "metadata", "invalid_value"),
     ("metadata value not string", body(metadata={"k": 1}), "metadata", "invalid_type"),
     ("include not list", body(include="x"), "include", "invalid_type"),
+    (
+        "include unknown value",
+        body(include=["reasoning.encrypted_content", "message.everything"]),
+        "include[1]",
+        "invalid_value",
+    ),
+    ("include not string", body(include=[3]), "include[0]", "invalid_value"),
+    (
+        "include logprobs",
+        body(include=["message.output_text.logprobs"]),
+        "include[0]",
+        "unsupported_value",
+    ),
+    ("service_tier unknown", body(service_tier="scale"), "service_tier", "invalid_value"),
+    ("service_tier not string", body(service_tier=1), "service_tier", "invalid_value"),
     ("conversation bad", body(conversation=5), "conversation", "invalid_type"),
     (
         "conversation and previous id",
@@ -475,3 +491,13 @@ def test_reasoning_effort_none_or_minimal_turns_thinking_off(
 ) -> None:
     request = build_generate_request(body(reasoning=reasoning) if reasoning else body()).request
     assert (request.enable_thinking if request.HasField("enable_thinking") else None) == enable_thinking
+
+
+@pytest.mark.parametrize("value", sorted(set(get_args(IncludeValue)) - {"message.output_text.logprobs"}))
+def test_documented_include_values_are_accepted(value: str) -> None:
+    assert build_generate_request(body(include=[value])).include == [value]
+
+
+@pytest.mark.parametrize("tier", ["auto", "default", "flex", "priority"])
+def test_every_service_tier_is_accepted(tier: str) -> None:
+    assert build_generate_request(body(service_tier=tier)).service_tier == tier

@@ -75,7 +75,7 @@ from ._output_models import (
 )
 from ._parts import IMAGE_PART_TYPES
 from ._request import TranslatedRequest, build_generate_request, parse_metadata
-from ._request_models import CreateResponseBody, parse_body
+from ._request_models import CreateResponseBody, IncludeValue, parse_body
 from ._tools import OfferedTool
 from ._validation import RequestModel, parse_as
 
@@ -97,6 +97,7 @@ __all__ = [
     "FunctionCallItem",
     "ImageFetchError",
     "ImageSource",
+    "IncludeValue",
     "IncompleteDetails",
     "IncompleteReason",
     "InputItemParam",

@@ -209,7 +209,7 @@ def build_generate_request(
         top_p=parsed.top_p,
         text=text,
         reasoning=None if parsed.reasoning is None else parsed.reasoning.model_dump(),
-        include=parsed.include or [],
+        include=list(parsed.include or ()),
         prompt_cache_key=parsed.prompt_cache_key,
         safety_identifier=parsed.safety_identifier,
         service_tier=parsed.service_tier,
@@ -240,6 +240,13 @@ def _reject_unsupported(body: CreateResponseBody) -> None:
             "Invalid value for 'top_logprobs': log probabilities are not supported by this server; "
             "omit it or send 0.",
             param="top_logprobs",
+            code="unsupported_value",
+        )
+    if body.include and "message.output_text.logprobs" in body.include:
+        index = body.include.index("message.output_text.logprobs")
+        raise InvalidRequestError(
+            f"Invalid value for 'include[{index}]': log probabilities are not supported by this server.",
+            param=f"include[{index}]",
             code="unsupported_value",
         )
     if body.background:

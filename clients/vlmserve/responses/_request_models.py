@@ -14,7 +14,7 @@ these same models.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import (
     BeforeValidator,
@@ -70,6 +70,25 @@ class ReasoningConfigParam(RequestModel):
     summary: str | None = None
 
 
+# OpenAI's documented `include` values. Each is honoured or has nothing to add here:
+# this server runs no hosted tools (no search / code interpreter results exist), produces no
+# reasoning items (nothing to encrypt), and already returns input images' URLs as sent. The one
+# that would ask for something this server cannot give, `message.output_text.logprobs`, is
+# refused in _request.py like `top_logprobs`.
+IncludeValue: TypeAlias = Literal[
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+]
+INCLUDABLE: tuple[str, ...] = get_args(IncludeValue)
+ServiceTier: TypeAlias = Literal["auto", "default", "flex", "priority"]
+
+
 ConversationChoice: TypeAlias = Annotated[
     Annotated[str, Tag("#string")] | Annotated[ConversationParam, Tag("#object")],
     by_json_type("a string or an object with 'id'"),
@@ -107,12 +126,13 @@ class CreateResponseBody(RequestModel):
         description="At most 16 pairs; keys at most 64 characters, values strings of at most 512.",
         json_schema_extra={"maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 512}},
     )
-    include: list[str] | None = None
+    include: list[IncludeValue] | None = None
     # Stored prompt templates: not supported (send `input`).
     prompt: dict[str, Any] | None = Field(default=None, json_schema_extra={"enum": [None]})
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    service_tier: str | None = None
+    # Accepted and echoed; every request runs the same way (docs/responses-api.md).
+    service_tier: ServiceTier | None = None
     user: str | None = None
 
 

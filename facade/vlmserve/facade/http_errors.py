@@ -175,6 +175,9 @@ def _param_from_location(location: Sequence[int | str]) -> str | None:
         parts = parts[1:]
     param = ""
     for part in parts:
+        if isinstance(part, str):
+            # A repeated query parameter's alias (`include[]`): its index follows.
+            part = part.removesuffix("[]")
         param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
     return param or None
 

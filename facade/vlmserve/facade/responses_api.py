@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from vlmserve.responses import DeletedObject, InputTokensCount, ItemList
+from vlmserve.responses import DeletedObject, IncludeValue, InputTokensCount, ItemList
 
 from .api_schema import (
     CANCEL_RESPONSE,
@@ -136,7 +136,8 @@ async def list_input_items(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-    include: Annotated[list[str] | None, Query(alias="include[]")] = None,
+    # Validated (400 naming include[i]); listings already return what each value asks for.
+    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
 ) -> dict[str, Any]:
     return await item_page(
         state.store.list_input_items, "response", response_id, request, after=after, limit=limit, order=order
