@@ -25,6 +25,7 @@ from PIL import Image
 from tests._family_models import FAMILY_NAMES
 from vlmserve.common.images import decode_image
 from vlmserve.engine.generator import EngineConfig
+from vlmserve.engine.image_inputs import ImageProcessorCall
 from vlmserve.engine.model import LoadedModel, load_model
 from vlmserve.engine.prompt import render_prompt
 from vlmserve.engine.server import EngineServer
@@ -99,6 +100,9 @@ def family(request: pytest.FixtureRequest, family_models: dict[str, Path]) -> It
             image_limits=engine.server.generator.config.image_limits,
             max_images_per_request=16,
         )
+        # mlx-vlm's own input preparation hands `padding` to the image processor, which LLaVA's
+        # refuses (the engine filters it the same way): the reference gets the same filter.
+        reference.processor.image_processor = ImageProcessorCall(reference.processor.image_processor)
         yield FamilyEngine(name, engine.address, stub, reference)
 
 

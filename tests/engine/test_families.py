@@ -38,7 +38,7 @@ __all__ = ["family"]  # the fixture, imported for this module
 # mlx-vlm 0.7.10's LlavaProcessor passes `padding` to transformers 5's CLIP image processor,
 # which refuses it: every LLaVA image request fails inside mlx-vlm (docs/models.md). Strict:
 # a fixed mlx-vlm shows up as an unexpected pass.
-IMAGES_BROKEN_UPSTREAM = frozenset({"llava"})
+IMAGES_BROKEN_UPSTREAM: frozenset[str] = frozenset()
 
 
 def _skipped(family: str, conversation: str) -> bool:

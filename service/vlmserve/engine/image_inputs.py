@@ -32,7 +32,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .jobs import PreparedImage
 
-__all__ = ["DynamicResolution", "GenericProcessor", "ImageInputs", "image_inputs_for"]
+__all__ = ["DynamicResolution", "GenericProcessor", "ImageInputs", "ImageProcessorCall", "image_inputs_for"]
 
 _TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
 
@@ -147,8 +147,10 @@ class GenericProcessor:
         process_inputs: Any = utils.process_inputs  # unannotated in mlx-vlm
         processor = copy.copy(self.processor)  # a private tokenizer slot for this call
         processor.tokenizer = _PromptTokenizerCall(self.processor.tokenizer, encode)
+        image_processor = self.processor.image_processor
         if low_detail:
-            processor.image_processor = _low_detail(self.processor.image_processor)
+            image_processor = _low_detail(image_processor)
+        processor.image_processor = ImageProcessorCall(image_processor)
         out = process_inputs(
             processor,
             prompts=[text],
@@ -184,6 +186,27 @@ def _low_detail(image_processor: Any) -> Any:
         side = int(patch.get("height", 1)) if isinstance(patch, Mapping) else int(patch or 1)
         low.size = {**size, "longest_edge": max(side, size["longest_edge"] // 2)}
     return low
+
+
+class ImageProcessorCall:
+    """An image processor called with image arguments only.
+
+    mlx-vlm's processors hand the text call's arguments (`padding`, ...) to the image processor
+    too; transformers 5's image processors refuse arguments they do not know (LLaVA's CLIP
+    processor: every image request failed). Everything else is delegated.
+    """
+
+    _TEXT_ARGUMENTS = frozenset({"padding", "padding_side", "truncation", "max_length", "add_special_tokens"})
+
+    def __init__(self, image_processor: Any) -> None:
+        self._image_processor = image_processor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._image_processor, name)
+
+    def __call__(self, images: Any, *args: Any, **kwargs: Any) -> Any:
+        kept = {key: value for key, value in kwargs.items() if key not in self._TEXT_ARGUMENTS}
+        return self._image_processor(images, *args, **kept)
 
 
 class _PromptTokenizerCall:

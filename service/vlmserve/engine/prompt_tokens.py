@@ -53,9 +53,14 @@ class PromptTokenizer:
         # Client text: special-token strings are plain characters (non-special added tokens
         # such as `<tool_call>` still match, as they do in any tokenizer call).
         self._text = Tokenizer.from_str(serialized)
-        self._text.encode_special_tokens = True
-        self._text.no_truncation()
-        self._text.no_padding()
+        # Text after a special token: a SentencePiece-style pre-tokenizer that marks only the
+        # first piece of an input with "▁" (Metaspace prepend_scheme "first", Llama 2 / LLaVA)
+        # must not mark it again, as it does not when the whole prompt is one input.
+        self._text_after_special = Tokenizer.from_str(_without_first_prepend(serialized))
+        for copy in (self._text, self._text_after_special):
+            copy.encode_special_tokens = True
+            copy.no_truncation()
+            copy.no_padding()
         specials = sorted(
             (t.content for t in backend.get_added_tokens_decoder().values() if t.special and t.content),
             key=len,
@@ -123,20 +128,41 @@ class PromptTokenizer:
         start = 0
         matches: Iterable[re.Match[str]] = self._special.finditer(rendered) if self._special else ()
         for match in matches:
-            ids += self._encode_text(rendered[start : match.start()], protection)
+            ids += self._encode_text(rendered[start : match.start()], protection, first=start == 0)
             ids.append(self._special_ids[match.group(0)])
             start = match.end()
-        ids += self._encode_text(rendered[start:], protection)
+        ids += self._encode_text(rendered[start:], protection, first=start == 0)
         ids += suffix
         return ids
 
-    def _encode_text(self, text: str, protection: Protection) -> list[int]:
+    def _encode_text(self, text: str, protection: Protection, *, first: bool) -> list[int]:
         if not text:
             return []
         if protection.originals and protection.nonce in text:
             text = self.restore(text, protection)
-        ids: list[int] = self._text.encode(text, add_special_tokens=False).ids
+        tokenizer = self._text if first else self._text_after_special
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
         return ids
+
+
+def _without_first_prepend(serialized: str) -> str:
+    """The tokenizer JSON with Metaspace's prepend_scheme "first" turned to "never"."""
+    import json
+
+    data = json.loads(serialized)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+                node["prepend_scheme"] = "never"
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(data.get("pre_tokenizer"))
+    return json.dumps(data)
 
 
 def _wrapping(backend: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
