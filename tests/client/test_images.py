@@ -211,3 +211,10 @@ def test_reduction_keeps_exif_rotation() -> None:
     buffer = io.BytesIO()
     Image.new("RGB", (800, 400)).save(buffer, "JPEG", exif=exif)
     assert decode_image(buffer.getvalue(), min_size=(100, 50)).size == (50, 100)
+
+
+def test_an_end_of_image_spelled_in_a_comment_hides_no_scans() -> None:
+    bomb = corpus.jpeg_scan_bomb(width=64, height=64, scans=100)
+    between_scans = bomb.index(b"\xff\xc4", bomb.index(b"\xff\xda"))  # a table after the first scan
+    comment = b"\xff\xfe\x00\x04\xff\xd9"  # a COM segment whose payload reads as EOI
+    assert jpeg_scan_count(bomb[:between_scans] + comment + bomb[between_scans:]) >= 110

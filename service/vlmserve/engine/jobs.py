@@ -55,7 +55,8 @@ class PreparedImage:
 
     # sha256 of the client's bytes and the sizing applied: equal hashes, equal pixels seen.
     content_hash: str
-    # Image tokens this image occupies in `PreparedRequest.prompt_ids`.
+    # Image tokens this image occupies in `PreparedRequest.prompt_ids` (0 for families prepared
+    # as a whole request, whose processor writes the image's tokens itself).
     token_count: int
     # The processor's outputs for this image alone, axis 0 = its rows (qwen2_vl: pixel_values
     # (patches, dim) float32, image_grid_thw (1, 3)); a request concatenates them per key.
