@@ -281,3 +281,48 @@ def test_every_family_batches_like_it_runs_alone(family: str, family_models: dic
             assert report.token_ids == reference[name].token_ids, name
     finally:
         generator.stop()
+
+
+def test_a_short_request_is_not_stuck_behind_a_long_prefill(generator: Generator) -> None:
+    """A long prompt prefills in chunks between decode steps; a short request that arrives
+    meanwhile is prefilled first (shortest remaining prompt first) and has its first token long
+    before the long prompt does, while the running request keeps decoding every step."""
+    order: list[str] = []
+
+    class First:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __call__(self, tokens: Any, logits: Any) -> Any:
+            if self.name not in order:
+                order.append(self.name)
+            return logits
+
+    def job(name: str, *parts: pb.Part, max_tokens: int) -> Job:
+        req = prepared(generator, *parts, temperature=0.0, seed=0, max_tokens=max_tokens)
+        return Job(dataclasses.replace(req, request_id=f"hol-{name}", logits_processors=(First(name),)), None)
+
+    long_text = " ".join(f"{i} bottles of water on the wall, take one down;" for i in range(40))
+    long = job("long", text_part(long_text), max_tokens=2)
+    short = job("short", text_part("Quick one?"), max_tokens=2)
+    running_steps: list[int] = []
+
+    def running(tokens: Any, logits: Any) -> Any:
+        running_steps.append(len(order))
+        if len(running_steps) == 2:
+            generator.submit(long)
+        if len(running_steps) == 4:
+            generator.submit(short)
+        return logits
+
+    first = job("running", text_part("Keep going."), max_tokens=40)
+    first = Job(dataclasses.replace(first.request, logits_processors=(running,)), None)
+    generator.submit(first)
+    assert generator.wait_idle(120)
+    reports = {r.request_id: r for r in generator.reports}
+    assert reports["hol-long"].prompt_tokens > 10 * generator.config.prefill_chunk_tokens
+    assert order.index("short") < order.index("long"), order
+    # The running request decoded a token every step while the long prompt was still prefilling
+    # (after the short one had its first token): the prefill was spread over many steps.
+    assert running_steps.count(1) >= 5, running_steps
+    assert reports["hol-running"].output_tokens == 40
