@@ -326,3 +326,64 @@ def test_a_short_request_is_not_stuck_behind_a_long_prefill(generator: Generator
     # (after the short one had its first token): the prefill was spread over many steps.
     assert running_steps.count(1) >= 5, running_steps
     assert reports["hol-running"].output_tokens == 40
+
+
+@pytest.fixture(scope="module")
+def wide_generator() -> Iterator[Generator]:
+    """Chunks long enough that most test prompts are one chunk: those that arrive together are
+    prefilled in one shared, left-padded forward."""
+    config = EngineConfig(
+        model=str(RANDOM_MODEL_PATH),
+        max_active=8,
+        max_queue=16,
+        max_output_tokens=64,
+        prefill_chunk_tokens=128,
+        step_tokens=256,
+        prefix_cache_min_tokens=0,
+        warmup=False,
+    )
+    generator = Generator(config)
+    generator.start()
+    assert generator.ready.wait(60), generator.load_error
+    yield generator
+    generator.stop()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.5])
+def test_prompts_prefilled_together_equal_each_alone(wide_generator: Generator, temperature: float) -> None:
+    """Requests that arrive together (submitted at once from inside a running request, so the
+    engine sees them in one step) share a prefill forward; each still equals its run alone."""
+    requests, alone_logits = recorded(mixed_requests(wide_generator, temperature))
+    reference = alone(wide_generator, requests, f"wide-{temperature}")
+    requests, together_logits = recorded(mixed_requests(wide_generator, temperature))
+    jobs = {
+        name: Job(dataclasses.replace(req, request_id=f"wide-{temperature}-{name}"), None)
+        for name, req in requests.items()
+    }
+
+    def submit_all() -> None:
+        for job in jobs.values():
+            wide_generator.submit(job)
+
+    starter = prepared(wide_generator, text_part("Go."), temperature=0.0, seed=0, max_tokens=4)
+    before = wide_generator.prefilled_together
+    wide_generator.submit(
+        Job(
+            dataclasses.replace(
+                starter, request_id=f"wide-{temperature}-starter", logits_processors=(AtToken(1, submit_all),)
+            ),
+            None,
+        )
+    )
+    assert wide_generator.wait_idle(300)
+    assert wide_generator.prefilled_together - before >= 4, "prompts that arrived together shared a prefill"
+    reports = {report.request_id: report for report in wide_generator.reports}
+    for name, job in jobs.items():
+        assert reports[job.request_id].token_ids == reference[name].token_ids, name
+        np.testing.assert_allclose(
+            np.stack(together_logits[name].rows),
+            np.stack(alone_logits[name].rows),
+            rtol=0,
+            atol=1e-4,
+            err_msg=name,
+        )

@@ -38,6 +38,10 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def has_unbatchable_rows(self) -> bool:
+        return bool(self._row_caches)
+
     def add(self, generation: ActiveGeneration) -> None:
         """A request whose prompt is prefilled (and first token taken) joins the batch."""
         import mlx.core as mx
@@ -61,6 +65,48 @@ class DecodeBatch:
         if self._rope_deltas is not None:
             self._rope_deltas = self._rope_deltas.reshape(len(self.rows) + 1, -1)
         self.rows.append(generation)
+
+    def add_prefilled_together(self, generations: list[ActiveGeneration]) -> Any:
+        """Prefill several whole prompts in one left-padded forward straight into batch rows.
+
+        On a CPU a forward costs about the same for one short prompt as for several (reading the
+        weights dominates), so requests that arrive together start together. Each row's positions
+        are its own (explicit M-RoPE position ids); padding is masked. Returns the last logits per
+        row [rows, vocab]; the caller lets each request take its first token from its row.
+        """
+        import mlx.core as mx
+        from mlx_vlm.models.cache import BatchKVCache
+
+        lengths = [g.prompt_tokens for g in generations]
+        longest = max(lengths)
+        ids, embeds, positions = [], [], []
+        for generation, length in zip(generations, lengths, strict=True):
+            row_ids, row_embeds, row_positions = generation.prompt_arrays
+            pad = longest - length
+            ids.append(mx.pad(row_ids, [(0, 0), (pad, 0)]))
+            embeds.append(mx.pad(row_embeds, [(0, 0), (pad, 0), (0, 0)]))
+            positions.append(mx.pad(row_positions, [(0, 0), (0, 0), (pad, 0)]))
+        layers = len(self._language_model.layers)
+        caches = [BatchKVCache([longest - n for n in lengths]) for _ in range(layers)]
+        output = self._language_model(
+            mx.concatenate(ids, axis=0),
+            inputs_embeds=mx.concatenate(embeds, axis=0),
+            cache=caches,
+            position_ids=mx.concatenate(positions, axis=1),
+        )
+        deltas = [g.rope_deltas for g in generations]
+        group_deltas = (
+            mx.concatenate([d.reshape(1, -1) for d in deltas], axis=0) if deltas[0] is not None else None
+        )
+        if not self.rows:
+            self._caches, self._rope_deltas = caches, group_deltas
+        else:
+            for mine, theirs in zip(self._caches, caches, strict=True):
+                mine.extend(theirs)
+            if group_deltas is not None:
+                self._rope_deltas = mx.concatenate([self._rope_deltas, group_deltas], axis=0)
+        self.rows.extend(generations)
+        return output.logits[:, -1, :]
 
     def remove(self, generation: ActiveGeneration, *, extract: bool) -> list[Any] | None:
         """Drop a request's row; with `extract`, return its cache (one row per layer) first."""

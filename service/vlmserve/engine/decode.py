@@ -48,6 +48,11 @@ __all__ = ["ActiveGeneration", "LogitsProcessor", "Phase"]
 log = logging.getLogger(__name__)
 
 
+# Prefill arguments a shared, left-padded prefill forward knows how to carry (the grids only
+# matter to a forward that computes positions itself; this one is given them).
+_GROUPABLE_PREFILL_KWARGS = frozenset({"position_ids", "rope_deltas", "image_grid_thw", "video_grid_thw"})
+
+
 class Phase(enum.Enum):
     PREPARE = 1
     PREFILL = 2
@@ -207,6 +212,44 @@ class ActiveGeneration:
         self.phase = Phase.DECODE
         self.accept(int(self.sample(output.logits[:, -1, :]).item()))
         return end - start
+
+    @property
+    def can_prefill_together(self) -> bool:
+        """Whether this prompt can share one left-padded prefill forward with others: it is
+        all one chunk, starts from nothing (no cached prefix) and carries its positions
+        explicitly (Qwen-style M-RoPE position ids), so padding cannot shift them."""
+        inputs = self._inputs
+        if inputs is None or self.phase is not Phase.PREFILL or self._prefilled or self.cached_tokens:
+            return False
+        positions = inputs.prefill_kwargs.get("position_ids")
+        return (
+            self.prompt_tokens <= self._chunk
+            and positions is not None
+            and positions.ndim in (2, 3)
+            and inputs.rope_deltas is not None  # M-RoPE (Qwen-VL family): positions are all explicit
+            and set(inputs.prefill_kwargs) <= _GROUPABLE_PREFILL_KWARGS
+        )
+
+    @property
+    def prompt_arrays(self) -> tuple[Any, Any, Any]:
+        """(input ids [1, n], embeddings [1, n, hidden], position ids [3, 1, n])."""
+        import mlx.core as mx
+
+        inputs = self._inputs
+        assert inputs is not None
+        positions = inputs.prefill_kwargs["position_ids"]
+        if positions.ndim == 2:  # text only: the same position on all three M-RoPE axes
+            positions = mx.broadcast_to(positions[None], (3, *positions.shape))
+        return inputs.input_ids, inputs.embeds, positions
+
+    def prefilled_elsewhere(self, logits: Any) -> None:
+        """Its prompt ran in a shared forward (its KV row is in the batch already): take the first token."""
+        assert self._inputs is not None
+        self._prefilled = self.prompt_tokens
+        self._inputs.release_prompt()
+        self._cache = []
+        self.phase = Phase.DECODE
+        self.accept(int(self.sample(logits).item()))
 
     def hand_over_cache(self) -> list[Any]:
         """The prefilled KV cache, for the decode batch (which owns it from now on)."""

@@ -170,6 +170,9 @@ class Generator:
         self.reports: collections.deque[JobReport] = collections.deque(maxlen=256)
         # Generation thread only (read by tests once idle).
         self.prefix_cache: PrefixCache | None = None
+        # Requests whose prompts were prefilled in a shared forward (tests, metrics).
+        self.prefilled_together = 0
+        self._group_prefill = False
         self.vision_cache: VisionFeatureCache | None = None
 
     # -- lifecycle (any thread) -------------------------------------------------------------
@@ -296,6 +299,7 @@ class Generator:
                 max_request_pixels=self.config.max_request_pixels,
                 decode_slots=self.config.image_decode_slots,
             )
+            self._group_prefill = _plain_kv_layers(loaded)
             if self.config.warmup:
                 self._warm_up(loaded, preparer)
                 self.prefix_cache.clear()
@@ -410,6 +414,8 @@ class Generator:
             budget -= max(1, sum(span.length for span in generation.image_spans))
             if generation.done:
                 self._leave(generation, batch, starting)
+        left = self._prefill_together(batch, starting, budget=budget)
+        ran, budget = ran or left != budget, left
         for generation in sorted(
             (g for g in starting if g.phase is Phase.PREFILL), key=lambda g: g.prefill_remaining
         ):
@@ -424,6 +430,41 @@ class Generator:
                 _release_buffers()
             elif generation.done:
                 self._leave(generation, batch, starting)
+
+    def _prefill_together(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> int:
+        """Short fresh prompts that fit the budget share one prefill forward; returns what is left."""
+        if not self._group_prefill or batch.has_unbatchable_rows:
+            return budget
+        group: list[ActiveGeneration] = []
+        for generation in sorted(
+            (g for g in starting if g.can_prefill_together), key=lambda g: g.prefill_remaining
+        ):
+            if generation.prompt_tokens > budget - sum(g.prompt_tokens for g in group):
+                break
+            group.append(generation)
+        if len(group) < 2:
+            return budget
+        for generation in group:
+            starting.remove(generation)
+        try:
+            logits = batch.add_prefilled_together(group)
+        except Exception as error:
+            log.exception("shared prefill failed")
+            for generation in group:
+                generation.fail(
+                    RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
+                )
+                self._leave(generation, batch, starting)
+            return budget
+        self.prefilled_together += len(group)
+        for index, generation in enumerate(group):
+            self._guarded(
+                generation, functools.partial(generation.prefilled_elsewhere, logits[index : index + 1])
+            )
+            if generation.done:
+                self._leave(generation, batch, starting)
+        _release_buffers()
+        return budget - sum(g.prompt_tokens for g in group)
 
     def _guarded(self, generation: ActiveGeneration, work: Callable[[], object]) -> None:
         """Run one piece of a request's work; its failure is its own error."""
