@@ -370,8 +370,8 @@ def write_model_files(out_dir: Path, tokenizer: Tokenizer, arch: FixtureArchitec
     return config
 
 
-def write_random_weights(out_dir: Path, config: dict[str, Any], seed: int = 0) -> int:
-    """Initialise mlx-vlm's qwen2_vl Model from the seed and save float16 weights; returns #params."""
+def write_random_weights(out_dir: Path, config: dict[str, Any], seed: int = 0, dtype: str = "float16") -> int:
+    """Initialise mlx-vlm's qwen2_vl Model from the seed and save its weights; returns #params."""
     import importlib
 
     import mlx.core as mx
@@ -385,7 +385,7 @@ def write_random_weights(out_dir: Path, config: dict[str, Any], seed: int = 0) -
     model_config_obj.text_config = qwen2_vl.TextConfig.from_dict(config)
     model = qwen2_vl.Model(model_config_obj)
     flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    weights = {name: value.astype(mx.float16) for name, value in flat}
+    weights = {name: value.astype(getattr(mx, dtype)) for name, value in flat}
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     return sum(int(v.size) for v in weights.values())
 
