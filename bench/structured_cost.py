@@ -91,7 +91,7 @@ async def measure(model: str, pairs: int, max_tokens: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--model", default=str(RANDOM_MODEL_PATH))
     parser.add_argument("--pairs", type=int, default=10)
