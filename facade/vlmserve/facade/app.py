@@ -23,6 +23,7 @@ from .api_schema import install_openapi
 from .body_budget import BodyBudget
 from .catalog import ModelCatalog
 from .http_errors import install_error_handlers
+from .metrics import FacadeMetrics, HttpMetrics, metrics_endpoint
 from .remote_images import image_fetcher_from_settings
 from .request_limits import HeaderLimits
 from .response_preparation import ImageSourceFactory, ResponsesService
@@ -113,11 +114,19 @@ def create_app(
         fetcher = image_fetcher_from_settings(settings.remote_images)
         image_sources = fetcher.for_request if fetcher is not None else None
 
+    metrics = FacadeMetrics()
+
     def build_state(client: AsyncEngineClient, the_store: Store) -> FacadeState:
         catalog = ModelCatalog(client, ttl_s=settings.model_info_ttl_s, timeout_s=settings.timeouts.control)
         service = ResponsesService(
-            settings=settings, engine=client, store=the_store, catalog=catalog, image_sources=image_sources
+            settings=settings,
+            engine=client,
+            store=the_store,
+            catalog=catalog,
+            image_sources=image_sources,
+            metrics=metrics,
         )
+        metrics.watch_running(lambda: len(service.running))
         return FacadeState(
             settings=settings,
             engine=client,
@@ -183,6 +192,11 @@ def create_app(
     app.include_router(models_api.models_router, **guarded)
     app.include_router(models_api.readiness_router, **guarded)
     app.include_router(models_api.health_router)
+    app.add_api_route(
+        "/metrics", metrics_endpoint(metrics), methods=["GET"], include_in_schema=False, **guarded
+    )
+    # Outermost: every answer is counted, a refusal by the limits or the keys too.
+    app.add_middleware(HttpMetrics, metrics=metrics)
     if keys_required:
 
         @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_owner)])

@@ -7,7 +7,7 @@ translation (`image_limits`), `max_output_tokens` by the service; these are the 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -102,15 +102,20 @@ def count_image_parts(value: object) -> int:
     return count
 
 
-def count_contract_images(messages: Iterable[pb.Message]) -> int:
+def contract_images(messages: Iterable[pb.Message]) -> Iterator[pb.ImagePart]:
     """Images in contract messages, lowered or not (in tool outputs too)."""
-    count = 0
     for message in messages:
         parts = list(message.parts)
         if message.HasField("tool_output") and message.tool_output.WhichOneof("output") == "parts":
             parts += message.tool_output.parts.parts
-        count += sum(1 for part in parts if part.WhichOneof("kind") == "image")
-    return count
+        for part in parts:
+            if part.WhichOneof("kind") == "image":
+                yield part.image
+
+
+def count_contract_images(messages: Iterable[pb.Message]) -> int:
+    """Images in contract messages, lowered or not (in tool outputs too)."""
+    return sum(1 for _ in contract_images(messages))
 
 
 def check_image_count(count: int, allowed: int, *, param: str) -> None:

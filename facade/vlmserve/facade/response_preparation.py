@@ -24,6 +24,7 @@ from . import ids
 from .catalog import ModelCatalog, image_limits, images_per_request
 from .http_errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from .item_references import ItemReferences, check_reference_count
+from .metrics import FacadeMetrics
 from .request_limits import check_image_count, check_tools, count_contract_images, count_image_parts
 from .resource import new_resource
 from .running_response import Generation
@@ -56,6 +57,7 @@ class ResponsesService:
     image_sources: ImageSourceFactory | None = None
     # Generations in flight, by response id (for the cancel endpoint and shutdown).
     running: dict[str, Generation] = field(default_factory=dict)
+    metrics: FacadeMetrics | None = None
     # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
     # so that slow remote image hosts can hold at most these and never the store's threads.
     _translators: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
@@ -169,6 +171,19 @@ class ResponsesService:
 
     def _forget(self, generation: Generation) -> None:
         self.running.pop(generation.response_id, None)
+        if self.metrics is not None:
+            self._count(self.metrics, generation)
+
+    @staticmethod
+    def _count(metrics: FacadeMetrics, generation: Generation) -> None:
+        resource = generation.builder.resource
+        metrics.responses.labels(resource.status).inc()
+        metrics.count_request(generation.request)
+        if resource.usage is not None:
+            metrics.input_tokens.inc(resource.usage.input_tokens)
+            metrics.output_tokens.inc(resource.usage.output_tokens)
+        if generation.first_output_at is not None:
+            metrics.time_to_first_output.observe(generation.first_output_at - generation.created_at)
 
     async def _replay(self, body: Mapping[str, Any], owner: str) -> Replay:
         """The stored turns a request continues from (previous_response_id or conversation)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,9 @@ class Generation:
     # The first write of the stored response, and a final write that had to wait for it.
     _stored: asyncio.Future[None] | None = None
     _final_write: asyncio.Future[None] | None = None
+    # perf_counter times (metrics): built, and the first output chunk from the engine.
+    created_at: float = field(default_factory=time.perf_counter)
+    first_output_at: float | None = None
 
     def __post_init__(self) -> None:
         self.builder = ResponseEvents(self.resource, offered_tools=self.translated.offered_tools)
@@ -107,6 +111,8 @@ class Generation:
                         for event in builder.heartbeat():
                             yield event
                     elif message.WhichOneof("event") == "chunk":
+                        if self.first_output_at is None:
+                            self.first_output_at = time.perf_counter()
                         for event in builder.chunk(message.chunk):
                             yield event
                     elif message.WhichOneof("event") == "complete":

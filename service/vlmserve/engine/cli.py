@@ -29,6 +29,7 @@ from vlmserve.common.settings import DeclaredSettings, SettingsError, add_argume
 
 from .generator import EngineConfig
 from .grpc_auth import EngineSecurity
+from .metrics import serve_metrics
 from .server import EngineServer
 
 log = logging.getLogger("vlmserve.engine")
@@ -43,6 +44,13 @@ class EngineCommand(DeclaredSettings):
     host: str | None = Field(None, description="with --port: overrides --address")
     port: int | None = Field(None, ge=0, le=65535, description="with --host (default host 127.0.0.1)")
     drain_seconds: float = Field(30.0, ge=0, description="grace for in-flight requests on SIGTERM")
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve Prometheus /metrics over HTTP on this port (off when unset; 0: any free port)",
+    )
+    metrics_host: str = Field("127.0.0.1", description="interface for --metrics-port")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     security: EngineSecurity = Field(default_factory=EngineSecurity, description="authentication")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="model and bounds")
@@ -97,6 +105,15 @@ async def _serve(command: EngineCommand) -> int:
     except OSError as error:
         log.error("%s", error)
         return 2
+    if command.metrics_port is not None:
+        try:
+            serve_metrics(server.generator.metrics, command.metrics_host, command.metrics_port)
+        except OSError as error:
+            log.error(
+                "could not serve metrics on %s:%d: %s", command.metrics_host, command.metrics_port, error
+            )
+            await server.shutdown(grace_seconds=0)
+            return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

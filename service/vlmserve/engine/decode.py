@@ -88,6 +88,11 @@ class ActiveGeneration:
         )
         self.started_at = time.perf_counter()
         self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        # Seconds since the previous token, after each accept() past the first (metrics).
+        self.inter_token_seconds: float | None = None
+        # Whether prepare() reached the prefix-cache lookup (metrics: its hit rate).
+        self.prefix_looked_up = False
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
@@ -153,6 +158,7 @@ class ActiveGeneration:
             )
         self._max_tokens = min(self._max_tokens, info.context_length - self.prompt_tokens)
         self._inputs = inputs
+        self.prefix_looked_up = self._prefix_cache is not None
         taken = (
             self._prefix_cache.take(request.partition_key, inputs.token_ids, inputs.image_spans)
             if self._prefix_cache is not None
@@ -274,6 +280,8 @@ class ActiveGeneration:
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
+        self.inter_token_seconds = None if self.last_token_at is None else now - self.last_token_at
+        self.last_token_at = now
         self.output_tokens += 1
         if self.job.cancelled:
             self.tokens_after_cancel += 1

@@ -36,6 +36,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from .batch import DecodeBatch
 from .decode import ActiveGeneration, Phase
 from .jobs import Job, JobKind, JobReport
+from .metrics import EngineMetrics, EngineState
 from .model import DEFAULT_MODEL_PATH, DTYPE_CHOICES, LoadedModel, load_model
 from .prefix_cache import PrefixCache
 from .request_errors import RequestError, internal_error
@@ -174,6 +175,20 @@ class Generator:
         self.prefilled_together = 0
         self._group_prefill = False
         self.vision_cache: VisionFeatureCache | None = None
+        self.metrics = EngineMetrics()
+        self.metrics.watch(self._state)
+
+    def _state(self) -> EngineState:
+        with self._lock:
+            queued = self._waiting + self._reserved
+            active = len(self._jobs) - self._waiting
+        vision = self.vision_cache
+        return EngineState(
+            queued=queued,
+            active=active,
+            vision_cache_hits=vision.hits if vision is not None else 0,
+            vision_cache_encoded=vision.encoded if vision is not None else 0,
+        )
 
     # -- lifecycle (any thread) -------------------------------------------------------------
 
@@ -261,6 +276,7 @@ class Generator:
     def _check_queue_space(self) -> None:
         waiting = self._waiting + self._reserved
         if waiting >= self.config.max_queue:
+            self.metrics.refused.inc()
             raise RequestError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the engine's queue is full ({waiting} requests waiting or being prepared, "
@@ -398,8 +414,11 @@ class Generator:
                 generation.fail(internal_error())
                 self._leave(generation, batch, starting)
             return
+        self.metrics.batch_size.observe(len(tokens))
         for generation, token in zip(list(batch.rows), tokens, strict=True):
             self._guarded(generation, functools.partial(generation.accept, token))
+            if generation.inter_token_seconds is not None:
+                self.metrics.inter_token.observe(generation.inter_token_seconds)
             if generation.done:
                 self._leave(generation, batch, starting)
 
@@ -522,6 +541,7 @@ class Generator:
             self._jobs.pop(generation.job.request_id, None)
             self._idle.notify_all()
         generation.job.done.set()
+        self._count(generation, report)
         if generation.job.request.kind is JobKind.GENERATE:
             first = generation.first_token_at
             constraint = generation.job.request.constraint
@@ -536,6 +556,29 @@ class Generator:
                 f" tokens_after_cancel={report.tokens_after_cancel}" if generation.job.cancelled else "",
                 f" constrained=({constraint.summary})" if constraint is not None else "",
             )
+
+    def _count(self, generation: ActiveGeneration, report: JobReport) -> None:
+        metrics = self.metrics
+        request = generation.job.request
+        outcome = (
+            pb.FinishReason.Name(report.finish_reason).removeprefix("FINISH_REASON_").lower()
+            if report.finish_reason
+            else "error"
+        )
+        metrics.requests.labels(request.kind.value, outcome).inc()
+        if request.kind is not JobKind.GENERATE or generation.job.loop is None:
+            return  # counting only, or the engine's own warm-up
+        metrics.prompt_tokens.inc(report.prompt_tokens)
+        metrics.output_tokens.inc(report.output_tokens)
+        metrics.cached_tokens.inc(report.cached_tokens)
+        metrics.images.inc(len(request.images))
+        metrics.image_bytes.inc(sum(image.byte_count for image in request.images))
+        if self.prefix_cache is not None and self.prefix_cache.enabled and generation.prefix_looked_up:
+            metrics.prefix_lookups.inc()
+            if report.cached_tokens > 0:
+                metrics.prefix_hits.inc()
+        if generation.first_token_at is not None:
+            metrics.time_to_first_token.observe(generation.first_token_at - generation.job.submitted_at)
 
     def _drain_on_stop(self, active: list[ActiveGeneration], loaded: LoadedModel) -> None:
         """Stop requested: everything still here ends as cancelled."""

@@ -62,6 +62,8 @@ class PreparedImage:
     # (patches, dim) float32, image_grid_thw (1, 3)); a request concatenates them per key.
     # Empty for families prepared as a whole request (`PreparedRequest.joint_arrays`).
     arrays: Mapping[str, np.ndarray]
+    # The client's encoded bytes of this image (metrics).
+    byte_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)

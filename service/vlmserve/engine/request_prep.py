@@ -181,7 +181,12 @@ class RequestPreparer:
                 ) from None
             del decoded
             images = tuple(
-                PreparedImage(content_hash=_content_hash(image), token_count=0, arrays={})
+                PreparedImage(
+                    content_hash=_content_hash(image),
+                    token_count=0,
+                    arrays={},
+                    byte_count=len(image.source.part.data),
+                )
                 for image in checked
             )
         else:
@@ -312,7 +317,8 @@ class RequestPreparer:
 
     def _prepare_image(self, image: _CheckedImage, pixels: Image.Image) -> PreparedImage:
         assert isinstance(self._images, DynamicResolution)
-        return self._images.prepare(pixels, image.source.part.detail, _content_hash(image))
+        prepared = self._images.prepare(pixels, image.source.part.detail, _content_hash(image))
+        return dataclasses.replace(prepared, byte_count=len(image.source.part.data))
 
     def _expand_image_tokens(self, ids: list[int], images: Sequence[PreparedImage]) -> list[int]:
         """Each image slot the template wrote becomes that image's run of image tokens."""

@@ -1,0 +1,138 @@
+"""Prometheus metrics of one engine (prometheus-client), served on their own HTTP port.
+
+Events are counted where they happen (the generation thread retires a job, runs a decode step);
+state that already exists elsewhere (queue depth, requests in flight, the vision cache's own
+counters) is read at scrape time by a collector, so there is no second copy of it to keep right.
+Each engine has its own registry: several engines in one process (tests) never share numbers.
+
+The HTTP endpoint is off unless `--metrics-port` is set: the engine's one mandatory port is gRPC,
+and an extra listener should be asked for (see docs/observability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["EngineMetrics", "EngineState", "serve_metrics"]
+
+log = logging.getLogger(__name__)
+
+# Seconds; from a few ms (a cached prompt on a GPU) to minutes (a long prompt on CPU).
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """What the collector reads at scrape time (any thread; plain ints)."""
+
+    queued: int
+    active: int
+    vision_cache_hits: int
+    vision_cache_encoded: int
+
+
+class _StateCollector(Collector):
+    def __init__(self, read: Callable[[], EngineState]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Any]:
+        state = self._read()
+        yield GaugeMetricFamily(
+            "vlmserve_engine_queue_depth",
+            "requests admitted or being prepared, waiting for a generation slot",
+            value=state.queued,
+        )
+        yield GaugeMetricFamily(
+            "vlmserve_engine_active_requests",
+            "requests holding a generation slot (preparing, prefilling or decoding)",
+            value=state.active,
+        )
+        yield CounterMetricFamily(
+            "vlmserve_engine_vision_cache_hits",
+            "images whose features came from the vision-feature cache",
+            value=state.vision_cache_hits,
+        )
+        yield CounterMetricFamily(
+            "vlmserve_engine_vision_cache_misses",
+            "images run through the vision tower (not in the vision-feature cache)",
+            value=state.vision_cache_encoded,
+        )
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "vlmserve_engine_requests",
+            "finished engine jobs by kind (generate, count_tokens) and outcome (finish reason, or error)",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "vlmserve_engine_refused_requests",
+            "requests refused at admission because the queue was full",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "vlmserve_engine_prompt_tokens", "prompt tokens of generate requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "vlmserve_engine_cached_prompt_tokens",
+            "prompt tokens taken from the prefix cache instead of prefilled",
+            registry=r,
+        )
+        self.output_tokens = Counter("vlmserve_engine_output_tokens", "generated tokens", registry=r)
+        self.prefix_lookups = Counter(
+            "vlmserve_engine_prefix_cache_lookups",
+            "generate requests that looked up the prefix cache (it is enabled for this model)",
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "vlmserve_engine_prefix_cache_hits",
+            "generate requests that reused a cached prefix",
+            registry=r,
+        )
+        self.images = Counter("vlmserve_engine_images", "images in generate requests", registry=r)
+        self.image_bytes = Counter(
+            "vlmserve_engine_image_bytes", "encoded bytes of images in generate requests", registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "vlmserve_engine_time_to_first_token_seconds",
+            "admission to first generated token (queue, preparation wait and prefill)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "vlmserve_engine_inter_token_latency_seconds",
+            "time between consecutive generated tokens of one request",
+            buckets=_TOKEN_GAP_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "vlmserve_engine_decode_batch_size",
+            "requests advanced by one batched decode step",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+
+    def watch(self, read: Callable[[], EngineState]) -> None:
+        """Report the engine's live state (read at each scrape)."""
+        self.registry.register(_StateCollector(read))
+
+
+def serve_metrics(metrics: EngineMetrics, host: str, port: int) -> tuple[Any, int]:
+    """Serve /metrics over HTTP in a daemon thread; returns the server and the bound port."""
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+    bound = int(server.server_address[1])
+    log.info("metrics on http://%s:%d/metrics", host, bound)
+    return server, bound
