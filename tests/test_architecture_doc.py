@@ -1,0 +1,25 @@
+"""docs/architecture.md is the engine's table of contents (`vlmserve.engine` is a namespace package,
+with no `__init__.py` to list its modules): every module there is listed, and every file and
+function the request path names exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_every_engine_module_is_listed() -> None:
+    modules = sorted(path.name for path in (ROOT / "service" / "vlmserve" / "engine").glob("*.py"))
+    missing = [name for name in modules if f"| `{name}` |" not in DOC]
+    assert not missing, f"add them to docs/architecture.md: {missing}"
+    assert not (ROOT / "service" / "vlmserve" / "engine" / "__init__.py").exists()
+
+
+def test_the_hops_name_files_that_exist() -> None:
+    named = set(re.findall(r"`([\w/]+\.py)`", DOC))
+    sources = {path.relative_to(ROOT).as_posix() for path in ROOT.glob("*/vlmserve/**/*.py")}
+    missing = [name for name in named if not any(source.endswith(name) for source in sources)]
+    assert not missing, missing
