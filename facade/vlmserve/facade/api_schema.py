@@ -17,6 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
+from vlmserve.chat import ChatCompletion, ChatCompletionBody
 from vlmserve.responses import CreateResponseBody, InputItemParam, RequestModel, ResponseResource
 
 from .settings import Limits
@@ -59,6 +60,8 @@ _MODELS: list[tuple[type[BaseModel], Any]] = [
     (CreateConversationBody, "validation"),
     (AddConversationItemsBody, "validation"),
     (ResponseResource, "serialization"),
+    (ChatCompletionBody, "validation"),
+    (ChatCompletion, "serialization"),
 ]
 
 
@@ -121,6 +124,13 @@ CREATE_CONVERSATION_BODY = _body(
     ),
 )
 ADD_CONVERSATION_ITEMS_REQUEST = _body(AddConversationItemsBody)
+CREATE_CHAT_COMPLETION_BODY = _body(
+    ChatCompletionBody,
+    answer={
+        "application/json": {"schema": _ref(ChatCompletion)},
+        "text/event-stream": {"schema": {"type": "string", "description": "chunks, with `stream: true`"}},
+    },
+)
 
 
 def model_schemas() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from vlmserve.client import AsyncEngineClient, Deadlines
 
-from . import conversations_api, models_api, responses_api
+from . import chat_api, conversations_api, models_api, responses_api
 from .api_keys import install_api_keys, require_owner
 from .api_schema import install_openapi
 from .body_budget import BodyBudget
@@ -189,6 +189,7 @@ def create_app(
     guarded: dict[str, Any] = {"dependencies": [Depends(require_owner), *dependencies]}
     app.include_router(responses_api.router, **guarded)
     app.include_router(conversations_api.router, **guarded)
+    app.include_router(chat_api.router, **guarded)
     app.include_router(models_api.models_router, **guarded)
     app.include_router(models_api.readiness_router, **guarded)
     app.include_router(models_api.health_router)

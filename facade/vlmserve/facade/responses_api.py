@@ -66,7 +66,7 @@ async def create_response(request: Request, state: State) -> Response:
         finally:
             hold.release()
 
-    headers = _ignored_tools_header(generation)
+    headers = ignored_tools_header(generation)
     # Streaming or not, the engine call starts before anything is stored: an engine that refuses
     # the request at once (queue full, down, bad argument) leaves no response whose id the
     # client never saw.
@@ -91,7 +91,7 @@ async def create_response(request: Request, state: State) -> Response:
             shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
         )
     try:
-        resource = await _unless_disconnected(request, _collect(generation, first_message_s))
+        resource = await unless_disconnected(request, collect(generation, first_message_s))
     finally:
         await finish()
     if resource is None:
@@ -203,7 +203,7 @@ def item_list(page: ItemPage) -> dict[str, Any]:
     }
 
 
-def _ignored_tools_header(generation: Generation) -> dict[str, str]:
+def ignored_tools_header(generation: Generation) -> dict[str, str]:
     ignored = sorted(set(generation.translated.ignored_tools))
     return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
 
@@ -211,7 +211,7 @@ def _ignored_tools_header(generation: Generation) -> dict[str, str]:
 async def _sse(
     generation: Generation, shutdown: anyio.Event, grace_s: float
 ) -> AsyncIterator[ServerSentEvent]:
-    drain = asyncio.ensure_future(_cancel_after_shutdown(generation, shutdown, grace_s))
+    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
     try:
         async for event in generation.events():
             # One line of ASCII JSON per event: json.dumps escapes every newline and every
@@ -223,21 +223,21 @@ async def _sse(
         drain.cancel()
 
 
-async def _cancel_after_shutdown(generation: Generation, shutdown: anyio.Event, grace_s: float) -> None:
+async def cancel_after_shutdown(generation: Generation, shutdown: anyio.Event, grace_s: float) -> None:
     """On server shutdown, let the stream run for `grace_s`, then stop it cleanly."""
     await shutdown.wait()
     await asyncio.sleep(grace_s)
     await generation.cancel(STREAM_CANCEL_WAIT_S)
 
 
-async def _collect(generation: Generation, first_message_s: float) -> dict[str, Any]:
+async def collect(generation: Generation, first_message_s: float) -> dict[str, Any]:
     await generation.open(first_message_s)
     async for _ in generation.events(raise_errors=True):
         pass
     return generation.builder.snapshot().to_json()
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     """Run `work`; if the client disconnects first, cancel it (and so the engine call): None."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))

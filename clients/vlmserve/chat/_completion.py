@@ -1,0 +1,204 @@
+"""A response (resource or stream events) as a chat completion or its chunks: exact models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from vlmserve.responses import (
+    FunctionCallArgumentsDeltaEvent,
+    FunctionCallItem,
+    OutboundModel,
+    OutputItemEvent,
+    OutputMessage,
+    OutputTextDeltaEvent,
+    ResponseResource,
+    Usage,
+)
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+
+
+class FunctionCall(OutboundModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(OutboundModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class AssistantMessage(OutboundModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class Choice(OutboundModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class PromptTokensDetails(OutboundModel):
+    cached_tokens: int = 0
+
+
+class CompletionTokensDetails(OutboundModel):
+    reasoning_tokens: int = 0
+
+
+class CompletionUsage(OutboundModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
+
+
+class ChatCompletion(OutboundModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage | None
+    service_tier: str | None = None
+    system_fingerprint: None = None
+
+
+class FunctionCallDelta(OutboundModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(OutboundModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
+class ChunkDelta(OutboundModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(OutboundModel):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(OutboundModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: CompletionUsage | None = None
+    service_tier: str | None = None
+    system_fingerprint: None = None
+
+
+def completion_id(response_id: str) -> str:
+    """The chat completion's id: the response id with OpenAI's prefix (`resp_x` -> `chatcmpl-x`)."""
+    return "chatcmpl-" + response_id.removeprefix("resp_")
+
+
+def completion_usage(usage: Usage | None) -> CompletionUsage | None:
+    if usage is None:
+        return None
+    return CompletionUsage(
+        prompt_tokens=usage.input_tokens,
+        completion_tokens=usage.output_tokens,
+        total_tokens=usage.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.input_tokens_details.cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(
+            reasoning_tokens=usage.output_tokens_details.reasoning_tokens
+        ),
+    )
+
+
+def finish_reason(resource: ResponseResource) -> FinishReason:
+    if resource.incomplete_details is not None and resource.incomplete_details.reason == "max_output_tokens":
+        return "length"
+    if any(isinstance(item, FunctionCallItem) for item in resource.output):
+        return "tool_calls"
+    return "stop"
+
+
+def chat_completion(resource: ResponseResource) -> ChatCompletion:
+    """A finished response as the chat completion it answers."""
+    text = "".join(
+        part.text for item in resource.output if isinstance(item, OutputMessage) for part in item.content
+    )
+    calls = [
+        ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+        for item in resource.output
+        if isinstance(item, FunctionCallItem)
+    ]
+    has_message = any(isinstance(item, OutputMessage) for item in resource.output)
+    message = AssistantMessage(content=text if has_message or not calls else None, tool_calls=calls or None)
+    return ChatCompletion(
+        id=completion_id(resource.id),
+        created=resource.created_at,
+        model=resource.model,
+        choices=[Choice(message=message, finish_reason=finish_reason(resource))],
+        usage=completion_usage(resource.usage),
+        service_tier=resource.service_tier,
+    )
+
+
+class ChunkWriter:
+    """Turns one response's stream events into chat completion chunks, in order."""
+
+    def __init__(self, response_id: str, created: int, model: str, *, include_usage: bool) -> None:
+        self._base: dict[str, Any] = {"id": completion_id(response_id), "created": created, "model": model}
+        self._include_usage = include_usage
+        self._tool_index: dict[str, int] = {}
+
+    def _chunk(self, delta: ChunkDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**self._base, choices=[ChunkChoice(delta=delta, finish_reason=finish)])
+
+    def first(self) -> ChatCompletionChunk:
+        """The opening chunk: the role, no content (as OpenAI sends it)."""
+        return self._chunk(ChunkDelta(role="assistant", content=""))
+
+    def chunks(self, event: Any) -> list[ChatCompletionChunk]:
+        """The chunks one event becomes (none for most lifecycle events)."""
+        if isinstance(event, OutputTextDeltaEvent):
+            return [self._chunk(ChunkDelta(content=event.delta))] if event.delta else []
+        if isinstance(event, OutputItemEvent) and event.type == "response.output_item.added":
+            item = event.item
+            if isinstance(item, FunctionCallItem):
+                index = self._tool_index.setdefault(item.id, len(self._tool_index))
+                call = ToolCallDelta(
+                    index=index,
+                    id=item.call_id,
+                    type="function",
+                    function=FunctionCallDelta(name=item.name, arguments=""),
+                )
+                return [self._chunk(ChunkDelta(tool_calls=[call]))]
+            return []
+        if isinstance(event, FunctionCallArgumentsDeltaEvent):
+            index = self._tool_index.setdefault(event.item_id, len(self._tool_index))
+            call = ToolCallDelta(index=index, function=FunctionCallDelta(arguments=event.delta))
+            return [self._chunk(ChunkDelta(tool_calls=[call]))]
+        return []
+
+    def last(self, resource: ResponseResource) -> list[ChatCompletionChunk]:
+        """The finish chunk, then (when asked for) the usage chunk with no choices."""
+        chunks = [self._chunk(ChunkDelta(), finish_reason(resource))]
+        if self._include_usage:
+            chunks.append(
+                ChatCompletionChunk(**self._base, choices=[], usage=completion_usage(resource.usage))
+            )
+        return chunks

@@ -1,0 +1,214 @@
+"""A chat completions request as the Responses body that means the same (one translation).
+
+Every chat field maps onto a Responses field whose handling already exists (messages -> input
+items, tool messages -> function_call_output with the same part lists and image lowering, tools,
+tool_choice, response_format -> text.format, max_tokens -> max_output_tokens), or onto engine
+sampling settings the Responses API has no field for (`seed`, `stop`: `ChatRequest.sampling`).
+What neither can carry is a 400 naming the chat field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmserve.responses import InvalidRequestError
+
+from ._request_models import (
+    AssistantMessageParam,
+    ChatCompletionBody,
+    Content,
+    ImageURLPartParam,
+    OtherMessageParam,
+    RefusalPartParam,
+    SystemMessageParam,
+    TextPartParam,
+    ToolMessageParam,
+    UserMessageParam,
+    parse_chat_body,
+)
+
+
+@dataclass
+class ChatRequest:
+    """A parsed chat request: its Responses body, and what goes straight to the engine."""
+
+    responses_body: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+def _unsupported(param: str, message: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"Invalid value for '{param}': {message}", param=param, code="unsupported_value"
+    )
+
+
+def _parts(content: Content, where: str, *, text_type: str, images: bool) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": text_type, "text": content}]
+    parts: list[dict[str, Any]] = []
+    for index, part in enumerate(content):
+        at = f"{where}[{index}]"
+        if isinstance(part, TextPartParam):
+            parts.append({"type": text_type, "text": part.text})
+        elif isinstance(part, RefusalPartParam) and text_type == "output_text":
+            parts.append({"type": text_type, "text": part.refusal})
+        elif isinstance(part, ImageURLPartParam) and images:
+            image: dict[str, Any] = {"type": "input_image", "image_url": part.image_url.url}
+            image["detail"] = part.image_url.detail or "auto"
+            parts.append(image)
+        else:
+            raise _unsupported(f"{at}.type", f"'{part.type}' parts are not supported in this message.")
+    return parts
+
+
+def _input_items(body: ChatCompletionBody) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for index, message in enumerate(body.messages):
+        where = f"messages[{index}]"
+        if isinstance(message, SystemMessageParam):
+            # Images in system/developer turns follow the same lowering as on /v1/responses.
+            parts = _parts(message.content, f"{where}.content", text_type="input_text", images=True)
+            items.append({"type": "message", "role": message.role, "content": parts})
+        elif isinstance(message, UserMessageParam):
+            parts = _parts(message.content, f"{where}.content", text_type="input_text", images=True)
+            items.append({"type": "message", "role": "user", "content": parts})
+        elif isinstance(message, AssistantMessageParam):
+            if message.content is not None and message.content != "" and message.content != []:
+                parts = _parts(message.content, f"{where}.content", text_type="output_text", images=False)
+                items.append({"type": "message", "role": "assistant", "content": parts})
+            for call in message.tool_calls or []:
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.id,
+                        "name": call.function.name,
+                        "arguments": call.function.arguments,
+                    }
+                )
+        elif isinstance(message, ToolMessageParam):
+            content = message.content
+            output: str | list[dict[str, Any]] = (
+                content
+                if isinstance(content, str)
+                else _parts(content, f"{where}.content", text_type="input_text", images=True)
+            )
+            items.append({"type": "function_call_output", "call_id": message.tool_call_id, "output": output})
+        else:
+            assert isinstance(message, OtherMessageParam)
+            raise _unsupported(f"{where}.role", f"'{message.role}' messages are not supported; use 'tool'.")
+    return items
+
+
+def _tools(body: ChatCompletionBody) -> list[dict[str, Any]] | None:
+    if body.tools is None:
+        return None
+    tools: list[dict[str, Any]] = []
+    for index, tool in enumerate(body.tools):
+        if tool.type != "function":
+            raise _unsupported(
+                f"tools[{index}].type", f"'{tool.type}' tools are not supported; use 'function'."
+            )
+        if tool.function is None:
+            raise InvalidRequestError(
+                f"Missing required parameter: 'tools[{index}].function'.",
+                param=f"tools[{index}].function",
+                code="missing_required_parameter",
+            )
+        definition = tool.function
+        tools.append(
+            {
+                "type": "function",
+                "name": definition.name,
+                "description": definition.description,
+                "parameters": definition.parameters,
+                "strict": definition.strict,
+            }
+        )
+    return tools
+
+
+def _text_format(body: ChatCompletionBody) -> dict[str, Any] | None:
+    response_format = body.response_format
+    if response_format is None:
+        return None
+    if response_format.type != "json_schema":
+        return {"format": {"type": response_format.type}}
+    schema = response_format.json_schema
+    if schema is None:
+        raise InvalidRequestError(
+            "Missing required parameter: 'response_format.json_schema'.",
+            param="response_format.json_schema",
+            code="missing_required_parameter",
+        )
+    text_format: dict[str, Any] = {"type": "json_schema", "name": schema.name}
+    if schema.description is not None:
+        text_format["description"] = schema.description
+    text_format["schema"] = schema.schema_ if schema.schema_ is not None else {}
+    if schema.strict is not None:
+        text_format["strict"] = schema.strict
+    return {"format": text_format}
+
+
+def _refuse_unsupported(body: ChatCompletionBody) -> None:
+    if body.n is not None and body.n != 1:
+        raise _unsupported("n", "only one choice per request is supported (n = 1).")
+    if body.logprobs:
+        raise _unsupported("logprobs", "log probabilities are not supported by this server.")
+    if body.top_logprobs:
+        raise _unsupported("top_logprobs", "log probabilities are not supported by this server.")
+    if body.logit_bias:
+        raise _unsupported("logit_bias", "logit bias is not supported by this server.")
+    if body.store:
+        raise _unsupported("store", "stored chat completions are not supported; use /v1/responses.")
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequestError(
+            "Invalid value for 'stream_options': only allowed when 'stream' is true.", param="stream_options"
+        )
+
+
+def chat_request(raw: object) -> ChatRequest:
+    """Validate a chat completions body and translate it (InvalidRequestError naming the field)."""
+    body = parse_chat_body(raw)
+    _refuse_unsupported(body)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    responses_body: dict[str, Any] = {
+        "model": body.model,
+        "input": _input_items(body),
+        "store": False,
+        "stream": bool(body.stream),
+    }
+    optional: dict[str, Any] = {
+        "tools": _tools(body),
+        "tool_choice": (
+            {"type": "function", "name": body.tool_choice.function.name}
+            if body.tool_choice is not None and not isinstance(body.tool_choice, str)
+            else body.tool_choice
+        ),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "text": _text_format(body),
+        "max_output_tokens": max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        # Refused by the Responses translation unless 0, under the same name.
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "reasoning": {"effort": body.reasoning_effort} if body.reasoning_effort is not None else None,
+        "metadata": body.metadata,
+        "service_tier": body.service_tier,
+        "prompt_cache_key": body.prompt_cache_key,
+        "safety_identifier": body.safety_identifier,
+        "user": body.user,
+    }
+    responses_body.update({key: value for key, value in optional.items() if value is not None})
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return ChatRequest(
+        responses_body=responses_body,
+        stream=bool(body.stream),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        seed=body.seed,
+        stop=stop,
+    )

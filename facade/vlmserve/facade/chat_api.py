@@ -1,0 +1,121 @@
+"""`POST /v1/chat/completions`: the Responses path (same translation, engine, limits and errors)
+answered as a chat completion, streamed or not. Nothing is stored (`store: true` is refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from vlmserve.chat import ChunkWriter, chat_completion, chat_request
+from vlmserve.responses import ErrorEvent, ResponseResource
+
+from .api_schema import CREATE_CHAT_COMPLETION_BODY
+from .body_budget import BodyHold
+from .request_body import read_json
+from .responses_api import (
+    CLIENT_CLOSED_REQUEST,
+    STREAM_CUTOFF_AFTER_GRACE_S,
+    cancel_after_shutdown,
+    collect,
+    ignored_tools_header,
+    unless_disconnected,
+)
+from .running_response import Generation
+from .state import FacadeState, facade_state, owner_of
+
+router = APIRouter(prefix="/v1/chat", tags=["chat"])
+State = Annotated[FacadeState, Depends(facade_state)]
+
+
+@router.post(
+    "/completions",
+    operation_id="createChatCompletion",
+    openapi_extra=CREATE_CHAT_COMPLETION_BODY,
+    response_model=None,
+)
+async def create_chat_completion(request: Request, state: State) -> Response:
+    hold = BodyHold(state.body_budget)
+    try:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        chat = await state.responses.run_translation(chat_request, body)
+        del body
+        generation = await state.responses.prepare(chat.responses_body, owner=owner_of(request))
+        # Engine settings the Responses API has no field for.
+        if chat.seed is not None:
+            generation.request.sampling.seed = chat.seed
+        generation.request.sampling.stop.extend(chat.stop)
+    except BaseException:
+        hold.release()
+        raise
+
+    async def finish() -> None:
+        try:
+            await generation.abandon()
+        finally:
+            hold.release()
+
+    headers = ignored_tools_header(generation)
+    first_message_s = state.settings.timeouts.stream_first_message
+    if chat.stream:
+        try:
+            await generation.open(first_message_s)
+        except BaseException:
+            await finish()
+            raise
+        shutdown = anyio.Event()
+        grace_s = state.settings.shutdown_grace_s
+        writer = ChunkWriter(
+            generation.response_id,
+            generation.resource.created_at,
+            generation.resource.model,
+            include_usage=chat.include_usage,
+        )
+        return EventSourceResponse(
+            _chunks(generation, writer, shutdown, grace_s),
+            headers=headers,
+            sep="\n",
+            background=BackgroundTask(finish),
+            shutdown_event=shutdown,
+            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
+        )
+    try:
+        resource = await unless_disconnected(request, collect(generation, first_message_s))
+    finally:
+        await finish()
+    if resource is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    completion = chat_completion(ResponseResource.model_validate(resource))
+    return JSONResponse(completion.to_json(), headers=headers)
+
+
+def _data(payload: dict[str, Any]) -> ServerSentEvent:
+    # One line of ASCII JSON per chunk (as on /v1/responses).
+    return ServerSentEvent(data=json.dumps(payload, separators=(",", ":")))
+
+
+async def _chunks(
+    generation: Generation, writer: ChunkWriter, shutdown: anyio.Event, grace_s: float
+) -> AsyncIterator[ServerSentEvent]:
+    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
+    try:
+        yield _data(writer.first().to_json())
+        async for event in generation.events():
+            if isinstance(event, ErrorEvent):
+                # OpenAI's chat streams carry a failure as an `error` object, then end.
+                yield _data({"error": event.error.to_json()})
+                return
+            for chunk in writer.chunks(event):
+                yield _data(chunk.to_json())
+        for chunk in writer.last(generation.builder.snapshot()):
+            yield _data(chunk.to_json())
+        yield ServerSentEvent(data="[DONE]")
+    finally:
+        drain.cancel()
