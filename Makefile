@@ -54,7 +54,7 @@ test: install $(if $(shell command -v npm),node-deps)
 # The inner loop: unit and in-process tests (scripted engine, no processes, no real model), not
 # the `slow` ones; about a minute and a half on 2 cores. `make test` runs everything (CI does).
 FAST_TESTS := tests/common tests/responses tests/facade tests/hardening tests/client/test_images.py \
-	tests/test_vendored_schema.py
+	tests/test_vendored_schema.py tests/test_architecture_doc.py
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
 
