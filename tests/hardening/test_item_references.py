@@ -134,7 +134,8 @@ async def test_conversation_items_store_what_a_reference_resolved_to(http: httpx
     conversation = (await http.post("/v1/conversations", json={"items": [ref("msg_kept")]})).json()
     items = (await http.get(f"/v1/conversations/{conversation['id']}/items")).json()["data"]
     shown = [(item["id"], item["role"], item["content"]) for item in items]
-    assert shown == [("msg_kept", "user", "kept")]
+    # Listed as OpenAI lists conversation items: content as typed parts.
+    assert shown == [("msg_kept", "user", [{"type": "input_text", "text": "kept"}])]
     reused = await respond(http, conversation=conversation["id"], input=[ref("msg_kept")])
     assert reused.status_code == 200, reused.text
 

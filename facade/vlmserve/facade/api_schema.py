@@ -51,7 +51,16 @@ class AddConversationItemsBody(RequestModel):
     items: Annotated[list[InputItemParam], Field(min_length=1)]
 
 
+class UpdateConversationBody(RequestModel):
+    """`POST /v1/conversations/{id}`: the new metadata (replaces the old)."""
+
+    metadata: dict[str, Any] | None = Field(
+        description="At most 16 pairs; keys at most 64 characters, values strings of at most 512.",
+    )
+
+
 CREATE_CONVERSATION = TypeAdapter(CreateConversationBody)
+UPDATE_CONVERSATION = TypeAdapter(UpdateConversationBody)
 ADD_CONVERSATION_ITEMS_BODY = TypeAdapter(AddConversationItemsBody)
 
 # Documented models, and the JSON schema mode each is documented in.
@@ -59,6 +68,7 @@ _MODELS: list[tuple[type[BaseModel], Any]] = [
     (CreateResponseBody, "validation"),
     (CreateConversationBody, "validation"),
     (AddConversationItemsBody, "validation"),
+    (UpdateConversationBody, "validation"),
     (ResponseResource, "serialization"),
     (ChatCompletionBody, "validation"),
     (ChatCompletion, "serialization"),
@@ -124,6 +134,7 @@ CREATE_CONVERSATION_BODY = _body(
     ),
 )
 ADD_CONVERSATION_ITEMS_REQUEST = _body(AddConversationItemsBody)
+UPDATE_CONVERSATION_REQUEST = _body(UpdateConversationBody)
 CREATE_CHAT_COMPLETION_BODY = _body(
     ChatCompletionBody,
     answer={

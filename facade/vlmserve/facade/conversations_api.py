@@ -17,6 +17,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import (
     ConversationResource,
     DeletedObject,
+    IncludeValue,
     InvalidRequestError,
     ItemList,
     input_to_messages,
@@ -34,12 +35,15 @@ from .api_schema import (
     DELETE_CONVERSATION,
     LIST_CONVERSATION_ITEMS,
     RETRIEVE_CONVERSATION,
+    UPDATE_CONVERSATION,
+    UPDATE_CONVERSATION_REQUEST,
 )
 from .catalog import image_limits, images_per_request
 from .http_errors import APIError, not_found
 from .item_references import ItemReferences, check_reference_count
 from .request_body import read_json
 from .request_limits import check_image_count, count_contract_images, count_image_parts
+from .resource import conversation_item
 from .responses_api import item_list, item_page
 from .state import FacadeState, facade_state, owner_of
 from .storage import ItemPage, StoredItem
@@ -96,6 +100,64 @@ async def retrieve_conversation(conversation_id: str, request: Request, state: S
     return conversation
 
 
+@router.post(
+    "/{conversation_id}",
+    operation_id="updateConversation",
+    openapi_extra=UPDATE_CONVERSATION_REQUEST,
+    response_model=ConversationResource,
+)
+async def update_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    parse_as(UPDATE_CONVERSATION, body, "")
+    metadata = parse_metadata(body.get("metadata"))
+    updated = await asyncio.to_thread(
+        state.store.update_conversation, conversation_id, metadata=metadata, owner=owner_of(request)
+    )
+    if updated is None:
+        raise not_found("conversation", conversation_id)
+    return updated
+
+
+@router.get("/{conversation_id}/items/{item_id}", operation_id="retrieveConversationItem")
+async def retrieve_conversation_item(
+    conversation_id: str,
+    item_id: str,
+    request: Request,
+    state: State,
+    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
+) -> dict[str, Any]:
+    stored = await asyncio.to_thread(
+        state.store.get_conversation_item, conversation_id, item_id, owner=owner_of(request)
+    )
+    if stored is None:
+        raise not_found("conversation item", item_id)
+    return conversation_item(stored)
+
+
+@router.delete(
+    "/{conversation_id}/items/{item_id}",
+    operation_id="deleteConversationItem",
+    response_model=ConversationResource,
+)
+async def delete_conversation_item(
+    conversation_id: str, item_id: str, request: Request, state: State
+) -> dict[str, Any]:
+    owner = owner_of(request)
+    deleted = await asyncio.to_thread(
+        state.store.delete_conversation_item, conversation_id, item_id, owner=owner
+    )
+    if not deleted:
+        raise not_found("conversation item", item_id)
+    conversation = await asyncio.to_thread(state.store.get_conversation, conversation_id, owner=owner)
+    if conversation is None:
+        raise not_found("conversation", conversation_id)
+    # OpenAI answers with the conversation the item was removed from.
+    return conversation
+
+
 @router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION, response_model=DeletedObject)
 async def delete_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
     deleted = await asyncio.to_thread(
@@ -114,6 +176,8 @@ async def list_conversation_items(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
+    # Validated (400 naming include[i]); items already carry what each value asks for.
+    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
 ) -> dict[str, Any]:
     return await item_page(
         state.store.list_conversation_items,
@@ -123,6 +187,7 @@ async def list_conversation_items(
         after=after,
         limit=limit,
         order=order,
+        listed=conversation_item,
     )
 
 
@@ -166,7 +231,7 @@ async def _add_conversation_items(
 
 
 def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
-    return item_list(ItemPage(items=items, has_more=False))
+    return item_list(ItemPage(items=items, has_more=False), conversation_item)
 
 
 async def _checked_items(

@@ -68,6 +68,23 @@ def listed_item(stored: StoredItem) -> dict[str, Any]:
     return item
 
 
+def conversation_item(stored: StoredItem) -> dict[str, Any]:
+    """A stored item as OpenAI lists conversation items: `listed_item`, and a message always
+    has `type`, `status` and its content as typed parts (a string becomes one text part)."""
+    item = listed_item(stored)
+    if "role" in item and item.get("type") in (None, "message"):
+        item["type"] = "message"
+        item.setdefault("status", "completed")
+        content = item.get("content")
+        if isinstance(content, str):
+            text_type = "output_text" if item["role"] == "assistant" else "input_text"
+            part: dict[str, Any] = {"type": text_type, "text": content}
+            if text_type == "output_text":
+                part["annotations"] = []
+            item["content"] = [part]
+    return item
+
+
 def _default_detail(part: object) -> None:
     if not isinstance(part, dict):
         return

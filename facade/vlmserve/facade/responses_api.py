@@ -30,7 +30,7 @@ from .request_body import read_json
 from .resource import listed_item
 from .running_response import Generation
 from .state import FacadeState, facade_state, owner_of
-from .storage import ItemPage, UnknownCursorError
+from .storage import ItemPage, StoredItem, UnknownCursorError
 
 T = TypeVar("T")
 
@@ -178,6 +178,7 @@ async def item_page(
     after: str | None,
     limit: int,
     order: str,
+    listed: Callable[[StoredItem], dict[str, Any]] = listed_item,
 ) -> dict[str, Any]:
     """One page of a response's input items or a conversation's items, as an OpenAI list."""
     try:
@@ -189,11 +190,11 @@ async def item_page(
         raise APIError(400, f"Invalid value for 'after': no {noun} has this id.", param="after") from None
     if page is None:
         raise not_found(kind, object_id)
-    return item_list(page)
+    return item_list(page, listed)
 
 
-def item_list(page: ItemPage) -> dict[str, Any]:
-    data = [listed_item(entry) for entry in page.items]
+def item_list(page: ItemPage, listed: Callable[[StoredItem], dict[str, Any]] = listed_item) -> dict[str, Any]:
+    data = [listed(entry) for entry in page.items]
     return {
         "object": "list",
         "data": data,

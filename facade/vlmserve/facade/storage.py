@@ -121,6 +121,16 @@ class Store(Protocol):
 
     def delete_conversation(self, conversation_id: str, *, owner: str = "") -> bool: ...
 
+    def update_conversation(
+        self, conversation_id: str, *, metadata: dict[str, str], owner: str = ""
+    ) -> dict[str, Any] | None: ...
+
+    def get_conversation_item(
+        self, conversation_id: str, item_id: str, *, owner: str = ""
+    ) -> StoredItem | None: ...
+
+    def delete_conversation_item(self, conversation_id: str, item_id: str, *, owner: str = "") -> bool: ...
+
     def list_conversation_items(
         self,
         conversation_id: str,

@@ -557,6 +557,66 @@ class ResponseStore:
             self._vacuum()
         return bool(rows)
 
+    def update_conversation(
+        self, conversation_id: str, *, metadata: dict[str, str], owner: str = ""
+    ) -> dict[str, Any] | None:
+        """Replace a conversation's metadata; None when it is gone."""
+        metadata_text = json.dumps(metadata)
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT created_at, metadata FROM conversations WHERE id = ? AND owner = ?",
+                (conversation_id, owner),
+            ).fetchall()
+            if not rows:
+                return None
+            change = len(metadata_text) - len(rows[0][1])
+            db.execute(
+                "UPDATE conversations SET metadata = ?, size = size + ? WHERE id = ?",
+                (metadata_text, change, conversation_id),
+            )
+            _add_usage(db, owner, change)
+        return _conversation_object(conversation_id, rows[0][0], metadata)
+
+    def get_conversation_item(
+        self, conversation_id: str, item_id: str, *, owner: str = ""
+    ) -> StoredItem | None:
+        rows = self._query(
+            "SELECT i.item FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id"
+            " WHERE i.conversation_id = ? AND i.item_id = ? AND c.owner = ? ORDER BY i.position LIMIT 1",
+            (conversation_id, item_id, owner),
+        )
+        return StoredItem(item_id, json.loads(rows[0][0])) if rows else None
+
+    def delete_conversation_item(self, conversation_id: str, item_id: str, *, owner: str = "") -> bool:
+        """Remove one item. The stored contract messages of the batch it was added with go too:
+        the conversation then replays by translating its raw items (see conversation_replay)."""
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT i.position, length(i.item) FROM conversation_items i"
+                " JOIN conversations c ON c.id = i.conversation_id"
+                " WHERE i.conversation_id = ? AND i.item_id = ? AND c.owner = ? ORDER BY i.position LIMIT 1",
+                (conversation_id, item_id, owner),
+            ).fetchall()
+            if not rows:
+                return False
+            position, size = rows[0]
+            db.execute(
+                "DELETE FROM conversation_items WHERE conversation_id = ? AND position = ?",
+                (conversation_id, position),
+            )
+            chunks = db.execute(
+                "DELETE FROM conversation_messages WHERE conversation_id = ? AND position <= ?"
+                " AND position + item_count > ? RETURNING length(messages)",
+                (conversation_id, position, position),
+            ).fetchall()
+            size += sum(int(length) for (length,) in chunks)
+            db.execute(
+                "UPDATE conversations SET size = MAX(size - ?, 0) WHERE id = ?", (size, conversation_id)
+            )
+            _add_usage(db, owner, -size)
+        self._cache.forget(conversation_id)
+        return True
+
     def list_conversation_items(
         self,
         conversation_id: str,
@@ -598,8 +658,10 @@ class ResponseStore:
             "SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
         ).fetchall():
             return False
+        # After the last position, not the count: deleted items leave gaps.
         (start,) = db.execute(
-            "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
+            "SELECT COALESCE(MAX(position) + 1, 0) FROM conversation_items WHERE conversation_id = ?",
+            (conversation_id,),
         ).fetchone()
         rows = [(conversation_id, start + i, s.id, json.dumps(s.item)) for i, s in enumerate(items)]
         db.executemany(
