@@ -304,3 +304,56 @@ async def test_an_engine_failure_mid_stream_is_an_error_object(
     payloads = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert "error" in payloads[-1]
     assert payloads[-1]["error"]["message"]
+
+
+TRANSLATED_PARAMS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "bad image in a user message",
+        {
+            "messages": [
+                user({"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:,"}})
+            ]
+        },
+        "messages[0].content[1]",
+    ),
+    (
+        "bad image in a tool message",
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "tool_call_id": "c1",
+                    "content": [{"type": "image_url", "image_url": {"url": "data:,"}}],
+                },
+            ]
+        },
+        "messages[2].content[0]",
+    ),
+    ("too many output tokens", {"max_tokens": 10**9}, "max_tokens"),
+    (
+        "forced tool not offered",
+        {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "param"), TRANSLATED_PARAMS, ids=[row[0] for row in TRANSLATED_PARAMS]
+)
+async def test_errors_of_the_shared_translation_name_the_chat_field(
+    http: httpx.AsyncClient, case: str, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], **extra}
+    answer = await http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"].startswith(param), error
+    assert "input" not in error["param"] and "'input" not in error["message"]

@@ -9,6 +9,7 @@ What neither can carry is a 400 naming the chat field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,50 @@ class ChatRequest:
     include_usage: bool
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    # For each Responses input item, the chat path it came from (`messages[2].tool_calls[0]`).
+    origins: list[str] = field(default_factory=list)
+    max_tokens_param: str = "max_completion_tokens"
+
+    def chat_param(self, param: str | None) -> str | None:
+        """A Responses field path (from the shared translation) as the chat field it came from."""
+        if param is None:
+            return None
+        found = _INPUT_ITEM.match(param)
+        if found is not None:
+            index, rest = int(found.group(1)), found.group(2)
+            if index >= len(self.origins):
+                return "messages"
+            origin = self.origins[index]
+            for old, new in _ITEM_FIELDS:
+                if rest.startswith(old):
+                    rest = new + rest.removeprefix(old)
+                    break
+            return origin + rest
+        if param == "input" or param.startswith("input."):
+            return "messages"
+        if param == "max_output_tokens":
+            return self.max_tokens_param
+        for old, new in _BODY_FIELDS:
+            if param == old or param.startswith((old + ".", old + "[")):
+                return new + param.removeprefix(old)
+        tool = _TOOL_FIELD.match(param)
+        if tool is not None:
+            return f"tools[{tool.group(1)}].function.{tool.group(2)}"
+        return param
+
+
+_INPUT_ITEM = re.compile(r"^input\[(\d+)\](.*)$")
+_TOOL_FIELD = re.compile(r"^tools\[(\d+)\]\.((?:name|description|parameters|strict).*)$")
+# Item fields as the chat message spells them (a tool message's `output` is its `content`).
+_ITEM_FIELDS = ((".output", ".content"), (".arguments", ".function.arguments"), (".name", ".function.name"))
+_BODY_FIELDS = (
+    ("text.format.schema", "response_format.json_schema.schema"),
+    ("text.format.name", "response_format.json_schema.name"),
+    ("text.format.strict", "response_format.json_schema.strict"),
+    ("text.format", "response_format"),
+    ("tool_choice.name", "tool_choice.function.name"),
+    ("reasoning.effort", "reasoning_effort"),
+)
 
 
 def _unsupported(param: str, message: str) -> InvalidRequestError:
@@ -65,10 +110,12 @@ def _parts(content: Content, where: str, *, text_type: str, images: bool) -> lis
     return parts
 
 
-def _input_items(body: ChatCompletionBody) -> list[dict[str, Any]]:
+def _input_items(body: ChatCompletionBody, origins: list[str]) -> list[dict[str, Any]]:
+    """The messages as input items; `origins` gets each item's chat path."""
     items: list[dict[str, Any]] = []
     for index, message in enumerate(body.messages):
         where = f"messages[{index}]"
+        first = len(items)
         if isinstance(message, SystemMessageParam):
             # Images in system/developer turns follow the same lowering as on /v1/responses.
             parts = _parts(message.content, f"{where}.content", text_type="input_text", images=True)
@@ -100,6 +147,11 @@ def _input_items(body: ChatCompletionBody) -> list[dict[str, Any]]:
         else:
             assert isinstance(message, OtherMessageParam)
             raise _unsupported(f"{where}.role", f"'{message.role}' messages are not supported; use 'tool'.")
+        added = len(items) - first
+        calls = message.tool_calls or [] if isinstance(message, AssistantMessageParam) else []
+        message_items = added - len(calls)
+        origins.extend([where] * message_items)
+        origins.extend(f"{where}.tool_calls[{j}]" for j in range(len(calls)))
     return items
 
 
@@ -175,9 +227,10 @@ def chat_request(raw: object) -> ChatRequest:
     body = parse_chat_body(raw)
     _refuse_unsupported(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    origins: list[str] = []
     responses_body: dict[str, Any] = {
         "model": body.model,
-        "input": _input_items(body),
+        "input": _input_items(body, origins),
         "store": False,
         "stream": bool(body.stream),
     }
@@ -211,4 +264,6 @@ def chat_request(raw: object) -> ChatRequest:
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         seed=body.seed,
         stop=stop,
+        origins=origins,
+        max_tokens_param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
     )

@@ -4,8 +4,9 @@ answered as a chat completion, streamed or not. Nothing is stored (`store: true`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 import anyio
@@ -14,11 +15,12 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from vlmserve.chat import ChunkWriter, chat_completion, chat_request
-from vlmserve.responses import ErrorEvent, ResponseResource
+from vlmserve.chat import ChatRequest, ChunkWriter, chat_completion, chat_request
+from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
 
 from .api_schema import CREATE_CHAT_COMPLETION_BODY
 from .body_budget import BodyHold
+from .http_errors import APIError
 from .request_body import read_json
 from .responses_api import (
     CLIENT_CLOSED_REQUEST,
@@ -47,7 +49,8 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
         chat = await state.responses.run_translation(chat_request, body)
         del body
-        generation = await state.responses.prepare(chat.responses_body, owner=owner_of(request))
+        with _chat_params(chat):
+            generation = await state.responses.prepare(chat.responses_body, owner=owner_of(request))
         # Engine settings the Responses API has no field for.
         if chat.seed is not None:
             generation.request.sampling.seed = chat.seed
@@ -66,7 +69,8 @@ async def create_chat_completion(request: Request, state: State) -> Response:
     first_message_s = state.settings.timeouts.stream_first_message
     if chat.stream:
         try:
-            await generation.open(first_message_s)
+            with _chat_params(chat):
+                await generation.open(first_message_s)
         except BaseException:
             await finish()
             raise
@@ -87,13 +91,31 @@ async def create_chat_completion(request: Request, state: State) -> Response:
             shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
         )
     try:
-        resource = await unless_disconnected(request, collect(generation, first_message_s))
+        with _chat_params(chat):
+            resource = await unless_disconnected(request, collect(generation, first_message_s))
     finally:
         await finish()
     if resource is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     completion = chat_completion(ResponseResource.model_validate(resource))
     return JSONResponse(completion.to_json(), headers=headers)
+
+
+@contextlib.contextmanager
+def _chat_params(chat: ChatRequest) -> Iterator[None]:
+    """Errors of the shared Responses translation (and the engine's), naming the chat field."""
+    try:
+        yield
+    except (InvalidRequestError, APIError) as error:
+        param = chat.chat_param(error.param)
+        message = (
+            error.message.replace(f"'{error.param}", f"'{param}") if error.param and param else error.message
+        )
+        headers = error.headers if isinstance(error, APIError) else None
+        kind = error.type if isinstance(error, APIError) else None
+        raise APIError(
+            error.status, message, param=param, code=error.code, type=kind, headers=headers
+        ) from None
 
 
 def _data(payload: dict[str, Any]) -> ServerSentEvent:
