@@ -83,7 +83,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
             include_usage=chat.include_usage,
         )
         return EventSourceResponse(
-            _chunks(generation, writer, shutdown, grace_s),
+            _chunks(generation, chat, writer, shutdown, grace_s),
             headers=headers,
             sep="\n",
             background=BackgroundTask(finish),
@@ -124,7 +124,7 @@ def _data(payload: dict[str, Any]) -> ServerSentEvent:
 
 
 async def _chunks(
-    generation: Generation, writer: ChunkWriter, shutdown: anyio.Event, grace_s: float
+    generation: Generation, chat: ChatRequest, writer: ChunkWriter, shutdown: anyio.Event, grace_s: float
 ) -> AsyncIterator[ServerSentEvent]:
     drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
     try:
@@ -132,7 +132,9 @@ async def _chunks(
         async for event in generation.events():
             if isinstance(event, ErrorEvent):
                 # OpenAI's chat streams carry a failure as an `error` object, then end.
-                yield _data({"error": event.error.to_json()})
+                error = event.error.to_json()
+                error["param"] = chat.chat_param(event.error.param)
+                yield _data({"error": error})
                 return
             for chunk in writer.chunks(event):
                 yield _data(chunk.to_json())
