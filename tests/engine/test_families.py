@@ -35,25 +35,10 @@ from vlmserve.responses import lower_messages
 
 __all__ = ["family"]  # the fixture, imported for this module
 
-# mlx-vlm 0.7.10's LlavaProcessor passes `padding` to transformers 5's CLIP image processor,
-# which refuses it: every LLaVA image request fails inside mlx-vlm (docs/models.md). Strict:
-# a fixed mlx-vlm shows up as an unexpected pass.
-IMAGES_BROKEN_UPSTREAM: frozenset[str] = frozenset()
-
-
-def _skipped(family: str, conversation: str) -> bool:
-    return conversation != "text" and family in IMAGES_BROKEN_UPSTREAM
-
-
-def skip_known(family: str, conversation: str) -> None:
-    if _skipped(family, conversation):
-        pytest.xfail("mlx-vlm 0.7.10's LlavaProcessor cannot process images with transformers 5")
-
 
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
 def test_greedy_output_matches_mlx_vlm(family: FamilyEngine, conversation: str) -> None:
     messages = CONVERSATIONS[conversation]
-    skip_known(family.name, conversation)
     result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(messages)), timeout=120).result
     expected_text, expected_prompt_tokens = reference_generate(family.reference, messages, MAX_TOKENS)
     assert result.text == expected_text
@@ -64,7 +49,6 @@ def test_greedy_output_matches_mlx_vlm(family: FamilyEngine, conversation: str) 
 
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
 def test_count_tokens_matches_generate(family: FamilyEngine, conversation: str) -> None:
-    skip_known(family.name, conversation)
     request = greedy(CONVERSATIONS[conversation], max_tokens=1)
     counted = family.stub.CountTokens(pb.CountTokensRequest(request=request), timeout=60)
     result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=60).result
@@ -179,7 +163,7 @@ def test_requests_running_together_match_each_alone(family: FamilyEngine) -> Non
     """Several requests in flight at once (interleaved or batched by the engine) each produce
     exactly the tokens they produce alone: rows must not leak into each other (positions, caches,
     image features, masks)."""
-    names = [name for name in ("text", "one_image", "two_images") if not _skipped(family.name, name)]
+    names = ["text", "one_image", "two_images"]
     futures = [
         family.stub.GenerateUnary.future(
             pb.GenerateUnaryRequest(request=greedy(CONVERSATIONS[name])), timeout=180
@@ -204,7 +188,6 @@ DETAIL_CHANGES_TOKENS = frozenset(
 
 @pytest.mark.parametrize("size", [(400, 100), (160, 320)])
 def test_detail_low_looks_at_fewer_image_tokens(family: FamilyEngine, size: tuple[int, int]) -> None:
-    skip_known(family.name, "one_image")
     data = png(*size, seed=3)
 
     def request(detail: pb.ImageDetail.ValueType) -> pb.GenerateRequest:
