@@ -467,12 +467,10 @@ class Generator:
             starting.remove(generation)
         try:
             logits = batch.add_prefilled_together(group)
-        except Exception as error:
+        except Exception:
             log.exception("shared prefill failed")
             for generation in group:
-                generation.fail(
-                    RequestError(grpc.StatusCode.INTERNAL, f"generation failed ({type(error).__name__})")
-                )
+                generation.fail(internal_error())  # the text and traceback are in the log
                 self._leave(generation, batch, starting)
             return budget
         self.prefilled_together += len(group)
