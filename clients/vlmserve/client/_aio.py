@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -20,6 +21,7 @@ from ._options import (
     auth_metadata,
     channel_options,
 )
+from ._targets import balancing_options, engine_target, names_several_engines
 
 
 class AsyncEngineClient:
@@ -40,7 +42,10 @@ class AsyncEngineClient:
         channel: grpc.aio.Channel | None = None,
     ) -> None:
         if channel is None:
-            options = channel_options(max_message_bytes)
+            target = engine_target(target)
+            options: list[tuple[str, Any]] = list(channel_options(max_message_bytes))
+            if names_several_engines(target):
+                options += balancing_options(max_message_bytes)
             if credentials is not None:
                 channel = grpc.aio.secure_channel(target, credentials, options=options)
             else:

@@ -169,7 +169,11 @@ class FacadeSettings(DeclaredSettings):
     ENV_PREFIX: ClassVar[str] = "VLMSERVE_FACADE_"
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    engine_address: str = Field("127.0.0.1:50051", description="engine gRPC target: host:port or unix:/path")
+    engine_address: str = Field(
+        "127.0.0.1:50051",
+        description="engine gRPC target: host:port, unix:/path, or several engines serving the same model "
+        "(a:p,b:p, ipv4:a:p,b:p, dns:///name:port), balanced round-robin over the healthy ones",
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
     store_path: Annotated[
