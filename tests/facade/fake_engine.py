@@ -29,6 +29,8 @@ class Script:
 
     text_chunks: list[str] = field(default_factory=lambda: ["Hello", ", ", "world."])
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
+    # Sent before the text, as a thinking model's reasoning.
+    reasoning_chunks: list[str] = field(default_factory=list)
     finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_STOP
     usage: pb.Usage = field(
         default_factory=lambda: pb.Usage(input_tokens=11, output_tokens=3, cached_tokens=2)
@@ -90,7 +92,8 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
         try:
             if script.first_delay_s:
                 await asyncio.sleep(script.first_delay_s)
-            chunks = [pb.GenerateChunk(text=text) for text in script.text_chunks]
+            chunks = [pb.GenerateChunk(reasoning_text=text) for text in script.reasoning_chunks]
+            chunks += [pb.GenerateChunk(text=text) for text in script.text_chunks]
             chunks += [pb.GenerateChunk(tool_call=call) for call in script.tool_calls]
             sent_text: list[str] = []
             index = 0
@@ -112,7 +115,12 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
             if script.error is not None and script.error_after >= len(chunks):
                 await _abort(context, script.error)
             yield _complete(
-                request, "".join(sent_text), script.tool_calls, script.finish_reason, script.usage
+                request,
+                "".join(sent_text),
+                script.tool_calls,
+                script.finish_reason,
+                script.usage,
+                reasoning_text="".join(script.reasoning_chunks),
             )
         except asyncio.CancelledError:
             self.cancelled.set()
@@ -168,6 +176,8 @@ def _complete(
     tool_calls: list[pb.ToolCall],
     finish_reason: pb.FinishReason.ValueType,
     usage: pb.Usage,
+    *,
+    reasoning_text: str = "",
 ) -> pb.GenerateResponse:
     images = sum(
         1 for message in request.messages for part in message.parts if part.WhichOneof("kind") == "image"
@@ -180,6 +190,7 @@ def _complete(
             request_id=request.request_id,
             model=MODEL_ID,
             text=text,
+            reasoning_text=reasoning_text,
             tool_calls=tool_calls,
             finish_reason=finish_reason,
             usage=counted,

@@ -9,7 +9,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ._output_models import OutboundModel, OutputItem, OutputTextContent, ResponseResource
+from ._output_models import (
+    OutboundModel,
+    OutputItem,
+    OutputTextContent,
+    ReasoningTextContent,
+    ResponseResource,
+)
 
 
 class _Event(OutboundModel):
@@ -46,7 +52,7 @@ class _InItem(_Event):
 class ContentPartEvent(_InItem):
     type: Literal["response.content_part.added", "response.content_part.done"]
     content_index: int
-    part: OutputTextContent
+    part: Annotated[OutputTextContent | ReasoningTextContent, Field(discriminator="type")]
 
 
 class OutputTextDeltaEvent(_InItem):
@@ -61,6 +67,18 @@ class OutputTextDoneEvent(_InItem):
     content_index: int
     text: str
     logprobs: list[dict[str, object]] = Field(default_factory=list)
+
+
+class ReasoningTextDeltaEvent(_InItem):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    content_index: int
+    delta: str
+
+
+class ReasoningTextDoneEvent(_InItem):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    content_index: int
+    text: str
 
 
 class FunctionCallArgumentsDeltaEvent(_InItem):
@@ -103,6 +121,8 @@ ResponseStreamEvent = Annotated[
     | ContentPartEvent
     | OutputTextDeltaEvent
     | OutputTextDoneEvent
+    | ReasoningTextDeltaEvent
+    | ReasoningTextDoneEvent
     | FunctionCallArgumentsDeltaEvent
     | FunctionCallArgumentsDoneEvent
     | CustomToolCallInputDeltaEvent

@@ -24,6 +24,9 @@ from ._output_models import (
     ItemStatus,
     OutputMessage,
     OutputTextContent,
+    OutputTokensDetails,
+    ReasoningItem,
+    ReasoningTextContent,
     ToolCallItem,
     Usage,
 )
@@ -61,13 +64,16 @@ def result_to_output_items(
     *,
     new_id: NewId,
     offered_tools: Mapping[str, OfferedTool] | None = None,
-) -> list[OutputMessage | ToolCallItem]:
-    """A GenerateResult as Responses `output` items: the message (if any text), then tool calls.
+) -> list[OutputMessage | ToolCallItem | ReasoningItem]:
+    """A GenerateResult as Responses `output` items: the reasoning (if any), the message (if any
+    text), then tool calls.
 
-    `new_id(prefix)` makes item ids; prefixes used: "msg", "fc", "ctc" and "call" (a call id,
+    `new_id(prefix)` makes item ids; prefixes used: "rs", "msg", "fc", "ctc" and "call" (a call id,
     only when the engine gave none).
     """
-    items: list[OutputMessage | ToolCallItem] = []
+    items: list[OutputMessage | ToolCallItem | ReasoningItem] = []
+    if result.reasoning_text:
+        items.append(reasoning_output_item(result.reasoning_text, item_id=new_id("rs")))
     if result.text or not result.tool_calls:
         status: ItemStatus = "incomplete" if result.finish_reason == pb.FINISH_REASON_LENGTH else "completed"
         items.append(message_output_item(result.text, item_id=new_id("msg"), status=status))
@@ -80,6 +86,11 @@ def result_to_output_items(
 def message_output_item(text: str, *, item_id: str, status: ItemStatus = "completed") -> OutputMessage:
     """An assistant `message` output item with one `output_text` part."""
     return OutputMessage(id=item_id, status=status, content=[output_text_part(text)])
+
+
+def reasoning_output_item(text: str, *, item_id: str) -> ReasoningItem:
+    """A `reasoning` output item with one `reasoning_text` part."""
+    return ReasoningItem(id=item_id, content=[ReasoningTextContent(text=text)])
 
 
 def output_text_part(text: str) -> OutputTextContent:
@@ -104,6 +115,7 @@ def usage_from_contract(usage: pb.Usage) -> Usage:
         output_tokens=usage.output_tokens,
         total_tokens=usage.input_tokens + usage.output_tokens,
         input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens),
     )
 
 

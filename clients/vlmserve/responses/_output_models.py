@@ -48,6 +48,11 @@ class OutputTextContent(OutboundModel):
     logprobs: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class ReasoningTextContent(OutboundModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
 class InputTextContent(OutboundModel):
     type: Literal["input_text"] = "input_text"
     text: str
@@ -91,8 +96,20 @@ class CustomToolCallItem(OutboundModel):
     namespace: str | None = optional()
 
 
+class ReasoningItem(OutboundModel):
+    """What a thinking model wrote between `<think>` and `</think>` (never in `output_text`)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    # This server writes no summaries: the reasoning is the content.
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningTextContent] = Field(default_factory=list)
+
+
 ToolCallItem = FunctionCallItem | CustomToolCallItem
-OutputItem = Annotated[OutputMessage | FunctionCallItem | CustomToolCallItem, Field(discriminator="type")]
+OutputItem = Annotated[
+    OutputMessage | FunctionCallItem | CustomToolCallItem | ReasoningItem, Field(discriminator="type")
+]
 
 
 # ---- usage and the response --------------------------------------------------------------------

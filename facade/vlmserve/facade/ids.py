@@ -6,6 +6,7 @@ import secrets
 
 RESPONSE = "resp"
 MESSAGE = "msg"
+REASONING = "rs"
 FUNCTION_CALL = "fc"
 CONVERSATION = "conv"
 ITEM = "item"

@@ -30,6 +30,9 @@ from vlmserve.responses import (
     OutputItemEvent,
     OutputTextDeltaEvent,
     OutputTextDoneEvent,
+    ReasoningTextContent,
+    ReasoningTextDeltaEvent,
+    ReasoningTextDoneEvent,
     ResponseError,
     ResponseLifecycleEvent,
     ResponseResource,
@@ -37,6 +40,7 @@ from vlmserve.responses import (
     ResponseStreamEvent,
     message_output_item,
     output_text_part,
+    reasoning_output_item,
     tool_call_output_item,
     usage_from_contract,
 )
@@ -66,6 +70,9 @@ class ResponseEvents:
     _sequence: int = 0
     _output: list[OutputItem] = field(default_factory=list)
     _message: _OpenMessage | None = None
+    # The reasoning item being streamed (thinking models), closed when the answer starts.
+    _reasoning: _OpenMessage | None = None
+    _reasoning_streamed: str = ""
     # Whitespace the model wrote before anything visible: it opens no message on its own, since a
     # turn that only calls tools often starts with a newline.
     _leading: str = ""
@@ -94,13 +101,26 @@ class ResponseEvents:
         kind = chunk.WhichOneof("kind")
         if kind == "text" and chunk.text:
             return self._text(chunk.text)
+        if kind == "reasoning_text" and chunk.reasoning_text:
+            return self._reasoning_text(chunk.reasoning_text)
         if kind == "tool_call":
-            return self._close_message("completed") + self._tool_call(chunk.tool_call)
+            return (
+                self._close_reasoning() + self._close_message("completed") + self._tool_call(chunk.tool_call)
+            )
         return []
 
     def complete(self, result: pb.GenerateResult) -> list[Event]:
         """The engine's final result: close what is open, emit what was not streamed, finish."""
         events: list[Event] = []
+        reasoning = result.reasoning_text
+        if (
+            reasoning.startswith(self._reasoning_streamed)
+            and len(reasoning) > len(self._reasoning_streamed)
+            and not self._streamed
+            and self._calls_sent == 0
+        ):
+            events += self._reasoning_text(reasoning[len(self._reasoning_streamed) :])
+        events += self._close_reasoning()
         if result.text.startswith(self._streamed) and len(result.text) > len(self._streamed):
             events += self._text(result.text[len(self._streamed) :])
         unsent_calls = list(result.tool_calls[self._calls_sent :])
@@ -120,11 +140,14 @@ class ResponseEvents:
 
     def cancel(self) -> list[Event]:
         """Stopped before the engine's result (cancel endpoint or client gone)."""
-        events = self._close_message("incomplete")
+        events = self._close_reasoning() + self._close_message("incomplete")
         return events + self._finish("cancelled", "response.incomplete", "cancelled")
 
     def fail(self, error: APIError) -> list[Event]:
         """A mid-stream failure: an `error` event, then `response.failed`."""
+        if self._reasoning is not None:
+            self._output.append(reasoning_output_item(self._reasoning.text, item_id=self._reasoning.item_id))
+            self._reasoning = None
         if self._message is not None:
             # Keep what was produced, marked unfinished, without the closing events of a success.
             self._output.append(
@@ -154,11 +177,76 @@ class ResponseEvents:
             if not self._leading.strip():
                 return events
             text, self._leading = self._leading, ""
+            events += self._close_reasoning()
             events += self._open_message()
         assert self._message is not None
         self._message.text += text
         events.append(self._text_delta(self._message, text))
         return events
+
+    def _reasoning_text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        self._reasoning_streamed += text
+        reasoning = self._reasoning
+        if reasoning is None:
+            reasoning = self._reasoning = _OpenMessage(
+                item_id=self.new_id(ids.REASONING), output_index=len(self._output)
+            )
+            added = reasoning_output_item("", item_id=reasoning.item_id)
+            added.content = []
+            events += [
+                OutputItemEvent(
+                    type="response.output_item.added",
+                    sequence_number=self._next(),
+                    output_index=reasoning.output_index,
+                    item=added,
+                ),
+                ContentPartEvent(
+                    type="response.content_part.added",
+                    sequence_number=self._next(),
+                    item_id=reasoning.item_id,
+                    output_index=reasoning.output_index,
+                    content_index=0,
+                    part=ReasoningTextContent(text=""),
+                ),
+            ]
+        reasoning.text += text
+        events.append(
+            ReasoningTextDeltaEvent(
+                sequence_number=self._next(),
+                item_id=reasoning.item_id,
+                output_index=reasoning.output_index,
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
+    def _close_reasoning(self) -> list[Event]:
+        """Close the reasoning item (the schema gives it no status)."""
+        reasoning = self._reasoning
+        if reasoning is None:
+            return []
+        self._reasoning = None
+        item = reasoning_output_item(reasoning.text, item_id=reasoning.item_id)
+        self._output.append(item)
+        where: dict[str, Any] = {
+            "item_id": reasoning.item_id,
+            "output_index": reasoning.output_index,
+            "content_index": 0,
+        }
+        return [
+            ReasoningTextDoneEvent(sequence_number=self._next(), **where, text=reasoning.text),
+            ContentPartEvent(
+                type="response.content_part.done", sequence_number=self._next(), **where, part=item.content[0]
+            ),
+            OutputItemEvent(
+                type="response.output_item.done",
+                sequence_number=self._next(),
+                output_index=reasoning.output_index,
+                item=item,
+            ),
+        ]
 
     def _open_message(self) -> list[Event]:
         self._message = _OpenMessage(item_id=self.new_id(ids.MESSAGE), output_index=len(self._output))

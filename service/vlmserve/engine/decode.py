@@ -32,12 +32,13 @@ from .jobs import (
     JobKind,
     JobReport,
     LogitsProcessor,
+    ReasoningEvent,
     TextEvent,
     ToolCallEvent,
 )
 from .model import LoadedModel
 from .model_inputs import ImageSpan, ModelInputs, build_model_inputs
-from .output import OutputAssembler
+from .output import OutputAssembler, OutputPiece, Reasoning
 from .prefix_cache import PrefixCache
 from .request_errors import RequestError
 from .sampling import TokenSampler
@@ -85,6 +86,7 @@ class ActiveGeneration:
             assistant_prefix=request.assistant_prefix,
             parallel_tool_calls=request.parallel_tool_calls,
             max_tool_calls=request.max_tool_calls,
+            thinking=request.thinking,
         )
         self.started_at = time.perf_counter()
         self.first_token_at: float | None = None
@@ -96,6 +98,8 @@ class ActiveGeneration:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
+        # Output tokens generated inside <think>...</think> (the closing tag included).
+        self.reasoning_tokens = 0
         self.tokens_after_cancel = 0
         self.finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_UNSPECIFIED
         self._max_tokens = request.settings.max_tokens
@@ -283,6 +287,8 @@ class ActiveGeneration:
         self.inter_token_seconds = None if self.last_token_at is None else now - self.last_token_at
         self.last_token_at = now
         self.output_tokens += 1
+        if self._assembler.in_reasoning:
+            self.reasoning_tokens += 1
         if self.job.cancelled:
             self.tokens_after_cancel += 1
         self.last_token = token
@@ -298,9 +304,14 @@ class ActiveGeneration:
         elif self.output_tokens >= self._max_tokens:
             self.finish(pb.FINISH_REASON_LENGTH)
 
-    def _emit(self, pieces: list[str | pb.ToolCall]) -> None:
+    def _emit(self, pieces: list[OutputPiece]) -> None:
         for piece in pieces:
-            self.job.emit(TextEvent(piece) if isinstance(piece, str) else ToolCallEvent(piece))
+            if isinstance(piece, str):
+                self.job.emit(TextEvent(piece))
+            elif isinstance(piece, Reasoning):
+                self.job.emit(ReasoningEvent(piece.text))
+            else:
+                self.job.emit(ToolCallEvent(piece))
 
     def finish(self, reason: pb.FinishReason.ValueType) -> None:
         """End the job with a result (also used for cancellation at any phase)."""
@@ -347,6 +358,7 @@ class ActiveGeneration:
             request_id=self.job.request_id,
             model=self._loaded.info.model_id,
             text=self._assembler.visible_text,
+            reasoning_text=self._assembler.reasoning_text,
             tool_calls=self._assembler.tool_calls,
             finish_reason=self.finish_reason,
             usage=pb.Usage(
@@ -354,6 +366,7 @@ class ActiveGeneration:
                 output_tokens=self.output_tokens,
                 cached_tokens=self.cached_tokens,
                 image_count=self.image_count,
+                reasoning_tokens=self.reasoning_tokens,
             ),
             timings=pb.Timings(
                 queue_seconds=max(0.0, self.started_at - self.job.submitted_at),

@@ -35,6 +35,7 @@ __all__ = [
     "LogitsProcessor",
     "PreparedImage",
     "PreparedRequest",
+    "ReasoningEvent",
     "TextEvent",
     "ToolCallEvent",
 ]
@@ -87,6 +88,8 @@ class PreparedRequest:
     max_tool_calls: int | None = None
     # The grammar the output must match (JSON format, enforced tool choice); None: free.
     constraint: OutputConstraint | None = None
+    # The prompt leaves `<think>` open: the output is reasoning up to `</think>`.
+    thinking: bool = False
     # Prefix-cache tenant (opaque; the facade sends a hash of the API key): a cached prefix is
     # only ever reused within the same partition.
     partition_key: str = ""
@@ -119,6 +122,11 @@ class TextEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningEvent:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallEvent:
     call: pb.ToolCall
 
@@ -139,7 +147,7 @@ class FailedEvent:
     error: RequestError
 
 
-Event = TextEvent | ToolCallEvent | FinishedEvent | CountedEvent | FailedEvent
+Event = TextEvent | ReasoningEvent | ToolCallEvent | FinishedEvent | CountedEvent | FailedEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,88 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from .stop_sequences import StopSequenceMatcher
 from .tool_parsers import Piece, TextPiece, ToolCallPiece, make_parser
 
-__all__ = ["OutputAssembler", "OutputPiece"]
+__all__ = ["OutputAssembler", "OutputPiece", "Reasoning", "ThinkingSplitter", "prompt_leaves_thinking"]
 
-OutputPiece = str | pb.ToolCall
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """Thinking text (between `<think>` and `</think>`): never part of the visible text."""
+
+    text: str
+
+
+OutputPiece = str | pb.ToolCall | Reasoning
+
+
+def prompt_leaves_thinking(prompt_text: str) -> bool:
+    """The prompt opens `<think>` without closing it (Qwen3-VL-Thinking's generation prompt)."""
+    return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
+
+
+def _held_prefix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that could be the start of `marker`."""
+    for size in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0
+
+
+@dataclass
+class ThinkingSplitter:
+    """Raw output -> (is_reasoning, text) runs. Thinking is the text up to `</think>` when the
+    prompt left `<think>` open, or when the output itself starts with `<think>`."""
+
+    thinking: bool = False
+    _held: str = ""
+    # Still at the start of the output: the model may open `<think>` itself.
+    _may_open: bool = True
+    # Right after `</think>`: whitespace before the answer is dropped.
+    _after_close: bool = False
+
+    def __post_init__(self) -> None:
+        if self.thinking:
+            self._may_open = False
+
+    def feed(self, text: str) -> list[tuple[bool, str]]:
+        out: list[tuple[bool, str]] = []
+        buffer, self._held = self._held + text, ""
+        while buffer:
+            if self.thinking:
+                end = buffer.find(THINK_CLOSE)
+                if end >= 0:
+                    out.append((True, buffer[:end]))
+                    buffer = buffer[end + len(THINK_CLOSE) :]
+                    self.thinking, self._after_close = False, True
+                    continue
+                keep = _held_prefix(buffer, THINK_CLOSE)
+                out.append((True, buffer[: len(buffer) - keep]))
+                self._held = buffer[len(buffer) - keep :]
+                break
+            if self._may_open:
+                start = buffer.lstrip()
+                if start.startswith(THINK_OPEN):
+                    buffer, self.thinking, self._may_open = start[len(THINK_OPEN) :], True, False
+                    continue
+                if THINK_OPEN.startswith(start):
+                    self._held = buffer
+                    break
+                self._may_open = False
+            if self._after_close:
+                buffer = buffer.lstrip()
+                if not buffer:
+                    break
+                self._after_close = False
+            out.append((False, buffer))
+            break
+        return [(reasoning, text) for reasoning, text in out if text]
+
+    def finish(self) -> list[tuple[bool, str]]:
+        held, self._held = self._held, ""
+        if not held or (self._after_close and not held.strip()):
+            return []
+        return [(self.thinking, held)]
 
 
 @dataclass
@@ -28,12 +107,16 @@ class OutputAssembler:
     parallel_tool_calls: bool = True
     # None: no limit. The grammar enforces it where the format has one; this is the backstop.
     max_tool_calls: int | None = None
+    # The prompt left `<think>` open: the output starts as reasoning.
+    thinking: bool = False
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stops = StopSequenceMatcher(self.stop)
         self._parser = make_parser(self.tool_call_format)
+        self._thoughts = ThinkingSplitter(thinking=self.thinking)
         if self.assistant_prefix:
             self._accept(self._parser.feed(self.assistant_prefix))
 
@@ -47,19 +130,39 @@ class OutputAssembler:
         limit = 1 if not self.parallel_tool_calls else self.max_tool_calls
         return limit is not None and len(self.tool_calls) >= limit
 
+    @property
+    def in_reasoning(self) -> bool:
+        """The output is inside `<think>...</think>` now."""
+        return self._thoughts.thinking
+
     def feed(self, text: str) -> list[OutputPiece]:
         """Newly decoded text -> pieces to stream now."""
         if self.stopped:
             return []
-        return self._accept(self._parser.feed(self._stops.feed(text)))
+        return self._split(self._thoughts.feed(text))
 
     def finish(self) -> list[OutputPiece]:
         """Generation ended: release held text and any unfinished markup (as text)."""
+        out: list[OutputPiece] = []
+        if not self.stopped:
+            out = self._split(self._thoughts.finish())
         pieces: list[Piece] = []
         if not self.stopped:
             pieces.extend(self._parser.feed(self._stops.flush()))
         pieces.extend(self._parser.finish())
-        return self._accept(pieces)
+        return out + self._accept(pieces)
+
+    def _split(self, runs: list[tuple[bool, str]]) -> list[OutputPiece]:
+        out: list[OutputPiece] = []
+        for is_reasoning, text in runs:
+            if self.stopped:
+                break
+            if is_reasoning:
+                self.reasoning.append(text)
+                out.append(Reasoning(text))
+            else:
+                out.extend(self._accept(self._parser.feed(self._stops.feed(text))))
+        return out
 
     def _accept(self, pieces: list[Piece]) -> list[OutputPiece]:
         out: list[OutputPiece] = []
@@ -84,3 +187,7 @@ class OutputAssembler:
     @property
     def visible_text(self) -> str:
         return "".join(self.text)
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self.reasoning)

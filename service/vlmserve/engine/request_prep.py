@@ -38,6 +38,7 @@ from .grammar import GrammarCompiler, after_thinking, constraint_for
 from .image_inputs import DynamicResolution, GenericProcessor, ImageInputs, image_inputs_for
 from .jobs import JobKind, PreparedImage, PreparedRequest
 from .model import LoadedModel, ModelInfo, prompt_needs_special_tokens
+from .output import prompt_leaves_thinking
 from .prompt import PromptImage, TemplateConversation, render_conversation, to_template_conversation
 from .prompt_tokens import PromptTokenizer, Protection
 from .request_errors import RequestError, invalid_argument
@@ -226,6 +227,7 @@ class RequestPreparer:
             parallel_tool_calls=parallel,
             max_tool_calls=max_calls,
             constraint=constraint,
+            thinking=prompt_leaves_thinking(prompt_text),
             joint_arrays=joint_arrays,
             partition_key=request.partition_key,
         )

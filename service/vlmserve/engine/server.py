@@ -37,6 +37,7 @@ from .jobs import (
     Job,
     JobKind,
     PreparedRequest,
+    ReasoningEvent,
     TextEvent,
     ToolCallEvent,
 )
@@ -173,6 +174,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         async for event in self._events(job):
             if isinstance(event, TextEvent):
                 yield pb.GenerateResponse(chunk=pb.GenerateChunk(text=event.text))
+            elif isinstance(event, ReasoningEvent):
+                yield pb.GenerateResponse(chunk=pb.GenerateChunk(reasoning_text=event.text))
             elif isinstance(event, ToolCallEvent):
                 yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call=event.call))
             elif isinstance(event, FinishedEvent):

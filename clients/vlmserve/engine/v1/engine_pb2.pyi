@@ -762,10 +762,13 @@ class Usage(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     IMAGE_COUNT_FIELD_NUMBER: _builtins.int
+    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
     output_tokens: _builtins.int
     cached_tokens: _builtins.int
     image_count: _builtins.int
+    reasoning_tokens: _builtins.int
+    """Output tokens spent thinking (inside <think>...</think>); part of output_tokens."""
     def __init__(
         self,
         *,
@@ -773,10 +776,11 @@ class Usage(_message.Message):
         output_tokens: _builtins.int = ...,
         cached_tokens: _builtins.int = ...,
         image_count: _builtins.int = ...,
+        reasoning_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "image_count", b"image_count", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "image_count", b"image_count", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -825,7 +829,10 @@ class GenerateChunk(_message.Message):
 
     TEXT_FIELD_NUMBER: _builtins.int
     TOOL_CALL_FIELD_NUMBER: _builtins.int
+    REASONING_TEXT_FIELD_NUMBER: _builtins.int
     text: _builtins.str
+    reasoning_text: _builtins.str
+    """Thinking text (between <think> and </think>), never part of `text`."""
     @_builtins.property
     def tool_call(self) -> Global___ToolCall: ...
     def __init__(
@@ -833,12 +840,13 @@ class GenerateChunk(_message.Message):
         *,
         text: _builtins.str = ...,
         tool_call: Global___ToolCall | None = ...,
+        reasoning_text: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "tool_call"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "tool_call", "reasoning_text"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -855,11 +863,14 @@ class GenerateResult(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     TIMINGS_FIELD_NUMBER: _builtins.int
+    REASONING_TEXT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     text: _builtins.str
     """Visible text, without tool-call markup."""
     finish_reason: Global___FinishReason.ValueType
+    reasoning_text: _builtins.str
+    """Thinking text (between <think> and </think>); `text` never contains it."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]: ...
     @_builtins.property
@@ -876,10 +887,11 @@ class GenerateResult(_message.Message):
         finish_reason: Global___FinishReason.ValueType = ...,
         usage: Global___Usage | None = ...,
         timings: Global___Timings | None = ...,
+        reasoning_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "model", b"model", "request_id", b"request_id", "text", b"text", "timings", b"timings", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "model", b"model", "reasoning_text", b"reasoning_text", "request_id", b"request_id", "text", b"text", "timings", b"timings", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
