@@ -36,12 +36,18 @@ from vlmserve.responses import lower_messages
 __all__ = ["family"]  # the fixture, imported for this module
 
 
+def generated(result: pb.GenerateResult) -> str:
+    """All the text generated: the thinking family's output is reasoning (its prompt opens
+    `<think>` and the random-weight model never closes it), the others' is text."""
+    return result.reasoning_text + result.text
+
+
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
 def test_greedy_output_matches_mlx_vlm(family: FamilyEngine, conversation: str) -> None:
     messages = CONVERSATIONS[conversation]
     result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(messages)), timeout=120).result
     expected_text, expected_prompt_tokens = reference_generate(family.reference, messages, MAX_TOKENS)
-    assert result.text == expected_text
+    assert generated(result) == expected_text
     assert result.usage.input_tokens == expected_prompt_tokens
     assert result.finish_reason == pb.FINISH_REASON_LENGTH
     assert result.usage.output_tokens == MAX_TOKENS
@@ -102,7 +108,7 @@ def test_a_shared_prefix_reuses_the_cache_without_changing_output(family: Family
     family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(first)), timeout=120)
     result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(second)), timeout=120).result
     expected_text, _ = reference_generate(family.reference, second, MAX_TOKENS)
-    assert result.text == expected_text
+    assert generated(result) == expected_text
     if family.name in PREFIX_CACHE_UNSUPPORTED:
         assert result.usage.cached_tokens == 0
     else:
@@ -136,7 +142,7 @@ def test_every_configured_eos_token_ends_the_turn(
         result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(messages)), timeout=120).result
     assert result.finish_reason == pb.FINISH_REASON_STOP
     assert result.usage.output_tokens == stop_at + 1  # the eos token counts as generated
-    assert result.text == family.reference.tokenizer.decode(tokens[:stop_at], skip_special_tokens=True)
+    assert generated(result) == family.reference.tokenizer.decode(tokens[:stop_at], skip_special_tokens=True)
 
 
 def test_a_short_shared_prefix_after_a_long_prompt(family: FamilyEngine) -> None:
@@ -152,7 +158,7 @@ def test_a_short_shared_prefix_after_a_long_prompt(family: FamilyEngine) -> None
     family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(first)), timeout=120)
     result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(second)), timeout=120).result
     expected_text, _ = reference_generate(family.reference, second, MAX_TOKENS)
-    assert result.text == expected_text
+    assert generated(result) == expected_text
     if family.name in PREFIX_CACHE_UNSUPPORTED:
         assert result.usage.cached_tokens == 0
     else:
@@ -175,7 +181,8 @@ def test_requests_running_together_match_each_alone(family: FamilyEngine) -> Non
         expected_text, expected_prompt_tokens = reference_generate(
             family.reference, CONVERSATIONS[name], MAX_TOKENS
         )
-        assert (name, result.text, result.usage.input_tokens) == (name, expected_text, expected_prompt_tokens)
+        got = (name, generated(result), result.usage.input_tokens)
+        assert got == (name, expected_text, expected_prompt_tokens)
 
 
 # Families whose processor has a cheaper view for `detail: low`: Qwen's pixel budget
