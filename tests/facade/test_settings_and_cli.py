@@ -87,3 +87,12 @@ def test_a_validated_copy_keeps_keys_from_a_file_once(tmp_path: Path) -> None:
     assert len(settings.api_keys.digests) == 2
     copy = settings.replace(port=9001)
     assert copy.port == 9001 and copy.api_keys == settings.api_keys
+
+
+def test_the_launcher_gives_the_trace_endpoint_to_both_processes() -> None:
+    endpoint = "http://127.0.0.1:4318/v1/traces"
+    settings, facade_flags = launch.parse_args(["--otlp-endpoint", endpoint], {})
+    engine = launch.engine_command(settings)
+    assert engine[engine.index("--otlp-endpoint") + 1] == endpoint
+    assert settings_from_args(launch.facade_command(facade_flags)[1:], {}).otlp_endpoint == endpoint
+    assert "--otlp-endpoint" not in launch.engine_command(launch.parse_args([], {})[0])

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from vlmserve.common.lifeline import watch_lifeline
 from vlmserve.common.netaddr import is_loopback_host
 from vlmserve.common.settings import SettingsError, add_arguments, load
+from vlmserve.common.tracing import configure_tracing
 
 from .app import create_app
 from .http_protocol import bounded_protocol
@@ -58,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logger = logging.getLogger("vlmserve.facade")
+    if settings.otlp_endpoint is not None:
+        configure_tracing(settings.otlp_endpoint, "vlmserve-facade")
     remote = settings.remote_images
     logger.info(
         "facade on http://%s:%d, engine at %s, store %s, API keys: %s, remote images: %s",

@@ -103,6 +103,9 @@ def engine_command(settings: LaunchSettings) -> list[str]:
     command += ["--drain-seconds", str(settings.facade.shutdown_grace_s)]
     if settings.model:
         command += ["--model", settings.model]
+    if settings.facade.otlp_endpoint is not None:
+        # One trace collector for both processes.
+        command += ["--otlp-endpoint", settings.facade.otlp_endpoint]
     return command
 
 

@@ -182,6 +182,13 @@ class FacadeSettings(DeclaredSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="log level"
     )
+    otlp_endpoint: str | None = Field(
+        None,
+        description=(
+            "export OpenTelemetry spans over OTLP/HTTP to this URL,"
+            " e.g. http://127.0.0.1:4318/v1/traces (off when unset)"
+        ),
+    )
     model_info_ttl_s: float = Field(30.0, gt=0, description="seconds the engine's model info is trusted")
     retry_after_s: int = Field(
         1, ge=0, description="Retry-After (seconds) sent when the engine's queue is full"

@@ -26,6 +26,7 @@ from pydantic import Field, model_validator
 
 from vlmserve.common.lifeline import watch_lifeline
 from vlmserve.common.settings import DeclaredSettings, SettingsError, add_arguments, load
+from vlmserve.common.tracing import configure_tracing
 
 from .generator import EngineConfig
 from .grpc_auth import EngineSecurity
@@ -51,6 +52,13 @@ class EngineCommand(DeclaredSettings):
         description="serve Prometheus /metrics over HTTP on this port (off when unset; 0: any free port)",
     )
     metrics_host: str = Field("127.0.0.1", description="interface for --metrics-port")
+    otlp_endpoint: str | None = Field(
+        None,
+        description=(
+            "export OpenTelemetry spans over OTLP/HTTP to this URL,"
+            " e.g. http://127.0.0.1:4318/v1/traces (off when unset)"
+        ),
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     security: EngineSecurity = Field(default_factory=EngineSecurity, description="authentication")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="model and bounds")
@@ -99,6 +107,8 @@ def _warn_without_openblas() -> None:
 
 
 async def _serve(command: EngineCommand) -> int:
+    if command.otlp_endpoint is not None:
+        configure_tracing(command.otlp_endpoint, "vlmserve-engine")
     server = EngineServer(command.engine, security=command.security)
     try:
         await server.start(command.listen_address)

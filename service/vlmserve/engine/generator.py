@@ -31,6 +31,7 @@ from pydantic import Field, field_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.common.settings import DeclaredSettings, Option
+from vlmserve.common.tracing import record_span
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .batch import DecodeBatch
@@ -540,6 +541,7 @@ class Generator:
             self._idle.notify_all()
         generation.job.done.set()
         self._count(generation, report)
+        _record_phase_spans(generation)
         if generation.job.request.kind is JobKind.GENERATE:
             first = generation.first_token_at
             constraint = generation.job.request.constraint
@@ -593,3 +595,31 @@ class Generator:
         for generation in pending:
             generation.finish(pb.FINISH_REASON_CANCELLED)
             self._retire(generation)
+
+
+def _record_phase_spans(generation: ActiveGeneration) -> None:
+    """The job's queue, prefill and decode spans under its gRPC call's span (if traced)."""
+    job = generation.job
+    if job.trace_context is None:
+        return
+    end = time.perf_counter()
+    first = generation.first_token_at
+    record_span("engine.queue", job.trace_context, job.submitted_at, generation.started_at)
+    record_span(
+        "engine.prefill",
+        job.trace_context,
+        generation.started_at,
+        first if first is not None else end,
+        {
+            "vlmserve.prompt_tokens": generation.prompt_tokens,
+            "vlmserve.cached_tokens": generation.cached_tokens,
+        },
+    )
+    if first is not None:
+        record_span(
+            "engine.decode",
+            job.trace_context,
+            first,
+            end,
+            {"vlmserve.output_tokens": generation.output_tokens},
+        )

@@ -174,6 +174,9 @@ class Job:
     loop: asyncio.AbstractEventLoop | None
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     submitted_at: float = field(default_factory=time.perf_counter)
+    # The OpenTelemetry context of the gRPC call's server span: the generation thread records
+    # the job's queue / prefill / decode spans under it (None: not traced).
+    trace_context: Any = None
     _cancel: threading.Event = field(default_factory=threading.Event)
     # Set by the generation thread when the job has sent its last event.
     done: threading.Event = field(default_factory=threading.Event)

@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -22,8 +23,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, StatusCode
 
 from vlmserve.client import MAX_MESSAGE_BYTES, server_options
+from vlmserve.common.tracing import extract_context, record_span, tracer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -102,6 +107,18 @@ def _guarded(handler: Handler) -> Handler:
     return cast(Handler, unary)
 
 
+def _server_span(
+    method: str, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
+) -> trace.Span:
+    """The SERVER span of one call, child of the caller's span when its metadata carries one."""
+    return tracer().start_span(
+        f"vlmserve.engine.v1.EngineService/{method}",
+        context=extract_context(context.invocation_metadata()),
+        kind=SpanKind.SERVER,
+        attributes={"vlmserve.request_id": request.request_id},
+    )
+
+
 class EngineServicer(pb_grpc.EngineServiceServicer):
     def __init__(self, generator: Generator, workers: concurrent.futures.Executor) -> None:
         self._generator = generator
@@ -127,16 +144,19 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         finally:
             left.set()  # a no-op when preparation finished; stops it between images otherwise
 
-    async def _admit(self, request: pb.GenerateRequest) -> Job:
+    async def _admit(self, request: pb.GenerateRequest, trace_context: Context) -> Job:
         self._preparer()
         # A queue place first: a full engine refuses before decoding or tokenizing anything.
         self._generator.reserve()
+        started = time.perf_counter()
         try:
             prepared = await self._prepare(request, JobKind.GENERATE)
         except BaseException:
             self._generator.release()
             raise
-        job = Job(prepared, asyncio.get_running_loop())
+        finally:
+            record_span("engine.prepare", trace_context, started, time.perf_counter())
+        job = Job(prepared, asyncio.get_running_loop(), trace_context=trace_context)
         self._generator.submit(job, reserved=True)
         return job
 
@@ -170,30 +190,40 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
-        job = await self._admit(request)
-        async for event in self._events(job):
-            if isinstance(event, TextEvent):
-                yield pb.GenerateResponse(chunk=pb.GenerateChunk(text=event.text))
-            elif isinstance(event, ReasoningEvent):
-                yield pb.GenerateResponse(chunk=pb.GenerateChunk(reasoning_text=event.text))
-            elif isinstance(event, ToolCallEvent):
-                yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call=event.call))
-            elif isinstance(event, FinishedEvent):
-                yield pb.GenerateResponse(complete=event.result)
-            elif isinstance(event, FailedEvent):
-                await _abort(context, event.error)
+        span = _server_span("Generate", request, context)
+        try:
+            job = await self._admit(request, trace.set_span_in_context(span))
+            async for event in self._events(job):
+                if isinstance(event, TextEvent):
+                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(text=event.text))
+                elif isinstance(event, ReasoningEvent):
+                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(reasoning_text=event.text))
+                elif isinstance(event, ToolCallEvent):
+                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call=event.call))
+                elif isinstance(event, FinishedEvent):
+                    yield pb.GenerateResponse(complete=event.result)
+                elif isinstance(event, FailedEvent):
+                    span.set_status(StatusCode.ERROR, event.error.code.name)
+                    await _abort(context, event.error)
+        finally:
+            span.end()
 
     @_guarded
     async def GenerateUnary(
         self, request: pb.GenerateUnaryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GenerateUnaryResponse:
-        job = await self._admit(request.request)
-        async for event in self._events(job):
-            if isinstance(event, FinishedEvent):
-                return pb.GenerateUnaryResponse(result=event.result)
-            if isinstance(event, FailedEvent):
-                await _abort(context, event.error)
-        raise RequestError(grpc.StatusCode.INTERNAL, "generation ended without a result")
+        span = _server_span("GenerateUnary", request.request, context)
+        try:
+            job = await self._admit(request.request, trace.set_span_in_context(span))
+            async for event in self._events(job):
+                if isinstance(event, FinishedEvent):
+                    return pb.GenerateUnaryResponse(result=event.result)
+                if isinstance(event, FailedEvent):
+                    span.set_status(StatusCode.ERROR, event.error.code.name)
+                    await _abort(context, event.error)
+            raise RequestError(grpc.StatusCode.INTERNAL, "generation ended without a result")
+        finally:
+            span.end()
 
     @_guarded
     async def CountTokens(
