@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests._services import start_engine
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -187,3 +194,62 @@ def test_one_trace_from_the_facade_request_to_the_engine_phases(
     assert server_span.context is not None
     for phase in PHASES:
         assert _parent_id(found[phase]) == server_span.context.span_id, phase
+
+
+class _OtlpReceiver(ThreadingHTTPServer):
+    """A loopback OTLP/HTTP traces endpoint keeping what it is sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.requests.append(ExportTraceServiceRequest.FromString(body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+                self.wfile.write(ExportTraceServiceResponse().SerializeToString())
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def spans(self) -> list[tuple[str, str, bytes, bytes]]:
+        """(service name, span name, trace id, parent span id) of every span received."""
+        found = []
+        for export in self.requests:
+            for resource_spans in export.resource_spans:
+                service = next(
+                    a.value.string_value
+                    for a in resource_spans.resource.attributes
+                    if a.key == "service.name"
+                )
+                for scope_spans in resource_spans.scope_spans:
+                    found += [(service, s.name, s.trace_id, s.parent_span_id) for s in scope_spans.spans]
+        return found
+
+
+@pytest.mark.slow
+def test_the_engine_command_exports_spans_over_otlp(tmp_path: Path) -> None:
+    receiver = _OtlpReceiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+    engine = start_engine(tmp_path, extra=("--otlp-endpoint", endpoint))
+    trace_id, parent_id = bytes(range(1, 17)), bytes(range(1, 9))
+    try:
+        with grpc.insecure_channel(engine.address) as channel:
+            pb_grpc.EngineServiceStub(channel).GenerateUnary(
+                pb.GenerateUnaryRequest(request=request(max_tokens=2)),
+                metadata=(("traceparent", f"00-{trace_id.hex()}-{parent_id.hex()}-01"),),
+                timeout=60,
+            )
+    finally:
+        engine.stop()  # a clean exit flushes the batch span processor
+        receiver.shutdown()
+    received = receiver.spans()
+    server = [s for s in received if s[1] == "vlmserve.engine.v1.EngineService/GenerateUnary"]
+    assert server == [("vlmserve-engine", server[0][1], trace_id, parent_id)], received
+    assert {name for _, name, tid, _ in received if tid == trace_id} >= set(PHASES)
