@@ -5,12 +5,15 @@ from __future__ import annotations
 import base64
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from PIL import Image
 
 from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
+from vlmserve.client import AsyncEngineClient
+from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 
 __all__ = ["EVENT_SCHEMAS", "assert_valid", "validator"]  # re-exported for the facade tests
 
@@ -87,3 +90,22 @@ def seed_000_input(image_url: str) -> list[dict[str, Any]]:
             ],
         },
     ]
+
+
+@dataclass
+class AppClients:
+    """In-process clients of apps built on one engine client and store; `aclose` closes them all."""
+
+    engine: AsyncEngineClient
+    store: ResponseStore
+    opened: list[httpx.AsyncClient] = field(default_factory=list)
+
+    def open(self, settings: FacadeSettings) -> httpx.AsyncClient:
+        app = create_app(settings, engine=self.engine, store=self.store)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        self.opened.append(client)
+        return client
+
+    async def aclose(self) -> None:
+        for client in self.opened:
+            await client.aclose()

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.facade.helpers import png_data_url
+from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, ResponseStore
 from vlmserve.facade.settings import Storage
 from vlmserve.facade.storage import StoredItem
 from vlmserve.facade.store_upkeep import run_upkeep, upkeep_once
@@ -33,17 +33,13 @@ async def client_for(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
 ) -> AsyncIterator[MakeClient]:
     """`client_for(max_conversation_bytes=...)`: a client of an app with those storage settings."""
-    opened: list[httpx.AsyncClient] = []
+    clients = AppClients(engine_client, store)
 
     def make(**storage: Any) -> httpx.AsyncClient:
-        app = create_app(settings.replace(storage=Storage(**storage)), engine=engine_client, store=store)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
-        opened.append(client)
-        return client
+        return clients.open(settings.replace(storage=Storage(**storage)))
 
     yield make
-    for client in opened:
-        await client.aclose()
+    await clients.aclose()
 
 
 def noise_png(side: int) -> str:

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from starlette.types import Message
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import png_data_url
+from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
 from vlmserve.facade.cli import server_config, settings_from_args
@@ -29,17 +29,13 @@ async def client_for(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
 ) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
     """`client_for(max_tools=2, ...)`: an in-process client of an app with those limits."""
-    opened: list[httpx.AsyncClient] = []
+    clients = AppClients(engine_client, store)
 
     def make(**limits: Any) -> httpx.AsyncClient:
-        app = create_app(settings.replace(limits=Limits(**limits)), engine=engine_client, store=store)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
-        opened.append(client)
-        return client
+        return clients.open(settings.replace(limits=Limits(**limits)))
 
     yield make
-    for client in opened:
-        await client.aclose()
+    await clients.aclose()
 
 
 def error_of(reply: httpx.Response, status: int = 400) -> dict[str, Any]:

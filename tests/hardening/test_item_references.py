@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import png_data_url
+from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common import images as common_images
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Limits, ResponseStore
 
 MakeClient = Callable[..., httpx.AsyncClient]
 
@@ -29,17 +29,13 @@ MakeClient = Callable[..., httpx.AsyncClient]
 async def client_for(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
 ) -> AsyncIterator[MakeClient]:
-    opened: list[httpx.AsyncClient] = []
+    clients = AppClients(engine_client, store)
 
     def make(**limits: Any) -> httpx.AsyncClient:
-        app = create_app(settings.replace(limits=Limits(**limits)), engine=engine_client, store=store)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
-        opened.append(client)
-        return client
+        return clients.open(settings.replace(limits=Limits(**limits)))
 
     yield make
-    for client in opened:
-        await client.aclose()
+    await clients.aclose()
 
 
 @pytest.fixture
