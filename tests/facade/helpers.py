@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 from PIL import Image
 
 from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
 from vlmserve.client import AsyncEngineClient
+from vlmserve.common import images as common_images
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 
 __all__ = ["EVENT_SCHEMAS", "assert_valid", "validator"]  # re-exported for the facade tests
@@ -109,3 +111,16 @@ class AppClients:
     async def aclose(self) -> None:
         for client in self.opened:
             await client.aclose()
+
+
+def count_image_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry (its byte count) per image the translation checks (reads the header of)."""
+    calls: list[int] = []
+    original = common_images.inspect_image
+
+    def counting(data: bytes, **kwargs: Any) -> Any:
+        calls.append(len(data))
+        return original(data, **kwargs)
+
+    monkeypatch.setattr("vlmserve.responses._media.inspect_image", counting)
+    return calls

@@ -16,8 +16,7 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import SEED_000_TOOL, png_data_url
-from vlmserve.common import images as common_images
+from tests.facade.helpers import SEED_000_TOOL, count_image_checks, png_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, ResponseStore
 from vlmserve.facade.api_keys import ANONYMOUS_OWNER
@@ -30,15 +29,7 @@ CALL = pb.ToolCall(id="call_1", name="screenshot", arguments="{}", kind=pb.TOOL_
 @pytest.fixture
 def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per image the translation checks (reads the header of)."""
-    calls: list[int] = []
-    original = common_images.inspect_image
-
-    def counting(data: bytes, **kwargs: Any) -> Any:
-        calls.append(len(data))
-        return original(data, **kwargs)
-
-    monkeypatch.setattr("vlmserve.responses._media.inspect_image", counting)
-    return calls
+    return count_image_checks(monkeypatch)
 
 
 def screenshot_output(turn: int) -> dict[str, Any]:

@@ -17,9 +17,8 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import AppClients, png_data_url
+from tests.facade.helpers import AppClients, count_image_checks, png_data_url
 from vlmserve.client import AsyncEngineClient
-from vlmserve.common import images as common_images
 from vlmserve.facade import FacadeSettings, Limits, ResponseStore
 
 MakeClient = Callable[..., httpx.AsyncClient]
@@ -47,15 +46,7 @@ def http(client_for: MakeClient) -> httpx.AsyncClient:
 @pytest.fixture
 def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per image the translation checks (reads the header of)."""
-    calls: list[int] = []
-    original = common_images.inspect_image
-
-    def counting(data: bytes, **kwargs: Any) -> Any:
-        calls.append(len(data))
-        return original(data, **kwargs)
-
-    monkeypatch.setattr("vlmserve.responses._media.inspect_image", counting)
-    return calls
+    return count_image_checks(monkeypatch)
 
 
 @pytest.fixture
