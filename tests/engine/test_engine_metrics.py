@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests._prometheus import metric_samples, moved
 from tests._services import free_port, start_engine
 from vlmserve.engine.metrics import serve_metrics
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -34,16 +34,7 @@ def scrape(url: str) -> dict[str, float]:
     """Every sample as 'name{label="value",...}' -> value."""
     response = httpx.get(url, timeout=10)
     assert response.status_code == 200
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
-
-
-def moved(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
+    return metric_samples(response.text)
 
 
 def test_a_generation_moves_every_figure(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests._prometheus import metric_samples, moved
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import png_bytes, png_data_url
 from vlmserve.client import AsyncEngineClient
@@ -19,16 +19,7 @@ async def scrape(http: httpx.AsyncClient, **headers: str) -> dict[str, float]:
     response = await http.get("/metrics", headers=headers)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
-
-
-def moved(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
+    return metric_samples(response.text)
 
 
 def http_count(method: str, route: str, status: int) -> str:
