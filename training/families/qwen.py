@@ -6,6 +6,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from training.make_fixture_model import NON_SPECIAL_ADDED_TOKENS, SPECIAL_TOKENS
+
 from . import chat_templates as templates
 from ._base import (
     CONTEXT,
@@ -19,23 +21,9 @@ from ._base import (
 )
 from .vocab import TokenizerSpec, token_ids
 
-_QWEN_SPECIALS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-_QWEN_ADDED = ("<tool_call>", "</tool_call>")
+# The same added tokens as the qwen2-vl fixtures, in the same order (one declaration).
+_QWEN_SPECIALS = SPECIAL_TOKENS
+_QWEN_ADDED = NON_SPECIAL_ADDED_TOKENS
 _QWEN3_ADDED = (*_QWEN_ADDED, "<tool_response>", "</tool_response>", "<think>", "</think>")
 
 # -- Qwen2.5-VL --------------------------------------------------------------------------------
