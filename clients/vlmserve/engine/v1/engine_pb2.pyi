@@ -399,7 +399,12 @@ class Message(_message.Message):
     PARTS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
+    REASONING_TEXT_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
+    reasoning_text: _builtins.str
+    """ROLE_ASSISTANT only: the thinking that preceded this turn (a replayed reasoning item).
+    Rendered where the chat template renders thinking (its `reasoning_content`), else dropped.
+    """
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Part]:
         """Ordered content. For ROLE_TOOL, use `tool_output` instead."""
@@ -419,10 +424,11 @@ class Message(_message.Message):
         parts: _abc.Iterable[Global___Part] | None = ...,
         tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
         tool_output: Global___ToolOutput | None = ...,
+        reasoning_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["tool_output", b"tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["parts", b"parts", "role", b"role", "tool_calls", b"tool_calls", "tool_output", b"tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parts", b"parts", "reasoning_text", b"reasoning_text", "role", b"role", "tool_calls", b"tool_calls", "tool_output", b"tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
