@@ -142,4 +142,4 @@ def test_a_store_made_by_an_older_version_is_upgraded(tmp_path: Path) -> None:
     store.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # incremental
-        assert db.execute("PRAGMA user_version").fetchone() == (1,)
+        assert db.execute("PRAGMA user_version").fetchone() == (2,)

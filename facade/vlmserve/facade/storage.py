@@ -84,9 +84,19 @@ class Store(Protocol):
         conversation_id: str | None = None,
         conversation_items: Sequence[StoredItem] = (),
         conversation_messages: Sequence[pb.Message] | None = None,
+        events: Sequence[dict[str, Any]] = (),
     ) -> None: ...
 
     def fail_unfinished(self, error: dict[str, str]) -> list[str]: ...
+
+    # ---- streaming events of background responses (stream resume) ----
+    def append_events(
+        self, response_id: str, events: Sequence[dict[str, Any]], *, owner: str = ""
+    ) -> int | None: ...
+
+    def list_events(
+        self, response_id: str, *, after: int | None = None, limit: int = 1000, owner: str = ""
+    ) -> list[dict[str, Any]] | None: ...
 
     def get_response(self, response_id: str, *, owner: str = "") -> dict[str, Any] | None: ...
 

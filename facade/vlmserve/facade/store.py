@@ -46,7 +46,7 @@ __all__ = [
     "UnknownCursorError",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS responses (
     conversation_id TEXT,
     resource TEXT NOT NULL,
     input_size INTEGER NOT NULL DEFAULT 0,
-    size INTEGER NOT NULL DEFAULT 0
+    size INTEGER NOT NULL DEFAULT 0,
+    events_size INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS response_items (
     response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
@@ -122,6 +123,17 @@ CREATE TABLE IF NOT EXISTS conversation_images (
 CREATE INDEX IF NOT EXISTS conversation_images_by_hash ON conversation_images(hash);
 """
 
+# Added in schema version 2: the streaming events of background responses, for stream resume.
+# Their bytes count in the response's size (`events_size`), so in its owner's quota.
+_TABLES_V2 = """
+CREATE TABLE IF NOT EXISTS response_events (
+    response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+    sequence_number INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (response_id, sequence_number)
+);
+"""
+
 # SQLite's bound on `?` parameters per statement is 32766 since 3.32; stay well below.
 _BATCH = 500
 
@@ -159,8 +171,11 @@ class ResponseStore:
             if existed:
                 _add_missing_columns(db)
             _run_script(db, _TABLES_V1)
-            if existed:
+            if existed and version < 1:
                 _backfill_sizes(db)
+            _run_script(db, _TABLES_V2)
+            if existed:
+                _add_column(db, "responses", "events_size")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         (auto_vacuum,) = self._db.execute("PRAGMA auto_vacuum").fetchone()
         if auto_vacuum != _AUTO_VACUUM_INCREMENTAL:
@@ -253,12 +268,16 @@ class ResponseStore:
         conversation_id: str | None = None,
         conversation_items: Sequence[StoredItem] = (),
         conversation_messages: Sequence[pb.Message] | None = None,
+        events: Sequence[dict[str, Any]] = (),
     ) -> None:
         """In one transaction: a response's final state (None: not stored) with the messages
-        its output was translated to, and the items (and messages) it adds to its conversation
-        (a conversation deleted meanwhile gets nothing)."""
+        its output was translated to, its last streaming `events` (background responses: see
+        `append_events`), and the items (and messages) it adds to its conversation (a
+        conversation deleted meanwhile gets nothing)."""
         encoded = encode_messages(output_messages) if output_messages is not None else None
         with self._transaction() as db:
+            if resource is not None and events:
+                self._append_events(db, resource["id"], owner, events)
             updated = resource is not None and self._update_response(db, resource, owner, encoded)
             if conversation_id is not None and conversation_items:
                 self._append(db, conversation_id, owner, conversation_items, conversation_messages)
@@ -273,7 +292,7 @@ class ResponseStore:
     ) -> bool:
         response_id = resource["id"]
         rows = db.execute(
-            "SELECT input_size FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
+            "SELECT input_size + events_size FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
         ).fetchall()
         if not rows:
             return False
@@ -292,21 +311,73 @@ class ResponseStore:
 
     def fail_unfinished(self, error: dict[str, str]) -> list[str]:
         """Mark every response still `queued` or `in_progress`, whoever owns it, `failed` with
-        `error`; their ids. Only for start-up: it assumes no generation of this store runs, which
-        holds while one facade process owns the store."""
+        `error`; their ids. A background response also gets its terminal `response.failed`
+        event, so a stream resumed after the restart ends. Only for start-up: it assumes no
+        generation of this store runs, which holds while one facade process owns the store."""
         with self._transaction() as db:
             rows = db.execute(
-                "SELECT id, resource FROM responses"
+                "SELECT id, owner, resource FROM responses"
                 " WHERE json_extract(resource, '$.status') IN ('queued', 'in_progress')"
             ).fetchall()
-            for response_id, text in rows:
+            for response_id, owner, text in rows:
                 resource = json.loads(text)
                 resource["status"] = "failed"
                 resource["error"] = dict(error)
+                if resource.get("background"):
+                    self._append_events(db, response_id, owner, [_failed_event(db, response_id, resource)])
                 db.execute(
                     "UPDATE responses SET resource = ? WHERE id = ?", (json.dumps(resource), response_id)
                 )
-        return [response_id for response_id, _ in rows]
+        return [response_id for response_id, _, _ in rows]
+
+    def append_events(
+        self, response_id: str, events: Sequence[dict[str, Any]], *, owner: str = ""
+    ) -> int | None:
+        """Store streaming events of a response (each with its `sequence_number`; one already
+        stored is kept as it was); the bytes its events now take, None when the response is
+        not stored (deleted meanwhile). The bytes count in its size and its owner's usage."""
+        with self._transaction() as db:
+            return self._append_events(db, response_id, owner, events)
+
+    @staticmethod
+    def _append_events(
+        db: sqlite3.Connection, response_id: str, owner: str, events: Sequence[dict[str, Any]]
+    ) -> int | None:
+        rows = db.execute(
+            "SELECT events_size FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
+        ).fetchall()
+        if not rows:
+            return None
+        added = 0
+        for event in events:
+            text = json.dumps(event, separators=(",", ":"))
+            inserted = db.execute(
+                "INSERT OR IGNORE INTO response_events (response_id, sequence_number, event)"
+                " VALUES (?, ?, ?)",
+                (response_id, int(event["sequence_number"]), text),
+            ).rowcount
+            added += len(text) if inserted else 0
+        if added:
+            db.execute(
+                "UPDATE responses SET events_size = events_size + ?, size = size + ? WHERE id = ?",
+                (added, added, response_id),
+            )
+            _add_usage(db, owner, added)
+        return int(rows[0][0]) + added
+
+    def list_events(
+        self, response_id: str, *, after: int | None = None, limit: int = 1000, owner: str = ""
+    ) -> list[dict[str, Any]] | None:
+        """Up to `limit` stored events of a response with a sequence number above `after`
+        (None: from the first), in order; None when the response is not stored."""
+        if not self._query("SELECT 1 FROM responses WHERE id = ? AND owner = ?", (response_id, owner)):
+            return None
+        rows = self._query(
+            "SELECT event FROM response_events WHERE response_id = ? AND sequence_number > ?"
+            " ORDER BY sequence_number LIMIT ?",
+            (response_id, -1 if after is None else after, limit),
+        )
+        return [json.loads(event) for (event,) in rows]
 
     @staticmethod
     def _write_outputs(db: sqlite3.Connection, resource: dict[str, Any]) -> int:
@@ -781,9 +852,14 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
 def _add_missing_columns(db: sqlite3.Connection) -> None:
     """Columns schema version 1 added to tables of older stores."""
     for table, column in (("responses", "input_size"), ("responses", "size"), ("conversations", "size")):
-        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        if column not in columns:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        _add_column(db, table, column)
+
+
+def _add_column(db: sqlite3.Connection, table: str, column: str) -> None:
+    """An integer column (default 0) added to a table of an older store, unless it has it."""
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    if column not in columns:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
 
 
 def _backfill_sizes(db: sqlite3.Connection) -> None:
@@ -806,6 +882,15 @@ def _backfill_sizes(db: sqlite3.Connection) -> None:
         " (SELECT owner, size FROM responses UNION ALL SELECT owner, size FROM conversations)"
         " GROUP BY owner"
     )
+
+
+def _failed_event(db: sqlite3.Connection, response_id: str, resource: dict[str, Any]) -> dict[str, Any]:
+    """The `response.failed` event that ends a response's stored events, numbered after them."""
+    (last,) = db.execute(
+        "SELECT MAX(sequence_number) FROM response_events WHERE response_id = ?", (response_id,)
+    ).fetchone()
+    sequence = 0 if last is None else int(last) + 1
+    return {"type": "response.failed", "sequence_number": sequence, "response": resource}
 
 
 def _add_usage(db: sqlite3.Connection, owner: str, delta: int) -> None:
