@@ -26,6 +26,11 @@ def test_max_tokens_is_capped() -> None:
     assert settings_from_proto(pb.SamplingParams(max_tokens=7), max_tokens_cap=64).max_tokens == 7
 
 
+def test_logprobs_settings() -> None:
+    settings = settings_from_proto(pb.SamplingParams(logprobs=True, top_logprobs=20), max_tokens_cap=8)
+    assert (settings.logprobs, settings.top_logprobs) == (True, 20)
+
+
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"max_tokens": 0}, "max_tokens must be at least 1"),
     ({"temperature": -0.5}, "temperature must be >= 0"),
@@ -36,6 +41,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
     ({"stop": [""]}, "stop[0] must not be empty"),
     ({"stop": ["x"] * 17}, "at most 16"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be at most 20"),
+    ({"top_logprobs": 2}, "top_logprobs needs sampling.logprobs"),
 ]
 
 

@@ -17,10 +17,18 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .request_errors import invalid_argument
 
-__all__ = ["MAX_STOP_SEQUENCES", "SamplingSettings", "TokenSampler", "settings_from_proto"]
+__all__ = [
+    "MAX_STOP_SEQUENCES",
+    "MAX_TOP_LOGPROBS",
+    "SamplingSettings",
+    "TokenSampler",
+    "settings_from_proto",
+]
 
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_SEQUENCE_CHARS = 1024
+# OpenAI's bound on `top_logprobs`.
+MAX_TOP_LOGPROBS = 20
 # Tokens (recent prompt + generated) the repetition penalty looks at, as in mlx-vlm.
 REPETITION_CONTEXT_TOKENS = 20
 
@@ -35,6 +43,9 @@ class SamplingSettings:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     repetition_penalty: float | None = None
+    # Report each visible token's logprob, with this many alternatives (logprobs.py).
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 def _finite(name: str, value: float) -> float:
@@ -87,6 +98,14 @@ def settings_from_proto(params: pb.SamplingParams, *, max_tokens_cap: int) -> Sa
                 f"sampling.stop[{index}] is longer than {MAX_STOP_SEQUENCE_CHARS} characters",
                 field=f"sampling.stop[{index}]",
             )
+    if params.top_logprobs > MAX_TOP_LOGPROBS:
+        raise invalid_argument(
+            f"sampling.top_logprobs must be at most {MAX_TOP_LOGPROBS}", field="sampling.top_logprobs"
+        )
+    if params.top_logprobs and not params.logprobs:
+        raise invalid_argument(
+            "sampling.top_logprobs needs sampling.logprobs set", field="sampling.top_logprobs"
+        )
     return SamplingSettings(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -95,6 +114,8 @@ def settings_from_proto(params: pb.SamplingParams, *, max_tokens_cap: int) -> Sa
         seed=params.seed if params.HasField("seed") else None,
         stop=stops,
         repetition_penalty=repetition_penalty,
+        logprobs=params.logprobs,
+        top_logprobs=params.top_logprobs,
     )
 
 

@@ -529,12 +529,22 @@ class SamplingParams(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     REPETITION_PENALTY_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     temperature: _builtins.float
     top_p: _builtins.float
     top_k: _builtins.int
     seed: _builtins.int
     repetition_penalty: _builtins.float
+    logprobs: _builtins.bool
+    """Return each generated token of the visible text with its log probability (TokenLogprob, in
+    GenerateChunk.logprobs and GenerateResult.logprobs). Off: no logprob work at all.
+    """
+    top_logprobs: _builtins.int
+    """With `logprobs`: also this many most likely alternatives per token, 0-20 (more, or > 0
+    without `logprobs`, is INVALID_ARGUMENT naming sampling.top_logprobs).
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -547,10 +557,12 @@ class SamplingParams(_message.Message):
         seed: _builtins.int | None = ...,
         stop: _abc.Iterable[_builtins.str] | None = ...,
         repetition_penalty: _builtins.float | None = ...,
+        logprobs: _builtins.bool = ...,
+        top_logprobs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
@@ -826,6 +838,75 @@ class Timings(_message.Message):
 Global___Timings: _TypeAlias = Timings  # noqa: Y015
 
 @_typing.final
+class TopLogprob(_message.Message):
+    """An alternative the model could have produced at a token's position."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """The text this token would have added there (decoded after the tokens before it, so a
+    SentencePiece word start keeps its space). UTF-8 bytes: the text's own.
+    """
+    logprob: _builtins.float
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopLogprob: _TypeAlias = TopLogprob  # noqa: Y015
+
+@_typing.final
+class TokenLogprob(_message.Message):
+    """One generated token of the visible text (`text`), and its log probability.
+
+    The distribution is the one the token was drawn from after the request's grammar and logits
+    processors and the repetition penalty, before temperature, top_p and top_k: temperature
+    does not change the numbers (as with OpenAI), and under a grammar every alternative listed is
+    a token the grammar allowed (disallowed ones have probability 0 and are never listed).
+
+    `token` is the part of the visible text this token produced, so concatenating `token` over a
+    response gives exactly its visible text: a token that ends inside a multi-byte character
+    carries "" (the token completing the character carries all of it), a token partly cut by a
+    stop sequence or by tool-call markup carries only its visible part, and tokens with no visible
+    text (reasoning, markup, the stop sequence, end of turn) are not listed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    logprob: _builtins.float
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprob]:
+        """Most likely first; at most sampling.top_logprobs (fewer where the grammar allows fewer)."""
+
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+        top_logprobs: _abc.Iterable[Global___TopLogprob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "token", b"token", "top_logprobs", b"top_logprobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
+
+@_typing.final
 class GenerateChunk(_message.Message):
     """Incremental output: exactly one of text or a tool call. Tool-call markup is never streamed
     as text: a call arrives whole, in `tool_call`, once the model has finished writing it.
@@ -836,21 +917,31 @@ class GenerateChunk(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     TOOL_CALL_FIELD_NUMBER: _builtins.int
     REASONING_TEXT_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     reasoning_text: _builtins.str
     """Thinking text (between <think> and </think>), never part of `text`."""
     @_builtins.property
     def tool_call(self) -> Global___ToolCall: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
+        """With sampling.logprobs, on `text` chunks: the tokens whose visible text ended in this chunk.
+        A token's text can run over a chunk boundary (a stage held part of it back), so a chunk's
+        tokens may not spell its text exactly; the whole stream's do. Tokens settled after the last
+        text (a stop sequence cut their end) come on a last `text` chunk with text "".
+        """
+
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
         tool_call: Global___ToolCall | None = ...,
         reasoning_text: _builtins.str = ...,
+        logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "logprobs", b"logprobs", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "tool_call", "reasoning_text"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
@@ -870,6 +961,7 @@ class GenerateResult(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     TIMINGS_FIELD_NUMBER: _builtins.int
     REASONING_TEXT_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     text: _builtins.str
@@ -883,6 +975,10 @@ class GenerateResult(_message.Message):
     def usage(self) -> Global___Usage: ...
     @_builtins.property
     def timings(self) -> Global___Timings: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
+        """With sampling.logprobs: every token of `text`, in order (TokenLogprob)."""
+
     def __init__(
         self,
         *,
@@ -894,10 +990,11 @@ class GenerateResult(_message.Message):
         usage: Global___Usage | None = ...,
         timings: Global___Timings | None = ...,
         reasoning_text: _builtins.str = ...,
+        logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "model", b"model", "reasoning_text", b"reasoning_text", "request_id", b"request_id", "text", b"text", "timings", b"timings", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "reasoning_text", b"reasoning_text", "request_id", b"request_id", "text", b"text", "timings", b"timings", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
