@@ -66,6 +66,18 @@ def random_engine_address(service_logs: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def random_facade_url(
+    random_engine_address: str, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A real facade in front of `random_engine_address`: what the real-client tests drive (the
+    grammar makes the random model's tool calls and JSON happen; its free text runs to the cap)."""
+    store = tmp_path_factory.mktemp("random-facade-store") / "responses.sqlite3"
+    service = start_facade(service_logs, random_engine_address, store_path=store)
+    yield service.address
+    service.stop()
+
+
+@pytest.fixture(scope="session")
 def engine_recorder(engine_address: str) -> Iterator[EngineRecorder]:
     """A recording gRPC hop in front of the session engine: tests see the exact engine requests."""
     recorder = start_engine_recorder(engine_address)

@@ -21,7 +21,6 @@ import pytest
 from pydantic import BaseModel
 
 from tests._openresponses import EVENT_SCHEMAS, assert_valid
-from tests._services import start_facade
 from tests.facade.helpers import stream_events
 
 MAX_TOKENS = 96
@@ -60,14 +59,6 @@ TIME_TOOL = {
     "name": "get_time",
     "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
 }
-
-
-@pytest.fixture(scope="module")
-def random_facade_url(random_engine_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    logs = tmp_path_factory.mktemp("random-facade")
-    facade = start_facade(logs, random_engine_address, store_path=logs / "responses.sqlite3")
-    yield facade.address
-    facade.stop()
 
 
 @pytest.fixture(params=["default", "random"])
