@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--address", required=True)
     parser.add_argument("--model")
     parser.add_argument("--drain-seconds", type=float)  # what the launcher passes; nothing to drain here
+    parser.add_argument("--log-format")  # also passed by the launcher; this stand-in logs nothing
     parser.add_argument("--chunks", type=int)
     parser.add_argument("--delay-s", type=float, default=0.0)
     args = parser.parse_args()

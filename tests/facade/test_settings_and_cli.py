@@ -62,7 +62,12 @@ def test_launcher_commands() -> None:
     )
     engine = launch.engine_command(settings)
     assert engine[0].endswith("vlmserve-engine")
-    assert engine[1:] == ["--address", "unix:/tmp/e.sock", "--drain-seconds", "4.0", "--model", "models/x"]
+    assert engine[1:] == [
+        *("--address", "unix:/tmp/e.sock", "--drain-seconds", "4.0", "--model", "models/x"),
+        *("--log-format", "text"),
+    ]
+    json_logs, _ = launch.parse_args(["--log-format", "json"], {})
+    assert launch.engine_command(json_logs)[-2:] == ["--log-format", "json"]
     facade = launch.facade_command(facade_flags)
     assert facade[0].endswith("vlmserve-facade")
     assert facade[1:] == [

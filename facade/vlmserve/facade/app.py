@@ -25,6 +25,7 @@ from .catalog import ModelCatalog
 from .http_errors import install_error_handlers
 from .metrics import FacadeMetrics, HttpMetrics, metrics_endpoint
 from .remote_images import image_fetcher_from_settings
+from .request_ids import RequestIds
 from .request_limits import HeaderLimits
 from .response_preparation import ImageSourceFactory, ResponsesService
 from .settings import FacadeSettings
@@ -198,6 +199,8 @@ def create_app(
     )
     # Outermost: every answer is counted, a refusal by the limits or the keys too.
     app.add_middleware(HttpMetrics, metrics=metrics)
+    # Around everything else, so every line logged while serving a request carries its id.
+    app.add_middleware(RequestIds)
     if keys_required:
 
         @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_owner)])

@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from vlmserve.common.lifeline import watch_lifeline
+from vlmserve.common.logs import configure_logging
 from vlmserve.common.netaddr import is_loopback_host
 from vlmserve.common.settings import SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
@@ -55,9 +56,7 @@ def server_shutdown_timeout_s(settings: FacadeSettings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     logger = logging.getLogger("vlmserve.facade")
     if settings.otlp_endpoint is not None:
         configure_tracing(settings.otlp_endpoint, "vlmserve-facade")
@@ -85,6 +84,8 @@ def server_config(app: FastAPI, settings: FacadeSettings) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        # uvicorn's lines go through our root handler (one format, the request ids on them).
+        log_config=None,
         # On SIGTERM/SIGINT uvicorn stops listening at once; in-flight requests get
         # `shutdown_grace_s` (streams: see responses_api), then the app shuts down.
         timeout_graceful_shutdown=server_shutdown_timeout_s(settings),

@@ -32,6 +32,7 @@ from pydantic import Field
 
 from vlmserve.client import EngineClient
 from vlmserve.common.lifeline import LIFELINE_ENV
+from vlmserve.common.logs import configure_logging
 from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv
 
 from .api_keys import probe_key
@@ -103,6 +104,8 @@ def engine_command(settings: LaunchSettings) -> list[str]:
     command += ["--drain-seconds", str(settings.facade.shutdown_grace_s)]
     if settings.model:
         command += ["--model", settings.model]
+    # One log format for both processes.
+    command += ["--log-format", settings.facade.log_format]
     if settings.facade.otlp_endpoint is not None:
         # One trace collector for both processes.
         command += ["--otlp-endpoint", settings.facade.otlp_endpoint]
@@ -252,9 +255,7 @@ def _ready(url: str, key: str | None) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings, facade_flags = parse_args(argv)
-    logging.basicConfig(
-        level=settings.facade.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.facade.log_level, settings.facade.log_format)
     launcher = Launcher(settings, facade_flags)
     signal.signal(signal.SIGTERM, launcher.handle_signal)
     signal.signal(signal.SIGINT, launcher.handle_signal)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, AsyncEngineClient, EngineError
+from vlmserve.common.logs import bind_response
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
 
@@ -132,6 +133,8 @@ class ResponsesService:
                 param="input",
             )
         response_id = ids.new_id(ids.RESPONSE)
+        # The rest of this request's log lines (and a background run's, started from here) name it.
+        bind_response(response_id)
         translated.request.request_id = response_id
         # The engine's prefix cache is partitioned by this (the owner id is a hash of the key).
         translated.request.partition_key = owner

@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
+from vlmserve.common.logs import LogFormat
 from vlmserve.common.secrets import read_secret_file
 from vlmserve.common.settings import DeclaredSettings, Option
 
@@ -181,6 +182,9 @@ class FacadeSettings(DeclaredSettings):
     ] = Field(default_factory=default_store_path, description="SQLite file for stored responses")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="log level"
+    )
+    log_format: LogFormat = Field(
+        "text", description="log lines as text, or as JSON objects carrying request_id and response_id"
     )
     otlp_endpoint: str | None = Field(
         None,

@@ -25,6 +25,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from vlmserve.common.lifeline import watch_lifeline
+from vlmserve.common.logs import LogFormat, configure_logging
 from vlmserve.common.settings import DeclaredSettings, SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
 
@@ -60,6 +61,9 @@ class EngineCommand(DeclaredSettings):
         ),
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    log_format: LogFormat = Field(
+        "text", description="log lines as text, or as JSON objects carrying the request_id"
+    )
     security: EngineSecurity = Field(default_factory=EngineSecurity, description="authentication")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="model and bounds")
 
@@ -153,10 +157,7 @@ async def _serve(command: EngineCommand) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     command = _parse_args(argv)
-    logging.basicConfig(
-        level=command.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(command.log_level, command.log_format)
     # Never reach for the Hugging Face Hub unless the model is a hub id that is not cached.
     if Path(command.engine.model).exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -491,7 +491,11 @@ class Generator:
         except RequestError as error:
             generation.fail(error)
         except Exception:
-            log.exception("request %s failed", generation.job.request_id)
+            log.exception(
+                "request %s failed",
+                generation.job.request_id,
+                extra={"request_id": generation.job.request_id},
+            )
             generation.fail(internal_error())  # its text and traceback are in the log, not the status
 
     def _leave(
@@ -555,6 +559,7 @@ class Generator:
                 pb.FinishReason.Name(report.finish_reason) if report.finish_reason else "ERROR",
                 f" tokens_after_cancel={report.tokens_after_cancel}" if generation.job.cancelled else "",
                 f" constrained=({constraint.summary})" if constraint is not None else "",
+                extra={"request_id": report.request_id},
             )
 
     def _count(self, generation: ActiveGeneration, report: JobReport) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 import logging
@@ -28,6 +29,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, StatusCode
 
 from vlmserve.client import MAX_MESSAGE_BYTES, server_options
+from vlmserve.common.logs import bind
 from vlmserve.common.tracing import extract_context, record_span, tracer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -86,8 +88,9 @@ def _guarded(handler: Handler) -> Handler:
         @functools.wraps(handler)
         async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
-                async for response in handler(self, request, context):
-                    yield response
+                with bind(request_id=_request_id(request)):
+                    async for response in handler(self, request, context):
+                        yield response
             except grpc.aio.AbortError:
                 raise
             except Exception as error:
@@ -98,13 +101,20 @@ def _guarded(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
-            return await handler(self, request, context)
+            with bind(request_id=_request_id(request)):
+                return await handler(self, request, context)
         except grpc.aio.AbortError:
             raise
         except Exception as error:
             await fail(context, error)
 
     return cast(Handler, unary)
+
+
+def _request_id(request: Any) -> str | None:
+    """The caller's request id, for the log lines of its call (the facade sends the response id)."""
+    inner = getattr(request, "request", request)
+    return getattr(inner, "request_id", None) or None
 
 
 def _server_span(
@@ -140,7 +150,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         left = threading.Event()
         prepare = functools.partial(preparer.prepare, request, kind=kind, cancelled=left.is_set)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._workers, prepare)
+            # In the caller's context: the worker's log lines carry its request id.
+            in_context = functools.partial(contextvars.copy_context().run, prepare)
+            return await asyncio.get_running_loop().run_in_executor(self._workers, in_context)
         finally:
             left.set()  # a no-op when preparation finished; stops it between images otherwise
 

@@ -1,0 +1,45 @@
+"""Every HTTP answer names its request (`x-request-id`), and log lines written while serving it
+carry that id and the response id (facade/request_ids.py, vlmserve.common.logs)."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+from vlmserve.common.logs import ContextIds
+
+
+async def test_every_answer_has_its_own_request_id(http: httpx.AsyncClient) -> None:
+    first = await http.post("/v1/responses", json={"model": "default", "input": "hi"})
+    second = await http.get("/v1/responses/resp_missing")
+    refused = await http.post("/v1/responses", json={"model": "default"})
+    ids = [answer.headers["x-request-id"] for answer in (first, second, refused)]
+    assert (first.status_code, second.status_code, refused.status_code) == (200, 404, 400)
+    assert all(value.startswith("req_") for value in ids)
+    assert len(set(ids)) == 3
+
+
+async def test_a_clients_request_id_is_not_taken_into_the_logs(http: httpx.AsyncClient) -> None:
+    answer = await http.post(
+        "/v1/responses", json={"model": "default", "input": "hi"}, headers={"x-request-id": "forged\nline"}
+    )
+    assert answer.headers.get_list("x-request-id") == [answer.headers["x-request-id"]]
+    assert answer.headers["x-request-id"].startswith("req_")
+
+
+async def test_log_lines_of_a_response_carry_both_ids(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.handler.addFilter(ContextIds())
+    caplog.set_level(logging.INFO, logger="vlmserve.facade")
+    # A hosted tool is left out of the prompt, and the facade logs that for the response.
+    answer = await http.post(
+        "/v1/responses", json={"model": "default", "input": "hi", "tools": [{"type": "web_search"}]}
+    )
+    assert answer.status_code == 200
+    lines = [record for record in caplog.records if "hosted tools" in record.getMessage()]
+    assert lines, caplog.text
+    assert getattr(lines[0], "request_id", None) == answer.headers["x-request-id"]
+    assert getattr(lines[0], "response_id", None) == answer.json()["id"]
