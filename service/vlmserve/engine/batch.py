@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .decode import ActiveGeneration
+from .decode import ActiveGeneration, score_chosen
 
 __all__ = ["DecodeBatch"]
 
@@ -142,6 +142,7 @@ class DecodeBatch:
         logits = output.logits[:, -1, :]
         tokens = [row.sample(logits[i : i + 1]) for i, row in enumerate(self.rows)]
         chosen = mx.concatenate([t.reshape(-1) for t in tokens]) if len(tokens) > 1 else tokens[0].reshape(-1)
+        score_chosen(self.rows, chosen)
         values: list[int] = chosen.tolist()  # type: ignore[assignment]
         return values
 
@@ -154,5 +155,7 @@ class DecodeBatch:
             kwargs = {"rope_deltas": deltas} if deltas is not None else {}
             output = self._language_model(mx.array([[row.last_token]], dtype=mx.int32), cache=cache, **kwargs)
             tokens.append(row.sample(output.logits[:, -1, :]).reshape(-1))
-        values: list[int] = mx.concatenate(tokens).tolist()  # type: ignore[assignment]
+        chosen = mx.concatenate(tokens)
+        score_chosen(self.rows, chosen)
+        values: list[int] = chosen.tolist()  # type: ignore[assignment]
         return values

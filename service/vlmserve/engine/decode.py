@@ -36,6 +36,7 @@ from .jobs import (
     TextEvent,
     ToolCallEvent,
 )
+from .logprobs import LogprobTrace, TokenScore, score_rows
 from .model import LoadedModel
 from .model_inputs import ImageSpan, ModelInputs, build_model_inputs
 from .output import OutputAssembler, OutputPiece, Reasoning
@@ -44,7 +45,7 @@ from .request_errors import RequestError
 from .sampling import TokenSampler
 from .vision_cache import VisionFeatureCache
 
-__all__ = ["ActiveGeneration", "LogitsProcessor", "Phase"]
+__all__ = ["ActiveGeneration", "LogitsProcessor", "Phase", "score_chosen"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,12 @@ class ActiveGeneration:
         self.last_token = 0
         self._sampler: TokenSampler | None = None
         self._detokenizer: IncrementalDetokenizer | None = None
+        # Logprobs (only when asked): the logits the last token was drawn from, until scored;
+        # its score, until accepted; the tokens not yet matched to visible text.
+        self.top_logprobs = request.settings.top_logprobs
+        self.scored_logits: Any = None
+        self.token_score: TokenScore | None = None
+        self._trace = LogprobTrace() if request.settings.logprobs else None
 
     @property
     def done(self) -> bool:
@@ -220,7 +227,7 @@ class ActiveGeneration:
             return end - start
         inputs.release_prompt()  # the prompt's embeddings are in the cache now
         self.phase = Phase.DECODE
-        self.accept(int(self.sample(output.logits[:, -1, :]).item()))
+        self.accept(self._chosen(self.sample(output.logits[:, -1, :])))
         return end - start
 
     @property
@@ -259,7 +266,7 @@ class ActiveGeneration:
         self._inputs.release_prompt()
         self._cache = []
         self.phase = Phase.DECODE
-        self.accept(int(self.sample(logits).item()))
+        self.accept(self._chosen(self.sample(logits)))
 
     def hand_over_cache(self) -> list[Any]:
         """The prefilled KV cache, for the decode batch (which owns it from now on)."""
@@ -278,9 +285,18 @@ class ActiveGeneration:
             so_far = mx.array([*self._inputs.token_ids, *self._generated], dtype=mx.int32)
             for processor in self._processors:
                 logits = processor(so_far, logits)
-        return self._sampler(logits, self._recent)
+        logits = self._sampler.penalize(logits, self._recent)
+        if self._trace is not None:
+            self.scored_logits = logits
+        return self._sampler.choose(logits)
+
+    def _chosen(self, token: Any) -> int:
+        """A token drawn alone (the first one, after prefill): scored here when asked."""
+        score_chosen([self], token.reshape(-1))
+        return int(token.item())
 
     def accept(self, token: int) -> None:
+        score, self.token_score = self.token_score, None
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -298,16 +314,30 @@ class ActiveGeneration:
             self.finish(pb.FINISH_REASON_STOP)
             return
         assert self._detokenizer is not None
-        self._emit(self._assembler.feed(self._detokenizer.add(token)))
+        if self._trace is not None:
+            assert score is not None, "a request with logprobs took an unscored token"
+            alternatives = self._detokenizer.preview([alternative for alternative, _ in score.top])
+            text = self._detokenizer.add(token)
+            self._trace.add(text, score, alternatives)
+        else:
+            text = self._detokenizer.add(token)
+        self._emit(self._assembler.feed(text))
         if self._assembler.stopped:
             self.finish(pb.FINISH_REASON_STOP)
         elif self.output_tokens >= self._max_tokens:
             self.finish(pb.FINISH_REASON_LENGTH)
 
     def _emit(self, pieces: list[OutputPiece]) -> None:
+        spans = iter(
+            self._assembler.text_spans[
+                len(self._assembler.text_spans) - sum(isinstance(p, str) for p in pieces) :
+            ]
+        )
         for piece in pieces:
             if isinstance(piece, str):
-                self.job.emit(TextEvent(piece))
+                span = next(spans)
+                logprobs = self._trace.shown(*span) if self._trace is not None and span is not None else []
+                self.job.emit(TextEvent(piece, tuple(logprobs)))
             elif isinstance(piece, Reasoning):
                 self.job.emit(ReasoningEvent(piece.text))
             else:
@@ -318,8 +348,13 @@ class ActiveGeneration:
         if self.phase is Phase.DONE:
             return
         if self._detokenizer is not None and not self._assembler.stopped:
-            self._emit(self._assembler.feed(self._detokenizer.flush()))
+            flushed = self._detokenizer.flush()
+            if self._trace is not None:
+                self._trace.add_text(flushed)
+            self._emit(self._assembler.feed(flushed))
         self._emit(self._assembler.finish())
+        if self._trace is not None and (settled := self._trace.finish()):
+            self.job.emit(TextEvent("", tuple(settled)))
         if reason == pb.FINISH_REASON_STOP and self._assembler.tool_calls:
             reason = pb.FINISH_REASON_TOOL_CALLS
         self.finish_reason = reason
@@ -360,6 +395,7 @@ class ActiveGeneration:
             text=self._assembler.visible_text,
             reasoning_text=self._assembler.reasoning_text,
             tool_calls=self._assembler.tool_calls,
+            logprobs=self._trace.listed if self._trace is not None else (),
             finish_reason=self.finish_reason,
             usage=pb.Usage(
                 input_tokens=self.prompt_tokens,
@@ -394,3 +430,22 @@ class ActiveGeneration:
             cached_tokens=self.cached_tokens,
             token_ids=tuple(self._generated),
         )
+
+
+def score_chosen(generations: list[ActiveGeneration], tokens: Any) -> None:
+    """Score the tokens just drawn ([rows] lazy ids, one per generation) for the generations that
+    asked for logprobs, in one batched op; each keeps its score until it accepts the token."""
+    import mlx.core as mx
+
+    wanted = [index for index, generation in enumerate(generations) if generation.scored_logits is not None]
+    if not wanted:
+        return
+    chosen = tokens if len(wanted) == len(generations) else tokens[mx.array(wanted, dtype=mx.int32)]
+    scores = score_rows(
+        [generations[index].scored_logits for index in wanted],
+        chosen,
+        [generations[index].top_logprobs for index in wanted],
+    )
+    for index, score in zip(wanted, scores, strict=True):
+        generations[index].scored_logits = None
+        generations[index].token_score = score

@@ -12,7 +12,7 @@ see even where the tokenizer calls it special (Mistral's `[TOOL_CALLS]`, harmony
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["IncrementalDetokenizer"]
@@ -49,6 +49,18 @@ class IncrementalDetokenizer:
             self._prefix, self._read = self._read, len(self._tokens)
             return after[len(before) :]
         return ""
+
+    def preview(self, tokens: Sequence[int]) -> list[str]:
+        """The text each of `tokens` would add if it came next (alternatives, for logprobs):
+        decoded after the pending tokens, like `add`, but kept even if it ends inside a character."""
+        before = self._decode(self._tokens[self._prefix : self._read])
+        pending = self._tokens[self._prefix :]
+        texts = []
+        for token in tokens:
+            kept = self._keep.get(token)
+            after = self._decode(pending) + kept if kept is not None else self._decode([*pending, token])
+            texts.append(after[len(before) :] if after.startswith(before) else after)
+        return texts
 
     def flush(self) -> str:
         """Generation ended: whatever the pending tokens decode to, even if incomplete."""

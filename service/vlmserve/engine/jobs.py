@@ -119,6 +119,8 @@ class PreparedRequest:
 @dataclass(frozen=True, slots=True)
 class TextEvent:
     text: str
+    # With sampling.logprobs: the tokens this text settled (logprobs.py; may come with text "").
+    logprobs: tuple[pb.TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

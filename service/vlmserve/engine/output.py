@@ -112,11 +112,22 @@ class OutputAssembler:
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
+    # Where each `text` piece came from in the raw text fed so far: [start, end) offsets (None
+    # where unknown), so logprobs.py can tell which tokens it shows.
+    text_spans: list[tuple[int, int] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stops = StopSequenceMatcher(self.stop)
         self._parser = make_parser(self.tool_call_format)
         self._thoughts = ThinkingSplitter(thinking=self.thinking)
+        # Raw text fed; where the visible text starts in it (after any reasoning: from there on
+        # every raw character reaches the stop matcher); the parser's input so far (the stop
+        # matcher's output after the prefix) and how far its text pieces have been located.
+        self._fed = 0
+        self._visible_from: int | None = None
+        self._parser_input = self.assistant_prefix
+        self._located = 0
+        self._after_call = False
         if self.assistant_prefix:
             self._accept(self._parser.feed(self.assistant_prefix))
 
@@ -139,6 +150,7 @@ class OutputAssembler:
         """Newly decoded text -> pieces to stream now."""
         if self.stopped:
             return []
+        self._fed += len(text)
         return self._split(self._thoughts.feed(text))
 
     def finish(self) -> list[OutputPiece]:
@@ -148,7 +160,7 @@ class OutputAssembler:
             out = self._split(self._thoughts.finish())
         pieces: list[Piece] = []
         if not self.stopped:
-            pieces.extend(self._parser.feed(self._stops.flush()))
+            pieces.extend(self._parser.feed(self._to_parser(self._stops.flush())))
         pieces.extend(self._parser.finish())
         return out + self._accept(pieces)
 
@@ -161,8 +173,26 @@ class OutputAssembler:
                 self.reasoning.append(text)
                 out.append(Reasoning(text))
             else:
-                out.extend(self._accept(self._parser.feed(self._stops.feed(text))))
+                if self._visible_from is None:
+                    # The first visible run is the end of everything fed (nothing held after it).
+                    self._visible_from = self._fed - len(text)
+                out.extend(self._accept(self._parser.feed(self._to_parser(self._stops.feed(text)))))
         return out
+
+    def _to_parser(self, text: str) -> str:
+        self._parser_input += text
+        return text
+
+    def _locate(self, text: str) -> tuple[int, int] | None:
+        """The raw span of a text piece the parser gave back: the next place its input holds
+        it (after a call: the last, so the call's own markup cannot match first)."""
+        source = self._parser_input
+        at = source.rfind(text, self._located) if self._after_call else source.find(text, self._located)
+        if at < 0 or self._visible_from is None:
+            return None
+        self._located = at + len(text)
+        start = self._visible_from + at - len(self.assistant_prefix)
+        return (start, start + len(text)) if start >= 0 else None
 
     def _accept(self, pieces: list[Piece]) -> list[OutputPiece]:
         out: list[OutputPiece] = []
@@ -172,8 +202,11 @@ class OutputAssembler:
             if isinstance(piece, TextPiece):
                 if piece.text:
                     self.text.append(piece.text)
+                    self.text_spans.append(self._locate(piece.text))
+                    self._after_call = False
                     out.append(piece.text)
             elif isinstance(piece, ToolCallPiece):
+                self._after_call = True
                 call = pb.ToolCall(
                     id=piece.call.id,
                     name=piece.call.name,

@@ -139,12 +139,24 @@ class TokenSampler:
 
     def __call__(self, logits: Any, recent_tokens: Sequence[int]) -> Any:
         """Logits [1, vocab] -> token id array [1] (lazy)."""
+        return self.choose(self.penalize(logits, recent_tokens))
+
+    def penalize(self, logits: Any, recent_tokens: Sequence[int]) -> Any:
+        """The repetition penalty (when set): the last change to the distribution itself, so the
+        logits after it are the ones logprobs report."""
         import mlx.core as mx
-        from mlx_vlm.sample_utils import apply_top_k, apply_top_p, make_repetition_penalty
+        from mlx_vlm.sample_utils import make_repetition_penalty
 
         if self._repetition_penalty is not None and self._repetition_penalty != 1.0 and recent_tokens:
             penalty = make_repetition_penalty(self._repetition_penalty, REPETITION_CONTEXT_TOKENS)
             logits = penalty(mx.array(list(recent_tokens[-REPETITION_CONTEXT_TOKENS:])), logits)
+        return logits
+
+    def choose(self, logits: Any) -> Any:
+        """Temperature, top_p, top_k and the draw (or argmax at temperature 0)."""
+        import mlx.core as mx
+        from mlx_vlm.sample_utils import apply_top_k, apply_top_p
+
         if self.temperature == 0:
             return mx.argmax(logits, axis=-1)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

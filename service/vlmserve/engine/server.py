@@ -181,15 +181,16 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 event = pending if pending is not None else await job.events.get()
                 pending = None
                 if isinstance(event, TextEvent):
-                    text = event.text
+                    text, logprobs = event.text, list(event.logprobs)
                     while not job.events.empty():
                         following = job.events.get_nowait()
                         if isinstance(following, TextEvent):
                             text += following.text
+                            logprobs.extend(following.logprobs)
                         else:
                             pending = following
                             break
-                    event = TextEvent(text)
+                    event = TextEvent(text, tuple(logprobs))
                 ended = isinstance(event, FinishedEvent | FailedEvent | CountedEvent)
                 yield event
                 if ended:
@@ -207,7 +208,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             job = await self._admit(request, trace.set_span_in_context(span))
             async for event in self._events(job):
                 if isinstance(event, TextEvent):
-                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(text=event.text))
+                    yield pb.GenerateResponse(
+                        chunk=pb.GenerateChunk(text=event.text, logprobs=event.logprobs)
+                    )
                 elif isinstance(event, ReasoningEvent):
                     yield pb.GenerateResponse(chunk=pb.GenerateChunk(reasoning_text=event.text))
                 elif isinstance(event, ToolCallEvent):
