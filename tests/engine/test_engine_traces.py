@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests._services import start_engine
-from vlmserve.client import AsyncEngineClient
+from vlmserve.client import AsyncEngineClient, EngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
@@ -115,6 +115,34 @@ def test_engine_spans_are_children_of_the_callers_span(
     assert queue.end_time <= prefill.start_time + 1_000_000  # perf_counter -> epoch conversion jitter
     assert prefill.end_time <= decode.start_time + 1_000_000
     assert decode.attributes is not None and decode.attributes["vlmserve.output_tokens"] >= 1
+
+
+@pytest.mark.parametrize("method", ["generate", "generate_unary"])
+def test_the_blocking_client_carries_the_callers_trace(
+    idle_engine: InProcessEngine, spans: InMemorySpanExporter, method: str
+) -> None:
+    """`EngineClient` (scripts, threaded services) links the engine's spans to its caller's, as the
+    asyncio client does."""
+    server_name = "vlmserve.engine.v1.EngineService/" + (
+        "Generate" if method == "generate" else "GenerateUnary"
+    )
+    tracer = trace.get_tracer("test")
+    with (
+        tracer.start_as_current_span("blocking caller") as caller,
+        EngineClient(idle_engine.address) as client,
+    ):
+        if method == "generate":
+            answers = list(client.generate(request(request_id=f"sync-{method}", max_tokens=2)))
+            assert answers[-1].HasField("complete")
+        else:
+            client.generate_unary(request(request_id=f"sync-{method}", max_tokens=2))
+    context = caller.get_span_context()
+    found = _finished(spans, context.trace_id, {server_name, *PHASES})
+    client_span = next(s for s in spans.get_finished_spans() if s.kind is trace.SpanKind.CLIENT)
+    server_span = next(s for s in spans.get_finished_spans() if s.kind is trace.SpanKind.SERVER)
+    assert _parent_id(client_span) == context.span_id
+    assert client_span.context is not None and _parent_id(server_span) == client_span.context.span_id
+    assert set(PHASES) <= found.keys()
 
 
 def test_the_trace_id_crosses_in_grpc_metadata(

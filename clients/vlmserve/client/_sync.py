@@ -8,7 +8,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.trace import StatusCode
 
+from vlmserve.common.tracing import client_span, inject_metadata
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -56,29 +58,36 @@ class EngineClient:
         self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> Iterator[pb.GenerateResponse]:
         """Stream chunks, then one `complete`. Closing the iterator early cancels the call."""
+        span = client_span("Generate")
         call = self._stub.Generate(
             request,
             timeout=timeout or self.deadlines.generate,
-            metadata=self._metadata,
+            metadata=inject_metadata(self._metadata, span),
         )
         try:
             yield from call
         except grpc.RpcError as error:
+            span.set_status(StatusCode.ERROR, error.code().name)
             raise from_rpc_error(error) from None
         finally:
             call.cancel()
+            span.end()
 
     def generate_unary(
         self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> pb.GenerateResult:
+        span = client_span("GenerateUnary")
         try:
             response = self._stub.GenerateUnary(
                 pb.GenerateUnaryRequest(request=request),
                 timeout=timeout or self.deadlines.generate,
-                metadata=self._metadata,
+                metadata=inject_metadata(self._metadata, span),
             )
         except grpc.RpcError as error:
+            span.set_status(StatusCode.ERROR, error.code().name)
             raise from_rpc_error(error) from None
+        finally:
+            span.end()
         result: pb.GenerateResult = response.result
         return result
 
