@@ -84,10 +84,12 @@ async def test_plain_response_has_the_reasoning_item(http: httpx.AsyncClient, en
     _check_resource(body)
     stored = await http.get(f"/v1/responses/{body['id']}")
     assert stored.json()["output"] == body["output"]
-    # A later turn replays it (reasoning is not rendered back to the model).
+    # A later turn replays it as the thinking of the assistant turn, never as its text.
     follow = await http.post(
         "/v1/responses", json={"model": "default", "input": "more", "previous_response_id": body["id"]}
     )
     assert follow.status_code == 200, follow.text
     replayed = engine.requests[-1]
     assert all("Let me think." not in part.text.text for m in replayed.messages for part in m.parts)
+    assistant = [m for m in replayed.messages if m.role == pb.ROLE_ASSISTANT]
+    assert [m.reasoning_text for m in assistant] == ["Let me think."]

@@ -184,10 +184,25 @@ class CustomToolCallOutputParam(RequestModel):
     output: ToolOutputParam
 
 
+class ReasoningTextParam(RequestModel):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
 class ReasoningParam(RequestModel):
-    """Accepted and not rendered: nothing reaches the model from it."""
+    """Earlier thinking: its `content` text (OpenAI's and our output items), else its `summary`
+    text, replayed on the assistant turn that follows it (`Message.reasoning_text`); the chat
+    template renders it where it renders thinking. `encrypted_content` cannot be read here."""
 
     type: Literal["reasoning"]
+    summary: list[ReasoningTextParam] = Field(default_factory=list)
+    content: list[ReasoningTextParam] | None = None
+    encrypted_content: str | None = None
+
+    @property
+    def text(self) -> str:
+        parts = self.content or self.summary
+        return "\n\n".join(part.text for part in parts if part.text)
 
 
 class ItemReferenceParam(RequestModel):

@@ -22,6 +22,7 @@ from ._input_models import (
     FunctionCallParam,
     ItemReferenceParam,
     MessageParam,
+    ReasoningParam,
     parse_input,
     parse_item,
 )
@@ -125,6 +126,8 @@ class _ItemConverter:
         self._media = media
         self._resolve_item = resolve_item
         self._call_name = call_name
+        # Reasoning items waiting for the assistant turn they preceded.
+        self._reasoning: list[str] = []
 
     def add(self, item: object, path: str) -> None:
         """One item: a validated model, or raw JSON (a replayed item), validated here."""
@@ -132,6 +135,10 @@ class _ItemConverter:
             item = parse_item(item, path)
         if isinstance(item, ItemReferenceParam):
             item = self._resolve(item, path)
+        if isinstance(item, ReasoningParam):
+            if item.text:
+                self._reasoning.append(item.text)
+            return
         if isinstance(item, MessageParam):
             self._add_message(item, path)
         elif isinstance(item, FunctionCallParam):
@@ -144,7 +151,12 @@ class _ItemConverter:
             self._add_output(item.call_id, item.output, path, pb.TOOL_KIND_FUNCTION)
         elif isinstance(item, CustomToolCallOutputParam):
             self._add_output(item.call_id, item.output, path, pb.TOOL_KIND_CUSTOM)
-        # "reasoning": accepted and not rendered; nothing reaches the model from it.
+        # Thinking not followed by an assistant turn has nothing to belong to: dropped.
+        self._reasoning.clear()
+
+    def _take_reasoning(self) -> str:
+        text, self._reasoning = "\n\n".join(self._reasoning), []
+        return text
 
     def _resolve(self, reference: ItemReferenceParam, path: str) -> Any:
         id_path = join(path, "id")
@@ -171,22 +183,28 @@ class _ItemConverter:
                 parse_message_part(part, join(content_path, index), self._media)
                 for index, part in enumerate(item.content)
             ]
-        self.messages.append(pb.Message(role=MESSAGE_ROLES[item.role], parts=parts))
+        role = MESSAGE_ROLES[item.role]
+        reasoning = self._take_reasoning() if role == pb.ROLE_ASSISTANT else ""
+        self.messages.append(pb.Message(role=role, parts=parts, reasoning_text=reasoning))
 
     def _add_call(self, call_id: str, name: str, arguments: str, kind: pb.ToolKind.ValueType) -> None:
         call = pb.ToolCall(id=call_id, name=name, arguments=arguments, kind=kind)
         last = self.messages[-1] if self.messages else None
+        reasoning = self._take_reasoning()
         # Calls join the assistant turn they follow (one turn: text, then its calls), unless
         # that turn has images: those move to a user turn after it, which would separate the
-        # calls from their outputs.
+        # calls from their outputs; or thinking came between them: it opens a turn of its own.
         if (
-            last is not None
+            not reasoning
+            and last is not None
             and last.role == pb.ROLE_ASSISTANT
             and not any(part.WhichOneof("kind") in ("image", "file") for part in last.parts)
         ):
             last.tool_calls.append(call)
         else:
-            self.messages.append(pb.Message(role=pb.ROLE_ASSISTANT, tool_calls=[call]))
+            self.messages.append(
+                pb.Message(role=pb.ROLE_ASSISTANT, tool_calls=[call], reasoning_text=reasoning)
+            )
 
     def _add_output(
         self, call_id: str, output: str | list[Any], path: str, kind: pb.ToolKind.ValueType

@@ -52,11 +52,19 @@ def messages_to_items(
             items.append(_tool_output_item(message.tool_output))
             continue
         role = _ROLE_NAMES.get(message.role, "user")
+        if message.reasoning_text:
+            items.append(
+                {"type": "reasoning", "summary": [], "content": [_reasoning_part(message.reasoning_text)]}
+            )
         if message.parts or not message.tool_calls:
             content = [_content_part(part, assistant=role == "assistant") for part in message.parts]
             items.append({"type": "message", "role": role, "content": content})
         items.extend(_call_item(call, offered_tools) for call in message.tool_calls)
     return items
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def result_to_output_items(

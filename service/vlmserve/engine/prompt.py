@@ -21,6 +21,8 @@ path in the request as sent):
 - file parts are refused anywhere (the engine does not read documents);
 - a JSON part in a message is rendered as its JSON text;
 - developer turns render as system turns (chat templates have no developer role);
+- an assistant turn's `reasoning_text` is passed as its `reasoning_content`, the variable
+  thinking templates (Qwen3's) render; a template without it drops the text;
 - tool choice: NONE renders no tools and parses no calls; AUTO, REQUIRED and a named function
   render the tools (a named function must be one of them); the grammar (`grammar.py`) enforces
   the choice while decoding;
@@ -319,6 +321,10 @@ def to_template_conversation(
             raise invalid_argument(
                 f"{where}: only assistant turns may carry tool_calls", field=f"{where}.tool_calls"
             )
+        if message.reasoning_text and role != "assistant":
+            raise invalid_argument(
+                f"{where}: only assistant turns may carry reasoning_text", field=f"{where}.reasoning_text"
+            )
         if message.HasField("tool_output") and role != "tool":
             raise invalid_argument(
                 f"{where}: only tool turns may carry tool_output", field=f"{where}.tool_output"
@@ -337,6 +343,9 @@ def to_template_conversation(
             turn = {"role": role, "content": _message_content(entry, images)}
             if role == "assistant" and message.tool_calls:
                 turn["tool_calls"] = _assistant_tool_calls(message, where)
+            if message.reasoning_text:
+                # Qwen3-style templates render it (as `<think>...</think>`); others ignore it.
+                turn["reasoning_content"] = message.reasoning_text
         converted.append(turn)
     _add_system_instruction(converted, _format_instruction(response_format))
     return TemplateConversation(

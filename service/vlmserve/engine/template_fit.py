@@ -196,7 +196,11 @@ def fit_messages(
         if role == "assistant" and message.get("tool_calls") and calls_as_text:
             text = _joined_text(message["content"])
             calls = "\n".join(_hermes_call(call) for call in message["tool_calls"])
-            message = {"role": "assistant", "content": _text(f"{text}\n{calls}" if text else calls)}
+            message = {
+                **{key: value for key, value in message.items() if key == "reasoning_content"},
+                "role": "assistant",
+                "content": _text(f"{text}\n{calls}" if text else calls),
+            }
         elif role == "tool" and results_as_text:
             message = {
                 "role": "user",
