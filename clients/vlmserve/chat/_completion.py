@@ -13,11 +13,17 @@ from vlmserve.responses import (
     OutputItemEvent,
     OutputMessage,
     OutputTextDeltaEvent,
+    ReasoningItem,
+    ReasoningTextDeltaEvent,
     ResponseResource,
     Usage,
 )
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+
+# A thinking model's reasoning, in the field DeepSeek's API and vLLM use (not OpenAI's: its chat
+# completions never return reasoning); absent when there is none.
+_REASONING = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class FunctionCall(OutboundModel):
@@ -34,6 +40,7 @@ class ToolCall(OutboundModel):
 class AssistantMessage(OutboundModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = _REASONING
     refusal: None = None
     tool_calls: list[ToolCall] | None = None
 
@@ -87,6 +94,7 @@ class ToolCallDelta(OutboundModel):
 class ChunkDelta(OutboundModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = _REASONING
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -145,8 +153,15 @@ def chat_completion(resource: ResponseResource) -> ChatCompletion:
         for item in resource.output
         if isinstance(item, FunctionCallItem)
     ]
+    reasoning = "".join(
+        part.text for item in resource.output if isinstance(item, ReasoningItem) for part in item.content
+    )
     has_message = any(isinstance(item, OutputMessage) for item in resource.output)
-    message = AssistantMessage(content=text if has_message or not calls else None, tool_calls=calls or None)
+    message = AssistantMessage(
+        content=text if has_message or not calls else None,
+        reasoning_content=reasoning or None,
+        tool_calls=calls or None,
+    )
     return ChatCompletion(
         id=completion_id(resource.id),
         created=resource.created_at,
@@ -176,6 +191,8 @@ class ChunkWriter:
         """The chunks one event becomes (none for most lifecycle events)."""
         if isinstance(event, OutputTextDeltaEvent):
             return [self._chunk(ChunkDelta(content=event.delta))] if event.delta else []
+        if isinstance(event, ReasoningTextDeltaEvent):
+            return [self._chunk(ChunkDelta(reasoning_content=event.delta))] if event.delta else []
         if isinstance(event, OutputItemEvent) and event.type == "response.output_item.added":
             item = event.item
             if isinstance(item, FunctionCallItem):

@@ -86,6 +86,8 @@ class UserMessageParam(RequestModel):
 class AssistantMessageParam(RequestModel):
     role: Literal["assistant"]
     content: Content | None = None
+    # The turn's thinking (DeepSeek / vLLM's field): replayed where the chat template renders it.
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     refusal: str | None = None
     name: str | None = None

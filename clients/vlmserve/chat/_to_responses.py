@@ -124,6 +124,9 @@ def _input_items(body: ChatCompletionBody, origins: list[str]) -> list[dict[str,
             parts = _parts(message.content, f"{where}.content", text_type="input_text", images=True)
             items.append({"type": "message", "role": "user", "content": parts})
         elif isinstance(message, AssistantMessageParam):
+            if message.reasoning_content:
+                reasoning = {"type": "reasoning_text", "text": message.reasoning_content}
+                items.append({"type": "reasoning", "summary": [], "content": [reasoning]})
             if message.content is not None and message.content != "" and message.content != []:
                 parts = _parts(message.content, f"{where}.content", text_type="output_text", images=False)
                 items.append({"type": "message", "role": "assistant", "content": parts})
