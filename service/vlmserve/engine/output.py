@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from .harmony import HarmonySplitter, starts_harmony
 from .stop_sequences import StopSequenceMatcher
 from .tool_parsers import Piece, TextPiece, ToolCallPiece, make_parser
 
@@ -45,7 +46,8 @@ def _held_prefix(text: str, marker: str) -> int:
 @dataclass
 class ThinkingSplitter:
     """Raw output -> (is_reasoning, text) runs. Thinking is the text up to `</think>` when the
-    prompt left `<think>` open, or when the output itself starts with `<think>`."""
+    prompt left `<think>` open, or when the output itself starts with `<think>`; output that
+    starts with a harmony header (`<|channel|>`, `<|start|>`) is read by `HarmonySplitter`."""
 
     thinking: bool = False
     _held: str = ""
@@ -53,12 +55,19 @@ class ThinkingSplitter:
     _may_open: bool = True
     # Right after `</think>`: whitespace before the answer is dropped.
     _after_close: bool = False
+    _harmony: HarmonySplitter | None = None
 
     def __post_init__(self) -> None:
         if self.thinking:
             self._may_open = False
 
+    @property
+    def in_reasoning(self) -> bool:
+        return self._harmony.thinking if self._harmony is not None else self.thinking
+
     def feed(self, text: str) -> list[tuple[bool, str]]:
+        if self._harmony is not None:
+            return self._harmony.feed(text)
         out: list[tuple[bool, str]] = []
         buffer, self._held = self._held + text, ""
         while buffer:
@@ -74,11 +83,15 @@ class ThinkingSplitter:
                 self._held = buffer[len(buffer) - keep :]
                 break
             if self._may_open:
+                harmony = starts_harmony(buffer)
+                if harmony:
+                    self._harmony, self._may_open = HarmonySplitter(), False
+                    return self._harmony.feed(buffer)
                 start = buffer.lstrip()
                 if start.startswith(THINK_OPEN):
                     buffer, self.thinking, self._may_open = start[len(THINK_OPEN) :], True, False
                     continue
-                if THINK_OPEN.startswith(start):
+                if THINK_OPEN.startswith(start) or harmony is None:
                     self._held = buffer
                     break
                 self._may_open = False
@@ -92,6 +105,8 @@ class ThinkingSplitter:
         return [(reasoning, text) for reasoning, text in out if text]
 
     def finish(self) -> list[tuple[bool, str]]:
+        if self._harmony is not None:
+            return self._harmony.finish()
         held, self._held = self._held, ""
         if not held or (self._after_close and not held.strip()):
             return []
@@ -143,8 +158,8 @@ class OutputAssembler:
 
     @property
     def in_reasoning(self) -> bool:
-        """The output is inside `<think>...</think>` now."""
-        return self._thoughts.thinking
+        """The output is inside `<think>...</think>` (or harmony's analysis channel) now."""
+        return self._thoughts.in_reasoning
 
     def feed(self, text: str) -> list[OutputPiece]:
         """Newly decoded text -> pieces to stream now."""

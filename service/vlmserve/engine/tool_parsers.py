@@ -95,7 +95,10 @@ def tool_call_format_for(model_type: str, chat_template: str | None) -> str:
 
 
 # Markup inside a call that a family's parser reads, beyond its start and end markers.
-_INNER_MARKUP = {"harmony": ("<|message|>", "<|constrain|>")}
+# Harmony: also its message framing, which the output splitter (harmony.py) reads.
+_INNER_MARKUP = {
+    "harmony": ("<|message|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>", "<|return|>")
+}
 
 
 def markup_of(tool_call_format: str) -> tuple[str, ...]:
