@@ -90,9 +90,14 @@ def test_queue_depth_and_batch_size_under_load(
     seen_depths: list[float] = []
     done = threading.Event()
 
+    registry = idle_engine.server.generator.metrics.registry
+
     def watch() -> None:
+        # The registry read in-process (what /metrics serialises): an HTTP scrape per sample was
+        # slower than both requests together on a loaded machine, and saw only the idle engine.
         while not done.is_set():
-            seen_depths.append(scrape(metrics_url)["vlmserve_engine_active_requests"])
+            seen_depths.append(registry.get_sample_value("vlmserve_engine_active_requests") or 0.0)
+            done.wait(0.001)
 
     def ask(seed: int) -> None:
         request = pb.GenerateRequest(
