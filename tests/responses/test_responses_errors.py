@@ -82,10 +82,10 @@ ERRORS: list[tuple[str, Any, str, str | None]] = [
         "unsupported_value",
     ),
     (
-        "input_file",
+        "input_file with bad base64",
         [message("user", [{"type": "input_file", "file_data": "x"}])],
-        "input[0].content[0].type",
-        "unsupported_value",
+        "input[0].content[0].file_data",
+        "invalid_base64",
     ),
     (
         "image without url or file_id",

@@ -43,28 +43,27 @@ def test_input_text_and_input_image_parts_lower_to_chat_parts() -> None:
     assert user.parts[1].image.detail == pb.IMAGE_DETAIL_HIGH
 
 
-def test_input_image_file_id_only_is_rejected_with_named_error() -> None:
+def test_input_image_file_id_without_a_files_store_is_rejected_with_named_error() -> None:
     items = [message("user", [input_text("hi"), {"type": "input_image", "file_id": "file-1"}])]
     with pytest.raises(InvalidRequestError) as caught:
         input_to_messages(items)
     assert caught.value.param == "input[0].content[1].file_id"
-    assert "file_id" in caught.value.message
-    assert "data: URL" in caught.value.message
+    assert "files store" in caught.value.message
+    assert "file_data" in caught.value.message
 
 
 @pytest.mark.parametrize("where", ["message", "tool_output"])
-def test_input_file_part_is_rejected(where: str) -> None:
+def test_input_file_by_id_without_a_files_store_is_rejected(where: str) -> None:
     file_part = {"type": "input_file", "file_id": "file-1", "filename": "a.pdf"}
     if where == "message":
         items = [message("user", [input_text("read"), file_part])]
-        expected = "input[0].content[1].type"
+        expected = "input[0].content[1].file_id"
     else:
         items = [function_call(), function_output([input_text("x"), file_part])]
-        expected = "input[1].output[1].type"
+        expected = "input[1].output[1].file_id"
     with pytest.raises(InvalidRequestError) as caught:
         input_to_messages(items)
     assert caught.value.param == expected
-    assert "input_file" in caught.value.message
     assert caught.value.code == "unsupported_value"
 
 

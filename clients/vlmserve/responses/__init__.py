@@ -12,6 +12,9 @@ Pure functions, shared by the facade and by client-library callers (see docs/res
   `result_to_output_items` and `usage_from_contract` give the exact output models
   (`ResponseResource`, `OutputMessage`, ..., and the stream events in `ResponseStreamEvent`).
 
+Files (`input_file`, `input_image.file_id`): `file_data` is read here; a `file_id` goes to the
+`file_source` the caller passes (`FileSource`: id -> `FileContent`, the facade's files store).
+
 Every client error is an `InvalidRequestError` carrying the JSON path of the bad field.
 """
 
@@ -33,6 +36,7 @@ from ._events import (
     ResponseLifecycleEvent,
     ResponseStreamEvent,
 )
+from ._files import page_header, text_file_part
 from ._input_models import InputItemParam, parse_input, parse_item
 from ._items import ItemResolver, input_to_messages, is_item_reference
 from ._lowering import (
@@ -42,7 +46,7 @@ from ._lowering import (
     lower_messages,
     tool_output_text,
 )
-from ._media import ImageFetchError, ImageSource
+from ._media import FileContent, FileSource, ImageFetchError, ImageSource
 from ._outbound import (
     NewId,
     image_part_to_json,
@@ -97,6 +101,8 @@ __all__ = [
     "DeletedObject",
     "ErrorEvent",
     "ErrorPayload",
+    "FileContent",
+    "FileSource",
     "FunctionCallArgumentsDeltaEvent",
     "FunctionCallArgumentsDoneEvent",
     "FunctionCallItem",
@@ -145,6 +151,7 @@ __all__ = [
     "message_output_item",
     "messages_to_items",
     "output_text_part",
+    "page_header",
     "parse_as",
     "parse_body",
     "parse_input",
@@ -152,6 +159,7 @@ __all__ = [
     "parse_metadata",
     "reasoning_output_item",
     "result_to_output_items",
+    "text_file_part",
     "tool_call_output_item",
     "tool_output_text",
     "usage_from_contract",

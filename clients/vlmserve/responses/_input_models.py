@@ -25,15 +25,11 @@ EXAMPLE_IMAGE_URL = (
 )
 TEXT_PART_TYPES = ("input_text", "text", "output_text")
 IMAGE_PART_TYPES = ("input_image", "image_url")
-MESSAGE_PART_TYPES = (*TEXT_PART_TYPES, *IMAGE_PART_TYPES, "refusal")
+MESSAGE_PART_TYPES = (*TEXT_PART_TYPES, *IMAGE_PART_TYPES, "input_file", "refusal")
 
 # Parts with a known meaning that we cannot serve yet: refused by name wherever they appear.
 UNSUPPORTED_PARTS = {
-    "input_file": (
-        "input_file parts are not supported yet; send images as input_image parts with a base64 "
-        "data: URL and documents as input_text"
-    ),
-    "file": "file parts are not supported yet; send documents as input_text",
+    "file": "file parts are not supported in the Responses API; send an input_file part",
     "input_audio": "audio input is not supported by this server; send text or images",
     "video_url": "video input is not supported by this server; send text or images",
     "input_video": "video input is not supported by this server; send text or images",
@@ -52,11 +48,26 @@ class RefusalPartParam(RequestModel):
 
 class InputImagePartParam(RequestModel):
     type: Literal["input_image"]
-    # A base64 data: URL (http(s) only where the server fetches remote images). `file_id` is
-    # refused by the translation: this server has no files store.
+    # A base64 data: URL (http(s) only where the server fetches remote images), or the id of an
+    # uploaded image file (POST /v1/files).
     image_url: str | None = Field(default=None, examples=[EXAMPLE_IMAGE_URL])
     file_id: str | None = None
     detail: ImageDetailParam | None = None
+
+
+class InputFilePartParam(RequestModel):
+    """A file: an uploaded one by `file_id`, or inline as a base64 data: URL in `file_data`.
+
+    PDFs reach the model as page images with each page's text, text files as text, images as
+    images (docs/responses-api.md, Files); `file_url` is refused.
+    """
+
+    type: Literal["input_file"]
+    file_id: str | None = None
+    file_data: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
 
 
 class ImageURLParam(RequestModel):
@@ -95,7 +106,7 @@ class UnknownPartParam(RequestModel):
         raise refuse(
             "invalid_value",
             "Invalid value for '{param}': unsupported content part type; supported: "
-            "input_text, input_image, text, image_url, output_text, refusal.",
+            "input_text, input_image, input_file, text, image_url, output_text, refusal.",
         )
 
 
@@ -103,12 +114,14 @@ _PARTTAGS = {
     **dict.fromkeys(TEXT_PART_TYPES, "#text"),
     "input_image": "#input_image",
     "image_url": "#image_url",
+    "input_file": "#input_file",
     **dict.fromkeys(UNSUPPORTED_PARTS, "#unsupported"),
 }
 MessagePartParam: TypeAlias = Annotated[
     Annotated[TextPartParam, Tag("#text")]
     | Annotated[InputImagePartParam, Tag("#input_image")]
     | Annotated[ChatImagePartParam, Tag("#image_url")]
+    | Annotated[InputFilePartParam, Tag("#input_file")]
     | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
     | Annotated[RefusalPartParam, Tag("#refusal")]
     | Annotated[UnknownPartParam, Tag(OTHER), UNDOCUMENTED],
@@ -120,6 +133,7 @@ ToolOutputPartParam: TypeAlias = Annotated[
     Annotated[TextPartParam, Tag("#text")]
     | Annotated[InputImagePartParam, Tag("#input_image")]
     | Annotated[ChatImagePartParam, Tag("#image_url")]
+    | Annotated[InputFilePartParam, Tag("#input_file")]
     | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
     | Annotated[dict[str, Any], Tag(OTHER)],
     by_type(_PARTTAGS),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -27,7 +28,7 @@ from ._input_models import (
     parse_item,
 )
 from ._json import join
-from ._media import ImageSource, MediaPolicy
+from ._media import FileSource, ImageSource, MediaPolicy
 from ._parts import parse_message_part, parse_tool_output_part
 from ._validation import RequestModel
 
@@ -59,13 +60,20 @@ def input_to_messages(
     resolve_item: ItemResolver | None = None,
     image_source: ImageSource | None = None,
     image_limits: ImageLimits | None = None,
+    file_source: FileSource | None = None,
+    document_limits: DocumentLimits | None = None,
 ) -> list[pb.Message]:
     """Translate `input` (and `instructions`) into raw contract messages.
 
     Raises InvalidRequestError (with the JSON path in `param`) for anything malformed or
     unsupported, and for an input with no content at all. Images count as content.
     """
-    media = MediaPolicy(image_source=image_source, limits=image_limits or ImageLimits())
+    media = MediaPolicy(
+        image_source=image_source,
+        limits=image_limits or ImageLimits(),
+        file_source=file_source,
+        documents=document_limits or DocumentLimits(),
+    )
     messages = items_to_messages(input_entries(parse_input(input)), media=media, resolve_item=resolve_item)
     require_content(messages)
     return with_instructions(instructions, messages)
@@ -180,8 +188,9 @@ class _ItemConverter:
             parts = [pb.Part(text=pb.TextPart(text=item.content))]
         else:
             parts = [
-                parse_message_part(part, join(content_path, index), self._media)
+                contract_part
                 for index, part in enumerate(item.content)
+                for contract_part in parse_message_part(part, join(content_path, index), self._media)
             ]
         role = MESSAGE_ROLES[item.role]
         reasoning = self._take_reasoning() if role == pb.ROLE_ASSISTANT else ""
@@ -214,8 +223,9 @@ class _ItemConverter:
             tool_output = pb.ToolOutput(call_id=call_id, kind=kind, text=output)
         else:
             parts = [
-                parse_tool_output_part(part, join(output_path, index), self._media)
+                contract_part
                 for index, part in enumerate(output)
+                for contract_part in parse_tool_output_part(part, join(output_path, index), self._media)
             ]
             tool_output = pb.ToolOutput(call_id=call_id, kind=kind, parts=pb.PartList(parts=parts))
         self.messages.append(pb.Message(role=pb.ROLE_TOOL, tool_output=tool_output))

@@ -1,10 +1,12 @@
-"""The one choke point for media in requests: image URLs become checked image bytes.
+"""The one choke point for media in requests: image URLs (and files) become checked bytes.
 
 Every image a request carries passes through `MediaPolicy.load_image`: `data:` URLs are
 decoded here, remote http(s) URLs go to a pluggable `ImageSource` (none by default, so they
 are refused), and every other scheme or bare path is refused outright. Whatever the origin,
 the bytes are then checked by `vlmserve.common.images.inspect_image` (format sniffed from the
-bytes, declared type must match, size and pixel count bounded from the header).
+bytes, declared type must match, size and pixel count bounded from the header). Files
+(`input_file`, `input_image.file_id`) come from a pluggable `FileSource` (`_files.py`); their
+images, PDF pages included, go through the same check.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageError, ImageLimits, inspect_image, parse_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -28,6 +31,25 @@ class ImageSource(Protocol):
     """
 
     def __call__(self, url: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class FileContent:
+    """An uploaded file as a `FileSource` returns it: its bytes and its name."""
+
+    data: bytes
+    filename: str
+
+
+class FileSource(Protocol):
+    """Looks up an uploaded file by id for the caller (the facade's files store plugs in here).
+
+    Return None for an id the caller may not use (unknown, deleted, or another key's): the
+    translation refuses it naming the part's `file_id`. Raise `ImageFetchError` with a short,
+    client-safe reason for any other refusal (e.g. a per-request byte budget).
+    """
+
+    def __call__(self, file_id: str) -> FileContent | None: ...
 
 
 class ImageFetchError(Exception):
@@ -72,6 +94,10 @@ class MediaPolicy:
 
     image_source: ImageSource | None = None
     limits: ImageLimits = field(default_factory=ImageLimits)
+    file_source: FileSource | None = None
+    documents: DocumentLimits = field(default_factory=DocumentLimits)
+    # PDF pages rendered so far for this request (bounded by documents.max_pages_per_request).
+    pages_rendered: list[int] = field(default_factory=lambda: [0])
 
     def load_image(self, url: str, detail: pb.ImageDetail.ValueType, *, param: str) -> pb.ImagePart:
         """Turn an image URL from a request into checked bytes; `param` names the URL's JSON path."""
@@ -89,7 +115,23 @@ class MediaPolicy:
                     param=param,
                     code="invalid_image_url",
                 )
-            info = inspect_image(data, declared_media_type=declared, limits=self.limits)
+        except ImageError as error:
+            raise InvalidRequestError(
+                f"Invalid image at '{param}': {error.reason}.", param=param, code=error.code
+            ) from None
+        return self.image_part(data, detail, param=param, declared_media_type=declared)
+
+    def image_part(
+        self,
+        data: bytes,
+        detail: pb.ImageDetail.ValueType,
+        *,
+        param: str,
+        declared_media_type: str | None = None,
+    ) -> pb.ImagePart:
+        """Checked image bytes (from a URL, a file or a PDF page) as a contract image part."""
+        try:
+            info = inspect_image(data, declared_media_type=declared_media_type, limits=self.limits)
         except ImageError as error:
             raise InvalidRequestError(
                 f"Invalid image at '{param}': {error.reason}.", param=param, code=error.code

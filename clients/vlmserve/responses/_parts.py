@@ -1,8 +1,8 @@
 """Content parts (docs/responses-api.md, Input) -> contract parts, on messages and in tool outputs.
 
 The parts arrive validated (`_request_models`); what is left here is what a schema cannot say:
-an image needs its URL (a `file_id` alone is refused), and every image URL goes through the
-media policy.
+an image needs its URL or a `file_id`, every image goes through the media policy, and a file
+(`input_file`) may become several parts (a PDF: each page's text and image; `_files.py`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from typing import Any
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
+from ._files import file_image, input_file_parts
 from ._input_models import (
     IMAGE_PART_TYPES,
     TEXT_PART_TYPES,
     ChatImagePartParam,
+    InputFilePartParam,
     InputImagePartParam,
     RefusalPartParam,
     TextPartParam,
@@ -27,27 +29,29 @@ from ._media import MediaPolicy, parse_detail
 __all__ = ["IMAGE_PART_TYPES", "TEXT_PART_TYPES", "parse_message_part", "parse_tool_output_part"]
 
 
-def parse_message_part(part: Any, path: str, media: MediaPolicy) -> pb.Part:
-    """A validated part of a message item's `content`."""
+def parse_message_part(part: Any, path: str, media: MediaPolicy) -> list[pb.Part]:
+    """A validated part of a message item's `content` (a file may give several)."""
     if isinstance(part, RefusalPartParam):
-        return pb.Part(text=pb.TextPart(text=part.refusal))
+        return [pb.Part(text=pb.TextPart(text=part.refusal))]
     return _known_part(part, path, media)
 
 
-def parse_tool_output_part(part: Any, path: str, media: MediaPolicy) -> pb.Part:
+def parse_tool_output_part(part: Any, path: str, media: MediaPolicy) -> list[pb.Part]:
     """A validated part of a tool output array; a part of another kind is kept as its JSON."""
     if isinstance(part, dict):
-        return pb.Part(json=pb.JsonPart(json=json.dumps(part, ensure_ascii=False)))
+        return [pb.Part(json=pb.JsonPart(json=json.dumps(part, ensure_ascii=False)))]
     return _known_part(part, path, media)
 
 
-def _known_part(part: Any, path: str, media: MediaPolicy) -> pb.Part:
+def _known_part(part: Any, path: str, media: MediaPolicy) -> list[pb.Part]:
     if isinstance(part, TextPartParam):
-        return pb.Part(text=pb.TextPart(text=part.text))
+        return [pb.Part(text=pb.TextPart(text=part.text))]
     if isinstance(part, InputImagePartParam):
-        return pb.Part(image=_input_image(part, path, media))
+        return [pb.Part(image=_input_image(part, path, media))]
     if isinstance(part, ChatImagePartParam):
-        return pb.Part(image=_chat_image_url(part, path, media))
+        return [pb.Part(image=_chat_image_url(part, path, media))]
+    if isinstance(part, InputFilePartParam):
+        return input_file_parts(part, path, media)
     # Validation refuses every other kind; nothing is dropped if that ever changes.
     raise InvalidRequestError(f"Invalid value for '{join(path, 'type')}'.", param=join(path, "type"))
 
@@ -56,15 +60,9 @@ def _input_image(part: InputImagePartParam, path: str, media: MediaPolicy) -> pb
     detail = parse_detail(part.detail, join(path, "detail"))
     if part.image_url is None:
         if part.file_id is not None:
-            raise InvalidRequestError(
-                f"Invalid value for '{join(path, 'file_id')}': input_image by file_id is not supported "
-                "(this server has no files store); send the image inline as a base64 data: URL in "
-                "'image_url'.",
-                param=join(path, "file_id"),
-                code="unsupported_value",
-            )
+            return file_image(part.file_id, detail, path, media)
         raise InvalidRequestError(
-            f"Missing required parameter: '{join(path, 'image_url')}' (a base64 data: URL).",
+            f"Missing required parameter: '{join(path, 'image_url')}' (a base64 data: URL or a file_id).",
             param=join(path, "image_url"),
             code="missing_required_parameter",
         )

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -24,7 +25,7 @@ from ._json import (
     as_object,
 )
 from ._lowering import lower_messages
-from ._media import ImageSource, MediaPolicy
+from ._media import FileSource, ImageSource, MediaPolicy
 from ._output_models import RequestEcho
 from ._request_models import ConversationParam, CreateResponseBody, parse_body
 from ._text_format import parse_text
@@ -133,6 +134,8 @@ def build_generate_request(
     image_limits: ImageLimits | None = None,
     replay: Sequence[Any] = (),
     history: Sequence[pb.Message] = (),
+    file_source: FileSource | None = None,
+    document_limits: DocumentLimits | None = None,
 ) -> TranslatedRequest:
     """Validate a Responses request body and translate it for the engine.
 
@@ -141,12 +144,20 @@ def build_generate_request(
     `output_messages`), and/or as `replay`, their raw input (and output) items, translated here
     again. Both go before `input`, in that order, and are lowered the same way, so a replayed
     conversation reaches the model exactly as it did the first time.
+
+    `file_source` looks up files named by `file_id` (none: only inline `file_data` files);
+    `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files).
     """
     parsed = parse_body(body)
     tools = parse_tools(parsed.tools)
     choice = parse_tool_choice(parsed.tool_choice, tools)
     instructions = parsed.instructions
-    media = MediaPolicy(image_source=image_source, limits=image_limits or ImageLimits())
+    media = MediaPolicy(
+        image_source=image_source,
+        limits=image_limits or ImageLimits(),
+        file_source=file_source,
+        documents=document_limits or DocumentLimits(),
+    )
     input_part = input_entries(parsed.input)
     replayed = items_to_messages(
         [(f"replay[{index}]", item) for index, item in enumerate(replay)],

@@ -17,11 +17,12 @@ from fastapi.responses import JSONResponse
 
 from vlmserve.client import AsyncEngineClient, Deadlines
 
-from . import chat_api, conversations_api, models_api, responses_api
+from . import chat_api, conversations_api, files_api, models_api, responses_api
 from .api_keys import install_api_keys, require_owner
 from .api_schema import install_openapi
 from .body_budget import BodyBudget
 from .catalog import ModelCatalog
+from .file_store import FileStore
 from .http_errors import install_error_handlers
 from .metrics import FacadeMetrics, HttpMetrics, metrics_endpoint
 from .remote_images import image_fetcher_from_settings
@@ -116,6 +117,7 @@ def create_app(
         image_sources = fetcher.for_request if fetcher is not None else None
 
     metrics = FacadeMetrics()
+    files = FileStore(settings.files_directory())
 
     def build_state(client: AsyncEngineClient, the_store: Store) -> FacadeState:
         catalog = ModelCatalog(client, ttl_s=settings.model_info_ttl_s, timeout_s=settings.timeouts.control)
@@ -126,6 +128,7 @@ def create_app(
             catalog=catalog,
             image_sources=image_sources,
             metrics=metrics,
+            files=files,
         )
         metrics.watch_running(lambda: len(service.running))
         return FacadeState(
@@ -137,6 +140,7 @@ def create_app(
             body_budget=BodyBudget(
                 settings.limits.max_body_bytes_in_flight, retry_after_s=settings.retry_after_s
             ),
+            files=files,
         )
 
     @asynccontextmanager
@@ -150,6 +154,7 @@ def create_app(
         upkeep: asyncio.Task[None] | None = None
         try:
             await _fail_interrupted(app.state.facade.store)
+            await asyncio.to_thread(files.remove_orphans)
             upkeep = asyncio.create_task(run_upkeep(app.state.facade.store, settings.storage))
             yield
         finally:
@@ -190,6 +195,7 @@ def create_app(
     guarded: dict[str, Any] = {"dependencies": [Depends(require_owner), *dependencies]}
     app.include_router(responses_api.router, **guarded)
     app.include_router(conversations_api.router, **guarded)
+    app.include_router(files_api.router, **guarded)
     app.include_router(chat_api.router, **guarded)
     app.include_router(models_api.models_router, **guarded)
     app.include_router(models_api.readiness_router, **guarded)

@@ -267,6 +267,8 @@ async def _checked_items(
             resolve_item=references,
             image_source=state.responses.image_source(),
             image_limits=image_limits(info, limits),
+            file_source=state.responses.file_source(owner),
+            document_limits=state.responses.document_limits(allowed_images),
         )
     except InvalidRequestError as error:
         param = "items" + error.param.removeprefix("input") if error.param else None

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, AsyncEngineClient, EngineError
+from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.logs import bind_response
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
 
 from . import ids
 from .catalog import ModelCatalog, image_limits, images_per_request
+from .file_store import FileStore, RequestFiles
 from .http_errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from .item_references import ItemReferences, check_reference_count
 from .metrics import FacadeMetrics
@@ -59,6 +61,8 @@ class ResponsesService:
     # Generations in flight, by response id (for the cancel endpoint and shutdown).
     running: dict[str, Generation] = field(default_factory=dict)
     metrics: FacadeMetrics | None = None
+    # Uploaded files (`file_id` in requests); None: only inline files.
+    files: FileStore | None = None
     # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
     # so that slow remote image hosts can hold at most these and never the store's threads.
     _translators: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
@@ -107,6 +111,8 @@ class ResponsesService:
             image_limits=image_limits(info, limits),
             replay=replay.items,
             history=replay.messages,
+            file_source=self.file_source(owner),
+            document_limits=self.document_limits(allowed_images),
         )
         check_image_count(count_contract_images(translated.request.messages), allowed_images, param="input")
         if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
@@ -171,6 +177,23 @@ class ResponsesService:
     def image_source(self) -> ImageSource | None:
         """A fresh image source for one request (per-request byte budgets live in it)."""
         return self.image_sources() if self.image_sources is not None else None
+
+    def file_source(self, owner: str) -> RequestFiles | None:
+        """The owner's uploaded files for one request (what its uses read is bounded)."""
+        if self.files is None:
+            return None
+        return RequestFiles(self.files, owner, max_bytes=self.settings.limits.max_request_bytes)
+
+    def document_limits(self, allowed_images: int) -> DocumentLimits:
+        """Bounds on files in one request: its PDF pages are images, so count against its images."""
+        files = self.settings.files
+        return DocumentLimits(
+            max_bytes=files.max_file_bytes,
+            max_pages=files.max_pdf_pages,
+            max_page_pixels=files.max_pdf_page_pixels,
+            dpi=files.pdf_dpi,
+            max_pages_per_request=allowed_images,
+        )
 
     def _forget(self, generation: Generation) -> None:
         self.running.pop(generation.response_id, None)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
+from vlmserve.common.documents import DEFAULT_MAX_FILE_BYTES, DocumentLimits
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.common.logs import LogFormat
 from vlmserve.common.secrets import read_secret_file
@@ -20,7 +21,15 @@ from vlmserve.common.settings import DeclaredSettings, Option
 from .api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys
 from .remote_image_checks import RemoteImageSettings
 
-__all__ = ["ENGINE_TOKEN_ENV", "FacadeSettings", "Limits", "Storage", "Timeouts", "default_store_path"]
+__all__ = [
+    "ENGINE_TOKEN_ENV",
+    "FacadeSettings",
+    "Files",
+    "Limits",
+    "Storage",
+    "Timeouts",
+    "default_store_path",
+]
 
 ENGINE_TOKEN_ENV = "VLMSERVE_ENGINE_TOKEN"
 
@@ -152,6 +161,41 @@ class Storage(DeclaredSettings):
     )
 
 
+class Files(DeclaredSettings):
+    """Files: uploads (POST /v1/files) and the files requests carry (input_file)"""
+
+    # On disk, one folder per API key; never in the response store (SQLite or another backend).
+    files_dir: Annotated[Path | None, Option(default_text="files/ beside --store-path")] = Field(
+        None,
+        description="directory of uploaded files, one folder per API key; facades that share one "
+        "response store must share this directory too",
+    )
+    max_file_bytes: int = Field(
+        DEFAULT_MAX_FILE_BYTES,
+        ge=1,
+        description="bytes per uploaded file, and per file sent inline (input_file file_data)",
+    )
+    max_file_bytes_per_key: int | None = Field(
+        1024 * 1024 * 1024,
+        ge=1,
+        description="bytes one API key's uploaded files may take (429 storage_quota_exceeded above "
+        "it); none: no limit",
+    )
+    max_pdf_pages: int = Field(
+        DocumentLimits().max_pages,
+        ge=1,
+        description="pages per PDF (each page reaches the model as an image, and counts as one)",
+    )
+    max_pdf_page_pixels: int = Field(
+        DocumentLimits().max_page_pixels,
+        ge=1,
+        description="pixels per rendered PDF page (a larger page is rendered smaller)",
+    )
+    pdf_dpi: float = Field(
+        DocumentLimits().dpi, gt=0, le=600, description="resolution PDF pages are rendered at"
+    )
+
+
 def _first_token(raw: object) -> object:
     """The engine accepts a comma-separated list (rotation); the facade sends the first."""
     if not isinstance(raw, str):
@@ -205,6 +249,7 @@ class FacadeSettings(DeclaredSettings):
     limits: Limits = Field(default_factory=Limits, description="request limits")
     timeouts: Timeouts = Field(default_factory=Timeouts, description="engine call deadlines")
     storage: Storage = Field(default_factory=Storage, description="storage quotas and retention")
+    files: Files = Field(default_factory=Files, description="uploaded and inline files")
     api_keys: Annotated[ApiKeys, Option(flag=None, env=API_KEYS_ENV), BeforeValidator(_api_keys)] = Field(
         default_factory=ApiKeys,
         repr=False,
@@ -226,6 +271,10 @@ class FacadeSettings(DeclaredSettings):
     engine_tls_ca: Path | None = Field(None, description="CA certificate (PEM) to verify the engine's TLS")
     engine_tls_cert: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
     engine_tls_key: Path | None = Field(None, description="client key (PEM) for mutual TLS")
+
+    def files_directory(self) -> Path:
+        """Where uploaded files live: --files-dir, else `files/` beside the SQLite store."""
+        return self.files.files_dir or self.store_path.parent / "files"
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> FacadeSettings:

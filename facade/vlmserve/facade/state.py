@@ -10,6 +10,7 @@ from vlmserve.client import AsyncEngineClient
 
 from .body_budget import BodyBudget
 from .catalog import ModelCatalog
+from .file_store import FileStore
 from .response_preparation import ResponsesService
 from .settings import FacadeSettings
 from .storage import Store
@@ -24,6 +25,8 @@ class FacadeState:
     responses: ResponsesService
     # Bytes of request bodies being read and translated (body_budget.py).
     body_budget: BodyBudget
+    # Uploaded files (files_api.py), on disk beside the store.
+    files: FileStore | None = None
 
 
 def facade_state(request: Request) -> FacadeState:

@@ -1,0 +1,215 @@
+"""Uploaded files on disk, one folder per API key (docs/responses-api.md, Files).
+
+Files are kept out of the response store on purpose (whatever backs it, SQLite or another
+database): a directory beside it, `<root>/<owner>/<file id>` for the bytes and
+`<file id>.json` beside them for what the API shows (name, purpose, size, time) and the media
+type sniffed at upload. Both are written to a temporary name and renamed into place, the bytes
+first: a file exists once its metadata does, so a reader never sees half a file, and a crash
+leaves at most an orphan temporary (removed at start-up).
+
+Ids are checked against their exact form before any path is built from them, and owners are
+reduced to a safe folder name, so no request can name a path outside its owner's folder.
+Synchronous: the routes call it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from vlmserve.responses import FileContent, ImageFetchError
+
+__all__ = ["FileRecord", "FileStore", "RequestFiles", "new_file_id"]
+
+_FILE_ID = re.compile(r"file-[0-9a-f]{48}")
+_SAFE_OWNER = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TEMP_PREFIX = ".upload-"
+_META_SUFFIX = ".json"
+
+
+def new_file_id() -> str:
+    """`file-` and 192 random bits, as OpenAI spells file ids (with a dash)."""
+    return f"file-{secrets.token_hex(24)}"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    id: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    # Sniffed from the bytes at upload (never the client's content type).
+    media_type: str
+
+    def resource(self) -> dict[str, Any]:
+        """The OpenAI `FileObject`."""
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
+
+
+class FileStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _folder(self, owner: str) -> Path:
+        if _SAFE_OWNER.fullmatch(owner):
+            return self.root / owner
+        return self.root / ("h_" + hashlib.sha256(owner.encode()).hexdigest()[:32])
+
+    def _paths(self, owner: str, file_id: str) -> tuple[Path, Path] | None:
+        if not _FILE_ID.fullmatch(file_id):
+            return None
+        folder = self._folder(owner)
+        return folder / file_id, folder / (file_id + _META_SUFFIX)
+
+    def save(self, owner: str, data: bytes, *, filename: str, purpose: str, media_type: str) -> FileRecord:
+        folder = self._folder(owner)
+        folder.mkdir(parents=True, exist_ok=True)
+        record = FileRecord(
+            id=new_file_id(),
+            bytes=len(data),
+            created_at=int(time.time()),
+            filename=filename,
+            purpose=purpose,
+            media_type=media_type,
+        )
+        content, meta = folder / record.id, folder / (record.id + _META_SUFFIX)
+        _write_atomic(content, data)
+        try:
+            _write_atomic(meta, json.dumps(asdict(record), ensure_ascii=False).encode())
+        except BaseException:
+            content.unlink(missing_ok=True)
+            raise
+        return record
+
+    def get(self, owner: str, file_id: str) -> FileRecord | None:
+        paths = self._paths(owner, file_id)
+        if paths is None:
+            return None
+        return _read_record(paths[1])
+
+    def read(self, owner: str, file_id: str) -> tuple[FileRecord, bytes] | None:
+        """A file's record and bytes, or None (unknown id, another owner's, or deleted)."""
+        paths = self._paths(owner, file_id)
+        if paths is None:
+            return None
+        record = _read_record(paths[1])
+        if record is None:
+            return None
+        try:
+            return record, paths[0].read_bytes()
+        except FileNotFoundError:  # deleted between the two reads
+            return None
+
+    def delete(self, owner: str, file_id: str) -> bool:
+        paths = self._paths(owner, file_id)
+        if paths is None:
+            return False
+        content, meta = paths
+        try:
+            meta.unlink()  # first: from now on the file does not exist for readers
+        except FileNotFoundError:
+            return False
+        content.unlink(missing_ok=True)
+        return True
+
+    def records(self, owner: str) -> list[FileRecord]:
+        folder = self._folder(owner)
+        if not folder.is_dir():
+            return []
+        found = (_read_record(path) for path in folder.glob("file-*" + _META_SUFFIX))
+        return [record for record in found if record is not None]
+
+    def list(
+        self,
+        owner: str,
+        *,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 10000,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> tuple[list[FileRecord], bool]:
+        """One page of the owner's files by creation time (ties by id), and whether more follow."""
+        records = [r for r in self.records(owner) if purpose is None or r.purpose == purpose]
+        records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
+        if after is not None:
+            ids = [r.id for r in records]
+            records = records[ids.index(after) + 1 :] if after in ids else []
+        return records[:limit], len(records) > limit
+
+    def stored_bytes(self, owner: str) -> int:
+        return sum(record.bytes for record in self.records(owner))
+
+    def remove_orphans(self) -> None:
+        """Temporaries an interrupted upload left behind (start-up)."""
+        if not self.root.is_dir():
+            return
+        for path in self.root.glob(f"*/{_TEMP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _read_record(path: Path) -> FileRecord | None:
+    try:
+        return FileRecord(**json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        return None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+class RequestFiles:
+    """The translation's `FileSource` for one request: the owner's files, every use counted.
+
+    A 70-byte `file_id` part can name a 32 MB file, as often as a request likes: what the uses
+    read together is bounded by `max_bytes` (the request size limit), like item references.
+    """
+
+    def __init__(self, store: FileStore, owner: str, *, max_bytes: int) -> None:
+        self._store = store
+        self._owner = owner
+        self._max_bytes = max_bytes
+        self.bytes = 0
+
+    def __call__(self, file_id: str) -> FileContent | None:
+        found = self._store.read(self._owner, file_id)
+        if found is None:
+            return None
+        record, data = found
+        self.bytes += len(data)
+        if self.bytes > self._max_bytes:
+            raise ImageFetchError(
+                f"The files this request names add more than {self._max_bytes} bytes.", code="files_too_large"
+            )
+        return FileContent(data=data, filename=record.filename)
