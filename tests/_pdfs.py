@@ -54,3 +54,22 @@ def text_pdf(pages: Sequence[str]) -> bytes:
         out.write(b"%010d 00000 n \n" % offset)
     out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
     return out.getvalue()
+
+
+def split_pages(pdf: bytes) -> list[bytes]:
+    """Each page of a PDF as a PDF of its own (pypdfium2 copies the page, nothing re-rendered)."""
+    import pypdfium2 as pdfium
+
+    source = pdfium.PdfDocument(pdf)
+    try:
+        pages = []
+        for index in range(len(source)):
+            single = pdfium.PdfDocument.new()
+            single.import_pages(source, [index])
+            buffer = io.BytesIO()
+            single.save(buffer)
+            single.close()
+            pages.append(buffer.getvalue())
+        return pages
+    finally:
+        source.close()
