@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,9 +52,16 @@ class ServiceProcess:
 
 
 def start_engine(
-    log_dir: Path, *, model: str | None = None, address: str | None = None, extra: tuple[str, ...] = ()
+    log_dir: Path,
+    *,
+    model: str | None = None,
+    address: str | None = None,
+    extra: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
 ) -> ServiceProcess:
-    """`vlmserve-engine` on `address` (a free loopback port by default), once it reports SERVING."""
+    """`vlmserve-engine` on `address` (a free loopback port by default), once it reports SERVING.
+
+    `env`: variables added to the process's environment."""
     from vlmserve.client import EngineClient
 
     address = address or f"127.0.0.1:{free_port()}"
@@ -62,7 +70,9 @@ def start_engine(
     if model := model or os.environ.get("VLMSERVE_TEST_MODEL"):
         command += ["--model", model]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**process_env(), **(env or {})}, cwd=REPO
+        )
     service = ServiceProcess(process, address, log_path)
     with EngineClient(address) as client:
         deadline = time.monotonic() + 120

@@ -189,7 +189,7 @@ def test_requests_running_together_match_each_alone(family: FamilyEngine) -> Non
 # (image_inputs.DynamicResolution), SmolVLM without tiles, Llama 4 with one tile, Pixtral at half
 # the longest edge. Gemma 3 has a fixed token count per image.
 DETAIL_CHANGES_TOKENS = frozenset(
-    {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_thinking", "idefics3", "mistral3", "llama4"}
+    {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_thinking", "qwen3_vl_moe", "idefics3", "mistral3", "llama4"}
 )
 
 

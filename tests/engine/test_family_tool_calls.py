@@ -24,6 +24,7 @@ __all__ = ["family"]  # the fixture, imported for this module
 WRITTEN_CALL = {
     "qwen2_5_vl": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     "qwen3_vl": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
+    "qwen3_vl_moe": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     "qwen3_vl_thinking": "Need a look.\n</think>\n\n"
     + '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     # Gemma 3, SmolVLM and LLaVA have no format of their own: the engine describes the tools in
@@ -38,6 +39,7 @@ EXPECTED_FORMAT = {
     "qwen2_5_vl": HERMES_FORMAT,
     "qwen3_vl": HERMES_FORMAT,
     "qwen3_vl_thinking": HERMES_FORMAT,
+    "qwen3_vl_moe": HERMES_FORMAT,
     "gemma3": HERMES_FORMAT,
     "idefics3": HERMES_FORMAT,
     "llava": HERMES_FORMAT,

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and Qwen3-VL (instruct and thinking) fixtures."""
+"""Qwen2.5-VL and Qwen3-VL (instruct, thinking, mixture-of-experts) fixtures."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ._base import (
     CONTEXT,
     HEAD_DIM,
     HIDDEN,
+    INTERMEDIATE,
     LAYERS,
     Family,
     FamilyFiles,
@@ -215,6 +216,28 @@ def _qwen3_vl_thinking(tokenizer: Tokenizer) -> FamilyFiles:
     return files
 
 
+def _qwen3_vl_moe(tokenizer: Tokenizer) -> FamilyFiles:
+    """Qwen3-VL-30B-A3B: Qwen3-VL with mixture-of-experts MLPs. Its mlx-vlm model can `shard`
+    itself over a tensor-parallel group, so it is the fixture of the distributed mode."""
+    files = _qwen3_vl_files(tokenizer, templates.QWEN3_VL)
+    config = files.config
+    config["architectures"] = ["Qwen3VLMoeForConditionalGeneration"]
+    config["model_type"] = config["vision_config"]["model_type"] = "qwen3_vl_moe"
+    config["text_config"].update(
+        {
+            "model_type": "qwen3_vl_moe_text",
+            # Layer 0 dense, layer 1 sparse: both MLP kinds and both of their shardings.
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": INTERMEDIATE // 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [0],
+            "norm_topk_prob": True,
+        }
+    )
+    return files
+
+
 _QWEN_TOKENIZER = TokenizerSpec(style="bytelevel", trailing_specials=_QWEN_SPECIALS, added_tokens=_QWEN_ADDED)
 _QWEN3_TOKENIZER = TokenizerSpec(
     style="bytelevel", trailing_specials=_QWEN_SPECIALS, added_tokens=_QWEN3_ADDED
@@ -226,4 +249,5 @@ FAMILIES = (
     Family(
         "qwen3_vl_thinking", "qwen3_vl", "Qwen/Qwen3-VL-8B-Thinking", _QWEN3_TOKENIZER, _qwen3_vl_thinking
     ),
+    Family("qwen3_vl_moe", "qwen3_vl_moe", "Qwen/Qwen3-VL-30B-A3B-Instruct", _QWEN3_TOKENIZER, _qwen3_vl_moe),
 )

@@ -168,6 +168,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     _warn_without_openblas()
     watch_lifeline()
+    if command.engine.distributed != "off":
+        from .distributed import follow, rank
+
+        if rank() != 0:  # rank 0 serves; the others run its steps on their share of the model
+            code = follow(command.engine)
+            logging.shutdown()
+            # Without running interpreter and C++ teardown: once rank 0 has gone, destroying MLX's
+            # ring group aborts the process ("terminate called without an active exception").
+            os._exit(code)
     sys.exit(asyncio.run(_serve(command)))
 
 

@@ -38,7 +38,7 @@ from .batch import DecodeBatch
 from .decode import ActiveGeneration, Phase
 from .jobs import Job, JobKind, JobReport
 from .metrics import EngineMetrics, EngineState
-from .model import DEFAULT_MODEL_PATH, DTYPE_CHOICES, LoadedModel, load_model
+from .model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE_CHOICES, LoadedModel, load_model
 from .prefix_cache import PrefixCache
 from .request_errors import RequestError, internal_error
 from .request_prep import DEFAULT_MAX_REQUEST_PIXELS, RequestPreparer
@@ -116,6 +116,12 @@ class EngineConfig(DeclaredSettings):
         4, ge=1, description="threads preparing requests (decode, render, tokenize) beside generation"
     )
     warmup: bool = Field(True, description="run one tiny generation after loading, before serving")
+    # See distributed.py and docs/deployment.md.
+    distributed: Annotated[str, Option(metavar="{" + ",".join(DISTRIBUTED_CHOICES) + "}")] = Field(
+        "off",
+        description="one model across the processes of an mx.distributed group (started by mlx.launch): "
+        "tensor or pipeline parallel; rank 0 serves, the other ranks follow its batches",
+    )
 
     @field_validator("dtype")
     @classmethod
@@ -123,6 +129,13 @@ class EngineConfig(DeclaredSettings):
         if dtype not in DTYPE_CHOICES:
             raise ValueError(f"must be one of {', '.join(DTYPE_CHOICES)}")
         return dtype
+
+    @field_validator("distributed")
+    @classmethod
+    def _known_distribution(cls, distributed: str) -> str:
+        if distributed not in DISTRIBUTED_CHOICES:
+            raise ValueError(f"must be one of {', '.join(DISTRIBUTED_CHOICES)}")
+        return distributed
 
     @property
     def image_limits(self) -> ImageLimits:
@@ -305,6 +318,7 @@ class Generator:
                 max_output_tokens=self.config.max_output_tokens,
                 image_limits=self.config.image_limits,
                 max_images_per_request=self.config.max_images_per_request,
+                distributed=self.config.distributed,
             )
             self.prefix_cache = PrefixCache(
                 min_tokens=self.config.prefix_cache_min_tokens if _plain_kv_layers(loaded) else 0,
@@ -398,6 +412,7 @@ class Generator:
                     self._waiting -= 1
                 starting.append(self._new_generation(job, loaded))
             self._end_cancelled_waiting(loaded)
+            self._before_step()
             for generation in [*batch.rows, *starting]:
                 if generation.job.cancelled:
                     generation.finish(pb.FINISH_REASON_CANCELLED)
@@ -405,6 +420,11 @@ class Generator:
             if batch:
                 self._decode_step(batch, starting)
             self._start_step(batch, starting, budget=self.config.step_tokens - len(batch))
+
+    def _before_step(self) -> None:
+        """Hook between admitting jobs and acting on cancellations, once per step: in the
+        distributed mode the ranks agree here on the step's admissions and cancellations
+        (distributed.py), so every rank runs the same forwards."""
 
     def _decode_step(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
         try:

@@ -101,6 +101,9 @@ class PreparedRequest:
     # The request's image arrays as one (families whose processor pads or tiles across a
     # request's images; their `PreparedImage.arrays` are empty). None: join the per-image ones.
     joint_arrays: Mapping[str, np.ndarray] | None = None
+    # The contract request this was prepared from (distributed.py sends it to the other ranks,
+    # which prepare it again); None when built some other way.
+    source: pb.GenerateRequest | None = None
 
     @property
     def image_count(self) -> int:

@@ -23,6 +23,7 @@ from .tool_parsers import HERMES_FORMAT, markup_of, tool_call_format_for
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
+    "DISTRIBUTED_CHOICES",
     "DTYPE_CHOICES",
     "FIXTURE_MODELS_DIR",
     "RANDOM_MODEL_PATH",
@@ -134,6 +135,8 @@ def prompt_needs_special_tokens(prompt: str, tokenizer: Any) -> bool:
 # --dtype choices: "auto" casts half-precision weights to float32 on the CPU backend, where
 # MLX's float16 kernels are 2-4x slower than float32 through BLAS; on a GPU it keeps them.
 DTYPE_CHOICES = ("auto", "keep", "float32", "float16", "bfloat16")
+# --distributed choices: off, or how mlx-vlm's sharded_load splits the model over the group.
+DISTRIBUTED_CHOICES = ("off", "tensor", "pipeline")
 
 
 def _apply_dtype(model: Any, dtype: str) -> str:
@@ -159,15 +162,25 @@ def load_model(
     max_output_tokens: int,
     image_limits: ImageLimits,
     max_images_per_request: int,
+    distributed: str = "off",
 ) -> LoadedModel:
-    """`mlx_vlm.load` on a local path or hub id, plus the engine's view of the model."""
+    """`mlx_vlm.load` on a local path or hub id, plus the engine's view of the model.
+
+    `distributed` "tensor" or "pipeline": mlx-vlm's `sharded_load` over the `mx.distributed`
+    world group (distributed.py), each process keeping its share of the language model.
+    """
     from mlx_vlm.utils import load
 
     local = Path(source)
     if local.exists() and not trust_remote_code:
         _check_no_checkpoint_code(local)
     started = time.perf_counter()
-    model, processor = load(source, trust_remote_code=trust_remote_code)
+    if distributed == "off":
+        model, processor = load(source, trust_remote_code=trust_remote_code)
+    else:
+        from .distributed import sharded_model
+
+        model, processor = sharded_model(source, distributed)
     dtype_done = _apply_dtype(model, dtype)
     tokenizer: Any = getattr(processor, "tokenizer", processor)
     template = _chat_template_holder(processor, tokenizer)

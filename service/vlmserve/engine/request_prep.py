@@ -230,6 +230,7 @@ class RequestPreparer:
             thinking=prompt_leaves_thinking(prompt_text),
             joint_arrays=joint_arrays,
             partition_key=request.partition_key,
+            source=request,
         )
 
     # -- steps ------------------------------------------------------------------------------

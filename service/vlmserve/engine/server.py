@@ -34,6 +34,7 @@ from vlmserve.common.tracing import extract_context, record_span, tracer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
+from .distributed import generator_for
 from .generator import EngineConfig, Generator
 from .grpc_auth import EngineSecurity
 from .jobs import (
@@ -289,7 +290,7 @@ class EngineServer:
         security: EngineSecurity | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
-        self.generator = Generator(config)
+        self.generator = generator_for(config)
         self._workers = concurrent.futures.ThreadPoolExecutor(
             max_workers=config.prepare_workers, thread_name_prefix="vlmserve-prepare"
         )

@@ -1,0 +1,152 @@
+"""`--distributed tensor`: one model over two engine processes on MLX's ring backend (loopback TCP).
+
+The processes are started as `mlx.launch` starts them, with the ring environment set here
+(MLX_HOSTFILE: one address per rank; MLX_RANK). The model is the qwen3_vl_moe family fixture,
+whose mlx-vlm model shards itself (`shard`: attention heads and both MLP kinds split over the
+ranks). Rank 0 serves gRPC; rank 1 follows its steps (distributed.py). Greedy output must be
+token-for-token what the single-process engine gives, for text and image requests, alone and
+batched together, with a cancelled request in between; stopping rank 0 stops rank 1.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests._services import BIN, REPO, ServiceProcess, free_port, process_env, start_engine
+from tests.engine._family_engine import CONVERSATIONS, greedy, running_engine
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.slow
+
+FAMILY = "qwen3_vl_moe"
+ASKED = ("text", "one_image", "two_images")
+
+
+@dataclass
+class Ranks:
+    leader: ServiceProcess
+    follower: subprocess.Popen[bytes]
+    follower_log: Path
+    stub: pb_grpc.EngineServiceStub
+
+    def logs(self) -> str:
+        return (
+            self.leader.log()[-3000:]
+            + "\n--- rank 1 ---\n"
+            + self.follower_log.read_text(errors="replace")[-3000:]
+        )
+
+
+def _answer(stub: pb_grpc.EngineServiceStub, name: str) -> pb.GenerateResult:
+    return stub.GenerateUnary(
+        pb.GenerateUnaryRequest(request=greedy(CONVERSATIONS[name])), timeout=120
+    ).result
+
+
+@pytest.fixture(scope="module")
+def one_process(family_models: dict[str, Path]) -> dict[str, pb.GenerateResult]:
+    with running_engine(family_models[FAMILY]) as (_engine, stub):
+        return {name: _answer(stub, name) for name in ASKED}
+
+
+@pytest.fixture(scope="module")
+def ranks(family_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ranks]:
+    work = tmp_path_factory.mktemp("distributed")
+    hostfile = work / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
+    model = str(family_models[FAMILY])
+    command = [str(BIN / "vlmserve-engine"), "--distributed", "tensor", "--model", model]
+    follower_log = work / "rank1.log"
+    with follower_log.open("wb") as log:
+        follower = subprocess.Popen(
+            [*command, "--address", "127.0.0.1:0"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**process_env(), "MLX_HOSTFILE": str(hostfile), "MLX_RANK": "1"},
+            cwd=REPO,
+        )
+    try:
+        leader = start_engine(
+            work,
+            model=model,
+            extra=("--distributed", "tensor"),
+            env={"MLX_HOSTFILE": str(hostfile), "MLX_RANK": "0"},
+        )
+    except BaseException:
+        follower.kill()
+        follower.wait()
+        raise
+    with grpc.insecure_channel(leader.address) as channel:
+        yield Ranks(leader, follower, follower_log, pb_grpc.EngineServiceStub(channel))
+    leader.stop()
+    try:
+        follower.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        follower.wait()
+
+
+def _same(result: pb.GenerateResult, expected: pb.GenerateResult) -> None:
+    assert result.text == expected.text
+    assert result.usage.input_tokens == expected.usage.input_tokens
+    assert result.usage.output_tokens == expected.usage.output_tokens
+    assert result.finish_reason == expected.finish_reason
+
+
+@pytest.mark.parametrize("name", ASKED)
+def test_greedy_output_matches_one_process(
+    ranks: Ranks, one_process: dict[str, pb.GenerateResult], name: str
+) -> None:
+    _same(_answer(ranks.stub, name), one_process[name])
+
+
+def test_batched_requests_and_a_cancel_keep_the_ranks_in_step(
+    ranks: Ranks, one_process: dict[str, pb.GenerateResult]
+) -> None:
+    """Requests joining and leaving the batch at different steps, one cancelled by its caller
+    after its first token: rank 1 must run every step with rank 0 or the collectives hang."""
+    results: dict[str, pb.GenerateResult] = {}
+    errors: list[BaseException] = []
+
+    def ask(name: str) -> None:
+        try:
+            results[name] = _answer(ranks.stub, name)
+        except BaseException as error:
+            errors.append(error)
+
+    cancelled = ranks.stub.Generate(greedy(CONVERSATIONS["text"], max_tokens=200), timeout=120)
+    assert next(cancelled).WhichOneof("event") is not None
+    threads = [threading.Thread(target=ask, args=(name,)) for name in ASKED]
+    for thread in threads:
+        thread.start()
+    cancelled.cancel()
+    for thread in threads:
+        thread.join(180)
+    assert not errors, ranks.logs()
+    for name in ASKED:
+        _same(results[name], one_process[name])
+    # Still in step afterwards.
+    _same(_answer(ranks.stub, "one_image"), one_process["one_image"])
+
+
+def test_sampled_requests_run_on_every_rank(ranks: Ranks) -> None:
+    """Unseeded sampling: rank 0 pins a seed, so rank 1 draws the same tokens and stays in step."""
+    request = greedy(CONVERSATIONS["text"], max_tokens=8)
+    request.sampling.temperature = 1.0
+    first = ranks.stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=120).result
+    assert first.usage.output_tokens > 0
+    assert ranks.follower.poll() is None, ranks.logs()
+
+
+def test_stopping_rank_0_stops_the_other_ranks(ranks: Ranks) -> None:
+    ranks.leader.stop()
+    assert ranks.follower.wait(timeout=60) == 0, ranks.logs()
