@@ -123,6 +123,25 @@ async def test_input_items_keep_raw_items_images_and_detail(http: httpx.AsyncCli
     assert all(isinstance(item["id"], str) and item["id"] for item in data)
 
 
+async def test_input_items_list_messages_typed(http: httpx.AsyncClient) -> None:
+    """As OpenAI lists them (and as conversation items are): a message has `type`, `status` and
+    typed content parts, whatever shorthand the request used."""
+    created = await create(
+        http,
+        input=[
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi there"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "again"}]},
+        ],
+    )
+    listed = (await http.get(f"/v1/responses/{created['id']}/input_items", params={"order": "asc"})).json()
+    first, second, third = listed["data"]
+    assert [(i["type"], i["status"]) for i in listed["data"]] == [("message", "completed")] * 3
+    assert first["content"] == [{"type": "input_text", "text": "hello"}]
+    assert second["content"] == [{"type": "output_text", "text": "hi there", "annotations": []}]
+    assert third["content"] == [{"type": "input_text", "text": "again"}]
+
+
 async def test_input_items_paging(http: httpx.AsyncClient) -> None:
     items = [{"type": "message", "id": f"msg_{i}", "role": "user", "content": f"m{i}"} for i in range(5)]
     created = await create(http, input=items)

@@ -43,7 +43,7 @@ from .http_errors import APIError, not_found
 from .item_references import ItemReferences, check_reference_count
 from .request_body import read_json
 from .request_limits import check_image_count, count_contract_images, count_image_parts
-from .resource import conversation_item
+from .resource import typed_item
 from .responses_api import item_list, item_page
 from .state import FacadeState, facade_state, owner_of
 from .storage import ItemPage, StoredItem
@@ -134,7 +134,7 @@ async def retrieve_conversation_item(
     )
     if stored is None:
         raise not_found("conversation item", item_id)
-    return conversation_item(stored)
+    return typed_item(stored)
 
 
 @router.delete(
@@ -187,7 +187,7 @@ async def list_conversation_items(
         after=after,
         limit=limit,
         order=order,
-        listed=conversation_item,
+        listed=typed_item,
     )
 
 
@@ -231,7 +231,7 @@ async def _add_conversation_items(
 
 
 def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
-    return item_list(ItemPage(items=items, has_more=False), conversation_item)
+    return item_list(ItemPage(items=items, has_more=False), typed_item)
 
 
 async def _checked_items(

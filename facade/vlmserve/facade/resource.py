@@ -54,10 +54,8 @@ def stored_items(items: list[Any]) -> list[StoredItem]:
 
 
 def listed_item(stored: StoredItem) -> dict[str, Any]:
-    """A stored raw item as `input_items` lists it: with its id, and `detail` on every image.
-
-    The item is otherwise exactly what the client sent (images included, order kept).
-    """
+    """A stored raw item with its id and `detail` on every image, otherwise exactly what the client
+    sent (images included); `typed_item` adds the message normalisation that listings show."""
     item = copy.deepcopy(stored.item)
     item["id"] = stored.id
     for key in ("content", "output"):
@@ -68,9 +66,10 @@ def listed_item(stored: StoredItem) -> dict[str, Any]:
     return item
 
 
-def conversation_item(stored: StoredItem) -> dict[str, Any]:
-    """A stored item as OpenAI lists conversation items: `listed_item`, and a message always
-    has `type`, `status` and its content as typed parts (a string becomes one text part)."""
+def typed_item(stored: StoredItem) -> dict[str, Any]:
+    """A stored item as OpenAI lists conversation items and response input items: `listed_item`,
+    and a message always has `type`, `status` and its content as typed parts (a string becomes one
+    text part), so clients that parse items by `type` (the openai SDK, openai-agents) read them."""
     item = listed_item(stored)
     if "role" in item and item.get("type") in (None, "message"):
         item["type"] = "message"

@@ -27,7 +27,7 @@ from .api_schema import (
 from .body_budget import BodyHold
 from .http_errors import APIError, not_found
 from .request_body import read_json
-from .resource import listed_item
+from .resource import listed_item, typed_item
 from .running_response import Generation
 from .state import FacadeState, facade_state, owner_of
 from .storage import ItemPage, StoredItem, UnknownCursorError
@@ -140,7 +140,14 @@ async def list_input_items(
     include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
 ) -> dict[str, Any]:
     return await item_page(
-        state.store.list_input_items, "response", response_id, request, after=after, limit=limit, order=order
+        state.store.list_input_items,
+        "response",
+        response_id,
+        request,
+        after=after,
+        limit=limit,
+        order=order,
+        listed=typed_item,
     )
 
 
