@@ -1,21 +1,20 @@
 """Tool calls in each family's own format, on the real engine (docs/models.md, "The matrix").
 
 For each family: the engine names the call format it parses, a call written in that format is
-parsed into a `ToolCall`, and a forced call (tool_choice naming the function) comes out as one,
-with JSON arguments, through the grammar and the parser. Families whose template renders tools
-in a format the engine has no parser for yet (Llama 4's bare JSON: mlx-vlm has none either) are
-expected failures, strict: a parser landing shows up as an unexpected pass.
+parsed into a `ToolCall`, and a forced call (tool_choice naming the function, or `required`)
+comes out as one, with JSON arguments valid against the tool's schema, through the grammar and
+the parser.
 """
 
 from __future__ import annotations
 
 import json
 
-import grpc
+import jsonschema
 import pytest
 
 from tests.engine._family_engine import FamilyEngine, family, text, user
-from vlmserve.engine.tool_parsers import HERMES_FORMAT, ToolCallPiece, collect, make_parser
+from vlmserve.engine.tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT, ToolCallPiece, collect, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["family"]  # the fixture, imported for this module
@@ -44,9 +43,8 @@ EXPECTED_FORMAT = {
     "idefics3": HERMES_FORMAT,
     "llava": HERMES_FORMAT,
     "mistral3": "mistral",  # mlx-vlm's parser, chosen by its registry from the template
-    "llama4": "",
+    "llama4": LLAMA_JSON_FORMAT,  # its template's JSON-with-`parameters` format (our parser)
 }
-NO_PARSER_YET = frozenset(name for name, fmt in EXPECTED_FORMAT.items() if not fmt)
 
 SCREENSHOT = pb.Tool(
     function=pb.FunctionTool(
@@ -75,29 +73,28 @@ def test_the_engine_names_the_family_call_format(family: FamilyEngine) -> None:
 
 
 def test_a_call_written_in_the_family_format_is_parsed(family: FamilyEngine) -> None:
-    if family.name in NO_PARSER_YET:
-        pytest.xfail("no parser for this family's tool-call format yet")
     pieces = collect(make_parser(_model_format(family)), [WRITTEN_CALL[family.name]])
     calls = [piece.call for piece in pieces if isinstance(piece, ToolCallPiece)]
     assert [(call.name, json.loads(call.arguments)) for call in calls] == [("screenshot", {"window": "main"})]
 
 
-def test_a_forced_call_comes_out_as_a_tool_call(family: FamilyEngine) -> None:
+@pytest.mark.parametrize(
+    "choice",
+    [pb.ToolChoice(function_name="screenshot"), pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED)],
+    ids=["named", "required"],
+)
+def test_a_forced_call_comes_out_as_a_tool_call(family: FamilyEngine, choice: pb.ToolChoice) -> None:
     request = pb.GenerateRequest(
         messages=[user(text("Show me the main window."))],
         tools=[SCREENSHOT],
-        tool_choice=pb.ToolChoice(function_name="screenshot"),
+        tool_choice=choice,
         parallel_tool_calls=False,
         # Byte-fallback vocabularies (Gemma, LLaVA) spend a token per character of markup.
         sampling=pb.SamplingParams(temperature=0.0, max_tokens=160),
     )
-    if family.name in NO_PARSER_YET:
-        with pytest.raises(grpc.RpcError) as refused:
-            family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=120)
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        pytest.xfail("a forced call needs a parser for this family's format; refused clearly meanwhile")
     result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=120).result
     assert result.finish_reason == pb.FINISH_REASON_TOOL_CALLS
     assert [call.name for call in result.tool_calls] == ["screenshot"]
-    arguments = json.loads(result.tool_calls[0].arguments)
-    assert isinstance(arguments, dict) and isinstance(arguments["window"], str)
+    jsonschema.validate(
+        json.loads(result.tool_calls[0].arguments), json.loads(SCREENSHOT.function.parameters_json)
+    )

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from vlmserve.engine.grammar import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.request_errors import RequestError
-from vlmserve.engine.tool_parsers import HERMES_FORMAT, ToolCallPiece, collect, make_parser
+from vlmserve.engine.tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT, ToolCallPiece, collect, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WEATHER = {
@@ -327,3 +327,39 @@ def test_mistral_calls_are_its_json_array(
     if ok and "[TOOL_CALLS]" in text:  # and the family's parser reads what the grammar allows
         pieces = collect(make_parser("mistral"), [text])
         assert [p.call.name for p in pieces if isinstance(p, ToolCallPiece)]
+
+
+@pytest.fixture(scope="module")
+def llama4(family_models: dict[str, Any]) -> tuple[Any, GrammarCompiler]:
+    tokenizer = AutoTokenizer.from_pretrained(str(family_models["llama4"]))
+    return tokenizer, GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
+
+
+@pytest.mark.parametrize(
+    ("mode", "limit", "text", "ok"),
+    [
+        ("required", None, '{"name": "shell", "parameters": {"a": 1}}', True),
+        ("required", None, '{"name": "weather", "parameters": {"city": "x", "days": 2}}', True),
+        ("required", None, '{"name": "weather", "parameters": {"city": "x"}}', False),
+        ("required", None, '{"name": "nope", "parameters": {}}', False),
+        ("required", None, '{"name": "shell", "arguments": {}}', False),  # Llama's key is `parameters`
+        ("required", None, "Sure.", False),
+        ("required", None, '{"name": "shell", "parameters": {}}; {"name": "shell", "parameters": {}}', True),
+        ("required", 1, '{"name": "shell", "parameters": {}}; {"name": "shell", "parameters": {}}', False),
+        ("auto", None, "Just words, even {braces}.", True),
+        ("auto", None, " Leading space.", True),
+        ("auto", None, '{"name": "shell", "parameters": {}}', True),
+        ("auto", None, '{"name": "nope", "parameters": {}}', False),  # a call once `{` opens it
+        ("auto", None, '{"free": "json"}', False),
+    ],
+)
+def test_llama_calls_are_the_whole_answer(
+    llama4: tuple[Any, GrammarCompiler], mode: str, limit: int | None, text: str, ok: bool
+) -> None:
+    tokenizer, compiler = llama4
+    constraint = build(compiler, tool_call_format=LLAMA_JSON_FORMAT, tool_mode=mode, max_tool_calls=limit)
+    assert accepts(compiler, tokenizer, constraint, text) is ok
+    if ok and text.startswith("{"):  # and the family's parser reads what the grammar allows
+        pieces = collect(make_parser(LLAMA_JSON_FORMAT), [text])
+        names = [json.loads(part)["name"] for part in text.split("; ")]
+        assert [p.call.name for p in pieces if isinstance(p, ToolCallPiece)] == names

@@ -153,6 +153,7 @@ def test_plain_parser_passes_markup_through() -> None:
         ("gpt_oss", "<|channel|>commentary to=functions.x <|call|>", "harmony"),
         ("llava", "{{ '<tool_call>' }}{{ tool_call.name }}", HERMES_FORMAT),  # json_tools = Hermes
         ("qwen3_5", "<tool_call>\n<function=f>", "qwen3_coder"),
+        ("llama4", "{{ '\"parameters\": dictionary of argument name and its value' }}", "llama_json"),
     ],
 )
 def test_format_is_chosen_per_family(model_type: str, template: str | None, expected: str) -> None:
@@ -192,6 +193,33 @@ FAMILY_CASES = [
         [("shell", args(cmd="ls"))],
     ),
     ("plain text passes", "gemma4", "No calls here.", [("text", "No calls here.")]),
+    # Llama's bare JSON (ours): the whole answer is the calls.
+    (
+        "llama JSON call",
+        "llama_json",
+        '{"name": "shell", "parameters": {"cmd": "ls"}}',
+        [("shell", args(cmd="ls"))],
+    ),
+    (
+        "llama JSON calls in python markers, ;-separated",
+        "llama_json",
+        ' <|python_start|>{"name": "a", "parameters": {}}; '
+        '{"name": "b", "parameters": {"x": 1}}<|python_end|>',
+        [("a", args()), ("b", args(x=1))],
+    ),
+    (
+        "llama JSON answer that is no call stays text",
+        "llama_json",
+        '{"name": "Bob", "age": 3}',
+        [("text", '{"name": "Bob", "age": 3}')],
+    ),
+    (
+        "llama JSON call then words is text",
+        "llama_json",
+        '{"name": "a", "parameters": {}} and more',
+        [("text", '{"name": "a", "parameters": {}} and more')],
+    ),
+    ("llama text streams", "llama_json", "Hello {there}", [("text", "Hello {there}")]),
 ]
 
 
@@ -209,3 +237,17 @@ def test_family_parsers_stream(
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError):
         make_parser("no_such_family")
+
+
+def test_llama_text_is_streamed_while_a_call_is_held() -> None:
+    parser = make_parser("llama_json")
+    assert parser.feed("  ") == [] and parser.feed("Hi") == [TextPiece("  Hi")]
+    held = make_parser("llama_json")
+    assert held.feed('{"name": "a", ') == [] and held.feed('"parameters": {}}') == []
+    assert [type(p) for p in held.finish()] == [ToolCallPiece]
+
+
+def test_an_over_long_llama_call_is_text() -> None:
+    parser = make_parser("llama_json", max_call_chars=10)
+    assert parser.feed('{"name": "a", "parameters": {}}') == [TextPiece('{"name": "a", "parameters": {}}')]
+    assert parser.feed(" more") == [TextPiece(" more")]

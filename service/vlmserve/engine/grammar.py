@@ -28,7 +28,7 @@ from typing import Any
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .request_errors import invalid_argument
-from .tool_parsers import HERMES_FORMAT
+from .tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT
 
 __all__ = [
     "GrammarCompiler",
@@ -139,8 +139,9 @@ def _relocated(schema: Any, home: str) -> Any:
     return schema
 
 
-def _call_schema(tools: Sequence[_Tool]) -> dict[str, Any]:
-    """`{"name": ..., "arguments": {...}}` for any of `tools` (the Hermes / json_tools body).
+def _call_schema(tools: Sequence[_Tool], arguments_key: str = "arguments") -> dict[str, Any]:
+    """`{"name": ..., "arguments": {...}}` for any of `tools` (the Hermes / json_tools body;
+    Llama's names the arguments `parameters`).
 
     Each tool's parameters are nested in this wrapper, so their local references ("#/$defs/X",
     as pydantic writes them) are moved to a copy kept under the wrapper's `$defs`.
@@ -155,8 +156,8 @@ def _call_schema(tools: Sequence[_Tool]) -> dict[str, Any]:
         options.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": tool.name}, "arguments": arguments},
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": tool.name}, arguments_key: arguments},
+                "required": ["name", arguments_key],
                 "additionalProperties": False,
             }
         )
@@ -200,9 +201,25 @@ def _mistral_calls(compiler: GrammarCompiler, tools: Sequence[_Tool], max_calls:
     return [f'calls: " "? {_schema_rule(array)}']
 
 
+_LLAMA_SEPARATOR = '"; "'
+
+
+def _llama_json_calls(compiler: GrammarCompiler, tools: Sequence[_Tool], max_calls: int | None) -> list[str]:
+    """`calls` for Llama's JSON format: the whole answer, `{"name": ..., "parameters": {...}}`
+    objects joined by "; " (no start marker: `_tool_grammar` handles AUTO for it)."""
+    return [
+        f"call_body: {_schema_rule(_call_schema(tools, 'parameters'))}",
+        f"calls: {_repeat('call_body', _LLAMA_SEPARATOR, max_calls)}",
+    ]
+
+
 # Families whose calls we can write a grammar for (their parser's name): call-start marker and
-# the `calls` rule that follows it.
-_CALL_SYNTAX = {HERMES_FORMAT: ("<tool_call>", _hermes_calls), "mistral": ("[TOOL_CALLS]", _mistral_calls)}
+# the `calls` rule that follows it ("" for a format whose calls are the whole answer).
+_CALL_SYNTAX = {
+    HERMES_FORMAT: ("<tool_call>", _hermes_calls),
+    "mistral": ("[TOOL_CALLS]", _mistral_calls),
+    LLAMA_JSON_FORMAT: ("", _llama_json_calls),
+}
 
 
 def enforceable_formats() -> frozenset[str]:
@@ -219,7 +236,7 @@ def _tool_grammar(
     answer_schema: Any | None,
 ) -> str:
     start_marker, calls_rules = _CALL_SYNTAX[tool_call_format]
-    start = compiler.marker(start_marker)
+    start = compiler.marker(start_marker) if start_marker else ""
     lines = ["%llguidance {}", *calls_rules(compiler, tools, max_calls)]
     if mode in ("required", "function"):
         lines.append(f"start: {start} calls")
@@ -228,6 +245,11 @@ def _tool_grammar(
         # AUTO with a JSON format: the JSON answer, or calls from the first token (free text
         # before a call would be neither).
         lines += [f"start: answer | {start} calls", f"answer: {_schema_rule(answer_schema)}"]
+        return "\n".join(lines) + "\n"
+    if not start_marker:
+        # The calls are the whole answer: free text is any answer that does not open with `{`
+        # (the parser reads one that does as calls).
+        lines += ["TEXT: /(\\s*[^{\\s](.|\\n)*)?/", "start: TEXT | calls"]
         return "\n".join(lines) + "\n"
     # AUTO: free text, or text that opens a call; once the marker is written the call is
     # enforced. Text ends lazily at the first marker spelled out in it; a marker that is its

@@ -27,7 +27,9 @@ from typing import Any, Protocol
 __all__ = [
     "DEFAULT_MAX_CALL_CHARS",
     "HERMES_FORMAT",
+    "LLAMA_JSON_FORMAT",
     "HermesToolCallParser",
+    "LlamaJsonToolCallParser",
     "MarkupToolCallParser",
     "ParsedToolCall",
     "PlainTextParser",
@@ -40,6 +42,11 @@ __all__ = [
 ]
 
 HERMES_FORMAT = "hermes"
+# Llama 3.x / 4 templates: the whole answer is the call, bare JSON with `parameters` (ours:
+# mlx-vlm has no parser for it).
+LLAMA_JSON_FORMAT = "llama_json"
+_LLAMA_JSON_TEMPLATE_MARKER = '"parameters": dictionary of argument name and its value'
+LLAMA_PYTHON_START, LLAMA_PYTHON_END = "<|python_start|>", "<|python_end|>"
 DEFAULT_MAX_CALL_CHARS = 1 << 20  # a call body (e.g. a whole patch) may be large, but not unbounded
 
 # Model families whose chat templates use `<tool_call>{json}</tool_call>` (Qwen2/2.5/3, Hermes).
@@ -91,6 +98,8 @@ def tool_call_format_for(model_type: str, chat_template: str | None) -> str:
     name = _infer_tool_parser(chat_template)
     if name == "json_tools" or (name is None and "<tool_call>" in chat_template):
         return HERMES_FORMAT
+    if name is None and _LLAMA_JSON_TEMPLATE_MARKER in chat_template:
+        return LLAMA_JSON_FORMAT
     return name or ""
 
 
@@ -105,6 +114,8 @@ def markup_of(tool_call_format: str) -> tuple[str, ...]:
     """The marker strings a format's calls are written with (for the detokenizer to keep)."""
     if tool_call_format == HERMES_FORMAT:
         return ("<tool_call>", "</tool_call>")
+    if tool_call_format == LLAMA_JSON_FORMAT:
+        return (LLAMA_PYTHON_START, LLAMA_PYTHON_END)
     if not tool_call_format:
         return ()
     from mlx_vlm import tools
@@ -119,6 +130,8 @@ def make_parser(tool_call_format: str, *, max_call_chars: int = DEFAULT_MAX_CALL
     """A fresh per-request parser; "" (no tool format, or tools disabled) passes text through."""
     if tool_call_format == HERMES_FORMAT:
         return HermesToolCallParser(max_call_chars=max_call_chars)
+    if tool_call_format == LLAMA_JSON_FORMAT:
+        return LlamaJsonToolCallParser(max_call_chars=max_call_chars)
     if tool_call_format == "":
         return PlainTextParser()
     from mlx_vlm import tools
@@ -315,6 +328,65 @@ class HermesToolCallParser(MarkupToolCallParser):
 
     def __init__(self, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> None:
         super().__init__("<tool_call>", "</tool_call>", _parse_hermes_body, max_call_chars=max_call_chars)
+
+
+class LlamaJsonToolCallParser:
+    """Llama's JSON calls: an answer that starts with `{` (or `<|python_start|>`) is held to the
+    end and read as calls, `{"name": ..., "parameters": {...}}` objects separated by `;` or
+    whitespace (Llama 4's template writes earlier calls this way; vLLM's llama JSON parsers read
+    the same); anything else in it, or an over-long one, makes it all text. Other answers
+    stream as text. So a JSON answer from these models streams only at its end."""
+
+    def __init__(self, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> None:
+        self._max_call_chars = max_call_chars
+        self._buffer = ""
+        # None: undecided (only whitespace so far); True: holding a possible call; False: text.
+        self._calls: bool | None = None
+
+    def feed(self, text: str) -> list[Piece]:
+        if self._calls is False:
+            return [TextPiece(text)] if text else []
+        self._buffer += text
+        start = self._buffer.lstrip()
+        if self._calls is None:
+            if not start or LLAMA_PYTHON_START.startswith(start):
+                return []
+            self._calls = start.startswith(("{", LLAMA_PYTHON_START))
+        if self._calls and len(self._buffer) <= self._max_call_chars:
+            return []
+        self._calls, text, self._buffer = False, self._buffer, ""
+        return [TextPiece(text)]
+
+    def finish(self) -> list[Piece]:
+        text, self._buffer = self._buffer, ""
+        calls = _parse_llama_calls(text) if self._calls else None
+        if calls is not None:
+            return [ToolCallPiece(call) for call in calls]
+        return [TextPiece(text)] if text else []
+
+
+def _parse_llama_calls(text: str) -> list[ParsedToolCall] | None:
+    body = text.strip()
+    if body.startswith(LLAMA_PYTHON_START):
+        body = body[len(LLAMA_PYTHON_START) :].removesuffix(LLAMA_PYTHON_END)
+    decoder = json.JSONDecoder()
+    calls: list[ParsedToolCall] = []
+    at = 0
+    while True:
+        while at < len(body) and (body[at].isspace() or body[at] == ";"):
+            at += 1
+        if at == len(body):
+            return calls or None
+        try:
+            value, at = decoder.raw_decode(body, at)
+        except ValueError:
+            return None
+        # A call names its arguments: a JSON answer that merely has a "name" is not one.
+        is_call = isinstance(value, dict) and ("parameters" in value or "arguments" in value)
+        parsed = _parse_hermes_body(json.dumps(value)) if is_call else None
+        if parsed is None:
+            return None
+        calls.extend(parsed)
 
 
 def collect(parser: ToolCallParser, chunks: Sequence[str]) -> list[Piece]:
