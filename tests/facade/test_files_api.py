@@ -268,3 +268,28 @@ def test_rendered_page_image_is_a_png() -> None:
 
     (page, _) = render_pdf(PDF, DocumentLimits())
     assert Image.open(io.BytesIO(page.png)).format == "PNG"
+
+
+async def test_chat_completions_file_parts(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """The chat form `{"type": "file", "file": {...}}` is the same `input_file` (LangChain's default mode)."""
+    pdf = (await upload(http, PDF, name="report.pdf")).json()["id"]
+    inline = "data:application/pdf;base64," + base64.b64encode(PDF).decode()
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "read"},
+                {"type": "file", "file": {"file_id": pdf}},
+                {"type": "file", "file": {"file_data": inline, "filename": "copy.pdf"}},
+            ],
+        }
+    ]
+    ok = await http.post("/v1/chat/completions", json={"model": "default", "messages": messages})
+    assert ok.status_code == 200, ok.text
+    texts = [part.text.text for part in engine.requests[-1].messages[0].parts if part.HasField("text")]
+    assert texts[1].startswith("[file report.pdf, page 1 of 2]")
+    assert texts[3].startswith("[file copy.pdf, page 1 of 2]")
+    messages[0]["content"] = [{"type": "file", "file": {"file_id": "file-" + "1" * 48}}]
+    missing = await http.post("/v1/chat/completions", json={"model": "default", "messages": messages})
+    assert missing.status_code == 400
+    assert missing.json()["error"]["param"] == "messages[0].content[0].file.file_id"

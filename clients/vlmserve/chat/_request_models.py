@@ -38,8 +38,21 @@ class RefusalPartParam(RequestModel):
     refusal: str
 
 
+class FileParam(RequestModel):
+    file_id: str | None = None
+    file_data: str | None = None
+    filename: str | None = None
+
+
+class FilePartParam(RequestModel):
+    """A file (PDF, text, image): the Responses `input_file` part, nested under `file`."""
+
+    type: Literal["file"]
+    file: FileParam
+
+
 class OtherPartParam(RequestModel):
-    """Any other part type (input_audio, file, ...): refused by name in the translation."""
+    """Any other part type (input_audio, ...): refused by name in the translation."""
 
     type: str
 
@@ -48,8 +61,9 @@ PartParam: TypeAlias = Annotated[
     Annotated[TextPartParam, Tag("text")]
     | Annotated[ImageURLPartParam, Tag("image_url")]
     | Annotated[RefusalPartParam, Tag("refusal")]
+    | Annotated[FilePartParam, Tag("file")]
     | Annotated[OtherPartParam, Tag(OTHER)],
-    by_type({"text": "text", "image_url": "image_url", "refusal": "refusal"}),
+    by_type({"text": "text", "image_url": "image_url", "refusal": "refusal", "file": "file"}),
 ]
 
 Content: TypeAlias = Annotated[

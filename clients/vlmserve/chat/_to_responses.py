@@ -19,6 +19,7 @@ from ._request_models import (
     AssistantMessageParam,
     ChatCompletionBody,
     Content,
+    FilePartParam,
     ImageURLPartParam,
     OtherMessageParam,
     RefusalPartParam,
@@ -57,7 +58,7 @@ class ChatRequest:
                 if rest.startswith(old):
                     rest = new + rest.removeprefix(old)
                     break
-            return origin + rest
+            return origin + _FILE_FIELD.sub(r"\1.file.\2", rest)
         if param == "input" or param.startswith("input."):
             return "messages"
         if param == "max_output_tokens":
@@ -72,6 +73,8 @@ class ChatRequest:
 
 
 _INPUT_ITEM = re.compile(r"^input\[(\d+)\](.*)$")
+# A file part's fields sit under `file` in chat (`content[1].file.file_id`).
+_FILE_FIELD = re.compile(r"^(\.content\[\d+\])\.(file_id|file_data|filename)")
 _TOOL_FIELD = re.compile(r"^tools\[(\d+)\]\.((?:name|description|parameters|strict).*)$")
 # Item fields as the chat message spells them (a tool message's `output` is its `content`).
 _ITEM_FIELDS = ((".output", ".content"), (".arguments", ".function.arguments"), (".name", ".function.name"))
@@ -105,6 +108,13 @@ def _parts(content: Content, where: str, *, text_type: str, images: bool) -> lis
             image: dict[str, Any] = {"type": "input_image", "image_url": part.image_url.url}
             image["detail"] = part.image_url.detail or "auto"
             parts.append(image)
+        elif isinstance(part, FilePartParam) and images:
+            fields = {
+                "file_id": part.file.file_id,
+                "file_data": part.file.file_data,
+                "filename": part.file.filename,
+            }
+            parts.append({"type": "input_file", **{k: v for k, v in fields.items() if v is not None}})
         else:
             raise _unsupported(f"{at}.type", f"'{part.type}' parts are not supported in this message.")
     return parts
