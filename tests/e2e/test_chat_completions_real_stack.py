@@ -134,8 +134,8 @@ def test_sdk_forced_tool_call_and_json_schema(squares_chat: openai.OpenAI) -> No
     assert isinstance(json.loads(structured.choices[0].message.content or "")["ok"], bool)
 
 
-def test_sdk_n_and_logprobs_are_400(squares_chat: openai.OpenAI) -> None:
-    for extra, param in (({"n": 2}, "n"), ({"logprobs": True}, "logprobs")):
+def test_sdk_n_and_top_logprobs_alone_are_400(squares_chat: openai.OpenAI) -> None:
+    for extra, param in (({"n": 2}, "n"), ({"top_logprobs": 2}, "top_logprobs")):
         with pytest.raises(openai.BadRequestError) as caught:
             squares_chat.chat.completions.create(
                 model="default", messages=[{"role": "user", "content": "x"}], **extra

@@ -31,6 +31,8 @@ class Script:
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
     # Sent before the text, as a thinking model's reasoning.
     reasoning_chunks: list[str] = field(default_factory=list)
+    # Per text chunk, its tokens: sent (and in the result) when the request asks for logprobs.
+    text_logprobs: list[list[pb.TokenLogprob]] = field(default_factory=list)
     finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_STOP
     usage: pb.Usage = field(
         default_factory=lambda: pb.Usage(input_tokens=11, output_tokens=3, cached_tokens=2)
@@ -93,7 +95,11 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
             if script.first_delay_s:
                 await asyncio.sleep(script.first_delay_s)
             chunks = [pb.GenerateChunk(reasoning_text=text) for text in script.reasoning_chunks]
-            chunks += [pb.GenerateChunk(text=text) for text in script.text_chunks]
+            logprobs = script.text_logprobs if request.sampling.logprobs else []
+            chunks += [
+                pb.GenerateChunk(text=text, logprobs=logprobs[i] if i < len(logprobs) else [])
+                for i, text in enumerate(script.text_chunks)
+            ]
             chunks += [pb.GenerateChunk(tool_call=call) for call in script.tool_calls]
             sent_text: list[str] = []
             index = 0
@@ -121,6 +127,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
                 script.finish_reason,
                 script.usage,
                 reasoning_text="".join(script.reasoning_chunks),
+                logprobs=[entry for chunk_logprobs in logprobs for entry in chunk_logprobs],
             )
         except asyncio.CancelledError:
             self.cancelled.set()
@@ -178,6 +185,7 @@ def _complete(
     usage: pb.Usage,
     *,
     reasoning_text: str = "",
+    logprobs: list[pb.TokenLogprob] | None = None,
 ) -> pb.GenerateResponse:
     images = sum(
         1 for message in request.messages for part in message.parts if part.WhichOneof("kind") == "image"
@@ -191,6 +199,7 @@ def _complete(
             model=MODEL_ID,
             text=text,
             reasoning_text=reasoning_text,
+            logprobs=logprobs or [],
             tool_calls=tool_calls,
             finish_reason=finish_reason,
             usage=counted,

@@ -216,8 +216,8 @@ async def test_length_finish(sdk: openai.AsyncOpenAI, engine: FakeEngine) -> Non
 
 REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("n", {"n": 2}, "n", "unsupported_value"),
-    ("logprobs", {"logprobs": True}, "logprobs", "unsupported_value"),
-    ("top_logprobs", {"top_logprobs": 2}, "top_logprobs", "unsupported_value"),
+    ("top_logprobs without logprobs", {"top_logprobs": 2}, "top_logprobs", None),
+    ("top_logprobs too high", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", None),
     ("logit_bias", {"logit_bias": {"1": 5}}, "logit_bias", "unsupported_value"),
     ("store", {"store": True}, "store", "unsupported_value"),
     ("penalty", {"presence_penalty": 0.5}, "presence_penalty", "unsupported_value"),

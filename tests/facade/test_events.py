@@ -166,3 +166,55 @@ def test_usage_comes_from_the_result() -> None:
     usage = pb.Usage(input_tokens=5, output_tokens=7, cached_tokens=1)
     events_builder, _ = run([text("x")], pb.GenerateResult(text="x", usage=usage))
     assert events_builder.resource.usage.total_tokens == 12
+
+
+def token(text: str, logprob: float, *alternatives: tuple[str, float]) -> pb.TokenLogprob:
+    return pb.TokenLogprob(
+        token=text,
+        logprob=logprob,
+        top_logprobs=[pb.TopLogprob(token=t, logprob=lp) for t, lp in alternatives],
+    )
+
+
+def logprob_json(entry: pb.TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": entry.token,
+        "logprob": pytest.approx(entry.logprob),
+        "bytes": list(entry.token.encode()),
+        "top_logprobs": [
+            {"token": t.token, "logprob": pytest.approx(t.logprob), "bytes": list(t.token.encode())}
+            for t in entry.top_logprobs
+        ],
+    }
+
+
+def test_logprobs_stream_with_their_deltas_and_fill_the_part() -> None:
+    # "\n" alone is held (no message yet); "" carries a token settled after the last text.
+    tokens = [
+        token("\n", -0.5),
+        token("Hé", -0.25, ("Hé", -0.25), ("Ho", -1.5)),
+        token("", -2.0),
+        token("!", -0.1),
+    ]
+    chunks = [
+        pb.GenerateChunk(text="\n", logprobs=tokens[:1]),
+        pb.GenerateChunk(text="Hé", logprobs=tokens[1:2]),
+        pb.GenerateChunk(text="", logprobs=tokens[2:3]),
+    ]
+    # The last token was never streamed: it comes from the result with the text it spells.
+    events_builder, events = run(chunks, pb.GenerateResult(text="\nHé!", logprobs=tokens))
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [e["delta"] for e in deltas] == ["\nHé", "", "!"]
+    streamed = [entry for e in deltas for entry in e["logprobs"]]
+    assert streamed == [logprob_json(entry) for entry in tokens]
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == streamed
+    part = events_builder.snapshot().to_json()["output"][0]["content"][0]
+    assert part["text"] == "\nHé!" and part["logprobs"] == streamed
+    assert "".join(entry["token"] for entry in part["logprobs"]) == part["text"]
+
+
+def test_without_logprobs_the_lists_stay_empty() -> None:
+    events_builder, events = run([text("Hi")], pb.GenerateResult(text="Hi"))
+    assert all(e.get("logprobs", []) == [] for e in events)
+    assert events_builder.snapshot().to_json()["output"][0]["content"][0]["logprobs"] == []

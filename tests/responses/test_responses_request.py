@@ -268,7 +268,8 @@ BODY_ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("temperature string", body(temperature="hot"), "temperature", "invalid_type"),
     ("temperature too high", body(temperature=2.5), "temperature", "invalid_value"),
     ("top_p too high", body(top_p=1.5), "top_p", "invalid_value"),
-    ("top_logprobs", body(top_logprobs=3), "top_logprobs", "unsupported_value"),
+    ("top_logprobs too high", body(top_logprobs=21), "top_logprobs", "invalid_value"),
+    ("top_logprobs negative", body(top_logprobs=-1), "top_logprobs", "invalid_value"),
     ("stream not bool", body(stream="yes"), "stream", "invalid_type"),
     ("store not bool", body(store=1), "store", "invalid_type"),
     ("parallel_tool_calls not bool", body(parallel_tool_calls="no"), "parallel_tool_calls", "invalid_type"),
@@ -364,12 +365,6 @@ BODY_ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "invalid_value",
     ),
     ("include not string", body(include=[3]), "include[0]", "invalid_value"),
-    (
-        "include logprobs",
-        body(include=["message.output_text.logprobs"]),
-        "include[0]",
-        "unsupported_value",
-    ),
     ("service_tier unknown", body(service_tier="scale"), "service_tier", "invalid_value"),
     ("service_tier not string", body(service_tier=1), "service_tier", "invalid_value"),
     ("conversation bad", body(conversation=5), "conversation", "invalid_type"),
@@ -493,9 +488,25 @@ def test_reasoning_effort_none_or_minimal_turns_thinking_off(
     assert (request.enable_thinking if request.HasField("enable_thinking") else None) == enable_thinking
 
 
-@pytest.mark.parametrize("value", sorted(set(get_args(IncludeValue)) - {"message.output_text.logprobs"}))
+@pytest.mark.parametrize("value", sorted(get_args(IncludeValue)))
 def test_documented_include_values_are_accepted(value: str) -> None:
     assert build_generate_request(body(include=[value])).include == [value]
+
+
+@pytest.mark.parametrize(
+    ("fields", "logprobs", "top"),
+    [
+        ({}, False, 0),
+        ({"include": ["message.output_text.logprobs"]}, True, 0),
+        ({"include": ["message.output_text.logprobs"], "top_logprobs": 20}, True, 20),
+        ({"top_logprobs": 3}, True, 3),
+        ({"top_logprobs": 0}, False, 0),
+    ],
+)
+def test_logprobs_are_asked_of_the_engine(fields: dict[str, Any], logprobs: bool, top: int) -> None:
+    translated = build_generate_request(body(**fields))
+    assert (translated.request.sampling.logprobs, translated.request.sampling.top_logprobs) == (logprobs, top)
+    assert translated.echo_fields().top_logprobs == top
 
 
 @pytest.mark.parametrize("tier", ["auto", "default", "flex", "priority"])

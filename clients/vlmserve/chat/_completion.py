@@ -9,6 +9,7 @@ from pydantic import Field
 from vlmserve.responses import (
     FunctionCallArgumentsDeltaEvent,
     FunctionCallItem,
+    LogProb,
     OutboundModel,
     OutputItemEvent,
     OutputMessage,
@@ -45,11 +46,18 @@ class AssistantMessage(OutboundModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class ChoiceLogprobs(OutboundModel):
+    """`logprobs: true`: the content's tokens (the Responses output_text part's, same shape)."""
+
+    content: list[LogProb] | None
+    refusal: None = None
+
+
 class Choice(OutboundModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class PromptTokensDetails(OutboundModel):
@@ -102,7 +110,7 @@ class ChunkChoice(OutboundModel):
     index: int = 0
     delta: ChunkDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(OutboundModel):
@@ -143,11 +151,10 @@ def finish_reason(resource: ResponseResource) -> FinishReason:
     return "stop"
 
 
-def chat_completion(resource: ResponseResource) -> ChatCompletion:
-    """A finished response as the chat completion it answers."""
-    text = "".join(
-        part.text for item in resource.output if isinstance(item, OutputMessage) for part in item.content
-    )
+def chat_completion(resource: ResponseResource, *, logprobs: bool = False) -> ChatCompletion:
+    """A finished response as the chat completion it answers (with `logprobs`: its tokens)."""
+    parts = [part for item in resource.output if isinstance(item, OutputMessage) for part in item.content]
+    text = "".join(part.text for part in parts)
     calls = [
         ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
         for item in resource.output
@@ -166,7 +173,15 @@ def chat_completion(resource: ResponseResource) -> ChatCompletion:
         id=completion_id(resource.id),
         created=resource.created_at,
         model=resource.model,
-        choices=[Choice(message=message, finish_reason=finish_reason(resource))],
+        choices=[
+            Choice(
+                message=message,
+                finish_reason=finish_reason(resource),
+                logprobs=ChoiceLogprobs(content=[entry for part in parts for entry in part.logprobs])
+                if logprobs
+                else None,
+            )
+        ],
         usage=completion_usage(resource.usage),
         service_tier=resource.service_tier,
     )
@@ -175,9 +190,12 @@ def chat_completion(resource: ResponseResource) -> ChatCompletion:
 class ChunkWriter:
     """Turns one response's stream events into chat completion chunks, in order."""
 
-    def __init__(self, response_id: str, created: int, model: str, *, include_usage: bool) -> None:
+    def __init__(
+        self, response_id: str, created: int, model: str, *, include_usage: bool, logprobs: bool = False
+    ) -> None:
         self._base: dict[str, Any] = {"id": completion_id(response_id), "created": created, "model": model}
         self._include_usage = include_usage
+        self._logprobs = logprobs
         self._tool_index: dict[str, int] = {}
 
     def _chunk(self, delta: ChunkDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
@@ -190,6 +208,10 @@ class ChunkWriter:
     def chunks(self, event: Any) -> list[ChatCompletionChunk]:
         """The chunks one event becomes (none for most lifecycle events)."""
         if isinstance(event, OutputTextDeltaEvent):
+            if self._logprobs and (event.delta or event.logprobs):
+                chunk = self._chunk(ChunkDelta(content=event.delta))
+                chunk.choices[0].logprobs = ChoiceLogprobs(content=event.logprobs)
+                return [chunk]
             return [self._chunk(ChunkDelta(content=event.delta))] if event.delta else []
         if isinstance(event, ReasoningTextDeltaEvent):
             return [self._chunk(ChunkDelta(reasoning_content=event.delta))] if event.delta else []

@@ -215,8 +215,9 @@ class ChatCompletionBody(RequestModel):
     stop: Stop | None = None
     stream: bool | None = None
     stream_options: StreamOptionsParam | None = None
-    logprobs: bool | None = Field(default=None, json_schema_extra={"enum": [False, None]})
-    top_logprobs: int | None = Field(default=None, json_schema_extra={"enum": [0, None]})
+    logprobs: bool | None = None
+    # Needs `logprobs: true`.
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None

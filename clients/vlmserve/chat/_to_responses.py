@@ -38,6 +38,8 @@ class ChatRequest:
     responses_body: dict[str, Any]
     stream: bool
     include_usage: bool
+    # `logprobs: true`: choices carry `logprobs.content`.
+    logprobs: bool = False
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     # For each Responses input item, the chat path it came from (`messages[2].tool_calls[0]`).
@@ -221,10 +223,11 @@ def _text_format(body: ChatCompletionBody) -> dict[str, Any] | None:
 def _refuse_unsupported(body: ChatCompletionBody) -> None:
     if body.n is not None and body.n != 1:
         raise _unsupported("n", "only one choice per request is supported (n = 1).")
-    if body.logprobs:
-        raise _unsupported("logprobs", "log probabilities are not supported by this server.")
-    if body.top_logprobs:
-        raise _unsupported("top_logprobs", "log probabilities are not supported by this server.")
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidRequestError(
+            "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is set.",
+            param="top_logprobs",
+        )
     if body.logit_bias:
         raise _unsupported("logit_bias", "logit bias is not supported by this server.")
     if body.store:
@@ -268,6 +271,9 @@ def chat_request(raw: object) -> ChatRequest:
         "prompt_cache_key": body.prompt_cache_key,
         "safety_identifier": body.safety_identifier,
         "user": body.user,
+        # The Responses way to ask for token logprobs.
+        "include": ["message.output_text.logprobs"] if body.logprobs else None,
+        "top_logprobs": body.top_logprobs if body.logprobs else None,
     }
     responses_body.update({key: value for key, value in optional.items() if value is not None})
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -275,6 +281,7 @@ def chat_request(raw: object) -> ChatRequest:
         responses_body=responses_body,
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        logprobs=bool(body.logprobs),
         seed=body.seed,
         stop=stop,
         origins=origins,

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ._output_models import (
+    LogProb,
     OutboundModel,
     OutputItem,
     OutputTextContent,
@@ -59,14 +60,14 @@ class OutputTextDeltaEvent(_InItem):
     type: Literal["response.output_text.delta"] = "response.output_text.delta"
     content_index: int
     delta: str
-    logprobs: list[dict[str, object]] = Field(default_factory=list)
+    logprobs: list[LogProb] = Field(default_factory=list)
 
 
 class OutputTextDoneEvent(_InItem):
     type: Literal["response.output_text.done"] = "response.output_text.done"
     content_index: int
     text: str
-    logprobs: list[dict[str, object]] = Field(default_factory=list)
+    logprobs: list[LogProb] = Field(default_factory=list)
 
 
 class ReasoningTextDeltaEvent(_InItem):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from vlmserve.common.images import sniff_media_type
@@ -22,12 +22,14 @@ from ._output_models import (
     InputImageContent,
     InputTokensDetails,
     ItemStatus,
+    LogProb,
     OutputMessage,
     OutputTextContent,
     OutputTokensDetails,
     ReasoningItem,
     ReasoningTextContent,
     ToolCallItem,
+    TopLogProb,
     Usage,
 )
 from ._tools import OfferedTool
@@ -84,16 +86,25 @@ def result_to_output_items(
         items.append(reasoning_output_item(result.reasoning_text, item_id=new_id("rs")))
     if result.text or not result.tool_calls:
         status: ItemStatus = "incomplete" if result.finish_reason == pb.FINISH_REASON_LENGTH else "completed"
-        items.append(message_output_item(result.text, item_id=new_id("msg"), status=status))
+        items.append(
+            message_output_item(
+                result.text,
+                item_id=new_id("msg"),
+                status=status,
+                logprobs=logprobs_from_contract(result.logprobs),
+            )
+        )
     items.extend(
         tool_call_output_item(call, new_id=new_id, offered_tools=offered_tools) for call in result.tool_calls
     )
     return items
 
 
-def message_output_item(text: str, *, item_id: str, status: ItemStatus = "completed") -> OutputMessage:
+def message_output_item(
+    text: str, *, item_id: str, status: ItemStatus = "completed", logprobs: Sequence[LogProb] = ()
+) -> OutputMessage:
     """An assistant `message` output item with one `output_text` part."""
-    return OutputMessage(id=item_id, status=status, content=[output_text_part(text)])
+    return OutputMessage(id=item_id, status=status, content=[output_text_part(text, logprobs)])
 
 
 def reasoning_output_item(text: str, *, item_id: str) -> ReasoningItem:
@@ -101,8 +112,24 @@ def reasoning_output_item(text: str, *, item_id: str) -> ReasoningItem:
     return ReasoningItem(id=item_id, content=[ReasoningTextContent(text=text)])
 
 
-def output_text_part(text: str) -> OutputTextContent:
-    return OutputTextContent(text=text)
+def output_text_part(text: str, logprobs: Sequence[LogProb] = ()) -> OutputTextContent:
+    return OutputTextContent(text=text, logprobs=list(logprobs))
+
+
+def logprobs_from_contract(entries: Iterable[pb.TokenLogprob]) -> list[LogProb]:
+    """The engine's token logprobs in OpenAI's shape (`bytes`: the token text's UTF-8)."""
+    return [
+        LogProb(
+            token=entry.token,
+            logprob=entry.logprob,
+            bytes=list(entry.token.encode()),
+            top_logprobs=[
+                TopLogProb(token=top.token, logprob=top.logprob, bytes=list(top.token.encode()))
+                for top in entry.top_logprobs
+            ],
+        )
+        for entry in entries
+    ]
 
 
 def tool_call_output_item(

@@ -40,12 +40,29 @@ ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "fa
 # ---- content parts -----------------------------------------------------------------------------
 
 
+class TopLogProb(OutboundModel):
+    token: str
+    logprob: float
+    # The token's UTF-8 bytes.
+    bytes: list[int]
+
+
+class LogProb(OutboundModel):
+    """One token of the text and its log probability (include `message.output_text.logprobs`)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogProb] = Field(default_factory=list)
+
+
 class OutputTextContent(OutboundModel):
     type: Literal["output_text"] = "output_text"
     text: str
-    # Citations and token log probabilities: this server produces neither.
+    # Citations: this server produces none.
     annotations: list[dict[str, Any]] = Field(default_factory=list)
-    logprobs: list[dict[str, Any]] = Field(default_factory=list)
+    # Filled when asked for (the tokens spell `text`: docs/responses-api.md, "Log probabilities").
+    logprobs: list[LogProb] = Field(default_factory=list)
 
 
 class ReasoningTextContent(OutboundModel):

@@ -32,6 +32,8 @@ from ._text_format import parse_text
 from ._tools import OfferedTool, parse_tool_choice, parse_tools
 
 METADATA_MAX_PAIRS = 16
+# The include value that asks for output_text parts' token logprobs.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 METADATA_MAX_KEY_CHARS = 64
 METADATA_MAX_VALUE_CHARS = 512
 
@@ -69,6 +71,7 @@ class TranslatedRequest:
     max_tool_calls: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_logprobs: int = 0
     text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
     reasoning: dict[str, Any] | None = None
     include: list[str] = field(default_factory=list)
@@ -98,6 +101,7 @@ class TranslatedRequest:
                 "text": self.text,
                 "temperature": 1.0 if self.temperature is None else self.temperature,
                 "top_p": 1.0 if self.top_p is None else self.top_p,
+                "top_logprobs": self.top_logprobs,
                 "reasoning": _reasoning_echo(self.reasoning),
                 "max_output_tokens": self.max_output_tokens,
                 "max_tool_calls": self.max_tool_calls,
@@ -178,7 +182,12 @@ def build_generate_request(
     _reject_unsupported(parsed)
     text, response_format = parse_text(parsed.text)
     sampling = pb.SamplingParams(
-        max_tokens=parsed.max_output_tokens, temperature=parsed.temperature, top_p=parsed.top_p
+        max_tokens=parsed.max_output_tokens,
+        temperature=parsed.temperature,
+        top_p=parsed.top_p,
+        # Asked for by the include value; `top_logprobs` > 0 implies it (what would it be for else).
+        logprobs=LOGPROBS_INCLUDE in (parsed.include or ()) or bool(parsed.top_logprobs),
+        top_logprobs=parsed.top_logprobs or 0,
     )
     request = pb.GenerateRequest(
         messages=_custom_calls_as_function_calls(lower_messages(raw_messages)),
@@ -218,6 +227,7 @@ def build_generate_request(
         max_tool_calls=parsed.max_tool_calls,
         temperature=parsed.temperature,
         top_p=parsed.top_p,
+        top_logprobs=parsed.top_logprobs or 0,
         text=text,
         reasoning=None if parsed.reasoning is None else parsed.reasoning.model_dump(),
         include=list(parsed.include or ()),
@@ -246,20 +256,6 @@ def _custom_calls_as_function_calls(messages: list[pb.Message]) -> list[pb.Messa
 
 
 def _reject_unsupported(body: CreateResponseBody) -> None:
-    if body.top_logprobs:
-        raise InvalidRequestError(
-            "Invalid value for 'top_logprobs': log probabilities are not supported by this server; "
-            "omit it or send 0.",
-            param="top_logprobs",
-            code="unsupported_value",
-        )
-    if body.include and "message.output_text.logprobs" in body.include:
-        index = body.include.index("message.output_text.logprobs")
-        raise InvalidRequestError(
-            f"Invalid value for 'include[{index}]': log probabilities are not supported by this server.",
-            param=f"include[{index}]",
-            code="unsupported_value",
-        )
     if body.background:
         raise InvalidRequestError(
             "Invalid value for 'background': background responses are not supported.",

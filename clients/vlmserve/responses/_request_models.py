@@ -71,10 +71,9 @@ class ReasoningConfigParam(RequestModel):
 
 
 # OpenAI's documented `include` values. Each is honoured or has nothing to add here:
-# this server runs no hosted tools (no search / code interpreter results exist), produces no
-# reasoning items (nothing to encrypt), and already returns input images' URLs as sent. The one
-# that would ask for something this server cannot give, `message.output_text.logprobs`, is
-# refused in _request.py like `top_logprobs`.
+# `message.output_text.logprobs` fills output_text parts' `logprobs`; this server runs no hosted
+# tools (no search / code interpreter results exist), has nothing to encrypt in reasoning items,
+# and already returns input images' URLs as sent.
 IncludeValue: TypeAlias = Literal[
     "reasoning.encrypted_content",
     "message.output_text.logprobs",
@@ -111,7 +110,8 @@ class CreateResponseBody(RequestModel):
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     # Accepted only at their neutral values (the translation says why otherwise); the document
     # names the values that work.
-    top_logprobs: int | None = Field(default=None, json_schema_extra={"enum": [0, None]})
+    # With include `message.output_text.logprobs` (or alone): alternatives per token.
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     presence_penalty: float | None = Field(default=None, json_schema_extra={"enum": [0, None]})
     frequency_penalty: float | None = Field(default=None, json_schema_extra={"enum": [0, None]})
     parallel_tool_calls: bool | None = None

@@ -81,6 +81,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
             generation.resource.created_at,
             generation.resource.model,
             include_usage=chat.include_usage,
+            logprobs=chat.logprobs,
         )
         return EventSourceResponse(
             _chunks(generation, chat, writer, shutdown, grace_s),
@@ -97,7 +98,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         await finish()
     if resource is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    completion = chat_completion(ResponseResource.model_validate(resource))
+    completion = chat_completion(ResponseResource.model_validate(resource), logprobs=chat.logprobs)
     return JSONResponse(completion.to_json(), headers=headers)
 
 

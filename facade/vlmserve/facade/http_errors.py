@@ -38,6 +38,7 @@ _PARAM_FOR_ENGINE_FIELD: tuple[tuple[str, str], ...] = (
     ("sampling.max_tokens", "max_output_tokens"),
     ("sampling.temperature", "temperature"),
     ("sampling.top_p", "top_p"),
+    ("sampling.top_logprobs", "top_logprobs"),
     ("response_format.json_schema.schema_json", "text.format.schema"),
     ("response_format.json_schema.name", "text.format.name"),
     ("response_format", "text.format"),

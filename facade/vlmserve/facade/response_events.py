@@ -9,7 +9,7 @@ in-progress states, which exist only while streaming, are made here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from vlmserve.responses import (
     IncompleteReason,
     ItemStatus,
     LifecycleEventType,
+    LogProb,
     OfferedTool,
     OutputItem,
     OutputItemEvent,
@@ -38,6 +39,7 @@ from vlmserve.responses import (
     ResponseResource,
     ResponseStatus,
     ResponseStreamEvent,
+    logprobs_from_contract,
     message_output_item,
     output_text_part,
     reasoning_output_item,
@@ -58,6 +60,8 @@ class _OpenMessage:
     item_id: str
     output_index: int
     text: str = ""
+    # The text's tokens (when the request asked for logprobs).
+    logprobs: list[LogProb] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +80,9 @@ class ResponseEvents:
     # Whitespace the model wrote before anything visible: it opens no message on its own, since a
     # turn that only calls tools often starts with a newline.
     _leading: str = ""
+    _leading_logprobs: list[LogProb] = field(default_factory=list)
+    # Engine token logprobs streamed so far (the rest of the final result's were never streamed).
+    _logprobs_streamed: int = 0
     _calls_sent: int = 0
     # All text streamed so far, to tell what of the engine's final text was never streamed.
     _streamed: str = ""
@@ -99,8 +106,8 @@ class ResponseEvents:
 
     def chunk(self, chunk: pb.GenerateChunk) -> list[Event]:
         kind = chunk.WhichOneof("kind")
-        if kind == "text" and chunk.text:
-            return self._text(chunk.text)
+        if kind == "text" and (chunk.text or chunk.logprobs):
+            return self._text(chunk.text, chunk.logprobs)
         if kind == "reasoning_text" and chunk.reasoning_text:
             return self._reasoning_text(chunk.reasoning_text)
         if kind == "tool_call":
@@ -122,7 +129,9 @@ class ResponseEvents:
             events += self._reasoning_text(reasoning[len(self._reasoning_streamed) :])
         events += self._close_reasoning()
         if result.text.startswith(self._streamed) and len(result.text) > len(self._streamed):
-            events += self._text(result.text[len(self._streamed) :])
+            events += self._text(
+                result.text[len(self._streamed) :], result.logprobs[self._logprobs_streamed :]
+            )
         unsent_calls = list(result.tool_calls[self._calls_sent :])
         if self._message is None and not unsent_calls and self._calls_sent == 0:
             # A turn always has a message when it calls no tool, even an empty one.
@@ -151,7 +160,12 @@ class ResponseEvents:
         if self._message is not None:
             # Keep what was produced, marked unfinished, without the closing events of a success.
             self._output.append(
-                message_output_item(self._message.text, item_id=self._message.item_id, status="incomplete")
+                message_output_item(
+                    self._message.text,
+                    item_id=self._message.item_id,
+                    status="incomplete",
+                    logprobs=self._message.logprobs,
+                )
             )
             self._message = None
         events: list[Event] = [ErrorEvent(sequence_number=self._next(), error=error.payload())]
@@ -169,19 +183,24 @@ class ResponseEvents:
     def _lifecycle(self, event_type: LifecycleEventType) -> Event:
         return ResponseLifecycleEvent(type=event_type, sequence_number=self._next(), response=self.snapshot())
 
-    def _text(self, text: str) -> list[Event]:
+    def _text(self, text: str, entries: Sequence[pb.TokenLogprob] = ()) -> list[Event]:
         events: list[Event] = []
         self._streamed += text
+        self._logprobs_streamed += len(entries)
+        logprobs = logprobs_from_contract(entries)
         if self._message is None:
             self._leading += text
+            self._leading_logprobs += logprobs
             if not self._leading.strip():
                 return events
             text, self._leading = self._leading, ""
+            logprobs, self._leading_logprobs = self._leading_logprobs, []
             events += self._close_reasoning()
             events += self._open_message()
         assert self._message is not None
         self._message.text += text
-        events.append(self._text_delta(self._message, text))
+        self._message.logprobs += logprobs
+        events.append(self._text_delta(self._message, text, logprobs))
         return events
 
     def _reasoning_text(self, text: str) -> list[Event]:
@@ -252,6 +271,7 @@ class ResponseEvents:
         self._message = _OpenMessage(item_id=self.new_id(ids.MESSAGE), output_index=len(self._output))
         # Whitespace held back and never followed by text still belongs to the message.
         self._message.text, self._leading = self._leading, ""
+        self._message.logprobs, self._leading_logprobs = self._leading_logprobs, []
         added = message_output_item("", item_id=self._message.item_id, status="in_progress")
         added.content = []
         events: list[Event] = [
@@ -270,17 +290,18 @@ class ResponseEvents:
                 part=output_text_part(""),
             ),
         ]
-        if self._message.text:
-            events.append(self._text_delta(self._message, self._message.text))
+        if self._message.text or self._message.logprobs:
+            events.append(self._text_delta(self._message, self._message.text, list(self._message.logprobs)))
         return events
 
-    def _text_delta(self, message: _OpenMessage, text: str) -> Event:
+    def _text_delta(self, message: _OpenMessage, text: str, logprobs: list[LogProb]) -> Event:
         return OutputTextDeltaEvent(
             sequence_number=self._next(),
             item_id=message.item_id,
             output_index=message.output_index,
             content_index=0,
             delta=text,
+            logprobs=logprobs,
         )
 
     def _close_message(self, status: ItemStatus) -> list[Event]:
@@ -288,7 +309,9 @@ class ResponseEvents:
         if message is None:
             return []
         self._message = None
-        item = message_output_item(message.text, item_id=message.item_id, status=status)
+        item = message_output_item(
+            message.text, item_id=message.item_id, status=status, logprobs=message.logprobs
+        )
         self._output.append(item)
         where: dict[str, Any] = {
             "item_id": message.item_id,
@@ -296,7 +319,9 @@ class ResponseEvents:
             "content_index": 0,
         }
         return [
-            OutputTextDoneEvent(sequence_number=self._next(), **where, text=message.text),
+            OutputTextDoneEvent(
+                sequence_number=self._next(), **where, text=message.text, logprobs=message.logprobs
+            ),
             ContentPartEvent(
                 type="response.content_part.done", sequence_number=self._next(), **where, part=item.content[0]
             ),
