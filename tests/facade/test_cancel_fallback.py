@@ -1,6 +1,7 @@
-"""The cancel endpoint against an engine that ignores Abort: the facade closes the engine call
-itself, and the response still ends the normal way (`response.incomplete`, status `cancelled`,
-then `[DONE]` for a stream), as when the engine stops it."""
+"""The cancel endpoint (a background response) against an engine that ignores Abort: the facade
+closes the engine call itself, and the response still ends the normal way
+(`response.incomplete`, status `cancelled`, then `[DONE]` for a stream), as when the engine
+stops it."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ async def test_cancel_ends_the_response_when_the_engine_ignores_abort(
 ) -> None:
     engine.script = Script(text_chunks=["partial"], hang=True, ignore_abort=True)
     async with httpx.AsyncClient(base_url=server_url, timeout=WAIT_S) as client:
-        body = {"model": "default", "input": "hi", "stream": stream}
+        body = {"model": "default", "input": "hi", "stream": stream, "background": True}
         creating = asyncio.create_task(client.post("/v1/responses", json=body))
         await asyncio.wait_for(engine.started.wait(), WAIT_S)
         response_id = engine.requests[0].request_id
@@ -51,6 +52,7 @@ async def test_cancel_ends_the_response_when_the_engine_ignores_abort(
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"] == "cancelled"
     assert cancel_s < CONTROL_S + 2.0
+    resource = stored
     if stream:
         events = stream_events(created.text)  # ends with `data: [DONE]`
         for event in events:
@@ -60,7 +62,7 @@ async def test_cancel_ends_the_response_when_the_engine_ignores_abort(
         resource = final["response"]
     else:
         assert created.status_code == 200, created.text
-        resource = created.json()
+        assert created.json()["status"] == "queued"
     assert resource["status"] == "cancelled"
     assert resource["incomplete_details"] == {"reason": "cancelled"}
     assert resource["output"][0]["content"][0]["text"] == "partial"

@@ -1,4 +1,5 @@
-"""A client that leaves cancels the engine call; POST /cancel stops a running generation (real HTTP)."""
+"""A client that leaves cancels the engine call; POST /cancel stops a running background
+generation (real HTTP)."""
 
 from __future__ import annotations
 
@@ -89,10 +90,12 @@ async def test_non_stream_disconnect_before_the_engine_started_stores_nothing(
         assert (await check.get(f"/v1/responses/{engine.requests[0].request_id}")).status_code == 404
 
 
-async def test_cancel_endpoint_stops_a_streaming_generation(server_url: str, engine: FakeEngine) -> None:
+async def test_cancel_endpoint_stops_a_streaming_background_generation(
+    server_url: str, engine: FakeEngine
+) -> None:
     engine.script = Script(text_chunks=["partial"], hang=True)
     async with httpx.AsyncClient(base_url=server_url, timeout=WAIT_S) as client:
-        body = {"model": "default", "input": "hi", "stream": True}
+        body = {"model": "default", "input": "hi", "stream": True, "background": True}
         streaming = asyncio.create_task(client.post("/v1/responses", json=body))
         await wait_for(engine.started)
         response_id = engine.requests[0].request_id
@@ -105,7 +108,7 @@ async def test_cancel_endpoint_stops_a_streaming_generation(server_url: str, eng
         assert final["type"] == "response.incomplete"
         assert final["response"]["status"] == "cancelled"
         assert final["response"]["output"][0]["content"][0]["text"] == "partial"
-        # Cancelling again is idempotent; a completed response cannot be cancelled.
+        # Cancelling again is idempotent; a foreground response cannot be cancelled.
         assert (await client.post(f"/v1/responses/{response_id}/cancel")).json()["status"] == "cancelled"
         engine.script = Script()
         done: dict[str, Any] = (

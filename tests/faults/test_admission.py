@@ -39,9 +39,11 @@ WAITING_TOKENS = 4
 class WaitingStream(threading.Thread):
     """A streamed request that the engine queues; reads every event in the background."""
 
-    def __init__(self, url: str, *, leave_early: bool = False) -> None:
+    def __init__(self, url: str, *, leave_early: bool = False, background: bool = False) -> None:
         super().__init__(daemon=True)
         self.url = url
+        # A background response (cancellable): answered at once, then run; followed here.
+        self.background = background
         # Leave (close the connection) once the response is in progress, while still queued.
         self.leave_early = leave_early
         self.accepted = threading.Event()
@@ -55,6 +57,8 @@ class WaitingStream(threading.Thread):
 
     def run(self) -> None:
         body = {"model": "default", "input": "wait", "max_output_tokens": WAITING_TOKENS, "stream": True}
+        if self.background:
+            body["background"] = True
         with (
             httpx.Client(base_url=self.url, timeout=WAIT_S) as http,
             http.stream("POST", "/v1/responses", json=body) as response,
@@ -68,8 +72,13 @@ class WaitingStream(threading.Thread):
 
     def admitted(self) -> bool:
         """The facade opens a stream only once the engine admitted the request (or after a
-        short wait for its first message): 200 means it holds a place; a refusal is a 503."""
-        return self.accepted.wait(WAIT_S) and self.status == 200
+        short wait for its first message): 200 means it holds a place; a refusal is a 503.
+        A background response is answered at once: its run has begun at `response.in_progress`."""
+        if not (self.accepted.wait(WAIT_S) and self.status == 200):
+            return False
+        if self.background:
+            wait_until(lambda: "response.in_progress" in self.types(), what="response.in_progress")
+        return True
 
     def types(self) -> list[str]:
         return [str(event["type"]) for event in self.events]
@@ -89,8 +98,10 @@ def slot_taken(stack: SmallStack) -> Iterator[Iterator[dict[str, Any]]]:
         yield events
 
 
-def waiting_stream(stack: SmallStack, *, leave_early: bool = False) -> WaitingStream:
-    waiting = WaitingStream(stack.url, leave_early=leave_early)
+def waiting_stream(
+    stack: SmallStack, *, leave_early: bool = False, background: bool = False
+) -> WaitingStream:
+    waiting = WaitingStream(stack.url, leave_early=leave_early, background=background)
     waiting.start()
     assert waiting.admitted()
     return waiting
@@ -133,7 +144,7 @@ def test_full_queue_is_503_with_retry_after(idle_small_stack: SmallStack) -> Non
 def test_cancelling_a_waiting_response_gives_its_place_back(idle_small_stack: SmallStack) -> None:
     stack = idle_small_stack
     with slot_taken(stack) as running, stack.http() as control:
-        waiting = waiting_stream(stack)
+        waiting = waiting_stream(stack, background=True)
         started = time.monotonic()
         cancelled = control.post(f"/v1/responses/{waiting.response_id}/cancel")
         cancel_s = time.monotonic() - started

@@ -1,4 +1,5 @@
-"""`POST /v1/responses/{id}/cancel` stops a running generation in the engine, not only its label."""
+"""`POST /v1/responses/{id}/cancel` stops a running background generation in the engine, not only
+its label."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ NEXT_REQUEST_TTFT_BOUND_S = 5.0
 def test_cancel_stops_a_running_stream(idle_small_stack: SmallStack) -> None:
     stack = idle_small_stack
     with stack.http() as http, stack.http() as control:
-        with http.stream("POST", "/v1/responses", json=long_body(stream=True)) as response:
+        body = long_body(stream=True, background=True)
+        with http.stream("POST", "/v1/responses", json=body) as response:
             events = sse_events(response)
             seen = read_until(events, "response.output_text.delta", count=3)
             response_id = seen[0]["response"]["id"]

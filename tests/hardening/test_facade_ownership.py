@@ -91,7 +91,7 @@ async def test_another_key_cannot_cancel_a_running_generation(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
     engine.script = Script(text_chunks=["a"], hang=True)
-    body = {"input": "hi", "stream": True}
+    body = {"input": "hi", "stream": True, "background": True}
     streaming = asyncio.create_task(http.post("/v1/responses", json=body, headers=bearer(ALICE)))
     await asyncio.wait_for(engine.started.wait(), 5)
     response_id = engine.requests[0].request_id

@@ -374,7 +374,7 @@ BODY_ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "conversation",
         "invalid_value",
     ),
-    ("background", body(background=True), "background", "unsupported_value"),
+    ("background unstored", body(background=True, store=False), "background", "invalid_value"),
     ("unknown item in input", body(input=[{"type": "web_search_call"}]), "input[0].type", "invalid_value"),
     ("empty input", body(input=[]), "input", "invalid_value"),
 ]

@@ -62,6 +62,8 @@ class TranslatedRequest:
     conversation_id: str | None = None
     stream: bool = False
     store: bool = True
+    # Run detached from the connection; polled, cancelled and resumed by id (needs `store`).
+    background: bool = False
     truncation: str = "disabled"
     metadata: dict[str, str] = field(default_factory=dict)
     tools: list[dict[str, Any]] = field(default_factory=list)
@@ -106,6 +108,7 @@ class TranslatedRequest:
                 "max_output_tokens": self.max_output_tokens,
                 "max_tool_calls": self.max_tool_calls,
                 "store": self.store,
+                "background": self.background,
                 "service_tier": self.service_tier or "default",
                 "metadata": self.metadata,
                 "safety_identifier": self.safety_identifier,
@@ -218,6 +221,7 @@ def build_generate_request(
         conversation_id=conversation_id,
         stream=bool(parsed.stream),
         store=parsed.store is not False,
+        background=bool(parsed.background),
         truncation=parsed.truncation or "disabled",
         metadata=parse_metadata(parsed.metadata),
         tools=tools.echo(choice.allowed),
@@ -256,11 +260,11 @@ def _custom_calls_as_function_calls(messages: list[pb.Message]) -> list[pb.Messa
 
 
 def _reject_unsupported(body: CreateResponseBody) -> None:
-    if body.background:
+    if body.background and body.store is False:
         raise InvalidRequestError(
-            "Invalid value for 'background': background responses are not supported.",
+            "Invalid value for 'background': background responses must be stored; send 'store': true.",
             param="background",
-            code="unsupported_value",
+            code="invalid_value",
         )
     for penalty in ("presence_penalty", "frequency_penalty"):
         if getattr(body, penalty):

@@ -117,7 +117,8 @@ class CreateResponseBody(RequestModel):
     parallel_tool_calls: bool | None = None
     stream: bool | None = None
     store: bool | None = None
-    background: bool | None = Field(default=None, json_schema_extra={"enum": [False, None]})
+    # Needs `store` (a background response is polled and resumed from the store).
+    background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     text: TextParam | None = None
     reasoning: ReasoningConfigParam | None = None

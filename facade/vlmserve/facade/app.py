@@ -20,6 +20,7 @@ from vlmserve.client import AsyncEngineClient, Deadlines
 from . import chat_api, conversations_api, files_api, models_api, responses_api
 from .api_keys import install_api_keys, require_owner
 from .api_schema import install_openapi
+from .background_runs import BackgroundRuns
 from .body_budget import BodyBudget
 from .catalog import ModelCatalog
 from .file_store import FileStore
@@ -140,6 +141,11 @@ def create_app(
             body_budget=BodyBudget(
                 settings.limits.max_body_bytes_in_flight, retry_after_s=settings.retry_after_s
             ),
+            background=BackgroundRuns(
+                the_store,
+                max_event_bytes=settings.storage.max_response_event_bytes,
+                control_s=settings.timeouts.control,
+            ),
             files=files,
         )
 
@@ -163,6 +169,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await upkeep
             state: FacadeState = app.state.facade
+            await state.background.stop_all()
             await state.responses.cancel_all()
             if opened_engine is not None:
                 state.responses.close()

@@ -1,4 +1,5 @@
-"""A new ResponseResource (status in_progress) for a translated request, and stored-item helpers."""
+"""A new ResponseResource (in progress; queued in the background) for a translated request, and
+stored-item helpers."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def new_resource(
     model_id: str,
     conversation_id: str | None = None,
 ) -> ResponseResource:
-    """The response as it starts: in progress, no output yet, the request's fields echoed."""
+    """The response as it starts: in progress (queued in the background), no output yet, the
+    request's fields echoed."""
     return ResponseResource(
         **dict(translated.echo_fields()),
         id=response_id,
@@ -37,6 +39,8 @@ def new_resource(
         model=model_id,
         conversation=None if conversation_id is None else ConversationRef(id=conversation_id),
         user=translated.user,
+        # A background response waits for its run; a foreground one starts at once.
+        status="queued" if translated.background else "in_progress",
     )
 
 

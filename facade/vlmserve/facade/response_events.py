@@ -72,6 +72,7 @@ class ResponseEvents:
     offered_tools: Mapping[str, OfferedTool] = field(default_factory=dict)
     new_id: Callable[[str], str] = ids.new_id
     _sequence: int = 0
+    _created: bool = False
     _output: list[OutputItem] = field(default_factory=list)
     _message: _OpenMessage | None = None
     # The reasoning item being streamed (thinking models), closed when the answer starts.
@@ -97,8 +98,16 @@ class ResponseEvents:
         resource.output = [item.model_copy(deep=True) for item in self._output]
         return resource
 
+    def created(self) -> list[Event]:
+        """`response.created`, with the status the response has (`queued` in the background)."""
+        self._created = True
+        return [self._lifecycle("response.created")]
+
     def start(self) -> list[Event]:
-        return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
+        """Generation begins: `response.created` unless sent already, then `response.in_progress`."""
+        events = [] if self._created else self.created()
+        self.resource.status = "in_progress"
+        return [*events, self._lifecycle("response.in_progress")]
 
     def heartbeat(self) -> list[Event]:
         """Nothing new yet (a long prefill): a `response.in_progress` event as a sign of life."""

@@ -67,6 +67,13 @@ async def create_response(request: Request, state: State) -> Response:
             hold.release()
 
     headers = ignored_tools_header(generation)
+    if generation.translated.background:
+        # Answered at once (`queued`); the run goes on without this request.
+        created = await state.background.start(generation, finish)
+        if generation.translated.stream:
+            events = state.background.follow(generation.response_id, owner=generation.owner, after=None)
+            return EventSourceResponse(_stored_sse(events), headers=headers, sep="\n")
+        return JSONResponse(created[0].to_json()["response"], headers=headers)
     # Streaming or not, the engine call starts before anything is stored: an engine that refuses
     # the request at once (queue full, down, bad argument) leaves no response whose id the
     # client never saw.
@@ -112,12 +119,36 @@ async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
     return {"object": "response.input_tokens", "input_tokens": tokens}
 
 
-@router.get("/{response_id}", operation_id=RETRIEVE_RESPONSE)
-async def retrieve_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
-    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner_of(request))
+@router.get(
+    "/{response_id}",
+    operation_id=RETRIEVE_RESPONSE,
+    response_model=None,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+)
+async def retrieve_response(
+    response_id: str,
+    request: Request,
+    state: State,
+    # Background responses: their events after `starting_after` (all without it), then live.
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
+) -> Response | dict[str, Any]:
+    owner = owner_of(request)
+    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
     if resource is None:
         raise not_found("response", response_id)
-    return resource
+    if not stream:
+        return resource
+    if not resource.get("background"):
+        # As OpenAI: only a background response's events are kept.
+        raise APIError(
+            400,
+            "This response cannot be streamed because it was not created with background=true.",
+            param="stream",
+            code="invalid_value",
+        )
+    events = state.background.follow(response_id, owner=owner, after=starting_after)
+    return EventSourceResponse(_stored_sse(events), sep="\n")
 
 
 @router.delete("/{response_id}", operation_id=DELETE_RESPONSE, response_model=DeletedObject)
@@ -156,12 +187,16 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
     owner = owner_of(request)
     generation = state.responses.running.get(response_id)
     if generation is not None and generation.owner == owner:
+        if not generation.translated.background:
+            raise _synchronous()
         await generation.cancel(state.settings.timeouts.control)
         resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
         return resource if resource is not None else generation.builder.snapshot().to_json()
     resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
     if resource is None:
         raise not_found("response", response_id)
+    if not resource.get("background"):
+        raise _synchronous()
     if resource["status"] in ("in_progress", "queued", "cancelled"):
         # In progress here means no generation of this process runs it (start-up marks those
         # of a previous process failed; another process sharing the store is not supported).
@@ -173,6 +208,14 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
         f"Cannot cancel a response whose status is {resource['status']}.",
         param="response_id",
         code="response_not_cancellable",
+    )
+
+
+def _synchronous() -> APIError:
+    """As OpenAI: only background responses can be cancelled (a foreground one ends when its
+    client disconnects)."""
+    return APIError(
+        400, "Cannot cancel a synchronous response.", param="response_id", code="response_not_cancellable"
     )
 
 
@@ -229,6 +272,13 @@ async def _sse(
         yield ServerSentEvent(data="[DONE]")
     finally:
         drain.cancel()
+
+
+async def _stored_sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+    """Stored events (background responses) as SSE, as `_sse` sends live ones."""
+    async for event in events:
+        yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
+    yield ServerSentEvent(data="[DONE]")
 
 
 async def cancel_after_shutdown(generation: Generation, shutdown: anyio.Event, grace_s: float) -> None:

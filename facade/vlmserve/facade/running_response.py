@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,12 +52,17 @@ class Generation:
     conversation_id: str | None = None
     owner: str = ""
     on_finish: Callable[[Generation], None] | None = None
+    # Background responses: every event but the last goes through this before it is sent (it
+    # stores them); the last ones are stored with the final state (`finish_response(events=)`).
+    record: Callable[[Sequence[Event]], Awaitable[None]] | None = None
     builder: ResponseEvents = field(init=False)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     _stream: AsyncIterator[pb.GenerateResponse] | None = None
     _first: asyncio.Future[pb.GenerateResponse] | None = None
     _task: asyncio.Task[Any] | None = None
     _cancel_requested: bool = False
+    # Set by `stop()`: the response ends `failed` with this error instead of `cancelled`.
+    _stop_error: APIError | None = None
     # Set by `cancel()` when the engine ignored Abort: the reader stops and closes the call.
     _close_call: asyncio.Event = field(default_factory=asyncio.Event)
     # The first write of the stored response, and a final write that had to wait for it.
@@ -97,9 +102,9 @@ class Generation:
         try:
             if self._stream is None:
                 self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
-            if self.store_enabled:
+            if self.store_enabled and self._stored is None:
                 await self._store_started()
-            for event in builder.start():
+            for event in await self._recorded(builder.start()):
                 yield event
             # The events that end the response. They go out only after the final write: a client
             # that has read `response.completed` must find the response (and its conversation
@@ -108,15 +113,19 @@ class Generation:
             try:
                 async for message in self._messages():
                     if message is None:
-                        for event in builder.heartbeat():
+                        for event in await self._recorded(builder.heartbeat()):
                             yield event
                     elif message.WhichOneof("event") == "chunk":
                         if self.first_output_at is None:
                             self.first_output_at = time.perf_counter()
-                        for event in builder.chunk(message.chunk):
+                        for event in await self._recorded(builder.chunk(message.chunk)):
                             yield event
                     elif message.WhichOneof("event") == "complete":
-                        final = builder.complete(message.complete)
+                        stopped = message.complete.finish_reason == pb.FINISH_REASON_CANCELLED
+                        if stopped and self._stop_error is not None:
+                            final = builder.fail(self._stop_error)
+                        else:
+                            final = builder.complete(message.complete)
                         break
                 if not builder.finished:
                     raise APIError(
@@ -128,22 +137,21 @@ class Generation:
                     and self._cancel_requested
                     and (failure.code == grpc.StatusCode.CANCELLED)
                 ):
-                    final = builder.cancel()
+                    final = self._stopped()
                 else:
                     api_error = failure if isinstance(failure, APIError) else self._api_error(failure)
                     final = builder.fail(api_error)
                     if raise_errors:
-                        await self._persist_final()
+                        await self._persist_final(final)
                         raise api_error from None
-            await self._persist_final()
+            await self._persist_final(final)
             for event in final:
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away: the engine call is cancelled with this task. Record the end
             # synchronously; an await here would be cancelled again.
             if not builder.finished:
-                builder.cancel()
-                self._persist_final_after_start()
+                self._persist_final_after_start(self._stopped())
             raise
         finally:
             await self._close_stream()
@@ -155,13 +163,21 @@ class Generation:
         found = False
         with contextlib.suppress(EngineError):
             found = await self.engine.abort(self.request.request_id)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.done.wait(), wait_s)
+        if found:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), wait_s)
         if self.done.is_set():
             return
-        # The engine did not stop it (or did not know it): close the call from our side. The
-        # reader notices and ends the response as cancelled, final events and all.
-        logger.warning("response %s: abort found=%s, closing the call", self.response_id, found)
+        # The engine did not stop it, or does not know it (not arrived yet, or another engine
+        # behind a balancer got the Abort): close the call from our side, which cancels the job
+        # wherever it is. The reader notices and ends the response as cancelled, final events
+        # and all.
+        logger.log(
+            logging.WARNING if found else logging.INFO,
+            "response %s: abort found=%s, closing the call",
+            self.response_id,
+            found,
+        )
         self._close_call.set()
         if self._task is None:
             return  # Not being read yet: the reader ends it as cancelled as soon as it starts.
@@ -173,6 +189,17 @@ class Generation:
             self._task.cancel()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.done.wait(), wait_s)
+
+    async def stop(self, error: APIError, wait_s: float) -> None:
+        """`cancel()`, but the response ends `failed` with `error` (server shutdown)."""
+        self._stop_error = error
+        await self.cancel(wait_s)
+
+    def stop_now(self, error: APIError | None = None) -> None:
+        """End the response from here without waiting: the reader closes the engine call and
+        ends it `failed` with `error`, or `cancelled` without one."""
+        self._stop_error = error
+        self._close_call.set()
 
     async def abandon(self) -> None:
         """End a generation that was never (or not fully) iterated: close its engine call."""
@@ -218,12 +245,31 @@ class Generation:
                 with contextlib.suppress(BaseException):
                     await pending
 
+    def _stopped(self) -> list[Event]:
+        """The final events of a response stopped from our side."""
+        if self._stop_error is not None:
+            return self.builder.fail(self._stop_error)
+        return self.builder.cancel()
+
+    async def _recorded(self, events: list[Event]) -> list[Event]:
+        if self.record is not None and events:
+            await self.record(events)
+        return events
+
     def _api_error(self, error: EngineError) -> APIError:
         return from_engine_error(error, context_length=self.context_length, retry_after_s=self.retry_after_s)
 
+    async def enqueue(self) -> list[Event]:
+        """Background: store the response `queued`, with its `response.created` event, before
+        it runs; that event."""
+        created = self.builder.created()
+        await self._store_started()
+        return await self._recorded(created)
+
     async def _store_started(self) -> None:
-        """Store the response as it starts (in progress). Shielded: a client that leaves meanwhile
-        must not cancel the write, else the final write could come first and be overwritten."""
+        """Store the response as it starts (in progress; queued in the background). Shielded: a
+        client that leaves meanwhile must not cancel the write, else the final write could come
+        first and be overwritten."""
         self._stored = asyncio.ensure_future(
             asyncio.to_thread(
                 self.store.put_response,
@@ -236,25 +282,25 @@ class Generation:
         )
         await asyncio.shield(self._stored)
 
-    def _persist_final_after_start(self) -> None:
+    def _persist_final_after_start(self, final: Sequence[Event]) -> None:
         """Record the end without awaiting (the task is being cancelled): now, or, while the first
         write still runs, right after it (`abandon()` waits for that)."""
         stored = self._stored
         if stored is None or stored.done():
-            self._persist_final_now()
+            self._persist_final_now(final)
             return
 
         async def after_start() -> None:
             with contextlib.suppress(Exception):
                 await stored
-            await self._persist_final()
+            await self._persist_final(final)
 
         self._final_write = asyncio.ensure_future(after_start())
 
-    async def _persist_final(self) -> None:
-        await asyncio.to_thread(self._persist_final_now)
+    async def _persist_final(self, final: Sequence[Event]) -> None:
+        await asyncio.to_thread(self._persist_final_now, final)
 
-    def _persist_final_now(self) -> None:
+    def _persist_final_now(self, final: Sequence[Event]) -> None:
         resource = self.builder.snapshot()
         self.resource = resource
         output_messages = self._output_messages(resource)
@@ -273,6 +319,7 @@ class Generation:
             conversation_id=self.conversation_id if conversation_items else None,
             conversation_items=conversation_items,
             conversation_messages=conversation_messages,
+            events=[event.to_json() for event in final] if self.record is not None else (),
         )
 
     def _output_messages(self, resource: ResponseResource) -> list[pb.Message] | None:

@@ -153,6 +153,12 @@ class Storage(DeclaredSettings):
         gt=0,
         description="seconds between runs that delete expired responses and return freed space",
     )
+    max_response_event_bytes: int | None = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="bytes the stored streaming events of one background response may take (for "
+        "stream resume); a run passing it is stopped and ends failed; none: no limit",
+    )
     replay_cache_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,

@@ -1,4 +1,5 @@
-"""What the routes share: settings, engine client, store, model catalog, running generations."""
+"""What the routes share: settings, engine client, store, model catalog, running generations,
+background runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from fastapi import Request
 
 from vlmserve.client import AsyncEngineClient
 
+from .background_runs import BackgroundRuns
 from .body_budget import BodyBudget
 from .catalog import ModelCatalog
 from .file_store import FileStore
@@ -25,6 +27,8 @@ class FacadeState:
     responses: ResponsesService
     # Bytes of request bodies being read and translated (body_budget.py).
     body_budget: BodyBudget
+    # Runs of background responses, and their stored events (background_runs.py).
+    background: BackgroundRuns
     # Uploaded files (files_api.py), on disk beside the store.
     files: FileStore | None = None
 
