@@ -2,7 +2,7 @@
 `background=True`, poll with `responses.retrieve`, stop with `responses.cancel`, and resume the
 stored events with `responses.retrieve(id, stream=True, starting_after=N)`.
 
-The session pair serves the random-weight tiny model, which never ends a turn by itself: a run
+`random_facade_url` serves the random-weight tiny model, which never ends a turn by itself: a run
 goes on until its `max_output_tokens`, so it is still running when it is cancelled.
 """
 
@@ -24,8 +24,8 @@ LONG_TOKENS = 4000
 
 
 @pytest.fixture(scope="module")
-def sdk(facade_url: str) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(base_url=f"{facade_url}/v1", api_key="x", max_retries=0, timeout=WAIT_S)
+def sdk(random_facade_url: str) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(base_url=f"{random_facade_url}/v1", api_key="x", max_retries=0, timeout=WAIT_S)
     yield client
     client.close()
 
@@ -40,10 +40,10 @@ def poll(sdk: openai.OpenAI, response_id: str, *statuses: str) -> Any:
         time.sleep(0.05)
 
 
-def raw_events(facade_url: str, response_id: str, after: int | None = None) -> list[dict[str, Any]]:
+def raw_events(random_facade_url: str, response_id: str, after: int | None = None) -> list[dict[str, Any]]:
     """The resumed stream as sent, each event checked against the Open Responses schema."""
     query = "" if after is None else f"&starting_after={after}"
-    answer = httpx.get(f"{facade_url}/v1/responses/{response_id}?stream=true{query}", timeout=WAIT_S)
+    answer = httpx.get(f"{random_facade_url}/v1/responses/{response_id}?stream=true{query}", timeout=WAIT_S)
     assert answer.status_code == 200, answer.text
     events = stream_events(answer.text)
     for event in events:
@@ -51,7 +51,7 @@ def raw_events(facade_url: str, response_id: str, after: int | None = None) -> l
     return events
 
 
-def test_background_created_polled_and_resumed(sdk: openai.OpenAI, facade_url: str) -> None:
+def test_background_created_polled_and_resumed(sdk: openai.OpenAI, random_facade_url: str) -> None:
     created = sdk.responses.create(
         model="default", input="Say something.", background=True, max_output_tokens=SHORT_TOKENS
     )
@@ -62,12 +62,12 @@ def test_background_created_polled_and_resumed(sdk: openai.OpenAI, facade_url: s
 
     # The whole run replays from the store, through the SDK and as sent.
     replayed = list(sdk.responses.retrieve(created.id, stream=True))
-    events = raw_events(facade_url, created.id)
+    events = raw_events(random_facade_url, created.id)
     assert [event.sequence_number for event in replayed] == [event["sequence_number"] for event in events]
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     assert events[0]["type"] == "response.created" and events[0]["response"]["status"] == "queued"
     assert events[-1]["type"] == "response.incomplete"
-    assert events[-1]["response"] == httpx.get(f"{facade_url}/v1/responses/{created.id}").json()
+    assert events[-1]["response"] == httpx.get(f"{random_facade_url}/v1/responses/{created.id}").json()
     text = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
     assert text == done.output_text
 
@@ -78,7 +78,7 @@ def test_background_created_polled_and_resumed(sdk: openai.OpenAI, facade_url: s
     assert resumed[-1].type == "response.incomplete"
 
 
-def test_background_cancelled_while_running(sdk: openai.OpenAI, facade_url: str) -> None:
+def test_background_cancelled_while_running(sdk: openai.OpenAI, random_facade_url: str) -> None:
     created = sdk.responses.create(
         model="default", input="Write a very long story.", background=True, max_output_tokens=LONG_TOKENS
     )
@@ -96,7 +96,7 @@ def test_background_cancelled_while_running(sdk: openai.OpenAI, facade_url: str)
     stored = sdk.responses.retrieve(created.id)
     assert stored.status == "cancelled"
     assert stored.usage is not None and stored.usage.output_tokens < LONG_TOKENS
-    events = raw_events(facade_url, created.id)
+    events = raw_events(random_facade_url, created.id)
     assert events[-1]["type"] == "response.incomplete"
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     # A foreground response cannot be cancelled, as with OpenAI.
