@@ -88,6 +88,7 @@ class ActiveGeneration:
             parallel_tool_calls=request.parallel_tool_calls,
             max_tool_calls=request.max_tool_calls,
             thinking=request.thinking,
+            tools=request.tools,
         )
         self.started_at = time.perf_counter()
         self.first_token_at: float | None = None

@@ -27,8 +27,15 @@ from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from .call_grammars import (
+    AUTO_UNCONSTRAINED,
+    CALL_SYNTAX,
+    LENIENT,
+    FunctionSpec,
+    enforceable_formats,
+    schema_rule,
+)
 from .request_errors import invalid_argument
-from .tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT
 
 __all__ = [
     "GrammarCompiler",
@@ -38,10 +45,7 @@ __all__ = [
     "enforceable_formats",
 ]
 
-# Compact JSON: the only whitespace a constrained model may write inside JSON.
-_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
-_LENIENT: dict[str, Any] = {"lenient": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,138 +108,20 @@ class GrammarCompiler:
         return " ".join(line.strip() for line in reason.splitlines() if line.strip())
 
 
-@dataclass(frozen=True, slots=True)
-class _Tool:
-    name: str
-    parameters: Any
-    strict: bool
-    where: str
-
-
-def _schema_rule(schema: Any) -> str:
-    """`%json {...}` with the compact-JSON options attached."""
-    if not isinstance(schema, dict):
-        return f"%json {json.dumps(schema)}"
-    guided = dict(schema)
-    guided["x-guidance"] = {**_JSON_OPTIONS, **(schema.get("x-guidance") or {})}
-    return f"%json {json.dumps(guided, ensure_ascii=False)}"
-
-
 def _json_grammar(schema: Any) -> str:
-    return f"%llguidance {{}}\nstart: answer\nanswer: {_schema_rule(schema)}\n"
-
-
-def _relocated(schema: Any, home: str) -> Any:
-    """`schema` with its local `$ref`s ("#...") pointing into `home`, where a copy of it will live."""
-    if isinstance(schema, dict):
-        return {
-            key: (home + value[1:])
-            if key == "$ref" and isinstance(value, str) and value.startswith("#")
-            else _relocated(value, home)
-            for key, value in schema.items()
-        }
-    if isinstance(schema, list):
-        return [_relocated(value, home) for value in schema]
-    return schema
-
-
-def _call_schema(tools: Sequence[_Tool], arguments_key: str = "arguments") -> dict[str, Any]:
-    """`{"name": ..., "arguments": {...}}` for any of `tools` (the Hermes / json_tools body;
-    Llama's names the arguments `parameters`).
-
-    Each tool's parameters are nested in this wrapper, so their local references ("#/$defs/X",
-    as pydantic writes them) are moved to a copy kept under the wrapper's `$defs`.
-    """
-    options = []
-    definitions: dict[str, Any] = {}
-    for index, tool in enumerate(tools):
-        arguments = tool.parameters
-        if "$ref" in json.dumps(arguments):
-            arguments = _relocated(arguments, f"#/$defs/tool{index}")
-            definitions[f"tool{index}"] = arguments
-        options.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": tool.name}, arguments_key: arguments},
-                "required": ["name", arguments_key],
-                "additionalProperties": False,
-            }
-        )
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    if definitions:
-        schema = {**schema, "$defs": definitions}
-    # llguidance reads options at the top only; strict tools compiled without it, so leniency
-    # changes nothing for them.
-    return {**schema, "x-guidance": _LENIENT} if any(not tool.strict for tool in tools) else schema
-
-
-def _repeat(rule: str, separator: str, count: int | None) -> str:
-    """`rule` once, then up to count-1 more (unbounded when None), each after `separator`."""
-    if count == 1:
-        return rule
-    more = "*" if count is None else f"{{0,{count - 1}}}"
-    return f"{rule} ({separator} {rule}){more}"
-
-
-def _hermes_calls(compiler: GrammarCompiler, tools: Sequence[_Tool], max_calls: int | None) -> list[str]:
-    """`calls` after the first `<tool_call>`: `\\n{json}\\n</tool_call>`, repeated with the marker."""
-    start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
-    return [
-        # At most a newline between and after calls: a weak model cannot pad forever.
-        "GAP: /\\n?/",
-        f'call_body: "\\n" {_schema_rule(_call_schema(tools))} "\\n" {end}',
-        f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
-    ]
-
-
-def _mistral_calls(compiler: GrammarCompiler, tools: Sequence[_Tool], max_calls: int | None) -> list[str]:
-    """`calls` after `[TOOL_CALLS]`: one JSON array of calls (Mistral Small 3.x templates), the
-    output's end. The parser also reads the `name[ARGS]{...}` form; the grammar writes one."""
-    items = _call_schema(tools)
-    array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-    if max_calls is not None:
-        array["maxItems"] = max_calls
-    for key in ("$defs", "x-guidance"):  # document-level keys: references resolve from the top
-        if key in items:
-            array[key] = items.pop(key)
-    return [f'calls: " "? {_schema_rule(array)}']
-
-
-_LLAMA_SEPARATOR = '"; "'
-
-
-def _llama_json_calls(compiler: GrammarCompiler, tools: Sequence[_Tool], max_calls: int | None) -> list[str]:
-    """`calls` for Llama's JSON format: the whole answer, `{"name": ..., "parameters": {...}}`
-    objects joined by "; " (no start marker: `_tool_grammar` handles AUTO for it)."""
-    return [
-        f"call_body: {_schema_rule(_call_schema(tools, 'parameters'))}",
-        f"calls: {_repeat('call_body', _LLAMA_SEPARATOR, max_calls)}",
-    ]
-
-
-# Families whose calls we can write a grammar for (their parser's name): call-start marker and
-# the `calls` rule that follows it ("" for a format whose calls are the whole answer).
-_CALL_SYNTAX = {
-    HERMES_FORMAT: ("<tool_call>", _hermes_calls),
-    "mistral": ("[TOOL_CALLS]", _mistral_calls),
-    LLAMA_JSON_FORMAT: ("", _llama_json_calls),
-}
-
-
-def enforceable_formats() -> frozenset[str]:
-    return frozenset(_CALL_SYNTAX)
+    return f"%llguidance {{}}\nstart: answer\nanswer: {schema_rule(schema)}\n"
 
 
 def _tool_grammar(
     compiler: GrammarCompiler,
     tool_call_format: str,
-    tools: Sequence[_Tool],
+    tools: Sequence[FunctionSpec],
     *,
     mode: str,
     max_calls: int | None,
     answer_schema: Any | None,
 ) -> str:
-    start_marker, calls_rules = _CALL_SYNTAX[tool_call_format]
+    start_marker, calls_rules = CALL_SYNTAX[tool_call_format]
     start = compiler.marker(start_marker) if start_marker else ""
     lines = ["%llguidance {}", *calls_rules(compiler, tools, max_calls)]
     if mode in ("required", "function"):
@@ -244,7 +130,7 @@ def _tool_grammar(
     if answer_schema is not None:
         # AUTO with a JSON format: the JSON answer, or calls from the first token (free text
         # before a call would be neither).
-        lines += [f"start: answer | {start} calls", f"answer: {_schema_rule(answer_schema)}"]
+        lines += [f"start: answer | {start} calls", f"answer: {schema_rule(answer_schema)}"]
         return "\n".join(lines) + "\n"
     if not start_marker:
         # The calls are the whole answer: free text is any answer that does not open with `{`
@@ -266,7 +152,7 @@ def _tool_grammar(
     return "\n".join(lines) + "\n"
 
 
-def _arguments_schema(compiler: GrammarCompiler, tool: _Tool) -> _Tool:
+def _arguments_schema(compiler: GrammarCompiler, tool: FunctionSpec) -> FunctionSpec:
     """The tool with the schema its arguments will be held to (see the module docstring)."""
     if tool.strict:
         reason = compiler.error(_json_grammar(tool.parameters))
@@ -275,13 +161,13 @@ def _arguments_schema(compiler: GrammarCompiler, tool: _Tool) -> _Tool:
         return tool
     if not isinstance(tool.parameters, dict):
         return replace(tool, parameters=_ANY_OBJECT)
-    if compiler.error(_json_grammar({**tool.parameters, "x-guidance": _LENIENT})):
+    if compiler.error(_json_grammar({**tool.parameters, "x-guidance": LENIENT})):
         return replace(tool, parameters=_ANY_OBJECT)
     return tool
 
 
-def _parse_tools(tools: Sequence[pb.Tool]) -> list[_Tool]:
-    parsed: list[_Tool] = []
+def _parse_tools(tools: Sequence[pb.Tool]) -> list[FunctionSpec]:
+    parsed: list[FunctionSpec] = []
     for index, tool in enumerate(tools):
         if tool.WhichOneof("kind") != "function":
             continue  # prompt rendering refuses these with a precise message
@@ -292,7 +178,7 @@ def _parse_tools(tools: Sequence[pb.Tool]) -> list[_Tool]:
                 parameters = json.loads(tool.function.parameters_json)
             except ValueError:
                 raise invalid_argument(f"{where} is not valid JSON", field=where) from None
-        parsed.append(_Tool(tool.function.name, parameters, tool.function.strict, where))
+        parsed.append(FunctionSpec(tool.function.name, parameters, tool.function.strict, where))
     return parsed
 
 
@@ -340,7 +226,7 @@ def constraint_for(
             # json_schema with strict=false: best effort (OpenAI's promise), yet always JSON: the
             # schema without the keywords llguidance does not implement, else any JSON value
             # (the instruction in the prompt still carries the whole schema).
-            lenient = {**answer_schema, "x-guidance": _LENIENT} if isinstance(answer_schema, dict) else {}
+            lenient = {**answer_schema, "x-guidance": LENIENT} if isinstance(answer_schema, dict) else {}
             answer_schema = lenient if not compiler.error(_json_grammar(lenient)) else {}
         elif reason:
             raise invalid_argument(
@@ -348,7 +234,7 @@ def constraint_for(
                 field="response_format.json_schema.schema_json",
             )
     parsed = _parse_tools(tools)
-    calls_possible = tool_mode != "none" and bool(parsed) and tool_call_format in _CALL_SYNTAX
+    calls_possible = tool_mode != "none" and bool(parsed) and tool_call_format in CALL_SYNTAX
     if not calls_possible:
         if tool_mode in ("required", "function"):
             raise invalid_argument(
@@ -359,6 +245,8 @@ def constraint_for(
         if answer_schema is None:
             return None
         return OutputConstraint(_json_grammar(answer_schema), format_name)
+    if tool_mode == "auto" and tool_call_format in AUTO_UNCONSTRAINED and answer_schema is None:
+        return None
     parsed = [_arguments_schema(compiler, tool) for tool in parsed]
     if tool_mode == "function":
         parsed = [tool for tool in parsed if tool.name == forced_name]

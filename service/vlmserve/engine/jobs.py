@@ -90,6 +90,9 @@ class PreparedRequest:
     constraint: OutputConstraint | None = None
     # The prompt leaves `<think>` open: the output is reasoning up to `</think>`.
     thinking: bool = False
+    # The offered tools as the chat template takes them: parsers of formats whose arguments are
+    # text (qwen3_coder, glm47) type each value by its parameter's schema.
+    tools: tuple[dict[str, Any], ...] = ()
     # Prefix-cache tenant (opaque; the facade sends a hash of the API key): a cached prefix is
     # only ever reused within the same partition.
     partition_key: str = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -124,6 +125,8 @@ class OutputAssembler:
     max_tool_calls: int | None = None
     # The prompt left `<think>` open: the output starts as reasoning.
     thinking: bool = False
+    # The offered tools (chat-template form), for parsers that type arguments by their schema.
+    tools: Sequence[dict[str, Any]] = ()
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
@@ -133,7 +136,7 @@ class OutputAssembler:
 
     def __post_init__(self) -> None:
         self._stops = StopSequenceMatcher(self.stop)
-        self._parser = make_parser(self.tool_call_format)
+        self._parser = make_parser(self.tool_call_format, tools=self.tools)
         self._thoughts = ThinkingSplitter(thinking=self.thinking)
         # Raw text fed; where the visible text starts in it (after any reasoning: from there on
         # every raw character reaches the stop matcher); the parser's input so far (the stop

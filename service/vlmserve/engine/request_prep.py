@@ -228,6 +228,7 @@ class RequestPreparer:
             max_tool_calls=max_calls,
             constraint=constraint,
             thinking=prompt_leaves_thinking(prompt_text),
+            tools=tuple(conversation.tools or ()),
             joint_arrays=joint_arrays,
             partition_key=request.partition_key,
             source=request,

@@ -126,32 +126,38 @@ def markup_of(tool_call_format: str) -> tuple[str, ...]:
     return tuple(marker for marker in markers if marker)
 
 
-def make_parser(tool_call_format: str, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> ToolCallParser:
-    """A fresh per-request parser; "" (no tool format, or tools disabled) passes text through."""
+def make_parser(
+    tool_call_format: str,
+    *,
+    max_call_chars: int = DEFAULT_MAX_CALL_CHARS,
+    tools: Sequence[dict[str, Any]] = (),
+) -> ToolCallParser:
+    """A fresh per-request parser; "" (no tool format, or tools disabled) passes text through.
+    `tools` (chat-template form) lets mlx-vlm's parsers type text arguments by their schema."""
     if tool_call_format == HERMES_FORMAT:
         return HermesToolCallParser(max_call_chars=max_call_chars)
     if tool_call_format == LLAMA_JSON_FORMAT:
         return LlamaJsonToolCallParser(max_call_chars=max_call_chars)
     if tool_call_format == "":
         return PlainTextParser()
-    from mlx_vlm import tools
+    from mlx_vlm import tools as mlx_tools
 
-    load_tool_module: Any = tools.load_tool_module  # unannotated in mlx-vlm
+    load_tool_module: Any = mlx_tools.load_tool_module  # unannotated in mlx-vlm
     module = load_tool_module(tool_call_format)  # ValueError for an unknown name
     return MarkupToolCallParser(
         module.tool_call_start,
         module.tool_call_end,
-        _module_body_parser(module.parse_tool_call),
+        _module_body_parser(module.parse_tool_call, list(tools) or None),
         max_call_chars=max_call_chars,
     )
 
 
-def _module_body_parser(parse: Callable[..., Any]) -> BodyParser:
+def _module_body_parser(parse: Callable[..., Any], tools: list[dict[str, Any]] | None) -> BodyParser:
     """mlx-vlm's `parse_tool_call(text, tools)` -> ours: calls, or None when it is not a call."""
 
     def parse_body(body: str) -> list[ParsedToolCall] | None:
         try:
-            parsed = parse(body, None)
+            parsed = parse(body, tools)
         except Exception:  # each family raises its own kinds; any failure means "not a call"
             return None
         calls: list[ParsedToolCall] = []
@@ -347,8 +353,8 @@ class LlamaJsonToolCallParser:
         if self._calls is False:
             return [TextPiece(text)] if text else []
         self._buffer += text
-        start = self._buffer.lstrip()
         if self._calls is None:
+            start = self._buffer.lstrip()
             if not start or LLAMA_PYTHON_START.startswith(start):
                 return []
             self._calls = start.startswith(("{", LLAMA_PYTHON_START))

@@ -1,0 +1,282 @@
+"""Each tool-call format's grammar (llguidance Lark): the `calls` rule after its call-start
+marker. Pure text building; `grammar.py` decides when a request gets one and checks it.
+
+Formats (the parser names in tool_parsers.py): Hermes / Qwen `<tool_call>{json}</tool_call>`,
+Mistral's `[TOOL_CALLS][{...}]`, Llama's bare `{"name", "parameters"}` answer, Qwen3-Coder's
+XML parameters, Kimi K2's sections, gpt-oss harmony's commentary channel; formats not listed
+here (mlx-vlm's gemma4, pythonic, glm47, ...) refuse a forced tool choice (grammar.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT
+
+__all__ = [
+    "AUTO_UNCONSTRAINED",
+    "CALL_SYNTAX",
+    "LENIENT",
+    "FunctionSpec",
+    "MarkerSource",
+    "enforceable_formats",
+    "schema_rule",
+]
+
+# Compact JSON: the only whitespace a constrained model may write inside JSON.
+_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+LENIENT: dict[str, Any] = {"lenient": True}
+
+
+class MarkerSource(Protocol):
+    """What call grammars need from the model's tokenizer (grammar.GrammarCompiler)."""
+
+    def token_id(self, text: str) -> int | None: ...
+
+    def marker(self, text: str) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    """An offered function tool, its arguments' schema already chosen (grammar.py)."""
+
+    name: str
+    parameters: Any
+    strict: bool
+    where: str
+
+
+def schema_rule(schema: Any) -> str:
+    """`%json {...}` with the compact-JSON options attached."""
+    if not isinstance(schema, dict):
+        return f"%json {json.dumps(schema)}"
+    guided = dict(schema)
+    guided["x-guidance"] = {**_JSON_OPTIONS, **(schema.get("x-guidance") or {})}
+    return f"%json {json.dumps(guided, ensure_ascii=False)}"
+
+
+def _relocated(schema: Any, home: str) -> Any:
+    """`schema` with its local `$ref`s ("#...") pointing into `home`, where a copy of it will live."""
+    if isinstance(schema, dict):
+        return {
+            key: (home + value[1:])
+            if key == "$ref" and isinstance(value, str) and value.startswith("#")
+            else _relocated(value, home)
+            for key, value in schema.items()
+        }
+    if isinstance(schema, list):
+        return [_relocated(value, home) for value in schema]
+    return schema
+
+
+def _call_schema(tools: Sequence[FunctionSpec], arguments_key: str = "arguments") -> dict[str, Any]:
+    """`{"name": ..., "arguments": {...}}` for any of `tools` (the Hermes / json_tools body;
+    Llama's names the arguments `parameters`).
+
+    Each tool's parameters are nested in this wrapper, so their local references ("#/$defs/X",
+    as pydantic writes them) are moved to a copy kept under the wrapper's `$defs`.
+    """
+    options = []
+    definitions: dict[str, Any] = {}
+    for index, tool in enumerate(tools):
+        arguments = tool.parameters
+        if "$ref" in json.dumps(arguments):
+            arguments = _relocated(arguments, f"#/$defs/tool{index}")
+            definitions[f"tool{index}"] = arguments
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, arguments_key: arguments},
+                "required": ["name", arguments_key],
+                "additionalProperties": False,
+            }
+        )
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if definitions:
+        schema = {**schema, "$defs": definitions}
+    # llguidance reads options at the top only; strict tools compiled without it, so leniency
+    # changes nothing for them.
+    return {**schema, "x-guidance": LENIENT} if any(not tool.strict for tool in tools) else schema
+
+
+def _repeat(rule: str, separator: str, count: int | None) -> str:
+    """`rule` once, then up to count-1 more (unbounded when None), each after `separator`."""
+    if count == 1:
+        return rule
+    more = "*" if count is None else f"{{0,{count - 1}}}"
+    return f"{rule} ({separator} {rule}){more}"
+
+
+def _hermes_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+    """`calls` after the first `<tool_call>`: `\\n{json}\\n</tool_call>`, repeated with the marker."""
+    start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
+    return [
+        # At most a newline between and after calls: a weak model cannot pad forever.
+        "GAP: /\\n?/",
+        f'call_body: "\\n" {schema_rule(_call_schema(tools))} "\\n" {end}',
+        f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
+    ]
+
+
+def _mistral_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+    """`calls` after `[TOOL_CALLS]`: one JSON array of calls (Mistral Small 3.x templates), the
+    output's end. The parser also reads the `name[ARGS]{...}` form; the grammar writes one."""
+    items = _call_schema(tools)
+    array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+    if max_calls is not None:
+        array["maxItems"] = max_calls
+    for key in ("$defs", "x-guidance"):  # document-level keys: references resolve from the top
+        if key in items:
+            array[key] = items.pop(key)
+    return [f'calls: " "? {schema_rule(array)}']
+
+
+_LLAMA_SEPARATOR = '"; "'
+
+
+def _llama_json_calls(
+    compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
+) -> list[str]:
+    """`calls` for Llama's JSON format: the whole answer, `{"name": ..., "parameters": {...}}`
+    objects joined by "; " (no start marker: `_tool_grammar` handles AUTO for it)."""
+    return [
+        f"call_body: {schema_rule(_call_schema(tools, 'parameters'))}",
+        f"calls: {_repeat('call_body', _LLAMA_SEPARATOR, max_calls)}",
+    ]
+
+
+def _xml_value(rule: str, schema: Any, end: str) -> list[str]:
+    """Rules for one parameter value written as text up to `end` (Qwen3-Coder's XML calls): a
+    string is raw text (an enum: one of its values), anything else the JSON mlx-vlm's parser
+    decodes by the parameter's type."""
+    literal_end = json.dumps(end)
+    if isinstance(schema, dict) and schema.get("type") == "string":
+        if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
+            options = " | ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
+            return [f"{rule}: ({options}) {literal_end}"]
+        return [f"{rule}[lazy]: /(.|\\n)*/ {literal_end}"]
+    return [f"{rule}: {schema_rule(schema)} {literal_end}"]
+
+
+def _qwen3_coder_calls(
+    compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
+) -> list[str]:
+    """`calls` after `<tool_call>` in Qwen3-Coder's XML form (also Qwen3.5's templates):
+    `\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>`.
+    Parameters in the schema's order, the required ones always; a tool without listed
+    properties takes any names with text values."""
+    start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
+    lines = ["GAP: /\\n?/", "KEY: /[A-Za-z_][A-Za-z0-9_.-]*/"]
+    functions = []
+    for index, tool in enumerate(tools):
+        schema = tool.parameters if isinstance(tool.parameters, dict) else {}
+        properties = schema.get("properties")
+        required = set(schema.get("required") or ())
+        parameters: list[str] = []
+        if isinstance(properties, dict) and properties:
+            for number, (key, value_schema) in enumerate(properties.items()):
+                rule = f"t{index}_p{number}"
+                if isinstance(value_schema, dict) and "$defs" in schema:
+                    value_schema = {**value_schema, "$defs": schema["$defs"]}
+                if isinstance(value_schema, dict) and not tool.strict:
+                    value_schema = {**value_schema, "x-guidance": LENIENT}
+                lines += _xml_value(f"{rule}_value", value_schema, "\n</parameter>\n")
+                lines.append(f"{rule}: {json.dumps(f'<parameter={key}>' + chr(10))} {rule}_value")
+                parameters.append(rule if key in required else f"{rule}?")
+        else:
+            if "any_parameter*" not in " ".join(lines):
+                lines += _xml_value("any_value", {"type": "string"}, "\n</parameter>\n")
+                lines.append('any_parameter: "<parameter=" KEY ">\\n" any_value')
+            parameters.append("any_parameter*")
+        header = json.dumps(f"<function={tool.name}>" + chr(10), ensure_ascii=False)
+        lines.append(f"function{index}: {header} {' '.join(parameters)}")
+        functions.append(f"function{index}")
+    lines += [
+        f'call_body: "\\n" ({" | ".join(functions)}) "</function>\\n" {end}',
+        f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
+    ]
+    return lines
+
+
+def _per_tool_arguments(tools: Sequence[FunctionSpec], head: Callable[[str], str]) -> list[str]:
+    """`call_choice`: one alternative per tool, `head(name)` then its arguments' JSON."""
+    lines, choices = [], []
+    for index, tool in enumerate(tools):
+        schema = tool.parameters if tool.strict else _lenient(tool.parameters)
+        lines.append(f"tool{index}: {head(tool.name)} {schema_rule(schema)}")
+        choices.append(f"tool{index}")
+    return [*lines, f"call_choice: {' | '.join(choices)}"]
+
+
+def _lenient(schema: Any) -> Any:
+    return {**schema, "x-guidance": LENIENT} if isinstance(schema, dict) else schema
+
+
+def _kimi_k2_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+    """`calls` after `<|tool_calls_section_begin|>` (Kimi K2 / Kimi-VL):
+    `<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{json}<|tool_call_end|>`
+    repeated, then `<|tool_calls_section_end|>`."""
+    begin, end = compiler.marker("<|tool_call_begin|>"), compiler.marker("<|tool_call_end|>")
+    arguments = compiler.marker("<|tool_call_argument_begin|>")
+    section_end = compiler.marker("<|tool_calls_section_end|>")
+
+    def head(name: str) -> str:
+        return f"{json.dumps(f'functions.{name}:', ensure_ascii=False)} /[0-9]+/ {arguments}"
+
+    return [
+        *_per_tool_arguments(tools, head),
+        f"call_body: {begin} call_choice {end}",
+        f"calls: {_repeat('call_body', '', max_calls)} {section_end}",
+    ]
+
+
+def _text_until(compiler: MarkerSource, rule: str, marker: str) -> str:
+    """`rule`: any text, then `marker` (its own token: plain text never matches it; spelled out:
+    the text ends lazily at its first occurrence)."""
+    token = compiler.token_id(marker)
+    if token is not None:
+        return f"{rule}: /(.|\\n)*/ <[{token}]>"
+    return f"{rule}[lazy]: /(.|\\n)*/ {json.dumps(marker)}"
+
+
+def _harmony_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+    """`calls` for gpt-oss harmony: optional thinking in the analysis channel, then one call
+    `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{json}`; its `<|call|>`
+    is an end-of-sequence token, so the grammar ends there (one call: the turn ends with it)."""
+    channel, message = compiler.marker("<|channel|>"), compiler.marker("<|message|>")
+    start, constrain = compiler.marker("<|start|>"), compiler.marker("<|constrain|>")
+
+    def head(name: str) -> str:
+        recipient = json.dumps(f"commentary to=functions.{name} ", ensure_ascii=False)
+        return f'{channel} {recipient} {constrain} "json" {message}'
+
+    return [
+        _text_until(compiler, "analysis_text", "<|end|>"),
+        f'analysis: {channel} "analysis" {message} analysis_text {start} "assistant"',
+        *_per_tool_arguments(tools, head),
+        "calls: analysis? call_choice",
+    ]
+
+
+# Formats whose AUTO choice is left free (calls still parsed): harmony's AUTO text runs through
+# channels a plain-text grammar cannot follow.
+AUTO_UNCONSTRAINED = frozenset({"harmony"})
+
+# Families whose calls we can write a grammar for (their parser's name): call-start marker and
+# the `calls` rule that follows it ("" for a format whose calls are the whole answer).
+CallRules = Callable[[MarkerSource, Sequence[FunctionSpec], "int | None"], list[str]]
+CALL_SYNTAX: dict[str, tuple[str, CallRules]] = {
+    HERMES_FORMAT: ("<tool_call>", _hermes_calls),
+    "mistral": ("[TOOL_CALLS]", _mistral_calls),
+    LLAMA_JSON_FORMAT: ("", _llama_json_calls),
+    "qwen3_coder": ("<tool_call>", _qwen3_coder_calls),
+    "kimi_k2": ("<|tool_calls_section_begin|>", _kimi_k2_calls),
+    "harmony": ("", _harmony_calls),
+}
+
+
+def enforceable_formats() -> frozenset[str]:
+    return frozenset(CALL_SYNTAX)

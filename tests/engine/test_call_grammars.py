@@ -1,0 +1,194 @@
+"""Call grammars of formats no fixture family uses (Qwen3-Coder XML, Kimi K2, gpt-oss harmony):
+the grammar allows exactly valid calls to offered tools, and the format's parser (mlx-vlm's, in
+our streaming wrapper; harmony through the output splitter) reads what it allows as that call.
+
+Checked with the random fixture's tokenizer, where these formats' markers are spelled out as
+text (on their own models most are single tokens; `GrammarCompiler.marker` takes either)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+import pytest
+from transformers import AutoTokenizer
+
+from vlmserve.engine.grammar import GrammarCompiler, OutputConstraint, constraint_for
+from vlmserve.engine.model import RANDOM_MODEL_PATH
+from vlmserve.engine.output import OutputAssembler
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    pb.Tool(function=pb.FunctionTool(name="weather", parameters_json=json.dumps(WEATHER), strict=True)),
+    pb.Tool(function=pb.FunctionTool(name="shell", parameters_json='{"type": "object"}')),
+]
+TEMPLATE_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(str(RANDOM_MODEL_PATH))
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
+
+
+def build(compiler: GrammarCompiler, tool_format: str, mode: str, **options: Any) -> OutputConstraint | None:
+    settings: dict[str, Any] = {
+        "tools": TOOLS,
+        "forced_name": None,
+        "parallel_tool_calls": True,
+        "max_tool_calls": None,
+        "response_format": None,
+    }
+    settings.update(options)
+    return constraint_for(compiler, tool_call_format=tool_format, tool_mode=mode, **settings)
+
+
+def accepts(
+    compiler: GrammarCompiler, tokenizer: Any, constraint: OutputConstraint | None, text: str
+) -> bool:
+    assert constraint is not None
+    matcher = llguidance.LLMatcher(compiler.tokenizer, constraint.grammar)
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.consume_token(token):
+            return False
+    return bool(matcher.is_accepting())
+
+
+def parsed(tool_format: str, text: str) -> list[tuple[str, Any]]:
+    assembler = OutputAssembler(stop=[], tool_call_format=tool_format, tools=TEMPLATE_TOOLS)
+    assembler.feed(text)
+    assembler.finish()
+    return [(call.name, json.loads(call.arguments)) for call in assembler.tool_calls]
+
+
+def xml(name: str, **parameters: str) -> str:
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def kimi(*calls: tuple[str, Any]) -> str:
+    body = "".join(
+        f"<|tool_call_begin|>functions.{name}:{n}<|tool_call_argument_begin|>{json.dumps(arguments)}<|tool_call_end|>"
+        for n, (name, arguments) in enumerate(calls)
+    )
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
+
+
+def harmony(name: str, arguments: Any, *, thinking: str | None = None) -> str:
+    analysis = (
+        f"<|channel|>analysis<|message|>{thinking}<|end|><|start|>assistant" if thinking is not None else ""
+    )
+    header = f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+    return analysis + header + json.dumps(arguments)
+
+
+CASES = [
+    # (format, mode, text, the calls it parses to, or None when the grammar refuses it)
+    (
+        "qwen3_coder",
+        "required",
+        xml("weather", city="Oslo", days="3"),
+        [("weather", {"city": "Oslo", "days": 3})],
+    ),
+    (
+        "qwen3_coder",
+        "required",
+        xml("weather", city="New\nYork", days="2", unit="f"),
+        [("weather", {"city": "New\nYork", "days": 2, "unit": "f"})],
+    ),
+    ("qwen3_coder", "required", xml("weather", city="Oslo"), None),  # `days` is required
+    ("qwen3_coder", "required", xml("weather", city="Oslo", days="three"), None),
+    ("qwen3_coder", "required", xml("weather", city="Oslo", days="3", unit="k"), None),  # not in the enum
+    ("qwen3_coder", "required", xml("nope", a="1"), None),
+    ("qwen3_coder", "required", xml("shell", cmd="ls -l"), [("shell", {"cmd": "ls -l"})]),
+    ("qwen3_coder", "required", "Sure.", None),
+    ("qwen3_coder", "auto", "Just words.", []),
+    (
+        "qwen3_coder",
+        "auto",
+        "Looking. " + xml("weather", city="Oslo", days="1"),
+        [("weather", {"city": "Oslo", "days": 1})],
+    ),
+    ("qwen3_coder", "auto", "Looking. " + xml("nope", a="1"), None),
+    (
+        "kimi_k2",
+        "required",
+        kimi(("weather", {"city": "Oslo", "days": 3})),
+        [("weather", {"city": "Oslo", "days": 3})],
+    ),
+    ("kimi_k2", "required", kimi(("shell", {}), ("shell", {"x": 1})), [("shell", {}), ("shell", {"x": 1})]),
+    ("kimi_k2", "required", kimi(("weather", {"city": "Oslo"})), None),
+    ("kimi_k2", "required", kimi(("nope", {})), None),
+    ("kimi_k2", "auto", "Words.", []),
+    (
+        "harmony",
+        "required",
+        harmony("weather", {"city": "Oslo", "days": 3}),
+        [("weather", {"city": "Oslo", "days": 3})],
+    ),
+    (
+        "harmony",
+        "required",
+        harmony("shell", {"cmd": "ls"}, thinking="List the files."),
+        [("shell", {"cmd": "ls"})],
+    ),
+    ("harmony", "required", harmony("weather", {"city": "Oslo"}), None),
+    ("harmony", "required", harmony("nope", {}), None),
+    ("harmony", "required", "<|channel|>final<|message|>No call.", None),
+]
+
+
+@pytest.mark.parametrize(("tool_format", "mode", "text", "calls"), CASES)
+def test_the_grammar_allows_valid_calls_and_the_parser_reads_them(
+    compiler: GrammarCompiler, tokenizer: Any, tool_format: str, mode: str, text: str, calls: Any
+) -> None:
+    constraint = build(compiler, tool_format, mode)
+    assert accepts(compiler, tokenizer, constraint, text) is (calls is not None)
+    if calls is not None:
+        assert parsed(tool_format, text) == calls
+
+
+def test_a_named_choice_allows_only_that_tool(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    for tool_format, good, other in [
+        ("qwen3_coder", xml("shell"), xml("weather", city="a", days="1")),
+        ("kimi_k2", kimi(("shell", {})), kimi(("weather", {"city": "a", "days": 1}))),
+        ("harmony", harmony("shell", {}), harmony("weather", {"city": "a", "days": 1})),
+    ]:
+        constraint = build(compiler, tool_format, "function", forced_name="shell")
+        assert accepts(compiler, tokenizer, constraint, good), tool_format
+        assert not accepts(compiler, tokenizer, constraint, other), tool_format
+
+
+def test_one_call_when_parallel_calls_are_off(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    constraint = build(compiler, "kimi_k2", "required", parallel_tool_calls=False)
+    assert accepts(compiler, tokenizer, constraint, kimi(("shell", {})))
+    assert not accepts(compiler, tokenizer, constraint, kimi(("shell", {}), ("shell", {})))
+    constraint = build(compiler, "qwen3_coder", "required", parallel_tool_calls=False)
+    assert not accepts(compiler, tokenizer, constraint, xml("shell") + "\n" + xml("shell"))
+
+
+def test_harmony_auto_is_left_free(compiler: GrammarCompiler) -> None:
+    # Its answer runs through channels; calls are still parsed, names are not enforced.
+    assert build(compiler, "harmony", "auto") is None
+
+
+def test_qwen3_coder_arguments_are_typed_by_the_offered_tools() -> None:
+    # mlx-vlm's parser types text values by the tool's schema: without the tools "3" stays text.
+    assert parsed("qwen3_coder", xml("weather", city="Oslo", days="3")) == [
+        ("weather", {"city": "Oslo", "days": 3})
+    ]
