@@ -237,3 +237,35 @@ async def test_shutdown_and_restart_fail_unfinished_runs(
             "response.created",
             "response.failed",
         ]
+
+
+async def test_a_cancel_that_reaches_another_facade_stops_the_run(
+    settings: FacadeSettings, engine: FakeEngine, engine_client: AsyncEngineClient, store: ResponseStore
+) -> None:
+    engine.script = Script(text_chunks=["x"] * 400, delay_s=0.05)
+    running_here = create_app(settings, engine=engine_client, store=store)
+    other_store = ResponseStore(settings.store_path)  # a second facade on the same store
+    elsewhere = create_app(settings, engine=engine_client, store=other_store)
+    try:
+        async with (
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=running_here), base_url="http://a") as here,
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=elsewhere), base_url="http://b") as there,
+        ):
+            queued = (await here.post("/v1/responses", json=BACKGROUND)).json()
+            await poll(there, queued["id"], until=("in_progress",))
+            cancelled = await there.post(f"/v1/responses/{queued['id']}/cancel")
+            assert (cancelled.status_code, cancelled.json()["status"]) == (200, "cancelled")
+            await asyncio.wait_for(engine.cancelled.wait(), WAIT_S)
+            for _ in range(int(WAIT_S / 0.02)):
+                if not running_here.state.facade.responses.running:
+                    break
+                await asyncio.sleep(0.02)
+            assert running_here.state.facade.responses.running == {}
+            assert engine.chunks_sent < 400
+            final = (await there.get(f"/v1/responses/{queued['id']}")).json()
+            assert final["status"] == "cancelled"
+            events = await resumed(there, queued["id"])
+            assert events[-1]["type"] == "response.incomplete"
+            assert events[-1]["response"] == final
+    finally:
+        other_store.close()

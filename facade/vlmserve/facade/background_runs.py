@@ -5,7 +5,9 @@ is answered; its run is a task of its own, so a client that disconnects does not
 event is stored as it is produced (the last ones with the final state, in one transaction), so
 `GET /v1/responses/{id}?stream=true&starting_after=N` replays what is stored after N and then
 follows the run until its terminal event. Followers in this process are woken by each write;
-they also poll, for a run in another process sharing the store.
+they also poll, for a run in another process sharing the store. A cancel that reaches another
+process marks the stored response `cancelled`; the run reads its status every `CANCEL_CHECK_S`
+while it produces events, and stops.
 
 The stored events of one response are bounded by `storage.max_response_event_bytes`: a run
 whose events pass it is stopped and ends `failed` (its terminal events are stored even so, as a
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +36,9 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.failed", "response.
 # How often a follower looks at the store when no write of this process woke it (a run in
 # another facade process sharing the store).
 POLL_S = 0.5
+# How often a run reads its stored status while it produces events: a cancel that reached
+# another facade process sharing the store marks it `cancelled` there, and the run stops here.
+CANCEL_CHECK_S = 0.5
 # Events read from the store at a time while replaying.
 PAGE = 500
 
@@ -46,6 +52,8 @@ class _Run:
     task: asyncio.Task[None] | None = None
     # The stored resource says `in_progress` (it was stored `queued`).
     marked_started: bool = False
+    # monotonic time the stored status was last read (a cancel by another facade process).
+    checked_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -159,8 +167,8 @@ class BackgroundRuns:
             stored = 0
         finally:
             self._wake(generation.response_id)
-        if stored is None:
-            # Deleted while running: nothing is left to finish.
+        if stored is None or await self._cancelled_elsewhere(run):
+            # Deleted while running (nothing is left to finish), or cancelled by another process.
             generation.stop_now()
         elif self.max_event_bytes is not None and stored > self.max_event_bytes:
             generation.stop_now(
@@ -171,6 +179,21 @@ class BackgroundRuns:
                     code="server_error",
                 )
             )
+
+    async def _cancelled_elsewhere(self, run: _Run) -> bool:
+        now = time.monotonic()
+        if now - run.checked_at < CANCEL_CHECK_S:
+            return False
+        run.checked_at = now
+        generation = run.generation
+        try:
+            resource = await asyncio.to_thread(
+                self.store.get_response, generation.response_id, owner=generation.owner
+            )
+        except Exception:
+            logger.exception("response %s: its status could not be read", generation.response_id)
+            return False
+        return resource is not None and resource["status"] == "cancelled"
 
     def _wake(self, response_id: str) -> None:
         signal = self._signals.pop(response_id, None)

@@ -198,8 +198,9 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
     if not resource.get("background"):
         raise _synchronous()
     if resource["status"] in ("in_progress", "queued", "cancelled"):
-        # In progress here means no generation of this process runs it (start-up marks those
-        # of a previous process failed; another process sharing the store is not supported).
+        # Not running in this process: in another facade process sharing the store, whose run
+        # reads this and stops (background_runs.py), or in none (start-up marks those of a
+        # previous process failed).
         resource["status"] = "cancelled"
         await asyncio.to_thread(state.store.update_response, resource, owner=owner)
         return resource
