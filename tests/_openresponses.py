@@ -23,6 +23,7 @@ _SPEC_URI = "urn:openresponses-openapi"
 # Streaming event type -> its schema in the Open Responses spec.
 EVENT_SCHEMAS = {
     "response.created": "ResponseCreatedStreamingEvent",
+    "response.queued": "ResponseQueuedStreamingEvent",
     "response.in_progress": "ResponseInProgressStreamingEvent",
     "response.completed": "ResponseCompletedStreamingEvent",
     "response.failed": "ResponseFailedStreamingEvent",

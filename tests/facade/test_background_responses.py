@@ -69,8 +69,12 @@ async def test_answered_queued_then_polled_to_completion(http: httpx.AsyncClient
     # Every event was stored: the whole stream replays, in order, ending with the final resource.
     events = await resumed(http, queued["id"])
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
-    assert [event["type"] for event in events[:2]] == ["response.created", "response.in_progress"]
-    assert (events[0]["response"]["status"], events[1]["response"]["status"]) == ("queued", "in_progress")
+    assert [event["type"] for event in events[:3]] == [
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+    ]
+    assert [event["response"]["status"] for event in events[:3]] == ["queued", "queued", "in_progress"]
     assert events[-1]["type"] == "response.completed" and events[-1]["response"] == done
     deltas = [event["delta"] for event in events if event["type"] == "response.output_text.delta"]
     assert "".join(deltas) == "Hello there"

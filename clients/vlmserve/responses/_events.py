@@ -25,6 +25,7 @@ class _Event(OutboundModel):
 
 LifecycleEventType = Literal[
     "response.created",
+    "response.queued",
     "response.in_progress",
     "response.completed",
     "response.incomplete",

@@ -99,9 +99,13 @@ class ResponseEvents:
         return resource
 
     def created(self) -> list[Event]:
-        """`response.created`, with the status the response has (`queued` in the background)."""
+        """`response.created`, with the status the response has; in the background, then
+        `response.queued` (as OpenAI)."""
         self._created = True
-        return [self._lifecycle("response.created")]
+        events = [self._lifecycle("response.created")]
+        if self.resource.status == "queued":
+            events.append(self._lifecycle("response.queued"))
+        return events
 
     def start(self) -> list[Event]:
         """Generation begins: `response.created` unless sent already, then `response.in_progress`."""
