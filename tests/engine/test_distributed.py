@@ -11,6 +11,7 @@ batched together, with a cancelled request in between; stopping rank 0 stops ran
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -147,6 +148,12 @@ def test_sampled_requests_run_on_every_rank(ranks: Ranks) -> None:
     assert ranks.follower.poll() is None, ranks.logs()
 
 
-def test_stopping_rank_0_stops_the_other_ranks(ranks: Ranks) -> None:
+def test_stopping_rank_0_stops_the_other_ranks(
+    ranks: Ranks, one_process: dict[str, pb.GenerateResult]
+) -> None:
+    """SIGTERM reaches every rank (mlx.launch, a service manager): a follower keeps serving rank
+    0's forwards while it drains, and leaves cleanly on rank 0's stop plan."""
+    ranks.follower.send_signal(signal.SIGTERM)
+    _same(_answer(ranks.stub, "text"), one_process["text"])
     ranks.leader.stop()
     assert ranks.follower.wait(timeout=60) == 0, ranks.logs()

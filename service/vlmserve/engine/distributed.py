@@ -25,8 +25,10 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import queue
 import secrets
+import signal
 import threading
 from typing import Any
 
@@ -314,6 +316,18 @@ def follow(config: EngineConfig) -> int:
         if model is not None:
             log.info("rank %d of %d ready: following rank 0", group.rank(), group.size())
 
+    signals: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # Rank 0 drains its requests on the same signal and needs this rank's share for every
+        # forward until then; its stop plan ends this rank. A second signal: leave now.
+        if signals:
+            os._exit(128 + signum)
+        signals.append(signum)
+        log.info("rank %d: %s, stopping when rank 0 stops", group.rank(), signal.Signals(signum).name)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
     generator.start(on_ready=on_ready)
     assert generator._thread is not None
     generator._thread.join()
