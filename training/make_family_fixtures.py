@@ -19,6 +19,7 @@ Families (directory name: what it stands for):
   qwen2_5_vl         Qwen2.5-VL-*-Instruct (M-RoPE, windowed vision attention, no tools in template)
   qwen3_vl           Qwen3-VL-*-Instruct (interleaved M-RoPE, deepstack, Hermes tool calls)
   qwen3_vl_thinking  Qwen3-VL-*-Thinking (as qwen3_vl; the template opens <think>)
+  qwen3_vl_moe       Qwen3-VL-30B-A3B (as qwen3_vl, mixture-of-experts MLPs; mlx-vlm can shard it)
   gemma3             Gemma 3 *-it (sliding-window layers, no system role, fixed image tokens)
   idefics3           SmolVLM-Instruct (image splitting into tiles + a global image)
   mistral3           Mistral Small 3.1 (Pixtral vision, [IMG_BREAK]/[IMG_END] rows, [TOOL_CALLS])

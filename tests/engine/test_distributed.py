@@ -23,6 +23,7 @@ import pytest
 
 from tests._services import BIN, REPO, ServiceProcess, free_port, process_env, start_engine
 from tests.engine._family_engine import CONVERSATIONS, greedy, running_engine
+from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -47,6 +48,13 @@ class Ranks:
         )
 
 
+def _ring(work: Path) -> dict[str, str]:
+    """The ring environment of rank 0 (MLX_RANK is set per process): two loopback ranks."""
+    hostfile = work / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
+    return {"MLX_HOSTFILE": str(hostfile), "MLX_RANK": "0"}
+
+
 def _answer(stub: pb_grpc.EngineServiceStub, name: str) -> pb.GenerateResult:
     return stub.GenerateUnary(
         pb.GenerateUnaryRequest(request=greedy(CONVERSATIONS[name])), timeout=120
@@ -62,8 +70,7 @@ def one_process(family_models: dict[str, Path]) -> dict[str, pb.GenerateResult]:
 @pytest.fixture(scope="module")
 def ranks(family_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ranks]:
     work = tmp_path_factory.mktemp("distributed")
-    hostfile = work / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
+    ring = _ring(work)
     model = str(family_models[FAMILY])
     command = [str(BIN / "vlmserve-engine"), "--distributed", "tensor", "--model", model]
     follower_log = work / "rank1.log"
@@ -72,7 +79,7 @@ def ranks(family_models: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
             [*command, "--address", "127.0.0.1:0"],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**process_env(), "MLX_HOSTFILE": str(hostfile), "MLX_RANK": "1"},
+            env={**process_env(), **ring, "MLX_RANK": "1"},
             cwd=REPO,
         )
     try:
@@ -80,7 +87,7 @@ def ranks(family_models: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
             work,
             model=model,
             extra=("--distributed", "tensor"),
-            env={"MLX_HOSTFILE": str(hostfile), "MLX_RANK": "0"},
+            env=ring,
         )
     except BaseException:
         follower.kill()
@@ -157,3 +164,37 @@ def test_stopping_rank_0_stops_the_other_ranks(
     _same(_answer(ranks.stub, "text"), one_process["text"])
     ranks.leader.stop()
     assert ranks.follower.wait(timeout=60) == 0, ranks.logs()
+
+
+def test_a_model_mlx_vlm_cannot_shard_stops_every_rank_at_load(tmp_path: Path) -> None:
+    ring = _ring(tmp_path)
+    command = [str(BIN / "vlmserve-engine"), "--distributed", "tensor", "--model", str(RANDOM_MODEL_PATH)]
+    ranks = [
+        subprocess.Popen(
+            [*command, "--address", f"127.0.0.1:{free_port()}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**process_env(), **ring, "MLX_RANK": str(rank)},
+            cwd=REPO,
+        )
+        for rank in (1, 0)
+    ]
+    outputs = [process.communicate(timeout=120)[0].decode(errors="replace") for process in ranks]
+    assert [process.returncode for process in ranks] == [1, 1], outputs
+    for output in outputs:
+        assert "cannot be loaded with --distributed tensor" in output
+        assert "does not support tensor parallelism" in output
+
+
+def test_without_a_distributed_environment_the_engine_says_how_to_start_it() -> None:
+    environment = {k: v for k, v in process_env().items() if not k.startswith("MLX_")}
+    completed = subprocess.run(
+        [str(BIN / "vlmserve-engine"), "--distributed", "tensor", "--model", str(RANDOM_MODEL_PATH)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "--distributed needs the processes started by mlx.launch" in completed.stderr

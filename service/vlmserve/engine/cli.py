@@ -171,7 +171,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if command.engine.distributed != "off":
         from .distributed import follow, rank
 
-        if rank() != 0:  # rank 0 serves; the others run its steps on their share of the model
+        try:
+            this_rank = rank()
+        except RuntimeError as error:
+            log.error("%s", error)
+            sys.exit(2)
+        if this_rank != 0:  # rank 0 serves; the others run its steps on their share of the model
             code = follow(command.engine)
             logging.shutdown()
             # Without running interpreter and C++ teardown: once rank 0 has gone, destroying MLX's

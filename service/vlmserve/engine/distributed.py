@@ -156,8 +156,12 @@ def broadcast(payload: bytes | None, group: Any) -> bytes:
 
 
 def _to_send(request: PreparedRequest) -> pb.GenerateRequest:
-    if request.source is None:
-        raise ValueError("a distributed engine takes only requests prepared from a contract message")
+    if request.source is None or request.logits_processors:
+        # The other ranks rebuild the request from its contract message; Python callables have none.
+        raise ValueError(
+            "a distributed engine takes only requests prepared from a contract message, "
+            "without logits_processors"
+        )
     message = pb.GenerateRequest()
     message.CopyFrom(request.source)
     message.request_id = request.request_id
