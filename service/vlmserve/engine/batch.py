@@ -15,6 +15,16 @@ Sampling is per row here; the forward pass, caches and masks are mlx-vlm's.
 
 A model with a cache layer mlx-vlm cannot batch (no `merge`, e.g. Llama 4's chunked attention
 cache) still works: its rows keep their own caches and run one forward each.
+
+Double-buffered, as mlx-vlm's own generators are: a step is `launch()` (build the forward on
+every row's latest token, the previous step's sampled tokens still lazy, and start evaluating
+it), `take()` (the previous step's tokens, now computed, for the caller to accept) and
+`sample()` (each remaining row's next token from the launched forward, started too). So the
+caller's Python work on step n's tokens (detokenizing, stop sequences, events) runs while the
+device computes step n+1. Sampling waits for the accept, so a logits processor (a grammar) sees
+every token before it masks the next, and a row that finished at step n is dropped before its
+step n+1 token is sampled; it only wasted its row of that one forward. On a backend that
+evaluates synchronously this is the plain step, in a different order.
 """
 
 from __future__ import annotations
@@ -34,6 +44,12 @@ class DecodeBatch:
         self._rope_deltas: Any = None
         # Per-row caches, for models whose cache layers cannot be batched.
         self._row_caches: list[list[Any]] = []
+        # The last sample()'s tokens (lazy, int32 [n]) for rows[:n], not yet taken; rows that
+        # joined since are fed their own (first) token.
+        self._pending: Any = None
+        self._pending_rows = 0
+        # The launched forward's last logits [rows, vocab] (lazy), until sample().
+        self._logits: Any = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -109,7 +125,8 @@ class DecodeBatch:
         return output.logits[:, -1, :]
 
     def remove(self, generation: ActiveGeneration, *, extract: bool) -> list[Any] | None:
-        """Drop a request's row; with `extract`, return its cache (one row per layer) first."""
+        """Drop a request's row (its untaken token too); with `extract`, return its cache (one row
+        per layer) first."""
         import mlx.core as mx
 
         index = self.rows.index(generation)
@@ -120,31 +137,67 @@ class DecodeBatch:
         row = [layer.extract(index) for layer in self._caches] if extract else None
         keep = [i for i in range(len(self.rows)) if i != index]
         del self.rows[index]
+        if index < self._pending_rows:
+            self._pending_rows -= 1
+            self._pending = self._pending[mx.array(keep[: self._pending_rows], dtype=mx.int32)]
         if not keep:
-            self._caches, self._rope_deltas = [], None
+            self._caches, self._rope_deltas, self._logits = [], None, None
+            self._pending, self._pending_rows = None, 0
             return row
         kept = mx.array(keep, dtype=mx.int32)
         for layer in self._caches:
             layer.filter(kept)
         if self._rope_deltas is not None:
             self._rope_deltas = self._rope_deltas[kept]
+        if self._logits is not None:
+            self._logits = self._logits[kept]
         return row
 
-    def step(self) -> list[int]:
-        """One forward for every row; returns each row's next token (not yet accepted)."""
+    def launch(self) -> None:
+        """Build one forward for every row on its latest token and start evaluating it."""
         import mlx.core as mx
 
-        if self._row_caches:
-            return self._step_rows_alone()
-        inputs = mx.array([[row.last_token] for row in self.rows], dtype=mx.int32)
+        if self._row_caches or not self.rows:
+            return  # unbatchable rows run synchronously in take()
+        fresh = [row.last_token for row in self.rows[self._pending_rows :]]
+        if not fresh and all(row.next_token_is_last for row in self.rows):
+            return  # every row ends with its token in flight: nothing to compute for
+        if self._pending is None:
+            inputs = mx.array(fresh, dtype=mx.int32)
+        elif fresh:
+            inputs = mx.concatenate([self._pending, mx.array(fresh, dtype=mx.int32)])
+        else:
+            inputs = self._pending
         kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
-        output = self._language_model(inputs, cache=self._caches, **kwargs)
-        logits = output.logits[:, -1, :]
-        tokens = [row.sample(logits[i : i + 1]) for i, row in enumerate(self.rows)]
-        chosen = mx.concatenate([t.reshape(-1) for t in tokens]) if len(tokens) > 1 else tokens[0].reshape(-1)
-        score_chosen(self.rows, chosen)
-        values: list[int] = chosen.tolist()  # type: ignore[assignment]
-        return values
+        output = self._language_model(inputs.reshape(-1, 1), cache=self._caches, **kwargs)
+        self._logits = output.logits[:, -1, :]
+        mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
+
+    def take(self) -> list[tuple[ActiveGeneration, int]]:
+        """The tokens of the last sample() (waits for them), each with its row, to be accepted.
+
+        Unbatchable rows: their forward and sampling run here, synchronously (no launch)."""
+        if self._row_caches:
+            return list(zip(self.rows, self._step_rows_alone(), strict=True))
+        if self._pending is None:
+            return []
+        values: list[int] = self._pending.tolist()
+        taken = list(zip(self.rows[: self._pending_rows], values, strict=True))
+        self._pending, self._pending_rows = None, 0
+        return taken
+
+    def sample(self) -> None:
+        """Each remaining row's next token from the launched forward (started, taken next step)."""
+        import mlx.core as mx
+
+        logits, self._logits = self._logits, None
+        if logits is None or not self.rows:
+            return
+        tokens = [row.sample(logits[i : i + 1]).reshape(-1) for i, row in enumerate(self.rows)]
+        chosen = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
+        score_chosen(self.rows, chosen)  # for rows that want logprobs (evaluated at once)
+        self._pending, self._pending_rows = chosen.astype(mx.int32), len(self.rows)
+        mx.async_eval(self._pending)  # type: ignore[no-untyped-call]
 
     def _step_rows_alone(self) -> list[int]:
         import mlx.core as mx

@@ -296,6 +296,11 @@ class ActiveGeneration:
         score_chosen([self], token.reshape(-1))
         return int(token.item())
 
+    @property
+    def next_token_is_last(self) -> bool:
+        """Whether the next token accepted ends the request by length (its max tokens)."""
+        return self.output_tokens + 1 >= self._max_tokens
+
     def accept(self, token: int) -> None:
         score, self.token_score = self.token_score, None
         now = time.perf_counter()
@@ -367,15 +372,13 @@ class ActiveGeneration:
     def keep_prefix(self, cache: list[Any]) -> None:
         """Offer the finished request's KV cache (one row) to the prefix cache."""
         inputs = self._inputs
-        if self._prefix_cache is None or inputs is None or not self._generated:
+        if self._prefix_cache is None or inputs is None or not self._generated or not cache:
             return
-        # The cache holds the prompt and every generated token but the last (never fed back).
-        self._prefix_cache.store(
-            self.job.request.partition_key,
-            [*inputs.token_ids, *self._generated[:-1]],
-            inputs.image_spans,
-            cache,
-        )
+        # The cache holds the prompt and the generated tokens fed back so far: all of them when
+        # the row left after its last token went into a (double-buffered) forward, all but the
+        # last when it left before.
+        covered = [*inputs.token_ids, *self._generated][: getattr(cache[0], "offset", 0)]
+        self._prefix_cache.store(self.job.request.partition_key, covered, inputs.image_spans, cache)
 
     def fail(self, error: RequestError) -> None:
         if self.phase is Phase.DONE:

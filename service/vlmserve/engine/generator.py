@@ -381,8 +381,11 @@ class Generator:
         if generation.phase is Phase.DECODE:
             batch.add(generation)
             while not generation.done:
-                for row, token in zip(list(batch.rows), batch.step(), strict=True):
+                batch.launch()
+                for row, token in batch.take():
                     row.accept(token)
+                if not generation.done:
+                    batch.sample()
             batch.remove(generation, extract=False)
         log.info("warm-up done in %.2fs", time.perf_counter() - started)
 
@@ -413,7 +416,8 @@ class Generator:
                 starting.append(self._new_generation(job, loaded))
             self._end_cancelled_waiting(loaded)
             self._before_step()
-            for generation in [*batch.rows, *starting]:
+            # (Cancelled decoding rows leave in the decode step, once its token in flight is taken.)
+            for generation in list(starting):
                 if generation.job.cancelled:
                     generation.finish(pb.FINISH_REASON_CANCELLED)
                     self._leave(generation, batch, starting)
@@ -427,21 +431,36 @@ class Generator:
         (distributed.py), so every rank runs the same forwards."""
 
     def _decode_step(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
+        """Launch this step's forward, accept the previous step's tokens while it runs, then
+        sample this step's (see batch.py: double-buffered). A row that finished, failed or was
+        cancelled leaves before sampling; a cancelled row gets at most the token in flight."""
         try:
-            tokens = batch.step()
+            batch.launch()
+            taken = batch.take()
         except Exception:  # the batch's forward failed: every row fails, the thread lives
-            log.exception("batched decode step failed")
-            for generation in list(batch.rows):
-                generation.fail(internal_error())
-                self._leave(generation, batch, starting)
+            self._fail_batch(batch, starting)
             return
-        self.metrics.batch_size.observe(len(tokens))
-        for generation, token in zip(list(batch.rows), tokens, strict=True):
+        if taken:
+            self.metrics.batch_size.observe(len(taken))
+        for generation, token in taken:
             self._guarded(generation, functools.partial(generation.accept, token))
             if generation.inter_token_seconds is not None:
                 self.metrics.inter_token.observe(generation.inter_token_seconds)
+        for generation in list(batch.rows):
+            if not generation.done and generation.job.cancelled:
+                generation.finish(pb.FINISH_REASON_CANCELLED)
             if generation.done:
                 self._leave(generation, batch, starting)
+        try:
+            batch.sample()
+        except Exception:
+            self._fail_batch(batch, starting)
+
+    def _fail_batch(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
+        log.exception("batched decode step failed")
+        for generation in list(batch.rows):
+            generation.fail(internal_error())
+            self._leave(generation, batch, starting)
 
     def _start_step(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> None:
         """Prepare new arrivals, then prefill chunks, shortest remaining prompt first, within `budget`."""
