@@ -17,16 +17,16 @@ from vlmserve.engine.output import OutputAssembler
 def run(tokens: list[str], flushed: str = "", **assembler: Any) -> tuple[OutputAssembler, list[list[str]]]:
     """Feed the tokens (logprob = -index, to tell them apart); returns the assembler and, per
     text piece emitted (and a last "" piece for tokens settled at the end), its tokens' texts."""
-    out = OutputAssembler(**{"stop": (), "tool_call_format": "", **assembler})
+    out = OutputAssembler(**{"stop": (), "tool_call_format": "", "track_spans": True, **assembler})
     trace = LogprobTrace()
     pieces: list[list[str]] = []
 
     def emit(emitted: list[Any]) -> None:
         texts = [p for p in emitted if isinstance(p, str)]
         spans = out.text_spans[len(out.text_spans) - len(texts) :]
-        for span in spans:
-            assert span is not None
-            pieces.append([entry.token for entry in trace.shown(*span)])
+        for piece_spans in spans:
+            assert piece_spans
+            pieces.append([entry.token for span in piece_spans for entry in trace.shown(*span)])
 
     for index, token in enumerate(tokens):
         trace.add(token, TokenScore(-float(index)), ())
@@ -56,6 +56,49 @@ CASES: list[tuple[str, list[str], dict[str, Any], str, list[str]]] = [
         ["Yes", "."],
     ),
     ("thinking open in the prompt", ["hm", "m</thi", "nk>\n", "Ok"], {"thinking": True}, "Ok", ["Ok"]),
+    (
+        "harmony analysis then final",
+        [
+            "<|channel|>analysis<|message|>",
+            "hm",
+            "<|end|>",
+            "<|start|>assistant<|channel|>final<|message|>",
+            "Hi",
+            "!",
+        ],
+        {},
+        "Hi!",
+        ["Hi", "!"],
+    ),
+    (
+        "harmony preamble, then final",
+        [
+            "<|channel|>commentary<|message|>",
+            "Let me",
+            " see",
+            "<|end|>",
+            "<|start|>assistant<|channel|>final<|message|>",
+            "See",
+            "n.",
+        ],
+        {},
+        "Let me seeSeen.",
+        ["Let me", " see", "See", "n."],
+    ),
+    (
+        "harmony preamble, then a call",
+        [
+            "<|channel|>commentary<|message|>",
+            "Calling",
+            "<|end|>",
+            "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>",
+            '{"a": ',
+            "1}",
+        ],
+        {"tool_call_format": "harmony"},
+        "Calling",
+        ["Calling"],
+    ),
     (
         "tool call between text",
         ["Sure", ": ", "<tool_call>", '{"name": "f", "arguments": {}}', "</tool_call>", "\n", "done"],
@@ -90,8 +133,7 @@ def test_the_detokenizers_flush_belongs_to_the_last_token() -> None:
     assert [token for piece in pieces for token in piece] == ["a", "\ufffd"]
 
 
-def test_no_logprobs_without_a_trace() -> None:
-    # The assembler's spans are there for every request; a trace only when logprobs are asked.
+def test_no_spans_unless_tracked() -> None:
     out = OutputAssembler(stop=(), tool_call_format="")
     out.feed("x")
-    assert out.text_spans == [(0, 1)]
+    assert out.text_spans == [[]]

@@ -89,6 +89,7 @@ class ActiveGeneration:
             max_tool_calls=request.max_tool_calls,
             thinking=request.thinking,
             tools=request.tools,
+            track_spans=request.settings.logprobs,
         )
         self.started_at = time.perf_counter()
         self.first_token_at: float | None = None
@@ -341,9 +342,9 @@ class ActiveGeneration:
         )
         for piece in pieces:
             if isinstance(piece, str):
-                span = next(spans)
-                logprobs = self._trace.shown(*span) if self._trace is not None and span is not None else []
-                self.job.emit(TextEvent(piece, tuple(logprobs)))
+                trace = self._trace
+                shown = [entry for span in next(spans) for entry in trace.shown(*span)] if trace else []
+                self.job.emit(TextEvent(piece, tuple(shown)))
             elif isinstance(piece, Reasoning):
                 self.job.emit(ReasoningEvent(piece.text))
             else:

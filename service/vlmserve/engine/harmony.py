@@ -60,6 +60,11 @@ class HarmonySplitter:
     body: str | None = None
     _buffer: str = ""
     _call_body: list[str] = field(default_factory=list)
+    # Raw text fed so far; the runs of the last feed()/finish() start at these raw offsets (None:
+    # call markup written here, in the parser's spelling, not the model's text).
+    _fed: int = 0
+    starts: list[int | None] = field(default_factory=list)
+    _starts: list[int | None] = field(default_factory=list)
 
     @property
     def thinking(self) -> bool:
@@ -67,6 +72,8 @@ class HarmonySplitter:
 
     def feed(self, text: str) -> list[tuple[bool, str]]:
         self._buffer += text
+        self._fed += len(text)
+        self._starts = []
         out: list[tuple[bool, str]] = []
         while self._buffer:
             if self.body is None:
@@ -74,19 +81,30 @@ class HarmonySplitter:
                     break
             elif not self._read_body(out):
                 break
-        return [(reasoning, piece) for reasoning, piece in out if piece]
+        return self._runs(out)
 
     def finish(self) -> list[tuple[bool, str]]:
         out: list[tuple[bool, str]] = []
-        rest, self._buffer = self._buffer, ""
+        self._starts = []
         if self.body is None:
             pass  # an unfinished header is markup
         else:
-            self._emit(rest, out)
+            self._emit(self._buffer, out)
             if self.body == "call" and self._complete_json("".join(self._call_body)):
-                out.append((False, CALL))
+                self._write(out, CALL)
+        self._buffer = ""
         self.body = None
-        return [(reasoning, piece) for reasoning, piece in out if piece]
+        return self._runs(out)
+
+    def _runs(self, out: list[tuple[bool, str]]) -> list[tuple[bool, str]]:
+        kept = [(run, start) for run, start in zip(out, self._starts, strict=True) if run[1]]
+        self.starts = [start for _, start in kept]
+        return [run for run, _ in kept]
+
+    def _write(self, out: list[tuple[bool, str]], markup: str) -> None:
+        """Call markup in the parser's spelling (not the model's text: no raw offset)."""
+        out.append((False, markup))
+        self._starts.append(None)
 
     def _read_header(self, out: list[tuple[bool, str]]) -> bool:
         end = self._buffer.find(MESSAGE)
@@ -103,7 +121,7 @@ class HarmonySplitter:
             self.body, self._call_body = "call", []
             constraint = _CONSTRAINT.search(header)
             constrain = f" {CONSTRAIN}{constraint.group(1)}" if constraint else ""
-            out.append((False, f"{CHANNEL}commentary to={recipient.group(1)}{constrain}{MESSAGE}"))
+            self._write(out, f"{CHANNEL}commentary to={recipient.group(1)}{constrain}{MESSAGE}")
         elif name == "analysis":
             self.body = "analysis"
         elif name == "final":
@@ -122,7 +140,7 @@ class HarmonySplitter:
         index, marker = min(found)
         self._emit(self._buffer[:index], out)
         if self.body == "call":
-            out.append((False, CALL))
+            self._write(out, CALL)
         # `<|start|>` opens the next header itself; the others end the message before it.
         self._buffer = self._buffer[index if marker == START else index + len(marker) :]
         self.body = None
@@ -134,6 +152,8 @@ class HarmonySplitter:
         if self.body == "call":
             self._call_body.append(text)
         out.append((self.body == "analysis", text))
+        # `text` is the start of the buffer, which is the end of the raw text fed.
+        self._starts.append(self._fed - len(self._buffer))
 
     @staticmethod
     def _complete_json(text: str) -> bool:

@@ -6,6 +6,7 @@ appears), then the tool-call parser separates markup from visible text.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,11 @@ class ThinkingSplitter:
     # Right after `</think>`: whitespace before the answer is dropped.
     _after_close: bool = False
     _harmony: HarmonySplitter | None = None
+    # Where the harmony reader's input starts in the raw output.
+    _harmony_from: int = 0
+    # Raw text fed so far; the runs of the last feed()/finish() start at these raw offsets.
+    _fed: int = 0
+    starts: list[int | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.thinking:
@@ -67,27 +73,34 @@ class ThinkingSplitter:
         return self._harmony.thinking if self._harmony is not None else self.thinking
 
     def feed(self, text: str) -> list[tuple[bool, str]]:
+        self._fed += len(text)
         if self._harmony is not None:
-            return self._harmony.feed(text)
-        out: list[tuple[bool, str]] = []
+            return self._from_harmony(self._harmony.feed(text))
+        out: list[tuple[bool, str, int | None]] = []
         buffer, self._held = self._held + text, ""
+
+        def start_of(buffer: str) -> int:
+            """`buffer` is always the end of the raw text fed: where a run cut from it starts."""
+            return self._fed - len(buffer)
+
         while buffer:
             if self.thinking:
                 end = buffer.find(THINK_CLOSE)
                 if end >= 0:
-                    out.append((True, buffer[:end]))
+                    out.append((True, buffer[:end], start_of(buffer)))
                     buffer = buffer[end + len(THINK_CLOSE) :]
                     self.thinking, self._after_close = False, True
                     continue
                 keep = _held_prefix(buffer, THINK_CLOSE)
-                out.append((True, buffer[: len(buffer) - keep]))
+                out.append((True, buffer[: len(buffer) - keep], start_of(buffer)))
                 self._held = buffer[len(buffer) - keep :]
                 break
             if self._may_open:
                 harmony = starts_harmony(buffer)
                 if harmony:
                     self._harmony, self._may_open = HarmonySplitter(), False
-                    return self._harmony.feed(buffer)
+                    self._harmony_from = start_of(buffer)
+                    return self._from_harmony(self._harmony.feed(buffer))
                 start = buffer.lstrip()
                 if start.startswith(THINK_OPEN):
                     buffer, self.thinking, self._may_open = start[len(THINK_OPEN) :], True, False
@@ -101,17 +114,28 @@ class ThinkingSplitter:
                 if not buffer:
                     break
                 self._after_close = False
-            out.append((False, buffer))
+            out.append((False, buffer, start_of(buffer)))
             break
-        return [(reasoning, text) for reasoning, text in out if text]
+        return self._runs(out)
 
     def finish(self) -> list[tuple[bool, str]]:
         if self._harmony is not None:
-            return self._harmony.finish()
+            return self._from_harmony(self._harmony.finish())
         held, self._held = self._held, ""
         if not held or (self._after_close and not held.strip()):
-            return []
-        return [(self.thinking, held)]
+            return self._runs([])
+        return self._runs([(self.thinking, held, self._fed - len(held))])
+
+    def _runs(self, out: list[tuple[bool, str, int | None]]) -> list[tuple[bool, str]]:
+        kept = [run for run in out if run[1]]
+        self.starts = [start for _, _, start in kept]
+        return [(reasoning, text) for reasoning, text, _ in kept]
+
+    def _from_harmony(self, runs: list[tuple[bool, str]]) -> list[tuple[bool, str]]:
+        assert self._harmony is not None
+        base = self._harmony_from
+        self.starts = [None if start is None else base + start for start in self._harmony.starts]
+        return runs
 
 
 @dataclass
@@ -130,19 +154,23 @@ class OutputAssembler:
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
-    # Where each `text` piece came from in the raw text fed so far: [start, end) offsets (None
-    # where unknown), so logprobs.py can tell which tokens it shows.
-    text_spans: list[tuple[int, int] | None] = field(default_factory=list)
+    # With `track_spans` (logprobs asked): where each `text` piece came from in the raw text fed,
+    # as [start, end) offsets (a piece can join runs that were apart in the raw text; empty where
+    # unknown), so logprobs.py can tell which tokens it shows. Without: empty lists.
+    track_spans: bool = False
+    text_spans: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stops = StopSequenceMatcher(self.stop)
         self._parser = make_parser(self.tool_call_format, tools=self.tools)
         self._thoughts = ThinkingSplitter(thinking=self.thinking)
-        # Raw text fed; where the visible text starts in it (after any reasoning: from there on
-        # every raw character reaches the stop matcher); the parser's input so far (the stop
-        # matcher's output after the prefix) and how far its text pieces have been located.
-        self._fed = 0
-        self._visible_from: int | None = None
+        # Span tracking: the raw text fed; the visible runs (the stop matcher's input, one
+        # stream) as (offset in that stream, raw offset or None); the parser's input so far (the
+        # prefix, then the stop matcher's output, a prefix of the visible stream) and how far
+        # its text pieces have been located in it.
+        self._raw = ""
+        self._runs: list[tuple[int, int | None]] = []
+        self._visible_length = 0
         self._parser_input = self.assistant_prefix
         self._located = 0
         self._after_call = False
@@ -168,7 +196,8 @@ class OutputAssembler:
         """Newly decoded text -> pieces to stream now."""
         if self.stopped:
             return []
-        self._fed += len(text)
+        if self.track_spans:
+            self._raw += text
         return self._split(self._thoughts.feed(text))
 
     def finish(self) -> list[OutputPiece]:
@@ -184,33 +213,51 @@ class OutputAssembler:
 
     def _split(self, runs: list[tuple[bool, str]]) -> list[OutputPiece]:
         out: list[OutputPiece] = []
-        for is_reasoning, text in runs:
+        for (is_reasoning, text), start in zip(runs, self._thoughts.starts, strict=True):
             if self.stopped:
                 break
             if is_reasoning:
                 self.reasoning.append(text)
                 out.append(Reasoning(text))
             else:
-                if self._visible_from is None:
-                    # The first visible run is the end of everything fed (nothing held after it).
-                    self._visible_from = self._fed - len(text)
+                if self.track_spans:
+                    self._runs.append((self._visible_length, start))
+                    self._visible_length += len(text)
                 out.extend(self._accept(self._parser.feed(self._to_parser(self._stops.feed(text)))))
         return out
 
     def _to_parser(self, text: str) -> str:
-        self._parser_input += text
+        if self.track_spans:
+            self._parser_input += text
         return text
 
-    def _locate(self, text: str) -> tuple[int, int] | None:
-        """The raw span of a text piece the parser gave back: the next place its input holds
-        it (after a call: the last, so the call's own markup cannot match first)."""
+    def _locate(self, text: str) -> list[tuple[int, int]]:
+        """The raw spans of a text piece the parser gave back. It is the next place the parser's
+        input holds it (after a call: the last, so the call's own markup cannot match first);
+        each part is checked against the raw text, so a wrong guess lists no token, never a
+        wrong one."""
         source = self._parser_input
         at = source.rfind(text, self._located) if self._after_call else source.find(text, self._located)
-        if at < 0 or self._visible_from is None:
-            return None
+        if at < 0:
+            return []
         self._located = at + len(text)
-        start = self._visible_from + at - len(self.assistant_prefix)
-        return (start, start + len(text)) if start >= 0 else None
+        begin = at - len(self.assistant_prefix)  # in the visible stream
+        spans = []
+        index = max(0, bisect.bisect_right(self._runs, begin, key=lambda run: run[0]) - 1)
+        for run_index in range(index, len(self._runs)):
+            run_begin, raw_start = self._runs[run_index]
+            run_end = (
+                self._runs[run_index + 1][0] if run_index + 1 < len(self._runs) else self._visible_length
+            )
+            low, high = max(begin, run_begin), min(begin + len(text), run_end)
+            if run_begin >= begin + len(text):
+                break
+            if low >= high or raw_start is None:
+                continue
+            span = (raw_start + low - run_begin, raw_start + high - run_begin)
+            if self._raw[span[0] : span[1]] == text[low - begin : high - begin]:
+                spans.append(span)
+        return spans
 
     def _accept(self, pieces: list[Piece]) -> list[OutputPiece]:
         out: list[OutputPiece] = []
@@ -220,7 +267,7 @@ class OutputAssembler:
             if isinstance(piece, TextPiece):
                 if piece.text:
                     self.text.append(piece.text)
-                    self.text_spans.append(self._locate(piece.text))
+                    self.text_spans.append(self._locate(piece.text) if self.track_spans else [])
                     self._after_call = False
                     out.append(piece.text)
             elif isinstance(piece, ToolCallPiece):
