@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid, stream_events
 from vlmserve.client import AsyncEngineClient
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 from vlmserve.facade.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.app import INTERRUPTED_ERROR
@@ -273,3 +275,18 @@ async def test_a_cancel_that_reaches_another_facade_stops_the_run(
             assert events[-1]["response"] == final
     finally:
         other_store.close()
+
+
+async def test_an_engine_refusal_ends_the_response_failed(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.script = Script(
+        error=RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", retry_after_s=1.0)
+    )
+    created = await http.post("/v1/responses", json=BACKGROUND)
+    assert created.status_code == 200 and created.json()["status"] == "queued"
+    failed = await poll(http, created.json()["id"])
+    assert failed["status"] == "failed" and failed["error"]["code"] == "engine_overloaded"
+    events = await resumed(http, failed["id"])
+    assert [event["type"] for event in events[-2:]] == ["error", "response.failed"]
+    assert events[-1]["response"] == failed
