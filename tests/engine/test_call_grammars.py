@@ -1,4 +1,4 @@
-"""Call grammars of formats no fixture family uses (Qwen3-Coder XML, Kimi K2, gpt-oss harmony):
+"""Call grammars of formats no fixture family uses (Qwen3-Coder XML, GLM, Kimi K2, gpt-oss harmony):
 the grammar allows exactly valid calls to offered tools, and the format's parser (mlx-vlm's, in
 our streaming wrapper; harmony through the output splitter) reads what it allows as that call.
 
@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from vlmserve.engine.grammar import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.output import OutputAssembler
+from vlmserve.engine.tool_parsers import markup_of
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WEATHER = {
@@ -81,6 +82,13 @@ def xml(name: str, **parameters: str) -> str:
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
+def glm(name: str, **parameters: str) -> str:
+    body = "".join(
+        f"<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n" for key, value in parameters.items()
+    )
+    return f"<tool_call>{name}\n{body}</tool_call>"
+
+
 def kimi(*calls: tuple[str, Any]) -> str:
     body = "".join(
         f"<|tool_call_begin|>functions.{name}:{n}<|tool_call_argument_begin|>{json.dumps(arguments)}<|tool_call_end|>"
@@ -132,6 +140,17 @@ CASES = [
         [("weather", {"city": "Oslo", "days": 3})],
     ),
     ("kimi_k2", "required", kimi(("shell", {}), ("shell", {"x": 1})), [("shell", {}), ("shell", {"x": 1})]),
+    ("glm47", "required", glm("weather", city="Oslo", days="3"), [("weather", {"city": "Oslo", "days": 3})]),
+    (
+        "glm47",
+        "required",
+        glm("weather", city="Oslo", days="3", unit="c") + "\n" + glm("shell", cmd="ls"),
+        [("weather", {"city": "Oslo", "days": 3, "unit": "c"}), ("shell", {"cmd": "ls"})],
+    ),
+    ("glm47", "required", glm("weather", city="Oslo", days="x"), None),
+    ("glm47", "required", glm("weather", days="3"), None),
+    ("glm47", "required", glm("nope"), None),
+    ("glm47", "auto", "Let me check. " + glm("shell", cmd="pwd"), [("shell", {"cmd": "pwd"})]),
     ("kimi_k2", "required", kimi(("weather", {"city": "Oslo"})), None),
     ("kimi_k2", "required", kimi(("nope", {})), None),
     ("kimi_k2", "auto", "Words.", []),
@@ -153,7 +172,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("tool_format", "mode", "text", "calls"), CASES)
+@pytest.mark.parametrize(
+    ("tool_format", "mode", "text", "calls"), CASES, ids=[f"{c[0]}-{c[1]}-{n}" for n, c in enumerate(CASES)]
+)
 def test_the_grammar_allows_valid_calls_and_the_parser_reads_them(
     compiler: GrammarCompiler, tokenizer: Any, tool_format: str, mode: str, text: str, calls: Any
 ) -> None:
@@ -166,6 +187,7 @@ def test_the_grammar_allows_valid_calls_and_the_parser_reads_them(
 def test_a_named_choice_allows_only_that_tool(compiler: GrammarCompiler, tokenizer: Any) -> None:
     for tool_format, good, other in [
         ("qwen3_coder", xml("shell"), xml("weather", city="a", days="1")),
+        ("glm47", glm("shell"), glm("weather", city="a", days="1")),
         ("kimi_k2", kimi(("shell", {})), kimi(("weather", {"city": "a", "days": 1}))),
         ("harmony", harmony("shell", {}), harmony("weather", {"city": "a", "days": 1})),
     ]:
@@ -187,8 +209,45 @@ def test_harmony_auto_is_left_free(compiler: GrammarCompiler) -> None:
     assert build(compiler, "harmony", "auto") is None
 
 
-def test_qwen3_coder_arguments_are_typed_by_the_offered_tools() -> None:
-    # mlx-vlm's parser types text values by the tool's schema: without the tools "3" stays text.
-    assert parsed("qwen3_coder", xml("weather", city="Oslo", days="3")) == [
-        ("weather", {"city": "Oslo", "days": 3})
-    ]
+def test_text_arguments_are_typed_by_the_offered_tools() -> None:
+    # mlx-vlm's parsers type text values by the tool's schema: without the tools "3" stays text.
+    weather = [("weather", {"city": "Oslo", "days": 3})]
+    assert parsed("qwen3_coder", xml("weather", city="Oslo", days="3")) == weather
+    assert parsed("glm47", glm("weather", city="Oslo", days="3")) == weather
+    assert parsed("glm47", glm("weather", city="12", days="3")) == [("weather", {"city": "12", "days": 3})]
+
+
+def test_inner_markers_survive_detokenization() -> None:
+    # Single tokens in their own vocabularies, often special: the detokenizer must keep them.
+    kimi_markers = {"<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"}
+    assert kimi_markers <= set(markup_of("kimi_k2"))
+    assert {"<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"} <= set(markup_of("glm47"))
+
+
+@pytest.fixture(scope="module")
+def marker_tokens() -> tuple[Any, GrammarCompiler]:
+    """The fixture tokenizer with these formats' markers as special tokens, as on their models."""
+    tokenizer = AutoTokenizer.from_pretrained(str(RANDOM_MODEL_PATH))
+    markers = ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|channel|>", "<|message|>"]
+    markers += ["<|end|>", "<|start|>", "<|constrain|>", "<|tool_call_begin|>", "<|tool_call_end|>"]
+    markers += ["<|tool_call_argument_begin|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": markers})
+    return tokenizer, GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
+
+
+@pytest.mark.parametrize(
+    ("tool_format", "text", "calls"),
+    [
+        ("glm47", glm("weather", city="Oslo", days="3"), [("weather", {"city": "Oslo", "days": 3})]),
+        ("glm47", glm("shell", cmd="a b"), [("shell", {"cmd": "a b"})]),
+        ("kimi_k2", kimi(("shell", {"x": 1})), [("shell", {"x": 1})]),
+        ("harmony", harmony("shell", {"x": 1}, thinking="Hmm."), [("shell", {"x": 1})]),
+    ],
+)
+def test_markers_that_are_tokens(
+    marker_tokens: tuple[Any, GrammarCompiler], tool_format: str, text: str, calls: Any
+) -> None:
+    tokenizer, compiler = marker_tokens
+    assert len(tokenizer.encode("<arg_value>", add_special_tokens=False)) == 1
+    assert accepts(compiler, tokenizer, build(compiler, tool_format, "required"), text)
+    assert parsed(tool_format, text) == calls

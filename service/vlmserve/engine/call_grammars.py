@@ -3,8 +3,9 @@ marker. Pure text building; `grammar.py` decides when a request gets one and che
 
 Formats (the parser names in tool_parsers.py): Hermes / Qwen `<tool_call>{json}</tool_call>`,
 Mistral's `[TOOL_CALLS][{...}]`, Llama's bare `{"name", "parameters"}` answer, Qwen3-Coder's
-XML parameters, Kimi K2's sections, gpt-oss harmony's commentary channel; formats not listed
-here (mlx-vlm's gemma4, pythonic, glm47, ...) refuse a forced tool choice (grammar.py).
+XML parameters, GLM's `<arg_key>`/`<arg_value>` pairs, Kimi K2's sections, gpt-oss harmony's
+commentary channel; formats not listed here (mlx-vlm's gemma4, pythonic, ...) refuse a forced
+tool choice (grammar.py).
 """
 
 from __future__ import annotations
@@ -148,28 +149,42 @@ def _llama_json_calls(
     ]
 
 
-def _xml_value(rule: str, schema: Any, end: str) -> list[str]:
-    """Rules for one parameter value written as text up to `end` (Qwen3-Coder's XML calls): a
-    string is raw text (an enum: one of its values), anything else the JSON mlx-vlm's parser
-    decodes by the parameter's type."""
-    literal_end = json.dumps(end)
+@dataclass(frozen=True, slots=True)
+class _XmlSyntax:
+    """How a format writes parameters as text: each as `open_key(KEY)` VALUE `value_end`."""
+
+    # A Lark expression opening the parameter named by the given Lark expression.
+    open_key: Callable[[str], str]
+    # The marker ending a value (its own token, or spelled out), then layout after it.
+    value_end: str
+    after_value: str
+
+
+def _xml_value(compiler: MarkerSource, rule: str, schema: Any, syntax: _XmlSyntax) -> list[str]:
+    """Rules for one parameter value: a string is raw text (an enum: one of its values), any
+    other type the JSON mlx-vlm's parsers decode by the parameter's type."""
+    end = f"{compiler.marker(syntax.value_end)} {json.dumps(syntax.after_value)}"
     if isinstance(schema, dict) and schema.get("type") == "string":
         if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
             options = " | ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
-            return [f"{rule}: ({options}) {literal_end}"]
-        return [f"{rule}[lazy]: /(.|\\n)*/ {literal_end}"]
-    return [f"{rule}: {schema_rule(schema)} {literal_end}"]
+            return [f"{rule}: ({options}) {end}"]
+        token = compiler.token_id(syntax.value_end)
+        if token is not None:  # plain text never matches the marker's token
+            return [f"{rule}: /(.|\\n)*/ <[{token}]> {json.dumps(syntax.after_value)}"]
+        return [
+            f"{rule}: {rule}_text {json.dumps(syntax.after_value)}",
+            f"{rule}_text[lazy]: /(.|\\n)*/ {json.dumps(syntax.value_end)}",
+        ]
+    return [f"{rule}: {schema_rule(schema)} {end}"]
 
 
-def _qwen3_coder_calls(
-    compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
-) -> list[str]:
-    """`calls` after `<tool_call>` in Qwen3-Coder's XML form (also Qwen3.5's templates):
-    `\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>`.
-    Parameters in the schema's order, the required ones always; a tool without listed
-    properties takes any names with text values."""
-    start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
-    lines = ["GAP: /\\n?/", "KEY: /[A-Za-z_][A-Za-z0-9_.-]*/"]
+def _xml_functions(
+    compiler: MarkerSource, tools: Sequence[FunctionSpec], syntax: _XmlSyntax, header: Callable[[str], str]
+) -> tuple[list[str], list[str]]:
+    """(rules, one rule name per tool): `header(name)` then the tool's parameters in the
+    schema's order, the required ones always; a tool without listed properties takes any
+    names with text values."""
+    lines = ["KEY: /[A-Za-z_][A-Za-z0-9_.-]*/"]
     functions = []
     for index, tool in enumerate(tools):
         schema = tool.parameters if isinstance(tool.parameters, dict) else {}
@@ -183,22 +198,54 @@ def _qwen3_coder_calls(
                     value_schema = {**value_schema, "$defs": schema["$defs"]}
                 if isinstance(value_schema, dict) and not tool.strict:
                     value_schema = {**value_schema, "x-guidance": LENIENT}
-                lines += _xml_value(f"{rule}_value", value_schema, "\n</parameter>\n")
-                lines.append(f"{rule}: {json.dumps(f'<parameter={key}>' + chr(10))} {rule}_value")
+                lines += _xml_value(compiler, f"{rule}_value", value_schema, syntax)
+                opened = syntax.open_key(json.dumps(key, ensure_ascii=False))
+                lines.append(f"{rule}: {opened} {rule}_value")
                 parameters.append(rule if key in required else f"{rule}?")
         else:
-            if "any_parameter*" not in " ".join(lines):
-                lines += _xml_value("any_value", {"type": "string"}, "\n</parameter>\n")
-                lines.append('any_parameter: "<parameter=" KEY ">\\n" any_value')
+            if "any_parameter:" not in "\n".join(lines):
+                lines += _xml_value(compiler, "any_value", {"type": "string"}, syntax)
+                lines.append(f"any_parameter: {syntax.open_key('KEY')} any_value")
             parameters.append("any_parameter*")
-        header = json.dumps(f"<function={tool.name}>" + chr(10), ensure_ascii=False)
-        lines.append(f"function{index}: {header} {' '.join(parameters)}")
+        lines.append(f"function{index}: {header(tool.name)} {' '.join(parameters)}")
         functions.append(f"function{index}")
-    lines += [
+    return lines, functions
+
+
+def _qwen3_coder_calls(
+    compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
+) -> list[str]:
+    """`calls` after `<tool_call>` in Qwen3-Coder's XML form (also Qwen3.5's templates):
+    `\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>`."""
+    start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
+    syntax = _XmlSyntax(lambda key: f'"<parameter=" {key} ">\\n"', "\n</parameter>", "\n")
+    lines, functions = _xml_functions(
+        compiler, tools, syntax, lambda name: json.dumps(f"<function={name}>\n", ensure_ascii=False)
+    )
+    return [
+        "GAP: /\\n?/",
+        *lines,
         f'call_body: "\\n" ({" | ".join(functions)}) "</function>\\n" {end}',
         f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
     ]
-    return lines
+
+
+def _glm47_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+    """`calls` after `<tool_call>` in GLM-4.5/4.6/4.7's form (GLM-4.5V / 4.6V):
+    `NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>`."""
+    start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
+    key_open, key_close = compiler.marker("<arg_key>"), compiler.marker("</arg_key>")
+    value_open = compiler.marker("<arg_value>")
+    syntax = _XmlSyntax(lambda key: f'{key_open} {key} {key_close} "\\n" {value_open}', "</arg_value>", "\n")
+    lines, functions = _xml_functions(
+        compiler, tools, syntax, lambda name: json.dumps(f"{name}\n", ensure_ascii=False)
+    )
+    return [
+        "GAP: /\\n?/",
+        *lines,
+        f"call_body: ({' | '.join(functions)}) {end}",
+        f"calls: {_repeat('call_body', 'GAP ' + start, max_calls)} GAP",
+    ]
 
 
 def _per_tool_arguments(tools: Sequence[FunctionSpec], head: Callable[[str], str]) -> list[str]:
@@ -274,6 +321,7 @@ CALL_SYNTAX: dict[str, tuple[str, CallRules]] = {
     LLAMA_JSON_FORMAT: ("", _llama_json_calls),
     "qwen3_coder": ("<tool_call>", _qwen3_coder_calls),
     "kimi_k2": ("<|tool_calls_section_begin|>", _kimi_k2_calls),
+    "glm47": ("<tool_call>", _glm47_calls),
     "harmony": ("", _harmony_calls),
 }
 
