@@ -1,7 +1,7 @@
 """langchain-openai (pinned in pyproject's dev extra) on the real stack, in both of its modes —
 `use_responses_api=True` (POST /v1/responses) and the default (POST /v1/chat/completions) — against
 `vlmserve-facade` in front of the random-weight fixture: a whole tool loop (bind_tools, the forced
-call, the ToolMessage back, a final answer).
+call, the ToolMessage back, a final answer), and file content blocks (a PDF, a CSV).
 
 The fixture model knows nothing: its call is well formed only because the engine's grammar enforces
 it, and its free text runs to the token cap. So the assertions are about the loop, never content.
@@ -9,9 +9,12 @@ it, and its free text runs to the token cap. So the assertions are about the loo
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
+
+from tests._pdfs import text_pdf
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +65,25 @@ def test_tool_loop(chat: Any) -> None:
     alone = answering.invoke(messages[:1])
     assert final.usage_metadata is not None and alone.usage_metadata is not None
     assert final.usage_metadata["input_tokens"] > alone.usage_metadata["input_tokens"]
+
+
+FILES = {
+    "pdf": ("application/pdf", "report.pdf", text_pdf(["Page one: apples", "Page two: pears"])),
+    "csv": ("text/csv", "table.csv", b"fruit,count\napples,3\npears,5\n"),
+}
+
+
+@pytest.mark.parametrize("kind", list(FILES))
+def test_a_file_block(chat: Any, kind: str) -> None:
+    """LangChain's `file` content block: `input_file` on /v1/responses, a `file` part on chat."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    mime_type, filename, data = FILES[kind]
+    question = {"type": "text", "text": "What is in this file?"}
+    block = {"type": "file", "base64": base64.b64encode(data).decode(), "mime_type": mime_type}
+    answer = chat.invoke([HumanMessage(content=[question, {**block, "filename": filename}])])
+    alone = chat.invoke([HumanMessage(content=[question])])
+    assert isinstance(answer, AIMessage) and answer.text
+    # The file reached the model: PDF pages as text and images, a CSV as text under its name.
+    assert answer.usage_metadata is not None and alone.usage_metadata is not None
+    assert answer.usage_metadata["input_tokens"] > alone.usage_metadata["input_tokens"]

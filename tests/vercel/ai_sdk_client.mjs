@@ -97,26 +97,29 @@ async function object() {
 }
 
 async function pdf() {
-  const result = await generateText({
-    model,
-    maxOutputTokens,
-    maxRetries: 0,
-    messages: [
-      {
-        role: "user",
-        content: [
-          { type: "text", text: "What is in this document?" },
-          {
-            type: "file",
-            data: readFileSync(filePath),
-            mediaType: "application/pdf",
-            filename: "squares.pdf",
-          },
-        ],
-      },
-    ],
-  });
-  return { text: result.text, finishReason: result.finishReason, usage: result.usage };
+  const ask = (file) =>
+    generateText({
+      model,
+      maxOutputTokens,
+      maxRetries: 0,
+      messages: [{ role: "user", content: [{ type: "text", text: "What is in this document?" }, ...file] }],
+    });
+  const file = {
+    type: "file",
+    data: readFileSync(filePath),
+    mediaType: "application/pdf",
+    filename: "report.pdf",
+  };
+  const result = await ask([file]);
+  // The same question without the file, to show the pages reached the model.
+  const alone = await ask([]);
+  return {
+    text: result.text,
+    finishReason: result.finishReason,
+    usage: result.usage,
+    sent: result.request.body,
+    aloneUsage: alone.usage,
+  };
 }
 
 const cases = { "image-tool": imageTool, stream, object, pdf };

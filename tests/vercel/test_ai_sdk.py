@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests._pdfs import text_pdf
 from tests._services import REPO
 from tests.facade.helpers import png_bytes
 
@@ -110,3 +111,22 @@ def test_generate_object_with_a_zod_schema(base_url: str, provider: str) -> None
     # The SDK parsed and validated the object against its zod schema before returning it.
     assert set(result["object"]) == {"city", "days", "rain"}
     assert result["finishReason"] == "stop"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_pdf_file_part(base_url: str, provider: str, tmp_path: Path) -> None:
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(text_pdf(["Page one: apples", "Page two: pears"]))
+    result = run_client(base_url, provider, "pdf", pdf)
+    # The SDK sent the PDF inline: `input_file` on /v1/responses, a `file` part on chat.
+    sent = result["sent"]["input" if provider == "responses" else "messages"]
+    part = sent[0]["content"][1]
+    if provider == "responses":
+        assert part["type"] == "input_file" and part["filename"] == "report.pdf"
+        assert part["file_data"].startswith("data:application/pdf;base64,")
+    else:
+        assert part["type"] == "file" and part["file"]["filename"] == "report.pdf"
+        assert part["file"]["file_data"].startswith("data:application/pdf;base64,")
+    assert result["finishReason"] == "length" and result["text"]
+    # Each page's text and image reached the model.
+    assert result["usage"]["inputTokens"] > result["aloneUsage"]["inputTokens"]
