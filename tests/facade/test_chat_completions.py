@@ -3,6 +3,7 @@ scripted engine: what reaches the engine, the completion and its chunks, and eve
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -11,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests._pdfs import text_pdf
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import png_bytes, png_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -110,6 +112,44 @@ async def test_a_tool_message_with_an_image_is_lowered_like_a_function_call_outp
     assert request.messages[2].tool_output.text.endswith(IMAGE_FOLLOW_UP_MARKER)
     assert request.messages[3].parts[0].image.data == png_bytes(RED)
     assert [tool.function.name for tool in request.tools] == ["screenshot"]
+
+
+@pytest.mark.parametrize("role", ["user", "tool"])
+async def test_a_file_part_reaches_the_engine_as_the_responses_input_file_does(
+    http: httpx.AsyncClient, engine: FakeEngine, role: str
+) -> None:
+    """Chat's `file` part is the Responses `input_file`: a PDF becomes each page's text and image."""
+    data = "data:application/pdf;base64," + base64.b64encode(text_pdf(["First", "Second"])).decode()
+    chat_part = {"type": "file", "file": {"file_data": data, "filename": "r.pdf"}}
+    responses_part = {"type": "input_file", "file_data": data, "filename": "r.pdf"}
+    call = {"id": "c1", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}
+    if role == "user":
+        messages: list[Any] = [user({"type": "text", "text": "Read it."}, chat_part)]
+        items: list[Any] = [
+            {"role": "user", "content": [{"type": "input_text", "text": "Read it."}, responses_part]}
+        ]
+    else:
+        messages = [
+            {"role": "user", "content": "Read it."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": [chat_part]},
+        ]
+        items = [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read it."}]},
+            {"type": "function_call", "call_id": "c1", "name": "screenshot", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [responses_part]},
+        ]
+    tools = [{"type": "function", "name": "screenshot", "parameters": TOOL["function"]["parameters"]}]
+    chat = await http.post(
+        "/v1/chat/completions", json={"model": "default", "messages": messages, "tools": [TOOL]}
+    )
+    assert chat.status_code == 200, chat.text
+    responses = await http.post("/v1/responses", json={"model": "default", "input": items, "tools": tools})
+    assert responses.status_code == 200, responses.text
+    via_chat, via_responses = engine.requests
+    assert list(via_chat.messages) == list(via_responses.messages)
+    kinds = [part.WhichOneof("kind") for message in via_chat.messages for part in message.parts]
+    assert kinds.count("image") == 2  # one per page
 
 
 async def test_tool_calls_and_a_forced_choice(sdk: openai.AsyncOpenAI, engine: FakeEngine) -> None:
@@ -335,6 +375,16 @@ TRANSLATED_PARAMS: list[tuple[str, dict[str, Any], str]] = [
             ]
         },
         "messages[2].content[0]",
+    ),
+    (
+        "bad file data",
+        {"messages": [user({"type": "file", "file": {"file_data": "data:application/pdf;base64,!!"}})]},
+        "messages[0].content[0].file.file_data",
+    ),
+    (
+        "file without id or data",
+        {"messages": [user({"type": "file", "file": {"filename": "a.pdf"}})]},
+        "messages[0].content[0].file.file_id",
     ),
     ("too many output tokens", {"max_tokens": 10**9}, "max_tokens"),
     (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
@@ -112,11 +113,16 @@ def _chat_params(chat: ChatRequest) -> Iterator[None]:
         message = (
             error.message.replace(f"'{error.param}", f"'{param}") if error.param and param else error.message
         )
+        # Other input paths the message quotes ("'...file_id' or '...file_data'").
+        message = _QUOTED_INPUT_PATH.sub(lambda found: f"'{chat.chat_param(found.group(1))}'", message)
         headers = error.headers if isinstance(error, APIError) else None
         kind = error.type if isinstance(error, APIError) else None
         raise APIError(
             error.status, message, param=param, code=error.code, type=kind, headers=headers
         ) from None
+
+
+_QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
 
 
 def _data(payload: dict[str, Any]) -> ServerSentEvent:
