@@ -293,3 +293,22 @@ async def test_chat_completions_file_parts(http: httpx.AsyncClient, engine: Fake
     missing = await http.post("/v1/chat/completions", json={"model": "default", "messages": messages})
     assert missing.status_code == 400
     assert missing.json()["error"]["param"] == "messages[0].content[0].file.file_id"
+
+
+async def test_conversation_items_resolve_files(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    pdf = (await upload(http, PDF, name="report.pdf")).json()["id"]
+    item = {"role": "user", "content": [{"type": "input_file", "file_id": pdf}]}
+    created = await http.post("/v1/conversations", json={"items": [item]})
+    assert created.status_code == 200, created.text
+    conversation = created.json()["id"]
+    # Deleting the file later does not change the conversation: its turns were translated when added.
+    assert (await http.delete(f"/v1/files/{pdf}")).status_code == 200
+    answered = await http.post(
+        "/v1/responses", json={"model": "default", "conversation": conversation, "input": "and then?"}
+    )
+    assert answered.status_code == 200, answered.text
+    first = engine.requests[-1].messages[0]
+    assert [part.WhichOneof("kind") for part in first.parts] == ["text", "image", "text", "image"]
+    missing = await http.post(f"/v1/conversations/{conversation}/items", json={"items": [item]})
+    assert missing.status_code == 400
+    assert missing.json()["error"]["param"] == "items[0].content[0].file_id"
