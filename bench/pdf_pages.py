@@ -111,7 +111,7 @@ def measure(pdf: bytes, pages: int, rounds: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--pages", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
