@@ -59,3 +59,19 @@ def test_kept_special_tokens_are_text_and_others_are_skipped(tokenizer: Any) -> 
     kept = IncrementalDetokenizer(tokenizer, keep={vision_start: "<|vision_start|>"})
     assert "".join(plain.add(t) for t in ids) + plain.flush() == "abcd"
     assert "".join(kept.add(t) for t in ids) + kept.flush() == "ab<|vision_start|>cd"
+
+
+def test_preview_is_what_each_token_would_add_next(tokenizer: Any) -> None:
+    # Logprob alternatives: each candidate's text after the same tokens, without adding it.
+    text = "naïve 日本"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    for token in ids:
+        (previewed,) = detokenizer.preview([token])
+        added = detokenizer.add(token)
+        # What the token adds, or (inside a character) the partial text it would leave.
+        assert previewed == added or (not added and previewed.endswith("\ufffd"))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    world = tokenizer.encode(" world", add_special_tokens=False)[0]
+    assert detokenizer.preview([world, im_end]) == [" world", "<|im_end|>"]
+    assert detokenizer.flush() == ""  # previews add nothing

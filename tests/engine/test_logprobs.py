@@ -7,10 +7,12 @@ constrains it, and when reasoning is split off (logprobs.py).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 from pathlib import Path
 
+import pytest
 import regex
 
 from tests.engine._family_engine import running_engine, text, user
@@ -160,3 +162,21 @@ def test_top_logprobs_out_of_range_is_invalid_argument(
     for sampling in (with_logprobs(21), pb.SamplingParams(top_logprobs=1)):
         code, message = status_of(lambda s=sampling: list(stub.Generate(request(sampling=s), timeout=30)))
         assert code.name == "INVALID_ARGUMENT" and "sampling.top_logprobs" in message
+
+
+def test_batched_rows_score_as_they_would_alone(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub
+) -> None:
+    # Two requests decode together (one asks for logprobs, one not, as in a mixed batch); each
+    # gets the tokens, and the first its numbers, that it gets alone.
+    asking = request(text_part("One"), max_tokens=32, sampling=with_logprobs(4, temperature=1.0, seed=21))
+    other = request(text_part("Two"), max_tokens=32, sampling=pb.SamplingParams(temperature=1.0, seed=22))
+    alone = [stream(stub, req)[1][0] for req in (asking, other)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda req: stream(stub, req)[1][0], (asking, other)))
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert not together[1].logprobs
+    assert spelled(list(together[0].logprobs)) == together[0].text
+    for mine, solo in zip(together[0].logprobs, alone[0].logprobs, strict=True):
+        assert mine.logprob == pytest.approx(solo.logprob, abs=1e-3)
+        assert [t.token for t in mine.top_logprobs][:1] == [t.token for t in solo.top_logprobs][:1]

@@ -36,7 +36,7 @@ from .jobs import (
     TextEvent,
     ToolCallEvent,
 )
-from .logprobs import LogprobTrace, TokenScore, score_rows
+from .logprobs import LogprobTrace, StepScores, score_rows
 from .model import LoadedModel
 from .model_inputs import ImageSpan, ModelInputs, build_model_inputs
 from .output import OutputAssembler, OutputPiece, Reasoning
@@ -120,7 +120,8 @@ class ActiveGeneration:
         # its score, until accepted; the tokens not yet matched to visible text.
         self.top_logprobs = request.settings.top_logprobs
         self.scored_logits: Any = None
-        self.token_score: TokenScore | None = None
+        # (the step's scores, this row's index in them)
+        self.token_score: tuple[StepScores, int] | None = None
         self._trace = LogprobTrace() if request.settings.logprobs else None
 
     @property
@@ -303,7 +304,7 @@ class ActiveGeneration:
         return self.output_tokens + 1 >= self._max_tokens
 
     def accept(self, token: int) -> None:
-        score, self.token_score = self.token_score, None
+        scored, self.token_score = self.token_score, None
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -322,7 +323,8 @@ class ActiveGeneration:
             return
         assert self._detokenizer is not None
         if self._trace is not None:
-            assert score is not None, "a request with logprobs took an unscored token"
+            assert scored is not None, "a request with logprobs took an unscored token"
+            score = scored[0].row(scored[1])
             alternatives = self._detokenizer.preview([alternative for alternative, _ in score.top])
             text = self._detokenizer.add(token)
             self._trace.add(text, score, alternatives)
@@ -439,7 +441,7 @@ class ActiveGeneration:
 
 def score_chosen(generations: list[ActiveGeneration], tokens: Any) -> None:
     """Score the tokens just drawn ([rows] lazy ids, one per generation) for the generations that
-    asked for logprobs, in one batched op; each keeps its score until it accepts the token."""
+    asked for logprobs, in one batched op (not waited for); each reads its score on accept."""
     import mlx.core as mx
 
     wanted = [index for index, generation in enumerate(generations) if generation.scored_logits is not None]
@@ -451,6 +453,6 @@ def score_chosen(generations: list[ActiveGeneration], tokens: Any) -> None:
         chosen,
         [generations[index].top_logprobs for index in wanted],
     )
-    for index, score in zip(wanted, scores, strict=True):
+    for row, index in enumerate(wanted):
         generations[index].scored_logits = None
-        generations[index].token_score = score
+        generations[index].token_score = (scores, row)

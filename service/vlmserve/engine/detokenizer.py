@@ -12,6 +12,7 @@ see even where the tokenizer calls it special (Mistral's `[TOOL_CALLS]`, harmony
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,9 +59,22 @@ class IncrementalDetokenizer:
         texts = []
         for token in tokens:
             kept = self._keep.get(token)
-            after = self._decode(pending) + kept if kept is not None else self._decode([*pending, token])
+            if kept is not None:
+                after = self._decode(pending) + kept
+            elif token in self._special_ids:  # decoding skips it: named (`<|im_end|>`), not ""
+                after = self._decode(pending) + self._spelling(token)
+            else:
+                after = self._decode([*pending, token])
             texts.append(after[len(before) :] if after.startswith(before) else after)
         return texts
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(getattr(self._tokenizer, "all_special_ids", None) or ())
+
+    def _spelling(self, token: int) -> str:
+        spelled = self._tokenizer.convert_ids_to_tokens([token])
+        return str(spelled[0]) if spelled else ""
 
     def flush(self) -> str:
         """Generation ended: whatever the pending tokens decode to, even if incomplete."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["LogprobTrace", "TokenScore", "score_rows"]
+__all__ = ["LogprobTrace", "StepScores", "TokenScore", "score_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,32 +36,50 @@ class TokenScore:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def score_rows(logits: Sequence[Any], tokens: Any, top_counts: Sequence[int]) -> list[TokenScore]:
+class StepScores:
+    """One step's scores for the rows that asked, computing on the device (started, not waited
+    for, so a double-buffered decode keeps its overlap); read on accept (`row`)."""
+
+    def __init__(self, arrays: tuple[Any, ...], top_counts: Sequence[int]) -> None:
+        self._arrays = arrays  # chosen [n], then top ids and values [n, k] when k > 0
+        self._top_counts = tuple(top_counts)
+        self._scores: list[TokenScore] | None = None
+
+    def row(self, index: int) -> TokenScore:
+        if self._scores is None:
+            self._scores = self._read()
+        return self._scores[index]
+
+    def _read(self) -> list[TokenScore]:
+        lists: list[Any] = [array.tolist() for array in self._arrays]
+        if len(lists) == 1:
+            return [TokenScore(float(value)) for value in lists[0]]
+        scores = []
+        for value, ids, row_values, count in zip(*lists, self._top_counts, strict=True):
+            ranked = sorted(
+                ((int(i), float(v)) for i, v in zip(ids, row_values, strict=True) if math.isfinite(v)),
+                key=lambda pair: -pair[1],
+            )
+            scores.append(TokenScore(float(value), tuple(ranked[:count])))
+        return scores
+
+
+def score_rows(logits: Sequence[Any], tokens: Any, top_counts: Sequence[int]) -> StepScores:
     """Rows' final logits ([1, vocab] each), their chosen tokens ([rows] int) and how many
-    alternatives each wants -> each row's score. One evaluation for all rows."""
+    alternatives each wants -> the rows' scores: one log-softmax, the chosen values and an
+    argpartition top-k over all rows together, evaluated asynchronously."""
     import mlx.core as mx
 
     stacked = (mx.concatenate(list(logits), axis=0) if len(logits) > 1 else logits[0]).astype(mx.float32)
     logprobs = stacked - mx.logsumexp(stacked, axis=-1, keepdims=True)
     chosen = mx.take_along_axis(logprobs, tokens.reshape(-1, 1).astype(mx.int32), axis=-1).reshape(-1)
+    arrays: tuple[Any, ...] = (chosen,)
     k = min(max(top_counts, default=0), logprobs.shape[-1])
-    if k == 0:
-        mx.eval(chosen)
-        values: list[float] = chosen.tolist()  # type: ignore[assignment]
-        return [TokenScore(value) for value in values]
-    top_ids = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
-    top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
-    mx.eval(chosen, top_ids, top_values)
-    scores = []
-    lists: tuple[Any, Any, Any] = (chosen.tolist(), top_ids.tolist(), top_values.tolist())
-    rows = zip(*lists, top_counts, strict=True)
-    for value, ids, row_values, count in rows:
-        ranked = sorted(
-            ((int(i), float(v)) for i, v in zip(ids, row_values, strict=True) if math.isfinite(v)),
-            key=lambda pair: -pair[1],
-        )
-        scores.append(TokenScore(float(value), tuple(ranked[:count])))
-    return scores
+    if k > 0:
+        top_ids = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
+        arrays = (chosen, top_ids, mx.take_along_axis(logprobs, top_ids, axis=-1))
+    mx.async_eval(*arrays)  # type: ignore[no-untyped-call]
+    return StepScores(arrays, top_counts)
 
 
 @dataclass(slots=True)
