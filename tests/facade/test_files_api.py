@@ -312,3 +312,11 @@ async def test_conversation_items_resolve_files(http: httpx.AsyncClient, engine:
     missing = await http.post(f"/v1/conversations/{conversation}/items", json={"items": [item]})
     assert missing.status_code == 400
     assert missing.json()["error"]["param"] == "items[0].content[0].file_id"
+
+
+async def test_a_damaged_record_is_a_missing_file(http: httpx.AsyncClient, settings: FacadeSettings) -> None:
+    created = (await upload(http, b"kept\n", name="a.txt")).json()["id"]
+    damaged = (await upload(http, b"lost\n", name="b.txt")).json()["id"]
+    (settings.files_directory() / "anonymous" / f"{damaged}.json").write_text("{not json")
+    assert (await http.get(f"/v1/files/{damaged}")).status_code == 404
+    assert [f["id"] for f in (await http.get("/v1/files")).json()["data"]] == [created]

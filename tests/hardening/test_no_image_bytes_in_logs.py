@@ -1,5 +1,6 @@
-"""Base64 and image bytes never reach the logs: every logger at DEBUG, requests carrying a unique
-marker in valid and invalid images, through success and error paths; the marker is never logged."""
+"""Base64, image and file bytes never reach the logs: every logger at DEBUG, requests carrying a
+unique marker in valid and invalid images and files, through success and error paths; the marker is
+never logged."""
 
 from __future__ import annotations
 
@@ -141,3 +142,54 @@ async def test_image_payloads_never_reach_the_logs(
     for fingerprint in fingerprints():
         assert fingerprint not in logged
     assert MARKER.encode() not in logged.encode("utf-8", "replace")
+
+
+async def test_file_payloads_never_reach_the_logs(
+    all_logs: pytest.LogCaptureFixture,
+    settings: FacadeSettings,
+    engine_client: AsyncEngineClient,
+    store: ResponseStore,
+    engine: FakeEngine,
+) -> None:
+    """The same for files (issue 14.2): uploads, downloads and input_file parts, valid or not."""
+    from tests._pdfs import text_pdf
+
+    text = f"notes {MARKER}\n".encode() * 4
+    pdf = text_pdf([f"page {MARKER}"])
+    zipped = b"PK\x03\x04" + MARKER.encode() * 4
+    app = create_app(settings, engine=engine_client, store=store)
+    statuses: dict[str, int] = {}
+
+    def file_part(**fields: str) -> dict[str, Any]:
+        return {"input": [{"role": "user", "content": [{"type": "input_file", **fields}]}]}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        ids = {}
+        for label, content in (("text", text), ("pdf", pdf), ("zip", zipped), ("pdf as vision", pdf)):
+            purpose = "vision" if label == "pdf as vision" else "user_data"
+            uploaded = await http.post(
+                "/v1/files", files={"file": ("f.bin", content)}, data={"purpose": purpose}
+            )
+            statuses[f"upload {label}"] = uploaded.status_code
+            if uploaded.status_code == 200:
+                ids[label] = uploaded.json()["id"]
+                statuses[f"download {label}"] = (
+                    await http.get(f"/v1/files/{ids[label]}/content")
+                ).status_code
+                statuses[f"use {label}"] = (
+                    await http.post("/v1/responses", json=file_part(file_id=ids[label]))
+                ).status_code
+        for label, content in (("text", text), ("pdf", pdf), ("zip", zipped)):
+            inline = "data:application/pdf;base64," + base64.b64encode(content).decode()
+            statuses[f"inline {label}"] = (
+                await http.post("/v1/responses", json=file_part(file_data=inline))
+            ).status_code
+        statuses["bad base64"] = (
+            await http.post("/v1/responses", json=file_part(file_data=f"{MARKER}!!{MARKER}"))
+        ).status_code
+
+    assert statuses["upload text"] == 200 and statuses["use pdf"] == 200 and statuses["inline text"] == 200
+    assert statuses["upload zip"] == 400 and statuses["inline zip"] == 400 and statuses["bad base64"] == 400
+    assert all(status < 500 for status in statuses.values()), statuses
+    logged = all_logs.text + "\n".join(repr(record.args) for record in all_logs.records)
+    assert MARKER not in logged and MARKER.encode() not in logged.encode("utf-8", "replace")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -29,6 +30,8 @@ from typing import Any, Literal
 from vlmserve.responses import FileContent, ImageFetchError
 
 __all__ = ["FileRecord", "FileStore", "RequestFiles", "new_file_id"]
+
+logger = logging.getLogger("vlmserve.facade.files")
 
 _FILE_ID = re.compile(r"file-[0-9a-f]{48}")
 _SAFE_OWNER = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -172,6 +175,10 @@ def _read_record(path: Path) -> FileRecord | None:
     try:
         return FileRecord(**json.loads(path.read_bytes()))
     except FileNotFoundError:
+        return None
+    except (ValueError, TypeError):
+        # Not a record this code wrote (edited or damaged by hand): as if it were not there.
+        logger.warning("unreadable file record %s ignored", path.name)
         return None
 
 
