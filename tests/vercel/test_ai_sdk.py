@@ -57,6 +57,8 @@ def run_client(base_url: str, provider: str, case: str, file: Path | None = None
     command = ["node", str(SCRIPT), base_url, provider, case, *([str(file)] if file else [])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=NODE_TIMEOUT_S, cwd=REPO)
     assert done.returncode == 0, f"{case} via {provider} failed:\n{done.stderr[-6000:]}"
+    # The SDK warns (stderr) about settings or results a provider did not honour: none expected.
+    assert "Warning" not in done.stderr, done.stderr[-6000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
 
