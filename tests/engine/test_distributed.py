@@ -67,32 +67,35 @@ def one_process(family_models: dict[str, Path]) -> dict[str, pb.GenerateResult]:
         return {name: _answer(stub, name) for name in ASKED}
 
 
-@pytest.fixture(scope="module")
-def ranks(family_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ranks]:
-    work = tmp_path_factory.mktemp("distributed")
+def _start_ranks(
+    work: Path, model: Path, extra: tuple[str, ...] = ()
+) -> tuple[ServiceProcess, subprocess.Popen[bytes], Path]:
+    """Rank 1 first (it waits for rank 0 in the ring), then rank 0 until it serves."""
     ring = _ring(work)
-    model = str(family_models[FAMILY])
-    command = [str(BIN / "vlmserve-engine"), "--distributed", "tensor", "--model", model]
+    options = ("--distributed", "tensor", *extra)
     follower_log = work / "rank1.log"
     with follower_log.open("wb") as log:
         follower = subprocess.Popen(
-            [*command, "--address", "127.0.0.1:0"],
+            [str(BIN / "vlmserve-engine"), *options, "--model", str(model), "--address", "127.0.0.1:0"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**process_env(), **ring, "MLX_RANK": "1"},
             cwd=REPO,
         )
     try:
-        leader = start_engine(
-            work,
-            model=model,
-            extra=("--distributed", "tensor"),
-            env=ring,
-        )
+        leader = start_engine(work, model=str(model), extra=options, env=ring)
     except BaseException:
         follower.kill()
         follower.wait()
         raise
+    return leader, follower, follower_log
+
+
+@pytest.fixture(scope="module")
+def ranks(family_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ranks]:
+    leader, follower, follower_log = _start_ranks(
+        tmp_path_factory.mktemp("distributed"), family_models[FAMILY]
+    )
     with grpc.insecure_channel(leader.address) as channel:
         yield Ranks(leader, follower, follower_log, pb_grpc.EngineServiceStub(channel))
     leader.stop()
@@ -198,3 +201,21 @@ def test_without_a_distributed_environment_the_engine_says_how_to_start_it() -> 
     )
     assert completed.returncode == 2, completed.stderr[-2000:]
     assert "--distributed needs the processes started by mlx.launch" in completed.stderr
+
+
+def test_a_follower_whose_rank_0_died_leaves_after_its_grace(
+    family_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A dead peer leaves MLX's collectives blocked, not failed: a signalled follower would wait
+    for rank 0's stop plan forever (and mlx.launch, which signals the others when one rank dies,
+    with it). It waits --drain-seconds + 10 s at most."""
+    leader, follower, _log = _start_ranks(tmp_path, family_models[FAMILY], ("--drain-seconds", "0"))
+    try:
+        leader.process.kill()
+        leader.process.wait()
+        follower.send_signal(signal.SIGTERM)
+        assert follower.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()

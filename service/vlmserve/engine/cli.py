@@ -177,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             log.error("%s", error)
             sys.exit(2)
         if this_rank != 0:  # rank 0 serves; the others run its steps on their share of the model
-            code = follow(command.engine)
+            # Rank 0 sends the stop plan within its drain; 10 s more for its own shutdown.
+            code = follow(command.engine, grace_seconds=command.drain_seconds + 10)
             logging.shutdown()
             # Without running interpreter and C++ teardown: once rank 0 has gone, destroying MLX's
             # ring group aborts the process ("terminate called without an active exception").

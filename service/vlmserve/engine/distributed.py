@@ -311,8 +311,14 @@ def generator_for(config: EngineConfig) -> Generator:
     return Generator(config) if config.distributed == "off" else LeaderGenerator(config)
 
 
-def follow(config: EngineConfig) -> int:
-    """Run a follower rank until rank 0 stops (0) or this rank fails (1)."""
+def follow(config: EngineConfig, *, grace_seconds: float) -> int:
+    """Run a follower rank until rank 0 stops (0) or this rank fails (1).
+
+    SIGTERM / SIGINT (mlx.launch and service managers signal every rank): rank 0 drains its
+    requests and needs this rank's share of every forward until then, so this rank keeps going
+    until rank 0's stop plan, for at most `grace_seconds` (rank 0 may be gone: a dead peer leaves
+    the collectives blocked, not failed). A second signal: leave at once.
+    """
     group = world()
     generator = FollowerGenerator(config)
 
@@ -322,13 +328,23 @@ def follow(config: EngineConfig) -> int:
 
     signals: list[int] = []
 
+    def leave(signum: int) -> None:
+        logging.shutdown()
+        os._exit(128 + signum)
+
     def on_signal(signum: int, _frame: object) -> None:
-        # Rank 0 drains its requests on the same signal and needs this rank's share for every
-        # forward until then; its stop plan ends this rank. A second signal: leave now.
         if signals:
-            os._exit(128 + signum)
+            leave(signum)
         signals.append(signum)
-        log.info("rank %d: %s, stopping when rank 0 stops", group.rank(), signal.Signals(signum).name)
+        log.info(
+            "rank %d: %s, stopping when rank 0 stops (at most %.0fs)",
+            group.rank(),
+            signal.Signals(signum).name,
+            grace_seconds,
+        )
+        timer = threading.Timer(grace_seconds, leave, args=(signum,))
+        timer.daemon = True
+        timer.start()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
