@@ -222,6 +222,7 @@ def test_inner_markers_survive_detokenization() -> None:
     kimi_markers = {"<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"}
     assert kimi_markers <= set(markup_of("kimi_k2"))
     assert {"<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"} <= set(markup_of("glm47"))
+    assert '<|"|>' in markup_of("gemma4")
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +232,7 @@ def marker_tokens() -> tuple[Any, GrammarCompiler]:
     markers = ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|channel|>", "<|message|>"]
     markers += ["<|end|>", "<|start|>", "<|constrain|>", "<|tool_call_begin|>", "<|tool_call_end|>"]
     markers += ["<|tool_call_argument_begin|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"]
+    markers += ['<|"|>', "<|tool_call>", "<tool_call|>", "<|tool_call_start|>", "<|tool_call_end|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": markers})
     return tokenizer, GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
 
@@ -242,6 +244,8 @@ def marker_tokens() -> tuple[Any, GrammarCompiler]:
         ("glm47", glm("shell", cmd="a b"), [("shell", {"cmd": "a b"})]),
         ("kimi_k2", kimi(("shell", {"x": 1})), [("shell", {"x": 1})]),
         ("harmony", harmony("shell", {"x": 1}, thinking="Hmm."), [("shell", {"x": 1})]),
+        ("gemma4", '<|tool_call>call:shell{cmd:<|"|>ls<|"|>}<tool_call|>', [("shell", {"cmd": "ls"})]),
+        ("pythonic", '<|tool_call_start|>[shell(cmd="ls")]<|tool_call_end|>', [("shell", {"cmd": "ls"})]),
     ],
 )
 def test_markers_that_are_tokens(
@@ -251,3 +255,97 @@ def test_markers_that_are_tokens(
     assert len(tokenizer.encode("<arg_value>", add_special_tokens=False)) == 1
     assert accepts(compiler, tokenizer, build(compiler, tool_format, "required"), text)
     assert parsed(tool_format, text) == calls
+
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string"},
+        "limit": {"type": "integer", "minimum": 1},
+        "exact": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "where": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+        "mode": {"enum": ["fast", "slow", None]},
+    },
+    "required": ["query", "limit"],
+}
+SEARCH = pb.Tool(function=pb.FunctionTool(name="search", parameters_json=json.dumps(NESTED), strict=True))
+LOOSE = pb.Tool(function=pb.FunctionTool(name="poke", parameters_json='{"type": "object"}'))
+Q = '<|"|>'
+
+
+def gemma(name: str, members: str) -> str:
+    return f"<|tool_call>call:{name}{{{members}}}<tool_call|>"
+
+
+LITERAL_CASES = [
+    # (format, text, the arguments it parses to, or None when the grammar refuses it)
+    ("gemma4", gemma("search", f"query:{Q}cats, dogs{Q},limit:3"), {"query": "cats, dogs", "limit": 3}),
+    (
+        "gemma4",
+        gemma(
+            "search",
+            f"query:{Q}a{Q},limit:1,exact:true,tags:[{Q}x{Q},{Q}y{Q}],where:{{x:1.5}},mode:{Q}slow{Q}",
+        ),
+        {"query": "a", "limit": 1, "exact": True, "tags": ["x", "y"], "where": {"x": 1.5}, "mode": "slow"},
+    ),
+    ("gemma4", gemma("search", f"query:{Q}a{Q},limit:1,mode:null"), {"query": "a", "limit": 1, "mode": None}),
+    ("gemma4", gemma("search", f"query:{Q}a{Q}"), None),  # `limit` is required
+    ("gemma4", gemma("search", f"query:{Q}a{Q},limit:0"), None),  # minimum 1
+    ("gemma4", gemma("search", f"limit:1,query:{Q}a{Q}"), None),  # the schema's order
+    ("gemma4", gemma("search", f"query:{Q}a{Q},limit:1,mode:{Q}medium{Q}"), None),
+    (
+        "gemma4",
+        gemma("poke", f"anything:{{deep:[1,{Q}two{Q},false]}}"),
+        {"anything": {"deep": [1, "two", False]}},
+    ),
+    ("gemma4", gemma("nope", ""), None),
+    (
+        "pythonic",
+        '<|tool_call_start|>[search(query="cats, dogs", limit=3)]<|tool_call_end|>',
+        {"query": "cats, dogs", "limit": 3},
+    ),
+    (
+        "pythonic",
+        '<|tool_call_start|>[search(query="a\\"b", limit=2, exact=False, tags=["x"], '
+        'where={"x": 2}, mode=None)]<|tool_call_end|>',
+        {"query": 'a"b', "limit": 2, "exact": False, "tags": ["x"], "where": {"x": 2}, "mode": None},
+    ),
+    ("pythonic", '<|tool_call_start|>[search(query="a")]<|tool_call_end|>', None),
+    (
+        "pythonic",
+        '<|tool_call_start|>[search(query="a", limit=true)]<|tool_call_end|>',
+        None,
+    ),  # Python's True
+    (
+        "pythonic",
+        '<|tool_call_start|>[poke(x={"k": [1, None, True]})]<|tool_call_end|>',
+        {"x": {"k": [1, None, True]}},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("tool_format", "text", "arguments"),
+    LITERAL_CASES,
+    ids=[f"{c[0]}-{n}" for n, c in enumerate(LITERAL_CASES)],
+)
+def test_literal_syntax_calls(
+    compiler: GrammarCompiler, tokenizer: Any, tool_format: str, text: str, arguments: Any
+) -> None:
+    constraint = build(compiler, tool_format, "required", tools=[SEARCH, LOOSE])
+    assert accepts(compiler, tokenizer, constraint, text) is (arguments is not None)
+    if arguments is not None:
+        (call,) = parsed(tool_format, text)
+        assert call[1] == arguments
+
+
+def test_parallel_literal_calls(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    two = gemma("poke", "") + gemma("poke", "a:1")
+    assert accepts(compiler, tokenizer, build(compiler, "gemma4", "required", tools=[LOOSE]), two)
+    assert parsed("gemma4", two) == [("poke", {}), ("poke", {"a": 1})]
+    pythonic = "<|tool_call_start|>[poke(), poke(a=1)]<|tool_call_end|>"
+    assert accepts(compiler, tokenizer, build(compiler, "pythonic", "required", tools=[LOOSE]), pythonic)
+    assert parsed("pythonic", pythonic) == [("poke", {}), ("poke", {"a": 1})]
+    single = build(compiler, "pythonic", "required", tools=[LOOSE], parallel_tool_calls=False)
+    assert not accepts(compiler, tokenizer, single, pythonic)

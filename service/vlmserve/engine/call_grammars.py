@@ -3,9 +3,9 @@ marker. Pure text building; `grammar.py` decides when a request gets one and che
 
 Formats (the parser names in tool_parsers.py): Hermes / Qwen `<tool_call>{json}</tool_call>`,
 Mistral's `[TOOL_CALLS][{...}]`, Llama's bare `{"name", "parameters"}` answer, Qwen3-Coder's
-XML parameters, GLM's `<arg_key>`/`<arg_value>` pairs, Kimi K2's sections, gpt-oss harmony's
-commentary channel; formats not listed here (mlx-vlm's gemma4, pythonic, ...) refuse a forced
-tool choice (grammar.py).
+XML parameters, GLM's `<arg_key>`/`<arg_value>` pairs, Gemma 4's and pythonic calls (values in
+their literal syntax: call_literals.py), Kimi K2's sections, gpt-oss harmony's commentary channel;
+formats not listed here (mlx-vlm's minimax, longcat, ...) refuse a forced tool choice (grammar.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .call_literals import GEMMA, PYTHON, LiteralRules
 from .tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT
 
 __all__ = [
@@ -308,6 +309,57 @@ def _harmony_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_ca
     ]
 
 
+def _gemma4_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+    """`calls` after `<|tool_call>` (Gemma 4): `call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`,
+    repeated with the marker; values in Gemma's literal syntax (call_literals.py)."""
+    start, end = compiler.marker("<|tool_call>"), compiler.marker("<tool_call|>")
+    rules = LiteralRules(GEMMA, compiler.marker, compiler.token_id)
+    choices = []
+    for index, tool in enumerate(tools):
+        members = _literal_members(rules, tool, lambda key: GEMMA.object_key(GEMMA.key_literal(key)))
+        rules.lines.append(f'gemma_call{index}: {json.dumps(f"call:{tool.name}{{")} {members} "}}"')
+        choices.append(f"gemma_call{index}")
+    return [
+        *rules.lines,
+        f"call_body: ({' | '.join(choices)}) {end}",
+        f"calls: {_repeat('call_body', start, max_calls)}",
+    ]
+
+
+def _pythonic_calls(
+    compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
+) -> list[str]:
+    """`calls` after `<|tool_call_start|>` (LFM2 / LFM2-VL): `[name(key="text", n=1), ...]` then
+    `<|tool_call_end|>`; keyword arguments as Python literals (call_literals.py)."""
+    end = compiler.marker("<|tool_call_end|>")
+    rules = LiteralRules(PYTHON, compiler.marker, compiler.token_id)
+    choices = []
+    for index, tool in enumerate(tools):
+        arguments = _literal_members(rules, tool, lambda key: json.dumps(f"{key}="))
+        rules.lines.append(f'python_call{index}: {json.dumps(f"{tool.name}(")} {arguments} ")"')
+        choices.append(f"python_call{index}")
+    return [
+        *rules.lines,
+        f"call_body: {' | '.join(choices)}",
+        f'calls: "[" {_repeat("call_body", PYTHON.separator, max_calls)} "]" {end}',
+    ]
+
+
+def _literal_members(rules: LiteralRules, tool: FunctionSpec, key: Callable[[str], str]) -> str:
+    """A tool's arguments as `key` + literal members (any keys when it lists no properties)."""
+    schema = tool.parameters if isinstance(tool.parameters, dict) else {}
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        any_value, separator = rules.any_value(), rules.syntax.separator
+        member = f"{rules.syntax.name}_argument"
+        if f"{member}:" not in "\n".join(rules.lines):
+            rules.lines.append(f"{member}: /[A-Za-z_][A-Za-z0-9_]*/ {key('')} {any_value}")
+        return f"({member} ({separator} {member})*)?"
+    required = set(schema.get("required") or ())
+    items = [(f"{key(name)} {rules.value(sub)}", name in required) for name, sub in properties.items()]
+    return rules.sequence(items)
+
+
 # Formats whose AUTO choice is left free (calls still parsed): harmony's AUTO text runs through
 # channels a plain-text grammar cannot follow.
 AUTO_UNCONSTRAINED = frozenset({"harmony"})
@@ -322,6 +374,8 @@ CALL_SYNTAX: dict[str, tuple[str, CallRules]] = {
     "qwen3_coder": ("<tool_call>", _qwen3_coder_calls),
     "kimi_k2": ("<|tool_calls_section_begin|>", _kimi_k2_calls),
     "glm47": ("<tool_call>", _glm47_calls),
+    "gemma4": ("<|tool_call>", _gemma4_calls),
+    "pythonic": ("<|tool_call_start|>", _pythonic_calls),
     "harmony": ("", _harmony_calls),
 }
 

@@ -105,11 +105,12 @@ def tool_call_format_for(model_type: str, chat_template: str | None) -> str:
 
 # Markup inside a call that a family's parser reads, beyond its start and end markers.
 # Harmony: also its message framing, which the output splitter (harmony.py) reads.
-# Kimi K2 and GLM: the call's inner markers (single tokens in their vocabularies).
+# Kimi K2, GLM, Gemma 4: the call's inner markers (single tokens in their vocabularies).
 _INNER_MARKUP = {
     "harmony": ("<|message|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>", "<|return|>"),
     "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
     "glm47": ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+    "gemma4": ('<|"|>',),  # its string quote
 }
 
 
