@@ -5,12 +5,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from PIL import Image
 
-from tests._pdfs import text_pdf
+from tests._pdfs import images_pdf, text_pdf
 from tests.responses.responses_testkit import RED
 from vlmserve.common.documents import DocumentError, DocumentLimits, decode_text, render_pdf, sniff_file
 
 PDF = text_pdf(["one", "two", "three"])
+IMAGE_PAGE = images_pdf([Image.new("RGB", (120, 100))])  # one embedded 120x100 image
 
 
 @pytest.mark.parametrize(
@@ -64,3 +66,22 @@ def test_page_pixels_are_capped() -> None:
     (page, *_) = render_pdf(PDF, DocumentLimits(max_page_pixels=30_000))
     assert page.width * page.height <= 30_000
     assert abs(page.width / page.height - 1.5) < 0.02  # the page's aspect kept
+
+
+@pytest.mark.parametrize(
+    ("pdf", "limits", "code"),
+    [
+        (PDF, DocumentLimits(max_page_objects=0), "file_too_complex"),
+        (IMAGE_PAGE, DocumentLimits(max_embedded_image_pixels=11_999), "file_too_large"),
+    ],
+    ids=["objects", "embedded-image"],
+)
+def test_page_bombs_are_refused_before_rendering(pdf: bytes, limits: DocumentLimits, code: str) -> None:
+    with pytest.raises(DocumentError) as caught:
+        render_pdf(pdf, limits)
+    assert caught.value.code == code and "page 1" in caught.value.reason
+
+
+def test_embedded_images_within_the_limit_render() -> None:
+    (page,) = render_pdf(IMAGE_PAGE, DocumentLimits(max_embedded_image_pixels=12_000))
+    assert (page.width, page.height) == (120, 100)

@@ -79,6 +79,10 @@ class DocumentLimits:
     dpi: float = 144.0
     # Pages rendered per request, every file together (the request's image limit in the facade).
     max_pages_per_request: int = 64
+    # Checked on each page before it is rendered (PDFium decodes embedded images in full, and
+    # draws every object): bombs of either kind are refused unrendered.
+    max_page_objects: int = 100_000
+    max_embedded_image_pixels: int = 50_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,7 @@ def render_pdf(
             # The lock is held per page, for PDFium's part only: other requests' pages interleave,
             # and the PNG encoding (most of the time) runs outside it.
             with _PDFIUM_LOCK:
-                image, text = _render_page(document, index, limits.dpi, cap)
+                image, text = _render_page(document, index, limits, cap)
             buffer = io.BytesIO()
             # Level 1: half the encode time of the default here, and no larger on text pages.
             image.save(buffer, format="PNG", compress_level=1)
@@ -173,6 +177,26 @@ def _open(data: bytes) -> Any:
         raise DocumentError(reason, code="invalid_file") from None
 
 
+def _check_page_objects(page: Any, index: int, limits: DocumentLimits) -> None:
+    """Count the page's objects (into form XObjects too) and size its images, before rendering."""
+    import pypdfium2.raw as pdfium_c
+
+    for count, item in enumerate(page.get_objects(max_depth=8), start=1):
+        if count > limits.max_page_objects:
+            raise DocumentError(
+                f"page {index + 1} of the PDF has more than {limits.max_page_objects} objects",
+                code="file_too_complex",
+            )
+        if item.type == pdfium_c.FPDF_PAGEOBJ_IMAGE:
+            width, height = item.get_px_size()
+            if width * height > limits.max_embedded_image_pixels:
+                raise DocumentError(
+                    f"page {index + 1} of the PDF holds a {width}x{height} image, over the limit of "
+                    f"{limits.max_embedded_image_pixels} pixels",
+                    code="file_too_large",
+                )
+
+
 def _check_page_count(count: int, limits: DocumentLimits, max_pages: int | None) -> None:
     if count == 0:
         raise DocumentError("the PDF has no pages", code="invalid_file")
@@ -188,7 +212,9 @@ def _check_page_count(count: int, limits: DocumentLimits, max_pages: int | None)
         )
 
 
-def _render_page(document: Any, index: int, dpi: float, max_pixels: int) -> tuple[Image.Image, str]:
+def _render_page(
+    document: Any, index: int, limits: DocumentLimits, max_pixels: int
+) -> tuple[Image.Image, str]:
     """One page as an RGB image and its text (call with the lock held)."""
     import pypdfium2 as pdfium
 
@@ -197,7 +223,8 @@ def _render_page(document: Any, index: int, dpi: float, max_pixels: int) -> tupl
         width_pt, height_pt = page.get_size()
         if width_pt <= 0 or height_pt <= 0:
             raise DocumentError(f"page {index + 1} of the PDF has no area", code="invalid_file")
-        scale = dpi / 72.0
+        _check_page_objects(page, index, limits)
+        scale = limits.dpi / 72.0
         if width_pt * height_pt * scale * scale > max_pixels:
             # A little under the exact root: rendered sizes are rounded up.
             scale = math.sqrt(max_pixels / (width_pt * height_pt)) * 0.995
