@@ -1,9 +1,10 @@
 """The facade dies (SIGKILL, no clean shutdown) and restarts on the same store: nothing is lost.
 
 Issue 5, Faults: every stored response, its input items, and every conversation with its items
-read back exactly as before. A generation that was running when the facade died is stopped by the
-engine (the facade's connection went away with it), and the restarted facade marks its response
-failed (server_error) instead of leaving it in progress forever.
+read back exactly as before. A (background) generation that was running when the facade died is
+stopped by the engine (the facade's connection went away with it), and the restarted facade marks
+its response failed (server_error) instead of leaving it in progress forever, and ends its stored
+events with `response.failed`, so a resumed stream ends too.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
         ids = [seed["id"], chained["id"], in_conversation["id"]]
         before = snapshot(http, ids, conversation["id"], doomed["id"])
 
-        # A generation still running when the facade dies.
-        with http.stream("POST", "/v1/responses", json=long_body(stream=True)) as running:
+        # A generation still running when the facade dies (a background one: its events are kept).
+        body = long_body(stream=True, background=True)
+        with http.stream("POST", "/v1/responses", json=body) as running:
             events = sse_events(running)
             running_id = read_until(events, "response.output_text.delta", count=2)[0]["response"]["id"]
             kill(first)
@@ -142,6 +144,13 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
             "message": "The server restarted before this response finished.",
         }
         assert http.post(f"/v1/responses/{running_id}/cancel").status_code == 400
+        # Its stored events resume and end: the restart appended `response.failed`.
+        resume = {"stream": "true", "starting_after": 2}
+        with http.stream("GET", f"/v1/responses/{running_id}", params=resume) as resumed:
+            events = list(sse_events(resumed))
+        assert events[0]["sequence_number"] == 3
+        assert [event["type"] for event in events[-2:]] == ["response.failed", "[DONE]"]
+        assert events[-2]["response"] == interrupted
         # The restarted facade continues a stored chain (replay reads the recovered items).
         continued = created(
             http, {"previous_response_id": chained["id"], "input": "go on", "tools": [SEED_000_TOOL]}

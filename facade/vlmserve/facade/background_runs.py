@@ -1,7 +1,7 @@
 """Background responses (`background: true`): runs detached from the request, and their events.
 
-A background response is stored `queued` with its `response.created` event before the request
-is answered; its run is a task of its own, so a client that disconnects does not stop it. Every
+A background response is stored `queued` with its first events before the request is
+answered; its run is a task of its own, so a client that disconnects does not stop it. Every
 event is stored as it is produced (the last ones with the final state, in one transaction), so
 `GET /v1/responses/{id}?stream=true&starting_after=N` replays what is stored after N and then
 follows the run until its terminal event. Followers in this process are woken by each write;
@@ -66,7 +66,8 @@ class BackgroundRuns:
     _signals: dict[str, asyncio.Event] = field(default_factory=dict)
 
     async def start(self, generation: Generation, finish: Callable[[], Awaitable[None]]) -> list[Event]:
-        """Store the response `queued` and start its run; its `response.created` event.
+        """Store the response `queued` and start its run; its first events (`response.created`,
+        `response.queued`), stored.
         `finish` runs when the run has ended (the request body's bytes are let go then)."""
         run = _Run(generation)
         generation.record = lambda events: self._record(run, events)
