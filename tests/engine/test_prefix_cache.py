@@ -202,3 +202,58 @@ def test_another_tenants_prompt_never_shows_in_cached_tokens(
     # where its own earlier guesses ended, while A's would run on into the secret.
     assert max(from_b) < same_tenant[-1]
     assert same_tenant[-1] >= unary(stub, conversation(secret, partition="tenant-a")).usage.input_tokens - 16
+
+
+def test_a_kept_prefix_holds_its_own_rows_not_the_whole_batch_cache() -> None:
+    """Found in bench/batching.py's memory scenario: engine RSS 731 -> 1578 MiB under 16 image
+    requests, all of it while rows left the batch. A leaving row's KV went to the prefix cache
+    as a lazy slice of the batch's KV arrays, which kept those whole arrays (every row, every
+    allocated position) alive, one version per leaving row. Now an entry is its own copy: the
+    memory the engine keeps after a batch stays within what the prefix cache says it holds."""
+    import dataclasses
+
+    import mlx.core as mx
+
+    from vlmserve.engine.generator import EngineConfig, Generator
+    from vlmserve.engine.jobs import Job, JobKind
+    from vlmserve.engine.model import RANDOM_MODEL_PATH
+
+    generator = Generator(
+        EngineConfig(model=str(RANDOM_MODEL_PATH), max_active=8, prefix_cache_min_tokens=8, warmup=False)
+    )
+    generator.start()
+    try:
+        assert generator.ready.wait(60), generator.load_error
+        preparer = generator.preparer
+        assert preparer is not None
+
+        def jobs(tag: str) -> list[Job]:
+            out = []
+            for index in range(8):
+                text = f"{tag} {index}: " + " ".join(f"word{index}-{n}" for n in range(40))
+                request = preparer.prepare(
+                    pb.GenerateRequest(
+                        messages=[pb.Message(role=pb.ROLE_USER, parts=[text_part(text)])],
+                        # Rows leave one by one, each from a batch of a different size.
+                        sampling=pb.SamplingParams(max_tokens=2 + 2 * index, temperature=0.0),
+                    ),
+                    kind=JobKind.GENERATE,
+                )
+                out.append(Job(dataclasses.replace(request, request_id=f"{tag}-{index}"), None))
+            return out
+
+        for job in jobs("warm"):  # every kernel and buffer size once
+            generator.submit(job)
+        assert generator.wait_idle(120)
+        assert generator.prefix_cache is not None
+        generator.prefix_cache.clear()
+        mx.clear_cache()
+        before = mx.get_active_memory()
+        for job in jobs("measured"):
+            generator.submit(job)
+        assert generator.wait_idle(120)
+        assert len(generator.prefix_cache) == 8
+        kept = mx.get_active_memory() - before
+        assert kept <= 2 * generator.prefix_cache.bytes + (1 << 20), (kept, generator.prefix_cache.bytes)
+    finally:
+        generator.stop()

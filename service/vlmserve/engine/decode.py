@@ -381,6 +381,7 @@ class ActiveGeneration:
         # the row left after its last token went into a (double-buffered) forward, all but the
         # last when it left before.
         covered = [*inputs.token_ids, *self._generated][: getattr(cache[0], "offset", 0)]
+        _own_copy(cache, len(covered))
         self._prefix_cache.store(self.job.request.partition_key, covered, inputs.image_spans, cache)
 
     def fail(self, error: RequestError) -> None:
@@ -437,6 +438,25 @@ class ActiveGeneration:
             cached_tokens=self.cached_tokens,
             token_ids=tuple(self._generated),
         )
+
+
+def _own_copy(cache: list[Any], tokens: int) -> None:
+    """Make each layer's keys and values its own evaluated arrays of exactly `tokens` positions.
+
+    A row extracted from the batch is a lazy slice of the batch's KV arrays, and a row's own
+    cache a view of buffers allocated in steps: kept as they are, they keep those whole arrays
+    (every row of the batch, every allocated position) alive for as long as the entry lives."""
+    import mlx.core as mx
+
+    arrays = []
+    for layer in cache:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None:
+            return  # not a plain KV layer: the prefix cache refuses it anyway
+        layer.keys = mx.contiguous(keys[..., :tokens, :])
+        layer.values = mx.contiguous(values[..., :tokens, :])
+        arrays += [layer.keys, layer.values]
+    mx.eval(arrays)
 
 
 def score_chosen(generations: list[ActiveGeneration], tokens: Any) -> None:
