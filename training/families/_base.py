@@ -79,3 +79,12 @@ def text_sizes(vocab_size: int) -> dict[str, Any]:
         "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
     }
+
+
+# The SentencePiece-era special tokens (Llama 2 / LLaVA / Mistral tokenizers).
+SENTENCEPIECE_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+
+
+def sentencepiece_generation_config(ids: dict[str, int]) -> dict[str, Any]:
+    """generation_config.json for a tokenizer with SENTENCEPIECE_SPECIALS (`ids`: token -> id)."""
+    return {"bos_token_id": ids["<s>"], "eos_token_id": ids["</s>"], "pad_token_id": ids["<pad>"]}

@@ -7,8 +7,10 @@ from tokenizers import Tokenizer
 from . import chat_templates as templates
 from ._base import (
     HEAD_DIM,
+    SENTENCEPIECE_SPECIALS,
     Family,
     FamilyFiles,
+    sentencepiece_generation_config,
     text_sizes,
     tokenizer_config,
 )
@@ -80,24 +82,12 @@ def _mistral3(tokenizer: Tokenizer) -> FamilyFiles:
             tokenizer_class="LlamaTokenizerFast",
             add_bos_token=True,
             add_eos_token=False,
-            bos_token="<s>",
-            eos_token="</s>",
-            pad_token="<pad>",
-            unk_token="<unk>",
+            **SENTENCEPIECE_SPECIALS,
             legacy=True,
             processor_class="PixtralProcessor",
         ),
-        special_tokens_map={
-            "bos_token": "<s>",
-            "eos_token": "</s>",
-            "pad_token": "<pad>",
-            "unk_token": "<unk>",
-        },
-        generation_config={
-            "bos_token_id": ids["<s>"],
-            "eos_token_id": ids["</s>"],
-            "pad_token_id": ids["<pad>"],
-        },
+        special_tokens_map=dict(SENTENCEPIECE_SPECIALS),
+        generation_config=sentencepiece_generation_config(ids),
         chat_template=templates.MISTRAL3,
         extra_json={
             "preprocessor_config.json": {
