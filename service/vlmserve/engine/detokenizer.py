@@ -56,6 +56,8 @@ class IncrementalDetokenizer:
         decoded after the pending tokens, like `add`, but kept even if it ends inside a character."""
         before = self._decode(self._tokens[self._prefix : self._read])
         pending = self._tokens[self._prefix :]
+        plain = [t for t in tokens if t not in self._keep and t not in self._special_ids]
+        decoded = dict(zip(plain, self._decode_many([[*pending, t] for t in plain]), strict=True))
         texts = []
         for token in tokens:
             kept = self._keep.get(token)
@@ -64,9 +66,18 @@ class IncrementalDetokenizer:
             elif token in self._special_ids:  # decoding skips it: named (`<|im_end|>`), not ""
                 after = self._decode(pending) + self._spelling(token)
             else:
-                after = self._decode([*pending, token])
+                after = decoded[token]
             texts.append(after[len(before) :] if after.startswith(before) else after)
         return texts
+
+    def _decode_many(self, sequences: list[list[int]]) -> list[str]:
+        """`_decode` of each; straight through a fast tokenizer's Rust backend where that is the
+        same thing (no clean-up pass after decoding): 20 alternatives a token add up, and the
+        Python wrapper costs ~5x the decode (its `decode_batch` is slower still: thread pool)."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is None or getattr(self._tokenizer, "clean_up_tokenization_spaces", True):
+            return [self._decode(sequence) for sequence in sequences]
+        return [str(backend.decode(sequence, skip_special_tokens=True)) for sequence in sequences]
 
     @functools.cached_property
     def _special_ids(self) -> frozenset[int]:
