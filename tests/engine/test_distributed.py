@@ -30,7 +30,18 @@ from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 pytestmark = pytest.mark.slow
 
 FAMILY = "qwen3_vl_moe"
-ASKED = ("text", "one_image", "two_images")
+ASKED = ("text", "one_image", "two_images", "json_with_logprobs")
+
+
+def _request(name: str) -> pb.GenerateRequest:
+    if name != "json_with_logprobs":
+        return greedy(CONVERSATIONS[name])
+    # A grammar on every rank's sampler (llguidance) and the logprob scoring beside it.
+    request = greedy(CONVERSATIONS["one_image"])
+    request.response_format.json_object.SetInParent()
+    request.sampling.logprobs = True
+    request.sampling.top_logprobs = 2
+    return request
 
 
 @dataclass
@@ -56,9 +67,7 @@ def _ring(work: Path) -> dict[str, str]:
 
 
 def _answer(stub: pb_grpc.EngineServiceStub, name: str) -> pb.GenerateResult:
-    return stub.GenerateUnary(
-        pb.GenerateUnaryRequest(request=greedy(CONVERSATIONS[name])), timeout=120
-    ).result
+    return stub.GenerateUnary(pb.GenerateUnaryRequest(request=_request(name)), timeout=120).result
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +126,11 @@ def _same(result: pb.GenerateResult, expected: pb.GenerateResult) -> None:
 def test_greedy_output_matches_one_process(
     ranks: Ranks, one_process: dict[str, pb.GenerateResult], name: str
 ) -> None:
-    _same(_answer(ranks.stub, name), one_process[name])
+    result = _answer(ranks.stub, name)
+    _same(result, one_process[name])
+    if name == "json_with_logprobs":
+        assert result.text.startswith("{")
+        assert result.logprobs  # scored on rank 0 (its text pieces)
 
 
 def test_batched_requests_and_a_cancel_keep_the_ranks_in_step(
