@@ -290,3 +290,16 @@ async def test_an_engine_refusal_ends_the_response_failed(
     events = await resumed(http, failed["id"])
     assert [event["type"] for event in events[-2:]] == ["error", "response.failed"]
     assert events[-1]["response"] == failed
+
+
+async def test_a_long_run_streams_whole_through_memory_and_store(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    # More events than a run keeps in memory for its followers: the rest come from the store.
+    engine.script = Script(text_chunks=[f"{n} " for n in range(600)])
+    answer = await http.post("/v1/responses", json={**BACKGROUND, "stream": True})
+    events = stream_events(answer.text)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    text = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
+    assert text == "".join(f"{n} " for n in range(600))
+    assert await resumed(http, events[0]["response"]["id"], 100) == events[101:]

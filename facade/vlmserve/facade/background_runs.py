@@ -39,6 +39,8 @@ POLL_S = 0.5
 # How often a run reads its stored status while it produces events: a cancel that reached
 # another facade process sharing the store marks it `cancelled` there, and the run stops here.
 CANCEL_CHECK_S = 0.5
+# Events a run keeps in memory for its followers in this process.
+RECENT_EVENTS = 256
 # Events read from the store at a time while replaying.
 PAGE = 500
 
@@ -54,6 +56,22 @@ class _Run:
     marked_started: bool = False
     # monotonic time the stored status was last read (a cancel by another facade process).
     checked_at: float = field(default_factory=time.monotonic)
+    # The last events stored by `_record` (consecutive sequence numbers), so that followers in
+    # this process need not read back what was just written.
+    recent: list[dict[str, Any]] = field(default_factory=list)
+
+    def remember(self, events: list[dict[str, Any]]) -> None:
+        self.recent.extend(events)
+        if len(self.recent) > RECENT_EVENTS:
+            del self.recent[: len(self.recent) - RECENT_EVENTS // 2]
+
+    def since(self, after: int | None) -> list[dict[str, Any]]:
+        """The remembered events after `after`; empty when there are none or they do not reach
+        back that far (the store has them)."""
+        if not self.recent:
+            return []
+        start = (after + 1 if after is not None else 0) - int(self.recent[0]["sequence_number"])
+        return self.recent[start:] if start >= 0 else []
 
 
 @dataclass
@@ -92,9 +110,14 @@ class BackgroundRuns:
             while True:
                 # Taken before reading: a write after the read sets it, so none is missed.
                 signal = self._signals.setdefault(response_id, asyncio.Event())
-                events = await asyncio.to_thread(
-                    self.store.list_events, response_id, after=after, limit=PAGE, owner=owner
-                )
+                run = self._runs.get(response_id)
+                events: list[dict[str, Any]] | None = []
+                if run is not None and run.generation.owner == owner:
+                    events = run.since(after)
+                if not events:
+                    events = await asyncio.to_thread(
+                        self.store.list_events, response_id, after=after, limit=PAGE, owner=owner
+                    )
                 if events is None:
                     return
                 for event in events:
@@ -104,13 +127,15 @@ class BackgroundRuns:
                         return
                 if len(events) == PAGE:
                     continue
-                if ending:
-                    return
-                if await self._finished(response_id, owner):
-                    # Its terminal events are stored with its final state, so what is left is
-                    # readable now: read it, then end (`after` may have been past them).
-                    ending = True
-                    continue
+                if not events:
+                    if ending:
+                        return
+                    if await self._finished(response_id, owner):
+                        # Its terminal events are stored with its final state, so what is left
+                        # is readable now: read it, then end (`after` may have been past them).
+                        ending = True
+                        continue
+                # Caught up: until the next write of this process (or the next look).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(signal.wait(), POLL_S)
         finally:
@@ -158,6 +183,8 @@ class BackgroundRuns:
             stored = await asyncio.to_thread(
                 self.store.append_events, generation.response_id, payloads, owner=generation.owner
             )
+            if stored is not None:
+                run.remember(payloads)
             if not run.marked_started and any(event.type == "response.in_progress" for event in events):
                 # Polling shows the run has started (queued -> in_progress).
                 run.marked_started = True
