@@ -193,6 +193,19 @@ FAMILY_CASES = [
         [("shell", args(cmd="ls"))],
     ),
     ("plain text passes", "gemma4", "No calls here.", [("text", "No calls here.")]),
+    ("glm call without arguments", "glm47", "<tool_call>get_time</tool_call>", [("get_time", args())]),
+    (
+        "glm free text in call markup is text",
+        "glm47",
+        "<tool_call>I will check the weather</tool_call>",
+        [("text", "<tool_call>I will check the weather</tool_call>")],
+    ),
+    (
+        "glm non-call JSON is text",
+        "glm47",
+        '<tool_call>{"a": 1}</tool_call>',
+        [("text", '<tool_call>{"a": 1}</tool_call>')],
+    ),
     # Llama's bare JSON (ours): the whole answer is the calls.
     (
         "llama JSON call",

@@ -19,6 +19,7 @@ also write `parameters` and double-encoded argument strings.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -167,14 +168,32 @@ def _module_body_parser(parse: Callable[..., Any], tools: list[dict[str, Any]] |
         calls: list[ParsedToolCall] = []
         for entry in parsed if isinstance(parsed, list) else [parsed]:
             name = entry.get("name") if isinstance(entry, dict) else None
-            if not isinstance(name, str) or not name.strip():
+            # Some parsers never fail (GLM's reads any text as `first_word {"raw": rest}`): a
+            # name that no function could have is not a call.
+            if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name.strip()):
                 return None
             arguments = entry.get("arguments", {})
+            if _is_raw_fallback(body, arguments):
+                return None
             text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             calls.append(ParsedToolCall(id=new_call_id(), name=name.strip(), arguments=text))
         return calls or None
 
     return parse_body
+
+
+# Function names as OpenAI allows them, with the namespaces and ids some formats keep.
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_][\w.:-]*")
+
+
+def _is_raw_fallback(body: str, arguments: Any) -> bool:
+    """GLM's parser read free text after a name as `{"raw": ...}`: not a call's arguments."""
+    return (
+        isinstance(arguments, dict)
+        and list(arguments) == ["raw"]
+        and "<arg_key>" not in body
+        and not body.rstrip().endswith("}")
+    )
 
 
 def new_call_id() -> str:
