@@ -2,11 +2,13 @@
 `mlx_vlm.server` and in-process `mlx_vlm.stream_generate`, same model, same requests, one run.
 
 The model is the ~144M-parameter float32 random qwen2_vl of bench/bench_model.py (built when
-missing). Each server runs alone while it is measured (started, measured, stopped), so the two
-never compete for the CPU; on a shared machine, compare ratios from one run, not absolute
-figures across runs. Scenarios (all through `POST /v1/responses`, streaming):
+missing). Both servers (and the in-process worker) are started once and take turns, A B then
+B A, so they never compete for the CPU; on a shared machine, compare ratios from one run, not
+absolute figures across runs, and prefer tokens per CPU-second of each side's own processes.
+Scenarios (all through `POST /v1/responses`, streaming):
 
-- sequential: N requests one after another (tok/s = output tokens / wall time);
+- sequential: N requests one after another (tok/s = output tokens / wall time), alternating
+  with in-process `stream_generate` in its own process (same environment) on the same prompts;
 - curve: C requests at once for C in --concurrency (aggregate tok/s);
 - agent: 5 turns chained by previous_response_id, each adding a new 448x448 screenshot (TTFT);
 - prefill: a short request's TTFT while a --long-tokens prompt prefills, and idle;
@@ -192,12 +194,7 @@ class Target:
     services: list[ServiceProcess]
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of its processes so far (immune to time slicing by others)."""
-        ticks = 0
-        for pid in self.pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        return ticks / CLOCK_TICKS
+        return cpu_seconds(self.pids)
 
     def stop(self) -> None:
         for service in self.services:
@@ -205,6 +202,15 @@ class Target:
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU time of these processes so far (immune to time slicing by others)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / CLOCK_TICKS
 
 
 def start_target(name: str, model_dir: Path, logs: Path, args: argparse.Namespace) -> Target:
@@ -320,17 +326,27 @@ async def measure_memory(target: Target, result: TargetResult) -> None:
     )
 
 
-async def measure_all(targets: list[Target], args: argparse.Namespace) -> dict[str, TargetResult]:
-    """Throughput in alternating rounds (A B, then B A, ...), then the other scenarios."""
+async def measure_all(
+    targets: list[Target], args: argparse.Namespace, in_process: InProcess | None = None
+) -> dict[str, TargetResult]:
+    """Throughput in alternating rounds (A B, then B A, ...), then the other scenarios. The
+    in-process sequential runs alternate with the servers' sequential runs."""
     results = {t.name: TargetResult(t.name) for t in targets}
+    if in_process is not None:
+        results[in_process.name] = TargetResult(in_process.name)
     for target in targets:
         async with httpx.AsyncClient(base_url=target.url, timeout=httpx.Timeout(900.0)) as client:
             await stream(client, body(target.model, "warm up", tokens=4, image=screenshot(999)))
     for round_index in range(args.rounds):
         order = targets if round_index % 2 == 0 else targets[::-1]
-        for target in order:
-            requests = [body(target.model, prompt(i), tokens=args.tokens) for i in range(args.sequential)]
-            results[target.name].sequential.add(*await throughput(target, requests, one_by_one=True))
+        sequential: list[Target | InProcess] = [*targets, *([in_process] if in_process else [])]
+        for runner in sequential if round_index % 2 == 0 else sequential[::-1]:
+            if isinstance(runner, InProcess):
+                measured = await asyncio.to_thread(runner.sequential, args.sequential, args.tokens)
+            else:
+                requests = [body(runner.model, prompt(i), tokens=args.tokens) for i in range(args.sequential)]
+                measured = await throughput(runner, requests, one_by_one=True)
+            results[runner.name].sequential.add(*measured)
         for concurrency in args.concurrency:
             for target in order:
                 requests = [
@@ -338,11 +354,15 @@ async def measure_all(targets: list[Target], args: argparse.Namespace) -> dict[s
                 ]
                 curve = results[target.name].curve.setdefault(concurrency, Throughput())
                 curve.add(*await throughput(target, requests, one_by_one=False))
-        for target in order:
-            r = results[target.name]
+        for name in [*(t.name for t in order), *([in_process.name] if in_process else [])]:
+            r = results[name]
+            curve = ", ".join(
+                f"{c}: {t.rounds[-1][0]:.1f} ({t.rounds[-1][1]:.1f}/CPU-s)" for c, t in r.curve.items()
+            )
             print(
-                f"round {round_index + 1} {target.name}: sequential {r.sequential.rounds[-1][0]:.1f} tok/s; "
-                + ", ".join(f"{c}: {t.rounds[-1][0]:.1f}" for c, t in r.curve.items()),
+                f"round {round_index + 1} {name} (load {os.getloadavg()[0]:.1f}): sequential "
+                f"{r.sequential.rounds[-1][0]:.1f} tok/s, {r.sequential.rounds[-1][1]:.1f} tok/CPU-s; "
+                f"{curve}",
                 flush=True,
             )
     for target in targets:
@@ -353,8 +373,53 @@ async def measure_all(targets: list[Target], args: argparse.Namespace) -> dict[s
     return results
 
 
-def in_process_sequential(model_dir: Path, args: argparse.Namespace) -> float:
-    """mlx_vlm.stream_generate on the same prompts, rendered with the model's chat template."""
+class InProcess:
+    """`mlx_vlm.stream_generate` in its own process (this module with --in-process-worker), with
+    the servers' environment (OpenBLAS preloaded: without it MLX's CPU matmuls are several times
+    slower) and its own CPU time, so its sequential runs alternate with the servers' in one run."""
+
+    name = "in-process"
+
+    def __init__(self, model_dir: Path) -> None:
+        command = [str(BIN / "python"), "-m", "bench.batching", "--in-process-worker", str(model_dir)]
+        command += ["--out", os.devnull]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=process_env(), cwd=REPO, text=True
+        )
+        self.pids = [self.process.pid]
+        self._ask("ready")
+
+    def _ask(self, line: str) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError("the in-process worker exited")
+        result: dict[str, Any] = json.loads(answer)
+        return result
+
+    def sequential(self, count: int, tokens: int) -> tuple[int, float, float]:
+        """(output tokens, wall seconds, CPU seconds) for `count` requests one after another."""
+        cpu = cpu_seconds(self.pids)
+        started = time.perf_counter()
+        answer = self._ask(f"{count} {tokens}")
+        return int(answer["tokens"]), time.perf_counter() - started, cpu_seconds(self.pids) - cpu
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def in_process_worker(model_dir: Path) -> int:
+    """Answer 'COUNT TOKENS' lines on stdin: that many of the sequential prompts, rendered with the
+    model's chat template, through `mlx_vlm.stream_generate`; one JSON line each on stdout."""
     import mlx.core as mx
     from mlx_vlm import load, stream_generate
     from mlx_vlm.prompt_utils import apply_chat_template
@@ -362,14 +427,23 @@ def in_process_sequential(model_dir: Path, args: argparse.Namespace) -> float:
     model, processor = load(str(model_dir))
     if mx.default_device() == mx.cpu:
         model.set_dtype(mx.float32)  # as the engine's --dtype auto (already float32 here)
-    tokens, seconds = 0, 0.0
-    for index in range(-1, args.sequential):
-        text = apply_chat_template(processor, model.config, prompt(max(index, 0)), num_images=0)
-        started = time.perf_counter()
-        *_, last = stream_generate(model, processor, text, max_tokens=args.tokens, temperature=0.0)
-        if index >= 0:  # the first is a warm-up
-            tokens, seconds = tokens + int(last.generation_tokens), seconds + time.perf_counter() - started
-    return tokens / seconds
+
+    def run(count: int, max_tokens: int) -> int:
+        tokens = 0
+        for index in range(count):
+            text = apply_chat_template(processor, model.config, prompt(index), num_images=0)
+            *_, last = stream_generate(model, processor, text, max_tokens=max_tokens, temperature=0.0)
+            tokens += int(last.generation_tokens)
+        return tokens
+
+    run(1, 4)  # warm-up
+    for line in sys.stdin:
+        words = line.split()
+        answer: dict[str, Any] = {"ready": True}
+        if words and words[0] != "ready":
+            answer = {"tokens": run(int(words[0]), int(words[1]))}
+        print(json.dumps(answer), flush=True)
+    return 0
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -413,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--long-head-start", type=float, default=2.0, help="seconds before the short request")
     parser.add_argument(
         "--scenarios",
-        nargs="+",
+        nargs="*",
         default=["agent", "prefill", "memory"],
         choices=["agent", "prefill", "memory"],
     )
@@ -426,27 +500,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--engine-arg", action="append", default=[], help="extra vlmserve-engine argument")
     parser.add_argument("--out", type=Path, required=True, help="JSON results")
+    parser.add_argument("--in-process-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--plot", type=Path, help="PNG plot")
     args = parser.parse_args(argv)
 
+    if args.in_process_worker is not None:
+        return in_process_worker(args.in_process_worker)
     model_dir, parameters = build_bench_model(args.model_dir)
     results: dict[str, Any] = {
         "model": f"random qwen2_vl, {parameters / 1e6:.0f}M parameters, float32",
         "tokens": args.tokens,
         "argv": sys.argv[1:],
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "in_process_sequential_tok_s": in_process_sequential(model_dir, args),
+        "load_average_at_start": os.getloadavg()[0],
         "targets": {},
     }
-    print(f"in-process stream_generate: {results['in_process_sequential_tok_s']:.1f} tok/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         targets = [start_target(name, model_dir, logs, args) for name in args.targets]
+        in_process = InProcess(model_dir)
         try:
-            measured = asyncio.run(measure_all(targets, args))
+            measured = asyncio.run(measure_all(targets, args, in_process))
         finally:
+            in_process.stop()
             for target in targets:
                 target.stop()
+        alone = measured.pop(in_process.name).sequential
+        results["in_process_sequential_tok_s"] = alone.tok_s
+        results["in_process_sequential_tok_per_cpu_s"] = alone.tok_per_cpu_s
+        results["in_process_sequential_rounds"] = alone.rounds
         if "memory" in args.scenarios:
             for name in args.targets:  # each alone and fresh: the peak is this scenario's
                 target = start_target(name, model_dir, logs, args)
@@ -460,6 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         eight = ours["curve"].get(8, {"tok_s": 0.0, "tok_per_cpu_s": 0.0})
         summary: dict[str, float] = {
             "sequential_vs_in_process": ours["sequential"]["tok_s"] / results["in_process_sequential_tok_s"],
+            "sequential_vs_in_process_per_cpu_s": ours["sequential"]["tok_per_cpu_s"]
+            / results["in_process_sequential_tok_per_cpu_s"],
             "eight_concurrent_vs_our_sequential": eight["tok_s"] / ours["sequential"]["tok_s"],
             "eight_concurrent_vs_our_sequential_per_cpu_s": eight["tok_per_cpu_s"]
             / ours["sequential"]["tok_per_cpu_s"],
@@ -477,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         results["summary"] = summary
         print(json.dumps(summary, indent=2))
+    results["load_average_at_end"] = os.getloadavg()[0]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.plot is not None:
