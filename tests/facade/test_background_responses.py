@@ -303,3 +303,15 @@ async def test_a_long_run_streams_whole_through_memory_and_store(
     text = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
     assert text == "".join(f"{n} " for n in range(600))
     assert await resumed(http, events[0]["response"]["id"], 100) == events[101:]
+
+
+async def test_a_run_cancelled_at_once_is_answered_cancelled(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.script = Script(text_chunks=["partial"], hang=True)
+    queued = (await http.post("/v1/responses", json=BACKGROUND)).json()
+    cancelled = await http.post(f"/v1/responses/{queued['id']}/cancel")
+    assert (cancelled.status_code, cancelled.json()["status"]) == (200, "cancelled")
+    assert (await http.get(f"/v1/responses/{queued['id']}")).json() == cancelled.json()
+    events = await resumed(http, queued["id"])
+    assert events[-1]["type"] == "response.incomplete"

@@ -189,7 +189,11 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
     if generation is not None and generation.owner == owner:
         if not generation.translated.background:
             raise _synchronous()
-        await generation.cancel(state.settings.timeouts.control)
+        control_s = state.settings.timeouts.control
+        await generation.cancel(control_s)
+        # A run cancelled before it began reading ends when it does: answer with its end.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(generation.done.wait(), control_s)
         resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
         return resource if resource is not None else generation.builder.snapshot().to_json()
     resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
