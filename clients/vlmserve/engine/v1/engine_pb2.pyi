@@ -907,9 +907,41 @@ class TokenLogprob(_message.Message):
 Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
 
 @_typing.final
+class ToolCallDelta(_message.Message):
+    """A tool call while the model writes it: the first delta of a call names it, later ones add
+    argument text. The whole call follows as `tool_call` with the same id, its `arguments` the
+    deltas' text joined; when the output ends first (token limit), it never does.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    name: _builtins.str
+    """On a call's first delta only."""
+    arguments: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallDelta: _TypeAlias = ToolCallDelta  # noqa: Y015
+
+@_typing.final
 class GenerateChunk(_message.Message):
     """Incremental output: exactly one of text or a tool call. Tool-call markup is never streamed
-    as text: a call arrives whole, in `tool_call`, once the model has finished writing it.
+    as text: a call arrives whole, in `tool_call`, once the model has finished writing it (formats
+    that allow it also stream its arguments first, in `tool_call_delta`).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -917,12 +949,15 @@ class GenerateChunk(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     TOOL_CALL_FIELD_NUMBER: _builtins.int
     REASONING_TEXT_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_DELTA_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     reasoning_text: _builtins.str
     """Thinking text (between <think> and </think>), never part of `text`."""
     @_builtins.property
     def tool_call(self) -> Global___ToolCall: ...
+    @_builtins.property
+    def tool_call_delta(self) -> Global___ToolCallDelta: ...
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
         """With sampling.logprobs, on `text` chunks: the tokens whose visible text ended in this chunk.
@@ -937,13 +972,14 @@ class GenerateChunk(_message.Message):
         text: _builtins.str = ...,
         tool_call: Global___ToolCall | None = ...,
         reasoning_text: _builtins.str = ...,
+        tool_call_delta: Global___ToolCallDelta | None = ...,
         logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call", "tool_call_delta", b"tool_call_delta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "logprobs", b"logprobs", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "logprobs", b"logprobs", "reasoning_text", b"reasoning_text", "text", b"text", "tool_call", b"tool_call", "tool_call_delta", b"tool_call_delta"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "tool_call", "reasoning_text"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "tool_call", "reasoning_text", "tool_call_delta"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
