@@ -208,7 +208,8 @@ async def test_stream_with_usage(sdk: openai.AsyncOpenAI) -> None:
     )
     chunks = [chunk async for chunk in stream]
     assert {chunk.id for chunk in chunks} == {chunks[0].id}
-    assert chunks[0].choices[0].delta.role == "assistant"
+    # A text answer opens as OpenAI's does: the role, with empty content, on a chunk of its own.
+    assert (chunks[0].choices[0].delta.role, chunks[0].choices[0].delta.content) == ("assistant", "")
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     assert text == "Hello, world."
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
@@ -230,8 +231,10 @@ async def test_streamed_tool_calls_accumulate_to_the_call(
     )
     calls: dict[int, dict[str, str]] = {}
     finish = None
+    deltas = []
     async for chunk in stream:
         assert chunk.usage is None
+        deltas.append(chunk.choices[0].delta)
         for delta in chunk.choices[0].delta.tool_calls or []:
             call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
             call["id"] += delta.id or ""
@@ -243,6 +246,10 @@ async def test_streamed_tool_calls_accumulate_to_the_call(
         0: {"id": "call_1", "name": "screenshot", "arguments": '{"a": 1}'},
         1: {"id": "call_2", "name": "screenshot", "arguments": '{"a": 2}'},
     }
+    # An answer that opens with a call carries the role on the call's chunk and never any content:
+    # content "" would start an empty text part in clients (the AI SDK's chat provider).
+    assert deltas[0].role == "assistant" and deltas[0].tool_calls
+    assert all(delta.content is None for delta in deltas)
 
 
 async def test_length_finish(sdk: openai.AsyncOpenAI, engine: FakeEngine) -> None:

@@ -197,16 +197,30 @@ class ChunkWriter:
         self._include_usage = include_usage
         self._logprobs = logprobs
         self._tool_index: dict[str, int] = {}
+        self._role_sent = False
 
     def _chunk(self, delta: ChunkDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(**self._base, choices=[ChunkChoice(delta=delta, finish_reason=finish)])
 
-    def first(self) -> ChatCompletionChunk:
-        """The opening chunk: the role, no content (as OpenAI sends it)."""
-        return self._chunk(ChunkDelta(role="assistant", content=""))
+    def _opened(self, chunks: list[ChatCompletionChunk]) -> list[ChatCompletionChunk]:
+        """The role rides on the first chunk, as OpenAI sends it: a text answer opens with a chunk
+        of its own (role, content ""); an answer that opens with a tool call (or reasoning) carries
+        the role on that chunk, content null. Clients start a text part on content "": an empty
+        one before a call misleads them (the AI SDK shows an empty text)."""
+        if not chunks or self._role_sent:
+            return chunks
+        self._role_sent = True
+        delta = chunks[0].choices[0].delta
+        if delta.tool_calls is not None or delta.reasoning_content is not None:
+            delta.role = "assistant"
+            return chunks
+        return [self._chunk(ChunkDelta(role="assistant", content="")), *chunks]
 
     def chunks(self, event: Any) -> list[ChatCompletionChunk]:
         """The chunks one event becomes (none for most lifecycle events)."""
+        return self._opened(self._event_chunks(event))
+
+    def _event_chunks(self, event: Any) -> list[ChatCompletionChunk]:
         if isinstance(event, OutputTextDeltaEvent):
             if self._logprobs and (event.delta or event.logprobs):
                 chunk = self._chunk(ChunkDelta(content=event.delta))
@@ -235,7 +249,7 @@ class ChunkWriter:
 
     def last(self, resource: ResponseResource) -> list[ChatCompletionChunk]:
         """The finish chunk, then (when asked for) the usage chunk with no choices."""
-        chunks = [self._chunk(ChunkDelta(), finish_reason(resource))]
+        chunks = self._opened([self._chunk(ChunkDelta(), finish_reason(resource))])
         if self._include_usage:
             chunks.append(
                 ChatCompletionChunk(**self._base, choices=[], usage=completion_usage(resource.usage))

@@ -135,7 +135,6 @@ async def _chunks(
 ) -> AsyncIterator[ServerSentEvent]:
     drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
     try:
-        yield _data(writer.first().to_json())
         async for event in generation.events():
             if isinstance(event, ErrorEvent):
                 # OpenAI's chat streams carry a failure as an `error` object, then end.
