@@ -1,6 +1,7 @@
-"""openai-agents (pinned in pyproject's dev extra) on the real stack: parallel function tools, a
-conversation session kept by the facade (`OpenAIConversationsSession`, `pop_item` included) and a
-streamed run, against `vlmserve-facade` in front of the random-weight fixture.
+"""openai-agents (pinned in pyproject's dev extra) on the real stack: parallel function tools (through
+`OpenAIResponsesModel` and `OpenAIChatCompletionsModel`), a conversation session kept by the facade
+(`OpenAIConversationsSession`, `pop_item` included) and a streamed run, against `vlmserve-facade` in
+front of the random-weight fixture.
 
 The fixture model knows nothing: its calls and JSON answers are well formed only because the engine's
 grammar enforces them (tool_choice="required", `output_type`), so the assertions are about what the
@@ -45,13 +46,18 @@ def client(random_facade_url: str, loop: asyncio.AbstractEventLoop) -> Iterator[
     loop.run_until_complete(client.close())
 
 
-def _model(client: openai.AsyncOpenAI) -> Any:
-    from agents import OpenAIResponsesModel
+def _model(client: openai.AsyncOpenAI, api: str = "responses") -> Any:
+    from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel
 
+    if api == "chat":
+        return OpenAIChatCompletionsModel(model="default", openai_client=client)
     return OpenAIResponsesModel(model="default", openai_client=client)
 
 
-def test_parallel_function_tools_all_run(client: openai.AsyncOpenAI, loop: asyncio.AbstractEventLoop) -> None:
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_parallel_function_tools_all_run(
+    client: openai.AsyncOpenAI, loop: asyncio.AbstractEventLoop, api: str
+) -> None:
     from agents import Agent, ModelSettings, Runner, ToolCallItem, ToolCallOutputItem, function_tool
 
     ran: list[str] = []
@@ -71,7 +77,7 @@ def test_parallel_function_tools_all_run(client: openai.AsyncOpenAI, loop: async
     agent = Agent(
         name="helper",
         instructions="Use the tools.",
-        model=_model(client),
+        model=_model(client, api),
         # Greedy, so the fixture model's choice is the same every run: with parameterless tools it
         # fills the budget with calls, several in one turn.
         model_settings=ModelSettings(
@@ -89,6 +95,8 @@ def test_parallel_function_tools_all_run(client: openai.AsyncOpenAI, loop: async
     assert len(outputs) == len(calls) == len(ran)
     assert {call.raw_item.call_id for call in calls} == {o.raw_item["call_id"] for o in outputs}  # type: ignore[union-attr,index]
     assert result.final_output == {"get_weather": "sunny", "get_time": "noon"}[ran[0]]
+    if api == "chat":
+        return  # chat completions are not stored
     (response,) = result.raw_responses
     assert response.response_id is not None
     stored = loop.run_until_complete(client.responses.retrieve(response.response_id))

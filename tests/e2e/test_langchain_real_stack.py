@@ -67,6 +67,24 @@ def test_tool_loop(chat: Any) -> None:
     assert final.usage_metadata["input_tokens"] > alone.usage_metadata["input_tokens"]
 
 
+def test_a_streamed_tool_call(chat: Any) -> None:
+    from langchain_core.tools import tool
+
+    @tool
+    def lookup(city: str) -> str:
+        """Facts about a city."""
+        return city
+
+    chunks = list(chat.bind_tools([lookup], tool_choice="any").stream("Look up Oslo."))
+    assert len(chunks) > 1
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged += chunk
+    (call,) = merged.tool_calls
+    assert call["name"] == "lookup" and isinstance(call["args"]["city"], str)
+    assert not merged.text  # the answer is the call alone
+
+
 FILES = {
     "pdf": ("application/pdf", "report.pdf", text_pdf(["Page one: apples", "Page two: pears"])),
     "csv": ("text/csv", "table.csv", b"fruit,count\napples,3\npears,5\n"),

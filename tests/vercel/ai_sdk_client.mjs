@@ -3,7 +3,7 @@
 //   node tests/vercel/ai_sdk_client.mjs BASE_URL PROVIDER CASE [FILE]
 //
 // PROVIDER: `responses` (openai.responses(...), POST /v1/responses) or `chat` (openai.chat(...),
-// POST /v1/chat/completions). CASE: image-tool | stream | object | pdf. FILE: the PNG (image-tool)
+// POST /v1/chat/completions). CASE: image-tool | stream | stream-tool | object | pdf. FILE: the PNG (image-tool)
 // or PDF (pdf) to send. Prints one JSON object on stdout for the Python test to check
 // (tests/vercel/test_ai_sdk.py); any SDK error fails the process with the error on stderr.
 
@@ -84,6 +84,40 @@ async function stream() {
   };
 }
 
+async function streamTool() {
+  // The tool loop again, streamed: the call arrives as tool-input deltas, its result goes back.
+  const result = streamText({
+    model,
+    maxOutputTokens: toolMaxOutputTokens,
+    maxRetries: 0,
+    prompt: "Look up Oslo.",
+    tools: {
+      lookup: tool({
+        description: "Facts about a city.",
+        inputSchema: z.object({ city: z.string() }),
+        execute: async ({ city }) => `${city}: population 1000`,
+      }),
+    },
+    prepareStep: ({ stepNumber }) => ({ toolChoice: stepNumber === 0 ? "required" : "none" }),
+    stopWhen: stepCountIs(2),
+  });
+  const parts = [];
+  for await (const part of result.fullStream) {
+    if (part.type === "error") throw part.error;
+    parts.push(part.type);
+  }
+  const steps = await result.steps;
+  return {
+    parts,
+    steps: steps.map((step) => ({
+      finishReason: step.finishReason,
+      toolCalls: step.toolCalls.map((call) => ({ name: call.toolName, input: call.input })),
+      toolResults: step.toolResults.map((r) => ({ name: r.toolName, output: r.output })),
+      text: step.text,
+    })),
+  };
+}
+
 async function object() {
   const result = await generateObject({
     model,
@@ -122,5 +156,5 @@ async function pdf() {
   };
 }
 
-const cases = { "image-tool": imageTool, stream, object, pdf };
+const cases = { "image-tool": imageTool, stream, "stream-tool": streamTool, object, pdf };
 process.stdout.write(`${JSON.stringify(await cases[caseName]())}\n`);

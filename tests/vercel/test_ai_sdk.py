@@ -108,6 +108,21 @@ def test_stream_text(base_url: str, provider: str) -> None:
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+def test_stream_text_with_a_tool_loop(base_url: str, provider: str) -> None:
+    result = run_client(base_url, provider, "stream-tool")
+    first, second = result["steps"]
+    assert first["finishReason"] == "tool-calls"
+    (call,) = first["toolCalls"]
+    assert call["name"] == "lookup" and isinstance(call["input"]["city"], str)
+    assert first["toolResults"] == [{"name": "lookup", "output": f"{call['input']['city']}: population 1000"}]
+    parts = result["parts"]
+    assert parts.index("tool-input-start") < parts.index("tool-input-delta") < parts.index("tool-call")
+    assert parts.index("tool-call") < parts.index("tool-result") < parts.index("text-delta")
+    assert "text-start" not in parts[: parts.index("finish-step")], "no empty text part before the call"
+    assert second["finishReason"] == "length" and second["text"] and parts[-1] == "finish"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_generate_object_with_a_zod_schema(base_url: str, provider: str) -> None:
     result = run_client(base_url, provider, "object")
     # The SDK parsed and validated the object against its zod schema before returning it.
