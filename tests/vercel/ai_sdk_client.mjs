@@ -10,7 +10,7 @@
 import { readFileSync } from "node:fs";
 
 import { createOpenAI } from "@ai-sdk/openai";
-import { generateObject, generateText, stepCountIs, streamText, tool } from "ai";
+import { generateObject, generateText, Output, stepCountIs, streamObject, streamText, tool } from "ai";
 import { z } from "zod";
 
 const [baseURL, providerName, caseName, filePath] = process.argv.slice(2);
@@ -119,15 +119,21 @@ async function streamTool() {
 }
 
 async function object() {
-  const result = await generateObject({
-    model,
-    maxOutputTokens: 64,
-    maxRetries: 0,
-    schemaName: "weather",
-    schema: z.object({ city: z.string(), days: z.number().int(), rain: z.boolean() }),
-    prompt: "Forecast for Oslo.",
-  });
-  return { object: result.object, finishReason: result.finishReason };
+  const schema = z.object({ city: z.string(), days: z.number().int(), rain: z.boolean() });
+  const settings = { model, maxOutputTokens: 64, maxRetries: 0, prompt: "Forecast for Oslo." };
+  const generated = await generateObject({ ...settings, schemaName: "weather", schema });
+  // AI SDK 6's own way: generateText with an output spec; and the object streamed.
+  const output = await generateText({ ...settings, output: Output.object({ schema }) });
+  const streamed = streamObject({ ...settings, schema });
+  let partials = 0;
+  for await (const _ of streamed.partialObjectStream) partials += 1;
+  return {
+    object: generated.object,
+    finishReason: generated.finishReason,
+    output: output.output,
+    streamedObject: await streamed.object,
+    partials,
+  };
 }
 
 async function pdf() {

@@ -123,11 +123,13 @@ def test_stream_text_with_a_tool_loop(base_url: str, provider: str) -> None:
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_generate_object_with_a_zod_schema(base_url: str, provider: str) -> None:
+def test_objects_with_a_zod_schema(base_url: str, provider: str) -> None:
     result = run_client(base_url, provider, "object")
-    # The SDK parsed and validated the object against its zod schema before returning it.
-    assert set(result["object"]) == {"city", "days", "rain"}
+    # The SDK parsed and validated each object against its zod schema before returning it.
+    for answer in (result["object"], result["output"], result["streamedObject"]):
+        assert set(answer) == {"city", "days", "rain"}
     assert result["finishReason"] == "stop"
+    assert result["partials"] > 1  # streamObject saw the object grow
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
