@@ -146,3 +146,24 @@ async def test_chat_logprobs_streamed(sdk: openai.AsyncOpenAI, scripted: FakeEng
                 tokens += [lp.token for lp in choice.logprobs.content]
     assert content == "Hello, world." == "".join(tokens)
     assert scripted.requests[0].sampling.logprobs
+
+
+async def test_langchain_chat_openai_logprobs(server_url: str, scripted: FakeEngine) -> None:
+    # LangChain's default (chat completions) mode; with use_responses_api it passes `logprobs`
+    # to the SDK's responses.create, which has no such argument (a client-side TypeError).
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(
+        model="default",
+        base_url=f"{server_url}/v1",
+        api_key="x",  # type: ignore[arg-type]
+        max_retries=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    message = await chat.ainvoke("Hi")
+    sampling = scripted.requests[0].sampling
+    assert (sampling.logprobs, sampling.top_logprobs) == (True, 2)
+    content = message.response_metadata["logprobs"]["content"]
+    assert "".join(entry["token"] for entry in content) == message.content == "Hello, world."
+    assert [len(entry["top_logprobs"]) for entry in content] == [2, 2, 2, 2]
