@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Debian packages the engine relies on: OpenBLAS for mlx's CPU backend.
-# A no-op where it is already installed, on macOS, or without root/apt.
+# Debian packages the project relies on: OpenBLAS for mlx's CPU backend, and PostgreSQL's server
+# binaries for the tests of the PostgreSQL store (tests/_postgres.py starts its own server).
+# A no-op where they are already installed, on macOS, or without root/apt.
 set -euo pipefail
 [[ "$(uname -s)" == "Linux" ]] || exit 0
 command -v apt-get >/dev/null 2>&1 || exit 0
-if compgen -G "/usr/lib/*/openblas-pthread/libblas.so.3" >/dev/null; then
+missing=()
+compgen -G "/usr/lib/*/openblas-pthread/libblas.so.3" >/dev/null || missing+=(libopenblas0-pthread)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
 fi
 if [[ "$(id -u)" != "0" ]]; then
-  echo "note: install libopenblas0-pthread (sudo apt-get install libopenblas0-pthread) for ~15x faster CPU matmul" >&2
+  echo "note: install ${missing[*]} (sudo apt-get install ${missing[*]}): OpenBLAS makes CPU matmul ~15x" \
+    "faster; PostgreSQL's binaries run the PostgreSQL store tests (they skip without)" >&2
   exit 0
 fi
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-pthread >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

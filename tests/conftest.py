@@ -17,7 +17,7 @@ from tests._services import ServiceProcess, start_engine, start_facade
 
 # The scripted-engine fixtures (fake_engine, engine, engine_client, settings, store) serve the
 # facade and hardening tests alike.
-pytest_plugins = ["tests.facade.fixtures", "tests._family_models"]
+pytest_plugins = ["tests.facade.fixtures", "tests._family_models", "tests._postgres"]
 
 
 @pytest.fixture(scope="session")

@@ -113,10 +113,19 @@ def test_real_settings_have_unique_names(model: type[DeclaredSettings]) -> None:
 
 def test_facade_refuses_an_abbreviated_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        settings_from_args(["--store", "postgresql://db.example/vlm"], {})
+        settings_from_args(["--store-pa", "elsewhere.sqlite3"], {})
     assert exit_info.value.code == 2
-    assert "unrecognized arguments: --store" in capsys.readouterr().err
+    assert "unrecognized arguments: --store-pa" in capsys.readouterr().err
     assert facade_parser().allow_abbrev is False
+
+
+def test_facade_store_is_a_postgresql_url_or_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_from_args(["--store", "postgresql://db.example/vlm"], {})
+    assert settings.store == "postgresql://db.example/vlm"
+    assert settings_from_args([], {}).store is None
+    with pytest.raises(SystemExit):
+        settings_from_args(["--store", "var/facade.sqlite3"], {})
+    assert "postgresql://" in capsys.readouterr().err
 
 
 def test_engine_refuses_an_abbreviated_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,9 +137,9 @@ def test_engine_refuses_an_abbreviated_flag(capsys: pytest.CaptureFixture[str]) 
 
 def test_launcher_refuses_an_abbreviated_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        launch.parse_args(["--store", "postgresql://db.example/vlm"], {})
+        launch.parse_args(["--store-pa", "elsewhere.sqlite3"], {})
     assert exit_info.value.code == 2
-    assert "unrecognized arguments: --store" in capsys.readouterr().err
+    assert "unrecognized arguments: --store-pa" in capsys.readouterr().err
 
 
 def test_engine_command_line() -> None:

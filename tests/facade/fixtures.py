@@ -3,7 +3,7 @@ server, a client for it, settings and a store. conftest.py files import them fro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -11,8 +11,10 @@ import pytest
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts
+from vlmserve.facade.postgres_store import PostgresStore
+from vlmserve.facade.sql_store import SQLStore
 
-__all__ = ["engine", "engine_client", "fake_engine", "settings", "store"]
+__all__ = ["another_store", "engine", "engine_client", "fake_engine", "settings", "store", "store_backend"]
 
 
 @pytest.fixture
@@ -44,7 +46,30 @@ def settings(tmp_path: Path) -> FacadeSettings:
 
 
 @pytest.fixture
-def store(settings: FacadeSettings) -> Iterator[ResponseStore]:
-    opened = ResponseStore(settings.store_path)
-    yield opened
-    opened.close()
+def store_backend() -> str:
+    """Which store `store` is: SQLite, unless a module runs on both (tests/facade/both_stores.py)."""
+    return "sqlite"
+
+
+@pytest.fixture
+def another_store(
+    settings: FacadeSettings, store_backend: str, request: pytest.FixtureRequest
+) -> Iterator[Callable[[], SQLStore]]:
+    """Opens another store on what `store` keeps (a restarted or a second facade's); closed after."""
+    url = request.getfixturevalue("postgres_url") if store_backend == "postgresql" else None
+    opened: list[SQLStore] = []
+
+    def open_store() -> SQLStore:
+        store: SQLStore
+        store = PostgresStore(url, max_connections=4) if url else ResponseStore(settings.store_path)
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(another_store: Callable[[], SQLStore]) -> SQLStore:
+    return another_store()

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
 from vlmserve.engine.v1 import engine_pb2 as pb
 

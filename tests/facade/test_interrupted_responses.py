@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.helpers import assert_valid
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app

@@ -9,17 +9,20 @@ the same as if every item had been translated again, without that work.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import SEED_000_TOOL, count_image_checks, png_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import FacadeSettings, ResponseStore
+from vlmserve.facade import ResponseStore
 from vlmserve.facade.api_keys import ANONYMOUS_OWNER
+from vlmserve.facade.sql_store import SQLStore
 from vlmserve.facade.storage import StoredItem
 from vlmserve.responses import build_generate_request, input_to_messages, lower_messages
 
@@ -95,16 +98,12 @@ async def test_replayed_request_equals_a_full_translation(
 
 
 async def test_chain_replays_after_a_restart(
-    http: httpx.AsyncClient, engine: FakeEngine, settings: FacadeSettings
+    http: httpx.AsyncClient, engine: FakeEngine, another_store: Callable[[], SQLStore]
 ) -> None:
-    """From the file alone (nothing cached): a second store on the same file replays the same."""
+    """From the database alone (nothing cached): a second store on it replays the same."""
     engine.script = Script(text_chunks=[], tool_calls=[CALL])
     responses = await agent_loop(http, 3)
-    fresh = ResponseStore(settings.store_path)
-    try:
-        replay = fresh.replay(responses[-1]["id"], owner=ANONYMOUS_OWNER)
-    finally:
-        fresh.close()
+    replay = another_store().replay(responses[-1]["id"], owner=ANONYMOUS_OWNER)
     assert replay is not None and replay.items == [], replay
     # Turn 2's request held turns 0-1 and its own input; the replay adds turn 2's output (one
     # assistant message with the call). The engine got them lowered.

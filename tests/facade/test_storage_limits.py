@@ -17,10 +17,12 @@ import httpx
 import pytest
 from PIL import Image
 
+from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore
 from vlmserve.facade.settings import Storage
+from vlmserve.facade.sql_store import SQLStore
 from vlmserve.facade.storage import StoredItem
 from vlmserve.facade.store_upkeep import run_upkeep, upkeep_once
 from vlmserve.responses import input_to_messages
@@ -113,8 +115,7 @@ def resource(response_id: str, created_at: int) -> dict[str, Any]:
     return {"id": response_id, "created_at": created_at, "status": "completed", "output": []}
 
 
-def test_responses_expire_and_conversations_do_not(tmp_path: Path) -> None:
-    store = ResponseStore(tmp_path / "s.sqlite3")
+def test_responses_expire_and_conversations_do_not(store: SQLStore) -> None:
     messages = input_to_messages([image_item(png_data_url())])
     item = [StoredItem("m", image_item(png_data_url()))]
     store.put_response(resource("resp_old", 1_000), item, owner="k", input_messages=messages)
@@ -129,7 +130,6 @@ def test_responses_expire_and_conversations_do_not(tmp_path: Path) -> None:
     assert 0 < store.stored_bytes("k") < before
     # No TTL: nothing expires.
     assert upkeep_once(store, Storage(response_ttl_s=None), now=10**12).expired_responses == 0
-    store.close()
 
 
 def file_bytes(path: Path) -> int:

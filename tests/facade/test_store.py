@@ -1,14 +1,23 @@
-"""The SQLite store on its own: owners, chains, paging, durability."""
+"""The store on its own, SQLite and PostgreSQL alike: owners, chains, paging, durability."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from vlmserve.facade.store import MissingChainLinkError, ResponseStore, StoredItem, UnknownCursorError
+from vlmserve.facade.postgres_store import PostgresStore
+from vlmserve.facade.sql_store import SQLStore
+from vlmserve.facade.store import (
+    SCHEMA_VERSION,
+    MissingChainLinkError,
+    ResponseStore,
+    StoredItem,
+    UnknownCursorError,
+)
 
 
 def resource(
@@ -27,19 +36,27 @@ def message(item_id: str, text: str, role: str = "user") -> StoredItem:
     return StoredItem(item_id, {"type": "message", "role": role, "content": text})
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> ResponseStore:
-    return ResponseStore(tmp_path / "nested" / "store.sqlite3")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLStore]:
+    """Each test on both backends: the proof that they behave the same."""
+    opened: SQLStore
+    if request.param == "sqlite":
+        opened = ResponseStore(tmp_path / "store.sqlite3")
+    else:
+        opened = PostgresStore(request.getfixturevalue("postgres_url"))
+    yield opened
+    opened.close()
 
 
-def test_uses_wal_and_creates_its_folder(tmp_path: Path, store: ResponseStore) -> None:
+def test_uses_wal_and_creates_its_folder(tmp_path: Path) -> None:
     path = tmp_path / "nested" / "store.sqlite3"
+    ResponseStore(path).close()
     assert path.exists()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_owners_never_see_each_others_objects(store: ResponseStore) -> None:
+def test_owners_never_see_each_others_objects(store: SQLStore) -> None:
     store.put_response(resource("resp_a"), [message("msg_1", "secret")], owner="alice")
     assert store.get_response("resp_a", owner="bob") is None
     assert store.list_input_items("resp_a", owner="bob") is None
@@ -49,7 +66,7 @@ def test_owners_never_see_each_others_objects(store: ResponseStore) -> None:
     assert store.get_response("resp_a", owner="alice") is not None
 
 
-def test_replay_walks_the_chain_oldest_first(store: ResponseStore) -> None:
+def test_replay_walks_the_chain_oldest_first(store: SQLStore) -> None:
     answer = {"type": "message", "id": "msg_out1", "role": "assistant", "content": []}
     store.put_response(resource("resp_1", output=[answer]), [message("m1", "one")])
     store.put_response(resource("resp_2", previous="resp_1"), [message("m2", "two")])
@@ -58,7 +75,7 @@ def test_replay_walks_the_chain_oldest_first(store: ResponseStore) -> None:
     assert [item.get("content") for item in items] == ["one", [], "two"]
 
 
-def test_replay_with_a_deleted_link_names_it(store: ResponseStore) -> None:
+def test_replay_with_a_deleted_link_names_it(store: SQLStore) -> None:
     store.put_response(resource("resp_1"), [message("m1", "one")])
     store.put_response(resource("resp_2", previous="resp_1"), [message("m2", "two")])
     store.delete_response("resp_1")
@@ -67,7 +84,7 @@ def test_replay_with_a_deleted_link_names_it(store: ResponseStore) -> None:
     assert missing.value.response_id == "resp_1"
 
 
-def test_replay_depth_is_bounded(store: ResponseStore) -> None:
+def test_replay_depth_is_bounded(store: SQLStore) -> None:
     previous = None
     for index in range(5):
         store.put_response(resource(f"resp_{index}", previous=previous), [message(f"m{index}", str(index))])
@@ -76,7 +93,7 @@ def test_replay_depth_is_bounded(store: ResponseStore) -> None:
     assert items is not None and [item["content"] for item in items] == ["3", "4"]
 
 
-def test_update_replaces_outputs_and_delete_cascades(store: ResponseStore) -> None:
+def test_update_replaces_outputs_and_delete_cascades(store: SQLStore) -> None:
     store.put_response(resource("resp_1"), [message("m1", "one")])
     out = {"type": "message", "id": "msg_o", "role": "assistant", "content": []}
     assert store.update_response(resource("resp_1", output=[out]))
@@ -86,13 +103,13 @@ def test_update_replaces_outputs_and_delete_cascades(store: ResponseStore) -> No
     assert not store.update_response(resource("resp_1"))
 
 
-def test_paging_errors_on_unknown_cursor(store: ResponseStore) -> None:
+def test_paging_errors_on_unknown_cursor(store: SQLStore) -> None:
     store.put_response(resource("resp_1"), [message("m1", "one")])
     with pytest.raises(UnknownCursorError):
         store.list_input_items("resp_1", after="nope")
 
 
-def test_conversation_items_append_in_order(store: ResponseStore) -> None:
+def test_conversation_items_append_in_order(store: SQLStore) -> None:
     store.create_conversation("conv_1", metadata={}, items=[message("a", "1")])
     assert store.append_conversation_items("conv_1", [message("b", "2"), message("c", "3")])
     page = store.list_conversation_items("conv_1", order="asc")
@@ -142,4 +159,4 @@ def test_a_store_made_by_an_older_version_is_upgraded(tmp_path: Path) -> None:
     store.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # incremental
-        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

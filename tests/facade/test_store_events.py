@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from vlmserve.facade.store import ResponseStore
+from tests.facade.both_stores import on_both_store_backends  # noqa: F401
+from vlmserve.facade.sql_store import SQLStore
+from vlmserve.facade.store import SCHEMA_VERSION, ResponseStore
 
 ERROR = {"code": "server_error", "message": "restarted"}
 
@@ -28,11 +30,12 @@ def size_of(events: list[dict[str, Any]]) -> int:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ResponseStore:
-    return ResponseStore(tmp_path / "store.sqlite3")
+def store(store: SQLStore) -> SQLStore:
+    """The shared `store` fixture, here on SQLite and on PostgreSQL."""
+    return store
 
 
-def test_events_are_read_back_after_a_sequence_number(store: ResponseStore) -> None:
+def test_events_are_read_back_after_a_sequence_number(store: SQLStore) -> None:
     store.put_response(resource("resp_1"), [], owner="alice")
     events = [delta(n, str(n)) for n in range(5)]
     assert store.append_events("resp_1", events[:3], owner="alice") == size_of(events[:3])
@@ -45,7 +48,7 @@ def test_events_are_read_back_after_a_sequence_number(store: ResponseStore) -> N
     assert store.append_events("resp_1", events[4:], owner="alice") == size_of(events)
 
 
-def test_events_belong_to_their_owner_and_go_with_their_response(store: ResponseStore) -> None:
+def test_events_belong_to_their_owner_and_go_with_their_response(store: SQLStore) -> None:
     store.put_response(resource("resp_1"), [], owner="alice")
     assert store.append_events("resp_1", [delta(0)], owner="bob") is None
     assert store.list_events("resp_1", owner="bob") is None
@@ -59,7 +62,7 @@ def test_events_belong_to_their_owner_and_go_with_their_response(store: Response
     assert store.list_events("resp_1", owner="alice") is None
 
 
-def test_the_final_write_keeps_the_events_in_the_size(store: ResponseStore) -> None:
+def test_the_final_write_keeps_the_events_in_the_size(store: SQLStore) -> None:
     store.put_response(resource("resp_1"), [], owner="alice")
     store.append_events("resp_1", [delta(0)], owner="alice")
     final = {**resource("resp_1", "completed")}
@@ -70,7 +73,7 @@ def test_the_final_write_keeps_the_events_in_the_size(store: ResponseStore) -> N
     assert store.stored_bytes("alice") == expected
 
 
-def test_the_start_up_sweep_ends_a_background_response_s_events(store: ResponseStore) -> None:
+def test_the_start_up_sweep_ends_a_background_response_s_events(store: SQLStore) -> None:
     store.put_response(resource("resp_bg"), [], owner="alice")
     store.append_events("resp_bg", [delta(0), delta(1)], owner="alice")
     store.put_response(resource("resp_queued"), [], owner="bob")
@@ -104,4 +107,4 @@ def test_a_schema_1_store_is_upgraded(tmp_path: Path) -> None:
     assert store.stored_bytes("alice") == used + size_of([delta(0)])
     store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_data_url, seed_000_input
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, create_app
+from vlmserve.facade.sql_store import SQLStore
 
 
 async def create(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
@@ -270,24 +273,24 @@ async def test_item_reference_resolves_a_stored_item(http: httpx.AsyncClient, en
 
 
 async def test_stored_responses_survive_a_restart(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, engine: FakeEngine
+    settings: FacadeSettings,
+    engine_client: AsyncEngineClient,
+    engine: FakeEngine,
+    another_store: Callable[[], SQLStore],
 ) -> None:
     async def client_for(app: FastAPI) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://facade.test")
 
-    store = ResponseStore(settings.store_path)
+    store = another_store()
     async with await client_for(create_app(settings, engine=engine_client, store=store)) as http:
         first = await create(http, input=seed_000_input(png_data_url()), tools=[SEED_000_TOOL])
         items_before = (await http.get(f"/v1/responses/{first['id']}/input_items")).json()
     store.close()
 
-    reopened = ResponseStore(settings.store_path)
-    try:
-        async with await client_for(create_app(settings, engine=engine_client, store=reopened)) as http:
-            assert (await http.get(f"/v1/responses/{first['id']}")).json() == first
-            assert (await http.get(f"/v1/responses/{first['id']}/input_items")).json() == items_before
-            await create(http, input="again", previous_response_id=first["id"], tools=[SEED_000_TOOL])
-    finally:
-        reopened.close()
+    reopened = another_store()
+    async with await client_for(create_app(settings, engine=engine_client, store=reopened)) as http:
+        assert (await http.get(f"/v1/responses/{first['id']}")).json() == first
+        assert (await http.get(f"/v1/responses/{first['id']}/input_items")).json() == items_before
+        await create(http, input="again", previous_response_id=first["id"], tools=[SEED_000_TOOL])
     original, replayed = engine.requests
     assert list(replayed.messages[: len(original.messages)]) == list(original.messages)

@@ -34,12 +34,11 @@ from .settings import FacadeSettings
 from .state import FacadeState
 from .storage import Store
 from .store import ResponseStore
-from .store_upkeep import run_upkeep
+from .store_upkeep import INTERRUPTED_ERROR, fail_interrupted, run_lease, run_upkeep
 
 logger = logging.getLogger("vlmserve.facade")
 
-# What a response left in progress by a previous facade process says after start-up.
-INTERRUPTED_ERROR = {"code": "server_error", "message": "The server restarted before this response finished."}
+__all__ = ["INTERRUPTED_ERROR", "create_app", "open_store"]
 
 
 def engine_credentials(settings: FacadeSettings) -> grpc.ChannelCredentials | None:
@@ -76,19 +75,13 @@ def engine_client(settings: FacadeSettings) -> AsyncEngineClient:
 
 
 def open_store(settings: FacadeSettings) -> Store:
-    return ResponseStore(settings.store_path, cache_bytes=settings.storage.replay_cache_bytes)
+    """PostgreSQL when `settings.store` names a database, else the SQLite file at `store_path`."""
+    cache_bytes = settings.storage.replay_cache_bytes
+    if settings.store is not None:
+        from .postgres_store import PostgresStore
 
-
-async def _fail_interrupted(store: Store) -> None:
-    """Responses still in progress at start-up were running in a facade that died (SIGKILL, a
-    crash): nothing will ever finish them, so say so instead of `in_progress` forever."""
-    interrupted = await asyncio.to_thread(store.fail_unfinished, INTERRUPTED_ERROR)
-    if interrupted:
-        logger.warning(
-            "%d response(s) left in progress by a previous run marked failed: %s",
-            len(interrupted),
-            ", ".join(interrupted[:10]) + (" ..." if len(interrupted) > 10 else ""),
-        )
+        return PostgresStore(settings.store, cache_bytes=cache_bytes)
+    return ResponseStore(settings.store_path, cache_bytes=cache_bytes)
 
 
 def create_app(
@@ -108,9 +101,10 @@ def create_app(
     files stored objects under the key's owner id); `dependencies` are added after it.
     `image_sources` makes the fetcher for remote image URLs, once per request; by default the
     safe fetcher when `settings.remote_images` enables it, else none (remote URLs are a 400).
-    On start-up (the lifespan) the store's responses still `in_progress` are marked `failed`:
-    one facade process owns a store; while the app runs, `store_upkeep` expires old responses and
-    gives freed space back.
+    On start-up (the lifespan) the app takes a lease on the store as a new facade instance and
+    marks `failed` the responses still `in_progress` under instances whose lease expired (several
+    facades may share a PostgreSQL store); while the app runs, `store_upkeep` renews the lease,
+    expires old responses and gives freed space back.
     """
     settings = settings or FacadeSettings.from_env()
     if image_sources is None:
@@ -157,20 +151,28 @@ def create_app(
             opened_engine = engine_client(settings)
             the_store: Store = store if store is not None else open_store(settings)
             app.state.facade = build_state(opened_engine, the_store)
-        upkeep: asyncio.Task[None] | None = None
+        tasks: list[asyncio.Task[None]] = []
+        the_store = app.state.facade.store
         try:
-            await _fail_interrupted(app.state.facade.store)
+            # This run is a new facade instance: what it starts is its own while its lease lives.
+            # Responses of instances whose lease expired (a previous run killed, another facade
+            # that died) are marked failed now and then every renewal.
+            await asyncio.to_thread(the_store.start_lease, settings.storage.lease_ttl_s)
+            await asyncio.to_thread(fail_interrupted, the_store)
             await asyncio.to_thread(files.remove_orphans)
-            upkeep = asyncio.create_task(run_upkeep(app.state.facade.store, settings.storage))
+            tasks.append(asyncio.create_task(run_lease(the_store, settings.storage)))
+            tasks.append(asyncio.create_task(run_upkeep(the_store, settings.storage)))
             yield
         finally:
-            if upkeep is not None:
-                upkeep.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await upkeep
+                    await task
             state: FacadeState = app.state.facade
             await state.background.stop_all()
             await state.responses.cancel_all()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(the_store.release_lease)
             if opened_engine is not None:
                 state.responses.close()
                 await opened_engine.close()

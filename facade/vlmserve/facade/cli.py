@@ -7,6 +7,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 from fastapi import FastAPI
@@ -49,6 +50,15 @@ def settings_from_args(
         parser.error(str(error))
 
 
+def redacted_url(url: str) -> str:
+    """A database URL fit for a log: its password replaced."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def server_shutdown_timeout_s(settings: FacadeSettings) -> int:
     """uvicorn's graceful-shutdown timeout: the grace, plus time for streams to end cleanly."""
     return math.ceil(settings.shutdown_grace_s + STREAM_CUTOFF_AFTER_GRACE_S) + 2
@@ -66,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.host,
         settings.port,
         settings.engine_address,
-        settings.store_path,
+        "PostgreSQL at " + redacted_url(settings.store) if settings.store else settings.store_path,
         f"{len(settings.api_keys.digests)} configured" if settings.api_keys.enabled else "off",
         ", ".join(remote.allowed_domains) or "none allowed" if remote.enabled else "off",
     )

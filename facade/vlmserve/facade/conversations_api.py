@@ -46,8 +46,8 @@ from .request_limits import check_image_count, count_contract_images, count_imag
 from .resource import typed_item
 from .responses_api import item_list, item_page
 from .state import FacadeState, facade_state, owner_of
-from .storage import ItemPage, StoredItem
-from .storage_quotas import check_room, stored_size
+from .storage import ItemPage, StorageQuotaExceededError, StoredItem
+from .storage_quotas import check_room, quota_exceeded, stored_size
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -80,14 +80,18 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
         conversation_id=None,
         param="items",
     )
-    return await asyncio.to_thread(
-        state.store.create_conversation,
-        ids.new_id(ids.CONVERSATION),
-        metadata=metadata,
-        items=items,
-        messages=messages,
-        owner=owner_of(request),
-    )
+    try:
+        return await asyncio.to_thread(
+            state.store.create_conversation,
+            ids.new_id(ids.CONVERSATION),
+            metadata=metadata,
+            items=items,
+            messages=messages,
+            owner=owner_of(request),
+            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+        )
+    except StorageQuotaExceededError as error:
+        raise quota_exceeded(error.used, error.quota, error.adding) from None
 
 
 @router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION, response_model=ConversationResource)
@@ -218,13 +222,17 @@ async def _add_conversation_items(
         conversation_id=conversation_id,
         param="items",
     )
-    added = await asyncio.to_thread(
-        state.store.append_conversation_items,
-        conversation_id,
-        items,
-        messages=messages,
-        owner=owner_of(request),
-    )
+    try:
+        added = await asyncio.to_thread(
+            state.store.append_conversation_items,
+            conversation_id,
+            items,
+            messages=messages,
+            owner=owner_of(request),
+            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+        )
+    except StorageQuotaExceededError as error:
+        raise quota_exceeded(error.used, error.quota, error.adding) from None
     if not added:
         raise not_found("conversation", conversation_id)
     return item_list_of(items)

@@ -170,6 +170,7 @@ class ResponsesService:
             conversation_id=translated.conversation_id,
             owner=owner,
             on_finish=self._forget,
+            max_stored_bytes=self.settings.storage.max_stored_bytes_per_key,
         )
         self.running[response_id] = generation
         return generation

@@ -27,7 +27,8 @@ from vlmserve.responses import InvalidRequestError, ResponseResource, Translated
 
 from .http_errors import APIError, from_engine_error
 from .response_events import Event, ResponseEvents
-from .storage import Store, StoredItem
+from .storage import StorageQuotaExceededError, Store, StoredItem
+from .storage_quotas import quota_exceeded
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -55,6 +56,8 @@ class Generation:
     # Background responses: every event but the last goes through this before it is sent (it
     # stores them); the last ones are stored with the final state (`finish_response(events=)`).
     record: Callable[[Sequence[Event]], Awaitable[None]] | None = None
+    # The owner's storage quota, checked atomically with the first write.
+    max_stored_bytes: int | None = None
     builder: ResponseEvents = field(init=False)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     _stream: AsyncIterator[pb.GenerateResponse] | None = None
@@ -63,6 +66,7 @@ class Generation:
     _cancel_requested: bool = False
     # Set by `stop()`: the response ends `failed` with this error instead of `cancelled`.
     _stop_error: APIError | None = None
+    _store_refused: bool = False
     # Set by `cancel()` when the engine ignored Abort: the reader stops and closes the call.
     _close_call: asyncio.Event = field(default_factory=asyncio.Event)
     # The first write of the stored response, and a final write that had to wait for it.
@@ -77,7 +81,7 @@ class Generation:
 
     @property
     def store_enabled(self) -> bool:
-        return self.translated.store
+        return self.translated.store and not self._store_refused
 
     async def open(self, wait_s: float) -> None:
         """Start the engine call and wait up to `wait_s` for its first message.
@@ -102,10 +106,21 @@ class Generation:
         try:
             if self._stream is None:
                 self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+            refused = None
             if self.store_enabled and self._stored is None:
-                await self._store_started()
+                refused = await self._store_started()
             for event in await self._recorded(builder.start()):
                 yield event
+            if refused is not None:
+                # The owner's quota was taken meanwhile (a check passed, then another request of the
+                # key stored first, maybe on another facade): the response fails, nothing stored.
+                failed = builder.fail(refused)
+                if raise_errors:
+                    raise refused
+                await self._persist_final(failed)
+                for event in failed:
+                    yield event
+                return
             # The events that end the response. They go out only after the final write: a client
             # that has read `response.completed` must find the response (and its conversation
             # items) stored, even if this process dies the next moment.
@@ -261,15 +276,18 @@ class Generation:
 
     async def enqueue(self) -> list[Event]:
         """Background: store the response `queued`, with its `response.created` event, before
-        it runs; that event."""
+        it runs; that event. The quota's APIError when the owner has no room for it."""
         created = self.builder.created()
-        await self._store_started()
+        refused = await self._store_started()
+        if refused is not None:
+            raise refused
         return await self._recorded(created)
 
-    async def _store_started(self) -> None:
-        """Store the response as it starts (in progress; queued in the background). Shielded: a
-        client that leaves meanwhile must not cancel the write, else the final write could come
-        first and be overwritten."""
+    async def _store_started(self) -> APIError | None:
+        """Store the response as it starts (in progress; queued in the background); the error
+        when the owner's quota has no room for it (then it is not stored at all). Shielded: a
+        client that leaves meanwhile must not cancel the write, else the final write could
+        come first and be overwritten."""
         self._stored = asyncio.ensure_future(
             asyncio.to_thread(
                 self.store.put_response,
@@ -278,9 +296,15 @@ class Generation:
                 owner=self.owner,
                 conversation_id=self.conversation_id,
                 input_messages=self.translated.input_messages,
+                max_stored_bytes=self.max_stored_bytes,
             )
         )
-        await asyncio.shield(self._stored)
+        try:
+            await asyncio.shield(self._stored)
+        except StorageQuotaExceededError as error:
+            self._store_refused = True
+            return quota_exceeded(error.used, error.quota, error.adding)
+        return None
 
     def _persist_final_after_start(self, final: Sequence[Event]) -> None:
         """Record the end without awaiting (the task is being cancelled): now, or, while the first

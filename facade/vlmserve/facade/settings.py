@@ -159,6 +159,12 @@ class Storage(DeclaredSettings):
         description="bytes the stored streaming events of one background response may take (for "
         "stream resume); a run passing it is stopped and ends failed; none: no limit",
     )
+    lease_ttl_s: Annotated[float, Option(flag="--lease-ttl")] = Field(
+        30.0,
+        gt=0,
+        description="seconds a facade's claim on the responses it is generating lasts unless renewed "
+        "(every third of it); after it, a facade sharing the store marks them failed",
+    )
     replay_cache_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,
@@ -210,6 +216,12 @@ def _first_token(raw: object) -> object:
     return tokens[0] if tokens else None
 
 
+def _store_url(raw: object) -> object:
+    if isinstance(raw, str) and not raw.startswith(("postgresql://", "postgres://")):
+        raise ValueError("a PostgreSQL connection URL: postgresql://user:password@host:port/database")
+    return raw
+
+
 def _api_keys(raw: object) -> object:
     return ApiKeys.from_keys(raw.split(",")) if isinstance(raw, str) else raw
 
@@ -230,6 +242,12 @@ class FacadeSettings(DeclaredSettings):
     store_path: Annotated[
         Path, Option(default_text="$VLMSERVE_DATA_DIR/facade.sqlite3, else var/facade.sqlite3")
     ] = Field(default_factory=default_store_path, description="SQLite file for stored responses")
+    store: Annotated[str | None, BeforeValidator(_store_url)] = Field(
+        None,
+        repr=False,
+        description="PostgreSQL database for stored responses, shared by every facade given it "
+        "(postgresql://user:password@host:port/db); none: the SQLite file at store-path",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="log level"
     )

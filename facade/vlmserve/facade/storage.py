@@ -1,7 +1,7 @@
 """What the facade needs from a store of responses and conversations, whatever keeps them.
 
-`store.ResponseStore` (SQLite) implements `Store`; the routes and the service only use this
-interface, so another backend (PostgreSQL) is one more module. Every method is synchronous and
+`store.ResponseStore` (SQLite) and `postgres_store.PostgresStore` implement `Store`, both on
+`sql_store.SQLStore`; the routes and the service only use this interface. Every method is synchronous and
 thread-safe (the app calls them through `asyncio.to_thread`), and every query is filtered on
 `owner` (the API key's identity; "" without keys), so stored objects never leak between keys.
 """
@@ -49,6 +49,16 @@ class Maintenance:
     freed_pages: int
 
 
+class StorageQuotaExceededError(Exception):
+    """A write would take its owner past `max_stored_bytes`; nothing was written."""
+
+    def __init__(self, *, used: int, quota: int, adding: int) -> None:
+        super().__init__(f"{used} + {adding} bytes > {quota}")
+        self.used = used
+        self.quota = quota
+        self.adding = adding
+
+
 class UnknownCursorError(LookupError):
     """`after` names no item of the listed object."""
 
@@ -71,6 +81,7 @@ class Store(Protocol):
         owner: str = "",
         conversation_id: str | None = None,
         input_messages: Sequence[pb.Message] | None = None,
+        max_stored_bytes: int | None = None,
     ) -> None: ...
 
     def update_response(self, resource: dict[str, Any], *, owner: str = "") -> bool: ...
@@ -86,6 +97,13 @@ class Store(Protocol):
         conversation_messages: Sequence[pb.Message] | None = None,
         events: Sequence[dict[str, Any]] = (),
     ) -> None: ...
+
+    # ---- facade instances: each holds a lease while it runs (several may share a store) ----
+    def start_lease(self, ttl_s: float) -> str: ...
+
+    def renew_lease(self) -> None: ...
+
+    def release_lease(self) -> None: ...
 
     def fail_unfinished(self, error: dict[str, str]) -> list[str]: ...
 
@@ -125,6 +143,7 @@ class Store(Protocol):
         items: Sequence[StoredItem] = (),
         messages: Sequence[pb.Message] | None = None,
         owner: str = "",
+        max_stored_bytes: int | None = None,
     ) -> dict[str, Any]: ...
 
     def get_conversation(self, conversation_id: str, *, owner: str = "") -> dict[str, Any] | None: ...
@@ -158,6 +177,7 @@ class Store(Protocol):
         *,
         messages: Sequence[pb.Message] | None = None,
         owner: str = "",
+        max_stored_bytes: int | None = None,
     ) -> bool: ...
 
     def conversation_replay(self, conversation_id: str, *, owner: str = "") -> Replay | None: ...

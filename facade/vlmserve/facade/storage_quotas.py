@@ -1,5 +1,6 @@
 """Room in the store: per API key (everything it keeps) and per conversation, checked before
-anything is written or generated.
+anything is written or generated. The per-key quota is checked again by the store in the write
+itself (`max_stored_bytes`), atomically: two requests (or two facades) cannot both pass it.
 
 What a write adds is estimated from what it stores: the items as JSON and the bytes of the
 images in their contract messages (what the store charges, see `store`). The final append of a
@@ -26,6 +27,18 @@ def stored_size(items: Sequence[StoredItem], messages: Sequence[pb.Message]) -> 
     return sum(len(json.dumps(s.item)) for s in items) + sum(message.ByteSize() for message in messages)
 
 
+def quota_exceeded(used: int, quota: int, adding: int) -> APIError:
+    """429 `storage_quota_exceeded`: from the early check, or from the store's own atomic one
+    (`StorageQuotaExceededError`) when another request of the key took the room meanwhile."""
+    return APIError(
+        429,
+        f"Storage quota exceeded: this API key stores {used} bytes of its {quota}, and this "
+        f"request would add {adding}. Delete stored responses or conversations, or send "
+        "'store': false.",
+        code="storage_quota_exceeded",
+    )
+
+
 async def check_room(
     store: Store,
     storage: Storage,
@@ -41,13 +54,7 @@ async def check_room(
     if quota is not None:
         used = await asyncio.to_thread(store.stored_bytes, owner)
         if used + adding > quota:
-            raise APIError(
-                429,
-                f"Storage quota exceeded: this API key stores {used} bytes of its {quota}, and this "
-                f"request would add {adding}. Delete stored responses or conversations, or send "
-                "'store': false.",
-                code="storage_quota_exceeded",
-            )
+            raise quota_exceeded(used, quota, adding)
     limit = storage.max_conversation_bytes
     if conversation_id is not None and limit is not None:
         size = await asyncio.to_thread(store.conversation_bytes, conversation_id, owner=owner)

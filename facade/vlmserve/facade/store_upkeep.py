@@ -1,9 +1,14 @@
-"""Store upkeep: expired responses deleted, space nothing uses any more given back, on a timer.
+"""Store upkeep: expired responses deleted, space nothing uses any more given back, on a timer;
+and this facade's lease renewed, responses of facades that died marked failed.
 
-Runs once when the facade starts and then every `storage.maintenance_interval_s`, in a thread
-(the store's calls block). A response expires `storage.response_ttl_s` after it was created (as
-OpenAI keeps responses 30 days); conversations do not expire. An expired response may still be
-read until the next run (at most one interval later).
+Upkeep runs once when the facade starts and then every `storage.maintenance_interval_s`, in a
+thread (the store's calls block). A response expires `storage.response_ttl_s` after it was
+created (as OpenAI keeps responses 30 days); conversations do not expire. An expired response may
+still be read until the next run (at most one interval later).
+
+Leases: a facade instance renews its lease every third of `storage.lease_ttl_s`; each time, the
+responses left unfinished by instances whose lease expired (killed, crashed, cut off) are marked
+failed, so they do not stay `in_progress` forever even when no facade restarts.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from .settings import Storage
 from .storage import Maintenance, Store
 
 logger = logging.getLogger("vlmserve.facade")
+
+# What a response left in progress by a facade that died says once a live one notices.
+INTERRUPTED_ERROR = {"code": "server_error", "message": "The server restarted before this response finished."}
 
 
 def upkeep_once(store: Store, storage: Storage, *, now: float | None = None) -> Maintenance:
@@ -41,3 +49,28 @@ async def run_upkeep(store: Store, storage: Storage) -> None:
         except Exception:
             logger.exception("store upkeep failed; trying again in %.0f s", storage.maintenance_interval_s)
         await asyncio.sleep(storage.maintenance_interval_s)
+
+
+def fail_interrupted(store: Store) -> list[str]:
+    """Responses of dead facades, which nothing will ever finish, marked failed (and logged)."""
+    interrupted = store.fail_unfinished(INTERRUPTED_ERROR)
+    if interrupted:
+        logger.warning(
+            "%d response(s) left in progress by a facade that stopped marked failed: %s",
+            len(interrupted),
+            ", ".join(interrupted[:10]) + (" ..." if len(interrupted) > 10 else ""),
+        )
+    return interrupted
+
+
+async def run_lease(store: Store, storage: Storage) -> None:
+    """Renew this facade's lease and sweep dead facades' responses every third of the lease,
+    until cancelled; a failed round is logged, not fatal."""
+    interval = storage.lease_ttl_s / 3
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(store.renew_lease)
+            await asyncio.to_thread(fail_interrupted, store)
+        except Exception:
+            logger.exception("store lease renewal failed; trying again in %.1f s", interval)
