@@ -13,6 +13,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,37 +67,24 @@ class PostgresServer:
 
         name = f"test_{os.getpid()}_{next(self._names)}"
         with psycopg.connect(self.url(), autocommit=True) as connection:
-            connection.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+            connection.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
     def _command(self, *args: str) -> list[str]:
-        # initdb and the server refuse to run as root: as the package's `postgres` user then.
         command = [str(self.bin_dir / args[0]), *args[1:]]
         return ["runuser", "-u", self.run_as, "--", *command] if self.run_as else command
 
+    def _run(self, *args: str) -> None:
+        done = subprocess.run(self._command(*args), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stderr or done.stdout}")
+
     def start(self) -> None:
-        subprocess.run(
-            self._command("initdb", "-D", str(self.data_dir), "-U", _USER, "-A", "trust", "-E", "UTF8"),
-            check=True,
-            capture_output=True,
-        )
+        self._run("initdb", "-D", str(self.data_dir), "-U", _USER, "-A", "trust", "-E", "UTF8")
         # The socket in /tmp: a long data folder path would pass the socket path's length limit.
         options = f"-p {self.port} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run(
-            self._command(
-                "pg_ctl",
-                "-D",
-                str(self.data_dir),
-                "-o",
-                options,
-                "-l",
-                str(self.data_dir.parent / "log"),
-                "-w",
-                "start",
-            ),
-            check=True,
-            capture_output=True,
-        )
+        log = str(self.data_dir.parent / "log")
+        self._run("pg_ctl", "-D", str(self.data_dir), "-o", options, "-l", log, "-w", "start")
 
     def stop(self) -> None:
         subprocess.run(
@@ -107,7 +95,7 @@ class PostgresServer:
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+def postgres_server() -> Iterator[PostgresServer]:
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
         pytest.skip(
@@ -115,27 +103,26 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgr
             "(scripts/install-system-deps.sh does; CI always runs these tests)"
         )
     run_as = None
-    folder = tmp_path_factory.mktemp("postgres")
-    if os.geteuid() == 0:
-        run_as = "postgres"
+    # Not under pytest's temp folder: pytest makes its root 0700 again at each session start,
+    # which would lock the server's user (below) out of its own data folder.
+    folder = Path(tempfile.mkdtemp(prefix="vlmserve-postgres-"))
+    try:
+        if os.geteuid() == 0:
+            # initdb and the server refuse to run as root: as the package's `postgres` user then.
+            run_as = "postgres"
+            try:
+                account = pwd.getpwnam(run_as)
+            except KeyError:
+                pytest.skip("running as root and there is no `postgres` user to run the server as")
+            os.chown(folder, account.pw_uid, account.pw_gid)
+        server = PostgresServer(bin_dir, folder / "data", _free_port(), run_as)
+        server.start()
         try:
-            account = pwd.getpwnam(run_as)
-        except KeyError:
-            pytest.skip("running as root and there is no `postgres` user to run the server as")
-        os.chmod(folder, 0o755)
-        for parent in folder.parents:
-            # The server's user must reach its data folder through the temp folders.
-            if parent == Path(parent.anchor):
-                break
-            os.chmod(parent, os.stat(parent).st_mode | 0o011)
-        os.chown(folder, account.pw_uid, account.pw_gid)
-    server = PostgresServer(bin_dir, folder / "data", _free_port(), run_as)
-    if run_as is not None:
-        server.data_dir.mkdir()
-        os.chown(server.data_dir, account.pw_uid, account.pw_gid)
-    server.start()
-    yield server
-    server.stop()
+            yield server
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ events with `response.failed`, so a resumed stream ends too.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,18 @@ from tests.faults.stack import (
 )
 
 SMALL = 4
+# The killed facade's claim on its running response lapses after a second, not the default 30.
+SHORT_LEASE = ("--lease-ttl", "1")
+
+
+def when_swept(http: httpx.Client, response_id: str) -> dict[str, Any]:
+    """The response once it is no longer in progress (bounded by WAIT_S)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        resource: dict[str, Any] = http.get(f"/v1/responses/{response_id}").json()
+        if resource["status"] != "in_progress" or time.monotonic() > deadline:
+            return resource
+        time.sleep(0.1)
 
 
 def user_message(text: str, image_url: str | None = None) -> dict[str, Any]:
@@ -91,7 +104,7 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
 ) -> None:
     engine = idle_small_stack.engine
     store_path = facade_logs / "responses.sqlite3"
-    first = start_facade(facade_logs, engine.address, store_path=store_path)
+    first = start_facade(facade_logs, engine.address, store_path=store_path, extra=SHORT_LEASE)
     facades.append(first)
     with httpx.Client(base_url=first.address, timeout=WAIT_S) as http:
         seed = created(http, {"input": seed_000_input(png_data_url((255, 0, 0))), "tools": [SEED_000_TOOL]})
@@ -132,12 +145,13 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
     assert report.finish == "FINISH_REASON_CANCELLED"
     assert report.tokens_after_cancel is not None and report.tokens_after_cancel <= 1
 
-    second = start_facade(facade_logs, engine.address, store_path=store_path)
+    second = start_facade(facade_logs, engine.address, store_path=store_path, extra=SHORT_LEASE)
     facades.append(second)
     with httpx.Client(base_url=second.address, timeout=WAIT_S) as http:
         assert snapshot(http, ids, conversation["id"], doomed["id"]) == before
-        # The interrupted response was kept, and start-up says it will never finish.
-        interrupted = http.get(f"/v1/responses/{running_id}").json()
+        # The interrupted response was kept; once the dead facade's lease has run out (at start-up,
+        # or at one of the restarted facade's renewals) it is marked as never to finish.
+        interrupted = when_swept(http, running_id)
         assert interrupted["status"] == "failed"
         assert interrupted["error"] == {
             "code": "server_error",
