@@ -84,6 +84,13 @@ def open_store(settings: FacadeSettings) -> Store:
     return ResponseStore(settings.store_path, cache_bytes=cache_bytes)
 
 
+async def _cancelled(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def create_app(
     settings: FacadeSettings | None = None,
     *,
@@ -151,7 +158,8 @@ def create_app(
             opened_engine = engine_client(settings)
             the_store: Store = store if store is not None else open_store(settings)
             app.state.facade = build_state(opened_engine, the_store)
-        tasks: list[asyncio.Task[None]] = []
+        upkeep: asyncio.Task[None] | None = None
+        lease: asyncio.Task[None] | None = None
         the_store = app.state.facade.store
         try:
             # This run is a new facade instance: what it starts is its own while its lease lives.
@@ -160,17 +168,16 @@ def create_app(
             await asyncio.to_thread(the_store.start_lease, settings.storage.lease_ttl_s)
             await asyncio.to_thread(fail_interrupted, the_store)
             await asyncio.to_thread(files.remove_orphans)
-            tasks.append(asyncio.create_task(run_lease(the_store, settings.storage)))
-            tasks.append(asyncio.create_task(run_upkeep(the_store, settings.storage)))
+            lease = asyncio.create_task(run_lease(the_store, settings.storage))
+            upkeep = asyncio.create_task(run_upkeep(the_store, settings.storage))
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _cancelled(upkeep)
             state: FacadeState = app.state.facade
             await state.background.stop_all()
             await state.responses.cancel_all()
+            # The lease held while the running responses were ended; now this instance is gone.
+            await _cancelled(lease)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(the_store.release_lease)
             if opened_engine is not None:
