@@ -108,6 +108,13 @@ def test_required_tool_choice_streams_valid_calls_to_offered_tools(
         c.name for c in result.tool_calls
     ]
     assert result.text == "" and all(not chunk.text for chunk in chunks)
+    # Each call's arguments streamed first (Hermes), adding up to the call's, under its id.
+    streamed: dict[str, str] = {}
+    for chunk in chunks:
+        if chunk.HasField("tool_call_delta"):
+            delta = chunk.tool_call_delta
+            streamed[delta.id] = streamed.get(delta.id, "") + delta.arguments
+    assert streamed == {call.id: call.arguments for call in result.tool_calls}
     for call in result.tool_calls:
         arguments = json.loads(call.arguments)
         assert call.name in ("weather", "shell") and isinstance(arguments, dict)

@@ -57,8 +57,9 @@ def stream(
     for response in stub.Generate(req, timeout=60):
         assert not results, "nothing may follow the final message"
         if response.HasField("chunk"):
-            # A chunk is one thing: text or a whole tool call (the oneof), never empty.
-            assert response.chunk.WhichOneof("kind") in ("text", "tool_call"), response
+            # A chunk is one thing: text, a whole tool call or a call's streamed arguments (the
+            # oneof), never empty.
+            assert response.chunk.WhichOneof("kind") in ("text", "tool_call", "tool_call_delta"), response
             chunks.append(response.chunk)
         else:
             results.append(response.complete)

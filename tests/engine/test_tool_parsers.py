@@ -13,6 +13,7 @@ from vlmserve.engine.tool_parsers import (
     Piece,
     PlainTextParser,
     TextPiece,
+    ToolCallDeltaPiece,
     ToolCallPiece,
     collect,
     make_parser,
@@ -26,13 +27,18 @@ CALL_READ = '<tool_call>\n{"name": "read", "arguments": {"path": "a.txt"}}\n</to
 def summary(pieces: list[Piece]) -> list[tuple[str, str]]:
     """Pieces as comparable tuples; call ids are random, arguments compared as JSON."""
     out: list[tuple[str, str]] = []
+    streamed: dict[str, str] = {}
     for piece in pieces:
         if isinstance(piece, TextPiece):
             out.append(("text", piece.text))
+        elif isinstance(piece, ToolCallDeltaPiece):
+            streamed[piece.id] = streamed.get(piece.id, "") + piece.arguments
         else:
             assert isinstance(piece, ToolCallPiece)
             assert piece.call.id.startswith("call_")
             out.append((piece.call.name, json.dumps(json.loads(piece.call.arguments), sort_keys=True)))
+            # Streamed arguments add up to the call's.
+            assert streamed.pop(piece.call.id, piece.call.arguments) == piece.call.arguments
     return out
 
 
@@ -110,9 +116,45 @@ def test_markup_is_never_streamed_before_it_is_decided() -> None:
 
 def test_call_is_emitted_the_moment_its_end_tag_arrives() -> None:
     parser = HermesToolCallParser()
-    assert parser.feed(CALL_LS[:-1]) == []
+    # Only its streamed arguments before the end tag (the outer brace held back).
+    before = parser.feed(CALL_LS[:-1])
+    assert all(isinstance(piece, ToolCallDeltaPiece) for piece in before)
+    assert (
+        "".join(p.arguments for p in before if isinstance(p, ToolCallDeltaPiece)) == '{"cmd": ["ls", "-l"]}'
+    )
     pieces = parser.feed(CALL_LS[-1])
     assert len(pieces) == 1 and isinstance(pieces[0], ToolCallPiece)
+    assert pieces[0].call.arguments == '{"cmd": ["ls", "-l"]}'
+
+
+@pytest.mark.parametrize("cut", range(1, len(CALL_READ)))
+def test_arguments_stream_as_they_arrive(cut: int) -> None:
+    parser = HermesToolCallParser()
+    pieces = parser.feed(CALL_READ[:cut]) + parser.feed(CALL_READ[cut:]) + parser.finish()
+    deltas = [p for p in pieces if isinstance(p, ToolCallDeltaPiece)]
+    (call,) = [p.call for p in pieces if isinstance(p, ToolCallPiece)]
+    assert call.arguments == '{"path": "a.txt"}'
+    # Streamed once the first piece holds the call's head (and not its end: then it is whole).
+    head_seen = cut > CALL_READ.index('"arguments": ') + len('"arguments": ')
+    assert bool(deltas) == (head_seen and cut < len(CALL_READ))
+    if deltas:
+        assert deltas[0].name == "read" and all(d.id == call.id for d in deltas)
+        assert "".join(d.arguments for d in deltas) == call.arguments
+
+
+def test_a_streamed_call_cut_off_is_given_back_as_text() -> None:
+    parser = HermesToolCallParser()
+    cut = CALL_READ[: CALL_READ.index("a.txt")]
+    pieces = parser.feed(cut) + parser.finish()
+    assert isinstance(pieces[0], ToolCallDeltaPiece)
+    assert [p for p in pieces if isinstance(p, ToolCallPiece)] == []
+    assert pieces[-1] == TextPiece(cut)
+
+
+def test_a_call_written_arguments_first_arrives_whole() -> None:
+    text = '<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>'
+    pieces = collect(HermesToolCallParser(), list(text))
+    assert [type(p) for p in pieces] == [ToolCallPiece]
 
 
 def test_over_long_call_is_given_back_as_text_and_bounded() -> None:

@@ -34,6 +34,7 @@ from .jobs import (
     LogitsProcessor,
     ReasoningEvent,
     TextEvent,
+    ToolCallDeltaEvent,
     ToolCallEvent,
 )
 from .logprobs import LogprobTrace, StepScores, score_rows
@@ -349,6 +350,8 @@ class ActiveGeneration:
                 self.job.emit(TextEvent(piece, tuple(shown)))
             elif isinstance(piece, Reasoning):
                 self.job.emit(ReasoningEvent(piece.text))
+            elif isinstance(piece, pb.ToolCallDelta):
+                self.job.emit(ToolCallDeltaEvent(piece))
             else:
                 self.job.emit(ToolCallEvent(piece))
 

@@ -37,6 +37,7 @@ __all__ = [
     "PreparedRequest",
     "ReasoningEvent",
     "TextEvent",
+    "ToolCallDeltaEvent",
     "ToolCallEvent",
 ]
 
@@ -140,6 +141,13 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDeltaEvent:
+    """A call being written (streamed arguments); the `ToolCallEvent` with its id follows."""
+
+    delta: pb.ToolCallDelta
+
+
+@dataclass(frozen=True, slots=True)
 class FinishedEvent:
     result: pb.GenerateResult
 
@@ -155,7 +163,15 @@ class FailedEvent:
     error: RequestError
 
 
-Event = TextEvent | ReasoningEvent | ToolCallEvent | FinishedEvent | CountedEvent | FailedEvent
+Event = (
+    TextEvent
+    | ReasoningEvent
+    | ToolCallEvent
+    | ToolCallDeltaEvent
+    | FinishedEvent
+    | CountedEvent
+    | FailedEvent
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .harmony import HarmonySplitter, starts_harmony
 from .stop_sequences import StopSequenceMatcher
-from .tool_parsers import Piece, TextPiece, ToolCallPiece, make_parser
+from .tool_parsers import Piece, TextPiece, ToolCallDeltaPiece, ToolCallPiece, make_parser
 
 __all__ = ["OutputAssembler", "OutputPiece", "Reasoning", "ThinkingSplitter", "prompt_leaves_thinking"]
 
@@ -29,7 +29,7 @@ class Reasoning:
     text: str
 
 
-OutputPiece = str | pb.ToolCall | Reasoning
+OutputPiece = str | pb.ToolCall | pb.ToolCallDelta | Reasoning
 
 
 def prompt_leaves_thinking(prompt_text: str) -> bool:
@@ -270,6 +270,8 @@ class OutputAssembler:
                     self.text_spans.append(self._locate(piece.text) if self.track_spans else [])
                     self._after_call = False
                     out.append(piece.text)
+            elif isinstance(piece, ToolCallDeltaPiece):
+                out.append(pb.ToolCallDelta(id=piece.id, name=piece.name, arguments=piece.arguments))
             elif isinstance(piece, ToolCallPiece):
                 self._after_call = True
                 call = pb.ToolCall(

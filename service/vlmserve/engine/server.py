@@ -47,6 +47,7 @@ from .jobs import (
     PreparedRequest,
     ReasoningEvent,
     TextEvent,
+    ToolCallDeltaEvent,
     ToolCallEvent,
 )
 from .model import LoadedModel
@@ -216,6 +217,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                     yield pb.GenerateResponse(chunk=pb.GenerateChunk(reasoning_text=event.text))
                 elif isinstance(event, ToolCallEvent):
                     yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call=event.call))
+                elif isinstance(event, ToolCallDeltaEvent):
+                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call_delta=event.delta))
                 elif isinstance(event, FinishedEvent):
                     yield pb.GenerateResponse(complete=event.result)
                 elif isinstance(event, FailedEvent):

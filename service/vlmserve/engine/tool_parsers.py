@@ -35,6 +35,7 @@ __all__ = [
     "ParsedToolCall",
     "PlainTextParser",
     "TextPiece",
+    "ToolCallDeltaPiece",
     "ToolCallParser",
     "ToolCallPiece",
     "make_parser",
@@ -74,7 +75,17 @@ class ToolCallPiece:
     call: ParsedToolCall
 
 
-Piece = TextPiece | ToolCallPiece
+@dataclass(frozen=True, slots=True)
+class ToolCallDeltaPiece:
+    """A call being written: its first delta names it, later ones add argument text. The call
+    itself follows as a `ToolCallPiece` with the same id and these arguments joined."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+Piece = TextPiece | ToolCallPiece | ToolCallDeltaPiece
 
 
 class ToolCallParser(Protocol):
@@ -212,6 +223,8 @@ class PlainTextParser:
 
 def _held_prefix_length(buffer: str, tag: str) -> int:
     """Length of the longest suffix of `buffer` that is a proper prefix of `tag`."""
+    if buffer.find(tag[0], max(0, len(buffer) - len(tag) + 1)) < 0:
+        return 0  # the common case, decided by one bounded search
     for length in range(min(len(tag) - 1, len(buffer)), 0, -1):
         if buffer.endswith(tag[:length]):
             return length
@@ -291,6 +304,7 @@ class MarkupToolCallParser:
             self._end_call(self._buffer, pieces)  # the call ran to the end of the output
         elif self._inside:
             self._emit_text(self.start_tag + self._buffer, pieces)
+            self._stream_ended()
         else:
             self._emit_text(self._buffer, pieces)
         self._buffer = ""
@@ -335,11 +349,20 @@ class MarkupToolCallParser:
                 self._emit_text(self.start_tag + self._buffer, pieces)
                 self._buffer = ""
                 self._inside = False
+                self._stream_ended()
+                return False
+            self._stream(pieces)
             return False
         body = self._buffer[:index]
         self._buffer = self._buffer[index + len(self.end_tag) :]
         self._end_call(body, pieces)
         return True
+
+    def _stream(self, pieces: list[Piece]) -> None:
+        """Inside a call, its end not seen yet: formats that can stream arguments do it here."""
+
+    def _stream_ended(self) -> None:
+        """The call being streamed was given back as text."""
 
     def _end_call(self, body: str, pieces: list[Piece]) -> None:
         self._inside = False
@@ -352,11 +375,91 @@ class MarkupToolCallParser:
         pieces.extend(ToolCallPiece(call) for call in calls)
 
 
+# A Hermes call written name first (as the call grammar and Qwen write it): its arguments object
+# starts where this match ends.
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_HERMES_HEAD_MAX = 512
+# How far back from the end the outer object's closing brace and layout are looked for.
+_TAIL_MAX = 64
+
+
 class HermesToolCallParser(MarkupToolCallParser):
-    """Qwen/Hermes markup: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`."""
+    """Qwen/Hermes markup: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+
+    A call written name first streams its arguments as they arrive (`ToolCallDeltaPiece`s): all
+    of the arguments text except what could still be the outer object's closing brace. The call
+    then carries exactly that text as its arguments.
+    """
 
     def __init__(self, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> None:
         super().__init__("<tool_call>", "</tool_call>", _parse_hermes_body, max_call_chars=max_call_chars)
+        # The call being streamed: (id, name, where its arguments start in the buffer); how far
+        # (buffer offset) its arguments were sent.
+        self._streaming: tuple[str, str, int] | None = None
+        self._sent_to = 0
+
+    def _stream(self, pieces: list[Piece]) -> None:
+        buffer = self._buffer
+        if self._streaming is None:
+            if len(buffer) > _HERMES_HEAD_MAX:
+                return
+            match = _HERMES_HEAD.match(buffer)
+            if match is None:
+                return
+            self._streaming = (new_call_id(), match.group(1), match.end())
+            self._sent_to = match.end()
+            pieces.append(ToolCallDeltaPiece(self._streaming[0], match.group(1), ""))
+        end = len(buffer) - _held_prefix_length(buffer, self.end_tag)
+        end = _without_closing_brace(buffer, max(self._sent_to, end - _TAIL_MAX), end)
+        if end > self._sent_to:
+            pieces.append(ToolCallDeltaPiece(self._streaming[0], "", buffer[self._sent_to : end]))
+            self._sent_to = end
+
+    def _stream_ended(self) -> None:
+        self._streaming = None
+
+    def _end_call(self, body: str, pieces: list[Piece]) -> None:
+        streaming, self._streaming = self._streaming, None
+        if streaming is None:
+            super()._end_call(body, pieces)
+            return
+        call_id, name, start = streaming
+        arguments_end = _without_closing_brace(body, start, len(body))
+        arguments = body[start:arguments_end]
+        calls = _parse_hermes_body(body.strip())
+        if (
+            calls is None
+            or [call.name for call in calls] != [name]
+            or arguments_end < self._sent_to
+            or not _is_json_object(arguments)
+        ):
+            super()._end_call(body, pieces)  # written otherwise after all: whole, as parsed
+            return
+        self._inside = False
+        if arguments_end > self._sent_to:
+            pieces.append(ToolCallDeltaPiece(call_id, "", body[self._sent_to : arguments_end]))
+        self._pending_space = ""
+        self._seen_call = True
+        pieces.append(ToolCallPiece(ParsedToolCall(id=call_id, name=name, arguments=arguments)))
+
+
+def _without_closing_brace(text: str, floor: int, end: int) -> int:
+    """`end` moved back over trailing layout, one `}` and layout before it (the outer object's
+    end, maybe), not below `floor`."""
+    while end > floor and text[end - 1].isspace():
+        end -= 1
+    if end > floor and text[end - 1] == "}":
+        end -= 1
+        while end > floor and text[end - 1].isspace():
+            end -= 1
+    return end
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 class LlamaJsonToolCallParser:
