@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .sql_store import DEFAULT_CACHE_BYTES, Rows, SQLStore
+from .sql_base import DEFAULT_CACHE_BYTES, Rows
+from .sql_store import SQLStore
 
 # Advisory lock keys (one 64-bit namespace per database): "vlms" and a number.
 _LOCK_BASE = 0x766C6D73 << 8

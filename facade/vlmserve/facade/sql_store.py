@@ -1,20 +1,12 @@
-"""What the SQLite and PostgreSQL stores share: every query, the size accounting, the replay
-cache, the facade leases. A backend (`store.ResponseStore`, `postgres_store.PostgresStore`)
-supplies connections, transactions, its schema and its way of giving space back.
-
-The SQL here is the dialect both understand (`?` placeholders, which the PostgreSQL backend
-rewrites; ON CONFLICT, RETURNING, WITH RECURSIVE); the few differences are class attributes.
+"""What the SQLite and PostgreSQL stores share: every query on responses, their events, the
+facade leases and upkeep (conversations: `sql_conversations`; machinery: `sql_base`). A backend
+(`store.ResponseStore`, `postgres_store.PostgresStore`) supplies connections and its schema.
 
 Kept per response: its resource, its raw input items exactly as the client sent them (for
 `input_items`, images included) and its output items; and, for replays, the raw contract
 messages its input and its output were translated to (`message_codec`), images by content hash
 in `images`. A later turn replays those messages instead of translating the items (and
 decoding their images) again, so a turn costs its own items, not the whole chain's.
-
-Space: every response and conversation carries its `size` in bytes (JSON, messages, and the
-bytes of the images it uses), summed per owner in `usage` for quotas. A transaction applies its
-changes to `usage` last, in owner order, checking the quota it was given there: the row lock
-that update takes makes the check and the write one step for every facade sharing the store.
 
 Several facades may share one store (PostgreSQL): each is an instance with a lease it renews;
 a response records the instance generating it, and only responses whose instance's lease
@@ -25,137 +17,36 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any, ClassVar, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from .message_codec import EncodedMessages, MessageCache, decode_messages, encode_messages
-from .storage import (
-    ItemPage,
-    Maintenance,
-    MissingChainLinkError,
-    Order,
-    Replay,
-    StorageQuotaExceededError,
-    StoredItem,
-    UnknownCursorError,
+from .message_codec import EncodedMessages, encode_messages
+from .sql_base import (
+    BATCH,
+    DEFAULT_CACHE_BYTES,
+    Transaction,
+    batches,
+    encoded_size,
+    free_unused_images,
+    put_images,
 )
+from .sql_conversations import ConversationQueries
+from .storage import ItemPage, Maintenance, MissingChainLinkError, Order, Replay, StoredItem
 
-# Bound on `?` parameters of one IN (...) list and rows per expiry batch.
-BATCH = 500
-
-# Decoded messages kept in memory for the next turns of recent chains and conversations.
-DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+__all__ = ["DEFAULT_CACHE_BYTES", "SQLStore"]
 
 UNFINISHED = ("queued", "in_progress")
 
 
-class Rows(Protocol):
-    @property
-    def rowcount(self) -> int: ...
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-
-class Connection(Protocol):
-    """One backend connection inside a transaction (sqlite3's, or psycopg's adapted)."""
-
-    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Rows: ...
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Any: ...
-
-
-class Transaction:
-    """A write transaction: statements, the `usage` changes to apply at its end (with the quotas
-    they must respect) and the conversation messages to cache once it has committed."""
-
-    def __init__(self, db: Connection) -> None:
-        self.db = db
-        self._usage: dict[str, int] = {}
-        self._quotas: dict[str, int] = {}
-        self.appended: list[tuple[tuple[str, str], Sequence[pb.Message]]] = []
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        return self.db.execute(sql, params)
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        rows = list(rows)
-        if rows:
-            self.db.executemany(sql, rows)
-
-    def add_usage(self, owner: str, delta: int, *, max_bytes: int | None = None) -> None:
-        self._usage[owner] = self._usage.get(owner, 0) + delta
-        if max_bytes is not None:
-            self._quotas[owner] = min(max_bytes, self._quotas.get(owner, max_bytes))
-
-    def settle_usage(self) -> None:
-        """Apply the usage changes (owner order: no two transactions wait on each other here);
-        StorageQuotaExceededError, and so a rollback, when one passes its quota."""
-        for owner in sorted(self._usage):
-            delta = self._usage[owner]
-            if not delta:
-                continue
-            (total,) = self.db.execute(
-                "INSERT INTO usage (owner, bytes) VALUES (?, ?)"
-                " ON CONFLICT (owner) DO UPDATE SET bytes = usage.bytes + excluded.bytes RETURNING bytes",
-                (owner, delta),
-            ).fetchone()
-            quota = self._quotas.get(owner)
-            if quota is not None and delta > 0 and int(total) > quota:
-                raise StorageQuotaExceededError(used=int(total) - delta, quota=quota, adding=delta)
-
-
-class SQLStore(ABC):
-    # Dialect: a row lock on SELECT (PostgreSQL; SQLite's write transactions are exclusive),
-    # the column that orders rows as inserted, and the time now in unix seconds.
-    FOR_UPDATE: ClassVar[str] = ""
-    INSERT_ORDER: ClassVar[str] = "rowid"
-    NOW: ClassVar[str] = "((julianday('now') - 2440587.5) * 86400.0)"
-
+class SQLStore(ConversationQueries):
     def __init__(self, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self._cache = MessageCache(cache_bytes)
+        super().__init__(cache_bytes=cache_bytes)
         # Responses this store object writes belong to this instance; it holds no lease until
         # `start_lease`, so what it leaves unfinished counts as abandoned.
         self._instance_id = _new_instance_id()
         self._lease_ttl_s: float | None = None
-
-    # ---- what a backend supplies -------------------------------------------------------------
-
-    @abstractmethod
-    def _begin(self, *, frees_images: bool) -> AbstractContextManager[Connection]:
-        """A write transaction, committed when the block ends, rolled back when it raises.
-        `frees_images`: it may delete images, so no transaction adding uses may run beside it."""
-
-    @abstractmethod
-    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """Rows of one read."""
-
-    @abstractmethod
-    def _vacuum(self) -> int:
-        """Give free space back; how many pages that was (0 where the database does it itself)."""
-
-    @abstractmethod
-    def _upkeep_turn(self) -> AbstractContextManager[bool]:
-        """Whether this store may run `maintain` now (one facade at a time): held for the block."""
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-    @contextmanager
-    def _transaction(self, *, frees_images: bool = False) -> Iterator[Transaction]:
-        with self._begin(frees_images=frees_images) as db:
-            tx = Transaction(db)
-            yield tx
-            tx.settle_usage()
-        # Conversation messages appended by this transaction: cached only now it holds.
-        for key, messages in tx.appended:
-            self._cache.put(key, messages)
 
     # ---- leases --------------------------------------------------------------------------------
 
@@ -430,28 +321,6 @@ class SQLStore(ABC):
             "response_items", "response_id = ? AND kind = 'input'", (response_id,), after, limit, order
         )
 
-    def _page(
-        self, table: str, where: str, key: tuple[Any, ...], after: str | None, limit: int, order: Order
-    ) -> ItemPage:
-        direction, compare = ("ASC", ">") if order == "asc" else ("DESC", "<")
-        condition, params = where, list(key)
-        if after is not None:
-            rows = self._query(
-                f"SELECT position FROM {table} WHERE {where} AND item_id = ?"
-                f" ORDER BY position {direction} LIMIT 1",
-                (*key, after),
-            )
-            if not rows:
-                raise UnknownCursorError(after)
-            condition += f" AND position {compare} ?"
-            params.append(rows[0][0])
-        rows = self._query(
-            f"SELECT item_id, item FROM {table} WHERE {condition} ORDER BY position {direction} LIMIT ?",
-            (*params, limit + 1),
-        )
-        items = [StoredItem(item_id, json.loads(item)) for item_id, item in rows[:limit]]
-        return ItemPage(items=items, has_more=len(rows) > limit)
-
     def _chain(self, response_id: str, owner: str, max_depth: int) -> list[str] | None:
         """The ids of a `previous_response_id` chain, newest first (at most `max_depth`)."""
         rows = self._query(
@@ -526,16 +395,6 @@ class SQLStore(ABC):
             items.extend(json.loads(item) for (item,) in rows)
         return items
 
-    def _decode(self, stored: Sequence[tuple[bytes, list[str]]]) -> list[list[pb.Message]]:
-        """Each stored (blob, image hashes) as its messages, images read in one go."""
-        wanted = sorted({digest for _, hashes in stored for digest in hashes})
-        images: dict[str, bytes] = {}
-        for batch in batches(wanted):
-            marks = ",".join("?" * len(batch))
-            rows = self._query(f"SELECT hash, data FROM images WHERE hash IN ({marks})", batch)
-            images.update((digest, bytes(data)) for digest, data in rows)
-        return [decode_messages(blob, hashes, images) for blob, hashes in stored]
-
     def find_item(self, item_id: str, *, owner: str = "") -> dict[str, Any] | None:
         """The most recently stored item with this id (for `item_reference`): the last one written
         to a response, else to a conversation (in insertion order)."""
@@ -554,253 +413,12 @@ class SQLStore(ABC):
         )
         return json.loads(rows[0][0]) if rows else None
 
-    # ---- conversations ---------------------------------------------------------------------
-
-    def create_conversation(
-        self,
-        conversation_id: str,
-        *,
-        metadata: dict[str, str],
-        items: Sequence[StoredItem] = (),
-        messages: Sequence[pb.Message] | None = None,
-        owner: str = "",
-        max_stored_bytes: int | None = None,
-    ) -> dict[str, Any]:
-        created_at = int(time.time())
-        metadata_text = json.dumps(metadata)
-        with self._transaction() as tx:
-            tx.execute(
-                "INSERT INTO conversations (id, owner, created_at, metadata, size) VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, owner, created_at, metadata_text, len(metadata_text)),
-            )
-            tx.add_usage(owner, len(metadata_text), max_bytes=max_stored_bytes)
-            if items:
-                self._append(tx, conversation_id, owner, items, messages)
-        return _conversation_object(conversation_id, created_at, metadata)
-
-    def get_conversation(self, conversation_id: str, *, owner: str = "") -> dict[str, Any] | None:
-        rows = self._query(
-            "SELECT created_at, metadata FROM conversations WHERE id = ? AND owner = ?",
-            (conversation_id, owner),
-        )
-        return _conversation_object(conversation_id, rows[0][0], json.loads(rows[0][1])) if rows else None
-
-    def delete_conversation(self, conversation_id: str, *, owner: str = "") -> bool:
-        with self._transaction(frees_images=True) as tx:
-            used = tx.execute(
-                "SELECT hash FROM conversation_images WHERE conversation_id = ?", (conversation_id,)
-            )
-            hashes = {digest for (digest,) in used.fetchall()}
-            rows = tx.execute(
-                "DELETE FROM conversations WHERE id = ? AND owner = ? RETURNING size",
-                (conversation_id, owner),
-            ).fetchall()
-            if rows:
-                tx.add_usage(owner, -int(rows[0][0]))
-                free_unused_images(tx, hashes)
-        self._cache.forget(conversation_id)
-        if rows:
-            self._vacuum()
-        return bool(rows)
-
-    def update_conversation(
-        self, conversation_id: str, *, metadata: dict[str, str], owner: str = ""
-    ) -> dict[str, Any] | None:
-        """Replace a conversation's metadata; None when it is gone."""
-        metadata_text = json.dumps(metadata)
-        with self._transaction() as tx:
-            rows = tx.execute(
-                f"SELECT created_at, metadata FROM conversations WHERE id = ? AND owner = ?{self.FOR_UPDATE}",
-                (conversation_id, owner),
-            ).fetchall()
-            if not rows:
-                return None
-            change = len(metadata_text) - len(rows[0][1])
-            tx.execute(
-                "UPDATE conversations SET metadata = ?, size = size + ? WHERE id = ?",
-                (metadata_text, change, conversation_id),
-            )
-            tx.add_usage(owner, change)
-        return _conversation_object(conversation_id, rows[0][0], metadata)
-
-    def get_conversation_item(
-        self, conversation_id: str, item_id: str, *, owner: str = ""
-    ) -> StoredItem | None:
-        rows = self._query(
-            "SELECT i.item FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id"
-            " WHERE i.conversation_id = ? AND i.item_id = ? AND c.owner = ? ORDER BY i.position LIMIT 1",
-            (conversation_id, item_id, owner),
-        )
-        return StoredItem(item_id, json.loads(rows[0][0])) if rows else None
-
-    def delete_conversation_item(self, conversation_id: str, item_id: str, *, owner: str = "") -> bool:
-        """Remove one item. The stored contract messages of the batch it was added with go too:
-        the conversation then replays by translating its raw items (see conversation_replay)."""
-        with self._transaction() as tx:
-            if not self._lock_conversation(tx, conversation_id, owner):
-                return False
-            rows = tx.execute(
-                "SELECT position, length(item) FROM conversation_items"
-                " WHERE conversation_id = ? AND item_id = ? ORDER BY position LIMIT 1",
-                (conversation_id, item_id),
-            ).fetchall()
-            if not rows:
-                return False
-            position, size = rows[0]
-            tx.execute(
-                "DELETE FROM conversation_items WHERE conversation_id = ? AND position = ?",
-                (conversation_id, position),
-            )
-            chunks = tx.execute(
-                "DELETE FROM conversation_messages WHERE conversation_id = ? AND position <= ?"
-                " AND position + item_count > ? RETURNING length(messages)",
-                (conversation_id, position, position),
-            ).fetchall()
-            size = int(size) + sum(int(length) for (length,) in chunks)
-            tx.execute(
-                "UPDATE conversations SET size = CASE WHEN size > ? THEN size - ? ELSE 0 END WHERE id = ?",
-                (size, size, conversation_id),
-            )
-            tx.add_usage(owner, -size)
-        self._cache.forget(conversation_id)
-        return True
-
-    def list_conversation_items(
-        self,
-        conversation_id: str,
-        *,
-        after: str | None = None,
-        limit: int = 20,
-        order: Order = "desc",
-        owner: str = "",
-    ) -> ItemPage | None:
-        """A page of a conversation's items; reads only that page (and its cursor)."""
-        if self.get_conversation(conversation_id, owner=owner) is None:
-            return None
-        return self._page(
-            "conversation_items", "conversation_id = ?", (conversation_id,), after, limit, order
-        )
-
-    def append_conversation_items(
-        self,
-        conversation_id: str,
-        items: Sequence[StoredItem],
-        *,
-        messages: Sequence[pb.Message] | None = None,
-        owner: str = "",
-        max_stored_bytes: int | None = None,
-    ) -> bool:
-        """Add items (and the contract messages they were translated to) at the end of a
-        conversation; False when it is gone. StorageQuotaExceededError (nothing added) when the
-        owner's bytes would pass `max_stored_bytes`."""
-        with self._transaction() as tx:
-            return self._append(tx, conversation_id, owner, items, messages, max_stored_bytes)
-
-    def _lock_conversation(self, tx: Transaction, conversation_id: str, owner: str) -> bool:
-        rows = tx.execute(
-            f"SELECT 1 FROM conversations WHERE id = ? AND owner = ?{self.FOR_UPDATE}",
-            (conversation_id, owner),
-        ).fetchall()
-        return bool(rows)
-
-    def _append(
-        self,
-        tx: Transaction,
-        conversation_id: str,
-        owner: str,
-        items: Sequence[StoredItem],
-        messages: Sequence[pb.Message] | None,
-        max_stored_bytes: int | None = None,
-    ) -> bool:
-        # Positions come from a counter that only grows: one a deleted item had is never given
-        # again, so a chunk's (conversation, position) names the same messages in every facade's cache.
-        rows = tx.execute(
-            "UPDATE conversations SET next_position = next_position + ? WHERE id = ? AND owner = ?"
-            " RETURNING next_position",
-            (len(items), conversation_id, owner),
-        ).fetchall()
-        if not rows:
-            return False
-        start = int(rows[0][0]) - len(items)
-        item_rows = [(conversation_id, start + i, s.id, json.dumps(s.item)) for i, s in enumerate(items)]
-        tx.executemany(
-            "INSERT INTO conversation_items (conversation_id, position, item_id, item) VALUES (?, ?, ?, ?)",
-            item_rows,
-        )
-        size = sum(len(row[3]) for row in item_rows)
-        if messages is not None:
-            encoded = encode_messages(messages)
-            tx.execute(
-                "INSERT INTO conversation_messages (conversation_id, position, item_count, messages, images)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, start, len(items), encoded.blob, json.dumps(encoded.image_hashes)),
-            )
-            put_images(tx, encoded.images)
-            tx.executemany(
-                "INSERT INTO conversation_images (conversation_id, hash) VALUES (?, ?)"
-                " ON CONFLICT DO NOTHING",
-                [(conversation_id, digest) for digest in encoded.images],
-            )
-            size += encoded_size(encoded)
-            # For the cache, once the transaction has committed.
-            tx.appended.append(((conversation_id, str(start)), messages))
-        tx.execute("UPDATE conversations SET size = size + ? WHERE id = ?", (size, conversation_id))
-        tx.add_usage(owner, size, max_bytes=max_stored_bytes)
-        return True
-
-    def conversation_replay(self, conversation_id: str, *, owner: str = "") -> Replay | None:
-        """A conversation's items, oldest first: as contract messages when every item has them
-        (items added by older versions have not), else as raw items."""
-        if self.get_conversation(conversation_id, owner=owner) is None:
-            return None
-        chunks = self._query(
-            "SELECT position, item_count FROM conversation_messages"
-            " WHERE conversation_id = ? ORDER BY position",
-            (conversation_id,),
-        )
-        (count,) = self._query(
-            "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
-        )[0]
-        if sum(int(item_count) for _, item_count in chunks) != int(count):
-            items = self._query(
-                "SELECT item FROM conversation_items WHERE conversation_id = ? ORDER BY position",
-                (conversation_id,),
-            )
-            return Replay(items=[json.loads(item) for (item,) in items])
-        keys = [(conversation_id, str(position)) for position, _ in chunks]
-        found = {key: cached for key in keys if (cached := self._cache.get(key)) is not None}
-        wanted = [key for key in keys if key not in found]
-        stored: dict[tuple[str, str], tuple[bytes, list[str]]] = {}
-        if wanted:
-            rows = self._query(
-                "SELECT position, messages, images FROM conversation_messages"
-                " WHERE conversation_id = ? AND position >= ?",
-                (conversation_id, min(int(position) for _, position in wanted)),
-            )
-            stored = {
-                (conversation_id, str(position)): (bytes(blob), json.loads(hashes))
-                for position, blob, hashes in rows
-            }
-        if any(key not in stored for key in wanted):
-            # Changed by another facade between the two reads: read it all again.
-            return self.conversation_replay(conversation_id, owner=owner)
-        for key, messages in zip(wanted, self._decode([stored[key] for key in wanted]), strict=True):
-            self._cache.put(key, messages)
-            found[key] = messages
-        return Replay(messages=[message for key in keys for message in found[key]])
-
     # ---- quotas and upkeep -----------------------------------------------------------------
 
     def stored_bytes(self, owner: str) -> int:
         """Bytes `owner`'s responses and conversations take (JSON, messages, images they use)."""
         rows = self._query("SELECT bytes FROM usage WHERE owner = ?", (owner,))
         return int(rows[0][0]) if rows else 0
-
-    def conversation_bytes(self, conversation_id: str, *, owner: str = "") -> int | None:
-        rows = self._query(
-            "SELECT size FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
-        )
-        return int(rows[0][0]) if rows else None
 
     def maintain(self, *, expire_before: int | None = None) -> Maintenance:
         """Delete responses created before `expire_before` (unix seconds; None: none), free the
@@ -862,44 +480,3 @@ def _failed_event(tx: Transaction, response_id: str, resource: dict[str, Any]) -
     ).fetchone()
     sequence = 0 if last is None else int(last) + 1
     return {"type": "response.failed", "sequence_number": sequence, "response": resource}
-
-
-def put_images(tx: Transaction, images: dict[str, bytes]) -> None:
-    tx.executemany(
-        "INSERT INTO images (hash, data) VALUES (?, ?) ON CONFLICT DO NOTHING", list(images.items())
-    )
-
-
-def free_unused_images(tx: Transaction, candidates: Iterable[str] | None) -> int:
-    """Delete the images (among `candidates`; None: all) that no response or conversation uses."""
-    unused = (
-        "NOT EXISTS (SELECT 1 FROM response_images u WHERE u.hash = images.hash)"
-        " AND NOT EXISTS (SELECT 1 FROM conversation_images u WHERE u.hash = images.hash)"
-    )
-    if candidates is None:
-        return tx.execute(f"DELETE FROM images WHERE {unused}").rowcount
-    freed = 0
-    for batch in batches(sorted(candidates)):
-        marks = ",".join("?" * len(batch))
-        freed += tx.execute(f"DELETE FROM images WHERE hash IN ({marks}) AND {unused}", batch).rowcount
-    return freed
-
-
-def encoded_size(encoded: EncodedMessages) -> int:
-    """Bytes an object is charged for its messages: the blob, and every image it uses, as if
-    it were its own copy (shared storage is the store's saving, not the owner's)."""
-    return len(encoded.blob) + sum(len(encoded.images[digest]) for digest in encoded.image_hashes)
-
-
-def batches(values: Sequence[str]) -> Iterator[list[str]]:
-    for start in range(0, len(values), BATCH):
-        yield list(values[start : start + BATCH])
-
-
-def _conversation_object(conversation_id: str, created_at: int, metadata: dict[str, str]) -> dict[str, Any]:
-    return {
-        "id": conversation_id,
-        "object": "conversation",
-        "created_at": int(created_at),
-        "metadata": metadata,
-    }

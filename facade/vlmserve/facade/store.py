@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .sql_store import DEFAULT_CACHE_BYTES, Connection, SQLStore
+from .sql_base import DEFAULT_CACHE_BYTES, Connection
+from .sql_store import SQLStore
 from .storage import (
     ItemPage,
     MissingChainLinkError,
