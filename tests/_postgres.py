@@ -98,6 +98,8 @@ class PostgresServer:
 def postgres_server() -> Iterator[PostgresServer]:
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs the PostgreSQL tests: scripts/install-system-deps.sh installs `postgresql`")
         pytest.skip(
             "PostgreSQL binaries (initdb, pg_ctl) not found: install Debian's `postgresql` package "
             "(scripts/install-system-deps.sh does; CI always runs these tests)"

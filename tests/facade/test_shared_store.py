@@ -187,3 +187,25 @@ def test_upkeep_runs_in_one_facade_at_a_time(store_backend: str, another_store: 
         assert second.maintain(expire_before=100).expired_responses == 0
         assert second.get_response("resp_old") is not None
     assert second.maintain(expire_before=100).expired_responses == 1
+
+
+def test_connections_the_server_dropped_are_replaced(
+    store_backend: str, another_store: OpenStore, request: pytest.FixtureRequest
+) -> None:
+    """The database restarted or failed over: the pool hands out new connections, no error."""
+    if store_backend != "postgresql":
+        pytest.skip("PostgreSQL's connection pool")
+    import psycopg
+
+    server = request.getfixturevalue("postgres_server")
+    store = another_store()
+    store.put_response(
+        {"id": "resp_1", "created_at": int(time.time()), "status": "completed", "output": []}, []
+    )
+    ((database,),) = store._query("SELECT current_database()", ())
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,)
+        ).fetchall()
+    assert ended
+    assert store.get_response("resp_1") is not None

@@ -160,6 +160,8 @@ class PostgresStore(SQLStore):
             min_size=min_connections,
             max_size=max_connections,
             kwargs={"autocommit": True},
+            # A connection the server dropped (restart, failover) is replaced, not handed out.
+            check=ConnectionPool.check_connection,
             open=False,
             name="vlmserve-store",
         )
