@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import mlx.core as mx
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -142,3 +143,34 @@ def test_constraint_starts_after_thinking_ends(compiler: GrammarCompiler, tokeni
     masked = processor(ids, logits)  # the answer: JSON only
     allowed = [i for i, value in enumerate(masked[0].tolist()) if value == 0]
     assert allowed and all(tokenizer.decode([i]).startswith("{") for i in allowed)
+
+
+class _IdsReadOnlyThroughNumpy:
+    """Ids with a size and numpy's buffer view only: an MLX op on them (a slice, `tolist`) would
+    queue behind the forward in flight (batch.py's double buffering), so it must not be needed."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = np.array(ids, dtype=np.int32)
+        self.size = self._ids.size
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return self._ids
+
+
+def test_new_ids_are_read_without_an_mlx_op(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    grammar = constraint(compiler).grammar
+    reads_through_numpy = GrammarLogitsProcessor(
+        grammar, compiler.tokenizer, eos_token_ids=frozenset([EOS]), max_new_tokens=100
+    )
+    reference = GrammarLogitsProcessor(
+        grammar, compiler.tokenizer, eos_token_ids=frozenset([EOS]), max_new_tokens=100
+    )
+    logits = mx.zeros((1, VOCAB))
+    ids = [1, 2]  # the prompt: the first call only records where generation starts
+    reads_through_numpy(_IdsReadOnlyThroughNumpy(ids), logits)
+    reference(mx.array(ids), logits)
+    for token in tokenizer.encode('{"shapes": ["a', add_special_tokens=False):
+        ids.append(token)
+        masked = reads_through_numpy(_IdsReadOnlyThroughNumpy(ids), logits)
+        assert bool(mx.all(masked == reference(mx.array(ids), logits)).item())
+    assert not reads_through_numpy.accepting

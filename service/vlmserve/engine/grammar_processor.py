@@ -170,6 +170,8 @@ class GrammarLogitsProcessor:
     # -- masks ------------------------------------------------------------------------------
 
     def _new_tokens(self, tokens: Any) -> list[int]:
+        import numpy as np
+
         count = int(tokens.size)
         if self._seen is None:
             self._seen = count
@@ -177,7 +179,9 @@ class GrammarLogitsProcessor:
         start, self._seen = self._seen, count
         if count <= start:
             return []
-        flat = tokens.reshape(-1)
+        # Read through numpy, not an MLX slice: the ids are an evaluated array, and an MLX op
+        # would queue behind the forward in flight (batch.py), so the mask would wait for it.
+        flat = np.asarray(tokens).reshape(-1)
         return [int(t) for t in flat[start:].tolist()]
 
     def _only(self, token_ids: list[int], logits: Any) -> Any:
