@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -217,3 +218,27 @@ async def test_upkeep_runs_on_its_interval_until_cancelled(tmp_path: Path) -> No
         with contextlib.suppress(asyncio.CancelledError):
             await task
         store.close()
+
+
+async def test_the_quota_is_checked_again_in_the_write(client_for: MakeClient, store: SQLStore) -> None:
+    """The early check estimates from the input alone; the write checks what it stores (the
+    resource too), atomically. Here the estimate fits the quota and the write does not: what a
+    request that lost a race with another (maybe on another facade) sees."""
+    http = client_for(max_stored_bytes_per_key=300)
+    refused = await respond(http, input="hi")
+    error = refused.json()["error"]
+    assert (refused.status_code, error["code"]) == (429, "storage_quota_exceeded")
+    body = {"model": "default", "input": "hi", "stream": True}
+    async with http.stream("POST", "/v1/responses", json=body) as reply:
+        data = [line[5:].strip() async for line in reply.aiter_lines() if line.startswith("data:")]
+    events = [json.loads(text) for text in data if text != "[DONE]"]
+    assert [event["type"] for event in events] == [
+        "response.created",
+        "response.in_progress",
+        "error",
+        "response.failed",
+    ]
+    failed = events[-1]["response"]
+    assert failed["error"]["code"] == "storage_quota_exceeded"
+    assert (await http.get(f"/v1/responses/{failed['id']}")).status_code == 404
+    assert store.stored_bytes("anonymous") == 0
