@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -72,7 +73,14 @@ def engine_call(recorder: EngineRecorder, response_id: str) -> RecordedCall:
 
 
 def engine_log_line(engine: ServiceProcess, response_id: str) -> str:
-    lines = [line for line in engine.log().splitlines() if f"request {response_id}:" in line]
+    # The engine logs a request's line when it retires it, just after sending the result: on a
+    # loaded machine the client can have its answer before the line is written.
+    deadline = time.monotonic() + 30
+    while True:
+        lines = [line for line in engine.log().splitlines() if f"request {response_id}:" in line]
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(lines) == 1, lines
     return lines[0]
 
