@@ -29,6 +29,8 @@ class Script:
 
     text_chunks: list[str] = field(default_factory=lambda: ["Hello", ", ", "world."])
     tool_calls: list[pb.ToolCall] = field(default_factory=list)
+    # Streamed call arguments, sent after the text and before the whole calls.
+    tool_call_deltas: list[pb.ToolCallDelta] = field(default_factory=list)
     # Sent before the text, as a thinking model's reasoning.
     reasoning_chunks: list[str] = field(default_factory=list)
     # Per text chunk, its tokens: sent (and in the result) when the request asks for logprobs.
@@ -100,6 +102,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
                 pb.GenerateChunk(text=text, logprobs=logprobs[i] if i < len(logprobs) else [])
                 for i, text in enumerate(script.text_chunks)
             ]
+            chunks += [pb.GenerateChunk(tool_call_delta=delta) for delta in script.tool_call_deltas]
             chunks += [pb.GenerateChunk(tool_call=call) for call in script.tool_calls]
             sent_text: list[str] = []
             index = 0

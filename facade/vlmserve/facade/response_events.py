@@ -65,6 +65,15 @@ class _OpenMessage:
 
 
 @dataclass
+class _OpenCall:
+    """A function call whose arguments are streaming (`GenerateChunk.tool_call_delta`)."""
+
+    item_id: str
+    output_index: int
+    arguments: str = ""
+
+
+@dataclass
 class ResponseEvents:
     """Feed it engine messages; it returns the events to send and keeps `resource` up to date."""
 
@@ -85,6 +94,10 @@ class ResponseEvents:
     # Engine token logprobs streamed so far (the rest of the final result's were never streamed).
     _logprobs_streamed: int = 0
     _calls_sent: int = 0
+    # Calls whose arguments are streaming, by engine call id; calls that cannot stream (custom
+    # tools: their input is not the arguments' text) come whole.
+    _open_calls: dict[str, _OpenCall] = field(default_factory=dict)
+    _whole_calls: set[str] = field(default_factory=set)
     # All text streamed so far, to tell what of the engine's final text was never streamed.
     _streamed: str = ""
 
@@ -123,10 +136,13 @@ class ResponseEvents:
             return self._text(chunk.text, chunk.logprobs)
         if kind == "reasoning_text" and chunk.reasoning_text:
             return self._reasoning_text(chunk.reasoning_text)
+        if kind == "tool_call_delta":
+            return self._tool_call_delta(chunk.tool_call_delta)
         if kind == "tool_call":
-            return (
-                self._close_reasoning() + self._close_message("completed") + self._tool_call(chunk.tool_call)
-            )
+            events = self._close_reasoning() + self._close_message("completed")
+            if chunk.tool_call.id in self._open_calls:
+                return events + self._close_call(chunk.tool_call)
+            return events + self._tool_call(chunk.tool_call)
         return []
 
     def complete(self, result: pb.GenerateResult) -> list[Event]:
@@ -153,6 +169,7 @@ class ResponseEvents:
         events += self._close_message("incomplete" if length else "completed")
         for call in unsent_calls:
             events += self._tool_call(call)
+        events += self._abandon_open_calls()
         self.resource.usage = usage_from_contract(result.usage)
         if result.finish_reason == pb.FINISH_REASON_CANCELLED:
             return events + self._finish("cancelled", "response.incomplete", "cancelled")
@@ -162,7 +179,7 @@ class ResponseEvents:
 
     def cancel(self) -> list[Event]:
         """Stopped before the engine's result (cancel endpoint or client gone)."""
-        events = self._close_reasoning() + self._close_message("incomplete")
+        events = self._close_reasoning() + self._close_message("incomplete") + self._abandon_open_calls()
         return events + self._finish("cancelled", "response.incomplete", "cancelled")
 
     def fail(self, error: APIError) -> list[Event]:
@@ -181,6 +198,11 @@ class ResponseEvents:
                 )
             )
             self._message = None
+        for call in self._open_calls.values():  # as far as written, without closing events
+            self._output[call.output_index] = self._output[call.output_index].model_copy(
+                update={"status": "incomplete", "arguments": call.arguments}
+            )
+        self._open_calls.clear()
         events: list[Event] = [ErrorEvent(sequence_number=self._next(), error=error.payload())]
         self.resource.status = "failed"
         self.resource.error = ResponseError(code=error.code or "server_error", message=error.message)
@@ -375,6 +397,79 @@ class ResponseEvents:
             type="response.output_item.done", sequence_number=self._next(), output_index=index, item=item
         )
         return [added, *arguments, done]
+
+    def _tool_call_delta(self, delta: pb.ToolCallDelta) -> list[Event]:
+        """A call's streamed arguments: the first delta adds the item, each one its text."""
+        events: list[Event] = []
+        call = self._open_calls.get(delta.id)
+        if call is None:
+            if delta.id in self._whole_calls:
+                return []
+            named = pb.ToolCall(id=delta.id, name=delta.name, kind=pb.TOOL_KIND_FUNCTION)
+            item = tool_call_output_item(named, new_id=self.new_id, offered_tools=self.offered_tools)
+            if item.type == "custom_tool_call":
+                self._whole_calls.add(delta.id)
+                return []
+            events = self._close_reasoning() + self._close_message("completed")
+            call = self._open_calls[delta.id] = _OpenCall(item.id, len(self._output))
+            opened = item.model_copy(update={"status": "in_progress", "arguments": ""})
+            self._output.append(opened)
+            events.append(
+                OutputItemEvent(
+                    type="response.output_item.added",
+                    sequence_number=self._next(),
+                    output_index=call.output_index,
+                    item=opened,
+                )
+            )
+        if delta.arguments:
+            call.arguments += delta.arguments
+            events.append(
+                FunctionCallArgumentsDeltaEvent(
+                    sequence_number=self._next(),
+                    item_id=call.item_id,
+                    output_index=call.output_index,
+                    delta=delta.arguments,
+                )
+            )
+        return events
+
+    def _close_call(self, whole: pb.ToolCall) -> list[Event]:
+        """The streamed call is complete: its item under the id it was announced with."""
+        call = self._open_calls.pop(whole.id)
+        item = tool_call_output_item(whole, new_id=self.new_id, offered_tools=self.offered_tools)
+        item = item.model_copy(update={"id": call.item_id})
+        self._output[call.output_index] = item
+        self._calls_sent += 1
+        where: dict[str, Any] = {"item_id": call.item_id, "output_index": call.output_index}
+        return [
+            FunctionCallArgumentsDoneEvent(sequence_number=self._next(), **where, arguments=whole.arguments),
+            OutputItemEvent(
+                type="response.output_item.done",
+                sequence_number=self._next(),
+                output_index=call.output_index,
+                item=item,
+            ),
+        ]
+
+    def _abandon_open_calls(self) -> list[Event]:
+        """Calls the output ended inside of (the token limit): `incomplete`, as far as written."""
+        events: list[Event] = []
+        for call in self._open_calls.values():
+            item = self._output[call.output_index].model_copy(
+                update={"status": "incomplete", "arguments": call.arguments}
+            )
+            self._output[call.output_index] = item
+            events.append(
+                OutputItemEvent(
+                    type="response.output_item.done",
+                    sequence_number=self._next(),
+                    output_index=call.output_index,
+                    item=item,
+                )
+            )
+        self._open_calls.clear()
+        return events
 
     def _finish(
         self, status: ResponseStatus, event_type: LifecycleEventType, incomplete: IncompleteReason | None

@@ -1,0 +1,107 @@
+"""Tool-call arguments streamed as the engine writes them (`GenerateChunk.tool_call_delta`):
+`response.function_call_arguments.delta` per piece on /v1/responses, tool-call argument deltas
+on /v1/chat/completions, the stored response equal to the streamed one; a call the output ended
+inside of is `incomplete`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.facade.fake_engine import FakeEngine
+from tests.facade.helpers import SEED_000_TOOL
+from tests.facade.test_streaming import check_events, stream
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+ARGUMENTS = '{"window": "main", "zoom": 2}'
+PIECES = ['{"window": ', '"main", ', '"zoom": 2}']
+
+
+def _script_streamed_call(engine: FakeEngine, *, finished: bool = True) -> None:
+    engine.script.text_chunks = ["Looking."]
+    engine.script.tool_call_deltas = [
+        pb.ToolCallDelta(id="call_1", name="screenshot"),
+        *(pb.ToolCallDelta(id="call_1", arguments=piece) for piece in PIECES),
+    ]
+    engine.script.tool_calls = (
+        [pb.ToolCall(id="call_1", name="screenshot", arguments=ARGUMENTS)] if finished else []
+    )
+    if not finished:
+        engine.script.finish_reason = pb.FINISH_REASON_LENGTH
+
+
+async def test_arguments_stream_piece_by_piece(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    _script_streamed_call(engine)
+    _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+    check_events(events)
+    kinds = [event["type"] for event in events]
+    call_start = kinds.index("response.output_item.added", kinds.index("response.output_text.done"))
+    assert kinds[call_start:] == [
+        "response.output_item.added",
+        *["response.function_call_arguments.delta"] * len(PIECES),
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    added, done = events[call_start]["item"], events[-2]["item"]
+    assert added["status"] == "in_progress" and added["arguments"] == ""
+    assert [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"] == PIECES
+    assert done["id"] == added["id"] and done["status"] == "completed" and done["arguments"] == ARGUMENTS
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["message", "function_call"]
+    assert final["output"][1] == done
+    stored = await http.get(f"/v1/responses/{final['id']}")
+    assert stored.json()["output"] == final["output"]
+
+
+async def test_a_plain_response_has_the_whole_call(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    _script_streamed_call(engine)
+    response = await http.post(
+        "/v1/responses", json={"model": "default", "input": "look", "tools": [SEED_000_TOOL]}
+    )
+    (call,) = [item for item in response.json()["output"] if item["type"] == "function_call"]
+    assert (call["call_id"], call["arguments"], call["status"]) == ("call_1", ARGUMENTS, "completed")
+
+
+async def test_a_call_cut_off_by_the_token_limit_is_incomplete(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    _script_streamed_call(engine, finished=False)
+    _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+    check_events(events)
+    assert events[-1]["type"] == "response.incomplete"
+    done = events[-2]
+    assert done["type"] == "response.output_item.done"
+    assert done["item"]["status"] == "incomplete" and done["item"]["arguments"] == ARGUMENTS
+    assert not any(e["type"] == "response.function_call_arguments.done" for e in events)
+
+
+@pytest.fixture
+async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
+    yield client
+    await client.close()
+
+
+async def test_chat_completion_chunks_stream_the_arguments(
+    sdk: openai.AsyncOpenAI, engine: FakeEngine
+) -> None:
+    _script_streamed_call(engine)
+    tool: Any = {"type": "function", "function": {"name": "screenshot", "parameters": {"type": "object"}}}
+    stream_ = await sdk.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "look"}], tools=[tool], stream=True
+    )
+    pieces: list[str] = []
+    names: list[str] = []
+    async for chunk in stream_:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                if delta.function and delta.function.name:
+                    names.append(delta.function.name)
+                if delta.function and delta.function.arguments:
+                    pieces.append(delta.function.arguments)
+    assert names == ["screenshot"] and pieces == PIECES
