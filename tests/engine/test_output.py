@@ -66,6 +66,7 @@ def test_forced_prefix_completes_a_call_without_showing_markup() -> None:
     # The rest is the call's streamed arguments.
     deltas = [piece for piece in out if isinstance(piece, pb.ToolCallDelta)]
     assert len(deltas) == len(out) - 1 and "".join(d.arguments for d in deltas) == '{"a": 2}'
+    assert deltas[0].name == "f" and {d.id for d in deltas} == {calls[0].id}
     assert assembler.visible_text == ""
 
 

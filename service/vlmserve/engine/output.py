@@ -174,8 +174,10 @@ class OutputAssembler:
         self._parser_input = self.assistant_prefix
         self._located = 0
         self._after_call = False
+        # What the prefix already decided (a streamed call's opening delta), sent with the first output.
+        self._from_prefix: list[OutputPiece] = []
         if self.assistant_prefix:
-            self._accept(self._parser.feed(self.assistant_prefix))
+            self._from_prefix = self._accept(self._parser.feed(self.assistant_prefix))
 
     @property
     def stopped(self) -> bool:
@@ -198,13 +200,14 @@ class OutputAssembler:
             return []
         if self.track_spans:
             self._raw += text
-        return self._split(self._thoughts.feed(text))
+        prefix, self._from_prefix = self._from_prefix, []
+        return prefix + self._split(self._thoughts.feed(text))
 
     def finish(self) -> list[OutputPiece]:
         """Generation ended: release held text and any unfinished markup (as text)."""
-        out: list[OutputPiece] = []
+        out, self._from_prefix = self._from_prefix, []
         if not self.stopped:
-            out = self._split(self._thoughts.finish())
+            out = out + self._split(self._thoughts.finish())
         pieces: list[Piece] = []
         if not self.stopped:
             pieces.extend(self._parser.feed(self._to_parser(self._stops.flush())))
