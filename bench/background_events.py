@@ -92,7 +92,7 @@ async def measure(chunks: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--chunks", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
