@@ -120,7 +120,9 @@ async def test_a_trickled_body_gets_a_408(
         head, _, body = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408"), reply[:200]
         assert json.loads(body)["error"]["code"] == "request_timeout"
-        assert 0.9 < time.monotonic() - started < 4
+        # After the 1 s body deadline, and well before the client stopped trickling (8 s): the
+        # wide upper bound is for loaded machines, where the answer can take seconds to arrive.
+        assert 0.9 < time.monotonic() - started < 7.5
 
 
 async def test_bodies_in_flight_are_bounded_by_bytes(
