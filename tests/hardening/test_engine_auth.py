@@ -180,12 +180,15 @@ async def test_reflection_is_not_exempt(token_server: tuple[grpc.aio.Channel, Ca
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     request = reflection_pb2.ServerReflectionRequest(list_services="")
 
-    async def list_services(metadata: tuple[tuple[str, str], ...]) -> list[str]:
-        call = stub.ServerReflectionInfo(iter([request]), metadata=metadata, timeout=TIMEOUT)
+    async def list_services(metadata: tuple[tuple[str, str], ...], *, send: bool = True) -> list[str]:
+        requests = [request] if send else []
+        call = stub.ServerReflectionInfo(iter(requests), metadata=metadata, timeout=TIMEOUT)
         reply = await call.read()
         return [service.name for service in reply.list_services_response.service]
 
-    assert await status_of(list_services(())) == grpc.StatusCode.UNAUTHENTICATED
+    # Refused without a message sent: a client write racing the server's early status is
+    # reported as INTERNAL by grpc.aio itself (grpc/grpc#36066), as in the upload test above.
+    assert await status_of(list_services((), send=False)) == grpc.StatusCode.UNAUTHENTICATED
     assert "test.Echo" in await list_services(bearer(TOKEN))
 
 
