@@ -187,7 +187,8 @@ def _instrumentation() -> tuple[Any, Any]:
 def run_steps(model_path: str, *, steps: int, warmup: int, structured: bool, budget: int) -> dict[str, Any]:
     """Prefill a short prompt, then `warmup` + `steps` greedy decode steps, as the engine takes
     them: the processor sees the ids so far (an array rebuilt each step, as decode.py does) and
-    masks the logits before the pick. Only the last `steps` are instrumented."""
+    masks the logits before the pick. Only the last `steps` are instrumented (fewer when EOS comes
+    first: the engine would stop there)."""
     import mlx.core as mx
     from mlx_vlm.models.cache import make_prompt_cache
     from mlx_vlm.utils import load
@@ -234,10 +235,12 @@ def run_steps(model_path: str, *, steps: int, warmup: int, structured: bool, bud
     for _ in range(warmup):
         logits = step(logits)
     start()
-    for _ in range(steps):
+    measured = 0
+    while measured < steps and not (generated and generated[-1] in eos):  # the engine stops at EOS too
         logits = step(logits)
+        measured += 1
     stop()
-    return {"steps": steps, "warmup": warmup, "structured": structured, "tokens": generated}
+    return {"steps": measured, "warmup": warmup, "structured": structured, "tokens": generated}
 
 
 # -- callgrind: instructions per decode step --------------------------------------------------
@@ -295,9 +298,11 @@ def measure_callgrind(model: str, steps: int, warmup: int, budget: int) -> dict[
             stdout, _ = process.communicate()
             if process.returncode != 0:
                 raise RuntimeError(f"callgrind run of the {side} side failed ({process.returncode})")
+            run = json.loads(stdout.strip().splitlines()[-1])
             figures[side] = {
-                "instructions_per_step": round(_instructions(folder / f"cg-{side}") / steps),
-                "tokens": json.loads(stdout.strip().splitlines()[-1])["tokens"],
+                "instructions_per_step": round(_instructions(folder / f"cg-{side}") / run["steps"]),
+                "steps": run["steps"],
+                "tokens": run["tokens"],
             }
     plain, structured = (
         figures["plain"]["instructions_per_step"],
@@ -307,7 +312,7 @@ def measure_callgrind(model: str, steps: int, warmup: int, budget: int) -> dict[
         "method": "callgrind: instructions of decode steps (forward + grammar processor + greedy pick)",
         "model": Path(model).name,
         "blas": _blas(),
-        "steps": steps,
+        "steps": {side: figures[side]["steps"] for side in SIDES},
         "warmup": warmup,
         "processor_budget": budget,
         "instructions_per_step": {"plain": plain, "json_schema": structured},
