@@ -6,7 +6,8 @@ Two measurements (`--out` writes either as JSON):
 - `engine`: an engine in this process on `--model` (default: the 144M float32 benchmark model,
   built into /tmp when missing; its random weights never stop by themselves, so both sides decode
   the whole budget) takes pairs of requests over loopback gRPC: plain text, then the same with a
-  strict `response_format` json_schema (the order swaps every pair). Per request: the process's
+  strict `response_format` json_schema (the order swaps every pair); the plain one carries the
+  engine's schema instruction itself, so both prompts are the same. Per request: the process's
   CPU time (utime + stime, every thread) per generated token, and the engine's decode tok/s.
   Reported: the median of the per-pair ratios json_schema / plain with their quartiles. CPU time
   is work done, which other processes' load hardly changes; wall-clock rates are kept for
@@ -18,8 +19,12 @@ Two measurements (`--out` writes either as JSON):
   switched on around them through callgrind's client requests, from a tiny C helper compiled
   with gcc at run time), after warm-up steps. Needs valgrind, gcc and valgrind's headers.
 
+Run as the engine is deployed: OpenBLAS preloaded (one thread: idle BLAS threads spin, which
+adds CPU time in proportion to wall time, i.e. to load):
+
+    export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1
     python bench/structured_cost.py engine --pairs 12 --out bench/results/structured-cost-engine.json
-    python bench/structured_cost.py callgrind --steps 24 --out bench/results/structured-cost-callgrind.json
+    python bench/structured_cost.py callgrind --steps 40 --out bench/results/structured-cost-callgrind.json
 
 (`steps` is what `callgrind` runs under valgrind; it can be run alone to try it.)
 """
@@ -277,6 +282,7 @@ def measure_callgrind(model: str, steps: int, warmup: int, budget: int) -> dict[
             command = [
                 "valgrind",
                 "--tool=callgrind",
+                "--quiet",
                 "--instr-atstart=no",
                 f"--callgrind-out-file={folder / f'cg-{side}'}.%p",
                 sys.executable,
@@ -334,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = modes.add_parser("steps", help="decode steps run directly (what callgrind runs)")
     steps.add_argument("--structured", action="store_true")
     for sub in (grind, steps):
-        sub.add_argument("--steps", type=int, default=24)
-        sub.add_argument("--warmup", type=int, default=4)
+        sub.add_argument("--steps", type=int, default=40)
+        sub.add_argument("--warmup", type=int, default=2)
         sub.add_argument(
             "--budget",
             type=int,
