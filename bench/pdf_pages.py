@@ -15,12 +15,18 @@ import argparse
 import io
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
 from vlmserve.common.documents import DocumentLimits, render_pdf
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests._pdfs import pdf_file  # noqa: E402
 
 LETTER = (612, 792)  # points
 
@@ -51,17 +57,7 @@ def text_pdf(pages: int, lines: int = 60) -> bytes:
         )
         kids.append(len(objects))
     objects[1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (b" ".join(b"%d 0 R" % k for k in kids), pages)
-    out = io.BytesIO()
-    out.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n%s\nendobj\n" % (number, body))
-    xref = out.tell()
-    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    out.writelines(b"%010d 00000 n \n" % offset for offset in offsets)
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
-    return out.getvalue()
+    return pdf_file(objects)
 
 
 def scanned_pdf(pages: int) -> bytes:

@@ -42,6 +42,11 @@ def text_pdf(pages: Sequence[str]) -> bytes:
         )
         stream = b"BT /F1 14 Tf 20 100 Td (%s) Tj ET" % text.encode("ascii")
         objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
+    return pdf_file(objects)
+
+
+def pdf_file(objects: Sequence[bytes]) -> bytes:
+    """A PDF of these objects (numbered from 1; object 1 is the catalog), with its xref table."""
     out = io.BytesIO()
     out.write(b"%PDF-1.4\n")
     offsets = []
@@ -50,8 +55,7 @@ def text_pdf(pages: Sequence[str]) -> bytes:
         out.write(b"%d 0 obj\n%s\nendobj\n" % (number, body))
     xref = out.tell()
     out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    for offset in offsets:
-        out.write(b"%010d 00000 n \n" % offset)
+    out.writelines(b"%010d 00000 n \n" % offset for offset in offsets)
     out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
     return out.getvalue()
 
