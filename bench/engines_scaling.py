@@ -29,16 +29,10 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.batching import cpu_seconds  # noqa: E402
 from bench.load import LoadConfig, run_load  # noqa: E402
 from tests._prometheus import metric_samples  # noqa: E402
 from tests._services import ServiceProcess, free_port, start_engine, start_facade  # noqa: E402
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (and its waited-for children), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -73,10 +67,10 @@ def run_round(engines: int, args: argparse.Namespace, logs: Path) -> dict[str, A
             prompt="Write a long story about a lighthouse.",
         )
         before = [scrape(port) for port in ports]
-        cpu_before = [cpu_seconds(engine.process.pid) for engine in started]
+        cpu_before = [cpu_seconds([engine.process.pid]) for engine in started]
         report = asyncio.run(run_load(config))
         per_engine = [
-            {**served(b, scrape(port)), "cpu_s": round(cpu_seconds(engine.process.pid) - c, 2)}
+            {**served(b, scrape(port)), "cpu_s": round(cpu_seconds([engine.process.pid]) - c, 2)}
             for b, port, engine, c in zip(before, ports, started, cpu_before, strict=True)
         ]
     finally:
