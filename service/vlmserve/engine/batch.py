@@ -195,7 +195,7 @@ class DecodeBatch:
             return
         tokens = [row.sample(logits[i : i + 1]).reshape(-1) for i, row in enumerate(self.rows)]
         chosen = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
-        score_chosen(self.rows, chosen)  # for rows that want logprobs (evaluated at once)
+        score_chosen(self.rows, chosen)  # for rows that want logprobs (lazy, read on accept)
         self._pending, self._pending_rows = chosen.astype(mx.int32), len(self.rows)
         mx.async_eval(self._pending)  # type: ignore[no-untyped-call]
 
