@@ -10,6 +10,8 @@ Scenarios (all through `POST /v1/responses`, streaming):
 - sequential: N requests one after another (tok/s = output tokens / wall time), alternating
   with in-process `stream_generate` in its own process (same environment) on the same prompts;
 - curve: C requests at once for C in --concurrency (aggregate tok/s);
+- shared: 8 requests at once with the same new --shared-tokens system prompt (a new one each
+  round, so no cache has seen it) and their own questions (aggregate tok/s, mean TTFT);
 - agent: 5 turns chained by previous_response_id, each adding a new 448x448 screenshot (TTFT);
 - prefill: a short request's TTFT while a --long-tokens prompt prefills, and idle;
 - memory: peak server RSS (VmHWM) under 16 concurrent image requests.
@@ -89,6 +91,17 @@ def prompt(index: int) -> str:
     )
 
 
+def shared_prompt_requests(model: str, *, system_tokens: int, seed: int, tokens: int) -> list[dict[str, Any]]:
+    """Eight sessions starting at once with the same (new) system prompt, each its own question."""
+    system = "Follow these rules. " + long_prompt(system_tokens, seed=seed)
+    requests = []
+    for index in range(8):
+        request = body(model, prompt(500 + index), tokens=tokens)
+        request["input"].insert(0, {"role": "system", "content": system})
+        requests.append(request)
+    return requests
+
+
 def long_prompt(tokens: int, seed: int = 7) -> str:
     rng = random.Random(seed)
     # Digits tokenize about one token per 1-2 characters with the fixture's byte-level BPE.
@@ -158,14 +171,20 @@ def peak_rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def start_mlx_vlm_server(log_dir: Path, model: Path) -> ServiceProcess:
+# mlx-vlm's automatic prefix cache is off unless APC_ENABLED is set; "mlx-vlm-server-apc" turns
+# it on (in memory only).
+MLX_VLM_APC_ENV = {"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"}
+
+
+def start_mlx_vlm_server(log_dir: Path, model: Path, *, apc: bool = False) -> ServiceProcess:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log_path = log_dir / "mlx-vlm-server.log"
+    log_path = log_dir / f"mlx-vlm-server-{port}.log"
     command = [str(BIN / "python"), "-m", "mlx_vlm.server", "--model", str(model), "--port", str(port)]
     command += ["--host", "127.0.0.1"]
+    env = {**process_env(), **(MLX_VLM_APC_ENV if apc else {})}
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     service = ServiceProcess(process, url, log_path)
     deadline = time.monotonic() + 180
     while True:
@@ -220,7 +239,7 @@ def start_target(name: str, model_dir: Path, logs: Path, args: argparse.Namespac
         return Target(
             name, facade.address, model_dir.name, [engine.process.pid, facade.process.pid], [facade, engine]
         )
-    server = start_mlx_vlm_server(logs, model_dir)
+    server = start_mlx_vlm_server(logs, model_dir, apc=name == "mlx-vlm-server-apc")
     return Target(name, server.address, str(model_dir), [server.process.pid], [server])
 
 
@@ -243,6 +262,9 @@ class TargetResult:
     name: str
     sequential: Throughput = field(default_factory=Throughput)
     curve: dict[int, Throughput] = field(default_factory=dict)
+    shared_prompt: Throughput = field(default_factory=Throughput)
+    # Mean time to first token of the eight requests, per round.
+    shared_prompt_ttft_s: list[float] = field(default_factory=list)
     agent_ttft_s: list[float] = field(default_factory=list)
     # (input tokens, cached tokens) per turn
     agent_tokens: list[tuple[int, int]] = field(default_factory=list)
@@ -258,7 +280,15 @@ async def throughput(
     target: Target, requests: list[dict[str, Any]], *, one_by_one: bool
 ) -> tuple[int, float, float]:
     """(output tokens, wall seconds, CPU seconds) for `requests`, sequential or all at once."""
-    async with httpx.AsyncClient(base_url=target.url, timeout=httpx.Timeout(900.0)) as client:
+    tokens, wall, cpu, _ = await timed(target, requests, one_by_one=one_by_one)
+    return tokens, wall, cpu
+
+
+async def timed(
+    target: Target, requests: list[dict[str, Any]], *, one_by_one: bool
+) -> tuple[int, float, float, list[Streamed]]:
+    """throughput()'s figures and each request's own."""
+    async with httpx.AsyncClient(base_url=target.url, timeout=httpx.Timeout(1800.0)) as client:
         cpu = target.cpu_seconds()
         started = time.perf_counter()
         if one_by_one:
@@ -266,7 +296,7 @@ async def throughput(
         else:
             done = list(await asyncio.gather(*(stream(client, r) for r in requests)))
         wall = time.perf_counter() - started
-        return sum(r.output_tokens for r in done), wall, target.cpu_seconds() - cpu
+        return sum(r.output_tokens for r in done), wall, target.cpu_seconds() - cpu, done
 
 
 async def agent_loop(target: Target, result: TargetResult) -> None:
@@ -354,6 +384,21 @@ async def measure_all(
                 ]
                 curve = results[target.name].curve.setdefault(concurrency, Throughput())
                 curve.add(*await throughput(target, requests, one_by_one=False))
+        if "shared" in args.scenarios:
+            for target in order:
+                requests = shared_prompt_requests(
+                    target.model, system_tokens=args.shared_tokens, seed=round_index, tokens=args.tokens
+                )
+                tokens, wall, cpu, done = await timed(target, requests, one_by_one=False)
+                results[target.name].shared_prompt.add(tokens, wall, cpu)
+                ttft = statistics.mean(r.ttft_s or r.latency_s for r in done)
+                results[target.name].shared_prompt_ttft_s.append(ttft)
+                print(
+                    f"round {round_index + 1} {target.name}: shared system prompt, 8 at once: "
+                    f"{tokens / wall:.1f} tok/s, mean TTFT {ttft:.2f}s, "
+                    f"cached {[r.cached_tokens for r in done]}",
+                    flush=True,
+                )
         for name in [*(t.name for t in order), *([in_process.name] if in_process else [])]:
             r = results[name]
             curve = ", ".join(
@@ -488,10 +533,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scenarios",
         nargs="*",
-        default=["agent", "prefill", "memory"],
-        choices=["agent", "prefill", "memory"],
+        default=["agent", "prefill", "memory", "shared"],
+        choices=["agent", "prefill", "memory", "shared"],
     )
-    parser.add_argument("--targets", nargs="+", default=["vlmserve", "mlx-vlm-server"])
+    parser.add_argument(
+        "--shared-tokens", type=int, default=1024, help="the shared system prompt's size (about)"
+    )
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        default=["vlmserve", "mlx-vlm-server"],
+        choices=["vlmserve", "mlx-vlm-server", "mlx-vlm-server-apc"],
+    )
     parser.add_argument(
         "--prefill-targets",
         nargs="+",
@@ -552,6 +605,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary["eight_concurrent_vs_mlx_vlm_server"] = eight["tok_s"] / theirs["curve"][8]["tok_s"]
             summary["eight_concurrent_vs_mlx_vlm_server_per_cpu_s"] = (
                 eight["tok_per_cpu_s"] / theirs["curve"][8]["tok_per_cpu_s"]
+            )
+        if theirs and theirs["shared_prompt"]["rounds"]:
+            summary["shared_prompt_vs_mlx_vlm_server"] = (
+                ours["shared_prompt"]["tok_s"] / theirs["shared_prompt"]["tok_s"]
             )
         if ours["agent_ttft_s"]:
             summary["agent_turn5_vs_turn1_ttft"] = ours["agent_ttft_s"][-1] / ours["agent_ttft_s"][0]

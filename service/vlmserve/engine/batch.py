@@ -83,33 +83,42 @@ class DecodeBatch:
         self.rows.append(generation)
 
     def add_prefilled_together(self, generations: list[ActiveGeneration]) -> Any:
-        """Prefill several whole prompts in one left-padded forward straight into batch rows.
+        """Prefill the rest of several prompts in one forward, straight into batch rows.
 
         On a CPU a forward costs about the same for one short prompt as for several (reading the
-        weights dominates), so requests that arrive together start together. Each row's positions
-        are its own (explicit M-RoPE position ids); padding is masked. Returns the last logits per
-        row [rows, vocab]; the caller lets each request take its first token from its row.
+        weights dominates), so requests that arrive together start together. Each row starts
+        from its own cache (empty, or a prefix taken from the prefix cache or another request in
+        flight): mlx-vlm's `merge` left-pads those to one length. The rest of each prompt is
+        right-padded to the longest rest, so every row's real tokens sit right after its prefix
+        (and never see the padding: the mask is causal), and `finalize()` then rolls each row's
+        padding to the left, where the batch cache expects it. Positions are each row's own
+        (explicit M-RoPE position ids). Returns the logits of each row's last prompt token
+        [rows, vocab]; the caller lets each request take its first token from its row.
         """
         import mlx.core as mx
-        from mlx_vlm.models.cache import BatchKVCache
 
-        lengths = [g.prompt_tokens for g in generations]
+        rests = [g.remaining_prompt_arrays for g in generations]
+        lengths = [ids.shape[1] for ids, _, _ in rests]
         longest = max(lengths)
         ids, embeds, positions = [], [], []
-        for generation, length in zip(generations, lengths, strict=True):
-            row_ids, row_embeds, row_positions = generation.prompt_arrays
+        for (row_ids, row_embeds, row_positions), length in zip(rests, lengths, strict=True):
             pad = longest - length
-            ids.append(mx.pad(row_ids, [(0, 0), (pad, 0)]))
-            embeds.append(mx.pad(row_embeds, [(0, 0), (pad, 0), (0, 0)]))
-            positions.append(mx.pad(row_positions, [(0, 0), (0, 0), (pad, 0)]))
-        layers = len(self._language_model.layers)
-        caches = [BatchKVCache([longest - n for n in lengths]) for _ in range(layers)]
+            ids.append(mx.pad(row_ids, [(0, 0), (0, pad)]))
+            embeds.append(mx.pad(row_embeds, [(0, 0), (0, pad), (0, 0)]))
+            positions.append(mx.pad(row_positions, [(0, 0), (0, 0), (0, pad)]))
+        own = [g.hand_over_cache() for g in generations]
+        caches = [type(rows[0]).merge(list(rows)) for rows in zip(*own, strict=True)]
+        for layer in caches:
+            layer.prepare(right_padding=[longest - n for n in lengths])
         output = self._language_model(
             mx.concatenate(ids, axis=0),
             inputs_embeds=mx.concatenate(embeds, axis=0),
             cache=caches,
             position_ids=mx.concatenate(positions, axis=1),
         )
+        for layer in caches:
+            layer.finalize()
+        last = output.logits[mx.arange(len(generations)), mx.array(lengths) - 1]
         deltas = [g.rope_deltas for g in generations]
         group_deltas = (
             mx.concatenate([d.reshape(1, -1) for d in deltas], axis=0) if deltas[0] is not None else None
@@ -122,7 +131,7 @@ class DecodeBatch:
             if group_deltas is not None:
                 self._rope_deltas = mx.concatenate([self._rope_deltas, group_deltas], axis=0)
         self.rows.extend(generations)
-        return output.logits[:, -1, :]
+        return last
 
     def remove(self, generation: ActiveGeneration, *, extract: bool) -> list[Any] | None:
         """Drop a request's row (its untaken token too); with `extract`, return its cache (one row

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import grpc
+import numpy as np
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -41,7 +42,7 @@ from .logprobs import LogprobTrace, StepScores, score_rows
 from .model import LoadedModel
 from .model_inputs import ImageSpan, ModelInputs, build_model_inputs
 from .output import OutputAssembler, OutputPiece, Reasoning
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, PromptImages, kv_views, prompt_images, shared_prefix_length
 from .request_errors import RequestError
 from .sampling import TokenSampler
 from .vision_cache import VisionFeatureCache
@@ -124,6 +125,13 @@ class ActiveGeneration:
         # (the step's scores, this row's index in them)
         self.token_score: tuple[StepScores, int] | None = None
         self._trace = LogprobTrace() if request.settings.logprobs else None
+        # Prefix sharing between requests in flight (see share_prefix()): the request whose KV
+        # this one waits for and how many of its first tokens it takes; the requests waiting
+        # for this one.
+        self.leader: ActiveGeneration | None = None
+        self.shared_tokens = 0
+        self.followers: list[ActiveGeneration] = []
+        self._signature: tuple[np.ndarray, PromptImages] | None = None
 
     @property
     def done(self) -> bool:
@@ -226,6 +234,7 @@ class ActiveGeneration:
             **inputs.prefill_kwargs,
         )
         self._prefilled = end
+        self._share_with_followers()
         if end < self.prompt_tokens:
             mx.eval([c.state for c in self._cache])
             return end - start
@@ -236,15 +245,16 @@ class ActiveGeneration:
 
     @property
     def can_prefill_together(self) -> bool:
-        """Whether this prompt can share one left-padded prefill forward with others: it is
-        all one chunk, starts from nothing (no cached prefix) and carries its positions
-        explicitly (Qwen-style M-RoPE position ids), so padding cannot shift them."""
+        """Whether the rest of this prompt can share one prefill forward with others' (batch.py):
+        it is all one chunk, nobody waits on this request's own cache (followers) nor it on
+        someone else's (a leader), and it carries its positions explicitly (Qwen-style M-RoPE
+        position ids), so padding cannot shift them. It may start from a cached prefix."""
         inputs = self._inputs
-        if inputs is None or self.phase is not Phase.PREFILL or self._prefilled or self.cached_tokens:
+        if inputs is None or self.phase is not Phase.PREFILL or self.followers or self.leader is not None:
             return False
         positions = inputs.prefill_kwargs.get("position_ids")
         return (
-            self.prompt_tokens <= self._chunk
+            self.prefill_remaining <= self._chunk
             and positions is not None
             and positions.ndim in (2, 3)
             and inputs.rope_deltas is not None  # M-RoPE (Qwen-VL family): positions are all explicit
@@ -252,16 +262,88 @@ class ActiveGeneration:
         )
 
     @property
-    def prompt_arrays(self) -> tuple[Any, Any, Any]:
-        """(input ids [1, n], embeddings [1, n, hidden], position ids [3, 1, n])."""
+    def remaining_prompt_arrays(self) -> tuple[Any, Any, Any]:
+        """The prompt not prefilled yet: (input ids [1, n], embeddings [1, n, hidden], position
+        ids [3, 1, n])."""
         import mlx.core as mx
 
         inputs = self._inputs
         assert inputs is not None
+        start = self._prefilled
         positions = inputs.prefill_kwargs["position_ids"]
         if positions.ndim == 2:  # text only: the same position on all three M-RoPE axes
             positions = mx.broadcast_to(positions[None], (3, *positions.shape))
-        return inputs.input_ids, inputs.embeds, positions
+        return inputs.input_ids[:, start:], inputs.embeds[:, start:], positions[..., start:]
+
+    # -- prefix sharing between requests in flight ------------------------------------------
+
+    @property
+    def partition_key(self) -> str:
+        return self.job.request.partition_key
+
+    @property
+    def prompt_signature(self) -> tuple[np.ndarray, PromptImages]:
+        """(token ids, images by position) as the prefix matching compares them (after prepare())."""
+        if self._signature is None:
+            assert self._inputs is not None
+            self._signature = (
+                np.asarray(self._inputs.token_ids, dtype=np.int64),
+                prompt_images(self._inputs.image_spans),
+            )
+        return self._signature
+
+    @property
+    def can_follow(self) -> bool:
+        """Prepared, nothing of its prompt computed or cached yet, not tied to another request."""
+        return (
+            self.phase is Phase.PREFILL and not self._prefilled and self.leader is None and not self.followers
+        )
+
+    @property
+    def can_lead(self) -> bool:
+        """Prefilling its own cache (not waiting for someone else's)."""
+        return self.phase is Phase.PREFILL and self.leader is None
+
+    def shared_prefix_with(self, other: ActiveGeneration) -> int:
+        """Prompt tokens this request shares with `other` (same partition only), leaving at least
+        one of its own to run (its first token's logits)."""
+        if other.partition_key != self.partition_key:
+            return 0
+        ids, images = self.prompt_signature
+        other_ids, other_images = other.prompt_signature
+        return min(shared_prefix_length(ids, images, other_ids, other_images), self.prompt_tokens - 1)
+
+    def follow(self, leader: ActiveGeneration, tokens: int) -> None:
+        """Wait for `leader`'s cache to cover the first `tokens` prompt tokens, then start from
+        them instead of computing them (they count as cached tokens)."""
+        self.leader, self.shared_tokens = leader, tokens
+        leader.followers.append(self)
+        leader._share_with_followers()  # it may be past that point already
+
+    def _share_with_followers(self) -> None:
+        """Followers whose shared prefix this request's cache now covers start from it."""
+        for follower in list(self.followers):
+            if follower.done:
+                self.followers.remove(follower)
+            elif follower.shared_tokens <= self._prefilled:
+                self.followers.remove(follower)
+                follower._start_from(self._cache)
+
+    def _start_from(self, cache: list[Any]) -> None:
+        tokens = self.shared_tokens
+        self._cache = kv_views([(layer.keys, layer.values) for layer in cache], tokens)
+        self._prefilled = self.cached_tokens = tokens
+        self.leader = None
+
+    def _stop_sharing(self) -> None:
+        """This request ended: its followers that still wait compute their prefix themselves
+        (or find another leader), and it stops waiting for its own leader."""
+        for follower in self.followers:
+            follower.leader, follower.shared_tokens = None, 0
+        self.followers = []
+        if self.leader is not None and self in self.leader.followers:
+            self.leader.followers.remove(self)
+        self.leader = None
 
     def prefilled_elsewhere(self, logits: Any) -> None:
         """Its prompt ran in a shared forward (its KV row is in the batch already): take the first token."""
@@ -372,6 +454,7 @@ class ActiveGeneration:
         self.finish_reason = reason
         self.phase = Phase.DONE
         self._cache = []
+        self._stop_sharing()
         if self.job.request.kind is JobKind.GENERATE:
             self.job.emit(FinishedEvent(self._result()))
 
@@ -393,6 +476,7 @@ class ActiveGeneration:
         self.phase = Phase.DONE
         self._cache = []
         self._inputs = None
+        self._stop_sharing()
         self.job.emit(FailedEvent(error))
 
     def _result(self) -> pb.GenerateResult:

@@ -94,6 +94,13 @@ class EngineConfig(DeclaredSettings):
         ge=0,
         description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)",
     )
+    # See decode.py (ActiveGeneration.follow) and docs/performance.md.
+    shared_prefix_min_tokens: int = Field(
+        16,
+        ge=0,
+        description="a request that starts with this many of the same prompt tokens as another one in "
+        "flight (same partition) waits for that one's KV for them instead of computing them (0: off)",
+    )
     # See vision_cache.py.
     vision_cache_mib: int = Field(
         256, ge=0, description="MiB of image features kept by image content hash (0: off)"
@@ -188,6 +195,7 @@ class Generator:
         # Requests whose prompts were prefilled in a shared forward (tests, metrics).
         self.prefilled_together = 0
         self._group_prefill = False
+        self._share_prefixes = False
         self.vision_cache: VisionFeatureCache | None = None
         self.metrics = EngineMetrics()
         self.metrics.watch(self._state)
@@ -331,6 +339,7 @@ class Generator:
                 decode_slots=self.config.image_decode_slots,
             )
             self._group_prefill = _plain_kv_layers(loaded)
+            self._share_prefixes = self._group_prefill and self.config.shared_prefix_min_tokens > 0
             if self.config.warmup:
                 self._warm_up(loaded, preparer)
                 self.prefix_cache.clear()
@@ -463,7 +472,8 @@ class Generator:
             self._leave(generation, batch, starting)
 
     def _start_step(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> None:
-        """Prepare new arrivals, then prefill chunks, shortest remaining prompt first, within `budget`."""
+        """Prepare new arrivals, then prefill chunks, shortest remaining prompt first, within
+        `budget`; requests that others wait on (leaders of a shared prefix) go first."""
         ran = False
         for generation in [g for g in starting if g.phase is Phase.PREPARE]:
             if ran and budget <= 0:
@@ -473,22 +483,56 @@ class Generator:
             budget -= max(1, sum(span.length for span in generation.image_spans))
             if generation.done:
                 self._leave(generation, batch, starting)
+        if self._share_prefixes:
+            self._follow_leaders(starting)
+        for generation in [g for g in starting if g.followers]:
+            if ran and generation.next_chunk_tokens > budget:
+                continue
+            budget -= generation.next_chunk_tokens
+            ran = True
+            self._prefill_one(generation, batch, starting)
         left = self._prefill_together(batch, starting, budget=budget)
         ran, budget = ran or left != budget, left
         for generation in sorted(
-            (g for g in starting if g.phase is Phase.PREFILL), key=lambda g: g.prefill_remaining
+            (g for g in starting if g.phase is Phase.PREFILL and g.leader is None),
+            key=lambda g: g.prefill_remaining,
         ):
             if ran and generation.next_chunk_tokens > budget:
                 continue
             budget -= generation.next_chunk_tokens
             ran = True
-            self._guarded(generation, generation.prefill)
-            if generation.phase is Phase.DECODE:
-                starting.remove(generation)
-                batch.add(generation)
-                _release_buffers()
-            elif generation.done:
-                self._leave(generation, batch, starting)
+            self._prefill_one(generation, batch, starting)
+
+    def _prefill_one(
+        self, generation: ActiveGeneration, batch: DecodeBatch, starting: list[ActiveGeneration]
+    ) -> None:
+        """The request's next prompt chunk; after its last one it joins the batch."""
+        self._guarded(generation, generation.prefill)
+        if generation.phase is Phase.DECODE:
+            starting.remove(generation)
+            batch.add(generation)
+            _release_buffers()
+        elif generation.done:
+            self._leave(generation, batch, starting)
+
+    def _follow_leaders(self, starting: list[ActiveGeneration]) -> None:
+        """A prepared request that shares at least `shared_prefix_min_tokens` first prompt tokens
+        with an earlier one still prefilling (same partition) follows the one it shares most
+        with: it waits for that request's cache to cover the shared part and starts from it.
+        Leaders are earlier in arrival order and never followers themselves, so nobody waits in
+        a circle."""
+        minimum = self.config.shared_prefix_min_tokens
+        for index, generation in enumerate(starting):
+            if not generation.can_follow:
+                continue
+            best, shared = None, 0
+            for leader in starting[:index]:
+                if leader.can_lead:
+                    length = generation.shared_prefix_with(leader)
+                    if length > shared:
+                        best, shared = leader, length
+            if best is not None and shared >= minimum:
+                generation.follow(best, shared)
 
     def _prefill_together(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> int:
         """Short fresh prompts that fit the budget share one prefill forward; returns what is left."""
@@ -498,7 +542,7 @@ class Generator:
         for generation in sorted(
             (g for g in starting if g.can_prefill_together), key=lambda g: g.prefill_remaining
         ):
-            if generation.prompt_tokens > budget - sum(g.prompt_tokens for g in group):
+            if generation.prefill_remaining > budget - sum(g.prefill_remaining for g in group):
                 break
             group.append(generation)
         if len(group) < 2:
@@ -514,6 +558,7 @@ class Generator:
                 self._leave(generation, batch, starting)
             return budget
         self.prefilled_together += len(group)
+        spent = sum(g.prefill_remaining for g in group)
         for index, generation in enumerate(group):
             self._guarded(
                 generation, functools.partial(generation.prefilled_elsewhere, logits[index : index + 1])
@@ -521,7 +566,7 @@ class Generator:
             if generation.done:
                 self._leave(generation, batch, starting)
         _release_buffers()
-        return budget - sum(g.prompt_tokens for g in group)
+        return budget - spent
 
     def _guarded(self, generation: ActiveGeneration, work: Callable[[], object]) -> None:
         """Run one piece of a request's work; its failure is its own error."""

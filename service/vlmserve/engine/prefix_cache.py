@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["PrefixCache"]
+__all__ = ["PrefixCache", "PromptImages", "kv_views", "prompt_images", "shared_prefix_length"]
 
 
 class _Span(Protocol):
@@ -42,19 +42,45 @@ class _Span(Protocol):
 class _Entry:
     partition: str
     token_ids: np.ndarray
-    images: dict[int, tuple[int, str]]  # start -> (length, content hash)
+    images: PromptImages
     layers: list[tuple[Any, Any]]  # per layer (keys, values), exactly len(token_ids) long
     nbytes: int
 
 
-def _shared_length(entry: _Entry, ids: np.ndarray, images: dict[int, tuple[int, str]]) -> int:
-    limit = min(entry.token_ids.size, ids.size)
-    mismatches = np.flatnonzero(entry.token_ids[:limit] != ids[:limit])
+PromptImages = dict[int, tuple[int, str]]  # start -> (length, content hash)
+
+
+def prompt_images(spans: Sequence[_Span]) -> PromptImages:
+    return {span.start: (span.length, span.content_hash) for span in spans}
+
+
+def shared_prefix_length(
+    ids: np.ndarray, images: PromptImages, other_ids: np.ndarray, other_images: PromptImages
+) -> int:
+    """How many first tokens two prompts share: equal token ids, and at every image placeholder
+    run before that point the same image (content hash) in both."""
+    limit = min(ids.size, other_ids.size)
+    mismatches = np.flatnonzero(ids[:limit] != other_ids[:limit])
     shared = int(mismatches[0]) if mismatches.size else limit
-    for start, image in entry.images.items():
-        if start < shared and images.get(start) != image:
+    for start in sorted({*images, *other_images}):
+        if start < shared and images.get(start) != other_images.get(start):
             shared = start  # same placeholder ids, a different image (or a different layout)
+            break
     return shared
+
+
+def kv_views(layers: Sequence[tuple[Any, Any]], tokens: int) -> list[Any]:
+    """A prompt cache (one `KVCache` per layer) holding the first `tokens` positions of `layers`'
+    (keys, values), sharing their arrays: MLX arrays are immutable, and the new cache grows into
+    buffers of its own, so the source is never written through it."""
+    from mlx_vlm.models.cache import KVCache
+
+    cache = []
+    for keys, values in layers:
+        layer: Any = KVCache()  # type: ignore[no-untyped-call]
+        layer.keys, layer.values, layer.offset = keys[..., :tokens, :], values[..., :tokens, :], tokens
+        cache.append(layer)
+    return cache
 
 
 class PrefixCache:
@@ -89,7 +115,7 @@ class PrefixCache:
         if nbytes > self.max_bytes:
             return
         ids = np.asarray(token_ids, dtype=np.int64)
-        images = {span.start: (span.length, span.content_hash) for span in spans}
+        images = prompt_images(spans)
         entry = _Entry(partition, ids, images, layers, nbytes)
         # An entry this one extends is redundant now.
         for key, old in list(self._entries.items()):
@@ -107,10 +133,8 @@ class PrefixCache:
         """(a KV cache holding the first n prompt tokens, n) for the longest same-partition match."""
         if not self.enabled or not self._entries:
             return None
-        from mlx_vlm.models.cache import KVCache
-
         ids = np.asarray(prompt_ids, dtype=np.int64)
-        images = {span.start: (span.length, span.content_hash) for span in spans}
+        images = prompt_images(spans)
         best_key, best = None, 0
         for key, entry in self._entries.items():
             if entry.partition != partition:
@@ -123,12 +147,7 @@ class PrefixCache:
         if best_key is None or best < self.min_tokens:
             return None
         self._entries.move_to_end(best_key)
-        layers = []
-        for keys, values in self._entries[best_key].layers:
-            layer: Any = KVCache()  # type: ignore[no-untyped-call]
-            layer.keys, layer.values, layer.offset = keys[..., :best, :], values[..., :best, :], best
-            layers.append(layer)
-        return layers, best
+        return kv_views(self._entries[best_key].layers, best), best
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
@@ -137,3 +156,7 @@ class PrefixCache:
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0
+
+
+def _shared_length(entry: _Entry, ids: np.ndarray, images: PromptImages) -> int:
+    return shared_prefix_length(entry.token_ids, entry.images, ids, images)
