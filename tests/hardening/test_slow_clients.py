@@ -39,11 +39,24 @@ async def serving(app: FastAPI, settings: FacadeSettings) -> AsyncIterator[int]:
 
 
 async def read_all(reader: asyncio.StreamReader, timeout: float) -> bytes:
-    """Everything the server sends until it closes the connection (or `timeout`)."""
+    """Everything the server sends until it closes the connection (or `timeout`).
+
+    Read piece by piece, as an HTTP client does: a client still sending after the server closed
+    gets a reset, and `reader.read(-1)` would then drop the answer it had already received."""
+    received = bytearray()
+
+    async def until_closed() -> None:
+        try:
+            while chunk := await reader.read(65536):
+                received.extend(chunk)
+        except ConnectionResetError:
+            pass
+
     try:
-        return await asyncio.wait_for(reader.read(-1), timeout)
+        await asyncio.wait_for(until_closed(), timeout)
     except TimeoutError:
         return b"<still open>"
+    return bytes(received)
 
 
 async def trickle(port: int, stop: asyncio.Event, received: list[tuple[float, bytes]]) -> None:
@@ -52,7 +65,7 @@ async def trickle(port: int, stop: asyncio.Event, received: list[tuple[float, by
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(b"POST /v1/responses HTTP/1.1\r\nhost: t\r\n")
-        answer = asyncio.ensure_future(reader.read(-1))
+        answer = asyncio.ensure_future(read_all(reader, 30))
         while not stop.is_set() and not answer.done():
             try:
                 writer.write(b"x-slow: 1\r\n")
