@@ -27,6 +27,9 @@ from .test_batching import AtToken, alone, prepared, recorded
 from .test_engine_grpc import image_part, png, text_part
 
 SHARED = "You are checking the inventory of a warehouse, shelf by shelf, and report in short lines. " * 2
+# The partition of the requests that only keep the engine busy: nothing is shared with them (they
+# start with the same chat template opening as every other request).
+FILLER = "filler"
 LONG_SHARED = " ".join(f"Shelf {i} holds {i * 7 % 13} boxes of screws;" for i in range(24))
 
 
@@ -95,7 +98,10 @@ def submitted_in_one_step(
 
     starter = prepared(generator, text_part("Go."), temperature=0.0, seed=0, max_tokens=4)
     starter = dataclasses.replace(
-        starter, request_id=f"{tag}-starter", logits_processors=(AtToken(1, submit_all),)
+        starter,
+        request_id=f"{tag}-starter",
+        logits_processors=(AtToken(1, submit_all),),
+        partition_key=FILLER,
     )
     generator.submit(Job(starter, None))
     assert generator.wait_idle(300)
@@ -150,6 +156,7 @@ def test_a_request_waits_for_the_prefill_in_flight_that_covers_its_prefix(chunke
     running = dataclasses.replace(
         running,
         request_id="waits-running",
+        partition_key=FILLER,
         logits_processors=(
             AtToken(1, lambda: chunked.submit(jobs["leader"])),
             AtToken(4, lambda: chunked.submit(jobs["follower"])),
@@ -183,6 +190,7 @@ def test_a_follower_whose_leader_is_cancelled_computes_its_prompt_itself(chunked
     running = dataclasses.replace(
         running,
         request_id="orphan-running",
+        partition_key=FILLER,
         # Cancelled while its prompt is still prefilling (it takes over five chunks).
         logits_processors=(AtToken(1, submit_both), AtToken(4, leader_job.cancel)),
     )
@@ -204,3 +212,39 @@ def test_off_when_the_minimum_is_zero() -> None:
         assert all(report.cached_tokens == 0 for report in together.values())
     finally:
         generator.stop()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.5])
+def test_a_request_starts_from_a_decoding_request_that_shares_its_prefix(
+    wide: Generator, temperature: float
+) -> None:
+    """The shared prefix is already in the batch: the newcomer takes it from that row at once
+    (rows of different lengths, so the row's left padding matters), and still equals its run alone."""
+    decoding = prepared(
+        wide, text_part(SHARED + "Tell me everything."), temperature=temperature, seed=5, max_tokens=24
+    )
+    other = prepared(wide, text_part("A much longer question than the others, " * 9), temperature=0.0, seed=6)
+    newcomer = prepared(
+        wide, text_part(SHARED + "How many boxes?"), temperature=temperature, seed=7, max_tokens=12
+    )
+    requests, alone_logits = recorded({"newcomer": newcomer})
+    reference = alone(wide, requests, f"from-row-{temperature}")["newcomer"]
+    requests, logits = recorded({"newcomer": newcomer})
+    job = Job(dataclasses.replace(requests["newcomer"], request_id=f"from-row-{temperature}"), None)
+    decoding = dataclasses.replace(
+        decoding,
+        request_id=f"from-row-{temperature}-decoding",
+        logits_processors=(AtToken(3, lambda: wide.submit(job)),),
+    )
+    wide.submit(Job(dataclasses.replace(other, request_id=f"from-row-{temperature}-other"), None))
+    wide.submit(Job(decoding, None))
+    assert wide.wait_idle(300)
+    reports = {report.request_id: report for report in wide.reports}
+    got = reports[job.request_id]
+    shared = shared_prefix_length(np.asarray(decoding.prompt_ids), {}, np.asarray(newcomer.prompt_ids), {})
+    assert reports[decoding.request_id].output_tokens == 24, "it was still decoding when the newcomer came"
+    assert got.cached_tokens == shared > 30
+    assert got.token_ids == reference.token_ids
+    np.testing.assert_allclose(
+        np.stack(logits["newcomer"].rows), np.stack(alone_logits["newcomer"].rows), rtol=0, atol=1e-4
+    )

@@ -162,6 +162,25 @@ class DecodeBatch:
             self._logits = self._logits[kept]
         return row
 
+    def row_prefix(self, generation: ActiveGeneration, tokens: int) -> list[tuple[Any, Any]] | None:
+        """The first `tokens` positions of a row's cache, per layer (keys, values), as lazy views
+        (another request starts from them); None for rows that keep their own caches."""
+        import numpy as np
+
+        if self._row_caches or not self._caches:
+            return None
+        index = self.rows.index(generation)
+        # The same padding in every layer; read evaluated, through numpy (an MLX op here would
+        # queue behind the forward in flight).
+        pad = int(np.asarray(self._caches[0].left_padding)[index])
+        return [
+            (
+                layer.keys[index : index + 1, :, pad : pad + tokens],
+                layer.values[index : index + 1, :, pad : pad + tokens],
+            )
+            for layer in self._caches
+        ]
+
     def launch(self) -> None:
         """Build one forward for every row on its latest token and start evaluating it."""
         import mlx.core as mx

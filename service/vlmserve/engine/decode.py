@@ -327,12 +327,15 @@ class ActiveGeneration:
                 self.followers.remove(follower)
             elif follower.shared_tokens <= self._prefilled:
                 self.followers.remove(follower)
-                follower._start_from(self._cache)
+                follower.start_from(
+                    [(layer.keys, layer.values) for layer in self._cache], follower.shared_tokens
+                )
 
-    def _start_from(self, cache: list[Any]) -> None:
-        tokens = self.shared_tokens
-        self._cache = kv_views([(layer.keys, layer.values) for layer in cache], tokens)
-        self._prefilled = self.cached_tokens = tokens
+    def start_from(self, layers: list[tuple[Any, Any]], tokens: int) -> None:
+        """Start from the first `tokens` positions of another request's per-layer (keys, values)
+        (views, not copies) instead of computing them; they count as cached tokens."""
+        self._cache = kv_views(layers, tokens)
+        self._prefilled = self.cached_tokens = self.shared_tokens = tokens
         self.leader = None
 
     def _stop_sharing(self) -> None:

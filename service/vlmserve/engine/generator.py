@@ -484,7 +484,7 @@ class Generator:
             if generation.done:
                 self._leave(generation, batch, starting)
         if self._share_prefixes:
-            self._follow_leaders(starting)
+            self._follow_leaders(batch, starting)
         for generation in [g for g in starting if g.followers]:
             if ran and generation.next_chunk_tokens > budget:
                 continue
@@ -515,23 +515,28 @@ class Generator:
         elif generation.done:
             self._leave(generation, batch, starting)
 
-    def _follow_leaders(self, starting: list[ActiveGeneration]) -> None:
+    def _follow_leaders(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
         """A prepared request that shares at least `shared_prefix_min_tokens` first prompt tokens
-        with an earlier one still prefilling (same partition) follows the one it shares most
-        with: it waits for that request's cache to cover the shared part and starts from it.
-        Leaders are earlier in arrival order and never followers themselves, so nobody waits in
-        a circle."""
+        with another request in flight (same partition) starts from that request's KV for them.
+        From a decoding request's batch row at once; from an earlier one still prefilling once
+        its chunks get there (it follows it: waits, and its leader's chunks run first). Leaders
+        are earlier in arrival order and never followers themselves, so nobody waits in a circle."""
         minimum = self.config.shared_prefix_min_tokens
         for index, generation in enumerate(starting):
             if not generation.can_follow:
                 continue
             best, shared = None, 0
-            for leader in starting[:index]:
-                if leader.can_lead:
-                    length = generation.shared_prefix_with(leader)
-                    if length > shared:
-                        best, shared = leader, length
-            if best is not None and shared >= minimum:
+            for other in [*batch.rows, *(g for g in starting[:index] if g.can_lead)]:
+                length = generation.shared_prefix_with(other)
+                if length > shared:
+                    best, shared = other, length
+            if best is None or shared < minimum:
+                continue
+            if best.phase is Phase.DECODE:
+                layers = batch.row_prefix(best, shared)
+                if layers is not None:
+                    generation.start_from(layers, shared)
+            else:
                 generation.follow(best, shared)
 
     def _prefill_together(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> int:
