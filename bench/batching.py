@@ -591,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 finally:
                     target.stop()
         results["targets"] = {name: asdict(result) for name, result in measured.items()}
-    ours, theirs = results["targets"].get("vlmserve"), results["targets"].get("mlx-vlm-server")
+    ours = results["targets"].get("vlmserve")
     if ours:
         eight = ours["curve"].get(8, {"tok_s": 0.0, "tok_per_cpu_s": 0.0})
         summary: dict[str, float] = {
@@ -602,15 +602,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "eight_concurrent_vs_our_sequential_per_cpu_s": eight["tok_per_cpu_s"]
             / ours["sequential"]["tok_per_cpu_s"],
         }
-        if theirs and 8 in theirs["curve"]:
-            summary["eight_concurrent_vs_mlx_vlm_server"] = eight["tok_s"] / theirs["curve"][8]["tok_s"]
-            summary["eight_concurrent_vs_mlx_vlm_server_per_cpu_s"] = (
-                eight["tok_per_cpu_s"] / theirs["curve"][8]["tok_per_cpu_s"]
-            )
-        if theirs and theirs["shared_prompt"]["rounds"]:
-            summary["shared_prompt_vs_mlx_vlm_server"] = (
-                ours["shared_prompt"]["tok_s"] / theirs["shared_prompt"]["tok_s"]
-            )
+        for name, theirs in results["targets"].items():
+            key = name.replace("-", "_")
+            if name == "vlmserve":
+                continue
+            if 8 in theirs["curve"]:
+                summary[f"eight_concurrent_vs_{key}"] = eight["tok_s"] / theirs["curve"][8]["tok_s"]
+                summary[f"eight_concurrent_vs_{key}_per_cpu_s"] = (
+                    eight["tok_per_cpu_s"] / theirs["curve"][8]["tok_per_cpu_s"]
+                )
+            if theirs["shared_prompt"]["rounds"]:
+                summary[f"shared_prompt_vs_{key}"] = (
+                    ours["shared_prompt"]["tok_s"] / theirs["shared_prompt"]["tok_s"]
+                )
         if ours["agent_ttft_s"]:
             summary["agent_turn5_vs_turn1_ttft"] = ours["agent_ttft_s"][-1] / ours["agent_ttft_s"][0]
         if ours["short_ttft_idle_s"]:
