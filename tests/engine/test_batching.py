@@ -176,6 +176,52 @@ def run_mixed(
     return {name: reports[job.request_id] for name, job in jobs.items()}, joined
 
 
+# The partition of requests that only keep the engine busy: no request in flight shares a prompt
+# prefix with them (they start with the same chat template opening as every other request).
+FILLER = "filler"
+
+
+def submitted_in_one_step(
+    generator: Generator, requests: dict[str, PreparedRequest], tag: str
+) -> dict[str, JobReport]:
+    """Submit every request from inside a running request, so the engine admits them together;
+    returns their reports by name."""
+    jobs = {
+        name: Job(dataclasses.replace(req, request_id=f"{tag}-{name}"), None)
+        for name, req in requests.items()
+    }
+
+    def submit_all() -> None:
+        for job in jobs.values():
+            generator.submit(job)
+
+    starter = prepared(generator, text_part("Go."), temperature=0.0, seed=0, max_tokens=4)
+    starter = dataclasses.replace(
+        starter,
+        request_id=f"{tag}-starter",
+        logits_processors=(AtToken(1, submit_all),),
+        partition_key=FILLER,
+    )
+    generator.submit(Job(starter, None))
+    assert generator.wait_idle(300)
+    reports = {report.request_id: report for report in generator.reports}
+    return {name: reports[job.request_id] for name, job in jobs.items()}
+
+
+def assert_equal_to_alone(
+    reports: dict[str, JobReport],
+    reference: dict[str, JobReport],
+    logits: dict[str, Recorder],
+    alone_logits: dict[str, Recorder],
+) -> None:
+    """Each request's tokens equal its run alone, and the logits of every step are within 1e-4."""
+    for name, report in reports.items():
+        assert report.token_ids == reference[name].token_ids, name
+        np.testing.assert_allclose(
+            np.stack(logits[name].rows), np.stack(alone_logits[name].rows), rtol=0, atol=1e-4, err_msg=name
+        )
+
+
 def alone(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
     return {name: run(generator, {name: req}, f"{tag}-alone")[name] for name, req in requests.items()}
 
@@ -356,34 +402,7 @@ def test_prompts_prefilled_together_equal_each_alone(wide_generator: Generator, 
     requests, alone_logits = recorded(mixed_requests(wide_generator, temperature))
     reference = alone(wide_generator, requests, f"wide-{temperature}")
     requests, together_logits = recorded(mixed_requests(wide_generator, temperature))
-    jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"wide-{temperature}-{name}"), None)
-        for name, req in requests.items()
-    }
-
-    def submit_all() -> None:
-        for job in jobs.values():
-            wide_generator.submit(job)
-
-    starter = prepared(wide_generator, text_part("Go."), temperature=0.0, seed=0, max_tokens=4)
     before = wide_generator.prefilled_together
-    wide_generator.submit(
-        Job(
-            dataclasses.replace(
-                starter, request_id=f"wide-{temperature}-starter", logits_processors=(AtToken(1, submit_all),)
-            ),
-            None,
-        )
-    )
-    assert wide_generator.wait_idle(300)
+    together = submitted_in_one_step(wide_generator, requests, f"wide-{temperature}")
     assert wide_generator.prefilled_together - before >= 4, "prompts that arrived together shared a prefill"
-    reports = {report.request_id: report for report in wide_generator.reports}
-    for name, job in jobs.items():
-        assert reports[job.request_id].token_ids == reference[name].token_ids, name
-        np.testing.assert_allclose(
-            np.stack(together_logits[name].rows),
-            np.stack(alone_logits[name].rows),
-            rtol=0,
-            atol=1e-4,
-            err_msg=name,
-        )
+    assert_equal_to_alone(together, reference, together_logits, alone_logits)

@@ -18,18 +18,23 @@ import numpy as np
 import pytest
 
 from vlmserve.engine.generator import EngineConfig, Generator
-from vlmserve.engine.jobs import Job, JobReport, PreparedRequest
+from vlmserve.engine.jobs import Job, PreparedRequest
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.prefix_cache import shared_prefix_length
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from .test_batching import AtToken, alone, prepared, recorded
+from .test_batching import (
+    FILLER,
+    AtToken,
+    alone,
+    assert_equal_to_alone,
+    prepared,
+    recorded,
+    submitted_in_one_step,
+)
 from .test_engine_grpc import image_part, png, text_part
 
 SHARED = "You are checking the inventory of a warehouse, shelf by shelf, and report in short lines. " * 2
-# The partition of the requests that only keep the engine busy: nothing is shared with them (they
-# start with the same chat template opening as every other request).
-FILLER = "filler"
 LONG_SHARED = " ".join(f"Shelf {i} holds {i * 7 % 13} boxes of screws;" for i in range(24))
 
 
@@ -83,32 +88,6 @@ def arriving_together(generator: Generator, temperature: float) -> dict[str, Pre
     }
 
 
-def submitted_in_one_step(
-    generator: Generator, requests: dict[str, PreparedRequest], tag: str
-) -> dict[str, JobReport]:
-    """Submit every request from inside a running request, so the engine admits them together."""
-    jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"{tag}-{name}"), None)
-        for name, req in requests.items()
-    }
-
-    def submit_all() -> None:
-        for job in jobs.values():
-            generator.submit(job)
-
-    starter = prepared(generator, text_part("Go."), temperature=0.0, seed=0, max_tokens=4)
-    starter = dataclasses.replace(
-        starter,
-        request_id=f"{tag}-starter",
-        logits_processors=(AtToken(1, submit_all),),
-        partition_key=FILLER,
-    )
-    generator.submit(Job(starter, None))
-    assert generator.wait_idle(300)
-    reports = {report.request_id: report for report in generator.reports}
-    return {name: reports[job.request_id] for name, job in jobs.items()}
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.5])
 def test_requests_arriving_together_compute_their_shared_prefix_once(
     wide: Generator, temperature: float
@@ -127,16 +106,8 @@ def test_requests_arriving_together_compute_their_shared_prefix_once(
     assert together["with_image"].cached_tokens >= shared - 8  # up to where the image starts
     assert 8 <= together["template_only"].cached_tokens < 30
     assert together["other_tenant"].cached_tokens == 0, "a prefix never serves another partition"
-    for name, report in together.items():
-        assert report.finish_reason == pb.FINISH_REASON_LENGTH, name
-        assert report.token_ids == reference[name].token_ids, name
-        np.testing.assert_allclose(
-            np.stack(together_logits[name].rows),
-            np.stack(alone_logits[name].rows),
-            rtol=0,
-            atol=1e-4,
-            err_msg=name,
-        )
+    assert all(report.finish_reason == pb.FINISH_REASON_LENGTH for report in together.values())
+    assert_equal_to_alone(together, reference, together_logits, alone_logits)
 
 
 def test_a_request_waits_for_the_prefill_in_flight_that_covers_its_prefix(chunked: Generator) -> None:
