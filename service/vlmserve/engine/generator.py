@@ -99,7 +99,7 @@ class EngineConfig(DeclaredSettings):
         16,
         ge=0,
         description="a request that starts with this many of the same prompt tokens as another one in "
-        "flight (same partition) waits for that one's KV for them instead of computing them (0: off)",
+        "flight (same partition) takes that one's KV for them instead of computing them (0: off)",
     )
     # See vision_cache.py.
     vision_cache_mib: int = Field(
@@ -540,7 +540,8 @@ class Generator:
                 generation.follow(best, shared)
 
     def _prefill_together(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> int:
-        """Short fresh prompts that fit the budget share one prefill forward; returns what is left."""
+        """Prompts whose rest is one chunk (from whatever prefix) and fits the budget share one
+        prefill forward; returns what is left of the budget."""
         if not self._group_prefill or batch.has_unbatchable_rows:
             return budget
         group: list[ActiveGeneration] = []
