@@ -82,6 +82,27 @@ def test_prefix_cache_hits_are_counted(
     assert moved(before, after, "vlmserve_engine_cached_prompt_tokens_total") == warm.usage.cached_tokens
 
 
+def test_prefixes_shared_in_flight_are_counted_apart_from_prefix_cache_hits(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, metrics_url: str
+) -> None:
+    """A request that takes its prompt's start from another request still decoding counts those
+    tokens as cached and as shared in flight, not as a prefix-cache hit (its hit rate would lie)."""
+    before = scrape(metrics_url)
+    running = conversation("A long first question about the shelves?", partition="metrics-shared")
+    running.sampling.max_tokens = 400
+    stream = stub.Generate(running, timeout=60)
+    assert next(stream).HasField("chunk"), "it is decoding"
+    newcomer = unary(stub, conversation("A long first question about the boxes?", partition="metrics-shared"))
+    first = next(event.complete for event in stream if event.HasField("complete"))
+    after = scrape(metrics_url)
+    assert first.usage.output_tokens == 400, "it was still decoding when the newcomer finished"
+    assert first.usage.cached_tokens == 0 and newcomer.usage.cached_tokens > 16
+    assert moved(before, after, "vlmserve_engine_shared_prefix_tokens_total") == newcomer.usage.cached_tokens
+    assert moved(before, after, "vlmserve_engine_cached_prompt_tokens_total") == newcomer.usage.cached_tokens
+    assert moved(before, after, "vlmserve_engine_prefix_cache_lookups_total") == 2
+    assert moved(before, after, "vlmserve_engine_prefix_cache_hits_total") == 0
+
+
 def test_queue_depth_and_batch_size_under_load(
     idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, metrics_url: str
 ) -> None:

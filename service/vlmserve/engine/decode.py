@@ -101,7 +101,10 @@ class ActiveGeneration:
         # Whether prepare() reached the prefix-cache lookup (metrics: its hit rate).
         self.prefix_looked_up = False
         self.prompt_tokens = 0
+        # Prompt tokens not prefilled: from the prefix cache, or (`shared_in_flight`) taken from
+        # another request in flight.
         self.cached_tokens = 0
+        self.shared_in_flight = False
         self.output_tokens = 0
         # Output tokens generated inside <think>...</think> (the closing tag included).
         self.reasoning_tokens = 0
@@ -336,6 +339,7 @@ class ActiveGeneration:
         (views, not copies) instead of computing them; they count as cached tokens."""
         self._cache = kv_views(layers, tokens)
         self._prefilled = self.cached_tokens = self.shared_tokens = tokens
+        self.shared_in_flight = True
         self.leader = None
 
     def _stop_sharing(self) -> None:

@@ -666,11 +666,13 @@ class Generator:
         metrics.prompt_tokens.inc(report.prompt_tokens)
         metrics.output_tokens.inc(report.output_tokens)
         metrics.cached_tokens.inc(report.cached_tokens)
+        if generation.shared_in_flight:
+            metrics.shared_prefix_tokens.inc(report.cached_tokens)
         metrics.images.inc(len(request.images))
         metrics.image_bytes.inc(sum(image.byte_count for image in request.images))
         if self.prefix_cache is not None and self.prefix_cache.enabled and generation.prefix_looked_up:
             metrics.prefix_lookups.inc()
-            if report.cached_tokens > 0:
+            if report.cached_tokens > 0 and not generation.shared_in_flight:
                 metrics.prefix_hits.inc()
         if generation.first_token_at is not None:
             metrics.time_to_first_token.observe(generation.first_token_at - generation.job.submitted_at)

@@ -88,7 +88,12 @@ class EngineMetrics:
         )
         self.cached_tokens = Counter(
             "vlmserve_engine_cached_prompt_tokens",
-            "prompt tokens taken from the prefix cache instead of prefilled",
+            "prompt tokens not prefilled: taken from the prefix cache or from another request in flight",
+            registry=r,
+        )
+        self.shared_prefix_tokens = Counter(
+            "vlmserve_engine_shared_prefix_tokens",
+            "prompt tokens taken from another request in flight (part of cached_prompt_tokens)",
             registry=r,
         )
         self.output_tokens = Counter("vlmserve_engine_output_tokens", "generated tokens", registry=r)
