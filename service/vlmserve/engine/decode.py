@@ -128,8 +128,8 @@ class ActiveGeneration:
         # (the step's scores, this row's index in them)
         self.token_score: tuple[StepScores, int] | None = None
         self._trace = LogprobTrace() if request.settings.logprobs else None
-        # Prefix sharing between requests in flight (see share_prefix()): the request whose KV
-        # this one waits for and how many of its first tokens it takes; the requests waiting
+        # Prefix sharing between requests in flight (follow(), start_from()): the request whose
+        # KV this one waits for and how many of its first tokens it takes; the requests waiting
         # for this one.
         self.leader: ActiveGeneration | None = None
         self.shared_tokens = 0

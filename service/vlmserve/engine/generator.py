@@ -485,35 +485,41 @@ class Generator:
                 self._leave(generation, batch, starting)
         if self._share_prefixes:
             self._follow_leaders(batch, starting)
-        for generation in [g for g in starting if g.followers]:
-            if ran and generation.next_chunk_tokens > budget:
-                continue
-            budget -= generation.next_chunk_tokens
-            ran = True
-            self._prefill_one(generation, batch, starting)
+        leaders = [g for g in starting if g.followers]
+        budget, ran = self._prefill_chunks(leaders, batch, starting, budget=budget, ran=ran)
         left = self._prefill_together(batch, starting, budget=budget)
         ran, budget = ran or left != budget, left
-        for generation in sorted(
+        rest = sorted(
             (g for g in starting if g.phase is Phase.PREFILL and g.leader is None),
             key=lambda g: g.prefill_remaining,
-        ):
+        )
+        self._prefill_chunks(rest, batch, starting, budget=budget, ran=ran)
+
+    def _prefill_chunks(
+        self,
+        generations: list[ActiveGeneration],
+        batch: DecodeBatch,
+        starting: list[ActiveGeneration],
+        *,
+        budget: int,
+        ran: bool,
+    ) -> tuple[int, bool]:
+        """Each request's next prompt chunk, in this order, while it fits `budget` (the step's
+        first chunk always runs); after its last chunk a request joins the batch. Returns what is
+        left of the budget and whether any chunk of the step ran."""
+        for generation in generations:
             if ran and generation.next_chunk_tokens > budget:
                 continue
             budget -= generation.next_chunk_tokens
             ran = True
-            self._prefill_one(generation, batch, starting)
-
-    def _prefill_one(
-        self, generation: ActiveGeneration, batch: DecodeBatch, starting: list[ActiveGeneration]
-    ) -> None:
-        """The request's next prompt chunk; after its last one it joins the batch."""
-        self._guarded(generation, generation.prefill)
-        if generation.phase is Phase.DECODE:
-            starting.remove(generation)
-            batch.add(generation)
-            _release_buffers()
-        elif generation.done:
-            self._leave(generation, batch, starting)
+            self._guarded(generation, generation.prefill)
+            if generation.phase is Phase.DECODE:
+                starting.remove(generation)
+                batch.add(generation)
+                _release_buffers()
+            elif generation.done:
+                self._leave(generation, batch, starting)
+        return budget, ran
 
     def _follow_leaders(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
         """A prepared request that shares at least `shared_prefix_min_tokens` first prompt tokens
