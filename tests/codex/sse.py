@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from tests._sse import iter_lines
+
 
 @dataclass
 class SseStream:
@@ -55,5 +57,5 @@ def post_streaming(
         ):
             stream.body = response.read()
             return stream
-        parse_sse_lines(response.iter_lines(), stream)
+        parse_sse_lines(iter_lines(response), stream)
     return stream

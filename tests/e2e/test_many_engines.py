@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests._services import ServiceProcess, free_port, start_engine, start_facade
+from tests._sse import iter_lines
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ def stream(url: str, text: str) -> str:
         if response.status_code != 200:
             return f"http {response.status_code}"
         last = "none"
-        for line in response.iter_lines():
+        for line in iter_lines(response):
             if line.startswith("event: "):
                 last = line.removeprefix("event: ")
         return last

@@ -42,7 +42,8 @@ class SSEEvent:
 def parse_sse(text: str) -> list[SSEEvent]:
     """Parse an event stream; every event must be one `event:` line (optional) and one `data:` line."""
     events: list[SSEEvent] = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
+    assert "\r" not in text, f"CR on the wire: {text[:200]!r}"  # LF framing, as sent
+    for block in text.split("\n\n"):
         lines = [line for line in block.split("\n") if line and not line.startswith(":")]
         if not lines:
             continue

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests._sse import aiter_lines
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid, stream_events
 from vlmserve.client import AsyncEngineClient
@@ -180,7 +181,7 @@ async def test_a_client_that_leaves_does_not_stop_the_run(server_url: str, engin
     engine.script = Script(text_chunks=["one", " two", " three"], delay_s=0.1)
     async with httpx.AsyncClient(base_url=server_url, timeout=WAIT_S) as client:
         async with client.stream("POST", "/v1/responses", json={**BACKGROUND, "stream": True}) as stream:
-            async for line in stream.aiter_lines():
+            async for line in aiter_lines(stream):
                 if line.startswith("data:"):
                     response_id = httpx.Response(200, content=line[5:]).json()["response"]["id"]
                     break

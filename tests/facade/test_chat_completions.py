@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests._pdfs import text_pdf
+from tests._sse import aiter_lines
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import png_bytes, png_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -347,7 +348,7 @@ async def test_an_engine_failure_mid_stream_is_an_error_object(
     body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     async with http.stream("POST", "/v1/chat/completions", json=body) as answer:
         assert answer.status_code == 200
-        lines = [line async for line in answer.aiter_lines() if line.startswith("data: ")]
+        lines = [line async for line in aiter_lines(answer) if line.startswith("data: ")]
     payloads = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert "error" in payloads[-1]
     assert payloads[-1]["error"]["message"]

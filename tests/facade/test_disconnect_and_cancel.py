@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from tests._sse import aiter_lines
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import stream_events
 
@@ -35,7 +36,7 @@ async def test_stream_disconnect_cancels_the_engine_call(
             "POST", "/v1/responses", json={"model": "default", "input": "hi", "stream": True}
         ) as stream,
     ):
-        async for line in stream.aiter_lines():
+        async for line in aiter_lines(stream):
             if "response.output_text.delta" in line:
                 break
     await wait_for(engine.cancelled)

@@ -20,6 +20,7 @@ import grpc
 import httpx
 import pytest
 
+from tests._sse import aiter_lines
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, ResponseStore
@@ -72,7 +73,7 @@ async def test_stream_final_event_comes_after_the_final_write(
         conversation = (await client.post("/v1/conversations", json={})).json()["id"]
         body = {"model": "default", "input": "hi", "stream": True, "conversation": conversation}
         async with client.stream("POST", "/v1/responses", json=body) as response:
-            async for line in response.aiter_lines():
+            async for line in aiter_lines(response):
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 event = json.loads(line.removeprefix("data:"))

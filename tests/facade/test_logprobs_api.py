@@ -13,6 +13,7 @@ import openai
 import pytest
 from openai.types.responses import ResponseTextDeltaEvent
 
+from tests._sse import aiter_lines
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -84,7 +85,7 @@ async def test_responses_raw_json_validates_against_the_open_responses_schema(
         assert_valid(plain, "ResponseResource")
         assert len(plain["output"][0]["content"][0]["logprobs"]) == 4
         async with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as stream:
-            lines = [line async for line in stream.aiter_lines() if line.startswith("data: {")]
+            lines = [line async for line in aiter_lines(stream) if line.startswith("data: {")]
     events = [json.loads(line.removeprefix("data: ")) for line in lines]
     for event in events:
         if event["type"] in EVENT_SCHEMAS:

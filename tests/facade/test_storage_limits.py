@@ -18,6 +18,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from tests._sse import aiter_lines
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
@@ -230,7 +231,7 @@ async def test_the_quota_is_checked_again_in_the_write(client_for: MakeClient, s
     assert (refused.status_code, error["code"]) == (429, "storage_quota_exceeded")
     body = {"model": "default", "input": "hi", "stream": True}
     async with http.stream("POST", "/v1/responses", json=body) as reply:
-        data = [line[5:].strip() async for line in reply.aiter_lines() if line.startswith("data:")]
+        data = [line[5:].strip() async for line in aiter_lines(reply) if line.startswith("data:")]
     events = [json.loads(text) for text in data if text != "[DONE]"]
     assert [event["type"] for event in events] == [
         "response.created",

@@ -159,3 +159,21 @@ async def test_events_are_ascii_json_lines(http: httpx.AsyncClient, engine: Fake
     assert response.content.isascii()
     deltas = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
     assert deltas == "héllo\u2028ツ\n"
+
+
+async def test_streams_are_framed_with_lf_only(http: httpx.AsyncClient) -> None:
+    """Every line ends in LF, every event in an empty line: no CR anywhere (strict SSE parsers,
+    the official Open Responses suite's among them, see no events in a CR LF stream)."""
+    for path, body in [
+        ("/v1/responses", {"input": "hi"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ]:
+        response = await http.post(path, json={"model": "default", "stream": True, **body})
+        assert response.status_code == 200, response.text
+        raw = response.content
+        assert b"\r" not in raw, raw[:200]
+        assert raw.endswith(b"data: [DONE]\n\n"), raw[-60:]
+        blocks = raw.decode().split("\n\n")[:-1]
+        assert len(blocks) > 3
+        for block in blocks:
+            assert all(line.startswith(("event: ", "data: ", ": ")) for line in block.split("\n")), block

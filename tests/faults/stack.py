@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from tests._services import REPO, ServiceProcess, free_port, start_engine
+from tests._sse import iter_lines
 from vlmserve.client import EngineClient
 
 # The random-weight fixture model: it never ends a turn by itself, so a generation runs exactly as
@@ -74,7 +75,7 @@ def long_body(*, stream: bool, max_output_tokens: int = LONG_OUTPUT_TOKENS, **ex
 
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
     """The JSON events of a Responses stream as they arrive; `{"type": "[DONE]"}` for the marker."""
-    for line in response.iter_lines():
+    for line in iter_lines(response):
         if line.startswith("data:"):
             payload = line[len("data:") :].strip()
             yield {"type": "[DONE]"} if payload == "[DONE]" else json.loads(payload)

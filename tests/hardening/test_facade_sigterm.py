@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests._services import BIN, REPO, ServiceProcess, free_port, process_env
+from tests._sse import iter_lines
 
 CHUNKS = 30
 CHUNK_DELAY_S = 0.1  # every answer streams for about 3 s
@@ -86,7 +87,7 @@ class StreamReader:
         body = {"input": "hi", "stream": True}
         try:
             with httpx.stream("POST", f"{self.url}/v1/responses", json=body, timeout=30) as reply:
-                for line in reply.iter_lines():
+                for line in iter_lines(reply):
                     if not line.startswith("data:"):
                         continue
                     data = line.removeprefix("data:").strip()

@@ -25,10 +25,12 @@ from .http_errors import APIError
 from .request_body import read_json
 from .responses_api import (
     CLIENT_CLOSED_REQUEST,
+    SSE_SEPARATOR,
     STREAM_CUTOFF_AFTER_GRACE_S,
     cancel_after_shutdown,
     collect,
     ignored_tools_header,
+    sse_event,
     unless_disconnected,
 )
 from .running_response import Generation
@@ -87,7 +89,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         return EventSourceResponse(
             _chunks(generation, chat, writer, shutdown, grace_s),
             headers=headers,
-            sep="\n",
+            sep=SSE_SEPARATOR,
             background=BackgroundTask(finish),
             shutdown_event=shutdown,
             shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
@@ -127,7 +129,7 @@ _QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
 
 def _data(payload: dict[str, Any]) -> ServerSentEvent:
     # One line of ASCII JSON per chunk (as on /v1/responses).
-    return ServerSentEvent(data=json.dumps(payload, separators=(",", ":")))
+    return sse_event(json.dumps(payload, separators=(",", ":")))
 
 
 async def _chunks(
@@ -146,6 +148,6 @@ async def _chunks(
                 yield _data(chunk.to_json())
         for chunk in writer.last(generation.builder.snapshot()):
             yield _data(chunk.to_json())
-        yield ServerSentEvent(data="[DONE]")
+        yield sse_event("[DONE]")
     finally:
         drain.cancel()

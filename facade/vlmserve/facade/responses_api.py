@@ -42,6 +42,10 @@ CLIENT_CLOSED_REQUEST = 499
 # cuts it off only STREAM_CUTOFF_AFTER_GRACE_S after the grace. The CLI gives uvicorn longer.
 STREAM_CANCEL_WAIT_S = 3.0
 STREAM_CUTOFF_AFTER_GRACE_S = 8.0
+# Every line of our event streams ends in LF. sse-starlette's default is CR LF, and an event
+# built without `sep` uses that default whatever the response's `sep`: strict parsers (the
+# official Open Responses suite's) then see no events at all.
+SSE_SEPARATOR = "\n"
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -72,7 +76,7 @@ async def create_response(request: Request, state: State) -> Response:
         created = await state.background.start(generation, finish)
         if generation.translated.stream:
             events = state.background.follow(generation.response_id, owner=generation.owner, after=None)
-            return EventSourceResponse(_stored_sse(events), headers=headers, sep="\n")
+            return EventSourceResponse(_stored_sse(events), headers=headers, sep=SSE_SEPARATOR)
         return JSONResponse(created[0].to_json()["response"], headers=headers)
     # Streaming or not, the engine call starts before anything is stored: an engine that refuses
     # the request at once (queue full, down, bad argument) leaves no response whose id the
@@ -92,7 +96,7 @@ async def create_response(request: Request, state: State) -> Response:
         return EventSourceResponse(
             _sse(generation, shutdown, grace_s),
             headers=headers,
-            sep="\n",
+            sep=SSE_SEPARATOR,
             background=BackgroundTask(finish),
             shutdown_event=shutdown,
             shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
@@ -148,7 +152,7 @@ async def retrieve_response(
             code="invalid_value",
         )
     events = state.background.follow(response_id, owner=owner, after=starting_after)
-    return EventSourceResponse(_stored_sse(events), sep="\n")
+    return EventSourceResponse(_stored_sse(events), sep=SSE_SEPARATOR)
 
 
 @router.delete("/{response_id}", operation_id=DELETE_RESPONSE, response_model=DeletedObject)
@@ -264,6 +268,10 @@ def ignored_tools_header(generation: Generation) -> dict[str, str]:
     return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
 
 
+def sse_event(data: str, event: str | None = None) -> ServerSentEvent:
+    return ServerSentEvent(data=data, event=event, sep=SSE_SEPARATOR)
+
+
 async def _sse(
     generation: Generation, shutdown: anyio.Event, grace_s: float
 ) -> AsyncIterator[ServerSentEvent]:
@@ -273,8 +281,8 @@ async def _sse(
             # One line of ASCII JSON per event: json.dumps escapes every newline and every
             # non-ASCII character (U+2028 too, which some line readers split on).
             data = json.dumps(event.to_json(), separators=(",", ":"))
-            yield ServerSentEvent(data=data, event=event.type)
-        yield ServerSentEvent(data="[DONE]")
+            yield sse_event(data, event.type)
+        yield sse_event("[DONE]")
     finally:
         drain.cancel()
 
@@ -282,8 +290,8 @@ async def _sse(
 async def _stored_sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[ServerSentEvent]:
     """Stored events (background responses) as SSE, as `_sse` sends live ones."""
     async for event in events:
-        yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
-    yield ServerSentEvent(data="[DONE]")
+        yield sse_event(json.dumps(event, separators=(",", ":")), event["type"])
+    yield sse_event("[DONE]")
 
 
 async def cancel_after_shutdown(generation: Generation, shutdown: anyio.Event, grace_s: float) -> None:
