@@ -134,6 +134,39 @@ def test_sdk_forced_tool_call_and_json_schema(squares_chat: openai.OpenAI) -> No
     assert isinstance(json.loads(structured.choices[0].message.content or "")["ok"], bool)
 
 
+def test_sdk_chat_stream_helper_on_a_forced_tool_call(squares_chat: openai.OpenAI) -> None:
+    """The SDK's `chat.completions.stream()` accumulates a streamed tool call (it raised on the
+    continuation chunks' explicit nulls)."""
+    tool: Any = {
+        "type": "function",
+        "function": {
+            "name": "count",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"n": {"type": "integer"}},
+                "required": ["n"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    with squares_chat.chat.completions.stream(
+        model="default",
+        messages=[{"role": "user", "content": "count"}],
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "count"}},
+        max_tokens=32,
+    ) as stream:
+        done = [event for event in stream if event.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    [choice] = final.choices
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "count"
+    assert [event.arguments for event in done] == [call.function.arguments]
+    assert isinstance(json.loads(call.function.arguments)["n"], int)
+
+
 def test_sdk_n_and_top_logprobs_alone_are_400(squares_chat: openai.OpenAI) -> None:
     for extra, param in (({"n": 2}, "n"), ({"top_logprobs": 2}, "top_logprobs")):
         with pytest.raises(openai.BadRequestError) as caught:

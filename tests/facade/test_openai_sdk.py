@@ -110,3 +110,35 @@ async def test_sdk_sees_openai_errors(sdk: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         await sdk.responses.create(model="default", input=cast(Any, [{"type": "nonsense"}]))
     assert bad.value.param == "input[0].type"
+
+
+async def test_chat_stream_helper_accumulates_a_streamed_tool_call(
+    sdk: openai.AsyncOpenAI, engine: FakeEngine
+) -> None:
+    """`chat.completions.stream()` merges every chunk into its snapshot: a continuation chunk
+    must leave out what it does not set (`"type": null` once raised in the SDK's accumulator)."""
+    engine.script.text_chunks = []
+    engine.script.tool_call_deltas = [
+        pb.ToolCallDelta(id="call_1", name="get_weather"),
+        *(pb.ToolCallDelta(id="call_1", arguments=piece) for piece in ['{"ci', 'ty": ', '"Paris"}']),
+    ]
+    engine.script.tool_calls = [pb.ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')]
+    weather: Any = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    async with sdk.chat.completions.stream(
+        model="default", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[weather]
+    ) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_completion()
+    assert "tool_calls.function.arguments.done" in kinds
+    [choice] = final.choices
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function" and call.id
+    assert call.function.name == "get_weather"
+    assert call.function.arguments == '{"city": "Paris"}'

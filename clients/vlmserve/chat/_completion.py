@@ -25,6 +25,10 @@ FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 # A thinking model's reasoning, in the field DeepSeek's API and vLLM use (not OpenAI's: its chat
 # completions never return reasoning); absent when there is none.
 _REASONING = Field(default=None, exclude_if=lambda value: value is None)
+# A stream chunk's key that this chunk does not set: left out, as OpenAI does. Clients merge
+# chunks key by key, so an explicit null would overwrite what an earlier chunk set (the openai
+# SDK's `chat.completions.stream()` then fails on a tool call whose `type` became null).
+_UNSET = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class FunctionCall(OutboundModel):
@@ -88,14 +92,16 @@ class ChatCompletion(OutboundModel):
 
 
 class FunctionCallDelta(OutboundModel):
-    name: str | None = None
-    arguments: str | None = None
+    # The name on a call's first chunk only; the arguments' text on every chunk ("" on the first).
+    name: str | None = _UNSET
+    arguments: str
 
 
 class ToolCallDelta(OutboundModel):
     index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
+    # On a call's first chunk only.
+    id: str | None = _UNSET
+    type: Literal["function"] | None = _UNSET
     function: FunctionCallDelta
 
 
