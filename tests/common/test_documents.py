@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import io
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from PIL import Image
 
+from tests._hostile_pdfs import jpeg_pdf, page_pdf, unloadable_page_pdf
 from tests._pdfs import images_pdf, text_pdf
+from tests.hardening._image_corpus import jpeg_claiming, jpeg_scan_bomb
 from tests.responses.responses_testkit import RED
-from vlmserve.common.documents import DocumentError, DocumentLimits, decode_text, render_pdf, sniff_file
+from vlmserve.common.documents import (
+    DocumentError,
+    DocumentLimits,
+    decode_text,
+    render_pdf,
+    render_scale,
+    sniff_file,
+)
 
 PDF = text_pdf(["one", "two", "three"])
 IMAGE_PAGE = images_pdf([Image.new("RGB", (120, 100))])  # one embedded 120x100 image
@@ -85,3 +96,69 @@ def test_page_bombs_are_refused_before_rendering(pdf: bytes, limits: DocumentLim
 def test_embedded_images_within_the_limit_render() -> None:
     (page,) = render_pdf(IMAGE_PAGE, DocumentLimits(max_embedded_image_pixels=12_000))
     assert (page.width, page.height) == (120, 100)
+
+
+# ---- hostile PDFs (issue 26: a review's findings, each refused before PDFium renders) ------------
+
+
+@pytest.mark.parametrize(
+    ("width_pt", "height_pt", "code", "named"),
+    [
+        (0.001, 1e8, "invalid_file", "width of 0.001 pt"),  # 1 x 200,000,000 px at 144 dpi
+        (1e8, 0.001, "file_too_large", "width of 1e+08 pt"),
+        (100.0, 20_000.0, "file_too_large", "height of 20000 pt"),
+        (0.5, 0.5, "invalid_file", "width of 0.5 pt"),
+    ],
+    ids=["thin-and-tall", "wide-and-flat", "over-pdf-range", "tiny"],
+)
+def test_pages_with_a_side_out_of_range_are_refused(
+    width_pt: float, height_pt: float, code: str, named: str
+) -> None:
+    with pytest.raises(DocumentError) as caught:
+        render_pdf(page_pdf(width_pt, height_pt), DocumentLimits())
+    assert caught.value.code == code and named in caught.value.reason and "page 1" in caught.value.reason
+
+
+def test_each_rendered_side_is_bounded_not_only_the_area() -> None:
+    """A legal 14,400 x 3 pt strip is 28,800 x 6 px at 144 dpi (0.17 Mpx, under the area cap):
+    scaled to `max_page_side_px` instead."""
+    (page,) = render_pdf(page_pdf(14_400, 3), DocumentLimits(max_page_side_px=4096))
+    assert page.width <= 4096 and page.height >= 1
+
+
+def test_render_scale_never_passes_either_bound() -> None:
+    limits = DocumentLimits(max_page_side_px=1000)
+    for width_pt, height_pt in [(1, 14_400), (14_400, 14_400), (612, 792), (3, 3)]:
+        scale = render_scale(width_pt, height_pt, limits, limits.max_page_pixels)
+        width, height = math.ceil(width_pt * scale), math.ceil(height_pt * scale)
+        assert max(width, height) <= 1000 and width * height <= limits.max_page_pixels
+        assert scale <= limits.dpi / 72
+
+
+def test_a_page_that_fails_to_load_is_a_document_error() -> None:
+    with pytest.raises(DocumentError) as caught:
+        render_pdf(unloadable_page_pdf(), DocumentLimits())
+    assert caught.value.code == "invalid_file" and "page 2" in caught.value.reason
+
+
+def test_embedded_jpeg_scan_bombs_are_refused_before_decoding() -> None:
+    bomb = jpeg_pdf(jpeg_scan_bomb(2000, 2000, scans=500), width=2000, height=2000)
+    with pytest.raises(DocumentError) as caught:
+        render_pdf(bomb, DocumentLimits())
+    assert caught.value.code == "file_too_complex" and "more than 64 scans" in caught.value.reason
+
+
+def test_embedded_jpeg_sizes_are_read_from_the_jpeg_header_too() -> None:
+    """The dictionary says 10 x 10; the JPEG's own header (what the decoder uses) says 8000 x 8000."""
+    lying = jpeg_pdf(jpeg_claiming(8000, 8000), width=10, height=10)
+    with pytest.raises(DocumentError) as caught:
+        render_pdf(lying, DocumentLimits())
+    assert caught.value.code == "file_too_large" and "8000x8000" in caught.value.reason
+
+
+def test_ordinary_embedded_jpegs_render() -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, format="JPEG", progressive=True)
+    (page,) = render_pdf(jpeg_pdf(buffer.getvalue(), width=64, height=48), DocumentLimits())
+    red, green, _ = Image.open(io.BytesIO(page.png)).convert("RGB").getpixel((100, 100))  # type: ignore[misc]
+    assert (page.width, page.height) == (200, 200) and red > 150 and green < 80

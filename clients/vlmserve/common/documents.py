@@ -3,8 +3,17 @@
 The second choke point beside `images.py`, for files (`input_file`, uploaded files): the kind of a
 file is sniffed from its bytes, never taken from a client's label or file name. PDFs are opened
 with PDFium (pypdfium2): the page count is checked before any page is rendered, and each page is
-rendered at `DocumentLimits.dpi`, scaled down to stay within `max_page_pixels`. Text files are
-UTF-8 (a BOM is allowed) with no binary control characters. Nothing here opens a path or a URL.
+rendered at `DocumentLimits.dpi`, scaled down to stay within `max_page_pixels` and
+`max_page_side_px`; a page whose side is outside PDF's own range is refused unrendered (a 0.001 x
+10^8 pt page passes any area cap and would be a 1 x 200,000,000 px bitmap). Before a page is
+rendered its objects are counted and its images sized, and the JPEG streams it holds get the
+image check's scan count (`images.jpeg_scan_count`). Text files are UTF-8 (a BOM is allowed)
+with no binary control characters. Nothing here opens a path or a URL.
+
+These checks cannot see everything PDFium will do (a page's content is parsed when it loads,
+patterns and annotations draw too): the facade renders PDFs in worker processes under memory
+and CPU limits (`vlmserve.facade.documents`); in-process callers (the client library) get the
+same checks without that backstop.
 
 PDFium is not thread-safe (not even across documents), so every call into it holds one lock
 (per page, not per document: pages of several requests interleave).
@@ -20,7 +29,7 @@ from typing import Any, Literal
 
 from PIL import Image
 
-from .images import sniff_media_type
+from .images import DEFAULT_MAX_JPEG_SCANS, ImageError, header_size, jpeg_scan_count, sniff_media_type
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -30,6 +39,7 @@ __all__ = [
     "PdfPage",
     "decode_text",
     "render_pdf",
+    "render_scale",
     "sniff_file",
 ]
 
@@ -83,6 +93,13 @@ class DocumentLimits:
     # draws every object): bombs of either kind are refused unrendered.
     max_page_objects: int = 100_000
     max_embedded_image_pixels: int = 50_000_000
+    # Start-of-scan segments in one embedded JPEG (as for images: images.DEFAULT_MAX_JPEG_SCANS).
+    max_embedded_jpeg_scans: int = DEFAULT_MAX_JPEG_SCANS
+    # Each side of a page, in points: PDF's own range is 3 to 14,400 (ISO 32000, annex C).
+    min_page_side_pt: float = 1.0
+    max_page_side_pt: float = 14_400.0
+    # Each side of a rendered page, in pixels (the area cap alone lets one side be huge).
+    max_page_side_px: int = 8_192
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +194,28 @@ def _open(data: bytes) -> Any:
         raise DocumentError(reason, code="invalid_file") from None
 
 
+def render_scale(width_pt: float, height_pt: float, limits: DocumentLimits, max_pixels: int) -> float:
+    """Pixels per point for a page: `limits.dpi`, less where the page would pass the pixel cap
+    (its area) or `max_page_side_px` (either side). Never more than `limits.dpi` asks."""
+    scale = min(limits.dpi / 72.0, limits.max_page_side_px / max(width_pt, height_pt))
+    if width_pt * height_pt * scale * scale > max_pixels:
+        scale = math.sqrt(max_pixels / (width_pt * height_pt))
+    # A little under the exact bound: rendered sizes are rounded up.
+    return scale * 0.995 if scale < limits.dpi / 72.0 else scale
+
+
+def _check_page_sides(width_pt: float, height_pt: float, index: int, limits: DocumentLimits) -> None:
+    """Both sides within PDF's range: outside it, no scale gives a page both readable and bounded
+    (a side of 0.001 pt needs 72,000 dpi to be one pixel wide, 10^8 pt is 200 Mpx at 144 dpi)."""
+    for side, name in ((width_pt, "width"), (height_pt, "height")):
+        if not limits.min_page_side_pt <= side <= limits.max_page_side_pt:
+            raise DocumentError(
+                f"page {index + 1} of the PDF has a {name} of {side:g} pt; pages are "
+                f"{limits.min_page_side_pt:g} to {limits.max_page_side_pt:g} pt a side",
+                code="invalid_file" if side < limits.min_page_side_pt else "file_too_large",
+            )
+
+
 def _check_page_objects(page: Any, index: int, limits: DocumentLimits) -> None:
     """Count the page's objects (into form XObjects too) and size its images, before rendering."""
     import pypdfium2.raw as pdfium_c
@@ -188,13 +227,41 @@ def _check_page_objects(page: Any, index: int, limits: DocumentLimits) -> None:
                 code="file_too_complex",
             )
         if item.type == pdfium_c.FPDF_PAGEOBJ_IMAGE:
-            width, height = item.get_px_size()
-            if width * height > limits.max_embedded_image_pixels:
-                raise DocumentError(
-                    f"page {index + 1} of the PDF holds a {width}x{height} image, over the limit of "
-                    f"{limits.max_embedded_image_pixels} pixels",
-                    code="file_too_large",
-                )
+            _check_image(item, item.get_px_size(), index, limits)
+
+
+def _check_image(image: Any, size: tuple[int, int], index: int, limits: DocumentLimits) -> None:
+    """An embedded image's size (from its dictionary, and from a JPEG's own header, which is what
+    the decoder believes) and a JPEG's scan count, before PDFium decodes it."""
+    _check_image_size(size, index, limits)
+    if "DCTDecode" not in image.get_filters():
+        return
+    # The stream with its other filters (Flate, ASCII85...) undone: the JPEG's own bytes.
+    jpeg = bytes(image.get_data(decode_simple=True))
+    if jpeg_scan_count(jpeg) > limits.max_embedded_jpeg_scans:
+        raise DocumentError(
+            f"page {index + 1} of the PDF holds a JPEG with more than {limits.max_embedded_jpeg_scans} "
+            "scans (the limit)",
+            code="file_too_complex",
+        )
+    try:
+        _check_image_size(header_size(jpeg), index, limits)
+    except ImageError as error:
+        # Unreadable headers are left to PDFium (which tolerates more); too large is refused.
+        if error.code == "image_too_large":
+            raise DocumentError(
+                f"page {index + 1} of the PDF holds a JPEG with too many pixels", code="file_too_large"
+            ) from None
+
+
+def _check_image_size(size: tuple[int, int], index: int, limits: DocumentLimits) -> None:
+    width, height = size
+    if width * height > limits.max_embedded_image_pixels:
+        raise DocumentError(
+            f"page {index + 1} of the PDF holds a {width}x{height} image, over the limit of "
+            f"{limits.max_embedded_image_pixels} pixels",
+            code="file_too_large",
+        )
 
 
 def _check_page_count(count: int, limits: DocumentLimits, max_pages: int | None) -> None:
@@ -218,17 +285,15 @@ def _render_page(
     """One page as an RGB image and its text (call with the lock held)."""
     import pypdfium2 as pdfium
 
-    page = document[index]
+    try:
+        page = document[index]
+    except pdfium.PdfiumError:
+        raise DocumentError(f"page {index + 1} of the PDF could not be loaded", code="invalid_file") from None
     try:
         width_pt, height_pt = page.get_size()
-        if width_pt <= 0 or height_pt <= 0:
-            raise DocumentError(f"page {index + 1} of the PDF has no area", code="invalid_file")
+        _check_page_sides(width_pt, height_pt, index, limits)
         _check_page_objects(page, index, limits)
-        scale = limits.dpi / 72.0
-        if width_pt * height_pt * scale * scale > max_pixels:
-            # A little under the exact root: rendered sizes are rounded up.
-            scale = math.sqrt(max_pixels / (width_pt * height_pt)) * 0.995
-        bitmap = page.render(scale=scale)
+        bitmap = page.render(scale=render_scale(width_pt, height_pt, limits, max_pixels))
         image = bitmap.to_pil().convert("RGB")
         bitmap.close()
         text_page = page.get_textpage()

@@ -30,6 +30,7 @@ __all__ = [
     "ImageInfo",
     "ImageLimits",
     "decode_image",
+    "header_size",
     "inspect_image",
     "jpeg_scan_count",
     "parse_data_url",
@@ -154,7 +155,7 @@ def inspect_image(
                 f"declared media type {declared_media_type!r} does not match the image bytes ({media_type})",
                 code="invalid_image",
             )
-    width, height = _header_size(data)
+    width, height = header_size(data)
     if width < limits.min_side or height < limits.min_side:
         raise ImageError("image has no pixels", code="invalid_image")
     if width * height > limits.max_pixels:
@@ -245,7 +246,8 @@ def jpeg_scan_count(data: bytes) -> int:
     return 0
 
 
-def _header_size(data: bytes) -> tuple[int, int]:
+def header_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from an image's header, nothing decoded; ImageError when unreadable."""
     try:
         with Image.open(io.BytesIO(data)) as probe:
             if probe.format not in _FORMAT_MEDIA_TYPES:
