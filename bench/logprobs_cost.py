@@ -24,9 +24,9 @@ from typing import Any
 
 import grpc
 
-from vlmserve.engine.generator import EngineConfig
+from vlmserve.engine.loop.generator import EngineConfig
 from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.server import EngineServer
+from vlmserve.engine.rpc.server import EngineServer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 

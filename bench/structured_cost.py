@@ -98,7 +98,7 @@ def _cpu_seconds() -> float:
 
 
 def _request(max_tokens: int, *, structured: bool) -> Any:
-    from vlmserve.engine.prompt import _format_instruction
+    from vlmserve.engine.prep.prompt import _format_instruction
     from vlmserve.engine.v1 import engine_pb2 as pb
 
     messages = [pb.Message(role=pb.ROLE_USER, parts=[pb.Part(text=pb.TextPart(text="Describe a film."))])]
@@ -120,8 +120,8 @@ def _request(max_tokens: int, *, structured: bool) -> Any:
 async def measure_engine(model: str, pairs: int, max_tokens: int) -> dict[str, Any]:
     import grpc
 
-    from vlmserve.engine.generator import EngineConfig
-    from vlmserve.engine.server import EngineServer
+    from vlmserve.engine.loop.generator import EngineConfig
+    from vlmserve.engine.rpc.server import EngineServer
     from vlmserve.engine.v1 import engine_pb2 as pb
     from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -198,8 +198,8 @@ def run_steps(model_path: str, *, steps: int, warmup: int, structured: bool, bud
     from mlx_vlm.models.cache import make_prompt_cache
     from mlx_vlm.utils import load
 
-    from vlmserve.engine.grammar import GrammarCompiler, constraint_for
-    from vlmserve.engine.grammar_processor import GrammarLogitsProcessor
+    from vlmserve.engine.grammar.compiler import GrammarCompiler, constraint_for
+    from vlmserve.engine.grammar.processor import GrammarLogitsProcessor
 
     model, processor = load(model_path)
     tokenizer = getattr(processor, "tokenizer", processor)

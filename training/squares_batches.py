@@ -30,7 +30,7 @@ from training.squares_conversations import (
     strip_images,
 )
 from training.squares_forward import Batch, vision_rotary
-from vlmserve.engine.prompt import render_prompt
+from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import lower_messages
 

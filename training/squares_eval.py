@@ -27,8 +27,8 @@ from training.squares_conversations import (
     user_image,
 )
 from vlmserve.common.images import decode_image
-from vlmserve.engine.prompt import render_prompt
-from vlmserve.engine.tool_parsers import HERMES_FORMAT, TextPiece, ToolCallPiece, make_parser
+from vlmserve.engine.output.tool_parsers import HERMES_FORMAT, TextPiece, ToolCallPiece, make_parser
+from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import lower_messages
 

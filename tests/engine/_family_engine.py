@@ -24,11 +24,11 @@ from PIL import Image
 
 from tests._family_models import FAMILY_NAMES
 from vlmserve.common.images import decode_image
-from vlmserve.engine.generator import EngineConfig
-from vlmserve.engine.image_inputs import ImageProcessorCall
+from vlmserve.engine.loop.generator import EngineConfig
 from vlmserve.engine.model import LoadedModel, load_model
-from vlmserve.engine.prompt import render_prompt
-from vlmserve.engine.server import EngineServer
+from vlmserve.engine.prep.image_inputs import ImageProcessorCall
+from vlmserve.engine.prep.prompt import render_prompt
+from vlmserve.engine.rpc.server import EngineServer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from vlmserve.responses import lower_messages

@@ -25,8 +25,8 @@ import pytest
 
 from tests._family_models import FAMILY_NAMES
 from vlmserve.common.images import decode_image
-from vlmserve.engine.generator import EngineConfig, Generator
 from vlmserve.engine.jobs import Job, JobKind, JobReport, PreparedRequest
+from vlmserve.engine.loop.generator import EngineConfig, Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 

@@ -14,10 +14,10 @@ import llguidance
 import pytest
 from transformers import AutoTokenizer
 
-from vlmserve.engine.grammar import GrammarCompiler, OutputConstraint, constraint_for
+from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.output import OutputAssembler
-from vlmserve.engine.tool_parsers import markup_of
+from vlmserve.engine.output.assembler import OutputAssembler
+from vlmserve.engine.output.tool_parsers import markup_of
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WEATHER = {

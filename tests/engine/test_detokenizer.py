@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from vlmserve.engine.detokenizer import IncrementalDetokenizer
 from vlmserve.engine.model import DEFAULT_MODEL_PATH
+from vlmserve.engine.output.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

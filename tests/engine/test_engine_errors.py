@@ -17,8 +17,8 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from vlmserve.engine import decode as decode_module
-from vlmserve.engine.prompt import MAX_JSON_DEPTH
+from vlmserve.engine.loop import decode as decode_module
+from vlmserve.engine.prep.prompt import MAX_JSON_DEPTH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -213,7 +213,7 @@ def test_an_unexpected_exception_is_internal_without_its_text(
         "CountTokens": lambda: stub.CountTokens(pb.CountTokensRequest(request=request()), timeout=30),
     }
     with (
-        caplog.at_level(logging.ERROR, logger="vlmserve.engine.server"),
+        caplog.at_level(logging.ERROR, logger="vlmserve.engine.rpc.server"),
         pytest.raises(grpc.RpcError) as caught,
     ):
         calls[rpc]()

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from PIL import Image
 
 from tests.hardening import _image_corpus as corpus
-from vlmserve.engine.server import ENGINE_SERVICE_NAME
+from vlmserve.engine.rpc.server import ENGINE_SERVICE_NAME
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 

@@ -12,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from tests._services import BIN, process_env
-from vlmserve.engine.generator import EngineConfig
+from vlmserve.engine.loop.generator import EngineConfig
 from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.server import EngineServer
+from vlmserve.engine.rpc.server import EngineServer
 
 from .conftest import InProcessEngine, _health_statuses
 

@@ -29,7 +29,7 @@ from tests.engine._family_engine import (
     text,
     user,
 )
-from vlmserve.engine.prompt import render_prompt
+from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import lower_messages
 

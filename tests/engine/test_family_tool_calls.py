@@ -14,7 +14,13 @@ import jsonschema
 import pytest
 
 from tests.engine._family_engine import FamilyEngine, family, text, user
-from vlmserve.engine.tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT, ToolCallPiece, collect, make_parser
+from vlmserve.engine.output.tool_parsers import (
+    HERMES_FORMAT,
+    LLAMA_JSON_FORMAT,
+    ToolCallPiece,
+    collect,
+    make_parser,
+)
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["family"]  # the fixture, imported for this module

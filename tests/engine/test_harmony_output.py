@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from vlmserve.engine.harmony import HarmonySplitter, starts_harmony
-from vlmserve.engine.output import OutputAssembler, Reasoning, ThinkingSplitter
-from vlmserve.engine.tool_parsers import markup_of
+from vlmserve.engine.output.assembler import OutputAssembler, Reasoning, ThinkingSplitter
+from vlmserve.engine.output.harmony import HarmonySplitter, starts_harmony
+from vlmserve.engine.output.tool_parsers import markup_of
 
 ANALYSIS = "<|channel|>analysis<|message|>The user greets; answer briefly.<|end|>"
 FINAL = "<|start|>assistant<|channel|>final<|message|>Hello there."

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from vlmserve.engine.logprobs import LogprobTrace, TokenScore
-from vlmserve.engine.output import OutputAssembler
+from vlmserve.engine.loop.logprobs import LogprobTrace, TokenScore
+from vlmserve.engine.output.assembler import OutputAssembler
 
 
 def run(tokens: list[str], flushed: str = "", **assembler: Any) -> tuple[OutputAssembler, list[list[str]]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from vlmserve.engine.output import OutputAssembler
-from vlmserve.engine.stop_sequences import StopSequenceMatcher
-from vlmserve.engine.tool_parsers import HERMES_FORMAT
+from vlmserve.engine.output.assembler import OutputAssembler
+from vlmserve.engine.output.stop_sequences import StopSequenceMatcher
+from vlmserve.engine.output.tool_parsers import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 STOP_CASES = [

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from vlmserve.engine.model_inputs import ImageSpan
-from vlmserve.engine.prefix_cache import PrefixCache
+from vlmserve.engine.loop.model_inputs import ImageSpan
+from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -214,8 +214,8 @@ def test_a_kept_prefix_holds_its_own_rows_not_the_whole_batch_cache() -> None:
 
     import mlx.core as mx
 
-    from vlmserve.engine.generator import EngineConfig, Generator
     from vlmserve.engine.jobs import Job, JobKind
+    from vlmserve.engine.loop.generator import EngineConfig, Generator
     from vlmserve.engine.model import RANDOM_MODEL_PATH
 
     generator = Generator(

@@ -13,7 +13,7 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from vlmserve.engine.model import DEFAULT_MODEL_PATH
-from vlmserve.engine.prompt import render_conversation, render_prompt, to_template_conversation
+from vlmserve.engine.prep.prompt import render_conversation, render_prompt, to_template_conversation
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import build_generate_request, lower_messages

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from vlmserve.engine.output import OutputAssembler, Reasoning, ThinkingSplitter, prompt_leaves_thinking
+from vlmserve.engine.output.assembler import (
+    OutputAssembler,
+    Reasoning,
+    ThinkingSplitter,
+    prompt_leaves_thinking,
+)
 
 
 def _run(splitter: ThinkingSplitter, pieces: list[str]) -> tuple[str, str]:

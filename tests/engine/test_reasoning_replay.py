@@ -14,7 +14,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from tests.engine._family_engine import running_engine
-from vlmserve.engine.prompt import render_prompt
+from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import input_to_messages, lower_messages, messages_to_items
 

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from vlmserve.common.images import ImageLimits
-from vlmserve.engine import request_prep
 from vlmserve.engine.jobs import JobKind
 from vlmserve.engine.model import RANDOM_MODEL_PATH, load_model
-from vlmserve.engine.prompt import render_prompt
-from vlmserve.engine.request_prep import RequestPreparer
+from vlmserve.engine.prep import preparer as request_prep
+from vlmserve.engine.prep.preparer import RequestPreparer
+from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from vlmserve.engine.tool_parsers import (
+from vlmserve.engine.output.tool_parsers import (
     HERMES_FORMAT,
     HermesToolCallParser,
     Piece,

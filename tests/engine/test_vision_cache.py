@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-from vlmserve.engine.vision_cache import VisionFeatureCache
 
 from .conftest import InProcessEngine
 from .test_engine_grpc import image_part, png, text_part

@@ -21,8 +21,8 @@ from tests.hardening._certs import PKIFiles, make_pki
 from vlmserve.client import AsyncEngineClient, UnauthenticatedError, UnimplementedError
 from vlmserve.common import secrets
 from vlmserve.common.settings import add_arguments, load
-from vlmserve.engine import grpc_auth as auth
-from vlmserve.engine.grpc_auth import EngineSecurity, TokenAuthInterceptor
+from vlmserve.engine.rpc import auth
+from vlmserve.engine.rpc.auth import EngineSecurity, TokenAuthInterceptor
 
 TOKEN = "engine-token-0123456789abcdef"
 ROTATED = "next-engine-token-fedcba9876543210"

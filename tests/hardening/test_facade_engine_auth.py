@@ -1,5 +1,5 @@
 """The facade's side of engine authentication: it sends the shared token and speaks TLS / mutual
-TLS to the engine, configured by settings; the engine side is `vlmserve.engine.grpc_auth`."""
+TLS to the engine, configured by settings; the engine side is `vlmserve.engine.rpc.auth`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tests.facade.fake_engine import FakeEngine
 from tests.hardening._certs import PKIFiles, make_pki
 from vlmserve.client import ENGINE_SERVICE_NAME, server_options
-from vlmserve.engine.grpc_auth import EngineSecurity
+from vlmserve.engine.rpc.auth import EngineSecurity
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 from vlmserve.facade.app import engine_client

@@ -28,11 +28,10 @@ from vlmserve.common.lifeline import watch_lifeline
 from vlmserve.common.logs import LogFormat, configure_logging
 from vlmserve.common.settings import DeclaredSettings, SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
-
-from .generator import EngineConfig
-from .grpc_auth import EngineSecurity
-from .metrics import serve_metrics
-from .server import EngineServer
+from vlmserve.engine.loop.generator import EngineConfig
+from vlmserve.engine.metrics import serve_metrics
+from vlmserve.engine.rpc.auth import EngineSecurity
+from vlmserve.engine.rpc.server import EngineServer
 
 log = logging.getLogger("vlmserve.engine")
 
@@ -169,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _warn_without_openblas()
     watch_lifeline()
     if command.engine.distributed != "off":
-        from .distributed import follow, rank
+        from vlmserve.engine.distributed import follow, rank
 
         try:
             this_rank = rank()

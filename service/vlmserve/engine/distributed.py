@@ -32,12 +32,11 @@ import signal
 import threading
 from typing import Any
 
+from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
+from vlmserve.engine.loop.decode import ActiveGeneration
+from vlmserve.engine.loop.generator import EngineConfig, Generator
+from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .decode import ActiveGeneration
-from .generator import EngineConfig, Generator
-from .jobs import Job, JobKind, PreparedRequest
-from .model import LoadedModel
 
 __all__ = [
     "AdmittedRequest",

@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from vlmserve.engine.grammar.compiler import OutputConstraint
+from vlmserve.engine.loop.sampling import SamplingSettings
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .grammar import OutputConstraint
-from .request_errors import RequestError
-from .sampling import SamplingSettings
 
 __all__ = [
     "CountedEvent",

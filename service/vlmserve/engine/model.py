@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
-
-from .grammar import GrammarCompiler
-from .prompt import ChatTemplate
-from .template_fit import probe
-from .tool_parsers import HERMES_FORMAT, markup_of, tool_call_format_for
+from vlmserve.engine.grammar.compiler import GrammarCompiler
+from vlmserve.engine.output.tool_parsers import HERMES_FORMAT, markup_of, tool_call_format_for
+from vlmserve.engine.prep.prompt import ChatTemplate
+from vlmserve.engine.prep.template_fit import probe
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
@@ -178,7 +177,7 @@ def load_model(
     if distributed == "off":
         model, processor = load(source, trust_remote_code=trust_remote_code)
     else:
-        from .distributed import sharded_model
+        from vlmserve.engine.distributed import sharded_model
 
         model, processor = sharded_model(source, distributed)
     dtype_done = _apply_dtype(model, dtype)

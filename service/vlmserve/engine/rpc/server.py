@@ -31,13 +31,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from vlmserve.client import MAX_MESSAGE_BYTES, server_options
 from vlmserve.common.logs import bind
 from vlmserve.common.tracing import extract_context, record_span, tracer
-from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-
-from .distributed import generator_for
-from .generator import EngineConfig, Generator
-from .grpc_auth import EngineSecurity
-from .jobs import (
+from vlmserve.engine.distributed import generator_for
+from vlmserve.engine.jobs import (
     CountedEvent,
     Event,
     FailedEvent,
@@ -50,9 +45,13 @@ from .jobs import (
     ToolCallDeltaEvent,
     ToolCallEvent,
 )
-from .model import LoadedModel
-from .request_errors import RequestError, internal_error, invalid_argument
-from .request_prep import RequestPreparer
+from vlmserve.engine.loop.generator import EngineConfig, Generator
+from vlmserve.engine.model import LoadedModel
+from vlmserve.engine.prep.preparer import RequestPreparer
+from vlmserve.engine.request_errors import RequestError, internal_error, invalid_argument
+from vlmserve.engine.rpc.auth import EngineSecurity
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
 __all__ = ["ENGINE_SERVICE_NAME", "EngineServer", "EngineServicer"]
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .jobs import PreparedRequest
-from .model import LoadedModel
-from .vision_cache import VisionFeatureCache, encode_images
+from vlmserve.engine.jobs import PreparedRequest
+from vlmserve.engine.loop.vision_cache import VisionFeatureCache, encode_images
+from vlmserve.engine.model import LoadedModel
 
 __all__ = ["ImageSpan", "ModelInputs", "build_model_inputs"]
 

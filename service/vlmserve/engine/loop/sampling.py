@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vlmserve.engine.request_errors import invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .request_errors import invalid_argument
 
 __all__ = [
     "MAX_STOP_SEQUENCES",

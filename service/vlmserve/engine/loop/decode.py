@@ -21,11 +21,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .detokenizer import IncrementalDetokenizer
-from .grammar_processor import GrammarLogitsProcessor
-from .jobs import (
+from vlmserve.engine.grammar.processor import GrammarLogitsProcessor
+from vlmserve.engine.jobs import (
     CountedEvent,
     FailedEvent,
     FinishedEvent,
@@ -38,14 +35,22 @@ from .jobs import (
     ToolCallDeltaEvent,
     ToolCallEvent,
 )
-from .logprobs import LogprobTrace, StepScores, score_rows
-from .model import LoadedModel
-from .model_inputs import ImageSpan, ModelInputs, build_model_inputs
-from .output import OutputAssembler, OutputPiece, Reasoning
-from .prefix_cache import PrefixCache, PromptImages, kv_views, prompt_images, shared_prefix_length
-from .request_errors import RequestError
-from .sampling import TokenSampler
-from .vision_cache import VisionFeatureCache
+from vlmserve.engine.loop.logprobs import LogprobTrace, StepScores, score_rows
+from vlmserve.engine.loop.model_inputs import ImageSpan, ModelInputs, build_model_inputs
+from vlmserve.engine.loop.prefix_cache import (
+    PrefixCache,
+    PromptImages,
+    kv_views,
+    prompt_images,
+    shared_prefix_length,
+)
+from vlmserve.engine.loop.sampling import TokenSampler
+from vlmserve.engine.loop.vision_cache import VisionFeatureCache
+from vlmserve.engine.model import LoadedModel
+from vlmserve.engine.output.assembler import OutputAssembler, OutputPiece, Reasoning
+from vlmserve.engine.output.detokenizer import IncrementalDetokenizer
+from vlmserve.engine.request_errors import RequestError
+from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["ActiveGeneration", "LogitsProcessor", "Phase", "score_chosen"]
 

@@ -32,17 +32,26 @@ import grpc
 from PIL import Image
 
 from vlmserve.common.images import ImageError, ImageInfo, decode_image, inspect_image
+from vlmserve.engine.grammar.compiler import GrammarCompiler, after_thinking, constraint_for
+from vlmserve.engine.jobs import JobKind, PreparedImage, PreparedRequest
+from vlmserve.engine.loop.sampling import settings_from_proto
+from vlmserve.engine.model import LoadedModel, ModelInfo, prompt_needs_special_tokens
+from vlmserve.engine.output.assembler import prompt_leaves_thinking
+from vlmserve.engine.prep.image_inputs import (
+    DynamicResolution,
+    GenericProcessor,
+    ImageInputs,
+    image_inputs_for,
+)
+from vlmserve.engine.prep.prompt import (
+    PromptImage,
+    TemplateConversation,
+    render_conversation,
+    to_template_conversation,
+)
+from vlmserve.engine.prep.prompt_tokens import PromptTokenizer, Protection
+from vlmserve.engine.request_errors import RequestError, invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .grammar import GrammarCompiler, after_thinking, constraint_for
-from .image_inputs import DynamicResolution, GenericProcessor, ImageInputs, image_inputs_for
-from .jobs import JobKind, PreparedImage, PreparedRequest
-from .model import LoadedModel, ModelInfo, prompt_needs_special_tokens
-from .output import prompt_leaves_thinking
-from .prompt import PromptImage, TemplateConversation, render_conversation, to_template_conversation
-from .prompt_tokens import PromptTokenizer, Protection
-from .request_errors import RequestError, invalid_argument
-from .sampling import settings_from_proto
 
 __all__ = ["DEFAULT_MAX_REQUEST_PIXELS", "RequestPreparer", "check_model_name"]
 

@@ -11,11 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.engine.output.harmony import HarmonySplitter, starts_harmony
+from vlmserve.engine.output.stop_sequences import StopSequenceMatcher
+from vlmserve.engine.output.tool_parsers import (
+    Piece,
+    TextPiece,
+    ToolCallDeltaPiece,
+    ToolCallPiece,
+    make_parser,
+)
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .harmony import HarmonySplitter, starts_harmony
-from .stop_sequences import StopSequenceMatcher
-from .tool_parsers import Piece, TextPiece, ToolCallDeltaPiece, ToolCallPiece, make_parser
 
 __all__ = ["OutputAssembler", "OutputPiece", "Reasoning", "ThinkingSplitter", "prompt_leaves_thinking"]
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .request_errors import invalid_argument
+from vlmserve.engine.request_errors import invalid_argument
 
 __all__ = ["PromptTokenizer", "Protection"]
 

@@ -28,9 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from vlmserve.common.images import ImageError
+from vlmserve.engine.jobs import PreparedImage
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .jobs import PreparedImage
 
 __all__ = ["DynamicResolution", "GenericProcessor", "ImageInputs", "ImageProcessorCall", "image_inputs_for"]
 

@@ -4,7 +4,7 @@
 anything that must build prompts exactly as the engine does (e.g. training data):
 
     from transformers import AutoTokenizer
-    from vlmserve.engine.prompt import render_prompt
+    from vlmserve.engine.prep.prompt import render_prompt
     tokenizer = AutoTokenizer.from_pretrained("models/qwen2-vl-tiny")
     rendered = render_prompt(messages, template=tokenizer)      # messages: Sequence[pb.Message]
     rendered.text    # the prompt, ending with the assistant generation prompt
@@ -40,12 +40,11 @@ from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
+from vlmserve.engine.output.tool_parsers import HERMES_FORMAT
+from vlmserve.engine.prep.template_fit import fit_messages, probe
+from vlmserve.engine.request_errors import invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import InvalidRequestError, LoweredMessage, lower_conversation
-
-from .request_errors import invalid_argument
-from .template_fit import fit_messages, probe
-from .tool_parsers import HERMES_FORMAT
 
 __all__ = [
     "ChatTemplate",

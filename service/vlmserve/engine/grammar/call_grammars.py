@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .call_literals import GEMMA, PYTHON, LiteralRules
-from .tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT
+from vlmserve.engine.grammar.call_literals import GEMMA, PYTHON, LiteralRules
+from vlmserve.engine.output.tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT
 
 __all__ = [
     "AUTO_UNCONSTRAINED",

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .decode import ActiveGeneration, score_chosen
+from vlmserve.engine.loop.decode import ActiveGeneration, score_chosen
 
 __all__ = ["DecodeBatch"]
 

@@ -25,9 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .call_grammars import (
+from vlmserve.engine.grammar.call_grammars import (
     AUTO_UNCONSTRAINED,
     CALL_SYNTAX,
     LENIENT,
@@ -35,7 +33,8 @@ from .call_grammars import (
     enforceable_formats,
     schema_rule,
 )
-from .request_errors import invalid_argument
+from vlmserve.engine.request_errors import invalid_argument
+from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = [
     "GrammarCompiler",

@@ -32,17 +32,22 @@ from pydantic import Field, field_validator
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.common.settings import DeclaredSettings, Option
 from vlmserve.common.tracing import record_span
+from vlmserve.engine.jobs import Job, JobKind, JobReport
+from vlmserve.engine.loop.batch import DecodeBatch
+from vlmserve.engine.loop.decode import ActiveGeneration, Phase
+from vlmserve.engine.loop.prefix_cache import PrefixCache
+from vlmserve.engine.loop.vision_cache import VisionFeatureCache
+from vlmserve.engine.metrics import EngineMetrics, EngineState
+from vlmserve.engine.model import (
+    DEFAULT_MODEL_PATH,
+    DISTRIBUTED_CHOICES,
+    DTYPE_CHOICES,
+    LoadedModel,
+    load_model,
+)
+from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS, RequestPreparer
+from vlmserve.engine.request_errors import RequestError, internal_error
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from .batch import DecodeBatch
-from .decode import ActiveGeneration, Phase
-from .jobs import Job, JobKind, JobReport
-from .metrics import EngineMetrics, EngineState
-from .model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE_CHOICES, LoadedModel, load_model
-from .prefix_cache import PrefixCache
-from .request_errors import RequestError, internal_error
-from .request_prep import DEFAULT_MAX_REQUEST_PIXELS, RequestPreparer
-from .vision_cache import VisionFeatureCache
 
 __all__ = ["EngineConfig", "Generator"]
 

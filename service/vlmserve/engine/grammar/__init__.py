@@ -1,0 +1,1 @@
+"""Constrained output: request -> llguidance grammar, and the grammar as a logits processor."""

@@ -1,0 +1,1 @@
+"""The generation thread: admission, scheduling, batched prefill and decode, caches, sampling."""

@@ -1,0 +1,1 @@
+"""Generated tokens -> text, reasoning and tool calls: detokenizer, parsers, stop sequences."""

@@ -1,0 +1,1 @@
+"""A contract request -> a PreparedRequest: prompt, tokens, images (worker threads, no MLX)."""

@@ -1,0 +1,1 @@
+"""The gRPC face of the engine: the EngineService server and its authentication."""
