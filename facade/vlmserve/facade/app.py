@@ -140,7 +140,9 @@ def create_app(
             catalog=catalog,
             responses=service,
             body_budget=BodyBudget(
-                settings.limits.max_body_bytes_in_flight, retry_after_s=settings.retry_after_s
+                settings.limits.max_body_bytes_in_flight,
+                per_owner_bytes=settings.body_bytes_per_key(),
+                retry_after_s=settings.retry_after_s,
             ),
             background=BackgroundRuns(
                 the_store,

@@ -2,7 +2,8 @@
 
 Uploads are `multipart/form-data` with `file` and `purpose` (`user_data` or `vision`). The body
 is bounded before it is read (its Content-Length: `--max-file-bytes` plus room for the form),
-held in the facade's body budget while it is handled, and must arrive within the body timeout.
+held in the facade's body budget as it arrives and while it is handled, and must arrive within
+the body timeout, at the minimum body rate (request_body.metered_body).
 The file's kind is sniffed from its bytes (`vlmserve.common.documents`), never taken from the
 client's content type or name: PDFs, images (PNG, JPEG, WebP, GIF) and UTF-8 text are kept;
 `vision` takes images only; anything else is a 400 naming `file`. Requests then name a file by
@@ -24,6 +25,7 @@ from vlmserve.responses import InvalidRequestError
 
 from .file_store import FileRecord, FileStore
 from .http_errors import APIError, not_found
+from .request_body import metered_body
 from .state import FacadeState, facade_state, owner_of
 
 __all__ = ["PURPOSES", "router"]
@@ -105,16 +107,14 @@ async def create_file(request: Request, state: State) -> dict[str, Any]:
     if int(declared) > max_bytes + _FORM_OVERHEAD_BYTES:
         raise _too_large(max_bytes)
     with state.body_budget.hold() as hold:
-        hold.reserve(int(declared))
-        try:
-            async with asyncio.timeout(settings.limits.body_timeout_s):
-                form = await request.form(max_files=1, max_fields=16)
-        except TimeoutError:
-            raise APIError(
-                408,
-                f"The request body did not arrive within {settings.limits.body_timeout_s:g} seconds.",
-                code="request_timeout",
-            ) from None
+        async with metered_body(
+            request,
+            limits=settings.limits,
+            hold=hold,
+            max_bytes=max_bytes + _FORM_OVERHEAD_BYTES,
+            too_large_error=lambda _: _too_large(max_bytes),
+        ) as body:
+            form = await body.form(max_files=1, max_fields=16)
         try:
             purpose = _purpose(form.get("purpose"))
             upload = form.get("file")

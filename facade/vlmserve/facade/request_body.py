@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Request
+from starlette.types import Message
 
 from .body_budget import BodyHold
 from .http_errors import APIError
 from .settings import Limits
+from .state import owner_of
 
 # Deeper than any real request (tool schemas included); deeper values would make later
 # recursive code (json.dumps, protobuf, the store) fail with RecursionError.
@@ -35,40 +39,76 @@ def too_large(max_bytes: int) -> APIError:
 async def read_json(request: Request, *, limits: Limits, hold: BodyHold | None = None) -> Any:
     """The parsed body. The size limit is enforced while reading: a larger body is never buffered.
     With `hold`, the body's bytes are held in the facade's in-flight budget (body_budget.py) as
-    they are known: the declared Content-Length before anything is read, else chunk by chunk. The
-    body must arrive within `limits.body_timeout_s`."""
+    they arrive, under the request's owner. The body must arrive within `limits.body_timeout_s`,
+    and at `limits.min_body_bytes_per_s` or faster after `limits.body_rate_grace_s`."""
     max_bytes = limits.max_request_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit():
-        if int(declared) > max_bytes:
-            raise too_large(max_bytes)
-        if hold is not None:
-            hold.reserve(int(declared))
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large(max_bytes)
     chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(limits.body_timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise too_large(max_bytes)
-                if hold is not None:
-                    hold.reserve(size)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise APIError(
-            408,
-            f"The request body did not arrive within {limits.body_timeout_s:g} seconds.",
-            code="request_timeout",
-            headers={"Connection": "close"},
-        ) from None
+    async with metered_body(request, limits=limits, hold=hold, max_bytes=max_bytes) as body:
+        async for chunk in body.stream():
+            chunks.append(chunk)
     raw = b"".join(chunks)
     del chunks
     if not raw.strip():
         raise APIError(400, "The request body is empty; send a JSON object.", code="invalid_json")
-    if size < _INLINE_PARSE_BYTES:
+    if len(raw) < _INLINE_PARSE_BYTES:
         return parse_json(raw)
     return await asyncio.to_thread(parse_json, raw)
+
+
+@asynccontextmanager
+async def metered_body(
+    request: Request,
+    *,
+    limits: Limits,
+    hold: BodyHold | None,
+    max_bytes: int,
+    too_large_error: Callable[[int], APIError] = too_large,
+) -> AsyncIterator[Request]:
+    """`request` whose body, read inside the block (`stream()`, `form()`), is metered as it
+    arrives: more than `max_bytes` is `too_large_error` (413), each chunk is held in `hold`
+    (503 when the budget or the owner's share is full), and the whole body must arrive within
+    the body timeout and, after a grace period, at the minimum body rate (else 408)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    size = 0
+    if hold is not None:
+        hold.owner = owner_of(request)
+
+    def deadline() -> float:
+        # Every byte buys 1/rate seconds more, up to the overall timeout.
+        allowed = limits.body_rate_grace_s + size / limits.min_body_bytes_per_s
+        return started + min(limits.body_timeout_s, allowed)
+
+    timeout = asyncio.timeout_at(deadline())
+
+    async def receive() -> Message:
+        nonlocal size
+        message = await request.receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > max_bytes:
+                raise too_large_error(max_bytes)
+            if hold is not None:
+                hold.reserve(size)
+            timeout.reschedule(deadline())
+        return message
+
+    try:
+        async with timeout:
+            yield Request(request.scope, receive)
+    except TimeoutError:
+        elapsed = loop.time() - started
+        if elapsed < limits.body_timeout_s:
+            message = (
+                f"The request body arrived slower than {limits.min_body_bytes_per_s} bytes per second "
+                f"({size} bytes in {elapsed:.1f} seconds)."
+            )
+        else:
+            message = f"The request body did not arrive within {limits.body_timeout_s:g} seconds."
+        raise APIError(408, message, code="request_timeout", headers={"Connection": "close"}) from None
 
 
 def parse_json(raw: bytes) -> Any:

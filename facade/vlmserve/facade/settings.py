@@ -79,12 +79,30 @@ class Limits(DeclaredSettings):
     max_header_bytes: int = Field(
         32 * 1024, ge=1, description="request headers' total size (names + values); 431 above it"
     )
-    # Bodies being read and translated hold their size here (Content-Length up front); one that
-    # does not fit is a 503 with Retry-After. The facade's memory peaks at a few times this.
+    # Bodies being read and translated hold their bytes here as they arrive (never as declared);
+    # a chunk that does not fit is a 503 with Retry-After. The facade's memory peaks at a few
+    # times this.
     max_body_bytes_in_flight: int = Field(
-        64 * 1024 * 1024,
+        128 * 1024 * 1024,
         ge=1,
         description="request bodies being read and translated at once, in bytes; 503 + Retry-After above it",
+    )
+    max_body_bytes_in_flight_per_key: int | None = Field(
+        None,
+        ge=1,
+        description="bytes of the bodies in flight one API key may hold (503 + Retry-After above it); "
+        "none: half of max-body-bytes-in-flight, at least max-request-bytes. Applies with API keys on",
+    )
+    # A body trickled a byte a second held a connection (and, before, its declared size) for the
+    # whole body timeout.
+    min_body_bytes_per_s: int = Field(
+        16 * 1024,
+        ge=1,
+        description="slowest a request body may arrive, after the grace below: each byte buys "
+        "1/rate seconds; 408 when the body falls behind",
+    )
+    body_rate_grace_s: float = Field(
+        5.0, gt=0, description="seconds a request body may take before the minimum body rate applies"
     )
     # uvicorn alone times out only idle keep-alive connections (see http_protocol.py).
     max_connections: int = Field(
@@ -302,11 +320,27 @@ class FacadeSettings(DeclaredSettings):
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> FacadeSettings:
-        if self.limits.max_body_bytes_in_flight < self.limits.max_request_bytes:
+        limits = self.limits
+        if limits.max_body_bytes_in_flight < limits.max_request_bytes:
             raise ValueError(
                 "--max-body-bytes-in-flight must be at least --max-request-bytes (or no body that size fits)"
             )
+        per_key = limits.max_body_bytes_in_flight_per_key
+        if per_key is not None and not limits.max_request_bytes <= per_key <= limits.max_body_bytes_in_flight:
+            raise ValueError(
+                "--max-body-bytes-in-flight-per-key must be between --max-request-bytes and "
+                "--max-body-bytes-in-flight"
+            )
         return self
+
+    def body_bytes_per_key(self) -> int | None:
+        """Each API key's share of the bodies in flight; None with keys off (one owner)."""
+        if not self.api_keys.enabled:
+            return None
+        limits = self.limits
+        if limits.max_body_bytes_in_flight_per_key is not None:
+            return limits.max_body_bytes_in_flight_per_key
+        return max(limits.max_request_bytes, limits.max_body_bytes_in_flight // 2)
 
     @model_validator(mode="before")
     @classmethod
