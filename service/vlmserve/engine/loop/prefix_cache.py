@@ -10,7 +10,10 @@ sends a hash of the caller's API key): a prefix never serves another tenant, so 
 Image tokens match only when the same image (content hash) sits at the same place: the
 placeholder ids alone are identical for every image. With equal tokens and images before it,
 a position's KV is the same in both prompts, M-RoPE positions included (they depend only on
-what comes before). Entries are evicted least recently used first, to stay under `max_bytes`.
+what comes before). Entries are evicted least recently used first, to stay under `max_bytes`;
+with a disk tier (`prefix_disk.py`) an evicted entry is written there first, every entry is
+written there at shutdown, and a prompt whose longest match is on disk loads it back (a
+restart, or another engine process of the same model sharing the folder, loses nothing).
 Taking an entry shares its arrays (MLX arrays are immutable; the taker's cache grows into new
 buffers), so several requests can start from one entry at once.
 
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from .prefix_disk import LayerArrays, PrefixDiskTier
 
 __all__ = ["PrefixCache", "PromptImages", "kv_views", "prompt_images", "shared_prefix_length"]
 
@@ -45,6 +50,8 @@ class _Entry:
     images: PromptImages
     layers: list[tuple[Any, Any]]  # per layer (keys, values), exactly len(token_ids) long
     nbytes: int
+    from_disk: bool = False  # loaded from the disk tier and not yet taken (counts a disk hit)
+    on_disk: bool = False  # the disk tier has it already: evicting it writes nothing
 
 
 PromptImages = dict[int, tuple[int, str]]  # start -> (length, content hash)
@@ -84,10 +91,13 @@ def kv_views(layers: Sequence[tuple[Any, Any]], tokens: int) -> list[Any]:
 
 
 class PrefixCache:
-    def __init__(self, *, min_tokens: int, max_bytes: int) -> None:
+    def __init__(self, *, min_tokens: int, max_bytes: int, disk: PrefixDiskTier | None = None) -> None:
         self.min_tokens = min_tokens
         self.max_bytes = max_bytes
+        self.disk = disk
         self.bytes = 0
+        # Hits by tier (metrics, tests).
+        self.hits = {"memory": 0, "disk": 0}
         self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
         self._next_key = 0
 
@@ -115,23 +125,26 @@ class PrefixCache:
         if nbytes > self.max_bytes:
             return
         ids = np.asarray(token_ids, dtype=np.int64)
-        images = prompt_images(spans)
-        entry = _Entry(partition, ids, images, layers, nbytes)
+        self._keep(_Entry(partition, ids, prompt_images(spans), layers, nbytes))
+
+    def _keep(self, entry: _Entry) -> None:
         # An entry this one extends is redundant now.
         for key, old in list(self._entries.items()):
-            if old.partition == partition and _shared_length(old, ids, images) == old.token_ids.size:
+            if old.partition == entry.partition and _shared_length(old, entry.token_ids, entry.images) == (
+                old.token_ids.size
+            ):
                 self._drop(key)
         self._entries[self._next_key] = entry
         self._next_key += 1
-        self.bytes += nbytes
-        while self.bytes > self.max_bytes and self._entries:
-            self._drop(next(iter(self._entries)))
+        self.bytes += entry.nbytes
+        while self.bytes > self.max_bytes and len(self._entries) > 1:
+            self._drop(next(iter(self._entries)), spill=True)
 
     def take(
         self, partition: str, prompt_ids: Sequence[int], spans: Sequence[_Span]
     ) -> tuple[list[Any], int] | None:
         """(a KV cache holding the first n prompt tokens, n) for the longest same-partition match."""
-        if not self.enabled or not self._entries:
+        if not self.enabled or not (self._entries or (self.disk is not None and self.disk.enabled)):
             return None
         ids = np.asarray(prompt_ids, dtype=np.int64)
         images = prompt_images(spans)
@@ -142,16 +155,70 @@ class PrefixCache:
             shared = _shared_length(entry, ids, images)
             if shared > best:
                 best_key, best = key, shared
+        if (loaded := self._take_from_disk(partition, ids, images, best)) is not None:
+            best_key, best = loaded
         # At least one prompt token must still run, to get logits for the first new token.
         best = min(best, ids.size - 1)
         if best_key is None or best < self.min_tokens:
             return None
         self._entries.move_to_end(best_key)
+        self.hits["disk" if self._entries[best_key].from_disk else "memory"] += 1
+        self._entries[best_key].from_disk = False
         return kv_views(self._entries[best_key].layers, best), best
 
-    def _drop(self, key: int) -> None:
+    def _take_from_disk(
+        self, partition: str, ids: np.ndarray, images: PromptImages, in_memory: int
+    ) -> tuple[int, int] | None:
+        """(key, shared length) of a disk entry loaded into memory, when it beats `in_memory`."""
+        if self.disk is None or not self.disk.enabled:
+            return None
+        best, shared = None, max(in_memory, self.min_tokens - 1)
+        for candidate in self.disk.entries(partition):
+            length = shared_prefix_length(candidate.token_ids, candidate.images, ids, images)
+            if length > shared:
+                best, shared = candidate, length
+        if best is None or (arrays := self.disk.load(best)) is None:
+            return None
+        layers = [
+            (_from_numpy(keys, best.dtypes), _from_numpy(values, best.dtypes)) for keys, values in arrays
+        ]
+        nbytes = sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)
+        if nbytes > self.max_bytes:
+            return None
+        self._keep(
+            _Entry(partition, best.token_ids, best.images, layers, nbytes, from_disk=True, on_disk=True)
+        )
+        return next(reversed(self._entries)), shared
+
+    def _drop(self, key: int, *, spill: bool = False) -> None:
         entry = self._entries.pop(key)
         self.bytes -= entry.nbytes
+        if spill:
+            self._spill(entry)
+
+    def _spill(self, entry: _Entry) -> None:
+        if self.disk is None or not self.disk.enabled or entry.on_disk:
+            return
+        arrays: list[LayerArrays] = []
+        dtypes: dict[str, str] = {}
+        for keys, values in entry.layers:
+            pair = []
+            for array in (keys, values):
+                data, dtype = _to_numpy(array)
+                dtypes.setdefault("kv", dtype)
+                pair.append((data,))
+            arrays.append((pair[0], pair[1]))
+        self.disk.put(entry.partition, entry.token_ids, entry.images, arrays, dtypes)
+        entry.on_disk = True
+
+    def persist(self) -> None:
+        """Write every entry to the disk tier and wait for it (shutdown)."""
+        if self.disk is None:
+            return
+        for entry in self._entries.values():
+            self._spill(entry)
+        self.disk.flush()
+        self.disk.close()
 
     def clear(self) -> None:
         self._entries.clear()
@@ -160,3 +227,23 @@ class PrefixCache:
 
 def _shared_length(entry: _Entry, ids: np.ndarray, images: PromptImages) -> int:
     return shared_prefix_length(entry.token_ids, entry.images, ids, images)
+
+
+def _to_numpy(array: Any) -> tuple[np.ndarray, str]:
+    """An MLX array's data as numpy (bfloat16, which numpy lacks, as its uint16 bit pattern)."""
+    import mlx.core as mx
+
+    if array.dtype == mx.bfloat16:
+        return np.asarray(array.view(mx.uint16)), "bfloat16"
+    return np.asarray(array), ""
+
+
+def _from_numpy(parts: tuple[np.ndarray, ...], dtypes: dict[str, str]) -> Any:
+    import mlx.core as mx
+
+    (data,) = parts
+    array = mx.array(data)
+    if dtypes.get("kv") == "bfloat16":
+        array = array.view(mx.bfloat16)
+    mx.eval(array)
+    return array

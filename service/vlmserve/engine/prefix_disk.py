@@ -1,0 +1,353 @@
+"""The prefix cache's disk tier: KV entries that outlive memory, restarts and one process.
+
+An entry the in-memory prefix cache evicts (and every entry at shutdown) is written here as one
+safetensors file (a safe format: no pickles), with its partition, token ids and image content
+hashes in the file's metadata, so a later prompt of the same partition that starts the same way
+can load it back instead of computing it again: after a restart, or from another engine process
+of the same model sharing the folder. Files live in a folder per *namespace* (mlx-vlm's
+`apc_disk_namespace`: model path, dtype and KV quantization folded into one fingerprint), so an
+engine never reads another model's or another precision's entries.
+
+Safety rules, each tested:
+- a file's name is a hash (of namespace, partition, token ids and images): it reveals no prompt;
+- a partition only ever matches its own entries (as in memory);
+- writes are atomic (a temporary file in the same folder, fsync, `os.replace`);
+- every entry carries a SHA-256 of its tensor bytes, checked on load; a corrupt, truncated or
+  foreign file is skipped with a warning (and removed), never served;
+- the folder is bounded in bytes (least recently used first; a hit touches the file);
+- a full disk (or any write error) turns the tier off with one warning: the engine goes on with
+  memory only.
+
+Arrays cross this module as numpy (bfloat16 as its uint16 bit pattern, named in the metadata):
+converting to and from MLX is the caller's, on the generation thread. Writes run on a thread of
+their own so eviction never waits for the disk; loads are synchronous (they replace a prefill).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import queue
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["DiskEntry", "LayerArrays", "PrefixDiskTier", "entry_name"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "vlmserve-prefix-kv-1"
+SUFFIX = ".safetensors"
+# A layer is (keys, values), each one array or, for a quantized cache, a tuple of arrays.
+LayerArrays = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+PromptImages = dict[int, tuple[int, str]]  # start -> (length, content hash), as in prefix_cache
+
+
+@dataclass
+class DiskEntry:
+    """What the index knows of one file: enough to match a prompt without reading tensors."""
+
+    path: Path
+    partition: str
+    token_ids: np.ndarray
+    images: PromptImages
+    nbytes: int
+    dtypes: dict[str, str] = field(default_factory=dict)
+
+
+def entry_name(namespace: str, partition: str, token_ids: np.ndarray, images: PromptImages) -> str:
+    digest = hashlib.sha256()
+    for piece in (namespace, partition, _images_json(images)):
+        digest.update(piece.encode())
+        digest.update(b"\0")
+    digest.update(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
+    return digest.hexdigest() + SUFFIX
+
+
+class PrefixDiskTier:
+    """A folder of KV entries for one namespace. Generation thread, plus its own writer thread."""
+
+    def __init__(
+        self, folder: Path, *, namespace: str, max_bytes: int, on_error: Callable[[str], None] | None = None
+    ) -> None:
+        self.namespace = namespace
+        self.max_bytes = max_bytes
+        self.folder = Path(folder) / hashlib.sha256(namespace.encode()).hexdigest()[:32]
+        self.enabled = max_bytes > 0
+        self._on_error = on_error
+        self._index: dict[str, DiskEntry] = {}
+        self._lock = threading.Lock()  # the index, shared with the writer thread
+        self._seen_mtime_ns = -1
+        self._pending: queue.Queue[tuple[str, DiskEntry, dict[str, np.ndarray], dict[str, str]] | None]
+        self._pending = queue.Queue()
+        self._writer: threading.Thread | None = None
+        if self.enabled:
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                self._disable(f"prefix cache folder {self.folder} unusable: {error}")
+            self.refresh()
+
+    # -- the index ---------------------------------------------------------------------------
+
+    def entries(self, partition: str) -> list[DiskEntry]:
+        self.refresh()
+        with self._lock:
+            return [entry for entry in self._index.values() if entry.partition == partition]
+
+    @property
+    def bytes(self) -> int:
+        with self._lock:
+            return sum(entry.nbytes for entry in self._index.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._index)
+
+    def __contains__(self, name: str) -> bool:
+        with self._lock:
+            return name in self._index
+
+    def refresh(self) -> None:
+        """Index files written since the last look (by this process or another one)."""
+        if not self.enabled:
+            return
+        try:
+            mtime = self.folder.stat().st_mtime_ns
+            if mtime == self._seen_mtime_ns:
+                return
+            self._seen_mtime_ns = mtime
+            names = {p.name for p in self.folder.iterdir() if p.name.endswith(SUFFIX)}
+        except OSError as error:
+            self._disable(f"prefix cache folder {self.folder} unreadable: {error}")
+            return
+        with self._lock:
+            for gone in set(self._index) - names:
+                del self._index[gone]
+            new = names - set(self._index)
+        for name in new:
+            entry = self._read_header(self.folder / name)
+            if entry is not None:
+                with self._lock:
+                    self._index[name] = entry
+
+    def _read_header(self, path: Path) -> DiskEntry | None:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="numpy") as handle:  # reads the header only
+                meta = handle.metadata() or {}
+            if meta.get("format") != FORMAT or meta.get("namespace") != self.namespace:
+                raise ValueError("written by another model, precision or format")
+            token_ids = np.frombuffer(base64.b64decode(meta["token_ids"]), dtype=np.int32).astype(np.int64)
+            images = {int(k): (int(v[0]), str(v[1])) for k, v in json.loads(meta["images"]).items()}
+            entry = DiskEntry(
+                path, meta["partition"], token_ids, images, path.stat().st_size, json.loads(meta["dtypes"])
+            )
+            if path.name != entry_name(self.namespace, entry.partition, token_ids, images):
+                raise ValueError("its name does not match its contents")
+            return entry
+        except FileNotFoundError:
+            return None
+        except Exception as error:  # any unreadable file: skipped, never served
+            self._reject(path, f"unreadable header ({error})")
+            return None
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def load(self, entry: DiskEntry) -> list[LayerArrays] | None:
+        """The entry's layers, after checking its checksum; None (and the file gone) if it fails."""
+        from safetensors.numpy import load_file
+
+        try:
+            tensors = load_file(str(entry.path))
+            from safetensors import safe_open
+
+            with safe_open(str(entry.path), framework="numpy") as handle:
+                meta = handle.metadata() or {}
+            if _checksum(tensors) != meta.get("sha256"):
+                raise ValueError("checksum mismatch")
+            layers = _unflatten(tensors, int(meta["layers"]))
+        except FileNotFoundError:
+            self._forget(entry.path.name)
+            return None
+        except Exception as error:
+            self._reject(entry.path, f"not served ({error})")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(entry.path)  # least recently used goes first
+        return layers
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def put(
+        self,
+        partition: str,
+        token_ids: np.ndarray,
+        images: PromptImages,
+        layers: Sequence[LayerArrays],
+        dtypes: dict[str, str] | None = None,
+    ) -> None:
+        """Queue one entry for writing (the writer thread does the disk work)."""
+        if not self.enabled:
+            return
+        ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+        name = entry_name(self.namespace, partition, ids, images)
+        if name in self:
+            return
+        tensors = _flatten(layers)
+        nbytes = sum(int(array.nbytes) for array in tensors.values())
+        if nbytes > self.max_bytes:
+            return
+        meta = {
+            "format": FORMAT,
+            "namespace": self.namespace,
+            "partition": partition,
+            "token_ids": base64.b64encode(ids.astype(np.int32).tobytes()).decode(),
+            "images": _images_json(images),
+            "layers": str(len(layers)),
+            "dtypes": json.dumps(dtypes or {}),
+            "sha256": _checksum(tensors),
+        }
+        entry = DiskEntry(self.folder / name, partition, ids, dict(images), nbytes, dict(dtypes or {}))
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="prefix-disk-writer", daemon=True)
+            self._writer.start()
+        self._pending.put((name, entry, tensors, meta))
+
+    def flush(self) -> None:
+        """Wait until every queued entry is on disk (or given up)."""
+        if self._writer is not None:
+            self._pending.join()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._pending.put(None)
+            self._writer.join()
+            self._writer = None
+
+    def _write_loop(self) -> None:
+        while (job := self._pending.get()) is not None:
+            try:
+                if self.enabled:
+                    self._write(*job)
+            finally:
+                self._pending.task_done()
+        self._pending.task_done()
+
+    def _write(
+        self, name: str, entry: DiskEntry, tensors: dict[str, np.ndarray], meta: dict[str, str]
+    ) -> None:
+        from safetensors.numpy import save_file
+
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=SUFFIX)
+            os.close(fd)
+            save_file(tensors, tmp, metadata=meta)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, entry.path)
+            tmp = None
+            entry.nbytes = entry.path.stat().st_size
+        except OSError as error:
+            self._disable(f"prefix cache disk tier off, memory only from now on: {error}")
+            return
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        with self._lock:
+            self._index[name] = entry
+        self._evict()
+
+    def _evict(self) -> None:
+        """Remove least recently used files until the folder is under its byte bound."""
+        with self._lock:
+            total = sum(entry.nbytes for entry in self._index.values())
+            if total <= self.max_bytes:
+                return
+            by_age = sorted(self._index.items(), key=lambda item: _mtime(item[1].path))
+        for name, entry in by_age:
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                entry.path.unlink()
+            self._forget(name)
+            total -= entry.nbytes
+
+    # -- failures ----------------------------------------------------------------------------
+
+    def _reject(self, path: Path, why: str) -> None:
+        log.warning("prefix cache file %s skipped: %s", path.name, why)
+        if self._on_error is not None:
+            self._on_error("rejected")
+        with contextlib.suppress(OSError):
+            path.unlink()
+        self._forget(path.name)
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            self._index.pop(name, None)
+
+    def _disable(self, why: str) -> None:
+        if self.enabled:
+            log.warning("%s", why)
+            if self._on_error is not None:
+                self._on_error("disabled")
+        self.enabled = False
+
+
+def _flatten(layers: Sequence[LayerArrays]) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    for i, (keys, values) in enumerate(layers):
+        for kind, parts in (("k", keys), ("v", values)):
+            for j, part in enumerate(parts):
+                tensors[f"{i}.{kind}.{j}"] = np.ascontiguousarray(part)
+    return tensors
+
+
+def _unflatten(tensors: dict[str, np.ndarray], count: int) -> list[LayerArrays]:
+    layers: list[LayerArrays] = []
+    for i in range(count):
+        parts = []
+        for kind in ("k", "v"):
+            j, pieces = 0, []
+            while (name := f"{i}.{kind}.{j}") in tensors:
+                pieces.append(tensors[name])
+                j += 1
+            if not pieces:
+                raise ValueError(f"layer {i} has no {kind} arrays")
+            parts.append(tuple(pieces))
+        layers.append((parts[0], parts[1]))
+    if len(tensors) != sum(len(k) + len(v) for k, v in layers):
+        raise ValueError("arrays beyond the layers it names")
+    return layers
+
+
+def _checksum(tensors: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _images_json(images: PromptImages) -> str:
+    return json.dumps({str(k): [v[0], v[1]] for k, v in sorted(images.items())}, separators=(",", ":"))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
