@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vlmserve.engine.prefix_cache import PrefixCache
-from vlmserve.engine.prefix_disk import PrefixDiskTier, entry_name
+from vlmserve.engine.loop.prefix_cache import PrefixCache
+from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, entry_name
 
 from .test_prefix_cache import TOKEN_BYTES, layers_for, spans_of
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .prefix_disk import LayerArrays, PrefixDiskTier
+from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
 
 __all__ = ["PrefixCache", "PromptImages", "kv_views", "prompt_images", "shared_prefix_length"]
 
