@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from vlmserve.engine.loop.generator import EngineConfig
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.rpc.server import EngineServer
 from vlmserve.engine.v1 import engine_pb2 as pb

@@ -120,7 +120,7 @@ def _request(max_tokens: int, *, structured: bool) -> Any:
 async def measure_engine(model: str, pairs: int, max_tokens: int) -> dict[str, Any]:
     import grpc
 
-    from vlmserve.engine.loop.generator import EngineConfig
+    from vlmserve.engine.config import EngineConfig
     from vlmserve.engine.rpc.server import EngineServer
     from vlmserve.engine.v1 import engine_pb2 as pb
     from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc

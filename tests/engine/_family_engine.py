@@ -24,7 +24,7 @@ from PIL import Image
 
 from tests._family_models import FAMILY_NAMES
 from vlmserve.common.images import decode_image
-from vlmserve.engine.loop.generator import EngineConfig
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.model import LoadedModel, load_model
 from vlmserve.engine.prep.image_inputs import ImageProcessorCall
 from vlmserve.engine.prep.prompt import render_prompt

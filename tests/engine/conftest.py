@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from vlmserve.client import channel_options
-from vlmserve.engine.loop.generator import EngineConfig
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.rpc.server import ENGINE_SERVICE_NAME, EngineServer
 from vlmserve.engine.v1 import engine_pb2 as pb

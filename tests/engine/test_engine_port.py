@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from tests._services import BIN, process_env
-from vlmserve.engine.loop.generator import EngineConfig
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.rpc.server import EngineServer
 

@@ -214,8 +214,9 @@ def test_a_kept_prefix_holds_its_own_rows_not_the_whole_batch_cache() -> None:
 
     import mlx.core as mx
 
+    from vlmserve.engine.config import EngineConfig
     from vlmserve.engine.jobs import Job, JobKind
-    from vlmserve.engine.loop.generator import EngineConfig, Generator
+    from vlmserve.engine.loop.generator import Generator
     from vlmserve.engine.model import RANDOM_MODEL_PATH
 
     generator = Generator(

@@ -28,7 +28,7 @@ from vlmserve.common.lifeline import watch_lifeline
 from vlmserve.common.logs import LogFormat, configure_logging
 from vlmserve.common.settings import DeclaredSettings, SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
-from vlmserve.engine.loop.generator import EngineConfig
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.metrics import serve_metrics
 from vlmserve.engine.rpc.auth import EngineSecurity
 from vlmserve.engine.rpc.server import EngineServer

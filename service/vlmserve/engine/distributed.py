@@ -32,9 +32,10 @@ import signal
 import threading
 from typing import Any
 
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
 from vlmserve.engine.loop.decode import ActiveGeneration
-from vlmserve.engine.loop.generator import EngineConfig, Generator
+from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.v1 import engine_pb2 as pb
 

@@ -24,14 +24,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Annotated, ClassVar
 
 import grpc
-from pydantic import Field, field_validator
 
-from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
-from vlmserve.common.settings import DeclaredSettings, Option
 from vlmserve.common.tracing import record_span
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, JobReport
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase
@@ -39,119 +36,16 @@ from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.metrics import EngineMetrics, EngineState
 from vlmserve.engine.model import (
-    DEFAULT_MODEL_PATH,
-    DISTRIBUTED_CHOICES,
-    DTYPE_CHOICES,
     LoadedModel,
     load_model,
 )
-from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS, RequestPreparer
+from vlmserve.engine.prep.preparer import RequestPreparer
 from vlmserve.engine.request_errors import RequestError, internal_error
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["EngineConfig", "Generator"]
+__all__ = ["Generator"]
 
 log = logging.getLogger(__name__)
-
-
-class EngineConfig(DeclaredSettings):
-    """Model and bounds: what the generation thread serves, and how much at once"""
-
-    ENV_PREFIX: ClassVar[str] = "VLMSERVE_ENGINE_"
-
-    model: Annotated[str, Option(env="VLMSERVE_MODEL", default_text="models/qwen2-vl-squares")] = Field(
-        str(DEFAULT_MODEL_PATH), description="local model directory or Hugging Face id"
-    )
-    trust_remote_code: bool = Field(False, description="allow code shipped with the checkpoint")
-    dtype: Annotated[str, Option(metavar="{" + ",".join(DTYPE_CHOICES) + "}")] = Field(
-        "auto",
-        description="weight dtype; auto = float32 on the CPU backend (much faster there), as stored on a GPU",
-    )
-    max_output_tokens: Annotated[int, Option(flag="--max-tokens")] = Field(
-        4096,
-        ge=1,
-        description="cap on generated tokens per request (also the default when a request sets none)",
-    )
-    max_queue: int = Field(
-        64, ge=1, description="requests waiting for a slot; more are refused with RESOURCE_EXHAUSTED"
-    )
-    max_active: int = Field(
-        16, ge=1, description="requests in flight: decoding as one batch, or preparing and prefilling"
-    )
-    prefill_chunk_tokens: Annotated[int, Option(flag="--prefill-chunk")] = Field(
-        256, ge=1, description="prompt tokens per prefill chunk (a request's chunks are always whole)"
-    )
-    step_tokens: int = Field(
-        256,
-        ge=1,
-        description="token budget of one engine step: one per decoding request plus whole prefill chunks "
-        "(at least one chunk runs per step)",
-    )
-    # See prefix_cache.py.
-    prefix_cache_min_tokens: int = Field(
-        64,
-        ge=0,
-        description="reuse a finished request's KV cache (same partition) for a shared prompt prefix "
-        "this long (0: off)",
-    )
-    prefix_cache_mib: int = Field(
-        1024,
-        ge=0,
-        description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)",
-    )
-    # See decode.py (ActiveGeneration.follow) and docs/performance.md.
-    shared_prefix_min_tokens: int = Field(
-        16,
-        ge=0,
-        description="a request that starts with this many of the same prompt tokens as another one in "
-        "flight (same partition) takes that one's KV for them instead of computing them (0: off)",
-    )
-    # See vision_cache.py.
-    vision_cache_mib: int = Field(
-        256, ge=0, description="MiB of image features kept by image content hash (0: off)"
-    )
-    max_images_per_request: Annotated[int, Option(flag="--max-images")] = Field(
-        16, ge=1, description="images per request"
-    )
-    max_image_bytes: int = Field(DEFAULT_MAX_IMAGE_BYTES, ge=1, description="bytes per image")
-    # From the header, before decoding: decompression bombs are refused undecoded.
-    max_image_pixels: int = Field(ImageLimits().max_pixels, ge=1, description="pixels per image")
-    max_request_pixels: int = Field(
-        DEFAULT_MAX_REQUEST_PIXELS,
-        ge=1,
-        description="pixels of all of one request's images together, from their headers, before decoding",
-    )
-    image_decode_slots: int = Field(
-        2, ge=1, description="images decoded at once, engine-wide (each may be full size while it decodes)"
-    )
-    prepare_workers: int = Field(
-        4, ge=1, description="threads preparing requests (decode, render, tokenize) beside generation"
-    )
-    warmup: bool = Field(True, description="run one tiny generation after loading, before serving")
-    # See distributed.py and docs/deployment.md.
-    distributed: Annotated[str, Option(metavar="{" + ",".join(DISTRIBUTED_CHOICES) + "}")] = Field(
-        "off",
-        description="one model across the processes of an mx.distributed group (started by mlx.launch): "
-        "tensor or pipeline parallel; rank 0 serves, the other ranks follow its batches",
-    )
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, dtype: str) -> str:
-        if dtype not in DTYPE_CHOICES:
-            raise ValueError(f"must be one of {', '.join(DTYPE_CHOICES)}")
-        return dtype
-
-    @field_validator("distributed")
-    @classmethod
-    def _known_distribution(cls, distributed: str) -> str:
-        if distributed not in DISTRIBUTED_CHOICES:
-            raise ValueError(f"must be one of {', '.join(DISTRIBUTED_CHOICES)}")
-        return distributed
-
-    @property
-    def image_limits(self) -> ImageLimits:
-        return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels)
 
 
 ReadyCallback = Callable[[LoadedModel | None, BaseException | None], None]

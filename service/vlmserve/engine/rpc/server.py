@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from vlmserve.client import MAX_MESSAGE_BYTES, server_options
 from vlmserve.common.logs import bind
 from vlmserve.common.tracing import extract_context, record_span, tracer
+from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.distributed import generator_for
 from vlmserve.engine.jobs import (
     CountedEvent,
@@ -45,7 +46,7 @@ from vlmserve.engine.jobs import (
     ToolCallDeltaEvent,
     ToolCallEvent,
 )
-from vlmserve.engine.loop.generator import EngineConfig, Generator
+from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.prep.preparer import RequestPreparer
 from vlmserve.engine.request_errors import RequestError, internal_error, invalid_argument
