@@ -70,11 +70,8 @@ CASES = [
         '<tool_call>{"arguments": {}}</tool_call>',
         [("text", '<tool_call>{"arguments": {}}</tool_call>')],
     ),
-    (
-        "unfinished call given back at the end",
-        '<tool_call>\n{"name": "x"',
-        [("text", '<tool_call>\n{"name": "x"')],
-    ),
+    # A call cut off is never text (test_a_call_cut_off_is_never_text).
+    ("unfinished call is not text", 'a <tool_call>\n{"name": "x"', [("text", "a ")]),
     ("near-miss tag is text", "a <tool_cal b", [("text", "a <tool_cal b")]),
     ("stray end tag is text", "x </tool_call> y", [("text", "x </tool_call> y")]),
     (
@@ -142,13 +139,22 @@ def test_arguments_stream_as_they_arrive(cut: int) -> None:
         assert "".join(d.arguments for d in deltas) == call.arguments
 
 
-def test_a_streamed_call_cut_off_is_given_back_as_text() -> None:
+@pytest.mark.parametrize("cut", range(len("<tool_call>"), len(CALL_READ) - len("</tool_call>")))
+def test_a_call_cut_off_is_never_text(cut: int) -> None:
+    """The output ends inside a call (the token limit): its markup never becomes text. A call
+    whose name was written stays the call its deltas began (the facade shows it `incomplete`),
+    its arguments as far as written; before the name, nothing is left of it."""
     parser = HermesToolCallParser()
-    cut = CALL_READ[: CALL_READ.index("a.txt")]
-    pieces = parser.feed(cut) + parser.finish()
-    assert isinstance(pieces[0], ToolCallDeltaPiece)
+    pieces = parser.feed("Sure. " + CALL_READ[:cut]) + parser.finish()
+    assert [p.text for p in pieces if isinstance(p, TextPiece)] == ["Sure. "]
     assert [p for p in pieces if isinstance(p, ToolCallPiece)] == []
-    assert pieces[-1] == TextPiece(cut)
+    deltas = [p for p in pieces if isinstance(p, ToolCallDeltaPiece)]
+    named = cut >= CALL_READ.index('"read"') + len('"read"')
+    assert bool(deltas) == named
+    if deltas:
+        assert deltas[0].name == "read" and {d.id for d in deltas} == {deltas[0].id}
+        arguments = "".join(d.arguments for d in deltas)
+        assert '{"path": "a.txt"}'.startswith(arguments)
 
 
 def test_a_call_written_arguments_first_arrives_whole() -> None:

@@ -105,3 +105,23 @@ async def test_chat_completion_chunks_stream_the_arguments(
                 if delta.function and delta.function.arguments:
                     pieces.append(delta.function.arguments)
     assert names == ["screenshot"] and pieces == PIECES
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_call_cut_off_alone_is_the_only_item(
+    http: httpx.AsyncClient, engine: FakeEngine, streamed: bool
+) -> None:
+    """The output ended inside its only call: one `incomplete` function_call, no empty message."""
+    _script_streamed_call(engine, finished=False)
+    engine.script.text_chunks = []
+    if streamed:
+        _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+        resource = events[-1]["response"]
+    else:
+        body = {"model": "default", "input": "look", "tools": [SEED_000_TOOL]}
+        reply = await http.post("/v1/responses", json=body)
+        resource = reply.json()
+    assert resource["status"] == "incomplete"
+    [item] = resource["output"]
+    assert item["type"] == "function_call" and item["status"] == "incomplete"
+    assert item["arguments"] == ARGUMENTS

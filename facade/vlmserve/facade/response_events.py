@@ -162,7 +162,7 @@ class ResponseEvents:
                 result.text[len(self._streamed) :], result.logprobs[self._logprobs_streamed :]
             )
         unsent_calls = list(result.tool_calls[self._calls_sent :])
-        if self._message is None and not unsent_calls and self._calls_sent == 0:
+        if self._message is None and not unsent_calls and self._calls_sent == 0 and not self._open_calls:
             # A turn always has a message when it calls no tool, even an empty one.
             events += self._open_message()
         length = result.finish_reason == pb.FINISH_REASON_LENGTH

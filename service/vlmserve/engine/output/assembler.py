@@ -209,7 +209,7 @@ class OutputAssembler:
         return prefix + self._split(self._thoughts.feed(text))
 
     def finish(self) -> list[OutputPiece]:
-        """Generation ended: release held text and any unfinished markup (as text)."""
+        """Generation ended: release held text; a call cut off stays the unfinished call it began."""
         out, self._from_prefix = self._from_prefix, []
         if not self.stopped:
             out = out + self._split(self._thoughts.finish())

@@ -94,7 +94,8 @@ class ToolCallParser(Protocol):
         ...
 
     def finish(self) -> list[Piece]:
-        """The model stopped: give back anything held (an unfinished call becomes text)."""
+        """The model stopped: give back anything held. A call the output ended inside of (the
+        token limit) is never text: it stays the call its deltas began, unfinished."""
         ...
 
 
@@ -303,7 +304,7 @@ class MarkupToolCallParser:
         if self._inside and not self.end_tag:
             self._end_call(self._buffer, pieces)  # the call ran to the end of the output
         elif self._inside:
-            self._emit_text(self.start_tag + self._buffer, pieces)
+            self._unfinished(pieces)
             self._stream_ended()
         else:
             self._emit_text(self._buffer, pieces)
@@ -364,6 +365,11 @@ class MarkupToolCallParser:
     def _stream_ended(self) -> None:
         """The call being streamed was given back as text."""
 
+    def _unfinished(self, pieces: list[Piece]) -> None:
+        """The output ended inside a call (`self._buffer` holds its body so far). Its markup is
+        not an answer, so it never becomes text; formats that stream a call's arguments leave it
+        as the call they began (a client sees it `incomplete`)."""
+
     def _end_call(self, body: str, pieces: list[Piece]) -> None:
         self._inside = False
         calls = self._parse_body(body.strip()) if len(body) <= self._max_call_chars else None
@@ -379,6 +385,8 @@ class MarkupToolCallParser:
 # starts where this match ends.
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\{)')
 _HERMES_HEAD_MAX = 512
+# A call cut off after its name.
+_HERMES_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"')
 # How far back from the end the outer object's closing brace and layout are looked for.
 _TAIL_MAX = 64
 
@@ -417,6 +425,14 @@ class HermesToolCallParser(MarkupToolCallParser):
 
     def _stream_ended(self) -> None:
         self._streaming = None
+
+    def _unfinished(self, pieces: list[Piece]) -> None:
+        if self._streaming is not None:
+            return  # its deltas are the call as far as written
+        named = _HERMES_NAME.match(self._buffer)
+        if named is not None:
+            # Cut off before its arguments began: the call by its name, no arguments yet.
+            pieces.append(ToolCallDeltaPiece(new_call_id(), named.group(1), ""))
 
     def _end_call(self, body: str, pieces: list[Piece]) -> None:
         streaming, self._streaming = self._streaming, None
