@@ -62,6 +62,18 @@ class EngineConfig(DeclaredSettings):
         ge=0,
         description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)",
     )
+    # See loop/prefix_disk.py.
+    prefix_cache_dir: str | None = Field(
+        None,
+        description="folder for the prefix cache's disk tier: entries evicted from memory and all at "
+        "shutdown are written there and loaded back on a hit, also after a restart and by other engines "
+        "of the same model sharing it (unset: memory only)",
+    )
+    prefix_cache_disk_mib: int = Field(
+        8192,
+        ge=0,
+        description="MiB of the disk tier's folder (this model's entries); least recently used go first",
+    )
     # See decode.py (ActiveGeneration.follow) and docs/performance.md.
     shared_prefix_min_tokens: int = Field(
         16,

@@ -38,6 +38,8 @@ class EngineState:
     active: int
     vision_cache_hits: int
     vision_cache_encoded: int
+    prefix_cache_hits: dict[str, int]  # by tier: memory, disk
+    prefix_cache_bytes: dict[str, int]  # by tier
 
 
 class _StateCollector(Collector):
@@ -66,6 +68,20 @@ class _StateCollector(Collector):
             "images run through the vision tower (not in the vision-feature cache)",
             value=state.vision_cache_encoded,
         )
+        hits = CounterMetricFamily(
+            "vlmserve_engine_prefix_cache_tier_hits",
+            "prefix-cache hits by the tier the entry came from (memory, or disk: loaded back)",
+            labels=["tier"],
+        )
+        for tier, count in sorted(state.prefix_cache_hits.items()):
+            hits.add_metric([tier], count)
+        yield hits
+        stored = GaugeMetricFamily(
+            "vlmserve_engine_prefix_cache_bytes", "bytes of prefix-cache entries by tier", labels=["tier"]
+        )
+        for tier, count in sorted(state.prefix_cache_bytes.items()):
+            stored.add_metric([tier], count)
+        yield stored
 
 
 class EngineMetrics:
@@ -105,6 +121,13 @@ class EngineMetrics:
         self.prefix_hits = Counter(
             "vlmserve_engine_prefix_cache_hits",
             "generate requests that reused a cached prefix",
+            registry=r,
+        )
+        self.prefix_disk_errors = Counter(
+            "vlmserve_engine_prefix_cache_disk_errors",
+            "disk-tier files skipped as corrupt, truncated or foreign (rejected), or the tier turned off "
+            "after a write or folder error such as a full disk (disabled)",
+            ["kind"],
             registry=r,
         )
         self.images = Counter("vlmserve_engine_images", "images in generate requests", registry=r)

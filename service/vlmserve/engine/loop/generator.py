@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 
@@ -33,6 +34,7 @@ from vlmserve.engine.jobs import Job, JobKind, JobReport
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase
 from vlmserve.engine.loop.prefix_cache import PrefixCache
+from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.metrics import EngineMetrics, EngineState
 from vlmserve.engine.model import (
@@ -103,12 +105,18 @@ class Generator:
         with self._lock:
             queued = self._waiting + self._reserved
             active = len(self._jobs) - self._waiting
-        vision = self.vision_cache
+        vision, prefixes = self.vision_cache, self.prefix_cache
+        disk = prefixes.disk if prefixes is not None else None
         return EngineState(
             queued=queued,
             active=active,
             vision_cache_hits=vision.hits if vision is not None else 0,
             vision_cache_encoded=vision.encoded if vision is not None else 0,
+            prefix_cache_hits=dict(prefixes.hits) if prefixes is not None else {},
+            prefix_cache_bytes={
+                "memory": prefixes.bytes if prefixes is not None else 0,
+                "disk": disk.bytes if disk is not None and disk.enabled else 0,
+            },
         )
 
     # -- lifecycle (any thread) -------------------------------------------------------------
@@ -230,6 +238,7 @@ class Generator:
             self.prefix_cache = PrefixCache(
                 min_tokens=self.config.prefix_cache_min_tokens if _plain_kv_layers(loaded) else 0,
                 max_bytes=self.config.prefix_cache_mib << 20,
+                disk=self._prefix_disk_tier(loaded),
             )
             self.vision_cache = VisionFeatureCache(self.config.vision_cache_mib << 20)
             preparer = RequestPreparer(
@@ -258,6 +267,35 @@ class Generator:
         if on_ready is not None:
             on_ready(loaded, None)
         self._serve(loaded)
+        self._persist_prefix_cache()
+
+    def _prefix_disk_tier(self, loaded: LoadedModel) -> PrefixDiskTier | None:
+        if self.config.prefix_cache_dir is None or not _plain_kv_layers(loaded):
+            return None
+        return PrefixDiskTier(
+            Path(self.config.prefix_cache_dir),
+            namespace=disk_namespace(self.config.model, loaded),
+            max_bytes=self.config.prefix_cache_disk_mib << 20,
+            on_error=lambda kind: self.metrics.prefix_disk_errors.labels(kind).inc(),
+        )
+
+    def _persist_prefix_cache(self) -> None:
+        """At shutdown: the prefix cache's entries to its disk tier (a restart finds them)."""
+        cache = self.prefix_cache
+        if cache is None or cache.disk is None:
+            return
+        started = time.perf_counter()
+        try:
+            cache.persist()
+        except Exception:  # the engine is stopping anyway: a failed write only loses the cache
+            log.warning("prefix cache not written at shutdown", exc_info=True)
+            return
+        log.info(
+            "prefix cache written: %d entries, %.1f MiB on disk, in %.2fs",
+            len(cache.disk),
+            cache.disk.bytes / (1 << 20),
+            time.perf_counter() - started,
+        )
 
     def _warm_up(self, loaded: LoadedModel, preparer: RequestPreparer) -> None:
         """One short generation with an image, so the first request does not pay for kernel setup."""

@@ -37,10 +37,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["DiskEntry", "LayerArrays", "PrefixDiskTier", "entry_name"]
+__all__ = ["DiskEntry", "LayerArrays", "PrefixDiskTier", "disk_namespace", "entry_name"]
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +305,25 @@ class PrefixDiskTier:
             if self._on_error is not None:
                 self._on_error("disabled")
         self.enabled = False
+
+
+def disk_namespace(model: str, loaded: Any) -> str:
+    """One model's namespace: mlx-vlm's APC fingerprint of its path, folded with what else
+    changes its KV: the weights (file names, sizes, modification times) and the dtype they run in.
+    (A KV-quantized cache would add its bits here.)"""
+    from mlx.utils import tree_flatten
+    from mlx_vlm.apc import apc_disk_namespace
+
+    path = Path(model)
+    weights = (
+        sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in path.glob("*.safetensors"))
+        if path.is_dir()
+        else []
+    )
+    parameters: list[Any] = list(tree_flatten(loaded.model.language_model.parameters()))
+    dtype = str(parameters[0][1].dtype) if parameters else ""
+    where = str(path.resolve()) if path.is_dir() else model
+    return str(apc_disk_namespace(where, weights_fingerprint="|".join([dtype, *weights])))
 
 
 def _flatten(layers: Sequence[LayerArrays]) -> dict[str, np.ndarray]:
