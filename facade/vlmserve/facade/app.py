@@ -25,6 +25,7 @@ from .body_budget import BodyBudget
 from .catalog import ModelCatalog
 from .file_store import FileStore
 from .http_errors import install_error_handlers
+from .key_admission import EngineSlots, KeyAdmission
 from .metrics import FacadeMetrics, HttpMetrics, metrics_endpoint
 from .remote_images import image_fetcher_from_settings
 from .request_ids import RequestIds
@@ -131,6 +132,11 @@ def create_app(
             image_sources=image_sources,
             metrics=metrics,
             files=files,
+            admission=KeyAdmission(
+                settings.limits.max_responses_per_key if settings.api_keys.enabled else None,
+                retry_after_s=settings.retry_after_s,
+            ),
+            slots=EngineSlots(settings.limits.max_engine_calls),
         )
         metrics.watch_running(lambda: len(service.running))
         return FacadeState(

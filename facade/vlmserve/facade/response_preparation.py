@@ -27,6 +27,7 @@ from .catalog import ModelCatalog, image_limits, images_per_request
 from .file_store import FileStore, RequestFiles
 from .http_errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from .item_references import ItemReferences, check_reference_count
+from .key_admission import EngineSlots, KeyAdmission
 from .metrics import FacadeMetrics
 from .request_limits import check_image_count, check_tools, count_contract_images, count_image_parts
 from .resource import new_resource
@@ -63,6 +64,9 @@ class ResponsesService:
     metrics: FacadeMetrics | None = None
     # Uploaded files (`file_id` in requests); None: only inline files.
     files: FileStore | None = None
+    # Responses per key at once, and this facade's engine calls shared fairly (key_admission.py).
+    admission: KeyAdmission = field(default_factory=lambda: KeyAdmission(None))
+    slots: EngineSlots = field(default_factory=lambda: EngineSlots(None))
     # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
     # so that slow remote image hosts can hold at most these and never the store's threads.
     _translators: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
@@ -138,6 +142,8 @@ class ResponsesService:
                 conversation_id=translated.conversation_id,
                 param="input",
             )
+        # Counted until the generation is forgotten (`_forget`): 429 past the key's limit.
+        self.admission.admit(owner)
         response_id = ids.new_id(ids.RESPONSE)
         # The rest of this request's log lines (and a background run's, started from here) name it.
         bind_response(response_id)
@@ -171,6 +177,7 @@ class ResponsesService:
             owner=owner,
             on_finish=self._forget,
             max_stored_bytes=self.settings.storage.max_stored_bytes_per_key,
+            slots=self.slots,
         )
         self.running[response_id] = generation
         return generation
@@ -197,7 +204,8 @@ class ResponsesService:
         )
 
     def _forget(self, generation: Generation) -> None:
-        self.running.pop(generation.response_id, None)
+        if self.running.pop(generation.response_id, None) is not None:
+            self.admission.done(generation.owner)
         if self.metrics is not None:
             self._count(self.metrics, generation)
 

@@ -26,6 +26,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import InvalidRequestError, ResponseResource, TranslatedRequest
 
 from .http_errors import APIError, from_engine_error
+from .key_admission import EngineSlots
 from .response_events import Event, ResponseEvents
 from .storage import StorageQuotaExceededError, Store, StoredItem
 from .storage_quotas import quota_exceeded
@@ -58,6 +59,9 @@ class Generation:
     record: Callable[[Sequence[Event]], Awaitable[None]] | None = None
     # The owner's storage quota, checked atomically with the first write.
     max_stored_bytes: int | None = None
+    # This facade's engine calls, handed out fairly by owner (key_admission.py); None: unbounded.
+    slots: EngineSlots | None = None
+    _slot_held: bool = False
     builder: ResponseEvents = field(init=False)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     _stream: AsyncIterator[pb.GenerateResponse] | None = None
@@ -89,8 +93,7 @@ class Generation:
         An engine error within that window raises (the route answers with a plain HTTP error
         instead of a stream); a slower start is fine, the stream simply begins later.
         """
-        self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
-        self._first = asyncio.ensure_future(anext(self._stream))
+        self._first = asyncio.ensure_future(self._start_call())
         done, _ = await asyncio.wait({self._first}, timeout=wait_s)
         if done and isinstance(self._first.exception(), EngineError):
             error = self._first.exception()
@@ -104,8 +107,8 @@ class Generation:
         self._task = asyncio.current_task()
         builder = self.builder
         try:
-            if self._stream is None:
-                self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+            if self._first is None and self._stream is None:
+                self._first = asyncio.ensure_future(self._start_call())
             refused = None
             if self.store_enabled and self._stored is None:
                 refused = await self._store_started()
@@ -227,16 +230,24 @@ class Generation:
 
     # ---- internals ---------------------------------------------------------------------------
 
+    async def _start_call(self) -> pb.GenerateResponse:
+        """The engine call's first message, once this facade has a slot for it (waiting is
+        heartbeats for a stream, `queued` for a background response)."""
+        if self.slots is not None and not self._slot_held:
+            await self.slots.acquire(self.owner)
+            self._slot_held = True
+        self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+        return await anext(self._stream)
+
     async def _messages(self) -> AsyncIterator[pb.GenerateResponse | None]:
         """The engine's messages; None whenever `heartbeat_s` passes without one."""
-        stream = self._stream
-        assert stream is not None
         pending: asyncio.Future[pb.GenerateResponse] | None = self._first
         close_call = asyncio.ensure_future(self._close_call.wait())
         try:
             while True:
                 if pending is None:
-                    pending = asyncio.ensure_future(anext(stream))
+                    assert self._stream is not None  # the first message came from it
+                    pending = asyncio.ensure_future(anext(self._stream))
                 waiting: set[asyncio.Future[Any]] = {pending, close_call}
                 await asyncio.wait(waiting, timeout=self.heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
                 # Checked first: an engine that ignores Abort may keep messages coming forever.
@@ -367,6 +378,9 @@ class Generation:
                 await aclose()
 
     def _finished(self) -> None:
+        if self._slot_held and self.slots is not None:
+            self._slot_held = False
+            self.slots.release(self.owner)
         if not self.done.is_set():
             self.done.set()
             if self.on_finish is not None:

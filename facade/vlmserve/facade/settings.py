@@ -116,6 +116,20 @@ class Limits(DeclaredSettings):
         gt=0,
         description="seconds a client has to send a request's body, once its headers are in; 408 after it",
     )
+    # One key's 120 background runs filled the engine's queue; the other key got 503 meanwhile.
+    max_responses_per_key: int | None = Field(
+        32,
+        ge=1,
+        description="responses (and chat completions) one API key may have running or waiting at once, "
+        "background ones included; 429 rate_limit_exceeded + Retry-After above it; none: no limit. "
+        "Applies with API keys on",
+    )
+    max_engine_calls: int | None = Field(
+        64,
+        ge=1,
+        description="generations this facade runs at the engine at once; more wait (fairly: a free "
+        "slot goes to the waiting key holding the fewest); none: no bound (the engine's queue decides)",
+    )
     # Their own pool, so slow remote image hosts can never starve the store's threads.
     translation_workers: int = Field(
         8, ge=1, description="threads that translate requests (base64, image checks, remote fetches)"
