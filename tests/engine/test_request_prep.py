@@ -434,3 +434,13 @@ def test_a_fixed_size_processor_gives_every_detail_the_same_pixels(preparer: Req
         for d in (pb.IMAGE_DETAIL_LOW, pb.IMAGE_DETAIL_HIGH, pb.IMAGE_DETAIL_AUTO)
     }
     assert len(counts) == 1
+
+
+def test_the_model_is_part_of_every_cache_key(preparer: RequestPreparer) -> None:
+    """Prefix-cache partitions (memory and disk) are per model as well as per owner."""
+    info = preparer.info
+    assert info.cache_namespace.startswith(f"{info.model_id}@")
+    alice = prepare(preparer, user(text_part("hi")), partition_key="alice")
+    assert alice.partition_key == f"{info.cache_namespace}\0alice"
+    anonymous = prepare(preparer, user(text_part("hi")))
+    assert anonymous.partition_key == f"{info.cache_namespace}\0"

@@ -92,3 +92,14 @@ def test_the_cache_is_bounded_in_bytes_least_recently_used_first() -> None:
     disabled = VisionFeatureCache(max_bytes=0)
     disabled.put("a", Features(1))
     assert len(disabled) == 0
+
+
+def test_the_model_is_part_of_the_key() -> None:
+    """Vision features are kept by the model's cache namespace and the image's hash."""
+    cache = VisionFeatureCache(max_bytes=100, namespace="model-a@/models/a:auto")
+    cache.put("hash-1", Features(10))
+    assert cache.get("hash-1") is not None
+    (key,) = cache._cache
+    assert key == "model-a@/models/a:auto\0hash-1"
+    other = VisionFeatureCache(max_bytes=100, namespace="model-b@/models/b:auto")
+    assert other._make_key("hash-1") != key

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.common.settings import DeclaredSettings, Option
 from vlmserve.engine.model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE_CHOICES
+from vlmserve.engine.model_lifecycle import LOAD_CHOICES
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
 
 __all__ = ["EngineConfig"]
@@ -109,6 +110,32 @@ class EngineConfig(DeclaredSettings):
         description="one model across the processes of an mx.distributed group (started by mlx.launch): "
         "tensor or pipeline parallel; rank 0 serves, the other ranks follow its batches",
     )
+    # See model_lifecycle.py and docs/deployment.md ("Load on demand, free when idle").
+    load: Annotated[str, Option(metavar="{" + ",".join(LOAD_CHOICES) + "}")] = Field(
+        "eager",
+        description="eager: read the weights before serving; lazy: serve at once (health SERVING, model "
+        "info answered) and read them for the first generation, which waits meanwhile",
+    )
+    idle_unload_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="free the weights and caches after this many seconds without a generation; the next "
+        "one reads them again (none: never)",
+    )
+
+    @field_validator("load")
+    @classmethod
+    def _known_load(cls, load: str) -> str:
+        if load not in LOAD_CHOICES:
+            raise ValueError(f"must be one of {', '.join(LOAD_CHOICES)}")
+        return load
+
+    @model_validator(mode="after")
+    def _lifecycle_not_distributed(self) -> EngineConfig:
+        if self.distributed != "off" and (self.load != "eager" or self.idle_unload_seconds is not None):
+            # Every rank must run the same steps; a load or unload decided by time would split them.
+            raise ValueError("--load lazy and --idle-unload-seconds cannot be used with --distributed")
+        return self
 
     @field_validator("dtype")
     @classmethod

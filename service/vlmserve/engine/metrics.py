@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -24,6 +24,8 @@ __all__ = ["EngineMetrics", "EngineState", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
+# Seconds a model load may take: a tiny fixture on CPU to a large checkpoint off a slow disk.
+_LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # Seconds; from a few ms (a cached prompt on a GPU) to minutes (a long prompt on CPU).
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
@@ -152,6 +154,33 @@ class EngineMetrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+
+        # The model lifecycle (model_lifecycle.py): --load lazy and --idle-unload-seconds.
+        self.model_loads = Counter(
+            "vlmserve_engine_model_loads",
+            "times the model's weights were read into memory (at start, or by a request after an unload)",
+            registry=r,
+        )
+        self.model_unloads = Counter(
+            "vlmserve_engine_model_unloads",
+            "times the model's weights and caches were freed after idling (--idle-unload-seconds)",
+            registry=r,
+        )
+        self.model_load_seconds = Histogram(
+            "vlmserve_engine_model_load_seconds",
+            "time to read the model's weights into memory (requests waiting meanwhile)",
+            buckets=_LOAD_BUCKETS,
+            registry=r,
+        )
+        self._weights_loaded = Gauge(
+            "vlmserve_engine_weights_loaded",
+            "1 while the model's weights are in memory, 0 while they are not (lazy start, idle unload)",
+            registry=r,
+        )
+
+    def watch_weights(self, loaded: Callable[[], bool]) -> None:
+        """Report whether the weights are in memory (read at each scrape)."""
+        self._weights_loaded.set_function(lambda: 1.0 if loaded() else 0.0)
 
     def watch(self, read: Callable[[], EngineState]) -> None:
         """Report the engine's live state (read at each scrape)."""

@@ -28,6 +28,7 @@ __all__ = [
     "RANDOM_MODEL_PATH",
     "LoadedModel",
     "ModelInfo",
+    "fresh_weights",
     "load_model",
     "model_id_for",
     "prompt_needs_special_tokens",
@@ -65,6 +66,12 @@ class ModelInfo:
     max_output_tokens: int
     loaded_at: float
     media_types: tuple[str, ...] = SUPPORTED_MEDIA_TYPES
+    # The template can think: it leaves `<think>` open, has an `enable_thinking` switch, or
+    # the output is harmony's (reasoning in its analysis channel).
+    thinking: bool = False
+    # Part of every cache key (prefix KV, vision features): the model, where its weights came
+    # from and as what dtype, so no cached entry is ever used with other weights.
+    cache_namespace: str = ""
 
 
 @dataclass(slots=True)
@@ -162,11 +169,13 @@ def load_model(
     image_limits: ImageLimits,
     max_images_per_request: int,
     distributed: str = "off",
+    lazy: bool = False,
 ) -> LoadedModel:
     """`mlx_vlm.load` on a local path or hub id, plus the engine's view of the model.
 
     `distributed` "tensor" or "pipeline": mlx-vlm's `sharded_load` over the `mx.distributed`
     world group (distributed.py), each process keeping its share of the language model.
+    `lazy`: the weights are not read yet (mlx-vlm's lazy load; model_lifecycle.py reads them).
     """
     from mlx_vlm.utils import load
 
@@ -175,7 +184,7 @@ def load_model(
         _check_no_checkpoint_code(local)
     started = time.perf_counter()
     if distributed == "off":
-        model, processor = load(source, trust_remote_code=trust_remote_code)
+        model, processor = load(source, lazy=lazy, trust_remote_code=trust_remote_code)
     else:
         from vlmserve.engine.distributed import sharded_model
 
@@ -213,14 +222,17 @@ def load_model(
         max_images_per_request=max_images_per_request,
         max_output_tokens=max_output_tokens,
         loaded_at=time.time(),
+        thinking=_thinks(template, chat_template_text, tool_format),
+        cache_namespace=f"{model_id_for(source)}@{_weights_origin(source)}:{dtype}",
     )
     log.info(
-        "loaded %s (%s, context %d, tool format %r, weights %s) in %.2fs",
+        "loaded %s (%s, context %d, tool format %r, weights %s%s) in %.2fs",
         info.model_id,
         architecture,
         info.context_length,
         tool_format,
         dtype_done,
+        ", not read yet" if lazy else "",
         time.perf_counter() - started,
     )
     return LoadedModel(
@@ -233,6 +245,41 @@ def load_model(
         grammar=grammar,
         kept_tokens=_markup_tokens(tokenizer, markup_of(tool_format)),
     )
+
+
+def _weights_origin(source: str) -> str:
+    path = Path(source)
+    return str(path.resolve()) if path.exists() else source
+
+
+def fresh_weights(source: str, *, trust_remote_code: bool = False, dtype: str = "auto") -> Any:
+    """A new lazy model object over the same weights (nothing read yet): what an unload puts in
+    place of the loaded one (model_lifecycle.py)."""
+    from mlx_vlm.utils import get_model_path
+    from mlx_vlm.utils import load_model as load_mlx_model
+
+    model = load_mlx_model(get_model_path(source), lazy=True, trust_remote_code=trust_remote_code)
+    _apply_dtype(model, dtype)
+    return model
+
+
+def _thinks(template: ChatTemplate | None, template_text: object, tool_format: str) -> bool:
+    """Whether the model's output may carry reasoning (GetModelInfo's `thinking`)."""
+    from vlmserve.engine.output.assembler import prompt_leaves_thinking
+
+    if tool_format == "harmony":
+        return True
+    if isinstance(template_text, str) and "enable_thinking" in template_text:
+        return True
+    if template is None:
+        return False
+    try:
+        prompt = template.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+        )
+    except Exception:  # a template that cannot render this says nothing about thinking
+        return False
+    return isinstance(prompt, str) and prompt_leaves_thinking(prompt)
 
 
 def _markup_tokens(tokenizer: Any, markup: tuple[str, ...]) -> dict[int, str]:

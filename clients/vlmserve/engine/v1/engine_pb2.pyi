@@ -163,6 +163,30 @@ MODALITY_TEXT: Modality.ValueType  # 1
 MODALITY_IMAGE: Modality.ValueType  # 2
 Global___Modality: _TypeAlias = Modality  # noqa: Y015
 
+class _WeightsState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WeightsStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WeightsState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WEIGHTS_STATE_UNSPECIFIED: _WeightsState.ValueType  # 0
+    WEIGHTS_STATE_LOADED: _WeightsState.ValueType  # 1
+    WEIGHTS_STATE_LOADING: _WeightsState.ValueType  # 2
+    """Being loaded for the requests waiting in the queue (they run once it is done)."""
+    WEIGHTS_STATE_UNLOADED: _WeightsState.ValueType  # 3
+    """Not in memory (lazy start, or freed after idling); the next generation loads them."""
+
+class WeightsState(_WeightsState, metaclass=_WeightsStateEnumTypeWrapper):
+    """Whether the model's weights are in memory (the engine's --load lazy and --idle-unload-seconds)."""
+
+WEIGHTS_STATE_UNSPECIFIED: WeightsState.ValueType  # 0
+WEIGHTS_STATE_LOADED: WeightsState.ValueType  # 1
+WEIGHTS_STATE_LOADING: WeightsState.ValueType  # 2
+"""Being loaded for the requests waiting in the queue (they run once it is done)."""
+WEIGHTS_STATE_UNLOADED: WeightsState.ValueType  # 3
+"""Not in memory (lazy start, or freed after idling); the next generation loads them."""
+Global___WeightsState: _TypeAlias = WeightsState  # noqa: Y015
+
 @_typing.final
 class TextPart(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -1203,6 +1227,8 @@ class GetModelInfoResponse(_message.Message):
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     TOOL_CALL_FORMAT_FIELD_NUMBER: _builtins.int
     LOADED_AT_FIELD_NUMBER: _builtins.int
+    WEIGHTS_FIELD_NUMBER: _builtins.int
+    THINKING_FIELD_NUMBER: _builtins.int
     model_id: _builtins.str
     architecture: _builtins.str
     """mlx-vlm model_type, e.g. "qwen2_vl"."""
@@ -1214,6 +1240,14 @@ class GetModelInfoResponse(_message.Message):
     """Name of the tool-call parser chosen for this model family ("" if none)."""
     loaded_at: _builtins.int
     """Unix seconds when the model finished loading."""
+    weights: Global___WeightsState.ValueType
+    """Where the weights are now. The engine's gRPC health stays SERVING while they load or are
+    unloaded: a request is what loads them.
+    """
+    thinking: _builtins.bool
+    """The chat template can think (opens <think>, has an enable_thinking switch, or harmony's
+    analysis channel): output may carry reasoning.
+    """
     @_builtins.property
     def input_modalities(self) -> _containers.RepeatedScalarFieldContainer[Global___Modality.ValueType]: ...
     @_builtins.property
@@ -1230,10 +1264,12 @@ class GetModelInfoResponse(_message.Message):
         max_output_tokens: _builtins.int = ...,
         tool_call_format: _builtins.str = ...,
         loaded_at: _builtins.int = ...,
+        weights: Global___WeightsState.ValueType = ...,
+        thinking: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["image_limits", b"image_limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["architecture", b"architecture", "context_length", b"context_length", "has_chat_template", b"has_chat_template", "image_limits", b"image_limits", "input_modalities", b"input_modalities", "loaded_at", b"loaded_at", "max_output_tokens", b"max_output_tokens", "model_id", b"model_id", "tool_call_format", b"tool_call_format"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["architecture", b"architecture", "context_length", b"context_length", "has_chat_template", b"has_chat_template", "image_limits", b"image_limits", "input_modalities", b"input_modalities", "loaded_at", b"loaded_at", "max_output_tokens", b"max_output_tokens", "model_id", b"model_id", "thinking", b"thinking", "tool_call_format", b"tool_call_format", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

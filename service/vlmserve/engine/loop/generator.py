@@ -37,10 +37,8 @@ from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.metrics import EngineMetrics, EngineState
-from vlmserve.engine.model import (
-    LoadedModel,
-    load_model,
-)
+from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
+from vlmserve.engine.model_lifecycle import ModelLifecycle
 from vlmserve.engine.prep.preparer import RequestPreparer
 from vlmserve.engine.request_errors import RequestError, internal_error
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -100,6 +98,17 @@ class Generator:
         self.vision_cache: VisionFeatureCache | None = None
         self.metrics = EngineMetrics()
         self.metrics.watch(self._state)
+        # Whether the weights are in memory: --load lazy, --idle-unload-seconds (generation thread).
+        self.lifecycle = ModelLifecycle(
+            open_model=self._open_model,
+            fresh_weights=functools.partial(
+                fresh_weights, config.model, trust_remote_code=config.trust_remote_code, dtype=config.dtype
+            ),
+            drop_caches=self._drop_caches,
+            metrics=self.metrics,
+            lazy=config.load == "lazy",
+            idle_unload_s=config.idle_unload_seconds,
+        )
 
     def _state(self) -> EngineState:
         with self._lock:
@@ -224,23 +233,36 @@ class Generator:
 
     # -- the generation thread --------------------------------------------------------------
 
+    def _open_model(self, lazy: bool) -> LoadedModel:
+        return load_model(
+            self.config.model,
+            trust_remote_code=self.config.trust_remote_code,
+            dtype=self.config.dtype,
+            max_output_tokens=self.config.max_output_tokens,
+            image_limits=self.config.image_limits,
+            max_images_per_request=self.config.max_images_per_request,
+            distributed=self.config.distributed,
+            lazy=lazy,
+        )
+
+    def _drop_caches(self) -> None:
+        """What was computed with the weights goes with them (a disk tier keeps its entries)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.release_memory()
+        if self.vision_cache is not None:
+            self.vision_cache.clear()
+
     def _run(self, on_ready: ReadyCallback | None) -> None:
         try:
-            loaded = load_model(
-                self.config.model,
-                trust_remote_code=self.config.trust_remote_code,
-                dtype=self.config.dtype,
-                max_output_tokens=self.config.max_output_tokens,
-                image_limits=self.config.image_limits,
-                max_images_per_request=self.config.max_images_per_request,
-                distributed=self.config.distributed,
-            )
+            loaded = self.lifecycle.open()
             self.prefix_cache = PrefixCache(
                 min_tokens=self.config.prefix_cache_min_tokens if _plain_kv_layers(loaded) else 0,
                 max_bytes=self.config.prefix_cache_mib << 20,
                 disk=self._prefix_disk_tier(loaded),
             )
-            self.vision_cache = VisionFeatureCache(self.config.vision_cache_mib << 20)
+            self.vision_cache = VisionFeatureCache(
+                self.config.vision_cache_mib << 20, namespace=loaded.info.cache_namespace
+            )
             preparer = RequestPreparer(
                 loaded,
                 max_request_pixels=self.config.max_request_pixels,
@@ -248,7 +270,8 @@ class Generator:
             )
             self._group_prefill = _plain_kv_layers(loaded)
             self._share_prefixes = self._group_prefill and self.config.shared_prefix_min_tokens > 0
-            if self.config.warmup:
+            # A lazy start leaves the warm-up to the first request (it would read the weights).
+            if self.config.warmup and self.lifecycle.resident:
                 self._warm_up(loaded, preparer)
                 self.prefix_cache.clear()
                 self.vision_cache.clear()
@@ -350,16 +373,25 @@ class Generator:
         starting: list[ActiveGeneration] = []
         while True:
             while len(starting) + len(batch) < self.config.max_active:
+                idle = not (starting or batch)
                 try:
-                    job = self._queue.get(block=not (starting or batch))
+                    # Idle: wait for work, or until the weights are due to be freed.
+                    job = self._queue.get(block=idle, timeout=self.lifecycle.idle_wait() if idle else None)
                 except queue.Empty:
+                    if idle:
+                        self.lifecycle.unload_if_idle(loaded)
                     break
                 if job is None:
                     self._drain_on_stop([*batch.rows, *starting], loaded)
                     return
                 with self._lock:
                     self._waiting -= 1
+                if self._resident(loaded, job):
+                    # Read again (nothing was in flight): the batch holds the new model.
+                    batch = DecodeBatch(loaded.model.language_model)
                 starting.append(self._new_generation(job, loaded))
+            if starting or batch:
+                self.lifecycle.worked()
             self._end_cancelled_waiting(loaded)
             self._before_step()
             # (Cancelled decoding rows leave in the decode step, once its token in flight is taken.)
@@ -370,6 +402,18 @@ class Generator:
             if batch:
                 self._decode_step(batch, starting)
             self._start_step(batch, starting, budget=self.config.step_tokens - len(batch))
+
+    def _resident(self, loaded: LoadedModel, job: Job) -> bool:
+        """Before a job starts, its weights must be in memory: True when they were read now
+        (the jobs behind it in the queue wait meanwhile). A failed read fails the job (its
+        error in the log); the next job tries again."""
+        if job.request.kind is not JobKind.GENERATE or job.cancelled:
+            return False
+        try:
+            return self.lifecycle.ensure_resident(loaded)
+        except Exception:
+            log.exception("loading the weights failed")
+            return False
 
     def _before_step(self) -> None:
         """Hook between admitting jobs and acting on cancellations, once per step: in the

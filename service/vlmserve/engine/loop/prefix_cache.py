@@ -220,6 +220,15 @@ class PrefixCache:
         self.disk.flush()
         self.disk.close()
 
+    def release_memory(self) -> None:
+        """Free the entries held in memory (the model's idle unload); with a disk tier they are
+        written there first, so the next load finds them."""
+        if self.disk is not None and self.disk.enabled:
+            for entry in self._entries.values():
+                self._spill(entry)
+            self.disk.flush()
+        self.clear()
+
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0

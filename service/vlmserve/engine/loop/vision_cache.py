@@ -23,13 +23,18 @@ def _nbytes(features: Any) -> int:
 
 
 class VisionFeatureCache(_MlxVlmVisionFeatureCache):
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, *, namespace: str = "") -> None:
         super().__init__(max_size=1 << 30)  # bounded by bytes below, not by count
         self.max_bytes = max_bytes
+        # The model (ModelInfo.cache_namespace): part of every key, beside the image's hash.
+        self.namespace = namespace
         self.bytes = 0
         # Vision-tower runs (one per image encoded): tests and metrics.
         self.encoded = 0
         self.hits = 0
+
+    def _make_key(self, image_source: Any) -> str:
+        return f"{self.namespace}\0{super()._make_key(image_source)}"
 
     def put(self, image_source: Any, features: Any) -> None:
         size = _nbytes(features)

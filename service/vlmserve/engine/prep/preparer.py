@@ -239,7 +239,9 @@ class RequestPreparer:
             thinking=prompt_leaves_thinking(prompt_text),
             tools=tuple(conversation.tools or ()),
             joint_arrays=joint_arrays,
-            partition_key=request.partition_key,
+            # The model is part of the key: a cached prefix is never another model's (the disk
+            # tier may be shared by engines).
+            partition_key=f"{info.cache_namespace}\0{request.partition_key}",
             source=request,
         )
 

@@ -256,12 +256,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetModelInfoResponse:
-        info = self._preparer().info
+        preparer = self._preparer()
+        info, lifecycle = preparer.info, self._generator.lifecycle
         return pb.GetModelInfoResponse(
             model_id=info.model_id,
             architecture=info.architecture,
             context_length=info.context_length,
-            input_modalities=[pb.MODALITY_TEXT, pb.MODALITY_IMAGE],
+            input_modalities=[pb.MODALITY_TEXT, pb.MODALITY_IMAGE]
+            if preparer.takes_images
+            else [pb.MODALITY_TEXT],
             image_limits=pb.ImageLimits(
                 max_images_per_request=info.max_images_per_request,
                 max_image_bytes=info.image_limits.max_bytes,
@@ -271,7 +274,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             has_chat_template=info.has_chat_template,
             max_output_tokens=info.max_output_tokens,
             tool_call_format=info.tool_call_format,
-            loaded_at=int(info.loaded_at),
+            loaded_at=int(lifecycle.loaded_at),
+            weights=lifecycle.state,
+            thinking=info.thinking,
         )
 
     @_guarded
