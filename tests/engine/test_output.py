@@ -10,25 +10,29 @@ from vlmserve.engine.output.tool_parsers import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 STOP_CASES = [
-    ("no stops", [], ["abc", "def"], "abcdef", False),
-    ("stop inside one piece", ["END"], ["abcENDxyz"], "abc", True),
-    ("stop split across pieces", ["END"], ["abcE", "N", "Dxyz"], "abc", True),
-    ("near miss released at flush", ["END"], ["abcEN"], "abcEN", False),
-    ("earliest of several stops wins", ["yz", "cd"], ["abcdefxyz"], "ab", True),
-    ("stop at the very start", ["ab"], ["abc"], "", True),
-    ("overlapping prefix", ["aab"], ["aaab"], "a", True),
-    ("nothing after a stop", ["X"], ["aX", "more"], "a", True),
+    ("no stops", [], ["abc", "def"], "abcdef", None),
+    ("stop inside one piece", ["END"], ["abcENDxyz"], "abc", "END"),
+    ("stop split across pieces", ["END"], ["abcE", "N", "Dxyz"], "abc", "END"),
+    ("near miss released at flush", ["END"], ["abcEN"], "abcEN", None),
+    ("earliest of several stops wins", ["yz", "cd"], ["abcdefxyz"], "ab", "cd"),
+    ("stop at the very start", ["ab"], ["abc"], "", "ab"),
+    ("overlapping prefix", ["aab"], ["aaab"], "a", "aab"),
+    ("nothing after a stop", ["X"], ["aX", "more"], "a", "X"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("name", "stops", "chunks", "expected", "stopped"), STOP_CASES, ids=[c[0] for c in STOP_CASES]
+    ("name", "stops", "chunks", "expected", "matched"), STOP_CASES, ids=[c[0] for c in STOP_CASES]
 )
-def test_stop_sequences(name: str, stops: list[str], chunks: list[str], expected: str, stopped: bool) -> None:
+def test_stop_sequences(
+    name: str, stops: list[str], chunks: list[str], expected: str, matched: str | None
+) -> None:
     matcher = StopSequenceMatcher(stops)
     out = "".join(matcher.feed(chunk) for chunk in chunks) + matcher.flush()
     assert out == expected
-    assert matcher.stopped is stopped
+    assert matcher.stopped is (matched is not None)
+    # Which one ended the text (Anthropic's `stop_sequence`).
+    assert matcher.matched == matched
 
 
 def test_stop_text_is_held_back_while_undecided() -> None:

@@ -36,6 +36,8 @@ class Script:
     # Per text chunk, its tokens: sent (and in the result) when the request asks for logprobs.
     text_logprobs: list[list[pb.TokenLogprob]] = field(default_factory=list)
     finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_STOP
+    # The stop sequence the result says ended the output.
+    stop_sequence: str = ""
     usage: pb.Usage = field(
         default_factory=lambda: pb.Usage(input_tokens=11, output_tokens=3, cached_tokens=2)
     )
@@ -131,6 +133,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
                 script.usage,
                 reasoning_text="".join(script.reasoning_chunks),
                 logprobs=[entry for chunk_logprobs in logprobs for entry in chunk_logprobs],
+                stop_sequence=script.stop_sequence,
             )
         except asyncio.CancelledError:
             self.cancelled.set()
@@ -189,6 +192,7 @@ def _complete(
     *,
     reasoning_text: str = "",
     logprobs: list[pb.TokenLogprob] | None = None,
+    stop_sequence: str = "",
 ) -> pb.GenerateResponse:
     images = sum(
         1 for message in request.messages for part in message.parts if part.WhichOneof("kind") == "image"
@@ -206,6 +210,7 @@ def _complete(
             tool_calls=tool_calls,
             finish_reason=finish_reason,
             usage=counted,
+            stop_sequence=stop_sequence,
         )
     )
 

@@ -1,4 +1,5 @@
-"""Optional API keys for the facade: `Authorization: Bearer <key>`, checked in constant time.
+"""Optional API keys for the facade: `Authorization: Bearer <key>` or `x-api-key: <key>` (how
+Anthropic's clients send it), checked in constant time.
 
 Keys come (see settings.py) from `VLMSERVE_API_KEYS` (comma-separated) and/or the file named by
 `VLMSERVE_API_KEYS_FILE` (one per line, `#` comments). With no key configured, authentication is
@@ -96,7 +97,7 @@ def _missing_key() -> APIError:
     return APIError(
         401,
         "You didn't provide an API key. Provide it in an Authorization header using Bearer auth "
-        "(Authorization: Bearer YOUR_KEY).",
+        "(Authorization: Bearer YOUR_KEY), or in an x-api-key header.",
         headers=_CHALLENGE,
     )
 
@@ -122,15 +123,26 @@ def _authenticate(request: Request) -> str:
         raise RuntimeError("install_api_keys(app, ...) was not called")  # a 500, never an open door
     if not keys.enabled:
         return ANONYMOUS_OWNER
-    headers = request.headers.getlist("authorization")
-    if not headers:
+    bearer = request.headers.getlist("authorization")
+    api_key = request.headers.getlist("x-api-key")
+    if not bearer and not api_key:
         raise _missing_key()
-    scheme, _, key = headers[0].partition(" ")
-    if len(headers) != 1 or scheme.lower() != "bearer" or not key.strip():
+    presented: list[str] = []
+    if bearer:
+        scheme, _, key = bearer[0].partition(" ")
+        if len(bearer) != 1 or scheme.lower() != "bearer" or not key.strip():
+            raise _incorrect_key()
+        presented.append(key.strip())
+    if api_key:
+        if len(api_key) != 1 or not api_key[0].strip():
+            raise _incorrect_key()
+        presented.append(api_key[0].strip())
+    # Both headers: both must be ours and the same key's (never one key's owner for another's).
+    owners = {keys.owner_for_key(key) for key in presented}
+    if len(owners) != 1 or None in owners:
         raise _incorrect_key()
-    owner = keys.owner_for_key(key.strip())
-    if owner is None:
-        raise _incorrect_key()
+    owner = owners.pop()
+    assert owner is not None
     return owner
 
 

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from vlmserve.client import AsyncEngineClient, Deadlines
 
-from . import chat_api, conversations_api, files_api, models_api, responses_api
+from . import anthropic_api, chat_api, conversations_api, files_api, models_api, responses_api
 from .api_keys import install_api_keys, require_owner
 from .api_schema import install_openapi
 from .background_runs import BackgroundRuns
@@ -221,6 +221,7 @@ def create_app(
     app.include_router(conversations_api.router, **guarded)
     app.include_router(files_api.router, **guarded)
     app.include_router(chat_api.router, **guarded)
+    app.include_router(anthropic_api.router, **guarded)
     app.include_router(models_api.models_router, **guarded)
     app.include_router(models_api.readiness_router, **guarded)
     app.include_router(models_api.health_router)

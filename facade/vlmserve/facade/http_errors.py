@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vlmserve.anthropic import anthropic_status, error_body
 from vlmserve.client import EngineError
 from vlmserve.responses import ErrorPayload, InvalidRequestError
 
@@ -38,6 +39,8 @@ _PARAM_FOR_ENGINE_FIELD: tuple[tuple[str, str], ...] = (
     ("sampling.max_tokens", "max_output_tokens"),
     ("sampling.temperature", "temperature"),
     ("sampling.top_p", "top_p"),
+    ("sampling.top_k", "top_k"),
+    ("sampling.stop", "stop"),
     ("sampling.top_logprobs", "top_logprobs"),
     ("response_format.json_schema.schema_json", "text.format.schema"),
     ("response_format.json_schema.name", "text.format.name"),
@@ -183,32 +186,57 @@ def _param_from_location(location: Sequence[int | str]) -> str | None:
     return param or None
 
 
-async def _api_error_handler(_: Request, exc: Exception) -> JSONResponse:
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def anthropic_shaped(request: Request) -> bool:
+    """Errors in Anthropic's shape: on the Messages routes, and for Anthropic's clients elsewhere
+    (`/v1/models`; they send `anthropic-version` on every request)."""
+    path = request.url.path
+    return (
+        path == ANTHROPIC_PATH
+        or path.startswith(ANTHROPIC_PATH + "/")
+        or "anthropic-version" in request.headers
+    )
+
+
+def respond(request: Request, error: APIError) -> JSONResponse:
+    """The error as the client's API shapes it."""
+    if anthropic_shaped(request):
+        return JSONResponse(
+            error_body(error.status, error.code, error.message),
+            status_code=anthropic_status(error.status, error.code),
+            headers=error.headers,
+        )
+    return error.to_response()
+
+
+async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return exc.to_response()
+    return respond(request, exc)
 
 
-async def _invalid_request_handler(_: Request, exc: Exception) -> JSONResponse:
+async def _invalid_request_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidRequestError)
-    return from_invalid_request(exc).to_response()
+    return respond(request, from_invalid_request(exc))
 
 
-async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first: Mapping[str, Any] = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
-        return APIError(400, "The request body is not valid JSON.", code="invalid_json").to_response()
+        return respond(request, APIError(400, "The request body is not valid JSON.", code="invalid_json"))
     param = _param_from_location(first.get("loc", ()))
     # pydantic's `msg` describes the constraint ("Input should be less than or equal to 100"); it
     # never contains the rejected value, unlike `input`, which is deliberately left out.
     message = (
         f"Invalid value for '{param}': {first.get('msg', 'invalid value')}." if param else "Invalid request."
     )
-    return APIError(400, message, param=param, code="invalid_value").to_response()
+    return respond(request, APIError(400, message, param=param, code="invalid_value"))
 
 
-async def _http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 404:
         message, code = "Unknown URL or resource.", "not_found"
@@ -216,22 +244,22 @@ async def _http_error_handler(_: Request, exc: Exception) -> JSONResponse:
         message, code = "Method not allowed for this URL.", "method_not_allowed"
     else:
         message, code = (str(exc.detail) if isinstance(exc.detail, str) else "Request failed."), None
-    return APIError(exc.status_code, message, code=code, headers=exc.headers).to_response()
+    return respond(request, APIError(exc.status_code, message, code=code, headers=exc.headers))
 
 
 async def _engine_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, EngineError)
     state = getattr(request.app.state, "facade", None)
     retry_after_s = state.settings.retry_after_s if state is not None else 1
-    return from_engine_error(exc, retry_after_s=retry_after_s).to_response()
+    return respond(request, from_engine_error(exc, retry_after_s=retry_after_s))
 
 
-async def _unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
     # Logged with its traceback for us; the client gets no internal text.
     logger.exception("unhandled error", exc_info=exc)
-    return APIError(
-        500, "The server had an error while processing the request.", code="server_error"
-    ).to_response()
+    return respond(
+        request, APIError(500, "The server had an error while processing the request.", code="server_error")
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,10 +1,18 @@
-"""`/v1/models` from the engine's model info, and the health endpoints."""
+"""`/v1/models` from the engine's model info, and the health endpoints.
+
+The list and its model objects carry both OpenAI's fields (`object`, `created`, `owned_by`) and
+Anthropic's (`type`, `display_name`, `created_at`; the list's `has_more`, `first_id`,
+`last_id`): neither SDK minds the other's, so both read the same answer.
+"""
 
 from __future__ import annotations
 
+import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
+
+from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .catalog import DEFAULT_MODEL_ALIAS, model_object
 from .http_errors import APIError, model_not_found
@@ -23,7 +31,14 @@ State = Annotated[FacadeState, Depends(facade_state)]
 @models_router.get("")
 async def list_models(state: State) -> dict[str, Any]:
     info = await state.catalog.info()
-    return {"object": "list", "data": [model_object(info)]}
+    listed = _model(info)
+    return {
+        "object": "list",
+        "data": [listed],
+        "has_more": False,
+        "first_id": listed["id"],
+        "last_id": listed["id"],
+    }
 
 
 @models_router.get("/{model_id:path}")
@@ -31,7 +46,18 @@ async def retrieve_model(model_id: str, state: State) -> dict[str, Any]:
     info = await state.catalog.info()
     if model_id not in (info.model_id, DEFAULT_MODEL_ALIAS):
         raise model_not_found(model_id)
-    return model_object(info)
+    return _model(info)
+
+
+def _model(info: pb.GetModelInfoResponse) -> dict[str, Any]:
+    """The model object, with Anthropic's fields beside OpenAI's."""
+    loaded = datetime.datetime.fromtimestamp(int(info.loaded_at), tz=datetime.UTC)
+    anthropic = {
+        "type": "model",
+        "display_name": info.model_id,
+        "created_at": loaded.isoformat().replace("+00:00", "Z"),
+    }
+    return {**model_object(info), **anthropic}
 
 
 @health_router.get("/healthz")

@@ -263,8 +263,13 @@ class ResponsesService:
                 code="invalid_value",
             )
 
-    async def count_tokens(self, body: object, *, owner: str = "") -> int:
+    async def count_tokens(
+        self, body: object, *, owner: str = "", adjust: Callable[[pb.GenerateRequest], None] | None = None
+    ) -> int:
+        """The prompt's tokens; `adjust` sets what another API's request adds to the engine's."""
         translation = await self.translate(body, owner=owner)
+        if adjust is not None:
+            adjust(translation.translated.request)
         try:
             counted = await self.engine.count_tokens(
                 translation.translated.request, timeout=self.settings.timeouts.control

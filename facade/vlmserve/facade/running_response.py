@@ -79,6 +79,8 @@ class Generation:
     # perf_counter times (metrics): built, and the first output chunk from the engine.
     created_at: float = field(default_factory=time.perf_counter)
     first_output_at: float | None = None
+    # The engine's final result, once it came (what only the engine knows: the stop sequence).
+    result: pb.GenerateResult | None = None
 
     def __post_init__(self) -> None:
         self.builder = ResponseEvents(self.resource, offered_tools=self.translated.offered_tools)
@@ -139,6 +141,7 @@ class Generation:
                         for event in await self._recorded(builder.chunk(message.chunk)):
                             yield event
                     elif message.WhichOneof("event") == "complete":
+                        self.result = message.complete
                         stopped = message.complete.finish_reason == pb.FINISH_REASON_CANCELLED
                         if stopped and self._stop_error is not None:
                             final = builder.fail(self._stop_error)

@@ -1022,6 +1022,7 @@ class GenerateResult(_message.Message):
     TIMINGS_FIELD_NUMBER: _builtins.int
     REASONING_TEXT_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    STOP_SEQUENCE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     text: _builtins.str
@@ -1029,6 +1030,8 @@ class GenerateResult(_message.Message):
     finish_reason: Global___FinishReason.ValueType
     reasoning_text: _builtins.str
     """Thinking text (between <think> and </think>); `text` never contains it."""
+    stop_sequence: _builtins.str
+    """The entry of sampling.stop that ended the output (FINISH_REASON_STOP); empty when none did."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]: ...
     @_builtins.property
@@ -1051,10 +1054,11 @@ class GenerateResult(_message.Message):
         timings: Global___Timings | None = ...,
         reasoning_text: _builtins.str = ...,
         logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
+        stop_sequence: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "reasoning_text", b"reasoning_text", "request_id", b"request_id", "text", b"text", "timings", b"timings", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "reasoning_text", b"reasoning_text", "request_id", b"request_id", "stop_sequence", b"stop_sequence", "text", b"text", "timings", b"timings", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -504,6 +504,7 @@ class ActiveGeneration:
             tool_calls=self._assembler.tool_calls,
             logprobs=self._trace.listed if self._trace is not None else (),
             finish_reason=self.finish_reason,
+            stop_sequence=self._assembler.stop_sequence or "",
             usage=pb.Usage(
                 input_tokens=self.prompt_tokens,
                 output_tokens=self.output_tokens,

@@ -185,6 +185,11 @@ class OutputAssembler:
             self._from_prefix = self._accept(self._parser.feed(self.assistant_prefix))
 
     @property
+    def stop_sequence(self) -> str | None:
+        """The stop sequence that ended the output, if one did."""
+        return self._stops.matched
+
+    @property
     def stopped(self) -> bool:
         """A stop sequence was seen, or the last call allowed arrived."""
         return self._stops.stopped or self._calls_full

@@ -18,6 +18,8 @@ class StopSequenceMatcher:
         self._longest = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self.stopped = False
+        # The stop sequence that ended the text (the earliest in it), once one has.
+        self.matched: str | None = None
 
     def feed(self, text: str) -> str:
         """Text safe to emit now. After a stop sequence is seen, `stopped` is True and the
@@ -31,7 +33,7 @@ class StopSequenceMatcher:
         for stop in self._stops:
             index = window.find(stop)
             if index >= 0 and (first is None or index < first):
-                first = index
+                first, self.matched = index, stop
         if first is not None:
             self.stopped = True
             self._held = ""

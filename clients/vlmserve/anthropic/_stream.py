@@ -1,0 +1,154 @@
+"""A response's stream events as Anthropic's Messages stream, in its order.
+
+`message_start` (and a `ping`), then per content block `content_block_start`, its deltas
+(`text_delta`, `thinking_delta`, `input_json_delta`) and `content_block_stop`, then
+`message_delta` (stop reason, usage) and `message_stop`. A `ping` also goes out whenever the
+engine has been quiet for a while (a long prompt still prefilling). Tool-call markup never
+reaches a text block: the engine streams calls apart from text, and a call the token limit cut
+off ends its block where it stopped (`stop_reason: max_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmserve.responses import (
+    ErrorEvent,
+    FunctionCallArgumentsDeltaEvent,
+    FunctionCallItem,
+    OutputItemEvent,
+    OutputMessage,
+    OutputTextDeltaEvent,
+    ReasoningItem,
+    ReasoningTextDeltaEvent,
+    ResponseLifecycleEvent,
+    ResponseResource,
+)
+
+from ._errors import anthropic_error_type
+from ._message import Message, MessageUsage, message_id, message_usage, stop_reason
+
+StreamEvent = tuple[str, dict[str, Any]]
+
+
+@dataclass
+class _Block:
+    index: int
+    kind: str
+    started: bool = False
+
+
+@dataclass
+class EventWriter:
+    """Turns one response's stream events into Anthropic stream events `(type, data)`."""
+
+    response_id: str
+    model: str
+    _started: bool = False
+    _blocks: dict[str, _Block] = field(default_factory=dict)
+    _count: int = 0
+
+    def events(self, event: Any) -> list[StreamEvent]:
+        """The stream events one Responses event becomes (none for most)."""
+        if isinstance(event, ResponseLifecycleEvent):
+            if event.type != "response.in_progress":
+                return []
+            if not self._started:
+                self._started = True
+                return [self._message_start(), _ping()]
+            return [_ping()]  # a heartbeat: the engine is still working (a long prefill)
+        if isinstance(event, OutputItemEvent):
+            item = event.item
+            if event.type == "response.output_item.added":
+                if isinstance(item, FunctionCallItem):
+                    block = self._open(item.id, "tool_use")
+                    start = {"type": "tool_use", "id": item.call_id, "name": item.name, "input": {}}
+                    return [self._start(block, start)]
+                if isinstance(item, ReasoningItem):
+                    self._open(item.id, "thinking")
+                elif isinstance(item, OutputMessage):
+                    self._open(item.id, "text")
+                return []
+            closed = self._blocks.pop(item.id) if item.id in self._blocks else None
+            if closed is None or not closed.started:
+                return []
+            return [("content_block_stop", {"type": "content_block_stop", "index": closed.index})]
+        if isinstance(event, OutputTextDeltaEvent) and event.delta:
+            return self._delta(event.item_id, "text", {"type": "text_delta", "text": event.delta})
+        if isinstance(event, ReasoningTextDeltaEvent) and event.delta:
+            return self._delta(event.item_id, "thinking", {"type": "thinking_delta", "thinking": event.delta})
+        if isinstance(event, FunctionCallArgumentsDeltaEvent) and event.delta:
+            return self._delta(
+                event.item_id, "tool_use", {"type": "input_json_delta", "partial_json": event.delta}
+            )
+        if isinstance(event, ErrorEvent):
+            return [error_event(event.error.message, event.error.code, status=None)]
+        return []
+
+    def last(self, resource: ResponseResource, *, stop_sequence: str | None = None) -> list[StreamEvent]:
+        """`message_delta` with the stop reason and the usage, then `message_stop`."""
+        reason = stop_reason(resource, stop_sequence)
+        usage = message_usage(resource.usage).to_json()
+        usage.pop("service_tier")
+        delta = {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": reason,
+                "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
+            },
+            "usage": usage,
+        }
+        return [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
+
+    def _message_start(self) -> StreamEvent:
+        # The prompt's size is known only with the engine's result: `message_delta` gives the
+        # full usage (its counts replace these, as Anthropic's cumulative ones do).
+        message = Message(
+            id=message_id(self.response_id),
+            model=self.model,
+            usage=MessageUsage(input_tokens=0, output_tokens=0),
+        )
+        return ("message_start", {"type": "message_start", "message": message.to_json()})
+
+    def _open(self, item_id: str, kind: str) -> _Block:
+        block = self._blocks[item_id] = _Block(index=-1, kind=kind)
+        return block
+
+    def _start(self, block: _Block, content: dict[str, Any]) -> StreamEvent:
+        block.index, block.started = self._count, True
+        self._count += 1
+        return (
+            "content_block_start",
+            {"type": "content_block_start", "index": block.index, "content_block": content},
+        )
+
+    def _delta(self, item_id: str, kind: str, delta: dict[str, Any]) -> list[StreamEvent]:
+        block = self._blocks.get(item_id)
+        if block is None or block.kind != kind:
+            return []
+        events: list[StreamEvent] = []
+        if not block.started:
+            # Text and thinking blocks start with their first text: an empty one is never sent.
+            start = (
+                {"type": "text", "text": ""}
+                if kind == "text"
+                else {"type": "thinking", "thinking": "", "signature": ""}
+            )
+            events.append(self._start(block, start))
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": block.index, "delta": delta})
+        )
+        return events
+
+
+def _ping() -> StreamEvent:
+    return ("ping", {"type": "ping"})
+
+
+def error_event(message: str, code: str | None, *, status: int | None) -> StreamEvent:
+    """A failure in the middle of a stream: Anthropic's `error` event."""
+    return (
+        "error",
+        {"type": "error", "error": {"type": anthropic_error_type(status, code), "message": message}},
+    )
