@@ -28,9 +28,11 @@ from .http_errors import APIError
 from .request_body import read_json
 from .responses_api import (
     CLIENT_CLOSED_REQUEST,
+    SSE_SEPARATOR,
     STREAM_CUTOFF_AFTER_GRACE_S,
     cancel_after_shutdown,
     collect,
+    sse_event,
     unless_disconnected,
 )
 from .running_response import Generation
@@ -73,7 +75,7 @@ async def create_message(request: Request, state: State) -> Response:
         writer = EventWriter(generation.response_id, generation.resource.model)
         return EventSourceResponse(
             _events(generation, writer, shutdown, grace_s),
-            sep="\n",
+            sep=SSE_SEPARATOR,
             background=BackgroundTask(finish),
             shutdown_event=shutdown,
             shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
@@ -134,7 +136,7 @@ _QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
 
 def _sse(kind: str, data: dict[str, Any]) -> ServerSentEvent:
     # One line of ASCII JSON per event (as on /v1/responses).
-    return ServerSentEvent(event=kind, data=json.dumps(data, separators=(",", ":")))
+    return sse_event(json.dumps(data, separators=(",", ":")), kind)
 
 
 async def _events(
