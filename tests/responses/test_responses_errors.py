@@ -217,6 +217,37 @@ ERRORS: list[tuple[str, Any, str, str | None]] = [
     ("empty list input", [], "input", "invalid_value"),
     ("only empty text", [message("user", ""), message("user", [input_text("")])], "input", "invalid_value"),
     ("only reasoning", [{"type": "reasoning", "summary": []}], "input", "invalid_value"),
+    # Media where nothing reads it (issue 26, item 14): never dropped with a 200.
+    (
+        "image_url in an unknown part field",
+        [message("user", [{**input_text("look"), "attachment": {"image_url": RED_URL}}])],
+        "input[0].content[0].attachment.image_url",
+        "unknown_parameter",
+    ),
+    (
+        "file_id in an unknown item field",
+        [{**message("user", "look"), "files": [{"type": "input_file", "file_id": "file-1"}]}],
+        "input[0].files[0].file_id",
+        "unknown_parameter",
+    ),
+    (
+        "input_image in an unknown field of a function_call_output",
+        [function_call(), {**function_output("done"), "extra": [input_image()]}],
+        "input[1].extra[0].image_url",
+        "unknown_parameter",
+    ),
+    (
+        "file_data in an unknown field of an input_image",
+        [message("user", [{**input_image(), "file_data": RED_B64}])],
+        "input[0].content[0].file_data",
+        "unknown_parameter",
+    ),
+    (
+        "input_image with image_url and file_id",
+        [message("user", [{**input_image(), "file_id": "file-missing"}])],
+        "input[0].content[0]",
+        "invalid_value",
+    ),
 ]
 
 
@@ -231,6 +262,23 @@ def test_invalid_input_names_its_path(case: str, given: Any, param: str, code: s
     assert isinstance(body, dict)
     assert body["type"] == "invalid_request_error"
     assert body["param"] == param
+
+
+def test_unknown_fields_without_media_are_still_accepted() -> None:
+    """Liberal in: Codex's ids and statuses, and an output_text part's citations (which name a
+    file_id without being media) replay as before."""
+    cited = {
+        "type": "output_text",
+        "text": "see the file",
+        "annotations": [{"type": "file_citation", "file_id": "file-1", "index": 0}],
+    }
+    messages = input_to_messages(
+        [
+            {**message("user", [input_text("look")]), "id": "msg_1", "status": "completed"},
+            {**message("assistant", [cited]), "phase": "final"},
+        ]
+    )
+    assert len(messages) == 2
 
 
 def test_error_message_does_not_echo_the_payload() -> None:

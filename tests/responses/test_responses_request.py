@@ -512,3 +512,10 @@ def test_logprobs_are_asked_of_the_engine(fields: dict[str, Any], logprobs: bool
 @pytest.mark.parametrize("tier", ["auto", "default", "flex", "priority"])
 def test_every_service_tier_is_accepted(tier: str) -> None:
     assert build_generate_request(body(service_tier=tier)).service_tier == tier
+
+
+def test_media_in_an_unknown_top_level_field_is_refused_by_name() -> None:
+    """An image beside `input` in a field nothing reads would be dropped with a 200 (issue 26)."""
+    with pytest.raises(InvalidRequestError) as caught:
+        build_generate_request(body(attachments=[{"type": "input_image", "image_url": RED_URL}]))
+    assert (caught.value.param, caught.value.code) == ("attachments[0].image_url", "unknown_parameter")

@@ -58,6 +58,12 @@ def _known_part(part: Any, path: str, media: MediaPolicy) -> list[pb.Part]:
 
 def _input_image(part: InputImagePartParam, path: str, media: MediaPolicy) -> pb.ImagePart:
     detail = parse_detail(part.detail, join(path, "detail"))
+    if part.image_url is not None and part.file_id is not None:
+        raise InvalidRequestError(
+            f"Invalid value for '{path}': send either 'image_url' or 'file_id', not both.",
+            param=path,
+            code="invalid_value",
+        )
     if part.image_url is None:
         if part.file_id is not None:
             return file_image(part.file_id, detail, path, media)

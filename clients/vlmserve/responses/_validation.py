@@ -10,7 +10,7 @@ refusal raised with `refuse`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -18,6 +18,7 @@ from pydantic import (
     Discriminator,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
@@ -31,10 +32,48 @@ OTHER = "#other"
 UNDOCUMENTED: Any = SkipJsonSchema()  # type: ignore[type-arg]
 
 
+# Fields that carry media wherever they are: in a field we do not read, an image or a file would
+# be dropped while the client thinks the model saw it. `annotations` (an output_text part's
+# citations, replayed) name files without being media.
+MEDIA_FIELDS = frozenset({"image_url", "file_id", "file_data", "file_url"})
+_NOT_MEDIA = frozenset({"annotations"})
+
+
 class RequestModel(BaseModel):
-    """A part of a request: unknown fields kept, types strict."""
+    """A part of a request: unknown fields kept, types strict; media in an unknown field refused."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="after")
+    def _no_media_in_unknown_fields(self) -> Self:
+        if self.model_extra:
+            found = media_in(self.model_extra)
+            if found is not None:
+                raise PydanticCustomError(
+                    "unread_media",
+                    "Invalid value for '{param}': this field is not read by this server, and media in "
+                    "it would not reach the model; send images as input_image parts and files as "
+                    "input_file parts of a message's content.",
+                    {"at": found},
+                )
+        return self
+
+
+def media_in(extra: Mapping[str, Any]) -> list[str | int] | None:
+    """The path (keys and indexes) of the first media field inside unknown fields, or None.
+    Iterative: the body's depth is bounded where it is read, not here."""
+    stack: list[tuple[Any, list[str | int]]] = [(extra, [])]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if key in MEDIA_FIELDS:
+                    return [*at, key]
+                if key not in _NOT_MEDIA:
+                    stack.append((item, [*at, key]))
+        elif isinstance(value, list):
+            stack.extend((item, [*at, index]) for index, item in enumerate(value))
+    return None
 
 
 def _json_kind(value: object) -> str | None:
@@ -109,10 +148,11 @@ def param_of(location: Sequence[int | str], prefix: str = "") -> str:
 def invalid_request(error: ValidationError, prefix: str = "") -> InvalidRequestError:
     """The first error of a ValidationError, as the client sees it."""
     first = error.errors(include_url=False)[0]
-    param = param_of(first["loc"], prefix) or None
-    where = param or "body"
     kind = first["type"]
     context = first.get("ctx") or {}
+    location = [*first["loc"], *context.get("at", ())] if kind == "unread_media" else first["loc"]
+    param = param_of(location, prefix) or None
+    where = param or "body"
     if kind == "missing":
         return InvalidRequestError(
             f"Missing required parameter: '{where}'.", param=param, code="missing_required_parameter"
@@ -140,6 +180,9 @@ def invalid_request(error: ValidationError, prefix: str = "") -> InvalidRequestE
     if kind in ("invalid_value", "unsupported_value"):
         # Our own refusals (`refuse`): the message is written for the client.
         return InvalidRequestError(first["msg"].replace("{param}", where), param=param, code=kind)
+    if kind == "unread_media":
+        message = first["msg"].replace("{param}", where)
+        return InvalidRequestError(message, param=param, code="unknown_parameter")
     # Anything else pydantic may say (e.g. a float out of range): never its text or the value.
     return InvalidRequestError(f"Invalid value for '{where}'.", param=param)
 
