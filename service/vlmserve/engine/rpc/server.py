@@ -89,14 +89,28 @@ def _guarded(handler: Handler) -> Handler:
 
         @functools.wraps(handler)
         async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            # The ids are bound around each step of the handler, never across `yield`: a
+            # generator left suspended there (grpc.aio, when a call ends while a message is
+            # being written) is closed by the loop's finaliser in another context, where a
+            # token held across the yield cannot be reset (an ERROR and an abort for a call
+            # that succeeded).
+            request_id = _request_id(request)
+            responses = handler(self, request, context)
             try:
-                with bind(request_id=_request_id(request)):
-                    async for response in handler(self, request, context):
-                        yield response
-            except grpc.aio.AbortError:
-                raise
-            except Exception as error:
-                await fail(context, error)
+                while True:
+                    try:
+                        with bind(request_id=request_id):
+                            response = await anext(responses)
+                    except StopAsyncIteration:
+                        return
+                    except grpc.aio.AbortError:
+                        raise
+                    except Exception as error:
+                        await fail(context, error)
+                    yield response
+            finally:
+                with bind(request_id=request_id):
+                    await responses.aclose()
 
         return cast(Handler, stream)
 
