@@ -77,15 +77,20 @@ async def test_a_failed_response_is_counted_as_failed(http: httpx.AsyncClient, e
 
 @pytest.fixture
 def keyed_app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore) -> object:
-    return create_app(
-        settings.replace(api_keys=ApiKeys.from_keys(["sk-metrics-test"])), engine=engine_client, store=store
+    keys = settings.replace(
+        api_keys=ApiKeys.from_keys(["sk-client"]), operator_keys=ApiKeys.from_keys(["sk-metrics-test"])
     )
+    return create_app(keys, engine=engine_client, store=store)
 
 
-async def test_metrics_need_a_key_when_keys_are_configured(keyed_app: object) -> None:
+async def test_metrics_need_an_operator_key_when_keys_are_configured(keyed_app: object) -> None:
     transport = httpx.ASGITransport(app=keyed_app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://facade.test") as client:
         assert (await client.get("/metrics")).status_code == 401
+        # A client's key is not enough (tests/hardening/test_metrics_exposure.py).
+        assert (
+            await client.get("/metrics", headers={"authorization": "Bearer sk-client"})
+        ).status_code == 403
         samples = await scrape(client, authorization="Bearer sk-metrics-test")
         # The refused scrape was counted too (the middleware is outside the key check).
         assert samples[http_count("GET", "/metrics", 401)] == 1

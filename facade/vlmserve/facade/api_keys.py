@@ -8,7 +8,8 @@ off and every caller is the owner "anonymous" (the facade binds 127.0.0.1 by def
 `require_owner` is the FastAPI dependency: it answers 401 (OpenAI-shaped) or returns the caller's
 owner id, a truncated SHA-256 of the key, so stored responses can belong to the key that made them
 without the key itself being stored. `create_app` attaches it to every router except the one
-holding `/healthz`; routes that need the owner declare a parameter `owner: Owner`.
+holding `/healthz`; routes that need the owner declare a parameter `owner: Owner`. `/metrics`
+takes `require_operator` instead: an operator key, never a client's (its figures count every key).
 Keys are held only as digests; the presented key is hashed once and compared with every digest,
 with no early exit, so the time taken says nothing about which key matched or how close a guess is.
 """
@@ -31,16 +32,19 @@ __all__ = [
     "ANONYMOUS_OWNER",
     "API_KEYS_ENV",
     "API_KEYS_FILE_ENV",
+    "OPERATOR_KEYS_ENV",
     "ApiKeys",
     "Owner",
     "install_api_keys",
     "owner_id",
     "probe_key",
+    "require_operator",
     "require_owner",
 ]
 
 API_KEYS_ENV = "VLMSERVE_API_KEYS"
 API_KEYS_FILE_ENV = "VLMSERVE_API_KEYS_FILE"
+OPERATOR_KEYS_ENV = "VLMSERVE_OPERATOR_KEYS"
 ANONYMOUS_OWNER = "anonymous"
 _OWNER_HEX_CHARS = 24  # 96 bits: unique per key, and not the key's full digest
 
@@ -85,9 +89,11 @@ def probe_key(environ: Mapping[str, str] | None = None, *, key_file: Path | None
     return keys[0] if keys else None
 
 
-def install_api_keys(app: FastAPI, keys: ApiKeys) -> None:
-    """Make `keys` the ones `require_owner` checks for this app (call once, at app creation)."""
+def install_api_keys(app: FastAPI, keys: ApiKeys, operator_keys: ApiKeys | None = None) -> None:
+    """Make `keys` the ones `require_owner` checks for this app, and `operator_keys` the ones
+    `require_operator` checks (call once, at app creation)."""
     app.state.api_keys = keys
+    app.state.operator_keys = operator_keys or ApiKeys()
 
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
@@ -144,6 +150,35 @@ def _authenticate(request: Request) -> str:
     owner = owners.pop()
     assert owner is not None
     return owner
+
+
+async def require_operator(request: Request) -> None:
+    """FastAPI dependency for the operator's routes (`/metrics`): with API keys on, only an
+    operator key (`$VLMSERVE_OPERATOR_KEYS`) passes; a client's key is a 403, since the
+    figures there count every key's traffic. With API keys off, everyone passes."""
+    keys = getattr(request.app.state, "api_keys", None)
+    operators = getattr(request.app.state, "operator_keys", None)
+    if not isinstance(keys, ApiKeys) or not isinstance(operators, ApiKeys):
+        raise RuntimeError("install_api_keys(app, ...) was not called")
+    if not keys.enabled and not operators.enabled:
+        return
+    headers = request.headers.getlist("authorization")
+    if not headers:
+        raise _missing_key()
+    scheme, _, key = headers[0].partition(" ")
+    if len(headers) != 1 or scheme.lower() != "bearer" or not key.strip():
+        raise _incorrect_key()
+    if operators.owner_for_key(key.strip()) is not None:
+        return
+    if keys.owner_for_key(key.strip()) is None:
+        raise _incorrect_key()
+    raise APIError(
+        403,
+        "This route is for the server's operator: it needs an operator key ($"
+        + OPERATOR_KEYS_ENV
+        + "), not an API key.",
+        code="permission_denied",
+    )
 
 
 Owner = Annotated[str, Depends(require_owner)]

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from vlmserve.client import AsyncEngineClient, Deadlines
 
 from . import anthropic_api, chat_api, conversations_api, files_api, models_api, responses_api
-from .api_keys import install_api_keys, require_owner
+from .api_keys import install_api_keys, require_operator, require_owner
 from .api_schema import install_openapi
 from .background_runs import BackgroundRuns
 from .body_budget import BodyBudget
@@ -212,7 +212,7 @@ def create_app(
         app.state.facade = build_state(engine, store if store is not None else open_store(settings))
     install_error_handlers(app)
     install_openapi(app, settings.limits)
-    install_api_keys(app, settings.api_keys)
+    install_api_keys(app, settings.api_keys, settings.operator_keys)
     limits = settings.limits
     app.add_middleware(HeaderLimits, max_headers=limits.max_headers, max_header_bytes=limits.max_header_bytes)
     # A dependency on each route (not path matching): a route added later is guarded too.
@@ -225,8 +225,13 @@ def create_app(
     app.include_router(models_api.models_router, **guarded)
     app.include_router(models_api.readiness_router, **guarded)
     app.include_router(models_api.health_router)
+    # The operator's: its figures count every key's traffic (none is labelled by owner).
     app.add_api_route(
-        "/metrics", metrics_endpoint(metrics), methods=["GET"], include_in_schema=False, **guarded
+        "/metrics",
+        metrics_endpoint(metrics),
+        methods=["GET"],
+        include_in_schema=False,
+        dependencies=[Depends(require_operator), *dependencies],
     )
     # Outermost: every answer is counted, a refusal by the limits or the keys too.
     app.add_middleware(HttpMetrics, metrics=metrics)

@@ -18,7 +18,7 @@ from vlmserve.common.logs import LogFormat
 from vlmserve.common.secrets import read_secret_file
 from vlmserve.common.settings import DeclaredSettings, Option
 
-from .api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys
+from .api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, OPERATOR_KEYS_ENV, ApiKeys
 from .remote_image_checks import RemoteImageSettings
 
 __all__ = [
@@ -313,6 +313,15 @@ class FacadeSettings(DeclaredSettings):
     )
     api_keys_file: Annotated[Path | None, Option(env=API_KEYS_FILE_ENV)] = Field(
         None, description="file of API keys, one per line (# comments); added to $VLMSERVE_API_KEYS"
+    )
+    # /metrics counts every key's traffic: with API keys on, a client's key may not read it.
+    operator_keys: Annotated[
+        ApiKeys, Option(flag=None, env=OPERATOR_KEYS_ENV), BeforeValidator(_api_keys)
+    ] = Field(
+        default_factory=ApiKeys,
+        repr=False,
+        description="operator keys, comma-separated: with API keys on, /metrics needs one of these "
+        "(a client's API key gets 403); none: /metrics is closed while API keys are on",
     )
     remote_images: RemoteImageSettings = Field(
         default_factory=RemoteImageSettings, description="remote images"
