@@ -178,7 +178,8 @@ Content: TypeAlias = Annotated[
 
 
 class MessageParam(RequestModel):
-    role: Literal["user", "assistant"]
+    # `system`: instructions in the middle of a conversation (Claude Code sends them).
+    role: Literal["user", "assistant", "system"]
     content: Content
 
 
