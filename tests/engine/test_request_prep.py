@@ -285,6 +285,16 @@ def test_text_too_long_for_the_context_is_refused_before_tokenizing(
     assert code == grpc.StatusCode.OUT_OF_RANGE
     assert "the prompt is at least" in details and f"context length is {context} tokens" in details
     assert encodes.count == 0
+    # Counting it is refused the same way, before tokenizing (issue 26.7: 10 MB of call
+    # arguments to /input_tokens ran past the facade's deadline while the engine kept working).
+    arguments = pb.Message(
+        role=pb.ROLE_ASSISTANT,
+        tool_calls=[pb.ToolCall(id="call_1", name="f", arguments='{"a": "' + "x" * 10_000_000 + '"}')],
+    )
+    counted = pb.CountTokensRequest(request=pb.GenerateRequest(messages=[user(text_part("hi")), arguments]))
+    code, details = status_of(lambda: stub.CountTokens(counted, timeout=60))
+    assert code == grpc.StatusCode.OUT_OF_RANGE and "the prompt is at least" in details
+    assert encodes.count == 0
     # A stream started after it is served at once (nothing was left running).
     assert stream(stub, request(text_part("next"), max_tokens=2))[1][0].usage.output_tokens == 2
 

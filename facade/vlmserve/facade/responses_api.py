@@ -42,6 +42,8 @@ CLIENT_CLOSED_REQUEST = 499
 # cuts it off only STREAM_CUTOFF_AFTER_GRACE_S after the grace. The CLI gives uvicorn longer.
 STREAM_CANCEL_WAIT_S = 3.0
 STREAM_CUTOFF_AFTER_GRACE_S = 8.0
+# The largest sequence number the stores can compare with (SQLite INTEGER, PostgreSQL BIGINT).
+MAX_SEQUENCE_NUMBER = 2**63 - 1
 # Every line of our event streams ends in LF. sse-starlette's default is CR LF, and an event
 # built without `sep` uses that default whatever the response's `sep`: strict parsers (the
 # official Open Responses suite's) then see no events at all.
@@ -135,7 +137,8 @@ async def retrieve_response(
     state: State,
     # Background responses: their events after `starting_after` (all without it), then live.
     stream: bool = False,
-    starting_after: Annotated[int | None, Query(ge=0)] = None,
+    # Bounded by the stores' 64-bit integers: 2**63 was a 200 whose stream was then cut.
+    starting_after: Annotated[int | None, Query(ge=0, le=MAX_SEQUENCE_NUMBER)] = None,
 ) -> Response | dict[str, Any]:
     owner = owner_of(request)
     resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)

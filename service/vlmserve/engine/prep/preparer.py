@@ -165,10 +165,11 @@ class RequestPreparer:
         rendered = render_conversation(self._protected(conversation, protection), self._template)
         prompt_text = self._tokens.restore(rendered.text, protection)
         generating = kind is JobKind.GENERATE
-        if generating:
-            at_least = self._tokens.minimum_tokens(prompt_text)
-            if at_least >= info.context_length:
-                raise _too_long(at_least, info.context_length, at_least=True)
+        # Counting too: no count of a text this long can fit the context, and tokenizing 10 MB
+        # of tool-call arguments held a preparation thread past the caller's deadline.
+        at_least = self._tokens.minimum_tokens(prompt_text)
+        if at_least >= info.context_length:
+            raise _too_long(at_least, info.context_length, at_least=True)
         add_special_tokens = prompt_needs_special_tokens(prompt_text, self._tokenizer)
         ids = self._tokens.encode(rendered.text, protection, add_special_tokens=add_special_tokens)
         if generating and len(ids) >= info.context_length:
