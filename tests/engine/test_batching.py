@@ -214,12 +214,13 @@ def assert_equal_to_alone(
     reference: dict[str, JobReport],
     logits: dict[str, Recorder],
     alone_logits: dict[str, Recorder],
+    atol: float = 1e-4,
 ) -> None:
-    """Each request's tokens equal its run alone, and the logits of every step are within 1e-4."""
+    """Each request's tokens equal its run alone, and the logits of every step are within `atol`."""
     for name, report in reports.items():
         assert report.token_ids == reference[name].token_ids, name
         np.testing.assert_allclose(
-            np.stack(logits[name].rows), np.stack(alone_logits[name].rows), rtol=0, atol=1e-4, err_msg=name
+            np.stack(logits[name].rows), np.stack(alone_logits[name].rows), rtol=0, atol=atol, err_msg=name
         )
 
 
@@ -228,7 +229,7 @@ def alone(generator: Generator, requests: dict[str, PreparedRequest], tag: str) 
 
 
 def check_mixed_equals_alone(
-    generator: Generator, temperature: float
+    generator: Generator, temperature: float, atol: float = 1e-4
 ) -> tuple[dict[str, JobReport], dict[str, Recorder]]:
     requests, alone_logits = recorded(mixed_requests(generator, temperature))
     reference = alone(generator, requests, f"t{temperature}")
@@ -240,7 +241,7 @@ def check_mixed_equals_alone(
         rows = len(recorder.rows)
         assert rows == mixed[name].output_tokens, name
         np.testing.assert_allclose(
-            np.stack(recorder.rows), np.stack(alone_logits[name].rows[:rows]), rtol=0, atol=1e-4, err_msg=name
+            np.stack(recorder.rows), np.stack(alone_logits[name].rows[:rows]), rtol=0, atol=atol, err_msg=name
         )
     assert joined.fired and joined.calls == MAX_TOKENS, "the logits processor ran once per token"
     for name, report in mixed.items():

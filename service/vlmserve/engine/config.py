@@ -63,6 +63,18 @@ class EngineConfig(DeclaredSettings):
         ge=0,
         description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)",
     )
+    # See loop/kv_cache.py.
+    kv_bits: Annotated[int | None, Option(metavar="{4,8}")] = Field(
+        None,
+        description="store the KV cache quantized to this many bits (mlx-vlm's quantized caches: the batch, "
+        "prompts shared in flight and the prefix cache and its disk tier); unset: the model's own precision",
+    )
+    kv_group_size: int = Field(
+        64,
+        ge=32,
+        description="values per quantization group with --kv-bits (a model whose head dimension it does not "
+        "divide uses 32)",
+    )
     # See loop/prefix_disk.py.
     prefix_cache_dir: str | None = Field(
         None,

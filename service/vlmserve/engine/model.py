@@ -16,6 +16,7 @@ from typing import Any
 
 from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 from vlmserve.engine.grammar.compiler import GrammarCompiler
+from vlmserve.engine.loop.kv_cache import KVLayout
 from vlmserve.engine.output.tool_parsers import HERMES_FORMAT, markup_of, tool_call_format_for
 from vlmserve.engine.prep.prompt import ChatTemplate
 from vlmserve.engine.prep.template_fit import probe
@@ -89,6 +90,8 @@ class LoadedModel:
     grammar: GrammarCompiler
     # Special tokens the detokenizer keeps as text: the tool-call format's markup.
     kept_tokens: Mapping[int, str] = field(default_factory=dict)
+    # How its KV is stored (--kv-bits); set by the generation thread once loaded.
+    kv_layout: KVLayout = field(default_factory=KVLayout)
 
 
 def _check_no_checkpoint_code(model_dir: Path) -> None:

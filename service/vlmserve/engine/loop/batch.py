@@ -13,6 +13,9 @@ prefilled together as one left-padded batch that admits nobody else until it is 
 request would wait behind an 8k-token prefill), and stop sequences are text, not tokens.
 Sampling is per row here; the forward pass, caches and masks are mlx-vlm's.
 
+Quantized KV (`--kv-bits`) uses mlx-vlm's `BatchQuantizedKVCache` the same way; kv_cache.py
+has the one-row → batch merge mlx-vlm lacks for it.
+
 A model with a cache layer mlx-vlm cannot batch (no `merge`, e.g. Llama 4's chunked attention
 cache) still works: its rows keep their own caches and run one forward each.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from vlmserve.engine.loop.decode import ActiveGeneration, score_chosen
+from vlmserve.engine.loop.kv_cache import merge_rows, mergeable, row_views
 
 __all__ = ["DecodeBatch"]
 
@@ -63,11 +67,11 @@ class DecodeBatch:
         import mlx.core as mx
 
         cache = generation.hand_over_cache()
-        if not all(callable(getattr(type(layer), "merge", None)) for layer in cache):
+        if not all(mergeable(layer) for layer in cache):
             self._row_caches.append(cache)
             self.rows.append(generation)
             return
-        row = [type(layer).merge([layer]) for layer in cache]
+        row = [merge_rows([layer]) for layer in cache]
         deltas = generation.rope_deltas
         if not self.rows:
             self._caches, self._rope_deltas = row, deltas
@@ -107,7 +111,7 @@ class DecodeBatch:
             embeds.append(mx.pad(row_embeds, [(0, 0), (0, pad), (0, 0)]))
             positions.append(mx.pad(row_positions, [(0, 0), (0, 0), (0, pad)]))
         own = [g.hand_over_cache() for g in generations]
-        caches = [type(rows[0]).merge(list(rows)) for rows in zip(*own, strict=True)]
+        caches = [merge_rows(rows) for rows in zip(*own, strict=True)]
         for layer in caches:
             layer.prepare(right_padding=[longest - n for n in lengths])
         output = self._language_model(
@@ -173,13 +177,7 @@ class DecodeBatch:
         # The same padding in every layer; read evaluated, through numpy (an MLX op here would
         # queue behind the forward in flight).
         pad = int(np.asarray(self._caches[0].left_padding)[index])
-        return [
-            (
-                layer.keys[index : index + 1, :, pad : pad + tokens],
-                layer.values[index : index + 1, :, pad : pad + tokens],
-            )
-            for layer in self._caches
-        ]
+        return row_views(self._caches, index, pad, tokens)
 
     def launch(self) -> None:
         """Build one forward for every row on its latest token and start evaluating it."""

@@ -35,12 +35,12 @@ from vlmserve.engine.jobs import (
     ToolCallDeltaEvent,
     ToolCallEvent,
 )
+from vlmserve.engine.loop.kv_cache import new_prompt_cache, own_copy, views
 from vlmserve.engine.loop.logprobs import LogprobTrace, StepScores, score_rows
 from vlmserve.engine.loop.model_inputs import ImageSpan, ModelInputs, build_model_inputs
 from vlmserve.engine.loop.prefix_cache import (
     PrefixCache,
     PromptImages,
-    kv_views,
     prompt_images,
     shared_prefix_length,
 )
@@ -168,8 +168,6 @@ class ActiveGeneration:
 
     def prepare(self) -> None:
         """Model inputs (vision features included) and any reusable prefix; PREPARE -> PREFILL."""
-        from mlx_vlm.models.cache import make_prompt_cache
-
         request = self.job.request
         info = self._loaded.info
         inputs = build_model_inputs(self._loaded, request, vision_cache=self._vision_cache)
@@ -199,7 +197,7 @@ class ActiveGeneration:
             self._cache, self._prefilled = taken
             self.cached_tokens = self._prefilled
         else:
-            self._cache = make_prompt_cache(self._loaded.model.language_model)
+            self._cache = new_prompt_cache(self._loaded.model.language_model, self._loaded.kv_layout)
         self._sampler = TokenSampler(request.settings, self._loaded.model.config)
         if request.constraint is not None:
             self._processors.append(
@@ -342,7 +340,7 @@ class ActiveGeneration:
     def start_from(self, layers: list[tuple[Any, Any]], tokens: int) -> None:
         """Start from the first `tokens` positions of another request's per-layer (keys, values)
         (views, not copies) instead of computing them; they count as cached tokens."""
-        self._cache = kv_views(layers, tokens)
+        self._cache = views(layers, tokens, self._loaded.kv_layout)
         self._prefilled = self.cached_tokens = self.shared_tokens = tokens
         self.shared_in_flight = True
         self.leader = None
@@ -479,7 +477,7 @@ class ActiveGeneration:
         # the row left after its last token went into a (double-buffered) forward, all but the
         # last when it left before.
         covered = [*inputs.token_ids, *self._generated][: getattr(cache[0], "offset", 0)]
-        _own_copy(cache, len(covered))
+        own_copy(cache, len(covered))
         self._prefix_cache.store(self.job.request.partition_key, covered, inputs.image_spans, cache)
 
     def fail(self, error: RequestError) -> None:
@@ -538,25 +536,6 @@ class ActiveGeneration:
             cached_tokens=self.cached_tokens,
             token_ids=tuple(self._generated),
         )
-
-
-def _own_copy(cache: list[Any], tokens: int) -> None:
-    """Make each layer's keys and values its own evaluated arrays of exactly `tokens` positions.
-
-    A row extracted from the batch is a lazy slice of the batch's KV arrays, and a row's own
-    cache a view of buffers allocated in steps: kept as they are, they keep those whole arrays
-    (every row of the batch, every allocated position) alive for as long as the entry lives."""
-    import mlx.core as mx
-
-    arrays = []
-    for layer in cache:
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or values is None:
-            return  # not a plain KV layer: the prefix cache refuses it anyway
-        layer.keys = mx.contiguous(keys[..., :tokens, :])
-        layer.values = mx.contiguous(values[..., :tokens, :])
-        arrays += [layer.keys, layer.values]
-    mx.eval(arrays)
 
 
 def score_chosen(generations: list[ActiveGeneration], tokens: Any) -> None:

@@ -33,6 +33,7 @@ from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, JobReport
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase
+from vlmserve.engine.loop.kv_cache import KVLayout, kv_shape, layout_for
 from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
@@ -255,10 +256,12 @@ class Generator:
     def _run(self, on_ready: ReadyCallback | None) -> None:
         try:
             loaded = self.lifecycle.open()
+            loaded.kv_layout = self._kv_layout(loaded)
             self.prefix_cache = PrefixCache(
                 min_tokens=self.config.prefix_cache_min_tokens if _plain_kv_layers(loaded) else 0,
                 max_bytes=self.config.prefix_cache_mib << 20,
                 disk=self._prefix_disk_tier(loaded),
+                layout=loaded.kv_layout,
             )
             self.vision_cache = VisionFeatureCache(
                 self.config.vision_cache_mib << 20, namespace=loaded.info.cache_namespace
@@ -291,6 +294,22 @@ class Generator:
             on_ready(loaded, None)
         self._serve(loaded)
         self._persist_prefix_cache()
+
+    def _kv_layout(self, loaded: LoadedModel) -> KVLayout:
+        bits = self.config.kv_bits
+        if bits is None:
+            return KVLayout()
+        if not _plain_kv_layers(loaded):
+            log.warning(
+                "--kv-bits %d ignored: this model's cache layers (sliding-window, chunked or recurrent) are "
+                "not plain KV layers mlx-vlm can quantize; its KV stays at full precision",
+                bits,
+            )
+            return KVLayout()
+        language_model = loaded.model.language_model
+        layout = layout_for(bits, self.config.kv_group_size, kv_shape(language_model)[1])
+        log.info("KV cache: %s", layout.describe)
+        return layout
 
     def _prefix_disk_tier(self, loaded: LoadedModel) -> PrefixDiskTier | None:
         if self.config.prefix_cache_dir is None or not _plain_kv_layers(loaded):

@@ -29,9 +29,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vlmserve.engine.loop.kv_cache import KVLayout, kv_nbytes, layer_arrays, views
 from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
 
-__all__ = ["PrefixCache", "PromptImages", "kv_views", "prompt_images", "shared_prefix_length"]
+__all__ = ["PrefixCache", "PromptImages", "prompt_images", "shared_prefix_length"]
 
 
 class _Span(Protocol):
@@ -76,25 +77,20 @@ def shared_prefix_length(
     return shared
 
 
-def kv_views(layers: Sequence[tuple[Any, Any]], tokens: int) -> list[Any]:
-    """A prompt cache (one `KVCache` per layer) holding the first `tokens` positions of `layers`'
-    (keys, values), sharing their arrays: MLX arrays are immutable, and the new cache grows into
-    buffers of its own, so the source is never written through it."""
-    from mlx_vlm.models.cache import KVCache
-
-    cache = []
-    for keys, values in layers:
-        layer: Any = KVCache()  # type: ignore[no-untyped-call]
-        layer.keys, layer.values, layer.offset = keys[..., :tokens, :], values[..., :tokens, :], tokens
-        cache.append(layer)
-    return cache
-
-
 class PrefixCache:
-    def __init__(self, *, min_tokens: int, max_bytes: int, disk: PrefixDiskTier | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        min_tokens: int,
+        max_bytes: int,
+        disk: PrefixDiskTier | None = None,
+        layout: KVLayout | None = None,
+    ) -> None:
         self.min_tokens = min_tokens
         self.max_bytes = max_bytes
         self.disk = disk
+        # The KV's precision (kv_cache.py): entries keep the layout the batch has.
+        self.layout = layout or KVLayout()
         self.bytes = 0
         # Hits by tier (metrics, tests).
         self.hits = {"memory": 0, "disk": 0}
@@ -114,14 +110,14 @@ class PrefixCache:
         """Keep `cache` (one row per layer, holding exactly `token_ids`) for `partition`."""
         if not self.enabled or len(token_ids) < self.min_tokens or not cache:
             return
-        if any(
-            getattr(layer, "offset", -1) != len(token_ids) or getattr(layer, "keys", None) is None
-            for layer in cache
-        ):
-            return  # not the plain per-layer KV layout this relies on
         n = len(token_ids)
-        layers = [(layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in cache]
-        nbytes = sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)
+        if any(getattr(layer, "offset", -1) != n for layer in cache):
+            return  # not the per-layer KV layout this relies on
+        pairs = [layer_arrays(layer, n) for layer in cache]
+        layers = [pair for pair in pairs if pair is not None]
+        if len(layers) != len(pairs):
+            return
+        nbytes = sum(kv_nbytes(k) + kv_nbytes(v) for k, v in layers)
         if nbytes > self.max_bytes:
             return
         ids = np.asarray(token_ids, dtype=np.int64)
@@ -164,7 +160,7 @@ class PrefixCache:
         self._entries.move_to_end(best_key)
         self.hits["disk" if self._entries[best_key].from_disk else "memory"] += 1
         self._entries[best_key].from_disk = False
-        return kv_views(self._entries[best_key].layers, best), best
+        return views(self._entries[best_key].layers, best, self.layout), best
 
     def _take_from_disk(
         self, partition: str, ids: np.ndarray, images: PromptImages, in_memory: int
@@ -180,9 +176,10 @@ class PrefixCache:
         if best is None or (arrays := self.disk.load(best)) is None:
             return None
         layers = [
-            (_from_numpy(keys, best.dtypes), _from_numpy(values, best.dtypes)) for keys, values in arrays
+            (_from_numpy(keys, best.dtypes, "k"), _from_numpy(values, best.dtypes, "v"))
+            for keys, values in arrays
         ]
-        nbytes = sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)
+        nbytes = sum(kv_nbytes(k) + kv_nbytes(v) for k, v in layers)
         if nbytes > self.max_bytes:
             return None
         self._keep(
@@ -203,10 +200,13 @@ class PrefixCache:
         dtypes: dict[str, str] = {}
         for keys, values in entry.layers:
             pair = []
-            for array in (keys, values):
-                data, dtype = _to_numpy(array)
-                dtypes.setdefault("kv", dtype)
-                pair.append((data,))
+            for kind, part in (("k", keys), ("v", values)):
+                numpy_parts = []
+                for index, array in enumerate(part if isinstance(part, tuple) else (part,)):
+                    data, dtype = _to_numpy(array)
+                    dtypes.setdefault(f"{kind}.{index}", dtype)
+                    numpy_parts.append(data)
+                pair.append(tuple(numpy_parts))
             arrays.append((pair[0], pair[1]))
         self.disk.put(entry.partition, entry.token_ids, entry.images, arrays, dtypes)
         entry.on_disk = True
@@ -247,12 +247,15 @@ def _to_numpy(array: Any) -> tuple[np.ndarray, str]:
     return np.asarray(array), ""
 
 
-def _from_numpy(parts: tuple[np.ndarray, ...], dtypes: dict[str, str]) -> Any:
+def _from_numpy(parts: tuple[np.ndarray, ...], dtypes: dict[str, str], kind: str) -> Any:
+    """Keys or values back in MLX: one array, or a quantized tuple (data, scales, biases)."""
     import mlx.core as mx
 
-    (data,) = parts
-    array = mx.array(data)
-    if dtypes.get("kv") == "bfloat16":
-        array = array.view(mx.bfloat16)
-    mx.eval(array)
-    return array
+    arrays = []
+    for index, data in enumerate(parts):
+        array = mx.array(data)
+        if dtypes.get(f"{kind}.{index}") == "bfloat16":
+            array = array.view(mx.bfloat16)
+        arrays.append(array)
+    mx.eval(arrays)
+    return arrays[0] if len(arrays) == 1 else tuple(arrays)

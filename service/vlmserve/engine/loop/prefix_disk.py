@@ -309,8 +309,8 @@ class PrefixDiskTier:
 
 def disk_namespace(model: str, loaded: Any) -> str:
     """One model's namespace: mlx-vlm's APC fingerprint of its path, folded with what else
-    changes its KV: the weights (file names, sizes, modification times) and the dtype they run in.
-    (A KV-quantized cache would add its bits here.)"""
+    changes its KV: the weights (file names, sizes, modification times), the dtype they run in,
+    and the KV's quantization (--kv-bits)."""
     from mlx.utils import tree_flatten
     from mlx_vlm.apc import apc_disk_namespace
 
@@ -323,7 +323,15 @@ def disk_namespace(model: str, loaded: Any) -> str:
     parameters: list[Any] = list(tree_flatten(loaded.model.language_model.parameters()))
     dtype = str(parameters[0][1].dtype) if parameters else ""
     where = str(path.resolve()) if path.is_dir() else model
-    return str(apc_disk_namespace(where, weights_fingerprint="|".join([dtype, *weights])))
+    layout = loaded.kv_layout
+    return str(
+        apc_disk_namespace(
+            where,
+            weights_fingerprint="|".join([dtype, *weights]),
+            kv_bits=layout.bits,
+            kv_group_size=layout.group_size if layout.bits is not None else None,
+        )
+    )
 
 
 def _flatten(layers: Sequence[LayerArrays]) -> dict[str, np.ndarray]:

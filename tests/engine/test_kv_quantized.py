@@ -1,0 +1,195 @@
+"""Quantized KV caches (`--kv-bits 8|4`): mlx-vlm's quantized caches through every path of the
+loop — a request alone, in a mixed batch with joins and a cancel, prompts prefilled together,
+prefixes shared in flight, the prefix cache and its disk tier — and what they save.
+
+Within one precision the engine keeps its promise (each request gives what it gives alone); the
+quantized run is compared with the full-precision one by its KV bytes and its logits, and the
+first token where greedy output departs is reported by bench/kv_quantization.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlmserve.engine.config import EngineConfig
+from vlmserve.engine.jobs import PreparedRequest
+from vlmserve.engine.loop.generator import Generator
+from vlmserve.engine.loop.kv_cache import KVLayout, bytes_per_token, layout_for, merge_rows
+from vlmserve.engine.model import RANDOM_MODEL_PATH
+
+from .test_batching import (
+    alone,
+    assert_equal_to_alone,
+    check_mixed_equals_alone,
+    prepared,
+    recorded,
+    run,
+    submitted_in_one_step,
+)
+from .test_engine_grpc import text_part
+from .test_shared_prefix import arriving_together
+
+# A batch's forward rounds a little differently from a single row's (1e-6 here); quantizing its
+# keys can move a value to the next quantization step, so logits agree to 1e-3, not 1e-4. Tokens
+# stay identical.
+QUANTIZED_ATOL = 1e-3
+
+
+def quantized_generator(bits: int, **overrides: object) -> Generator:
+    settings: dict[str, object] = {
+        "max_active": 8,
+        "max_queue": 16,
+        "max_output_tokens": 64,
+        "prefill_chunk_tokens": 32,
+        "step_tokens": 48,
+        "prefix_cache_min_tokens": 0,
+        "warmup": False,
+        "kv_bits": bits,
+        **overrides,
+    }
+    generator = Generator(EngineConfig(model=str(RANDOM_MODEL_PATH), **settings))  # type: ignore[arg-type]
+    generator.start()
+    assert generator.ready.wait(60), generator.load_error
+    return generator
+
+
+@pytest.fixture(scope="module", params=[8, 4], ids=["8-bit", "4-bit"])
+def quantized(request: pytest.FixtureRequest) -> Iterator[Generator]:
+    generator = quantized_generator(request.param)
+    yield generator
+    generator.stop()
+
+
+LAYOUT_CASES = [
+    ("off", None, 64, 128, KVLayout()),
+    ("8-bit, groups of 64", 8, 64, 128, KVLayout(8, 64)),
+    ("small heads take groups of 32", 4, 64, 32, KVLayout(4, 32)),
+    ("a group size that does not divide", 8, 128, 96, KVLayout(8, 32)),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "bits", "group", "head_dim", "expected"), LAYOUT_CASES, ids=[c[0] for c in LAYOUT_CASES]
+)
+def test_layout_for(name: str, bits: int | None, group: int, head_dim: int, expected: KVLayout) -> None:
+    assert layout_for(bits, group, head_dim) == expected
+
+
+def test_a_head_dimension_no_group_divides_is_refused() -> None:
+    with pytest.raises(ValueError, match="divisible by 32"):
+        layout_for(8, 64, 48)
+
+
+def test_merged_rows_give_each_row_back() -> None:
+    import mlx.core as mx
+    from mlx_vlm.models.cache import QuantizedKVCache
+
+    rows = []
+    for length in (5, 9, 0):
+        cache = QuantizedKVCache(group_size=32, bits=8)
+        if length:
+            keys = mx.random.normal((1, 2, length, 32), key=mx.random.key(length))
+            cache.update_and_fetch(keys, keys * 2)
+        rows.append(cache)
+    batch = merge_rows(rows)
+    assert [int(x) for x in np.asarray(batch.left_padding)] == [4, 0, 9]
+    for index, row in enumerate(rows[:2]):
+        back = batch.extract(index)
+        assert back.offset == row.offset
+        for mine, theirs in zip(back.keys, row.keys, strict=True):
+            np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs[..., : row.offset, :]))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.5])
+def test_a_mixed_batch_equals_each_request_alone(quantized: Generator, temperature: float) -> None:
+    assert quantized.loaded is not None and quantized.loaded.kv_layout.quantized
+    check_mixed_equals_alone(quantized, temperature, atol=QUANTIZED_ATOL)
+
+
+def test_prompts_shared_in_flight_equal_each_alone() -> None:
+    generator = quantized_generator(8, prefill_chunk_tokens=128, step_tokens=512, shared_prefix_min_tokens=8)
+    try:
+        requests, alone_logits = recorded(arriving_together(generator, 0.0))
+        reference = alone(generator, requests, "q-shared")
+        requests, together_logits = recorded(arriving_together(generator, 0.0))
+        together = submitted_in_one_step(generator, requests, "q-shared")
+        assert together["follower"].cached_tokens > 30
+        assert_equal_to_alone(together, reference, together_logits, alone_logits, atol=QUANTIZED_ATOL)
+    finally:
+        generator.stop()
+
+
+def test_a_cached_prefix_is_quantized_and_reused_with_identical_output(tmp_path: Path) -> None:
+    system = " ".join(f"Rule {i}: be brief." for i in range(20))
+
+    def ask(generator: Generator, question: str) -> dict[str, PreparedRequest]:
+        return {"r": prepared(generator, text_part(f"{system} {question}"), temperature=0.0, seed=1)}
+
+    generator = quantized_generator(4, prefix_cache_min_tokens=16, prefix_cache_dir=str(tmp_path))
+    try:
+        cold = run(generator, ask(generator, "Question two?"), "q-cold")["r"]
+        assert generator.prefix_cache is not None
+        generator.prefix_cache.clear()  # the cold run was kept too
+        run(generator, ask(generator, "Question one?"), "q-first")
+        (entry,) = generator.prefix_cache._entries.values()
+        keys, _values = entry.layers[0]
+        assert isinstance(keys, tuple) and len(keys) == 3  # packed data, scales, biases
+        warm = run(generator, ask(generator, "Question two?"), "q-warm")["r"]
+        assert warm.cached_tokens > 16
+        assert warm.token_ids == cold.token_ids
+        generator.prefix_cache.clear()
+        run(generator, ask(generator, "Question one?"), "q-first-again")
+    finally:
+        generator.stop()  # writes the cache to the disk tier
+    assert list(tmp_path.rglob("*.safetensors"))
+    restarted = quantized_generator(4, prefix_cache_min_tokens=16, prefix_cache_dir=str(tmp_path))
+    try:
+        from_disk = run(restarted, ask(restarted, "Question two?"), "q-disk")["r"]
+        assert restarted.prefix_cache is not None and restarted.prefix_cache.hits["disk"] == 1
+        assert from_disk.cached_tokens == warm.cached_tokens
+        assert from_disk.token_ids == cold.token_ids
+    finally:
+        restarted.stop()
+    # Another precision never reads these entries (its own namespace).
+    other = quantized_generator(8, prefix_cache_min_tokens=16, prefix_cache_dir=str(tmp_path))
+    try:
+        assert run(other, ask(other, "Question two?"), "q-other")["r"].cached_tokens == 0
+    finally:
+        other.stop()
+
+
+def test_quantized_kv_takes_the_bytes_it_should() -> None:
+    """An entry's bytes per token, measured from the arrays, against full precision."""
+    full = Generator(EngineConfig(model=str(RANDOM_MODEL_PATH), warmup=False, prefix_cache_min_tokens=4))
+    generators = {
+        "full": full,
+        8: quantized_generator(8, prefix_cache_min_tokens=4),
+        4: quantized_generator(4, prefix_cache_min_tokens=4),
+    }
+    full.start()
+    assert full.ready.wait(60)
+    try:
+        measured = {}
+        for name, generator in generators.items():
+            request = {
+                "r": prepared(
+                    generator, text_part("Count the boxes on every shelf."), temperature=0.0, seed=1
+                )
+            }
+            report = run(generator, request, f"bytes-{name}")["r"]
+            assert generator.prefix_cache is not None
+            (entry,) = generator.prefix_cache._entries.values()
+            measured[name] = entry.nbytes / entry.token_ids.size
+            assert generator.loaded is not None
+            expected = bytes_per_token(generator.loaded.model.language_model, generator.loaded.kv_layout, 4)
+            assert measured[name] == expected, name
+            assert report.output_tokens > 0
+        # head dim 32 (groups of 32), float32 scales on the CPU: 8-bit (32 + 8) / 128, 4-bit (16 + 8) / 128
+        assert measured[8] / measured["full"] == pytest.approx(40 / 128)
+        assert measured[4] / measured["full"] == pytest.approx(24 / 128)
+    finally:
+        for generator in generators.values():
+            generator.stop()
