@@ -84,7 +84,10 @@ def measure(model: Path, bits: int | None, with_image: bool) -> dict[str, Any]:
             assert generator.prefix_cache is not None
             generator.prefix_cache.clear()
             report = run(generator, {name: request}, f"{bits}-{name}")[name]
-            (entry,) = generator.prefix_cache._entries.values()
+            entries = list(generator.prefix_cache._entries.values())
+            if not entries:
+                raise ValueError("its cache layers are not plain KV layers (no prefix cache, no --kv-bits)")
+            (entry,) = entries
             out[name] = {
                 "tokens": list(report.token_ids),
                 "logits": np.stack(recorder.rows),
@@ -126,14 +129,22 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = Path(tempfile.mkdtemp(prefix="kv-quant-families-"))
-    models: dict[str, tuple[Path, bool]] = {"qwen2-vl-tiny": (RANDOM_MODEL_PATH, True)}
+    models: dict[str, tuple[Path, bool]] = {
+        "qwen2-vl-squares (trained)": (REPO / "models" / "qwen2-vl-squares", True),
+        "qwen2-vl-tiny": (RANDOM_MODEL_PATH, True),
+    }
     for name, family in sorted(FAMILIES.items()):
         models[name] = (build_family(family, root / name), name != "llava")
     if args.bench_model is not None:
         models["bench-144m"] = (args.bench_model, True)
     report: dict[str, Any] = {"load": os.getloadavg(), "tokens": TOKENS, "models": {}}
     for name, (path, with_image) in models.items():
-        full = measure(path, None, with_image)
+        try:
+            full = measure(path, None, with_image)
+        except ValueError as error:
+            report["models"][name] = f"not run: {error}"
+            print(name, report["models"][name], flush=True)
+            continue
         entry: dict[str, Any] = {"full_bytes_per_token": full["text"]["bytes_per_token"]}
         for bits in (8, 4):
             try:
