@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import openai
 import pytest
-from openai.types.responses import ResponseCompletedEvent, ResponseFunctionToolCall
+from openai.types.responses import ResponseCompletedEvent, ResponseFunctionToolCall, ResponseUsage
 
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import SEED_000_TOOL, png_data_url, seed_000_input
@@ -142,3 +142,13 @@ async def test_chat_stream_helper_accumulates_a_streamed_tool_call(
     assert call.type == "function" and call.id
     assert call.function.name == "get_weather"
     assert call.function.arguments == '{"city": "Paris"}'
+
+
+async def test_usage_has_every_field_the_sdk_requires(sdk: openai.AsyncOpenAI) -> None:
+    """openai 3.57 types `input_tokens_details.cache_write_tokens` as a required int."""
+    raw = await sdk.responses.with_raw_response.create(model="default", input="Say hello.")
+    usage = raw.http_response.json()["usage"]
+    details = usage["input_tokens_details"]
+    assert details == {"cached_tokens": details["cached_tokens"], "cache_write_tokens": 0}
+    # Validated strictly (the SDK's own parse is lenient about missing fields).
+    assert ResponseUsage.model_validate(usage).input_tokens_details.cache_write_tokens == 0

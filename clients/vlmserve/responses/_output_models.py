@@ -134,6 +134,10 @@ OutputItem = Annotated[
 
 class InputTokensDetails(OutboundModel):
     cached_tokens: int
+    # OpenAI bills writes to its prompt cache; the engine's prefix cache keeps prompts without
+    # a cost of their own, so none is written in that sense. The openai SDK (3.57) types it as
+    # a required int.
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(OutboundModel):
