@@ -11,8 +11,8 @@ import pytest
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts
-from vlmserve.facade.postgres_store import PostgresStore
-from vlmserve.facade.sql_store import SQLStore
+from vlmserve.facade.store.postgres import PostgresStore
+from vlmserve.facade.store.sql_responses import SQLStore
 
 __all__ = ["another_store", "engine", "engine_client", "fake_engine", "settings", "store", "store_backend"]
 

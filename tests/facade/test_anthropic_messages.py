@@ -22,7 +22,7 @@ from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
-from vlmserve.facade.api_keys import ApiKeys
+from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 RED = (255, 0, 0)

@@ -19,8 +19,8 @@ from tests.facade.helpers import EVENT_SCHEMAS, assert_valid, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
-from vlmserve.facade.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.app import INTERRUPTED_ERROR
+from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.settings import Storage
 
 WAIT_S = 5.0

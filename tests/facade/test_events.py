@@ -9,8 +9,8 @@ import pytest
 
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.http_errors import APIError
-from vlmserve.facade.response_events import Event, ResponseEvents
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.responses.events import Event, ResponseEvents
 from vlmserve.responses import ResponseResource
 
 

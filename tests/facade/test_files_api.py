@@ -21,7 +21,7 @@ from tests.facade.fake_engine import FakeEngine
 from tests.responses.responses_testkit import RED
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
-from vlmserve.facade.api_keys import ApiKeys, owner_id
+from vlmserve.facade.http.api_keys import ApiKeys, owner_id
 from vlmserve.facade.settings import Files
 
 PDF = text_pdf(["Quarterly report", "Totals"])

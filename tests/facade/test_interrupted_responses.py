@@ -11,8 +11,8 @@ from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.helpers import assert_valid
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
-from vlmserve.facade.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.app import INTERRUPTED_ERROR
+from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
 
 OTHER_OWNER = "someone-else"
 

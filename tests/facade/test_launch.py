@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests._services import REPO, free_port
-from vlmserve.facade.store import ResponseStore
+from vlmserve.facade.store.sqlite import ResponseStore
 
 FAKE_ENGINE = f"{sys.executable} -m tests.facade.fake_engine_server"
 

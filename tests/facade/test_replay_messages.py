@@ -21,9 +21,9 @@ from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import SEED_000_TOOL, count_image_checks, png_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import ResponseStore
-from vlmserve.facade.api_keys import ANONYMOUS_OWNER
-from vlmserve.facade.sql_store import SQLStore
-from vlmserve.facade.storage import StoredItem
+from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
+from vlmserve.facade.store.protocol import StoredItem
+from vlmserve.facade.store.sql_responses import SQLStore
 from vlmserve.responses import build_generate_request, input_to_messages, lower_messages
 
 CALL = pb.ToolCall(id="call_1", name="screenshot", arguments="{}", kind=pb.TOOL_KIND_FUNCTION)

@@ -1,5 +1,5 @@
 """Every HTTP answer names its request (`x-request-id`), and log lines written while serving it
-carry that id and the response id (facade/request_ids.py, vlmserve.common.logs)."""
+carry that id and the response id (facade/http/request_ids.py, vlmserve.common.logs)."""
 
 from __future__ import annotations
 

@@ -23,11 +23,11 @@ from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import SEED_000_TOOL, png_data_url, seed_000_input
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, create_app
-from vlmserve.facade.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.app import INTERRUPTED_ERROR
-from vlmserve.facade.postgres_store import PostgresStore
-from vlmserve.facade.sql_store import SQLStore
-from vlmserve.facade.storage import StorageQuotaExceededError, StoredItem
+from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
+from vlmserve.facade.store.postgres import PostgresStore
+from vlmserve.facade.store.protocol import StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.sql_responses import SQLStore
 from vlmserve.responses import input_to_messages
 
 OpenStore = Callable[[], SQLStore]

@@ -24,9 +24,9 @@ from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore
 from vlmserve.facade.settings import Storage
-from vlmserve.facade.sql_store import SQLStore
-from vlmserve.facade.storage import StoredItem
-from vlmserve.facade.store_upkeep import run_upkeep, upkeep_once
+from vlmserve.facade.store.protocol import StoredItem
+from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.upkeep import run_upkeep, upkeep_once
 from vlmserve.responses import input_to_messages
 
 MakeClient = Callable[..., httpx.AsyncClient]

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from vlmserve.facade.postgres_store import PostgresStore
-from vlmserve.facade.sql_store import SQLStore
-from vlmserve.facade.store import (
+from vlmserve.facade.store.postgres import PostgresStore
+from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.sqlite import (
     SCHEMA_VERSION,
     MissingChainLinkError,
     ResponseStore,

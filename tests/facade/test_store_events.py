@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
-from vlmserve.facade.sql_store import SQLStore
-from vlmserve.facade.store import SCHEMA_VERSION, ResponseStore
+from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.sqlite import SCHEMA_VERSION, ResponseStore
 
 ERROR = {"code": "server_error", "message": "restarted"}
 

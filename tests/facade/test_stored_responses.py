@@ -15,7 +15,7 @@ from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_data_url, seed
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, create_app
-from vlmserve.facade.sql_store import SQLStore
+from vlmserve.facade.store.sql_responses import SQLStore
 
 
 async def create(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:

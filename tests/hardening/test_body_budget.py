@@ -15,8 +15,8 @@ import httpx
 from tests.hardening.test_slow_clients import read_all, serving, wait_for
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
-from vlmserve.facade.api_keys import ApiKeys, owner_id
-from vlmserve.facade.body_budget import BodyBudget
+from vlmserve.facade.http.api_keys import ApiKeys, owner_id
+from vlmserve.facade.http.body_budget import BodyBudget
 
 KEY_A, KEY_B = "sk-attacker", "sk-victim"
 

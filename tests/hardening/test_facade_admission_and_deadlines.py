@@ -20,7 +20,7 @@ from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
-from vlmserve.facade import response_preparation as service_module
+from vlmserve.facade.responses import preparation as service_module
 
 HANG_S = 3600.0
 

@@ -12,8 +12,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.testclient import TestClient
 
 from vlmserve.common import secrets
-from vlmserve.facade import api_keys as auth
-from vlmserve.facade.api_keys import (
+from vlmserve.facade.app import create_app
+from vlmserve.facade.http import api_keys as auth
+from vlmserve.facade.http.api_keys import (
     ANONYMOUS_OWNER,
     ApiKeys,
     Owner,
@@ -21,8 +22,7 @@ from vlmserve.facade.api_keys import (
     owner_id,
     require_owner,
 )
-from vlmserve.facade.app import create_app
-from vlmserve.facade.http_errors import install_error_handlers
+from vlmserve.facade.http.errors import install_error_handlers
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.state import owner_of
 

@@ -19,7 +19,7 @@ from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
 from vlmserve.facade.cli import server_config, settings_from_args
-from vlmserve.facade.request_body import MAX_JSON_DEPTH
+from vlmserve.facade.http.request_body import MAX_JSON_DEPTH
 
 MakeClient = Callable[..., Awaitable[httpx.AsyncClient]]
 

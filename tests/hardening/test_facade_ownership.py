@@ -13,8 +13,8 @@ import pytest
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
-from vlmserve.facade.api_keys import ApiKeys, owner_id
 from vlmserve.facade.cli import settings_from_args
+from vlmserve.facade.http.api_keys import ApiKeys, owner_id
 
 ALICE = "sk-alice-0123456789abcdef"
 BOB = "sk-bob-fedcba9876543210xx"

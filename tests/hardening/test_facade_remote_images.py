@@ -18,8 +18,8 @@ from tests.hardening._image_server import PNG, ImageServer, serve_images
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
 from vlmserve.facade.cli import settings_from_args
-from vlmserve.facade.remote_image_checks import IPAddress, RemoteImageSettings, is_public_address
-from vlmserve.facade.remote_images import RemoteImageFetcher
+from vlmserve.facade.remote_images.checks import IPAddress, RemoteImageSettings, is_public_address
+from vlmserve.facade.remote_images.fetcher import RemoteImageFetcher
 
 PARAM = "input[0].content[0].image_url"
 

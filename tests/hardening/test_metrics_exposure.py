@@ -14,8 +14,8 @@ import httpx
 from tests._prometheus import metric_samples
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, ResponseStore, create_app
-from vlmserve.facade.api_keys import ApiKeys
-from vlmserve.facade.metrics import bounded_method
+from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.http.metrics import bounded_method
 
 OPERATOR = "sk-operator"
 

@@ -16,8 +16,8 @@ import pytest
 
 from tests.hardening._certs import PKIFiles, make_pki
 from tests.hardening._image_server import BIG_BODY_BYTES, PNG, ImageServer, serve_images
-from vlmserve.facade.remote_image_checks import IPAddress, RemoteImageSettings, is_public_address
-from vlmserve.facade.remote_images import (
+from vlmserve.facade.remote_images.checks import IPAddress, RemoteImageSettings, is_public_address
+from vlmserve.facade.remote_images.fetcher import (
     RefusalCause,
     RemoteImageError,
     RemoteImageFetcher,

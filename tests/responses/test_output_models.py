@@ -22,9 +22,9 @@ from pydantic import BaseModel, TypeAdapter
 
 from tests._openresponses import EVENT_SCHEMAS, assert_valid, spec
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.http_errors import APIError
-from vlmserve.facade.resource import new_resource
-from vlmserve.facade.response_events import ResponseEvents
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.responses.events import ResponseEvents
+from vlmserve.facade.responses.resource import new_resource
 from vlmserve.responses import (
     CustomToolCallItem,
     ErrorPayload,

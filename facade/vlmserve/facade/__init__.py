@@ -1,7 +1,7 @@
 """OpenAI Responses API facade over the vlmserve engine (FastAPI)."""
 
-from .app import create_app
-from .settings import FacadeSettings, Limits, Timeouts
-from .store import ResponseStore
+from vlmserve.facade.app import create_app
+from vlmserve.facade.settings import FacadeSettings, Limits, Timeouts
+from vlmserve.facade.store.sqlite import ResponseStore
 
 __all__ = ["FacadeSettings", "Limits", "ResponseStore", "Timeouts", "create_app"]

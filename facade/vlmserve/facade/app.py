@@ -16,26 +16,30 @@ from fastapi import params as fastapi_params
 from fastapi.responses import JSONResponse
 
 from vlmserve.client import AsyncEngineClient, Deadlines
-
-from . import anthropic_api, chat_api, conversations_api, files_api, models_api, responses_api
-from .api_keys import install_api_keys, require_operator, require_owner
-from .api_schema import install_openapi
-from .background_runs import BackgroundRuns
-from .body_budget import BodyBudget
-from .catalog import ModelCatalog
-from .file_store import FileStore
-from .http_errors import install_error_handlers
-from .key_admission import EngineSlots, KeyAdmission
-from .metrics import FacadeMetrics, HttpMetrics, metrics_endpoint
-from .remote_images import image_fetcher_from_settings
-from .request_ids import RequestIds
-from .request_limits import HeaderLimits
-from .response_preparation import ImageSourceFactory, ResponsesService
-from .settings import FacadeSettings
-from .state import FacadeState
-from .storage import Store
-from .store import ResponseStore
-from .store_upkeep import INTERRUPTED_ERROR, fail_interrupted, run_lease, run_upkeep
+from vlmserve.facade.http.api_keys import install_api_keys, require_operator, require_owner
+from vlmserve.facade.http.body_budget import BodyBudget
+from vlmserve.facade.http.errors import install_error_handlers
+from vlmserve.facade.http.limits import HeaderLimits
+from vlmserve.facade.http.metrics import FacadeMetrics, HttpMetrics, metrics_endpoint
+from vlmserve.facade.http.openapi import install_openapi
+from vlmserve.facade.http.request_ids import RequestIds
+from vlmserve.facade.remote_images.fetcher import image_fetcher_from_settings
+from vlmserve.facade.responses.background import BackgroundRuns
+from vlmserve.facade.responses.catalog import ModelCatalog
+from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
+from vlmserve.facade.responses.preparation import ImageSourceFactory, ResponsesService
+from vlmserve.facade.routes import anthropic as anthropic_routes
+from vlmserve.facade.routes import chat as chat_routes
+from vlmserve.facade.routes import conversations as conversations_routes
+from vlmserve.facade.routes import files as files_routes
+from vlmserve.facade.routes import models as models_routes
+from vlmserve.facade.routes import responses as responses_routes
+from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.state import FacadeState
+from vlmserve.facade.store.files import FileStore
+from vlmserve.facade.store.protocol import Store
+from vlmserve.facade.store.sqlite import ResponseStore
+from vlmserve.facade.store.upkeep import INTERRUPTED_ERROR, fail_interrupted, run_lease, run_upkeep
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -79,7 +83,7 @@ def open_store(settings: FacadeSettings) -> Store:
     """PostgreSQL when `settings.store` names a database, else the SQLite file at `store_path`."""
     cache_bytes = settings.storage.replay_cache_bytes
     if settings.store is not None:
-        from .postgres_store import PostgresStore
+        from vlmserve.facade.store.postgres import PostgresStore
 
         return PostgresStore(settings.store, cache_bytes=cache_bytes)
     return ResponseStore(settings.store_path, cache_bytes=cache_bytes)
@@ -217,14 +221,14 @@ def create_app(
     app.add_middleware(HeaderLimits, max_headers=limits.max_headers, max_header_bytes=limits.max_header_bytes)
     # A dependency on each route (not path matching): a route added later is guarded too.
     guarded: dict[str, Any] = {"dependencies": [Depends(require_owner), *dependencies]}
-    app.include_router(responses_api.router, **guarded)
-    app.include_router(conversations_api.router, **guarded)
-    app.include_router(files_api.router, **guarded)
-    app.include_router(chat_api.router, **guarded)
-    app.include_router(anthropic_api.router, **guarded)
-    app.include_router(models_api.models_router, **guarded)
-    app.include_router(models_api.readiness_router, **guarded)
-    app.include_router(models_api.health_router)
+    app.include_router(responses_routes.router, **guarded)
+    app.include_router(conversations_routes.router, **guarded)
+    app.include_router(files_routes.router, **guarded)
+    app.include_router(chat_routes.router, **guarded)
+    app.include_router(anthropic_routes.router, **guarded)
+    app.include_router(models_routes.models_router, **guarded)
+    app.include_router(models_routes.readiness_router, **guarded)
+    app.include_router(models_routes.health_router)
     # The operator's: its figures count every key's traffic (none is labelled by owner).
     app.add_api_route(
         "/metrics",

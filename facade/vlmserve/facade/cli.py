@@ -17,11 +17,10 @@ from vlmserve.common.logs import configure_logging
 from vlmserve.common.netaddr import is_loopback_host
 from vlmserve.common.settings import SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
-
-from .app import create_app
-from .http_protocol import bounded_protocol
-from .responses_api import STREAM_CUTOFF_AFTER_GRACE_S
-from .settings import FacadeSettings
+from vlmserve.facade.app import create_app
+from vlmserve.facade.http.protocol import bounded_protocol
+from vlmserve.facade.responses.delivery import STREAM_CUTOFF_AFTER_GRACE_S
+from vlmserve.facade.settings import FacadeSettings
 
 # Room for the request line (method, target, version) in uvicorn's header buffer.
 _REQUEST_LINE_BYTES = 8 * 1024

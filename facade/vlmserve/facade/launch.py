@@ -34,10 +34,9 @@ from vlmserve.client import EngineClient
 from vlmserve.common.lifeline import LIFELINE_ENV
 from vlmserve.common.logs import configure_logging
 from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv
-
-from .api_keys import probe_key
-from .cli import server_shutdown_timeout_s
-from .settings import ENGINE_TOKEN_ENV, FacadeSettings
+from vlmserve.facade.cli import server_shutdown_timeout_s
+from vlmserve.facade.http.api_keys import probe_key
+from vlmserve.facade.settings import ENGINE_TOKEN_ENV, FacadeSettings
 
 logger = logging.getLogger("vlmserve.launch")
 

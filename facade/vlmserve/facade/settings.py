@@ -17,9 +17,8 @@ from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.common.logs import LogFormat
 from vlmserve.common.secrets import read_secret_file
 from vlmserve.common.settings import DeclaredSettings, Option
-
-from .api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, OPERATOR_KEYS_ENV, ApiKeys
-from .remote_image_checks import RemoteImageSettings
+from vlmserve.facade.http.api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, OPERATOR_KEYS_ENV, ApiKeys
+from vlmserve.facade.remote_images.checks import RemoteImageSettings
 
 __all__ = [
     "ENGINE_TOKEN_ENV",

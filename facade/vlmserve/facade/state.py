@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from vlmserve.client import AsyncEngineClient
-
-from .background_runs import BackgroundRuns
-from .body_budget import BodyBudget
-from .catalog import ModelCatalog
-from .file_store import FileStore
-from .response_preparation import ResponsesService
-from .settings import FacadeSettings
-from .storage import Store
+from vlmserve.facade.http.body_budget import BodyBudget
+from vlmserve.facade.responses.background import BackgroundRuns
+from vlmserve.facade.responses.catalog import ModelCatalog
+from vlmserve.facade.responses.preparation import ResponsesService
+from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.store.files import FileStore
+from vlmserve.facade.store.protocol import Store
 
 
 @dataclass

@@ -1,0 +1,2 @@
+"""HTTP floor: the protocol, bodies, limits, errors, API keys, request ids and metrics;
+nothing about Responses."""

@@ -1,0 +1,183 @@
+"""Optional API keys for the facade: `Authorization: Bearer <key>` or `x-api-key: <key>` (how
+Anthropic's clients send it), checked in constant time.
+
+Keys come (see settings.py) from `VLMSERVE_API_KEYS` (comma-separated) and/or the file named by
+`VLMSERVE_API_KEYS_FILE` (one per line, `#` comments). With no key configured, authentication is
+off and every caller is the owner "anonymous" (the facade binds 127.0.0.1 by default).
+
+`require_owner` is the FastAPI dependency: it answers 401 (OpenAI-shaped) or returns the caller's
+owner id, a truncated SHA-256 of the key, so stored responses can belong to the key that made them
+without the key itself being stored. `create_app` attaches it to every router except the one
+holding `/healthz`; routes that need the owner declare a parameter `owner: Owner`. `/metrics`
+takes `require_operator` instead: an operator key, never a client's (its figures count every key).
+Keys are held only as digests; the presented key is hashed once and compared with every digest,
+with no early exit, so the time taken says nothing about which key matched or how close a guess is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+
+from vlmserve.common.secrets import digest, matches_any, read_secret_file
+from vlmserve.facade.http.errors import APIError
+
+__all__ = [
+    "ANONYMOUS_OWNER",
+    "API_KEYS_ENV",
+    "API_KEYS_FILE_ENV",
+    "OPERATOR_KEYS_ENV",
+    "ApiKeys",
+    "Owner",
+    "install_api_keys",
+    "owner_id",
+    "probe_key",
+    "require_operator",
+    "require_owner",
+]
+
+API_KEYS_ENV = "VLMSERVE_API_KEYS"
+API_KEYS_FILE_ENV = "VLMSERVE_API_KEYS_FILE"
+OPERATOR_KEYS_ENV = "VLMSERVE_OPERATOR_KEYS"
+ANONYMOUS_OWNER = "anonymous"
+_OWNER_HEX_CHARS = 24  # 96 bits: unique per key, and not the key's full digest
+
+
+def _owner_from_digest(digest: bytes) -> str:
+    return "key_" + digest.hex()[:_OWNER_HEX_CHARS]
+
+
+def owner_id(key: str) -> str:
+    """The stable owner id of an API key (what stored responses are filed under)."""
+    return _owner_from_digest(digest(key))
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeys:
+    """The configured keys, as SHA-256 digests. Empty: authentication off."""
+
+    digests: tuple[bytes, ...] = ()
+
+    @classmethod
+    def from_keys(cls, keys: Iterable[str]) -> ApiKeys:
+        unique = dict.fromkeys(key.strip() for key in keys if key.strip())
+        return cls(tuple(digest(key) for key in unique))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.digests)
+
+    def owner_for_key(self, key: str) -> str | None:
+        """The owner id if `key` is one of ours, else None. Compares with every key."""
+        presented = digest(key)
+        return _owner_from_digest(presented) if matches_any(self.digests, presented) else None
+
+
+def probe_key(environ: Mapping[str, str] | None = None, *, key_file: Path | None = None) -> str | None:
+    """One configured key (the first), for a local probe of `/readyz` such as the launcher's."""
+    env = os.environ if environ is None else environ
+    keys = [key.strip() for key in env.get(API_KEYS_ENV, "").split(",") if key.strip()]
+    file = key_file or (Path(env[API_KEYS_FILE_ENV]) if env.get(API_KEYS_FILE_ENV) else None)
+    if not keys and file is not None:
+        keys = read_secret_file(file)
+    return keys[0] if keys else None
+
+
+def install_api_keys(app: FastAPI, keys: ApiKeys, operator_keys: ApiKeys | None = None) -> None:
+    """Make `keys` the ones `require_owner` checks for this app, and `operator_keys` the ones
+    `require_operator` checks (call once, at app creation)."""
+    app.state.api_keys = keys
+    app.state.operator_keys = operator_keys or ApiKeys()
+
+
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def _missing_key() -> APIError:
+    return APIError(
+        401,
+        "You didn't provide an API key. Provide it in an Authorization header using Bearer auth "
+        "(Authorization: Bearer YOUR_KEY), or in an x-api-key header.",
+        headers=_CHALLENGE,
+    )
+
+
+def _incorrect_key() -> APIError:
+    # Never echo what was presented: it may be a real key for another service.
+    return APIError(401, "Incorrect API key provided.", code="invalid_api_key", headers=_CHALLENGE)
+
+
+async def require_owner(request: Request) -> str:
+    """FastAPI dependency: the caller's owner id, or 401. Fails closed if keys were not installed.
+
+    The owner is also left in `request.state.owner`, where the facade's `state.owner_of` reads it.
+    """
+    owner = _authenticate(request)
+    request.state.owner = owner
+    return owner
+
+
+def _authenticate(request: Request) -> str:
+    keys = getattr(request.app.state, "api_keys", None)
+    if not isinstance(keys, ApiKeys):
+        raise RuntimeError("install_api_keys(app, ...) was not called")  # a 500, never an open door
+    if not keys.enabled:
+        return ANONYMOUS_OWNER
+    bearer = request.headers.getlist("authorization")
+    api_key = request.headers.getlist("x-api-key")
+    if not bearer and not api_key:
+        raise _missing_key()
+    presented: list[str] = []
+    if bearer:
+        scheme, _, key = bearer[0].partition(" ")
+        if len(bearer) != 1 or scheme.lower() != "bearer" or not key.strip():
+            raise _incorrect_key()
+        presented.append(key.strip())
+    if api_key:
+        if len(api_key) != 1 or not api_key[0].strip():
+            raise _incorrect_key()
+        presented.append(api_key[0].strip())
+    # Both headers: both must be ours and the same key's (never one key's owner for another's).
+    owners = {keys.owner_for_key(key) for key in presented}
+    if len(owners) != 1 or None in owners:
+        raise _incorrect_key()
+    owner = owners.pop()
+    assert owner is not None
+    return owner
+
+
+async def require_operator(request: Request) -> None:
+    """FastAPI dependency for the operator's routes (`/metrics`): with API keys on, only an
+    operator key (`$VLMSERVE_OPERATOR_KEYS`) passes; a client's key is a 403, since the
+    figures there count every key's traffic. With API keys off, everyone passes."""
+    keys = getattr(request.app.state, "api_keys", None)
+    operators = getattr(request.app.state, "operator_keys", None)
+    if not isinstance(keys, ApiKeys) or not isinstance(operators, ApiKeys):
+        raise RuntimeError("install_api_keys(app, ...) was not called")
+    if not keys.enabled and not operators.enabled:
+        return
+    headers = request.headers.getlist("authorization")
+    if not headers:
+        raise _missing_key()
+    scheme, _, key = headers[0].partition(" ")
+    if len(headers) != 1 or scheme.lower() != "bearer" or not key.strip():
+        raise _incorrect_key()
+    if operators.owner_for_key(key.strip()) is not None:
+        return
+    if keys.owner_for_key(key.strip()) is None:
+        raise _incorrect_key()
+    raise APIError(
+        403,
+        "This route is for the server's operator: it needs an operator key ($"
+        + OPERATOR_KEYS_ENV
+        + "), not an API key.",
+        code="permission_denied",
+    )
+
+
+Owner = Annotated[str, Depends(require_owner)]

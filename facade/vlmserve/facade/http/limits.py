@@ -1,0 +1,128 @@
+"""The facade's own bounds on a request: headers (ASGI middleware, 431), tools, images per request.
+
+Body size is bounded where the body is read (`request_body`), image bytes and pixels by the
+translation (`image_limits`), `max_output_tokens` by the service; these are the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.settings import Limits
+from vlmserve.responses import IMAGE_PART_TYPES
+
+REQUEST_HEADER_FIELDS_TOO_LARGE = 431
+
+
+class HeaderLimits:
+    """Refuses requests with too many headers, or too many header bytes, before any route runs.
+
+    The HTTP server bounds what it buffers too (uvicorn's h11 `h11_max_incomplete_event_size`,
+    set from `max_header_bytes` by the CLI); this check also holds behind other servers.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_headers: int, max_header_bytes: int) -> None:
+        self.app = app
+        self.max_headers = max_headers
+        self.max_header_bytes = max_header_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            error = self._check(scope["headers"])
+            if error is not None:
+                await error.to_response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, headers: list[tuple[bytes, bytes]]) -> APIError | None:
+        if len(headers) > self.max_headers:
+            return APIError(
+                REQUEST_HEADER_FIELDS_TOO_LARGE,
+                f"The request has more than {self.max_headers} headers.",
+                code="request_header_fields_too_large",
+            )
+        if sum(len(name) + len(value) for name, value in headers) > self.max_header_bytes:
+            return APIError(
+                REQUEST_HEADER_FIELDS_TOO_LARGE,
+                f"The request headers are larger than {self.max_header_bytes} bytes.",
+                code="request_header_fields_too_large",
+            )
+        return None
+
+
+def check_tools(body: Mapping[str, Any], limits: Limits) -> None:
+    """At most `max_tools` tools (a namespace's tools each count), each at most `max_tool_bytes`
+    as JSON. Shapes are the translation's business: anything that is not a list is left to it."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return
+    count = 0
+    for index, tool in enumerate(tools):
+        inner = tool.get("tools") if isinstance(tool, dict) and tool.get("type") == "namespace" else None
+        count += len(inner) if isinstance(inner, list) else 1
+        if count > limits.max_tools:
+            raise APIError(
+                400,
+                f"Invalid value for 'tools': at most {limits.max_tools} tools are accepted.",
+                param="tools",
+                code="array_above_max_length",
+            )
+        size = len(json.dumps(tool, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        if size > limits.max_tool_bytes:
+            raise APIError(
+                400,
+                f"Invalid value for 'tools[{index}]': a tool may be at most {limits.max_tool_bytes} "
+                "bytes of JSON.",
+                param=f"tools[{index}]",
+                code="invalid_value",
+            )
+
+
+def count_image_parts(value: object) -> int:
+    """Image parts of every form (`input_image`, the `image_url` alias) anywhere in a request's
+    `input` (or conversation `items`, or a stored item), without recursion: a cheap early count,
+    before any image is decoded or fetched."""
+    count = 0
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, dict):
+            if current.get("type") in IMAGE_PART_TYPES:
+                count += 1
+            stack.extend(current.values())
+        elif isinstance(current, list):
+            stack.extend(current)
+    return count
+
+
+def contract_images(messages: Iterable[pb.Message]) -> Iterator[pb.ImagePart]:
+    """Images in contract messages, lowered or not (in tool outputs too)."""
+    for message in messages:
+        parts = list(message.parts)
+        if message.HasField("tool_output") and message.tool_output.WhichOneof("output") == "parts":
+            parts += message.tool_output.parts.parts
+        for part in parts:
+            if part.WhichOneof("kind") == "image":
+                yield part.image
+
+
+def count_contract_images(messages: Iterable[pb.Message]) -> int:
+    """Images in contract messages, lowered or not (in tool outputs too)."""
+    return sum(1 for _ in contract_images(messages))
+
+
+def check_image_count(count: int, allowed: int, *, param: str) -> None:
+    if count > allowed:
+        raise APIError(
+            400,
+            f"Invalid value for '{param}': at most {allowed} images per request on this server "
+            f"(this request has {count}, earlier turns included).",
+            param=param,
+            code="too_many_images",
+        )

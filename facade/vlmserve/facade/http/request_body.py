@@ -1,0 +1,176 @@
+"""Reading a JSON request body: bounded in size and depth, and every failure an OpenAI-shaped 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Request
+from starlette.types import Message
+
+from vlmserve.facade.http.body_budget import BodyHold
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.settings import Limits
+from vlmserve.facade.state import owner_of
+
+# Deeper than any real request (tool schemas included); deeper values would make later
+# recursive code (json.dumps, protobuf, the store) fail with RecursionError.
+MAX_JSON_DEPTH = 100
+# A `\uD800`-`\uDFFF` escape: JSON allows a lone surrogate, UTF-8 (protobuf, SQLite, our own
+# JSON answers) does not. Only bodies containing one are searched for the bad string.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Bodies below this are parsed on the event loop; larger ones (base64 images) in a thread.
+_INLINE_PARSE_BYTES = 256 * 1024
+
+
+def _refuse_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON; Python's parser would accept them.
+    raise ValueError(name)
+
+
+def too_large(max_bytes: int) -> APIError:
+    return APIError(413, f"The request body is larger than {max_bytes} bytes.", code="request_too_large")
+
+
+async def read_json(request: Request, *, limits: Limits, hold: BodyHold | None = None) -> Any:
+    """The parsed body. The size limit is enforced while reading: a larger body is never buffered.
+    With `hold`, the body's bytes are held in the facade's in-flight budget (body_budget.py) as
+    they arrive, under the request's owner. The body must arrive within `limits.body_timeout_s`,
+    and at `limits.min_body_bytes_per_s` or faster after `limits.body_rate_grace_s`."""
+    max_bytes = limits.max_request_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large(max_bytes)
+    chunks: list[bytes] = []
+    async with metered_body(request, limits=limits, hold=hold, max_bytes=max_bytes) as body:
+        async for chunk in body.stream():
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    del chunks
+    if not raw.strip():
+        raise APIError(400, "The request body is empty; send a JSON object.", code="invalid_json")
+    if len(raw) < _INLINE_PARSE_BYTES:
+        return parse_json(raw)
+    return await asyncio.to_thread(parse_json, raw)
+
+
+@asynccontextmanager
+async def metered_body(
+    request: Request,
+    *,
+    limits: Limits,
+    hold: BodyHold | None,
+    max_bytes: int,
+    too_large_error: Callable[[int], APIError] = too_large,
+) -> AsyncIterator[Request]:
+    """`request` whose body, read inside the block (`stream()`, `form()`), is metered as it
+    arrives: more than `max_bytes` is `too_large_error` (413), each chunk is held in `hold`
+    (503 when the budget or the owner's share is full), and the whole body must arrive within
+    the body timeout and, after a grace period, at the minimum body rate (else 408)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    size = 0
+    if hold is not None:
+        hold.owner = owner_of(request)
+
+    def deadline() -> float:
+        # Every byte buys 1/rate seconds more, up to the overall timeout.
+        allowed = limits.body_rate_grace_s + size / limits.min_body_bytes_per_s
+        return started + min(limits.body_timeout_s, allowed)
+
+    timeout = asyncio.timeout_at(deadline())
+
+    async def receive() -> Message:
+        nonlocal size
+        message = await request.receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > max_bytes:
+                raise too_large_error(max_bytes)
+            if hold is not None:
+                hold.reserve(size)
+            timeout.reschedule(deadline())
+        return message
+
+    try:
+        async with timeout:
+            yield Request(request.scope, receive)
+    except TimeoutError:
+        elapsed = loop.time() - started
+        if elapsed < limits.body_timeout_s:
+            message = (
+                f"The request body arrived slower than {limits.min_body_bytes_per_s} bytes per second "
+                f"({size} bytes in {elapsed:.1f} seconds)."
+            )
+        else:
+            message = f"The request body did not arrive within {limits.body_timeout_s:g} seconds."
+        raise APIError(408, message, code="request_timeout", headers={"Connection": "close"}) from None
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON (no NaN/Infinity), nested at most MAX_JSON_DEPTH deep, strings valid Unicode."""
+    try:
+        # Strict UTF-8 first: json.loads would guess UTF-16/32 and let encoded surrogates through.
+        value = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors; their text is not echoed.
+        raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    _check_structure(value, check_strings=_SURROGATE_ESCAPE.search(raw) is not None)
+    return value
+
+
+def _check_structure(value: Any, *, check_strings: bool) -> None:
+    """Depth and (when asked) lone surrogates, walked without recursion; `param` is the path."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        current, path, depth = stack.pop()
+        if isinstance(current, dict):
+            entries: Any = current.items()
+        elif isinstance(current, list):
+            entries = ((f"[{index}]", item) for index, item in enumerate(current))
+        else:
+            if check_strings and isinstance(current, str) and not _is_utf8_safe(current):
+                raise _lone_surrogate(path)
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise APIError(
+                400,
+                f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.",
+                param=_shown(path) or None,
+                code="invalid_json",
+            )
+        for key, item in entries:
+            if isinstance(current, dict):
+                if check_strings and not _is_utf8_safe(key):
+                    raise _lone_surrogate(path or None)
+                child = f"{path}.{key}" if path else key
+            else:
+                child = f"{path}{key}"
+            stack.append((item, child, depth + 1))
+
+
+def _is_utf8_safe(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(path: str | None) -> APIError:
+    where = f"'{_shown(path)}'" if path else "the request body"
+    return APIError(
+        400,
+        f"Invalid value for {where}: the string contains an unpaired UTF-16 surrogate (\\uD800-\\uDFFF).",
+        param=_shown(path) if path else None,
+        code="invalid_value",
+    )
+
+
+def _shown(path: str | None) -> str:
+    # Keys come from the client; keep the echoed path short.
+    return (path or "")[:200]

@@ -1,0 +1,1 @@
+"""Remote (http/https) image URLs: the checks (pure) and the fetcher."""

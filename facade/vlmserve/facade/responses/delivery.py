@@ -1,0 +1,76 @@
+"""How a generation reaches its HTTP client, whatever the route: collected into one answer, cut
+off cleanly at server shutdown, or abandoned (with its engine call) when the client leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import anyio
+from fastapi import Request
+from sse_starlette import ServerSentEvent
+
+from vlmserve.facade.responses.running import Generation
+
+T = TypeVar("T")
+
+IGNORED_TOOLS_HEADER = "x-vlmserve-ignored-tools"
+# Status for a request whose client left before the answer (nginx's convention; never seen by it).
+CLIENT_CLOSED_REQUEST = 499
+# Server shutdown (SIGTERM): a stream still running `shutdown_grace_s` after it began is
+# cancelled (engine Abort, waiting this long), so it ends with its final events; sse-starlette
+# cuts it off only STREAM_CUTOFF_AFTER_GRACE_S after the grace. The CLI gives uvicorn longer.
+STREAM_CANCEL_WAIT_S = 3.0
+STREAM_CUTOFF_AFTER_GRACE_S = 8.0
+# Every line of our event streams ends in LF. sse-starlette's default is CR LF, and an event
+# built without `sep` uses that default whatever the response's `sep`: strict parsers (the
+# official Open Responses suite's) then see no events at all.
+SSE_SEPARATOR = "\n"
+
+
+def ignored_tools_header(generation: Generation) -> dict[str, str]:
+    ignored = sorted(set(generation.translated.ignored_tools))
+    return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
+
+
+def sse_event(data: str, event: str | None = None) -> ServerSentEvent:
+    return ServerSentEvent(data=data, event=event, sep=SSE_SEPARATOR)
+
+
+async def cancel_after_shutdown(generation: Generation, shutdown: anyio.Event, grace_s: float) -> None:
+    """On server shutdown, let the stream run for `grace_s`, then stop it cleanly."""
+    await shutdown.wait()
+    await asyncio.sleep(grace_s)
+    await generation.cancel(STREAM_CANCEL_WAIT_S)
+
+
+async def collect(generation: Generation, first_message_s: float) -> dict[str, Any]:
+    await generation.open(first_message_s)
+    async for _ in generation.events(raise_errors=True):
+        pass
+    return generation.builder.snapshot().to_json()
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; if the client disconnects first, cancel it (and so the engine call): None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        watcher.cancel()
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next ASGI message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,44 @@
+"""Stored items as OpenAI lists: a response's input items and a conversation's items, paged alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from vlmserve.facade.http.errors import APIError, not_found
+from vlmserve.facade.responses.resource import listed_item
+from vlmserve.facade.store.protocol import ItemPage, StoredItem, UnknownCursorError
+
+
+async def item_page(
+    fetch: Callable[..., ItemPage | None],
+    kind: str,
+    object_id: str,
+    owner: str,
+    *,
+    after: str | None,
+    limit: int,
+    order: str,
+    listed: Callable[[StoredItem], dict[str, Any]] = listed_item,
+) -> dict[str, Any]:
+    """One page of a response's input items or a conversation's items, as an OpenAI list."""
+    try:
+        page = await asyncio.to_thread(fetch, object_id, after=after, limit=limit, order=order, owner=owner)
+    except UnknownCursorError:
+        noun = "input item" if kind == "response" else "item"
+        raise APIError(400, f"Invalid value for 'after': no {noun} has this id.", param="after") from None
+    if page is None:
+        raise not_found(kind, object_id)
+    return item_list(page, listed)
+
+
+def item_list(page: ItemPage, listed: Callable[[StoredItem], dict[str, Any]] = listed_item) -> dict[str, Any]:
+    data = [listed(entry) for entry in page.items]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": page.has_more,
+    }

@@ -1,0 +1,124 @@
+"""`item_reference` resolution for one request, bounded so that references cannot amplify a body.
+
+A reference costs the server what the item it names holds, not what the client sent (a 60-byte
+reference can name an item with 16 images). So, per request (or per conversation `items` list):
+
+* references are counted on the raw body before anything is resolved (`check_reference_count`);
+* each id is looked up once, however often it is named;
+* every use adds the item's images and JSON bytes to the request's totals, all checked before
+  the translation decodes a single image (`resolve_all`).
+
+What was resolved is stored in place of the reference (`stored_items`), under the id it names:
+a stored response or conversation never holds a reference, so replaying it, or referencing the
+same item again later, never depends on which stored item an id finds first.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.http.limits import check_image_count, count_image_parts
+from vlmserve.facade.responses.resource import stored_items as fresh_stored_items
+from vlmserve.facade.store.protocol import StoredItem
+from vlmserve.responses import is_item_reference
+
+Finder = Callable[[str], "dict[str, Any] | None"]
+
+
+def count_references(value: object) -> int:
+    """`item_reference` items in an `input` (or conversation `items`) array."""
+    return sum(1 for item in value if is_item_reference(item)) if isinstance(value, list) else 0
+
+
+def check_reference_count(value: object, allowed: int, *, param: str) -> None:
+    count = count_references(value)
+    if count > allowed:
+        raise APIError(
+            400,
+            f"Invalid value for '{param}': at most {allowed} item references per request on this "
+            f"server (this request has {count}).",
+            param=param,
+            code="too_many_item_references",
+        )
+
+
+class ItemReferences:
+    """The `resolve_item` of one translation: looks each id up once and keeps the totals.
+
+    `images_before` are the images the request holds without its references (its own parts and
+    replayed turns); `allowed_images` and `max_bytes` bound what the references may add.
+    """
+
+    def __init__(
+        self, find: Finder, *, param: str, allowed_images: int, images_before: int, max_bytes: int
+    ) -> None:
+        self._find = find
+        self._param = param
+        self._allowed_images = allowed_images
+        self._max_bytes = max_bytes
+        self.images = images_before
+        self.bytes = 0
+        # id -> (item or None, its images, its JSON bytes)
+        self._found: dict[str, tuple[dict[str, Any] | None, int, int]] = {}
+        self._counted_up_front = False
+
+    def resolve_all(self, items: object) -> None:
+        """Resolve and count every reference among `items` (a request's `input`) up front.
+
+        Unknown ids are left for the translation to refuse with the reference's own path.
+        """
+        if not isinstance(items, list):
+            return
+        for item in items:
+            if is_item_reference(item) and isinstance(item.get("id"), str):
+                self._use(item["id"])
+        self._counted_up_front = True
+
+    def __call__(self, item_id: str) -> Mapping[str, Any] | None:
+        """The translation's `resolve_item`. References counted by `resolve_all` are served from
+        what it found; others (in replayed turns stored by older versions) are counted here."""
+        if self._counted_up_front and item_id in self._found:
+            return self._found[item_id][0]
+        return self._use(item_id)
+
+    def _use(self, item_id: str) -> dict[str, Any] | None:
+        if item_id not in self._found:
+            item = self._find(item_id)
+            size = len(json.dumps(item, ensure_ascii=False)) if item is not None else 0
+            self._found[item_id] = (item, count_image_parts(item), size)
+        item, images, size = self._found[item_id]
+        if item is None:
+            return None
+        self.images += images
+        self.bytes += size
+        check_image_count(self.images, self._allowed_images, param=self._param)
+        if self.bytes > self._max_bytes:
+            raise APIError(
+                400,
+                f"Invalid value for '{self._param}': the items it references add more than "
+                f"{self._max_bytes} bytes to the request.",
+                param=self._param,
+                code="item_references_too_large",
+            )
+        return item
+
+    def resolved(self, item_id: str) -> dict[str, Any] | None:
+        found = self._found.get(item_id)
+        return found[0] if found is not None else None
+
+    def stored_items(self, items: Sequence[Any]) -> list[StoredItem]:
+        """`items` as they are stored: each reference replaced by the item it resolved to."""
+        stored: list[StoredItem] = []
+        for item in items:
+            if is_item_reference(item):
+                item_id = str(item["id"])
+                target = self.resolved(item_id)
+                if target is not None:
+                    stored.append(StoredItem(item_id, copy.deepcopy(target)))
+                    continue
+            stored.extend(fresh_stored_items([item]))
+        return stored

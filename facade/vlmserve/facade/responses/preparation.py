@@ -1,0 +1,297 @@
+"""Turning a `POST /v1/responses` body into a ready `Generation`: model, replay, translation, limits.
+
+Everything about the Responses JSON itself (validation, items, parts, lowering, tools) is the
+translation package's job; this module only fetches what the translation needs from the store
+and the engine, and applies the facade's own limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+from vlmserve.client import MAX_MESSAGE_BYTES, AsyncEngineClient, EngineError
+from vlmserve.common.documents import DocumentLimits
+from vlmserve.common.logs import bind_response
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.http.errors import APIError, from_engine_error, not_found, request_too_large_for_engine
+from vlmserve.facade.http.limits import (
+    check_image_count,
+    check_tools,
+    count_contract_images,
+    count_image_parts,
+)
+from vlmserve.facade.http.metrics import FacadeMetrics
+from vlmserve.facade.responses import ids
+from vlmserve.facade.responses.catalog import ModelCatalog, image_limits, images_per_request
+from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
+from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
+from vlmserve.facade.responses.resource import new_resource
+from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.store.files import FileStore, RequestFiles
+from vlmserve.facade.store.protocol import MissingChainLinkError, Replay, Store, StoredItem
+from vlmserve.facade.store.quotas import check_room, stored_size
+from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
+
+logger = logging.getLogger("vlmserve.facade")
+
+ImageSourceFactory = Callable[[], ImageSource | None]
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass
+class Translation:
+    translated: TranslatedRequest
+    info: pb.GetModelInfoResponse
+    # `input` as it is stored: references replaced by what they resolved to.
+    input_items: list[StoredItem]
+
+
+@dataclass
+class ResponsesService:
+    settings: FacadeSettings
+    engine: AsyncEngineClient
+    store: Store
+    catalog: ModelCatalog
+    # Makes the image source for one request (remote http(s) images); None: remote URLs refused.
+    image_sources: ImageSourceFactory | None = None
+    # Generations in flight, by response id (for the cancel endpoint and shutdown).
+    running: dict[str, Generation] = field(default_factory=dict)
+    metrics: FacadeMetrics | None = None
+    # Uploaded files (`file_id` in requests); None: only inline files.
+    files: FileStore | None = None
+    # Responses per key at once, and this facade's engine calls shared fairly (key_admission.py).
+    admission: KeyAdmission = field(default_factory=lambda: KeyAdmission(None))
+    slots: EngineSlots = field(default_factory=lambda: EngineSlots(None))
+    # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
+    # so that slow remote image hosts can hold at most these and never the store's threads.
+    _translators: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._translators = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.settings.limits.translation_workers, thread_name_prefix="translate"
+        )
+        # Idle workers go when the service does (tests build many apps without a lifespan).
+        weakref.finalize(self, self._translators.shutdown, wait=False)
+
+    async def run_translation(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run blocking translation work on the translation pool, off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._translators, functools.partial(function, *args, **kwargs))
+
+    async def translate(self, body: object, *, owner: str = "") -> Translation:
+        """Validate and translate a request body, with its replayed history, for this engine."""
+        if not isinstance(body, Mapping):
+            raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+        limits = self.settings.limits
+        check_tools(body, limits)
+        check_reference_count(body.get("input"), limits.max_item_references, param="input")
+        info = await self.catalog.info()
+        allowed_images = images_per_request(info, limits)
+        # Counted before anything is decoded or fetched: the input's own images, then with the
+        # replayed turns, then (while resolving) with what its references add.
+        own_images = count_image_parts(body.get("input"))
+        check_image_count(own_images, allowed_images, param="input")
+        replay = await self._replay(body, owner)
+        images_before = own_images + count_image_parts(replay.items) + count_contract_images(replay.messages)
+        check_image_count(images_before, allowed_images, param="input")
+        references = ItemReferences(
+            lambda item_id: self.store.find_item(item_id, owner=owner),
+            param="input",
+            allowed_images=allowed_images,
+            images_before=images_before,
+            max_bytes=limits.max_request_bytes,
+        )
+        await self.run_translation(references.resolve_all, body.get("input"))
+        translated = await self.run_translation(
+            build_generate_request,
+            body,
+            resolve_item=references,
+            image_source=self.image_source(),
+            image_limits=image_limits(info, limits),
+            replay=replay.items,
+            history=replay.messages,
+            file_source=self.file_source(owner),
+            document_limits=self.document_limits(allowed_images),
+        )
+        check_image_count(count_contract_images(translated.request.messages), allowed_images, param="input")
+        if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
+            raise request_too_large_for_engine()
+        info = await self.catalog.resolve(translated.model)
+        request = translated.request
+        request.model = info.model_id
+        self._apply_output_limit(request)
+        return Translation(translated, info, references.stored_items(translated.input_items))
+
+    def close(self) -> None:
+        self._translators.shutdown(wait=False, cancel_futures=True)
+
+    async def prepare(self, body: object, *, owner: str = "") -> Generation:
+        translation = await self.translate(body, owner=owner)
+        translated, info = translation.translated, translation.info
+        if translated.store or translated.conversation_id is not None:
+            await check_room(
+                self.store,
+                self.settings.storage,
+                owner=owner,
+                adding=stored_size(translation.input_items, translated.input_messages),
+                conversation_id=translated.conversation_id,
+                param="input",
+            )
+        # Counted until the generation is forgotten (`_forget`): 429 past the key's limit.
+        self.admission.admit(owner)
+        response_id = ids.new_id(ids.RESPONSE)
+        # The rest of this request's log lines (and a background run's, started from here) name it.
+        bind_response(response_id)
+        translated.request.request_id = response_id
+        # The engine's prefix cache is partitioned by this (the owner id is a hash of the key).
+        translated.request.partition_key = owner
+        if translated.ignored_tools:
+            logger.info(
+                "response %s: hosted tools left out of the prompt: %s",
+                response_id,
+                ", ".join(sorted(set(translated.ignored_tools))),
+            )
+        generation = Generation(
+            response_id=response_id,
+            translated=translated,
+            request=translated.request,
+            input_items=translation.input_items,
+            resource=new_resource(
+                translated,
+                response_id=response_id,
+                model_id=info.model_id,
+                conversation_id=translated.conversation_id,
+            ),
+            engine=self.engine,
+            store=self.store,
+            timeout_s=self.settings.timeouts.generate,
+            heartbeat_s=self.settings.timeouts.heartbeat,
+            context_length=info.context_length or None,
+            retry_after_s=self.settings.retry_after_s,
+            conversation_id=translated.conversation_id,
+            owner=owner,
+            on_finish=self._forget,
+            max_stored_bytes=self.settings.storage.max_stored_bytes_per_key,
+            slots=self.slots,
+        )
+        self.running[response_id] = generation
+        return generation
+
+    def image_source(self) -> ImageSource | None:
+        """A fresh image source for one request (per-request byte budgets live in it)."""
+        return self.image_sources() if self.image_sources is not None else None
+
+    def file_source(self, owner: str) -> RequestFiles | None:
+        """The owner's uploaded files for one request (what its uses read is bounded)."""
+        if self.files is None:
+            return None
+        return RequestFiles(self.files, owner, max_bytes=self.settings.limits.max_request_bytes)
+
+    def document_limits(self, allowed_images: int) -> DocumentLimits:
+        """Bounds on files in one request: its PDF pages are images, so count against its images."""
+        files = self.settings.files
+        return DocumentLimits(
+            max_bytes=files.max_file_bytes,
+            max_pages=files.max_pdf_pages,
+            max_page_pixels=files.max_pdf_page_pixels,
+            dpi=files.pdf_dpi,
+            max_pages_per_request=allowed_images,
+        )
+
+    def _forget(self, generation: Generation) -> None:
+        if self.running.pop(generation.response_id, None) is not None:
+            self.admission.done(generation.owner)
+        if self.metrics is not None:
+            self._count(self.metrics, generation)
+
+    @staticmethod
+    def _count(metrics: FacadeMetrics, generation: Generation) -> None:
+        resource = generation.builder.resource
+        metrics.responses.labels(resource.status).inc()
+        metrics.count_request(generation.request)
+        if resource.usage is not None:
+            metrics.input_tokens.inc(resource.usage.input_tokens)
+            metrics.output_tokens.inc(resource.usage.output_tokens)
+        if generation.first_output_at is not None:
+            metrics.time_to_first_output.observe(generation.first_output_at - generation.created_at)
+
+    async def _replay(self, body: Mapping[str, Any], owner: str) -> Replay:
+        """The stored turns a request continues from (previous_response_id or conversation)."""
+        previous = body.get("previous_response_id")
+        conversation = body.get("conversation")
+        conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
+        if isinstance(previous, str) and conversation is None:
+            try:
+                replay = await asyncio.to_thread(
+                    self.store.replay,
+                    previous,
+                    owner=owner,
+                    max_depth=self.settings.limits.max_chain_depth,
+                )
+            except MissingChainLinkError as error:
+                raise not_found("response", error.response_id, param="previous_response_id") from None
+            if replay is None:
+                raise not_found("response", previous, param="previous_response_id")
+            return replay
+        if isinstance(conversation_id, str) and previous is None:
+            replay = await asyncio.to_thread(self.store.conversation_replay, conversation_id, owner=owner)
+            if replay is None:
+                raise not_found("conversation", conversation_id, param="conversation")
+            return replay
+        # Anything else is for the translation to accept or refuse with the right param.
+        return Replay()
+
+    def _apply_output_limit(self, request: pb.GenerateRequest) -> None:
+        limits = self.settings.limits
+        sampling = request.sampling
+        if not sampling.HasField("max_tokens"):
+            default = limits.default_max_output_tokens
+            if limits.max_output_tokens is not None:
+                default = min(default or limits.max_output_tokens, limits.max_output_tokens)
+            if default is not None:
+                sampling.max_tokens = default
+        elif limits.max_output_tokens is not None and sampling.max_tokens > limits.max_output_tokens:
+            raise APIError(
+                400,
+                f"Invalid value for 'max_output_tokens': at most {limits.max_output_tokens} on this server.",
+                param="max_output_tokens",
+                code="invalid_value",
+            )
+
+    async def count_tokens(
+        self, body: object, *, owner: str = "", adjust: Callable[[pb.GenerateRequest], None] | None = None
+    ) -> int:
+        """The prompt's tokens; `adjust` sets what another API's request adds to the engine's."""
+        translation = await self.translate(body, owner=owner)
+        if adjust is not None:
+            adjust(translation.translated.request)
+        try:
+            counted = await self.engine.count_tokens(
+                translation.translated.request, timeout=self.settings.timeouts.control
+            )
+        except EngineError as error:
+            raise from_engine_error(
+                error,
+                context_length=translation.info.context_length or None,
+                retry_after_s=self.settings.retry_after_s,
+            ) from None
+        return int(counted.input_tokens)
+
+    async def cancel_all(self) -> None:
+        """Shutdown: stop every generation still running."""
+        await asyncio.gather(
+            *(
+                generation.cancel(self.settings.timeouts.control)
+                for generation in list(self.running.values())
+            ),
+            return_exceptions=True,
+        )

@@ -1,0 +1,156 @@
+"""`POST /v1/messages` and `/v1/messages/count_tokens`: the Responses path (same translation,
+engine, limits) answered as Anthropic's Messages API, streamed or not. Nothing is stored.
+
+Errors on these routes are Anthropic-shaped (http_errors.py chooses the shape by path); the
+fields they name are the Anthropic request's (`messages[1].content[0].source`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from vlmserve.anthropic import EventWriter, MessagesRequest, anthropic_message, messages_request
+from vlmserve.facade.http.body_budget import BodyHold
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.http.request_body import read_json
+from vlmserve.facade.responses.delivery import (
+    CLIENT_CLOSED_REQUEST,
+    SSE_SEPARATOR,
+    STREAM_CUTOFF_AFTER_GRACE_S,
+    cancel_after_shutdown,
+    collect,
+    sse_event,
+    unless_disconnected,
+)
+from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
+
+router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
+State = Annotated[FacadeState, Depends(facade_state)]
+
+
+@router.post("", operation_id="createMessage", response_model=None)
+async def create_message(request: Request, state: State) -> Response:
+    hold = BodyHold(state.body_budget)
+    try:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        translated = await state.responses.run_translation(messages_request, body)
+        del body
+        with anthropic_params(translated):
+            generation = await state.responses.prepare(translated.responses_body, owner=owner_of(request))
+        translated.apply(generation.request)
+    except BaseException:
+        hold.release()
+        raise
+
+    async def finish() -> None:
+        try:
+            await generation.abandon()
+        finally:
+            hold.release()
+
+    first_message_s = state.settings.timeouts.stream_first_message
+    if translated.stream:
+        try:
+            with anthropic_params(translated):
+                await generation.open(first_message_s)
+        except BaseException:
+            await finish()
+            raise
+        shutdown = anyio.Event()
+        grace_s = state.settings.shutdown_grace_s
+        writer = EventWriter(generation.response_id, generation.resource.model)
+        return EventSourceResponse(
+            _events(generation, writer, shutdown, grace_s),
+            sep=SSE_SEPARATOR,
+            background=BackgroundTask(finish),
+            shutdown_event=shutdown,
+            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
+        )
+    try:
+        with anthropic_params(translated):
+            resource = await unless_disconnected(request, collect(generation, first_message_s))
+    finally:
+        await finish()
+    if resource is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    message = anthropic_message(
+        ResponseResource.model_validate(resource), stop_sequence=_stop_sequence(generation)
+    )
+    return JSONResponse(message.to_json())
+
+
+@router.post("/count_tokens", operation_id="countMessageTokens", response_model=None)
+async def count_message_tokens(request: Request, state: State) -> dict[str, Any]:
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        translated = await state.responses.run_translation(messages_request, body, count_tokens=True)
+        with anthropic_params(translated):
+            tokens = await state.responses.count_tokens(
+                translated.responses_body, owner=owner_of(request), adjust=translated.apply
+            )
+    return {"input_tokens": tokens}
+
+
+def _stop_sequence(generation: Generation) -> str | None:
+    result = generation.result
+    return (result.stop_sequence or None) if result is not None else None
+
+
+@contextlib.contextmanager
+def anthropic_params(translated: MessagesRequest) -> Iterator[None]:
+    """Errors of the shared Responses translation (and the engine's), naming the Anthropic field."""
+    try:
+        yield
+    except (InvalidRequestError, APIError) as error:
+        param = translated.anthropic_param(error.param)
+        message = (
+            error.message.replace(f"'{error.param}", f"'{param}") if error.param and param else error.message
+        )
+        # Other input paths the message quotes ("'...file_id' or '...file_data'").
+        message = _QUOTED_INPUT_PATH.sub(
+            lambda found: f"'{translated.anthropic_param(found.group(1))}'", message
+        )
+        headers = error.headers if isinstance(error, APIError) else None
+        kind = error.type if isinstance(error, APIError) else None
+        raise APIError(
+            error.status, message, param=param, code=error.code, type=kind, headers=headers
+        ) from None
+
+
+_QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
+
+
+def _sse(kind: str, data: dict[str, Any]) -> ServerSentEvent:
+    # One line of ASCII JSON per event (as on /v1/responses).
+    return sse_event(json.dumps(data, separators=(",", ":")), kind)
+
+
+async def _events(
+    generation: Generation, writer: EventWriter, shutdown: anyio.Event, grace_s: float
+) -> AsyncIterator[ServerSentEvent]:
+    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
+    try:
+        async for event in generation.events():
+            for kind, data in writer.events(event):
+                yield _sse(kind, data)
+            if isinstance(event, ErrorEvent):
+                return  # Anthropic's streams end at an `error` event.
+        for kind, data in writer.last(
+            generation.builder.snapshot(), stop_sequence=_stop_sequence(generation)
+        ):
+            yield _sse(kind, data)
+    finally:
+        drain.cancel()

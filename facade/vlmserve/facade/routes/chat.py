@@ -1,0 +1,152 @@
+"""`POST /v1/chat/completions`: the Responses path (same translation, engine, limits and errors)
+answered as a chat completion, streamed or not. Nothing is stored (`store: true` is refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from vlmserve.chat import ChatRequest, ChunkWriter, chat_completion, chat_request
+from vlmserve.facade.http.body_budget import BodyHold
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.http.openapi import CREATE_CHAT_COMPLETION_BODY
+from vlmserve.facade.http.request_body import read_json
+from vlmserve.facade.responses.delivery import (
+    CLIENT_CLOSED_REQUEST,
+    SSE_SEPARATOR,
+    STREAM_CUTOFF_AFTER_GRACE_S,
+    cancel_after_shutdown,
+    collect,
+    ignored_tools_header,
+    sse_event,
+    unless_disconnected,
+)
+from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
+
+router = APIRouter(prefix="/v1/chat", tags=["chat"])
+State = Annotated[FacadeState, Depends(facade_state)]
+
+
+@router.post(
+    "/completions",
+    operation_id="createChatCompletion",
+    openapi_extra=CREATE_CHAT_COMPLETION_BODY,
+    response_model=None,
+)
+async def create_chat_completion(request: Request, state: State) -> Response:
+    hold = BodyHold(state.body_budget)
+    try:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        chat = await state.responses.run_translation(chat_request, body)
+        del body
+        with _chat_params(chat):
+            generation = await state.responses.prepare(chat.responses_body, owner=owner_of(request))
+        # Engine settings the Responses API has no field for.
+        if chat.seed is not None:
+            generation.request.sampling.seed = chat.seed
+        generation.request.sampling.stop.extend(chat.stop)
+    except BaseException:
+        hold.release()
+        raise
+
+    async def finish() -> None:
+        try:
+            await generation.abandon()
+        finally:
+            hold.release()
+
+    headers = ignored_tools_header(generation)
+    first_message_s = state.settings.timeouts.stream_first_message
+    if chat.stream:
+        try:
+            with _chat_params(chat):
+                await generation.open(first_message_s)
+        except BaseException:
+            await finish()
+            raise
+        shutdown = anyio.Event()
+        grace_s = state.settings.shutdown_grace_s
+        writer = ChunkWriter(
+            generation.response_id,
+            generation.resource.created_at,
+            generation.resource.model,
+            include_usage=chat.include_usage,
+            logprobs=chat.logprobs,
+        )
+        return EventSourceResponse(
+            _chunks(generation, chat, writer, shutdown, grace_s),
+            headers=headers,
+            sep=SSE_SEPARATOR,
+            background=BackgroundTask(finish),
+            shutdown_event=shutdown,
+            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
+        )
+    try:
+        with _chat_params(chat):
+            resource = await unless_disconnected(request, collect(generation, first_message_s))
+    finally:
+        await finish()
+    if resource is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    completion = chat_completion(ResponseResource.model_validate(resource), logprobs=chat.logprobs)
+    return JSONResponse(completion.to_json(), headers=headers)
+
+
+@contextlib.contextmanager
+def _chat_params(chat: ChatRequest) -> Iterator[None]:
+    """Errors of the shared Responses translation (and the engine's), naming the chat field."""
+    try:
+        yield
+    except (InvalidRequestError, APIError) as error:
+        param = chat.chat_param(error.param)
+        message = (
+            error.message.replace(f"'{error.param}", f"'{param}") if error.param and param else error.message
+        )
+        # Other input paths the message quotes ("'...file_id' or '...file_data'").
+        message = _QUOTED_INPUT_PATH.sub(lambda found: f"'{chat.chat_param(found.group(1))}'", message)
+        headers = error.headers if isinstance(error, APIError) else None
+        kind = error.type if isinstance(error, APIError) else None
+        raise APIError(
+            error.status, message, param=param, code=error.code, type=kind, headers=headers
+        ) from None
+
+
+_QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
+
+
+def _data(payload: dict[str, Any]) -> ServerSentEvent:
+    # One line of ASCII JSON per chunk (as on /v1/responses).
+    return sse_event(json.dumps(payload, separators=(",", ":")))
+
+
+async def _chunks(
+    generation: Generation, chat: ChatRequest, writer: ChunkWriter, shutdown: anyio.Event, grace_s: float
+) -> AsyncIterator[ServerSentEvent]:
+    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
+    try:
+        async for event in generation.events():
+            if isinstance(event, ErrorEvent):
+                # OpenAI's chat streams carry a failure as an `error` object, then end.
+                error = event.error.to_json()
+                error["param"] = chat.chat_param(event.error.param)
+                yield _data({"error": error})
+                return
+            for chunk in writer.chunks(event):
+                yield _data(chunk.to_json())
+        for chunk in writer.last(generation.builder.snapshot()):
+            yield _data(chunk.to_json())
+        yield sse_event("[DONE]")
+    finally:
+        drain.cancel()

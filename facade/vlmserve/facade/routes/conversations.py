@@ -1,0 +1,285 @@
+"""`/v1/conversations`: create one explicitly, then pass its id as `conversation` on responses.
+
+A conversation accumulates items: each response created with `conversation` appends its input
+items and its output items when it finishes (completed or incomplete), and the next response
+replays them all before its own input. Unknown ids are 404s; nothing is created implicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.http.errors import APIError, not_found
+from vlmserve.facade.http.limits import check_image_count, count_contract_images, count_image_parts
+from vlmserve.facade.http.openapi import (
+    ADD_CONVERSATION_ITEMS,
+    ADD_CONVERSATION_ITEMS_BODY,
+    ADD_CONVERSATION_ITEMS_REQUEST,
+    CREATE_CONVERSATION,
+    CREATE_CONVERSATION_BODY,
+    DELETE_CONVERSATION,
+    LIST_CONVERSATION_ITEMS,
+    RETRIEVE_CONVERSATION,
+    UPDATE_CONVERSATION,
+    UPDATE_CONVERSATION_REQUEST,
+)
+from vlmserve.facade.http.request_body import read_json
+from vlmserve.facade.responses import ids
+from vlmserve.facade.responses.catalog import image_limits, images_per_request
+from vlmserve.facade.responses.item_lists import item_list, item_page
+from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
+from vlmserve.facade.responses.resource import typed_item
+from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.facade.store.protocol import ItemPage, StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.quotas import check_room, quota_exceeded, stored_size
+from vlmserve.responses import (
+    ConversationResource,
+    DeletedObject,
+    IncludeValue,
+    InvalidRequestError,
+    ItemList,
+    input_to_messages,
+    parse_as,
+    parse_metadata,
+)
+
+router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
+State = Annotated[FacadeState, Depends(facade_state)]
+
+
+@router.post(
+    "",
+    operation_id="createConversation",
+    openapi_extra=CREATE_CONVERSATION_BODY,
+    response_model=ConversationResource,
+)
+async def create_conversation(request: Request, state: State) -> dict[str, Any]:
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        return await _create_conversation(body, request, state)
+
+
+async def _create_conversation(body: Any, request: Request, state: FacadeState) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    parse_as(CREATE_CONVERSATION, body, "")
+    items, messages = await _checked_items(body.get("items"), state, request, required=False)
+    metadata = parse_metadata(body.get("metadata"))
+    adding = stored_size(items, messages) + len(json.dumps(metadata))
+    await check_room(
+        state.store,
+        state.settings.storage,
+        owner=owner_of(request),
+        adding=adding,
+        conversation_id=None,
+        param="items",
+    )
+    try:
+        return await asyncio.to_thread(
+            state.store.create_conversation,
+            ids.new_id(ids.CONVERSATION),
+            metadata=metadata,
+            items=items,
+            messages=messages,
+            owner=owner_of(request),
+            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+        )
+    except StorageQuotaExceededError as error:
+        raise quota_exceeded(error.used, error.quota, error.adding) from None
+
+
+@router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION, response_model=ConversationResource)
+async def retrieve_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    conversation = await asyncio.to_thread(
+        state.store.get_conversation, conversation_id, owner=owner_of(request)
+    )
+    if conversation is None:
+        raise not_found("conversation", conversation_id)
+    return conversation
+
+
+@router.post(
+    "/{conversation_id}",
+    operation_id="updateConversation",
+    openapi_extra=UPDATE_CONVERSATION_REQUEST,
+    response_model=ConversationResource,
+)
+async def update_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    parse_as(UPDATE_CONVERSATION, body, "")
+    metadata = parse_metadata(body.get("metadata"))
+    updated = await asyncio.to_thread(
+        state.store.update_conversation, conversation_id, metadata=metadata, owner=owner_of(request)
+    )
+    if updated is None:
+        raise not_found("conversation", conversation_id)
+    return updated
+
+
+@router.get("/{conversation_id}/items/{item_id}", operation_id="retrieveConversationItem")
+async def retrieve_conversation_item(
+    conversation_id: str,
+    item_id: str,
+    request: Request,
+    state: State,
+    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
+) -> dict[str, Any]:
+    stored = await asyncio.to_thread(
+        state.store.get_conversation_item, conversation_id, item_id, owner=owner_of(request)
+    )
+    if stored is None:
+        raise not_found("conversation item", item_id)
+    return typed_item(stored)
+
+
+@router.delete(
+    "/{conversation_id}/items/{item_id}",
+    operation_id="deleteConversationItem",
+    response_model=ConversationResource,
+)
+async def delete_conversation_item(
+    conversation_id: str, item_id: str, request: Request, state: State
+) -> dict[str, Any]:
+    owner = owner_of(request)
+    deleted = await asyncio.to_thread(
+        state.store.delete_conversation_item, conversation_id, item_id, owner=owner
+    )
+    if not deleted:
+        raise not_found("conversation item", item_id)
+    conversation = await asyncio.to_thread(state.store.get_conversation, conversation_id, owner=owner)
+    if conversation is None:
+        raise not_found("conversation", conversation_id)
+    # OpenAI answers with the conversation the item was removed from.
+    return conversation
+
+
+@router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION, response_model=DeletedObject)
+async def delete_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    deleted = await asyncio.to_thread(
+        state.store.delete_conversation, conversation_id, owner=owner_of(request)
+    )
+    if not deleted:
+        raise not_found("conversation", conversation_id)
+    return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+
+@router.get("/{conversation_id}/items", operation_id=LIST_CONVERSATION_ITEMS, response_model=ItemList)
+async def list_conversation_items(
+    conversation_id: str,
+    request: Request,
+    state: State,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    # Validated (400 naming include[i]); items already carry what each value asks for.
+    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
+) -> dict[str, Any]:
+    return await item_page(
+        state.store.list_conversation_items,
+        "conversation",
+        conversation_id,
+        owner_of(request),
+        after=after,
+        limit=limit,
+        order=order,
+        listed=typed_item,
+    )
+
+
+@router.post(
+    "/{conversation_id}/items",
+    operation_id=ADD_CONVERSATION_ITEMS,
+    openapi_extra=ADD_CONVERSATION_ITEMS_REQUEST,
+    response_model=ItemList,
+)
+async def add_conversation_items(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        return await _add_conversation_items(conversation_id, body, request, state)
+
+
+async def _add_conversation_items(
+    conversation_id: str, body: Any, request: Request, state: FacadeState
+) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+    parse_as(ADD_CONVERSATION_ITEMS_BODY, body, "")
+    items, messages = await _checked_items(body.get("items"), state, request, required=True)
+    await check_room(
+        state.store,
+        state.settings.storage,
+        owner=owner_of(request),
+        adding=stored_size(items, messages),
+        conversation_id=conversation_id,
+        param="items",
+    )
+    try:
+        added = await asyncio.to_thread(
+            state.store.append_conversation_items,
+            conversation_id,
+            items,
+            messages=messages,
+            owner=owner_of(request),
+            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+        )
+    except StorageQuotaExceededError as error:
+        raise quota_exceeded(error.used, error.quota, error.adding) from None
+    if not added:
+        raise not_found("conversation", conversation_id)
+    return item_list_of(items)
+
+
+def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
+    return item_list(ItemPage(items=items, has_more=False), typed_item)
+
+
+async def _checked_items(
+    value: object, state: FacadeState, request: Request, *, required: bool
+) -> tuple[list[StoredItem], list[pb.Message]]:
+    """Items validated by the translation (the same rules as a response's `input`), as they
+    are stored, and the raw contract messages they were translated to."""
+    if value is None and not required:
+        return [], []
+    if not isinstance(value, list) or (required and not value):
+        raise APIError(400, "Invalid value for 'items': expected a non-empty array of items.", param="items")
+    if not value:
+        return [], []
+    limits = state.settings.limits
+    check_reference_count(value, limits.max_item_references, param="items")
+    info = await state.catalog.info()
+    allowed_images = images_per_request(info, limits)
+    own_images = count_image_parts(value)
+    check_image_count(own_images, allowed_images, param="items")
+    owner = owner_of(request)
+    references = ItemReferences(
+        lambda item_id: state.store.find_item(item_id, owner=owner),
+        param="items",
+        allowed_images=allowed_images,
+        images_before=own_images,
+        max_bytes=limits.max_request_bytes,
+    )
+    await state.responses.run_translation(references.resolve_all, value)
+    try:
+        messages = await state.responses.run_translation(
+            input_to_messages,
+            value,
+            resolve_item=references,
+            image_source=state.responses.image_source(),
+            image_limits=image_limits(info, limits),
+            file_source=state.responses.file_source(owner),
+            document_limits=state.responses.document_limits(allowed_images),
+        )
+    except InvalidRequestError as error:
+        param = "items" + error.param.removeprefix("input") if error.param else None
+        message = error.message.replace("'input", "'items")
+        raise APIError(error.status, message, param=param, code=error.code) from None
+    check_image_count(count_contract_images(messages), allowed_images, param="items")
+    return references.stored_items(value), messages

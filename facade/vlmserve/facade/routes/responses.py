@@ -1,0 +1,248 @@
+"""`/v1/responses` routes: create (plain and streamed), retrieve, delete, input items, tokens, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import anyio
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from vlmserve.facade.http.body_budget import BodyHold
+from vlmserve.facade.http.errors import APIError, not_found
+from vlmserve.facade.http.openapi import (
+    CANCEL_RESPONSE,
+    CREATE_RESPONSE_BODY,
+    DELETE_RESPONSE,
+    INPUT_TOKENS_BODY,
+    LIST_INPUT_ITEMS,
+    RETRIEVE_RESPONSE,
+)
+from vlmserve.facade.http.request_body import read_json
+from vlmserve.facade.responses.delivery import (
+    CLIENT_CLOSED_REQUEST,
+    SSE_SEPARATOR,
+    STREAM_CUTOFF_AFTER_GRACE_S,
+    cancel_after_shutdown,
+    collect,
+    ignored_tools_header,
+    sse_event,
+    unless_disconnected,
+)
+from vlmserve.facade.responses.item_lists import item_page
+from vlmserve.facade.responses.resource import typed_item
+from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.responses import DeletedObject, IncludeValue, InputTokensCount, ItemList
+
+# The largest sequence number the stores can compare with (SQLite INTEGER, PostgreSQL BIGINT).
+MAX_SEQUENCE_NUMBER = 2**63 - 1
+
+router = APIRouter(prefix="/v1/responses", tags=["responses"])
+State = Annotated[FacadeState, Depends(facade_state)]
+
+
+@router.post("", operation_id="createResponse", openapi_extra=CREATE_RESPONSE_BODY, response_model=None)
+async def create_response(request: Request, state: State) -> Response:
+    # The body holds its bytes in the in-flight budget until the response is finished: its
+    # parsed and translated forms live that long (body_budget.py).
+    hold = BodyHold(state.body_budget)
+    try:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        generation = await state.responses.prepare(body, owner=owner_of(request))
+        del body
+    except BaseException:
+        hold.release()
+        raise
+
+    async def finish() -> None:
+        try:
+            await generation.abandon()
+        finally:
+            hold.release()
+
+    headers = ignored_tools_header(generation)
+    if generation.translated.background:
+        # Answered at once (`queued`); the run goes on without this request.
+        created = await state.background.start(generation, finish)
+        if generation.translated.stream:
+            events = state.background.follow(generation.response_id, owner=generation.owner, after=None)
+            return EventSourceResponse(_stored_sse(events), headers=headers, sep=SSE_SEPARATOR)
+        return JSONResponse(created[0].to_json()["response"], headers=headers)
+    # Streaming or not, the engine call starts before anything is stored: an engine that refuses
+    # the request at once (queue full, down, bad argument) leaves no response whose id the
+    # client never saw.
+    first_message_s = state.settings.timeouts.stream_first_message
+    if generation.translated.stream:
+        try:
+            await generation.open(first_message_s)
+        except BaseException:
+            await finish()
+            raise
+        # sse-starlette sets `shutdown` when the server begins to shut down; without an event
+        # and a grace period it would cut every stream off at once.
+        shutdown = anyio.Event()
+        grace_s = state.settings.shutdown_grace_s
+        # The background task runs after the stream, also when the client left before it began.
+        return EventSourceResponse(
+            _sse(generation, shutdown, grace_s),
+            headers=headers,
+            sep=SSE_SEPARATOR,
+            background=BackgroundTask(finish),
+            shutdown_event=shutdown,
+            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
+        )
+    try:
+        resource = await unless_disconnected(request, collect(generation, first_message_s))
+    finally:
+        await finish()
+    if resource is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(resource, headers=headers)
+
+
+@router.post(
+    "/input_tokens",
+    operation_id="countInputTokens",
+    openapi_extra=INPUT_TOKENS_BODY,
+    response_model=InputTokensCount,
+)
+async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
+    with state.body_budget.hold() as hold:
+        body = await read_json(request, limits=state.settings.limits, hold=hold)
+        tokens = await state.responses.count_tokens(body, owner=owner_of(request))
+    return {"object": "response.input_tokens", "input_tokens": tokens}
+
+
+@router.get(
+    "/{response_id}",
+    operation_id=RETRIEVE_RESPONSE,
+    response_model=None,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+)
+async def retrieve_response(
+    response_id: str,
+    request: Request,
+    state: State,
+    # Background responses: their events after `starting_after` (all without it), then live.
+    stream: bool = False,
+    # Bounded by the stores' 64-bit integers: 2**63 was a 200 whose stream was then cut.
+    starting_after: Annotated[int | None, Query(ge=0, le=MAX_SEQUENCE_NUMBER)] = None,
+) -> Response | dict[str, Any]:
+    owner = owner_of(request)
+    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+    if resource is None:
+        raise not_found("response", response_id)
+    if not stream:
+        return resource
+    if not resource.get("background"):
+        # As OpenAI: only a background response's events are kept.
+        raise APIError(
+            400,
+            "This response cannot be streamed because it was not created with background=true.",
+            param="stream",
+            code="invalid_value",
+        )
+    events = state.background.follow(response_id, owner=owner, after=starting_after)
+    return EventSourceResponse(_stored_sse(events), sep=SSE_SEPARATOR)
+
+
+@router.delete("/{response_id}", operation_id=DELETE_RESPONSE, response_model=DeletedObject)
+async def delete_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
+    deleted = await asyncio.to_thread(state.store.delete_response, response_id, owner=owner_of(request))
+    if not deleted:
+        raise not_found("response", response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.get("/{response_id}/input_items", operation_id=LIST_INPUT_ITEMS, response_model=ItemList)
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    state: State,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    # Validated (400 naming include[i]); listings already return what each value asks for.
+    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
+) -> dict[str, Any]:
+    return await item_page(
+        state.store.list_input_items,
+        "response",
+        response_id,
+        owner_of(request),
+        after=after,
+        limit=limit,
+        order=order,
+        listed=typed_item,
+    )
+
+
+@router.post("/{response_id}/cancel", operation_id=CANCEL_RESPONSE)
+async def cancel_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
+    owner = owner_of(request)
+    generation = state.responses.running.get(response_id)
+    if generation is not None and generation.owner == owner:
+        if not generation.translated.background:
+            raise _synchronous()
+        control_s = state.settings.timeouts.control
+        await generation.cancel(control_s)
+        # A run cancelled before it began reading ends when it does: answer with its end.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(generation.done.wait(), control_s)
+        resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+        return resource if resource is not None else generation.builder.snapshot().to_json()
+    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+    if resource is None:
+        raise not_found("response", response_id)
+    if not resource.get("background"):
+        raise _synchronous()
+    if resource["status"] in ("in_progress", "queued", "cancelled"):
+        # Not running in this process: in another facade process sharing the store, whose run
+        # reads this and stops (background_runs.py), or in none (start-up marks those of a
+        # previous process failed).
+        resource["status"] = "cancelled"
+        await asyncio.to_thread(state.store.update_response, resource, owner=owner)
+        return resource
+    raise APIError(
+        400,
+        f"Cannot cancel a response whose status is {resource['status']}.",
+        param="response_id",
+        code="response_not_cancellable",
+    )
+
+
+def _synchronous() -> APIError:
+    """As OpenAI: only background responses can be cancelled (a foreground one ends when its
+    client disconnects)."""
+    return APIError(
+        400, "Cannot cancel a synchronous response.", param="response_id", code="response_not_cancellable"
+    )
+
+
+async def _sse(
+    generation: Generation, shutdown: anyio.Event, grace_s: float
+) -> AsyncIterator[ServerSentEvent]:
+    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
+    try:
+        async for event in generation.events():
+            # One line of ASCII JSON per event: json.dumps escapes every newline and every
+            # non-ASCII character (U+2028 too, which some line readers split on).
+            data = json.dumps(event.to_json(), separators=(",", ":"))
+            yield sse_event(data, event.type)
+        yield sse_event("[DONE]")
+    finally:
+        drain.cancel()
+
+
+async def _stored_sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+    """Stored events (background responses) as SSE, as `_sse` sends live ones."""
+    async for event in events:
+        yield sse_event(json.dumps(event, separators=(",", ":")), event["type"])
+    yield sse_event("[DONE]")

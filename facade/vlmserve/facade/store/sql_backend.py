@@ -1,0 +1,201 @@
+"""The machinery the SQLite and PostgreSQL stores share: transactions that settle `usage` (and
+check quotas) as their last step, the replay cache, paging, image de-duplication. A backend
+(`store.ResponseStore`, `postgres_store.PostgresStore`) supplies connections, transactions, its
+schema and its way of giving space back; the queries are in `sql_store` and `sql_conversations`.
+
+The SQL is the dialect both understand (`?` placeholders, which the PostgreSQL backend rewrites;
+ON CONFLICT, RETURNING, WITH RECURSIVE); the few differences are class attributes.
+
+Space: every response and conversation carries its `size` in bytes (JSON, messages, and the
+bytes of the images it uses), summed per owner in `usage` for quotas. A transaction applies its
+changes to `usage` last, in owner order, checking the quota it was given there: the row lock
+that update takes makes the check and the write one step for every facade sharing the store.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, ClassVar, Protocol
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, decode_messages
+from vlmserve.facade.store.protocol import (
+    ItemPage,
+    Order,
+    StorageQuotaExceededError,
+    StoredItem,
+    UnknownCursorError,
+)
+
+# Bound on `?` parameters of one IN (...) list and rows per expiry batch.
+BATCH = 500
+
+# Decoded messages kept in memory for the next turns of recent chains and conversations.
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+
+class Rows(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    """One backend connection inside a transaction (sqlite3's, or psycopg's adapted)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Rows: ...
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Any: ...
+
+
+class Transaction:
+    """A write transaction: statements, the `usage` changes to apply at its end (with the quotas
+    they must respect) and the conversation messages to cache once it has committed."""
+
+    def __init__(self, db: Connection) -> None:
+        self.db = db
+        self._usage: dict[str, int] = {}
+        self._quotas: dict[str, int] = {}
+        self.appended: list[tuple[tuple[str, str], Sequence[pb.Message]]] = []
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        return self.db.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = list(rows)
+        if rows:
+            self.db.executemany(sql, rows)
+
+    def add_usage(self, owner: str, delta: int, *, max_bytes: int | None = None) -> None:
+        self._usage[owner] = self._usage.get(owner, 0) + delta
+        if max_bytes is not None:
+            self._quotas[owner] = min(max_bytes, self._quotas.get(owner, max_bytes))
+
+    def settle_usage(self) -> None:
+        """Apply the usage changes (owner order: no two transactions wait on each other here);
+        StorageQuotaExceededError, and so a rollback, when one passes its quota."""
+        for owner in sorted(self._usage):
+            delta = self._usage[owner]
+            if not delta:
+                continue
+            (total,) = self.db.execute(
+                "INSERT INTO usage (owner, bytes) VALUES (?, ?)"
+                " ON CONFLICT (owner) DO UPDATE SET bytes = usage.bytes + excluded.bytes RETURNING bytes",
+                (owner, delta),
+            ).fetchone()
+            quota = self._quotas.get(owner)
+            if quota is not None and delta > 0 and int(total) > quota:
+                raise StorageQuotaExceededError(used=int(total) - delta, quota=quota, adding=delta)
+
+
+class SQLBase(ABC):
+    # Dialect: a row lock on SELECT (PostgreSQL; SQLite's write transactions are exclusive),
+    # the column that orders rows as inserted, and the time now in unix seconds.
+    FOR_UPDATE: ClassVar[str] = ""
+    INSERT_ORDER: ClassVar[str] = "rowid"
+    NOW: ClassVar[str] = "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def __init__(self, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._cache = MessageCache(cache_bytes)
+
+    # ---- what a backend supplies -------------------------------------------------------------
+
+    @abstractmethod
+    def _begin(self, *, frees_images: bool) -> AbstractContextManager[Connection]:
+        """A write transaction, committed when the block ends, rolled back when it raises.
+        `frees_images`: it may delete images, so no transaction adding uses may run beside it."""
+
+    @abstractmethod
+    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Rows of one read."""
+
+    @abstractmethod
+    def _vacuum(self) -> int:
+        """Give free space back; how many pages that was (0 where the database does it itself)."""
+
+    @abstractmethod
+    def _upkeep_turn(self) -> AbstractContextManager[bool]:
+        """Whether this store may run `maintain` now (one facade at a time): held for the block."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @contextmanager
+    def _transaction(self, *, frees_images: bool = False) -> Iterator[Transaction]:
+        with self._begin(frees_images=frees_images) as db:
+            tx = Transaction(db)
+            yield tx
+            tx.settle_usage()
+        # Conversation messages appended by this transaction: cached only now it holds.
+        for key, messages in tx.appended:
+            self._cache.put(key, messages)
+
+    def _page(
+        self, table: str, where: str, key: tuple[Any, ...], after: str | None, limit: int, order: Order
+    ) -> ItemPage:
+        direction, compare = ("ASC", ">") if order == "asc" else ("DESC", "<")
+        condition, params = where, list(key)
+        if after is not None:
+            rows = self._query(
+                f"SELECT position FROM {table} WHERE {where} AND item_id = ?"
+                f" ORDER BY position {direction} LIMIT 1",
+                (*key, after),
+            )
+            if not rows:
+                raise UnknownCursorError(after)
+            condition += f" AND position {compare} ?"
+            params.append(rows[0][0])
+        rows = self._query(
+            f"SELECT item_id, item FROM {table} WHERE {condition} ORDER BY position {direction} LIMIT ?",
+            (*params, limit + 1),
+        )
+        items = [StoredItem(item_id, json.loads(item)) for item_id, item in rows[:limit]]
+        return ItemPage(items=items, has_more=len(rows) > limit)
+
+    def _decode(self, stored: Sequence[tuple[bytes, list[str]]]) -> list[list[pb.Message]]:
+        """Each stored (blob, image hashes) as its messages, images read in one go."""
+        wanted = sorted({digest for _, hashes in stored for digest in hashes})
+        images: dict[str, bytes] = {}
+        for batch in batches(wanted):
+            marks = ",".join("?" * len(batch))
+            rows = self._query(f"SELECT hash, data FROM images WHERE hash IN ({marks})", batch)
+            images.update((digest, bytes(data)) for digest, data in rows)
+        return [decode_messages(blob, hashes, images) for blob, hashes in stored]
+
+
+def put_images(tx: Transaction, images: dict[str, bytes]) -> None:
+    tx.executemany(
+        "INSERT INTO images (hash, data) VALUES (?, ?) ON CONFLICT DO NOTHING", list(images.items())
+    )
+
+
+def free_unused_images(tx: Transaction, candidates: Iterable[str] | None) -> int:
+    """Delete the images (among `candidates`; None: all) that no response or conversation uses."""
+    unused = (
+        "NOT EXISTS (SELECT 1 FROM response_images u WHERE u.hash = images.hash)"
+        " AND NOT EXISTS (SELECT 1 FROM conversation_images u WHERE u.hash = images.hash)"
+    )
+    if candidates is None:
+        return tx.execute(f"DELETE FROM images WHERE {unused}").rowcount
+    freed = 0
+    for batch in batches(sorted(candidates)):
+        marks = ",".join("?" * len(batch))
+        freed += tx.execute(f"DELETE FROM images WHERE hash IN ({marks}) AND {unused}", batch).rowcount
+    return freed
+
+
+def encoded_size(encoded: EncodedMessages) -> int:
+    """Bytes an object is charged for its messages: the blob, and every image it uses, as if
+    it were its own copy (shared storage is the store's saving, not the owner's)."""
+    return len(encoded.blob) + sum(len(encoded.images[digest]) for digest in encoded.image_hashes)
+
+
+def batches(values: Sequence[str]) -> Iterator[list[str]]:
+    for start in range(0, len(values), BATCH):
+        yield list(values[start : start + BATCH])
