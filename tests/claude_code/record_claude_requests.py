@@ -39,8 +39,8 @@ def _has_tool_result(body: Any) -> bool:
     )
 
 
-def read_call_stream(path: str) -> bytes:
-    """A Messages stream whose answer is one Read tool_use on `path`."""
+def tool_use_stream(name: str, arguments: dict[str, Any]) -> bytes:
+    """A Messages stream whose answer is one tool_use of `name` with `arguments`."""
     usage = {"input_tokens": 1, "output_tokens": 0}
     message = {
         "id": "msg_rec",
@@ -52,14 +52,14 @@ def read_call_stream(path: str) -> bytes:
         "stop_sequence": None,
         "usage": usage,
     }
-    use = {"type": "tool_use", "id": "toolu_rec_read", "name": "Read", "input": {}}
+    use = {"type": "tool_use", "id": "toolu_rec_call", "name": name, "input": {}}
     events = [
         {"type": "message_start", "message": message},
         {"type": "content_block_start", "index": 0, "content_block": use},
         {
             "type": "content_block_delta",
             "index": 0,
-            "delta": {"type": "input_json_delta", "partial_json": json.dumps({"file_path": path})},
+            "delta": {"type": "input_json_delta", "partial_json": json.dumps(arguments)},
         },
         {"type": "content_block_stop", "index": 0},
         {
@@ -72,7 +72,12 @@ def read_call_stream(path: str) -> bytes:
     return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
 
 
-def make_handler(upstream: str, out: Path, read_path: str | None) -> type[BaseHTTPRequestHandler]:
+def make_handler(
+    upstream: str, out: Path, first_call: tuple[str, dict[str, Any]] | None
+) -> type[BaseHTTPRequestHandler]:
+    """Records and forwards; with `first_call` (tool name, input), a turn without a tool_result
+    yet is answered here with that tool_use."""
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -95,8 +100,8 @@ def make_handler(upstream: str, out: Path, read_path: str | None) -> type[BaseHT
             (out / f"{number:03d}-{self.command.lower()}.json").write_text(json.dumps(record, indent=1))
             body = record.get("body")
             messages_route = self.path.split("?")[0] == "/v1/messages"
-            if read_path and messages_route and not _has_tool_result(body):
-                payload = read_call_stream(read_path)
+            if first_call and messages_route and not _has_tool_result(body):
+                payload = tool_use_stream(*first_call)
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("content-length", str(len(payload)))
@@ -135,9 +140,9 @@ def main() -> None:
     parser.add_argument("--read", help="answer the first turn with a Read tool_use on this path")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", args.port), make_handler(args.upstream.rstrip("/"), args.out, args.read)
-    )
+    first_call = ("Read", {"file_path": args.read}) if args.read else None
+    handler = make_handler(args.upstream.rstrip("/"), args.out, first_call)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     print(f"recording on http://127.0.0.1:{args.port} -> {args.upstream}", flush=True)
     server.serve_forever()
 

@@ -73,6 +73,8 @@ def claude_env(home: Path, base_url: str) -> dict[str, str]:
         ANTHROPIC_API_KEY="dummy-key",
         ANTHROPIC_MODEL="default",
         ANTHROPIC_DEFAULT_HAIKU_MODEL="default",
+        ANTHROPIC_DEFAULT_SONNET_MODEL="default",
+        ANTHROPIC_DEFAULT_OPUS_MODEL="default",
         ANTHROPIC_SMALL_FAST_MODEL="default",
         DISABLE_TELEMETRY="1",
         DISABLE_AUTOUPDATER="1",
