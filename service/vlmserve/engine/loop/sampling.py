@@ -151,17 +151,40 @@ class TokenSampler:
             logits = penalty(mx.array(list(recent_tokens[-REPETITION_CONTEXT_TOKENS:])), logits)
         return logits
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
     def choose(self, logits: Any) -> Any:
         """Temperature, top_p, top_k and the draw (or argmax at temperature 0)."""
         import mlx.core as mx
+
+        if self.greedy:
+            return mx.argmax(logits, axis=-1)
+        return self.draw(self.scaled_logprobs(logits))
+
+    def scaled_logprobs(self, logits: Any) -> Any:
+        """The (unnormalised) log-distribution a token is drawn from: top_p, top_k, temperature."""
+        import mlx.core as mx
         from mlx_vlm.sample_utils import apply_top_k, apply_top_p
 
-        if self.temperature == 0:
-            return mx.argmax(logits, axis=-1)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if 0 < self.top_p < 1:
             logprobs = apply_top_p(logprobs, self.top_p)
         if 0 < self.top_k < logprobs.shape[-1]:
             logprobs = apply_top_k(logprobs, self.top_k)
+        return logprobs * (1 / self.temperature)
+
+    def draw(self, scaled_logprobs: Any) -> Any:
+        """A token from `scaled_logprobs` with this request's key."""
+        import mlx.core as mx
+
         self._key, step_key = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1 / self.temperature), key=step_key)
+        return mx.random.categorical(scaled_logprobs, key=step_key)
+
+    def uniform(self) -> Any:
+        """A uniform [0, 1) number with this request's key (speculative acceptance)."""
+        import mlx.core as mx
+
+        self._key, step_key = mx.random.split(self._key)
+        return mx.random.uniform(key=step_key)

@@ -1,0 +1,1 @@
+"""Speculative decoding: several tokens per forward (draft sources, acceptance, policy)."""
