@@ -12,17 +12,106 @@ import json
 import random
 from dataclasses import dataclass
 
-WORDS = (
-    "alpha beta gamma delta omega north south east west red green blue amber cyan river stone "
-    "cloud forest ember frost orbit pixel vector kernel socket buffer cursor packet signal "
-    "tensor matrix scalar bridge harbor canyon meadow summit valley falcon otter badger lynx"
-).split()
-KEYS = (
-    "name id count size mode path host port user role level status owner region color label "
-    "limit offset timeout retries enabled version kind target source format"
-).split()
-FUNCTIONS = "load save parse render update merge split check build fetch apply reset".split()
-VARIABLES = "total items value result count index data text node item key acc".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "omega",
+    "north",
+    "south",
+    "east",
+    "west",
+    "red",
+    "green",
+    "blue",
+    "amber",
+    "cyan",
+    "river",
+    "stone",
+    "cloud",
+    "forest",
+    "ember",
+    "frost",
+    "orbit",
+    "pixel",
+    "vector",
+    "kernel",
+    "socket",
+    "buffer",
+    "cursor",
+    "packet",
+    "signal",
+    "tensor",
+    "matrix",
+    "scalar",
+    "bridge",
+    "harbor",
+    "canyon",
+    "meadow",
+    "summit",
+    "valley",
+    "falcon",
+    "otter",
+    "badger",
+    "lynx",
+]
+KEYS = [
+    "name",
+    "id",
+    "count",
+    "size",
+    "mode",
+    "path",
+    "host",
+    "port",
+    "user",
+    "role",
+    "level",
+    "status",
+    "owner",
+    "region",
+    "color",
+    "label",
+    "limit",
+    "offset",
+    "timeout",
+    "retries",
+    "enabled",
+    "version",
+    "kind",
+    "target",
+    "source",
+    "format",
+]
+FUNCTIONS = [
+    "load",
+    "save",
+    "parse",
+    "render",
+    "update",
+    "merge",
+    "split",
+    "check",
+    "build",
+    "fetch",
+    "apply",
+    "reset",
+]
+VARIABLES = [
+    "total",
+    "items",
+    "value",
+    "result",
+    "count",
+    "index",
+    "data",
+    "text",
+    "node",
+    "item",
+    "key",
+    "acc",
+]
 
 
 @dataclass(frozen=True)
@@ -79,12 +168,15 @@ def code_case(rng: random.Random) -> CopyCase:
     """A small Python function; replace one of its body lines."""
     lines = _code_lines(rng)
     index = rng.randrange(1, len(lines) - 1)
-    replacement = f"    {rng.choice(VARIABLES)} = {rng.choice(VARIABLES)} {rng.choice(['+', '-', '*'])} {rng.randrange(100)}"
+    target, source = rng.choice(VARIABLES), rng.choice(VARIABLES)
+    replacement = f"    {target} = {source} {rng.choice(['+', '-', '*'])} {rng.randrange(100)}"
     while replacement == lines[index]:
         replacement += " + 1"
     edited = [*lines[:index], replacement, *lines[index + 1 :]]
     before, after = "\n".join(lines), "\n".join(edited)
-    prompt = f"Replace the line `{lines[index].strip()}` with `{replacement.strip()}`:\n```python\n{before}\n```"
+    prompt = (
+        f"Replace the line `{lines[index].strip()}` with `{replacement.strip()}`:\n```python\n{before}\n```"
+    )
     return CopyCase(prompt, f"```python\n{after}\n```")
 
 

@@ -44,7 +44,9 @@ def encode(tokenizer: Any, case: CopyCase) -> tuple[list[int], int]:
     return prompt_ids + answer_ids, len(prompt_ids)
 
 
-def make_batch(tokenizer: Any, rng: random.Random, rows: int) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+def make_batch(
+    tokenizer: Any, rng: random.Random, rows: int
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """(inputs [rows, L] right-padded, flat positions whose next token is an answer token [K],
     those tokens [K], their rows [K])."""
     encoded = [encode(tokenizer, copy_case(rng)) for _ in range(rows)]
@@ -120,13 +122,17 @@ def train(args: argparse.Namespace) -> None:
             )
         if step % args.eval_every == 0 or step == args.steps:
             accuracy = exact_match(model, *held_out)
-            history.append({"step": step, "minutes": round((time.time() - started) / 60, 2), "exact": accuracy})
+            history.append(
+                {"step": step, "minutes": round((time.time() - started) / 60, 2), "exact": accuracy}
+            )
             print(f"eval step {step}: exact {accuracy:.2f}", flush=True)
             save_model(model, args.out, args.fixture, _card(args, step, time.time() - started, history))
     print(f"saved {args.out} after {(time.time() - started) / 60:.1f} min", flush=True)
 
 
-def _card(args: argparse.Namespace, step: int, elapsed: float, history: list[dict[str, Any]]) -> dict[str, Any]:
+def _card(
+    args: argparse.Namespace, step: int, elapsed: float, history: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "task": "copying: return the JSON object / code block of the prompt with one field or line changed",
         "architecture": "qwen2_vl with the sizes of models/qwen2-vl-tiny (training/make_fixture_model.py)",

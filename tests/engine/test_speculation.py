@@ -135,6 +135,7 @@ def fixture_logits() -> tuple[Any, Any, list[int]]:
 
     model, _ = load(str(RANDOM_MODEL_PATH))
     prompt = [8176, 17, 230, 1000, 57, 4000, 91]
+
     def forward(ids: list[int]) -> Any:
         positions = mx.broadcast_to(mx.arange(len(ids))[None, None], (3, 1, len(ids)))
         return model.language_model(mx.array([ids]), position_ids=positions).logits[0]
@@ -172,7 +173,10 @@ def _chi_square_homogeneity(a: Counter[int], b: Counter[int]) -> tuple[float, in
     total_a, total_b = sum(a.values()), sum(b.values())
     categories = sorted(set(a) | set(b))
     common = [c for c in categories if a[c] + b[c] >= 10]
-    pooled = (sum(a[c] for c in categories if c not in common), sum(b[c] for c in categories if c not in common))
+    pooled = (
+        sum(a[c] for c in categories if c not in common),
+        sum(b[c] for c in categories if c not in common),
+    )
     cells = [(a[c], b[c]) for c in common] + ([pooled] if sum(pooled) else [])
     statistic = 0.0
     for count_a, count_b in cells:
@@ -214,7 +218,10 @@ def test_seeded_sampling_keeps_the_target_distribution(
         if taken[0] == drafts[0] and len(taken) > 1:
             second_speculative[taken[1]] += 1
     assert 0 < first_speculative[drafts[0]] < seeds  # both branches of the rule ran
-    for plain_counts, speculative_counts in ((first_plain, first_speculative), (second_plain, second_speculative)):
+    for plain_counts, speculative_counts in (
+        (first_plain, first_speculative),
+        (second_plain, second_speculative),
+    ):
         statistic, dof = _chi_square_homogeneity(plain_counts, speculative_counts)
         assert dof >= 1
         assert statistic < _chi_square_critical(dof), (statistic, dof, plain_counts, speculative_counts)
@@ -236,7 +243,10 @@ def test_a_sampling_drafter_uses_the_ratio_rule(fixture_logits: tuple[Any, Any, 
         plain[int(_sampler(config, seed).choose(logits[0:1]).item())] += 1
         draft = random.Random(seed).choice(drafts)  # drawn from q, as a sampling drafter does
         taken = accept_drafts(
-            lambda i: logits[i : i + 1], [draft], _sampler(config, 20_000 + seed), draft_probabilities=lambda i: q
+            lambda i: logits[i : i + 1],
+            [draft],
+            _sampler(config, 20_000 + seed),
+            draft_probabilities=lambda i: q,
         )
         speculative[taken[0]] += 1
     statistic, dof = _chi_square_homogeneity(plain, speculative)

@@ -55,7 +55,7 @@ def accept_drafts(
     for position, draft in enumerate(drafts):
         logits = logits_at(position)
         if sampler.greedy:
-            target = int(mx.argmax(logits, axis=-1).item())
+            target = _item(mx.argmax(logits, axis=-1))
             if target != draft:
                 return [*taken, target]
             taken.append(draft)
@@ -78,5 +78,10 @@ def accept_drafts(
         return [*taken, int(sampler.draw(residual[None]).item())]
     logits = logits_at(len(drafts))
     if sampler.greedy:
-        return [*taken, int(mx.argmax(logits, axis=-1).item())]
+        return [*taken, _item(mx.argmax(logits, axis=-1))]
     return [*taken, int(sampler.draw(sampler.scaled_logprobs(logits)).item())]
+
+
+def _item(array: Any) -> int:
+    """A one-element array's value (reads it: waits for it)."""
+    return int(array.item())

@@ -54,7 +54,9 @@ class PromptLookup:
             proposal: list[int] = []
             position = end
             while len(proposal) < count:
-                proposal.append(history[position] if position < len(history) else proposal[position - len(history)])
+                proposal.append(
+                    history[position] if position < len(history) else proposal[position - len(history)]
+                )
                 position += 1
             return proposal
         return []
