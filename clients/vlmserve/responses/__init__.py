@@ -46,7 +46,7 @@ from ._lowering import (
     lower_messages,
     tool_output_text,
 )
-from ._media import FileContent, FileSource, ImageFetchError, ImageSource
+from ._media import FileContent, FileSource, ImageFetchError, ImageSource, PdfRenderer
 from ._outbound import (
     NewId,
     image_part_to_json,
@@ -131,6 +131,7 @@ __all__ = [
     "OutputTextContent",
     "OutputTextDeltaEvent",
     "OutputTextDoneEvent",
+    "PdfRenderer",
     "ReasoningItem",
     "ReasoningTextContent",
     "ReasoningTextDeltaEvent",

@@ -95,8 +95,9 @@ def file_content_parts(
         return [text_file_part(filename, text)]
     used = media.pages_rendered[0]
     documents = media.documents
+    render = media.pdf_renderer or render_pdf
     try:
-        pages = render_pdf(
+        pages = render(
             data,
             documents,
             max_pixels=media.limits.max_pixels,

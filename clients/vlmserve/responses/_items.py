@@ -28,7 +28,7 @@ from ._input_models import (
     parse_item,
 )
 from ._json import join
-from ._media import FileSource, ImageSource, MediaPolicy
+from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
 from ._parts import parse_message_part, parse_tool_output_part
 from ._validation import RequestModel
 
@@ -62,6 +62,7 @@ def input_to_messages(
     image_limits: ImageLimits | None = None,
     file_source: FileSource | None = None,
     document_limits: DocumentLimits | None = None,
+    pdf_renderer: PdfRenderer | None = None,
 ) -> list[pb.Message]:
     """Translate `input` (and `instructions`) into raw contract messages.
 
@@ -73,6 +74,7 @@ def input_to_messages(
         limits=image_limits or ImageLimits(),
         file_source=file_source,
         documents=document_limits or DocumentLimits(),
+        pdf_renderer=pdf_renderer,
     )
     messages = items_to_messages(input_entries(parse_input(input)), media=media, resolve_item=resolve_item)
     require_content(messages)

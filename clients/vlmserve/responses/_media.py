@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from vlmserve.common.documents import DocumentLimits
+from vlmserve.common.documents import DocumentLimits, PdfPage
 from vlmserve.common.images import ImageError, ImageLimits, inspect_image, parse_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -50,6 +50,16 @@ class FileSource(Protocol):
     """
 
     def __call__(self, file_id: str) -> FileContent | None: ...
+
+
+class PdfRenderer(Protocol):
+    """Renders a PDF's pages as `vlmserve.common.documents.render_pdf` does (the default, in this
+    process). The facade plugs in worker processes with memory and CPU limits. Raise
+    DocumentError for a PDF that cannot be rendered: the part's path goes with it to the client."""
+
+    def __call__(
+        self, data: bytes, limits: DocumentLimits, *, max_pixels: int | None, max_pages: int | None
+    ) -> list[PdfPage]: ...
 
 
 class ImageFetchError(Exception):
@@ -96,6 +106,8 @@ class MediaPolicy:
     limits: ImageLimits = field(default_factory=ImageLimits)
     file_source: FileSource | None = None
     documents: DocumentLimits = field(default_factory=DocumentLimits)
+    # None: render_pdf, in this process.
+    pdf_renderer: PdfRenderer | None = None
     # PDF pages rendered so far for this request (bounded by documents.max_pages_per_request).
     pages_rendered: list[int] = field(default_factory=lambda: [0])
 

@@ -25,7 +25,7 @@ from ._json import (
     as_object,
 )
 from ._lowering import lower_messages
-from ._media import FileSource, ImageSource, MediaPolicy
+from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
 from ._output_models import RequestEcho
 from ._request_models import ConversationParam, CreateResponseBody, parse_body
 from ._text_format import parse_text
@@ -143,6 +143,7 @@ def build_generate_request(
     history: Sequence[pb.Message] = (),
     file_source: FileSource | None = None,
     document_limits: DocumentLimits | None = None,
+    pdf_renderer: PdfRenderer | None = None,
 ) -> TranslatedRequest:
     """Validate a Responses request body and translate it for the engine.
 
@@ -153,7 +154,8 @@ def build_generate_request(
     conversation reaches the model exactly as it did the first time.
 
     `file_source` looks up files named by `file_id` (none: only inline `file_data` files);
-    `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files).
+    `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files);
+    `pdf_renderer` renders them (none: `render_pdf`, in this process).
     """
     parsed = parse_body(body)
     tools = parse_tools(parsed.tools)
@@ -164,6 +166,7 @@ def build_generate_request(
         limits=image_limits or ImageLimits(),
         file_source=file_source,
         documents=document_limits or DocumentLimits(),
+        pdf_renderer=pdf_renderer,
     )
     input_part = input_entries(parsed.input)
     replayed = items_to_messages(

@@ -237,6 +237,19 @@ class Files(DeclaredSettings):
     pdf_dpi: float = Field(
         DocumentLimits().dpi, gt=0, le=600, description="resolution PDF pages are rendered at"
     )
+    # Rendering runs in worker processes (documents/pdf_workers.py), never in the facade's own.
+    pdf_workers: int = Field(
+        2, ge=1, description="PDFs rendered at once, each in a worker process of its own"
+    )
+    pdf_worker_memory_mib: int = Field(
+        1024, ge=128, description="address space one PDF worker process may use (RLIMIT_AS)"
+    )
+    pdf_worker_cpu_s: int = Field(
+        30, ge=1, description="CPU seconds one PDF may take to render (RLIMIT_CPU of its worker)"
+    )
+    pdf_timeout_s: float = Field(
+        30.0, gt=0, description="seconds one PDF may take to render, its worker's start-up included"
+    )
 
 
 def _first_token(raw: object) -> object:

@@ -12,7 +12,9 @@ import anyio
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
+from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.state import FacadeState, owner_of
 
 T = TypeVar("T")
 
@@ -51,6 +53,19 @@ async def collect(generation: Generation, first_message_s: float) -> dict[str, A
     async for _ in generation.events(raise_errors=True):
         pass
     return generation.builder.snapshot().to_json()
+
+
+async def prepare_unless_disconnected(request: Request, state: FacadeState, body: object) -> Generation:
+    """`prepare`, stopped when the client goes away (its PDFs' worker processes are killed)."""
+    generation = await unless_disconnected(request, state.responses.prepare(body, owner=owner_of(request)))
+    if generation is None:
+        raise client_closed()
+    return generation
+
+
+def client_closed() -> APIError:
+    # Never seen by the client; the status says what happened in the access log.
+    return APIError(CLIENT_CLOSED_REQUEST, "The client closed the request.", code="client_closed_request")
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

@@ -20,6 +20,8 @@ from vlmserve.client import MAX_MESSAGE_BYTES, AsyncEngineClient, EngineError
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.logs import bind_response
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
+from vlmserve.facade.documents.pdf_workers import PdfWorkers
 from vlmserve.facade.http.errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from vlmserve.facade.http.limits import (
     check_image_count,
@@ -74,13 +76,25 @@ class ResponsesService:
     # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
     # so that slow remote image hosts can hold at most these and never the store's threads.
     _translators: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
+    # Requests that carry files translate on threads of their own, PDFs render in worker
+    # processes (documents/).
+    _documents: DocumentTranslation = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._translators = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.settings.limits.translation_workers, thread_name_prefix="translate"
         )
+        files = self.settings.files
+        workers = PdfWorkers(
+            workers=files.pdf_workers,
+            memory_bytes=files.pdf_worker_memory_mib * 2**20,
+            cpu_s=files.pdf_worker_cpu_s,
+            timeout_s=files.pdf_timeout_s,
+        )
+        self._documents = DocumentTranslation(workers, self._translators)
         # Idle workers go when the service does (tests build many apps without a lifespan).
         weakref.finalize(self, self._translators.shutdown, wait=False)
+        weakref.finalize(self, self._documents.close)
 
     async def run_translation(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run blocking translation work on the translation pool, off the event loop."""
@@ -111,16 +125,20 @@ class ResponsesService:
             max_bytes=limits.max_request_bytes,
         )
         await self.run_translation(references.resolve_all, body.get("input"))
-        translated = await self.run_translation(
-            build_generate_request,
-            body,
-            resolve_item=references,
-            image_source=self.image_source(),
-            image_limits=image_limits(info, limits),
-            replay=replay.items,
-            history=replay.messages,
-            file_source=self.file_source(owner),
-            document_limits=self.document_limits(allowed_images),
+        # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets.
+        translated = await self._documents.run(
+            lambda renderer: build_generate_request(
+                body,
+                resolve_item=references,
+                image_source=self.image_source(),
+                image_limits=image_limits(info, limits),
+                replay=replay.items,
+                history=replay.messages,
+                file_source=self.file_source(owner),
+                document_limits=self.document_limits(allowed_images),
+                pdf_renderer=renderer,
+            ),
+            with_files=has_file_parts(body.get("input")) or has_file_parts(replay.items),
         )
         check_image_count(count_contract_images(translated.request.messages), allowed_images, param="input")
         if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
@@ -131,8 +149,13 @@ class ResponsesService:
         self._apply_output_limit(request)
         return Translation(translated, info, references.stored_items(translated.input_items))
 
+    @property
+    def pdf_workers(self) -> PdfWorkers:
+        return self._documents.workers
+
     def close(self) -> None:
         self._translators.shutdown(wait=False, cancel_futures=True)
+        self._documents.close()
 
     async def prepare(self, body: object, *, owner: str = "") -> Generation:
         translation = await self.translate(body, owner=owner)

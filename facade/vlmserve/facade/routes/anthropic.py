@@ -30,6 +30,7 @@ from vlmserve.facade.responses.delivery import (
     STREAM_CUTOFF_AFTER_GRACE_S,
     cancel_after_shutdown,
     collect,
+    prepare_unless_disconnected,
     sse_event,
     unless_disconnected,
 )
@@ -49,7 +50,7 @@ async def create_message(request: Request, state: State) -> Response:
         translated = await state.responses.run_translation(messages_request, body)
         del body
         with anthropic_params(translated):
-            generation = await state.responses.prepare(translated.responses_body, owner=owner_of(request))
+            generation = await prepare_unless_disconnected(request, state, translated.responses_body)
         translated.apply(generation.request)
     except BaseException:
         hold.release()

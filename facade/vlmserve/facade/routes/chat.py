@@ -28,11 +28,12 @@ from vlmserve.facade.responses.delivery import (
     cancel_after_shutdown,
     collect,
     ignored_tools_header,
+    prepare_unless_disconnected,
     sse_event,
     unless_disconnected,
 )
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"])
@@ -52,7 +53,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         chat = await state.responses.run_translation(chat_request, body)
         del body
         with _chat_params(chat):
-            generation = await state.responses.prepare(chat.responses_body, owner=owner_of(request))
+            generation = await prepare_unless_disconnected(request, state, chat.responses_body)
         # Engine settings the Responses API has no field for.
         if chat.seed is not None:
             generation.request.sampling.seed = chat.seed

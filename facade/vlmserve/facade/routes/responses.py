@@ -30,8 +30,10 @@ from vlmserve.facade.responses.delivery import (
     SSE_SEPARATOR,
     STREAM_CUTOFF_AFTER_GRACE_S,
     cancel_after_shutdown,
+    client_closed,
     collect,
     ignored_tools_header,
+    prepare_unless_disconnected,
     sse_event,
     unless_disconnected,
 )
@@ -55,7 +57,7 @@ async def create_response(request: Request, state: State) -> Response:
     hold = BodyHold(state.body_budget)
     try:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        generation = await state.responses.prepare(body, owner=owner_of(request))
+        generation = await prepare_unless_disconnected(request, state, body)
         del body
     except BaseException:
         hold.release()
@@ -116,7 +118,11 @@ async def create_response(request: Request, state: State) -> Response:
 async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
     with state.body_budget.hold() as hold:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        tokens = await state.responses.count_tokens(body, owner=owner_of(request))
+        tokens = await unless_disconnected(
+            request, state.responses.count_tokens(body, owner=owner_of(request))
+        )
+        if tokens is None:
+            raise client_closed()
     return {"object": "response.input_tokens", "input_tokens": tokens}
 
 

@@ -1,0 +1,1 @@
+"""PDF rendering off the facade's process: worker processes under memory and CPU limits."""
