@@ -36,8 +36,7 @@ from ._events import (
     ResponseLifecycleEvent,
     ResponseStreamEvent,
 )
-from ._files import page_header, text_file_part
-from ._input_models import InputItemParam, parse_input, parse_item
+from ._input_models import InputItemParam
 from ._items import ItemResolver, input_to_messages, is_item_reference
 from ._lowering import (
     IMAGE_FOLLOW_UP_MARKER,
@@ -48,8 +47,6 @@ from ._lowering import (
 )
 from ._media import FileContent, FileSource, ImageFetchError, ImageSource, PdfRenderer
 from ._outbound import (
-    NewId,
-    image_part_to_json,
     logprobs_from_contract,
     message_output_item,
     messages_to_items,
@@ -122,7 +119,6 @@ __all__ = [
     "LifecycleEventType",
     "LogProb",
     "LoweredMessage",
-    "NewId",
     "OfferedTool",
     "OutboundModel",
     "OutputItem",
@@ -147,7 +143,6 @@ __all__ = [
     "TranslatedRequest",
     "Usage",
     "build_generate_request",
-    "image_part_to_json",
     "input_to_messages",
     "is_item_reference",
     "logprobs_from_contract",
@@ -156,15 +151,11 @@ __all__ = [
     "message_output_item",
     "messages_to_items",
     "output_text_part",
-    "page_header",
     "parse_as",
     "parse_body",
-    "parse_input",
-    "parse_item",
     "parse_metadata",
     "reasoning_output_item",
     "result_to_output_items",
-    "text_file_part",
     "tool_call_output_item",
     "tool_output_text",
     "usage_from_contract",

@@ -34,9 +34,6 @@ class ModelCatalog:
                 self._fetched_at = time.monotonic()
             return self._info
 
-    def cached(self) -> pb.GetModelInfoResponse | None:
-        return self._info
-
     async def resolve(self, requested: str | None) -> pb.GetModelInfoResponse:
         """The loaded model for a request's `model` (its id, "default", or absent); else a 404."""
         info = await self.info()

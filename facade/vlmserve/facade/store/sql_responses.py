@@ -56,10 +56,6 @@ class SQLStore(ConversationQueries):
 
     # ---- leases --------------------------------------------------------------------------------
 
-    @property
-    def instance_id(self) -> str:
-        return self._instance_id
-
     def start_lease(self, ttl_s: float) -> str:
         """From now on this store object is a new facade instance, alive while it renews its lease
         (every fraction of `ttl_s`); the responses it starts are its own. Its id."""
