@@ -19,7 +19,7 @@ RESPONSES = {
     "RequestModel", "TranslatedRequest", "build_generate_request", "input_to_messages",
     "is_item_reference", "parse_as", "parse_body", "parse_metadata", "InvalidRequestError",
     # media the translation reads through the caller's sources
-    "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource",
+    "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
     # lowering (images in non-user turns reach the model as a following user turn)
     "IMAGE_FOLLOW_UP_MARKER", "LoweredMessage", "lower_conversation", "lower_messages",
     # output: items, the response resource and its parts
