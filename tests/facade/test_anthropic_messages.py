@@ -95,6 +95,8 @@ async def test_the_raw_message_is_the_sdks_message(http: httpx.AsyncClient) -> N
     raw = response.json()
     Message.model_validate(raw)
     assert set(raw) == {"id", "type", "role", "content", "model", "stop_reason", "stop_sequence", "usage"}
+    # No `"citations": null`: the AI SDK's @ai-sdk/anthropic schema refuses it (array or absent).
+    assert raw["content"] == [{"type": "text", "text": "Hello, world."}]
 
 
 async def test_a_stop_sequence_ends_the_message(sdk: anthropic.AsyncAnthropic, engine: FakeEngine) -> None:

@@ -24,9 +24,9 @@ StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 class TextBlock(OutboundModel):
+    # No `citations` key (none are made): the AI SDK's schema refuses `"citations": null`.
     type: Literal["text"] = "text"
     text: str
-    citations: None = None
 
 
 class ThinkingBlock(OutboundModel):
