@@ -79,10 +79,15 @@ def agent_turns(history_chars: int) -> tuple[pb.GenerateRequest, pb.GenerateRequ
         pb.Message(role=pb.ROLE_ASSISTANT, parts=[pb.Part(text=pb.TextPart(text="All tests pass."))]),
         pb.Message(role=pb.ROLE_USER, parts=[pb.Part(text=pb.TextPart(text="Now run the linter."))]),
     ]
-    sampling = pb.SamplingParams(max_tokens=1, temperature=0.0)
+    # Turn 1 answers (a request that ends in its prefill leaves no KV to keep); turn 2 is timed
+    # to its first token.
     return (
-        pb.GenerateRequest(messages=first, sampling=sampling, partition_key="bench"),
-        pb.GenerateRequest(messages=second, sampling=sampling, partition_key="bench"),
+        pb.GenerateRequest(
+            messages=first, sampling=pb.SamplingParams(max_tokens=8, temperature=0.0), partition_key="bench"
+        ),
+        pb.GenerateRequest(
+            messages=second, sampling=pb.SamplingParams(max_tokens=1, temperature=0.0), partition_key="bench"
+        ),
     )
 
 
@@ -94,8 +99,8 @@ def codex_turns() -> tuple[pb.GenerateRequest, pb.GenerateRequest]:
     first = build_generate_request(body).request
     body["input"].append({"role": "user", "content": "Now run the linter."})
     second = build_generate_request(body).request
-    for request in (first, second):
-        request.sampling.max_tokens = 1
+    for request, tokens in ((first, 8), (second, 1)):
+        request.sampling.max_tokens = tokens
         request.partition_key = "bench"
     return first, second
 

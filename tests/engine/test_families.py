@@ -92,7 +92,8 @@ def test_prompt_starts_with_one_bos(family: FamilyEngine) -> None:
 
 # Gemma 3's sliding-window layers keep a rotating cache that cannot be trimmed once past its
 # window; Llama 4's chunked layers keep only their last chunk of keys, so a shared prefix that
-# ends before the current chunk's block cannot be continued. The engine prefills them afresh.
+# ends inside a kept state cannot be continued (such states serve only a prompt that extends all
+# of them: test_prefix_cache_windowed.py). These prompts part inside it: prefilled afresh.
 PREFIX_CACHE_UNSUPPORTED = frozenset({"gemma3", "llama4"})
 
 LONG_SYSTEM = pb.Message(

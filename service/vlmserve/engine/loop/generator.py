@@ -258,7 +258,7 @@ class Generator:
             loaded = self.lifecycle.open()
             loaded.kv_layout = self._kv_layout(loaded)
             self.prefix_cache = PrefixCache(
-                min_tokens=self.config.prefix_cache_min_tokens if _plain_kv_layers(loaded) else 0,
+                min_tokens=self.config.prefix_cache_min_tokens,
                 max_bytes=self.config.prefix_cache_mib << 20,
                 disk=self._prefix_disk_tier(loaded),
                 layout=loaded.kv_layout,
@@ -307,7 +307,11 @@ class Generator:
             )
             return KVLayout()
         language_model = loaded.model.language_model
-        layout = layout_for(bits, self.config.kv_group_size, kv_shape(language_model)[1])
+        try:
+            layout = layout_for(bits, self.config.kv_group_size, kv_shape(language_model)[1])
+        except ValueError as error:  # MLX quantizes groups of 32, 64 or 128 values only
+            log.warning("--kv-bits %d ignored: %s; its KV stays at full precision", bits, error)
+            return KVLayout()
         log.info("KV cache: %s", layout.describe)
         return layout
 

@@ -25,13 +25,17 @@ from typing import Any
 
 __all__ = [
     "KVLayout",
+    "is_plain",
     "kv_nbytes",
     "layer_arrays",
     "merge_rows",
     "mergeable",
     "new_prompt_cache",
     "own_copy",
+    "restore",
     "row_views",
+    "snapshot",
+    "snapshot_nbytes",
     "views",
 ]
 
@@ -162,9 +166,79 @@ def views(layers: Sequence[tuple[Any, Any]], tokens: int, layout: KVLayout) -> l
     return cache
 
 
+def is_plain(layer: Any) -> bool:
+    """A layer whose keys and values are exactly its positions so far (full or quantized), so
+    any prefix of them is the cache of a prefix of the prompt."""
+    from mlx_vlm.models.cache import KVCache, QuantizedKVCache
+
+    # Any other cache class (it has update_and_fetch) keeps a state that is not a prefix of
+    # positions; bare (keys, values) holders are plain.
+    return type(layer) in (KVCache, QuantizedKVCache) or not hasattr(layer, "update_and_fetch")
+
+
+def snapshot(cache: Sequence[Any]) -> list[Any] | None:
+    """Own copies of a one-row cache's layers in their exact state, whatever their kind
+    (sliding-window `RotatingKVCache`, chunked `ChunkedKVCache`, ...): such a state continues
+    exactly from where it is, but no prefix of it is a shorter prompt's state. None when a
+    layer holds something other than arrays and plain values."""
+    import mlx.core as mx
+
+    copies, arrays = [], []
+    for layer in cache:
+        copied = _copy_layer(layer)
+        if copied is None:
+            return None
+        copies.append(copied)
+        arrays += [v for v in _arrays_of(copied)]
+    mx.eval(arrays)
+    return copies
+
+
+def restore(saved: Sequence[Any]) -> list[Any]:
+    """A live cache from a snapshot (new array objects: a layer that writes in place never
+    writes into the snapshot)."""
+    restored = [_copy_layer(layer) for layer in saved]
+    assert all(layer is not None for layer in restored)
+    return restored
+
+
+def snapshot_nbytes(saved: Sequence[Any]) -> int:
+    return sum(int(array.nbytes) for layer in saved for array in _arrays_of(layer))
+
+
+def _copy_layer(layer: Any) -> Any | None:
+    import copy
+
+    import mlx.core as mx
+
+    copied = copy.copy(layer)
+    for name, value in vars(layer).items():
+        if isinstance(value, mx.array):
+            setattr(copied, name, mx.contiguous(mx.array(value)))
+        elif isinstance(value, tuple) and all(isinstance(v, mx.array) for v in value):
+            setattr(copied, name, tuple(mx.contiguous(mx.array(v)) for v in value))
+        elif not (value is None or isinstance(value, int | float | str | bool)):
+            return None
+    return copied
+
+
+def _arrays_of(layer: Any) -> list[Any]:
+    import mlx.core as mx
+
+    out: list[Any] = []
+    for value in vars(layer).values():
+        if isinstance(value, mx.array):
+            out.append(value)
+        elif isinstance(value, tuple):
+            out += [v for v in value if isinstance(v, mx.array)]
+    return out
+
+
 def layer_arrays(layer: Any, tokens: int) -> tuple[Any, Any] | None:
     """A one-row cache layer's (keys, values) for its first `tokens` positions; None when the
     layer is not the plain (or quantized) per-layer KV this module knows."""
+    if not is_plain(layer):
+        return None
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     if keys is None or values is None or getattr(layer, "offset", -1) < tokens:
         return None

@@ -29,7 +29,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vlmserve.engine.loop.kv_cache import KVLayout, kv_nbytes, layer_arrays, views
+from vlmserve.engine.loop.kv_cache import (
+    KVLayout,
+    is_plain,
+    kv_nbytes,
+    layer_arrays,
+    restore,
+    snapshot,
+    snapshot_nbytes,
+    views,
+)
 from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
 
 __all__ = ["PrefixCache", "PromptImages", "prompt_images", "shared_prefix_length"]
@@ -53,6 +62,13 @@ class _Entry:
     nbytes: int
     from_disk: bool = False  # loaded from the disk tier and not yet taken (counts a disk hit)
     on_disk: bool = False  # the disk tier has it already: evicting it writes nothing
+    # Sliding-window / chunked layers (kv_cache.snapshot): the whole cache's exact state, which
+    # only a prompt that extends *all* of `token_ids` can continue from. Memory only.
+    state: list[Any] | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.state is not None
 
 
 PromptImages = dict[int, tuple[int, str]]  # start -> (length, content hash)
@@ -113,6 +129,13 @@ class PrefixCache:
         n = len(token_ids)
         if any(getattr(layer, "offset", -1) != n for layer in cache):
             return  # not the per-layer KV layout this relies on
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if not all(is_plain(layer) for layer in cache):
+            state = snapshot(cache)
+            if state is not None and (nbytes := snapshot_nbytes(state)) <= self.max_bytes:
+                entry = _Entry(partition, ids, prompt_images(spans), [], nbytes, on_disk=True, state=state)
+                self._keep(entry)
+            return
         pairs = [layer_arrays(layer, n) for layer in cache]
         layers = [pair for pair in pairs if pair is not None]
         if len(layers) != len(pairs):
@@ -120,14 +143,16 @@ class PrefixCache:
         nbytes = sum(kv_nbytes(k) + kv_nbytes(v) for k, v in layers)
         if nbytes > self.max_bytes:
             return
-        ids = np.asarray(token_ids, dtype=np.int64)
         self._keep(_Entry(partition, ids, prompt_images(spans), layers, nbytes))
 
     def _keep(self, entry: _Entry) -> None:
-        # An entry this one extends is redundant now.
+        # An entry this one extends is redundant now (an exact one still serves prompts that
+        # leave the newer one's path after its end).
         for key, old in list(self._entries.items()):
-            if old.partition == entry.partition and _shared_length(old, entry.token_ids, entry.images) == (
-                old.token_ids.size
+            if (
+                old.partition == entry.partition
+                and not old.exact
+                and _shared_length(old, entry.token_ids, entry.images) == old.token_ids.size
             ):
                 self._drop(key)
         self._entries[self._next_key] = entry
@@ -149,6 +174,8 @@ class PrefixCache:
             if entry.partition != partition:
                 continue
             shared = _shared_length(entry, ids, images)
+            if entry.exact and not shared == entry.token_ids.size < ids.size:
+                continue  # an exact state serves only a prompt that extends all of it
             if shared > best:
                 best_key, best = key, shared
         if (loaded := self._take_from_disk(partition, ids, images, best)) is not None:
@@ -159,8 +186,11 @@ class PrefixCache:
             return None
         self._entries.move_to_end(best_key)
         self.hits["disk" if self._entries[best_key].from_disk else "memory"] += 1
-        self._entries[best_key].from_disk = False
-        return views(self._entries[best_key].layers, best, self.layout), best
+        entry = self._entries[best_key]
+        entry.from_disk = False
+        if entry.state is not None:
+            return restore(entry.state), best
+        return views(entry.layers, best, self.layout), best
 
     def _take_from_disk(
         self, partition: str, ids: np.ndarray, images: PromptImages, in_memory: int
