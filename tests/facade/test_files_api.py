@@ -75,7 +75,8 @@ async def test_the_sdk_round_trip(sdk: openai.AsyncOpenAI, settings: FacadeSetti
         await sdk.files.retrieve(created.id)
     # On disk beside the store, one folder per key; nothing of it in the response store.
     folder = settings.store_path.parent / "files" / "anonymous"
-    assert sorted(path.name for path in folder.iterdir()) == [image.id, image.id + ".json"]
+    # (`.lock`: the owner's lock, taken while a quota is checked and a file written.)
+    assert sorted(path.name for path in folder.iterdir()) == [".lock", image.id, image.id + ".json"]
 
 
 async def test_list_pages_and_orders(http: httpx.AsyncClient) -> None:

@@ -36,6 +36,7 @@ from vlmserve.facade.routes import models as models_routes
 from vlmserve.facade.routes import responses as responses_routes
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.state import FacadeState
+from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileStore
 from vlmserve.facade.store.protocol import Store
 from vlmserve.facade.store.sqlite import ResponseStore
@@ -125,6 +126,10 @@ def create_app(
 
     metrics = FacadeMetrics()
     files = FileStore(settings.files_directory())
+    disk = DiskSpace(
+        [settings.files_directory(), *([settings.store_path] if settings.store is None else [])],
+        min_free_bytes=settings.storage.min_free_disk_bytes,
+    )
 
     def build_state(client: AsyncEngineClient, the_store: Store) -> FacadeState:
         catalog = ModelCatalog(client, ttl_s=settings.model_info_ttl_s, timeout_s=settings.timeouts.control)
@@ -141,6 +146,7 @@ def create_app(
                 retry_after_s=settings.retry_after_s,
             ),
             slots=EngineSlots(settings.limits.max_engine_calls),
+            disk=disk,
         )
         metrics.watch_running(lambda: len(service.running))
         return FacadeState(
@@ -160,6 +166,7 @@ def create_app(
                 control_s=settings.timeouts.control,
             ),
             files=files,
+            disk=disk,
         )
 
     @asynccontextmanager

@@ -196,6 +196,13 @@ class Storage(DeclaredSettings):
         description="seconds a facade's claim on the responses it is generating lasts unless renewed "
         "(every third of it); after it, a facade sharing the store marks them failed",
     )
+    # A full disk made uploads and stored responses 500s and cut stored streams (disk_space.py).
+    min_free_disk_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="free space kept on the store's and the files' filesystems: below it /readyz is 503 "
+        "and requests that would store something get 507 insufficient_storage",
+    )
     replay_cache_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,
@@ -221,8 +228,12 @@ class Files(DeclaredSettings):
     max_file_bytes_per_key: int | None = Field(
         1024 * 1024 * 1024,
         ge=1,
-        description="bytes one API key's uploaded files may take (429 storage_quota_exceeded above "
-        "it); none: no limit",
+        description="bytes one API key's uploaded files may take on disk, their records included (429 "
+        "storage_quota_exceeded above it); none: no limit",
+    )
+    # Each file costs at least a block on disk and a stat per quota check.
+    max_files_per_key: int | None = Field(
+        1000, ge=1, description="uploaded files one API key may keep (429 storage_quota_exceeded above it)"
     )
     max_pdf_pages: int = Field(
         DocumentLimits().max_pages,

@@ -13,6 +13,7 @@ from vlmserve.facade.responses.background import BackgroundRuns
 from vlmserve.facade.responses.catalog import ModelCatalog
 from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileStore
 from vlmserve.facade.store.protocol import Store
 
@@ -30,6 +31,8 @@ class FacadeState:
     background: BackgroundRuns
     # Uploaded files (files_api.py), on disk beside the store.
     files: FileStore | None = None
+    # Free space where the store and the files are (disk_space.py).
+    disk: DiskSpace | None = None
 
 
 def facade_state(request: Request) -> FacadeState:

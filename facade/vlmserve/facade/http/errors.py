@@ -255,6 +255,12 @@ async def _engine_error_handler(request: Request, exc: Exception) -> JSONRespons
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
+
+    if is_out_of_space(exc):
+        # A full disk is the operator's to fix, not a bug: 507, one warning line.
+        logger.warning("a write found no space left: %s", type(exc).__name__)
+        return respond(request, out_of_space())
     # Logged with its traceback for us; the client gets no internal text.
     logger.exception("unhandled error", exc_info=exc)
     return respond(

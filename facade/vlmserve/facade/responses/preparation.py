@@ -37,6 +37,7 @@ from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.resource import new_resource
 from vlmserve.facade.responses.running import Generation
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileStore, RequestFiles
 from vlmserve.facade.store.protocol import MissingChainLinkError, Replay, Store, StoredItem
 from vlmserve.facade.store.quotas import check_room, stored_size
@@ -73,6 +74,8 @@ class ResponsesService:
     # Responses per key at once, and this facade's engine calls shared fairly (key_admission.py).
     admission: KeyAdmission = field(default_factory=lambda: KeyAdmission(None))
     slots: EngineSlots = field(default_factory=lambda: EngineSlots(None))
+    # Free space for what is stored (disk_space.py); None: not checked.
+    disk: DiskSpace | None = None
     # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
     # so that slow remote image hosts can hold at most these and never the store's threads.
     _translators: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
@@ -161,6 +164,8 @@ class ResponsesService:
         translation = await self.translate(body, owner=owner)
         translated, info = translation.translated, translation.info
         if translated.store or translated.conversation_id is not None:
+            if self.disk is not None:
+                self.disk.check("the response")
             await check_room(
                 self.store,
                 self.settings.storage,

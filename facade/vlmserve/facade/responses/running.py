@@ -26,6 +26,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError, from_engine_error
 from vlmserve.facade.responses.events import Event, ResponseEvents
 from vlmserve.facade.responses.key_admission import EngineSlots
+from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
 from vlmserve.facade.store.protocol import StorageQuotaExceededError, Store, StoredItem
 from vlmserve.facade.store.quotas import quota_exceeded
 from vlmserve.responses import InvalidRequestError, ResponseResource, TranslatedRequest
@@ -317,6 +318,12 @@ class Generation:
         except StorageQuotaExceededError as error:
             self._store_refused = True
             return quota_exceeded(error.used, error.quota, error.adding)
+        except Exception as error:
+            if not is_out_of_space(error):
+                raise
+            # A full disk: the response fails with a clear 507 (its transaction rolled back).
+            self._store_refused = True
+            return out_of_space("the response")
         return None
 
     def _persist_final_after_start(self, final: Sequence[Event]) -> None:

@@ -24,7 +24,8 @@ from vlmserve.common.documents import DocumentError, sniff_file
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.request_body import metered_body
 from vlmserve.facade.state import FacadeState, facade_state, owner_of
-from vlmserve.facade.store.files import FileRecord, FileStore
+from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
+from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileRecord, FileStore
 from vlmserve.responses import InvalidRequestError
 
 __all__ = ["PURPOSES", "router"]
@@ -105,6 +106,8 @@ async def create_file(request: Request, state: State) -> dict[str, Any]:
         raise APIError(411, "Uploads need a Content-Length header.", code="length_required")
     if int(declared) > max_bytes + _FORM_OVERHEAD_BYTES:
         raise _too_large(max_bytes)
+    if state.disk is not None:
+        state.disk.check("the file")
     with state.body_budget.hold() as hold:
         async with metered_body(
             request,
@@ -129,11 +132,23 @@ async def create_file(request: Request, state: State) -> dict[str, Any]:
         finally:
             await form.close()
         media_type = await asyncio.to_thread(_check_kind, data, purpose)
-        owner = owner_of(request)
-        await _check_quota(files, owner, len(data), settings.files.max_file_bytes_per_key)
-        record = await asyncio.to_thread(
-            files.save, owner, data, filename=filename, purpose=purpose, media_type=media_type
-        )
+        quota = FileQuota(settings.files.max_file_bytes_per_key, settings.files.max_files_per_key)
+        try:
+            record = await asyncio.to_thread(
+                files.save,
+                owner_of(request),
+                data,
+                filename=filename,
+                purpose=purpose,
+                media_type=media_type,
+                quota=quota,
+            )
+        except FileQuotaExceededError as error:
+            raise APIError(429, f"Storage quota exceeded: {error}", code="storage_quota_exceeded") from None
+        except OSError as error:
+            if is_out_of_space(error):
+                raise out_of_space("the file") from None
+            raise
     return record.resource()
 
 
@@ -258,16 +273,3 @@ def _check_kind(data: bytes, purpose: str) -> str:
             code="invalid_value",
         )
     return media_type
-
-
-async def _check_quota(files: FileStore, owner: str, adding: int, quota: int | None) -> None:
-    if quota is None:
-        return
-    used = await asyncio.to_thread(files.stored_bytes, owner)
-    if used + adding > quota:
-        raise APIError(
-            429,
-            f"Storage quota exceeded: this API key's files take {used} bytes of its {quota}, and this "
-            f"upload would add {adding}. Delete files first.",
-            code="storage_quota_exceeded",
-        )

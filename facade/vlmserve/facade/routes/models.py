@@ -70,5 +70,9 @@ async def readyz(state: State) -> dict[str, str]:
     """The engine is reachable and SERVING, and its model is known."""
     if not await state.engine.health(timeout=state.settings.timeouts.control):
         raise APIError(503, "The engine is not serving.", code="engine_unavailable")
+    low = state.disk.low() if state.disk is not None else None
+    if low is not None:
+        # Nothing could be stored: not ready (disk_space.py).
+        raise APIError(503, f"The server is out of storage space: {low}.", code="insufficient_storage")
     info = await state.catalog.info()
     return {"status": "ready", "model": info.model_id}

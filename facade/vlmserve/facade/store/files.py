@@ -7,6 +7,12 @@ type sniffed at upload. Both are written to a temporary name and renamed into pl
 first: a file exists once its metadata does, so a reader never sees half a file, and a crash
 leaves at most an orphan temporary (removed at start-up).
 
+Quotas (`FileQuota`: bytes on disk and files per owner) are checked and the file written under
+the owner's lock (`flock` on `<root>/<owner>/.lock`, so facades sharing the directory take turns):
+two uploads can never both pass the last of a quota. What counts is what the owner's files take
+on disk (allocated blocks, their records included: 2,000 one-byte files took 16.8 MB), and how
+many there are.
+
 Ids are checked against their exact form before any path is built from them, and owners are
 reduced to a safe folder name, so no request can name a path outside its owner's folder.
 Synchronous: the routes call it in a worker thread.
@@ -15,6 +21,7 @@ Synchronous: the routes call it in a worker thread.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -23,13 +30,14 @@ import re
 import secrets
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from vlmserve.responses import FileContent, ImageFetchError
 
-__all__ = ["FileRecord", "FileStore", "RequestFiles", "new_file_id"]
+__all__ = ["FileQuota", "FileQuotaExceededError", "FileRecord", "FileStore", "RequestFiles", "new_file_id"]
 
 logger = logging.getLogger("vlmserve.facade.files")
 
@@ -37,6 +45,7 @@ _FILE_ID = re.compile(r"file-[0-9a-f]{48}")
 _SAFE_OWNER = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TEMP_PREFIX = ".upload-"
 _META_SUFFIX = ".json"
+_LOCK_NAME = ".lock"
 
 
 def new_file_id() -> str:
@@ -69,6 +78,18 @@ class FileRecord:
         }
 
 
+@dataclass(frozen=True)
+class FileQuota:
+    """What one owner's files may take: bytes on disk, and how many (None: no bound)."""
+
+    max_disk_bytes: int | None = None
+    max_files: int | None = None
+
+
+class FileQuotaExceededError(Exception):
+    """The owner's files would pass their quota; the message says which part and by how much."""
+
+
 class FileStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -84,9 +105,35 @@ class FileStore:
         folder = self._folder(owner)
         return folder / file_id, folder / (file_id + _META_SUFFIX)
 
-    def save(self, owner: str, data: bytes, *, filename: str, purpose: str, media_type: str) -> FileRecord:
+    def save(
+        self,
+        owner: str,
+        data: bytes,
+        *,
+        filename: str,
+        purpose: str,
+        media_type: str,
+        quota: FileQuota | None = None,
+    ) -> FileRecord:
+        """Write a file; under the owner's lock, after checking `quota` (FileQuotaExceededError).
+        On any failure (a full disk included) nothing of it is left."""
         folder = self._folder(owner)
         folder.mkdir(parents=True, exist_ok=True)
+        with _locked(folder / _LOCK_NAME):
+            return self._save(
+                folder, data, filename=filename, purpose=purpose, media_type=media_type, quota=quota
+            )
+
+    def _save(
+        self,
+        folder: Path,
+        data: bytes,
+        *,
+        filename: str,
+        purpose: str,
+        media_type: str,
+        quota: FileQuota | None,
+    ) -> FileRecord:
         record = FileRecord(
             id=new_file_id(),
             bytes=len(data),
@@ -95,10 +142,14 @@ class FileStore:
             purpose=purpose,
             media_type=media_type,
         )
+        metadata = json.dumps(asdict(record), ensure_ascii=False).encode()
+        if quota is not None:
+            adding = _on_disk(folder, len(data)) + _on_disk(folder, len(metadata))
+            _check_quota(folder, quota, adding=adding)
         content, meta = folder / record.id, folder / (record.id + _META_SUFFIX)
         _write_atomic(content, data)
         try:
-            _write_atomic(meta, json.dumps(asdict(record), ensure_ascii=False).encode())
+            _write_atomic(meta, metadata)
         except BaseException:
             content.unlink(missing_ok=True)
             raise
@@ -162,6 +213,11 @@ class FileStore:
     def stored_bytes(self, owner: str) -> int:
         return sum(record.bytes for record in self.records(owner))
 
+    def usage(self, owner: str) -> tuple[int, int]:
+        """The owner's files: how many, and the bytes they (and their records) take on disk."""
+        folder = self._folder(owner)
+        return _usage(folder) if folder.is_dir() else (0, 0)
+
     def remove_orphans(self) -> None:
         """Temporaries an interrupted upload left behind (start-up)."""
         if not self.root.is_dir():
@@ -169,6 +225,51 @@ class FileStore:
         for path in self.root.glob(f"*/{_TEMP_PREFIX}*"):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _usage(folder: Path) -> tuple[int, int]:
+    """Files (by their records) and allocated bytes of everything of theirs in `folder`; a
+    stat per entry, no file read (a quota check must not cost a read of every record)."""
+    files = disk = 0
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not entry.name.startswith("file-"):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                disk += entry.stat(follow_symlinks=False).st_blocks * 512
+                if entry.name.endswith(_META_SUFFIX):
+                    files += 1
+    return files, disk
+
+
+def _on_disk(folder: Path, size: int) -> int:
+    """What `size` bytes will take on disk: whole blocks (at least one, for an empty file's
+    record of it in the tally)."""
+    block = os.statvfs(folder).f_frsize or 4096
+    return max(1, -(-size // block)) * block
+
+
+def _check_quota(folder: Path, quota: FileQuota, *, adding: int) -> None:
+    files, disk = _usage(folder)
+    if quota.max_files is not None and files + 1 > quota.max_files:
+        raise FileQuotaExceededError(
+            f"this API key has {files} files, its limit is {quota.max_files}. Delete files first."
+        )
+    if quota.max_disk_bytes is not None and disk + adding > quota.max_disk_bytes:
+        raise FileQuotaExceededError(
+            f"this API key's files take {disk} bytes on disk of its {quota.max_disk_bytes}, and this "
+            f"upload would add {adding}. Delete files first."
+        )
 
 
 def _read_record(path: Path) -> FileRecord | None:
