@@ -77,7 +77,9 @@ def build_model_inputs(
     pixel_values = extra.pop("pixel_values", None)
     hashes = [image.content_hash for image in request.images]
     if pixel_values is not None and vision_cache is not None:
-        features = encode_images(model, vision_cache, pixel_values, extra, hashes)
+        features = encode_images(
+            model, vision_cache, pixel_values, extra, hashes, partition=request.partition_key
+        )
         if features is not None:
             extra["cached_image_features"] = features
     mask = mx.ones(input_ids.shape, dtype=mx.int32)

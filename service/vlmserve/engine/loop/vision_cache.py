@@ -4,8 +4,9 @@ Agents resend their whole history every turn, images included; re-running the vi
 each is the bulk of an image request's prefill. mlx-vlm's `VisionFeatureCache` is an LRU keyed
 by path or pixel hash and bounded by entry count; it caches what one `get_input_embeddings`
 call saw (all of a request's images together), so a turn that adds one screenshot to four old
-ones would miss. This one wraps it per image (the key is the content hash request preparation
-computed) and bounds it in bytes, since one large image's features outweigh many small ones.
+ones would miss. This one wraps it per image (the key is the request's partition and the content
+hash request preparation computed) and bounds it in bytes, since one large image's features
+outweigh many small ones.
 """
 
 from __future__ import annotations
@@ -73,8 +74,13 @@ def encode_images(
     pixel_values: Any,
     kwargs: dict[str, Any],
     hashes: Sequence[str],
+    *,
+    partition: str,
 ) -> Any | None:
     """Features of all images, in order, each image encoded once; None when not supported here.
+
+    Entries are the request's partition's (its API key's), as in the prefix cache: a hit is
+    faster, so a shared cache told one key which images another had just sent.
 
     Qwen2-VL-style inputs concatenate every image's patch rows; image i owns
     prod(image_grid_thw[i]) rows, and its features are prod(grid) / merge² rows.
@@ -92,7 +98,8 @@ def encode_images(
     dtype = model.vision_tower.patch_embed.proj.weight.dtype
     features: list[Any] = []
     start = 0
-    for index, (key, count) in enumerate(zip(hashes, rows, strict=True)):
+    for index, (content_hash, count) in enumerate(zip(hashes, rows, strict=True)):
+        key = f"{partition}\0{content_hash}"
         found = cache.get(key)
         if found is None:
             found = model.vision_tower(
