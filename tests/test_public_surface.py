@@ -30,6 +30,8 @@ RESPONSES = {
     "ResponseStatus", "ToolCallItem", "Usage", "logprobs_from_contract", "message_output_item",
     "messages_to_items", "output_text_part", "reasoning_output_item", "result_to_output_items",
     "tool_call_output_item", "tool_output_text", "usage_from_contract",
+    # compaction (POST /v1/responses/compact): the summarising turn and the compacted list
+    "SUMMARY_INSTRUCTION", "compacted_output", "kept_items",
     # streaming events
     "ContentPartEvent", "CustomToolCallInputDeltaEvent", "CustomToolCallInputDoneEvent", "ErrorEvent",
     "FunctionCallArgumentsDeltaEvent", "FunctionCallArgumentsDoneEvent", "LifecycleEventType",

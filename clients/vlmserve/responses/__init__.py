@@ -18,6 +18,7 @@ Files (`input_file`, `input_image.file_id`): `file_data` is read here; a `file_i
 Every client error is an `InvalidRequestError` carrying the JSON path of the bad field.
 """
 
+from ._compaction import SUMMARY_INSTRUCTION, compacted_output, kept_items
 from ._errors import InvalidRequestError
 from ._events import (
     ContentPartEvent,
@@ -90,6 +91,7 @@ from ._validation import RequestModel, parse_as
 __all__ = [
     "IMAGE_FOLLOW_UP_MARKER",
     "IMAGE_PART_TYPES",
+    "SUMMARY_INSTRUCTION",
     "ContentPartEvent",
     "ConversationRef",
     "ConversationResource",
@@ -143,8 +145,10 @@ __all__ = [
     "TranslatedRequest",
     "Usage",
     "build_generate_request",
+    "compacted_output",
     "input_to_messages",
     "is_item_reference",
+    "kept_items",
     "logprobs_from_contract",
     "lower_conversation",
     "lower_messages",

@@ -13,6 +13,7 @@ from pydantic import (
     field_validator,
 )
 
+from ._compaction import compaction_summary
 from ._validation import OTHER, UNDOCUMENTED, RequestModel, by_json_type, by_type, parse_as, refuse
 
 # ---- content parts -----------------------------------------------------------------------------
@@ -151,6 +152,7 @@ INPUT_ITEM_TYPES = (
     "custom_tool_call_output",
     "reasoning",
     "item_reference",
+    "compaction",
 )
 
 
@@ -219,6 +221,31 @@ class ReasoningParam(RequestModel):
         return "\n\n".join(part.text for part in parts if part.text)
 
 
+class CompactionParam(RequestModel):
+    """A compacted conversation's summary (`POST /v1/responses/compact`); it reaches the model
+    as an assistant turn. Only this server's items can be read (`_compaction.py`)."""
+
+    type: Literal["compaction"]
+    encrypted_content: str
+    id: str | None = None
+    created_by: str | None = None
+
+    @field_validator("encrypted_content")
+    @classmethod
+    def _readable(cls, value: str) -> str:
+        if compaction_summary(value) is None:
+            raise refuse(
+                "invalid_value",
+                "Invalid value for '{param}': not a compaction item from this server "
+                "(POST /v1/responses/compact makes them).",
+            )
+        return value
+
+    @property
+    def summary(self) -> str:
+        return compaction_summary(self.encrypted_content) or ""
+
+
 class ItemReferenceParam(RequestModel):
     # Optional: a bare {"id": ...} refers to a stored item.
     type: Literal["item_reference"] | None = "item_reference"
@@ -254,6 +281,7 @@ InputItemParam: TypeAlias = Annotated[
     | Annotated[CustomToolCallOutputParam, Tag("#custom_tool_call_output")]
     | Annotated[ReasoningParam, Tag("#reasoning")]
     | Annotated[ItemReferenceParam, Tag("#item_reference")]
+    | Annotated[CompactionParam, Tag("#compaction")]
     | Annotated[UnknownItemParam, Tag(OTHER), UNDOCUMENTED],
     by_type({kind: f"#{kind}" for kind in INPUT_ITEM_TYPES}, implicit=_implicit_item_type),
 ]

@@ -14,9 +14,11 @@ from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._compaction import SUMMARY_HEADING
 from ._errors import InvalidRequestError
 from ._input_models import (
     INPUT_ITEM_TYPES,
+    CompactionParam,
     CustomToolCallOutputParam,
     CustomToolCallParam,
     FunctionCallOutputParam,
@@ -149,7 +151,13 @@ class _ItemConverter:
             if item.text:
                 self._reasoning.append(item.text)
             return
-        if isinstance(item, MessageParam):
+        if isinstance(item, CompactionParam):
+            # The summary of what came before: the model reads it as its own earlier turn.
+            text = SUMMARY_HEADING + item.summary
+            self.messages.append(
+                pb.Message(role=pb.ROLE_ASSISTANT, parts=[pb.Part(text=pb.TextPart(text=text))])
+            )
+        elif isinstance(item, MessageParam):
             self._add_message(item, path)
         elif isinstance(item, FunctionCallParam):
             name = self._call_name(item.namespace, item.name)

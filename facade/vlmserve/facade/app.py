@@ -30,6 +30,7 @@ from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.preparation import ImageSourceFactory, ResponsesService
 from vlmserve.facade.routes import anthropic as anthropic_routes
 from vlmserve.facade.routes import chat as chat_routes
+from vlmserve.facade.routes import compact as compact_routes
 from vlmserve.facade.routes import conversations as conversations_routes
 from vlmserve.facade.routes import files as files_routes
 from vlmserve.facade.routes import models as models_routes
@@ -228,6 +229,7 @@ def create_app(
     app.add_middleware(HeaderLimits, max_headers=limits.max_headers, max_header_bytes=limits.max_header_bytes)
     # A dependency on each route (not path matching): a route added later is guarded too.
     guarded: dict[str, Any] = {"dependencies": [Depends(require_owner), *dependencies]}
+    app.include_router(compact_routes.router, **guarded)
     app.include_router(responses_routes.router, **guarded)
     app.include_router(conversations_routes.router, **guarded)
     app.include_router(files_routes.router, **guarded)
