@@ -31,6 +31,7 @@ from ._input_models import (
 )
 from ._json import join
 from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
+from ._output_models import CustomToolCallItem, FunctionCallItem, OutputItem, OutputMessage, ReasoningItem
 from ._parts import parse_message_part, parse_tool_output_part
 from ._validation import RequestModel
 
@@ -127,6 +128,17 @@ def items_to_messages(
     return converter.messages
 
 
+def output_items_to_messages(
+    items: Iterable[OutputItem], *, call_name: CallNamer | None = None
+) -> list[pb.Message]:
+    """A response's own output, as its result made it (typed, never through JSON), as the raw
+    contract messages a later turn replays: the same turn rules as replayed input items."""
+    converter = _ItemConverter(MediaPolicy(), None, call_name or bare_call_name)
+    for item in items:
+        converter.add_output(item)
+    return converter.messages
+
+
 def bare_call_name(namespace: str | None, name: str) -> str:
     """The call namer without a request's tools: the name as it is."""
     return name
@@ -170,6 +182,30 @@ class _ItemConverter:
         elif isinstance(item, CustomToolCallOutputParam):
             self._add_output(item.call_id, item.output, path, pb.TOOL_KIND_CUSTOM)
         # Thinking not followed by an assistant turn has nothing to belong to: dropped.
+        self._reasoning.clear()
+
+    def add_output(self, item: OutputItem) -> None:
+        """One item of this server's own output: typed already, so nothing to validate."""
+        if isinstance(item, ReasoningItem):
+            # As ReasoningParam.text: the content's text, else the summary's.
+            texts = [part.text for part in item.content] or [
+                str(part.get("text", "")) for part in item.summary
+            ]
+            text = "\n\n".join(text for text in texts if text)
+            if text:
+                self._reasoning.append(text)
+            return
+        if isinstance(item, OutputMessage):
+            parts = [pb.Part(text=pb.TextPart(text=part.text)) for part in item.content]
+            self.messages.append(
+                pb.Message(role=pb.ROLE_ASSISTANT, parts=parts, reasoning_text=self._take_reasoning())
+            )
+        elif isinstance(item, FunctionCallItem):
+            name = self._call_name(item.namespace, item.name)
+            self._add_call(item.call_id, name, item.arguments, pb.TOOL_KIND_FUNCTION)
+        elif isinstance(item, CustomToolCallItem):
+            name = self._call_name(item.namespace, item.name)
+            self._add_call(item.call_id, name, item.input, pb.TOOL_KIND_CUSTOM)
         self._reasoning.clear()
 
     def _take_reasoning(self) -> str:

@@ -18,6 +18,7 @@ from ._items import (
     bare_call_name,
     input_entries,
     items_to_messages,
+    output_items_to_messages,
     require_content,
     with_instructions,
 )
@@ -26,7 +27,7 @@ from ._json import (
 )
 from ._lowering import lower_messages
 from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
-from ._output_models import RequestEcho
+from ._output_models import OutputItem, RequestEcho
 from ._request_models import ConversationParam, CreateResponseBody, parse_body
 from ._text_format import parse_text
 from ._tools import OfferedTool, parse_tool_choice, parse_tools
@@ -84,11 +85,10 @@ class TranslatedRequest:
     # (namespace, name) -> the tool name the model was offered (see _tools).
     call_name: CallNamer = field(default=bare_call_name, repr=False, compare=False)
 
-    def output_messages(self, items: Sequence[Any]) -> list[pb.Message]:
+    def output_messages(self, items: Sequence[OutputItem]) -> list[pb.Message]:
         """A response's output items as raw contract messages, tool calls under the names this
         request offered them: what a later turn replays."""
-        entries = [(f"output[{index}]", item) for index, item in enumerate(items)]
-        return items_to_messages(entries, media=MediaPolicy(), call_name=self.call_name)
+        return output_items_to_messages(items, call_name=self.call_name)
 
     def echo_fields(self) -> RequestEcho:
         """The request fields a ResponseResource echoes, with schema-valid defaults."""

@@ -29,7 +29,7 @@ from vlmserve.facade.responses.key_admission import EngineSlots
 from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
 from vlmserve.facade.store.protocol import StorageQuotaExceededError, Store, StoredItem
 from vlmserve.facade.store.quotas import quota_exceeded
-from vlmserve.responses import InvalidRequestError, ResponseResource, TranslatedRequest
+from vlmserve.responses import ResponseResource, TranslatedRequest
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -347,14 +347,13 @@ class Generation:
     def _persist_final_now(self, final: Sequence[Event]) -> None:
         resource = self.builder.snapshot()
         self.resource = resource
-        output_messages = self._output_messages(resource)
+        output_messages = self.translated.output_messages(resource.output)
         conversation_items: list[StoredItem] = []
         conversation_messages: list[pb.Message] | None = None
         if self.conversation_id is not None and resource.status in ("completed", "incomplete"):
             outputs = [StoredItem(item.id, item.to_json()) for item in resource.output]
             conversation_items = [*self.input_items, *outputs]
-            if output_messages is not None:
-                conversation_messages = [*self.translated.input_messages, *output_messages]
+            conversation_messages = [*self.translated.input_messages, *output_messages]
         # One transaction: the response's end and its conversation items are stored together.
         self.store.finish_response(
             resource.to_json() if self.store_enabled else None,
@@ -365,15 +364,6 @@ class Generation:
             conversation_messages=conversation_messages,
             events=[event.to_json() for event in final] if self.record is not None else (),
         )
-
-    def _output_messages(self, resource: ResponseResource) -> list[pb.Message] | None:
-        """The output as the contract messages a later turn replays; None if it does not
-        translate (replays then translate the stored output items and say what is wrong)."""
-        try:
-            return self.translated.output_messages([item.to_json() for item in resource.output])
-        except InvalidRequestError as error:
-            logger.warning("response %s: output kept as items only: %s", self.response_id, error.message)
-            return None
 
     async def _close_stream(self) -> None:
         if self._first is not None and not self._first.done():
