@@ -20,6 +20,7 @@ from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.rpc.server import EngineServer
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
+from .test_engine_grpc import png
 from .test_prefix_cache import conversation, unary
 
 
@@ -57,15 +58,23 @@ TURN_1 = ("First question?",)
 TURN_2 = ("First question?", "An answer.", "Second question?")
 
 
-def test_the_next_turn_after_a_restart_comes_from_disk_with_identical_output(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_image", [False, True])
+def test_the_next_turn_after_a_restart_comes_from_disk_with_identical_output(
+    tmp_path: Path, with_image: bool
+) -> None:
+    image = png(seed=8) if with_image else None
     with engine_on(None) as (_, stub):
-        cold = unary(stub, conversation(*TURN_2, partition="agent"))
+        cold = unary(stub, conversation(*TURN_2, image=image, partition="agent"))
     with engine_on(tmp_path) as (_, stub):
-        first = unary(stub, conversation(*TURN_1, partition="agent"))
+        first = unary(stub, conversation(*TURN_1, image=image, partition="agent"))
     assert list(tmp_path.rglob("*.safetensors")), "the cache was written at shutdown"
     with engine_on(tmp_path) as (server, stub):
-        warm = unary(stub, conversation(*TURN_2, partition="agent"))
-        other_tenant = unary(stub, conversation(*TURN_2, partition="someone-else"))
+        warm = unary(stub, conversation(*TURN_2, image=image, partition="agent"))
+        # The image lies in the reused prefix: the vision tower does not run for it again.
+        vision = server.generator.vision_cache
+        assert vision is not None and vision.encoded == 0
+        other_tenant = unary(stub, conversation(*TURN_2, image=image, partition="someone-else"))
+        assert vision.encoded == (1 if with_image else 0)
         cache = server.generator.prefix_cache
         assert cache is not None
         assert cache.hits["disk"] == 1

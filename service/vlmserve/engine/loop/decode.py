@@ -37,7 +37,7 @@ from vlmserve.engine.jobs import (
 )
 from vlmserve.engine.loop.kv_cache import new_prompt_cache, own_copy, views
 from vlmserve.engine.loop.logprobs import LogprobTrace, StepScores, score_rows
-from vlmserve.engine.loop.model_inputs import ImageSpan, ModelInputs, build_model_inputs
+from vlmserve.engine.loop.model_inputs import ImageSpan, ModelInputs, build_model_inputs, prompt_image_spans
 from vlmserve.engine.loop.prefix_cache import (
     PrefixCache,
     PromptImages,
@@ -170,8 +170,7 @@ class ActiveGeneration:
         """Model inputs (vision features included) and any reusable prefix; PREPARE -> PREFILL."""
         request = self.job.request
         info = self._loaded.info
-        inputs = build_model_inputs(self._loaded, request, vision_cache=self._vision_cache)
-        self.prompt_tokens = len(inputs.token_ids)
+        self.prompt_tokens = len(request.prompt_ids)
         if request.kind is JobKind.COUNT_TOKENS:
             self.job.emit(CountedEvent(input_tokens=self.prompt_tokens, image_count=self.image_count))
             self.phase = Phase.DONE
@@ -186,13 +185,21 @@ class ActiveGeneration:
                 field="messages",
             )
         self._max_tokens = min(self._max_tokens, info.context_length - self.prompt_tokens)
-        self._inputs = inputs
         self.prefix_looked_up = self._prefix_cache is not None
+        # The prefix first: images inside the reused part need no vision tower (after a restart
+        # the vision cache is empty, and re-encoding an agent's old screenshots would cost more
+        # than the rest of the turn).
         taken = (
-            self._prefix_cache.take(request.partition_key, inputs.token_ids, inputs.image_spans)
+            self._prefix_cache.take(
+                request.partition_key, request.prompt_ids, prompt_image_spans(self._loaded, request)
+            )
             if self._prefix_cache is not None
             else None
         )
+        inputs = build_model_inputs(
+            self._loaded, request, vision_cache=self._vision_cache, covered_tokens=taken[1] if taken else 0
+        )
+        self._inputs = inputs
         if taken is not None:
             self._cache, self._prefilled = taken
             self.cached_tokens = self._prefilled

@@ -63,11 +63,28 @@ def image_spans(
     return tuple(spans)
 
 
+def prompt_image_spans(loaded: LoadedModel, request: PreparedRequest) -> tuple[ImageSpan, ...]:
+    image_token_id = getattr(loaded.model.config, "image_token_id", None)
+    return image_spans(
+        request.prompt_ids,
+        image_token_id if isinstance(image_token_id, int) else None,
+        [image.content_hash for image in request.images],
+    )
+
+
 def build_model_inputs(
-    loaded: LoadedModel, request: PreparedRequest, *, vision_cache: VisionFeatureCache | None
+    loaded: LoadedModel,
+    request: PreparedRequest,
+    *,
+    vision_cache: VisionFeatureCache | None,
+    covered_tokens: int = 0,
 ) -> ModelInputs:
     """Token ids and image arrays (prepared off this thread, `request_prep.py`) -> MLX arrays,
-    the input embeddings with the vision features, and where each image's tokens sit."""
+    the input embeddings with the vision features, and where each image's tokens sit.
+
+    `covered_tokens`: the first prompt tokens whose KV comes from elsewhere (a cached prefix):
+    images wholly inside them are not run through the vision tower (their embedding positions
+    are never computed again)."""
     import mlx.core as mx
 
     model = loaded.model
@@ -76,9 +93,17 @@ def build_model_inputs(
     extra: dict[str, Any] = {key: mx.array(value) for key, value in request.image_arrays().items()}
     pixel_values = extra.pop("pixel_values", None)
     hashes = [image.content_hash for image in request.images]
+    spans = prompt_image_spans(loaded, request)
+    covered = [span.length if span.start + span.length <= covered_tokens else 0 for span in spans]
     if pixel_values is not None and vision_cache is not None:
         features = encode_images(
-            model, vision_cache, pixel_values, extra, hashes, partition=request.partition_key
+            model,
+            vision_cache,
+            pixel_values,
+            extra,
+            hashes,
+            partition=request.partition_key,
+            covered=covered if len(spans) == len(hashes) else (),
         )
         if features is not None:
             extra["cached_image_features"] = features
@@ -86,12 +111,9 @@ def build_model_inputs(
     embedding = model.get_input_embeddings(input_ids, pixel_values, mask=mask, **extra)
     extra.pop("cached_image_features", None)
     derived = {k: v for k, v in embedding.to_dict().items() if k != "inputs_embeds" and v is not None}
-    image_token_id = getattr(model.config, "image_token_id", None)
     return ModelInputs(
         token_ids=token_ids,
-        image_spans=image_spans(
-            token_ids, image_token_id if isinstance(image_token_id, int) else None, hashes
-        ),
+        image_spans=spans,
         input_ids=input_ids,
         embeds=embedding.inputs_embeds,
         prefill_kwargs={**extra, **derived},

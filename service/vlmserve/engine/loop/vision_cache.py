@@ -76,6 +76,7 @@ def encode_images(
     hashes: Sequence[str],
     *,
     partition: str,
+    covered: Sequence[int] = (),
 ) -> Any | None:
     """Features of all images, in order, each image encoded once; None when not supported here.
 
@@ -84,6 +85,8 @@ def encode_images(
 
     Qwen2-VL-style inputs concatenate every image's patch rows; image i owns
     prod(image_grid_thw[i]) rows, and its features are prod(grid) / merge² rows.
+    `covered[i]` > 0: image i lies inside a reused prefix, its features are never read (the KV
+    of its positions comes from the cache), so zeros of that many rows stand in for them.
     """
     import mlx.core as mx
 
@@ -100,6 +103,14 @@ def encode_images(
     start = 0
     for index, (content_hash, count) in enumerate(zip(hashes, rows, strict=True)):
         key = f"{partition}\0{content_hash}"
+        if index < len(covered) and covered[index] > 0 and features:
+            features.append(mx.zeros((covered[index], features[0].shape[-1]), dtype=features[0].dtype))
+            start += count
+            continue
+        if index < len(covered) and covered[index] > 0 and (hidden := _feature_width(model)) is not None:
+            features.append(mx.zeros((covered[index], hidden), dtype=dtype))
+            start += count
+            continue
         found = cache.get(key)
         if found is None:
             found = model.vision_tower(
@@ -115,3 +126,10 @@ def encode_images(
         features.append(found)
         start += count
     return mx.concatenate(features, axis=0) if len(features) > 1 else features[0]
+
+
+def _feature_width(model: Any) -> int | None:
+    """The vision tower's output width (the language model's hidden size, after the merger)."""
+    text = getattr(getattr(model, "config", None), "text_config", None)
+    width = getattr(text, "hidden_size", None)
+    return int(width) if isinstance(width, int) else None
