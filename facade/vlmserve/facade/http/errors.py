@@ -168,6 +168,15 @@ def from_engine_error(
         return APIError(501, details or "Not supported by this engine.", code="unsupported")
     if code == grpc.StatusCode.CANCELLED:
         return APIError(499, "The request was cancelled.", code="cancelled")
+    if code == grpc.StatusCode.ABORTED:
+        # The engine stopped constrained output it could no longer keep to its grammar (a
+        # runtime limit): the output is not what was asked for, never a silent success.
+        said = f" ({details})" if details else ""
+        return APIError(
+            500,
+            f"The output could not be kept to its required format{said}.",
+            code="constrained_decoding_failed",
+        )
     logger.error("engine call failed: %s", error.code.name)
     return APIError(502, "The engine failed to process the request.", code="engine_error")
 

@@ -15,7 +15,9 @@ unpacks it and one MLX `where` applies it, so one path serves every backend. Two
   tokens left, the processor takes that way, then EOS. The output stays valid; only its length
   was limited.
 - It fails closed: a matcher error (a token the grammar refused, which sampling from the mask
-  cannot produce) leaves only EOS.
+  cannot produce, or one of llguidance's runtime limits, its lexer fuel or Earley items per
+  step) leaves only EOS, and `failure` says why: the request then fails with that reason
+  (decode.py), never ends as a silent, empty success (a required tool call with no call).
 
 It waits for thinking to end when given the thinking end token (constraints bind the answer).
 """
@@ -50,11 +52,13 @@ class GrammarLogitsProcessor:
         eos_token_ids: frozenset[int],
         max_new_tokens: int,
         thinking_end_token_id: int | None = None,
+        limits: Any = None,
     ) -> None:
         import llguidance
         import llguidance.numpy
 
-        self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar)
+        # `limits`: an llguidance.LLParserLimits (None: llguidance's defaults).
+        self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar, limits=limits)
         if self._matcher.is_error():
             raise ValueError(f"grammar does not compile: {self._matcher.get_error()}")
         self._vocab = int(llg_tokenizer.vocab_size)
@@ -74,6 +78,8 @@ class GrammarLogitsProcessor:
         self._answer_tokens: int | None = None
         # The output has been inside a structure (a call, a JSON value) at some point.
         self._structured = False
+        # Why the grammar could not be followed to its end (the matcher's error), once it could not.
+        self.failure: str | None = None
 
     @property
     def accepting(self) -> bool:
@@ -97,6 +103,7 @@ class GrammarLogitsProcessor:
                 log.warning("constrained output left its grammar: %s", self._matcher.get_error()[:300])
                 break
         if self._matcher.is_error():
+            self.failure = self.failure or str(self._matcher.get_error())[:300]
             return self._only(self._eos, logits)
         if not self._matcher.is_accepting():
             self._structured = True
@@ -199,6 +206,9 @@ class GrammarLogitsProcessor:
 
         vocab = int(logits.shape[-1])
         llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        if self._matcher.is_error():  # a runtime limit, hit while computing this mask
+            self.failure = self.failure or str(self._matcher.get_error())[:300]
+            return self._only(self._eos, logits)
         # Unpacking 1 bit per token is cheapest in numpy; the mask is applied with MLX ops.
         bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")[: min(vocab, self._vocab)]
         if vocab > bits.shape[0]:  # the model's padded vocabulary: those rows are never text

@@ -458,6 +458,12 @@ class ActiveGeneration:
         """End the job with a result (also used for cancellation at any phase)."""
         if self.phase is Phase.DONE:
             return
+        failure = self.grammar_failure
+        if failure is not None and reason != pb.FINISH_REASON_CANCELLED:
+            # The grammar could not be followed (an llguidance limit): the output ended where
+            # it was, so it is not what was asked for (a required call may be missing). Say so.
+            self.fail(RequestError(grpc.StatusCode.ABORTED, f"constrained decoding stopped: {failure}"))
+            return
         if self._detokenizer is not None and not self._assembler.stopped:
             flushed = self._detokenizer.flush()
             if self._trace is not None:
@@ -474,6 +480,15 @@ class ActiveGeneration:
         self._stop_sharing()
         if self.job.request.kind is JobKind.GENERATE:
             self.job.emit(FinishedEvent(self._result()))
+
+    @property
+    def grammar_failure(self) -> str | None:
+        """Why the request's grammar could not be followed to its end, if it could not."""
+        for processor in self._processors:
+            failure = getattr(processor, "failure", None)  # GrammarLogitsProcessor's
+            if isinstance(failure, str):
+                return failure
+        return None
 
     def keep_prefix(self, cache: list[Any]) -> None:
         """Offer the finished request's KV cache (one row) to the prefix cache."""
