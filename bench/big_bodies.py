@@ -3,6 +3,7 @@ the facade's peak memory with the bound on
 bodies in flight (--max-body-bytes-in-flight) off and on, side by side in one run.
 
     python bench/big_bodies.py --bodies 4 --mib 30
+    python bench/big_bodies.py --per-byte --mib 30     # 1, 4, 8 bodies: RSS growth per accepted byte
 
 Each run starts the scripted engine and a fresh facade, posts N bodies of M MiB at once (one long
 `input_text`, which the facade reads, parses and translates), and reads the facade's peak RSS
@@ -71,19 +72,37 @@ def run(budget: str | None, bodies: int, mib: int, logs: Path) -> dict[str, obje
         engine.terminate()
         engine.wait(10)
     return {
-        "budget": "unbounded" if budget == UNBOUNDED else budget or "default (64 MiB)",
+        "budget": "unbounded" if budget == UNBOUNDED else budget or "default",
         "statuses": dict(statuses),
         "rss_before_mib": round(before),
         "peak_rss_mib": round(peak),
     }
 
 
+def per_byte(result: dict[str, object], mib: int) -> dict[str, object]:
+    """The memory cost of each accepted body byte: peak RSS growth / bytes of the 200s."""
+    statuses = result["statuses"]
+    assert isinstance(statuses, dict)
+    accepted = statuses.get(200, 0) * mib * 1024 * 1024
+    grown = float(result["peak_rss_mib"]) - float(result["rss_before_mib"])  # type: ignore[arg-type]
+    return {**result, "rss_per_accepted_byte": round(grown * 1024 * 1024 / accepted, 2) if accepted else None}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--bodies", type=int, default=4)
     parser.add_argument("--mib", type=int, default=30)
+    parser.add_argument(
+        "--per-byte",
+        action="store_true",
+        help="instead: 1, 4 and 8 bodies under the default bound, peak RSS growth per accepted byte",
+    )
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="vlmserve-bodies-"))
+    if args.per_byte:
+        for bodies in (1, 4, 8):
+            print(json.dumps({"bodies": bodies, **per_byte(run(None, bodies, args.mib, logs), args.mib)}))
+        return 0
     for budget in (UNBOUNDED, str(96 << 20), None):
         print(json.dumps(run(budget, args.bodies, args.mib, logs)))
     return 0

@@ -18,6 +18,7 @@ from vlmserve.common.netaddr import is_loopback_host
 from vlmserve.common.settings import SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
 from vlmserve.facade.app import create_app
+from vlmserve.facade.http.body_memory import return_large_blocks_to_the_os
 from vlmserve.facade.http.protocol import bounded_protocol
 from vlmserve.facade.responses.delivery import STREAM_CUTOFF_AFTER_GRACE_S
 from vlmserve.facade.settings import FacadeSettings
@@ -82,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not settings.api_keys.enabled and not is_loopback_host(settings.host):
         logger.warning("listening on %s without API keys: anyone who can reach it can use it", settings.host)
     watch_lifeline()
+    return_large_blocks_to_the_os()
     uvicorn.Server(server_config(create_app(settings), settings)).run()
     return 0
 

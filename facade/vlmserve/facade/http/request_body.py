@@ -45,17 +45,22 @@ async def read_json(request: Request, *, limits: Limits, hold: BodyHold | None =
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(max_bytes)
-    chunks: list[bytes] = []
+    # One buffer grown in place (realloc of a large block is a remap, not a copy), not chunks
+    # joined at the end (the body twice).
+    raw = bytearray()
     async with metered_body(request, limits=limits, hold=hold, max_bytes=max_bytes) as body:
         async for chunk in body.stream():
-            chunks.append(chunk)
-    raw = b"".join(chunks)
-    del chunks
+            raw += chunk
     if not raw.strip():
         raise APIError(400, "The request body is empty; send a JSON object.", code="invalid_json")
-    if len(raw) < _INLINE_PARSE_BYTES:
-        return parse_json(raw)
-    return await asyncio.to_thread(parse_json, raw)
+    size = len(raw)
+    # The bytes go as soon as they are text: the body is held at most twice while it is parsed
+    # (its text, then the parsed value), never three times (bytes, text, value).
+    text, check_strings = decode_body(raw)
+    del raw
+    if size < _INLINE_PARSE_BYTES:
+        return parse_text(text, check_strings=check_strings)
+    return await asyncio.to_thread(parse_text, text, check_strings=check_strings)
 
 
 @asynccontextmanager
@@ -111,15 +116,29 @@ async def metered_body(
         raise APIError(408, message, code="request_timeout", headers={"Connection": "close"}) from None
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes | bytearray) -> Any:
     """Strict JSON (no NaN/Infinity), nested at most MAX_JSON_DEPTH deep, strings valid Unicode."""
+    text, check_strings = decode_body(raw)
+    return parse_text(text, check_strings=check_strings)
+
+
+def decode_body(raw: bytes | bytearray) -> tuple[str, bool]:
+    """The body as text (strict UTF-8 first: json.loads would guess UTF-16/32 and let encoded
+    surrogates through), and whether its strings must be checked for lone surrogates."""
+    check_strings = _SURROGATE_ESCAPE.search(raw) is not None
     try:
-        # Strict UTF-8 first: json.loads would guess UTF-16/32 and let encoded surrogates through.
-        value = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError):
-        # UnicodeDecodeError and JSONDecodeError are ValueErrors; their text is not echoed.
+        return raw.decode("utf-8"), check_strings
+    except UnicodeDecodeError:
         raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
-    _check_structure(value, check_strings=_SURROGATE_ESCAPE.search(raw) is not None)
+
+
+def parse_text(text: str, *, check_strings: bool) -> Any:
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        # JSONDecodeError is a ValueError; its text is not echoed.
+        raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    _check_structure(value, check_strings=check_strings)
     return value
 
 

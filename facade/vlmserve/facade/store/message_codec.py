@@ -46,15 +46,20 @@ def encode_messages(messages: Sequence[pb.Message]) -> EncodedMessages:
     hashes: list[str] = []
     images: dict[str, bytes] = {}
     for message in messages:
-        stripped = pb.Message()
-        stripped.CopyFrom(message)
-        for part in _image_parts(stripped):
-            digest = image_hash(part.image.data)
-            images.setdefault(digest, part.image.data)
-            hashes.append(digest)
-            part.image.data = b""
+        # Copied only to take its images out: a 30 MiB text is serialized from where it is.
+        stripped = message
+        if next(_image_parts(message), None) is not None:
+            stripped = pb.Message()
+            stripped.CopyFrom(message)
+            for part in _image_parts(stripped):
+                digest = image_hash(part.image.data)
+                images.setdefault(digest, part.image.data)
+                hashes.append(digest)
+                part.image.data = b""
         serialized = stripped.SerializeToString()
-        chunks.append(_LENGTH.pack(len(serialized)) + serialized)
+        # The length and the message as two pieces: joined once, the message copied once.
+        chunks += (_LENGTH.pack(len(serialized)), serialized)
+        del serialized, stripped
     return EncodedMessages(b"".join(chunks), hashes, images)
 
 
