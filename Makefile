@@ -31,11 +31,13 @@ $(STAMP): pyproject.toml
 system-deps:
 	@bash scripts/install-system-deps.sh
 
-# Engine + facade together, on the committed fixture model unless MODEL is set.
+# Engine + facade together, on the committed fixture model unless MODEL is set. Several models,
+# one engine each: MODELS=id=path,id2=path2 (or MODELS_FILE=models.toml; docs/deployment.md).
 # RUN_ARGS: more launcher/facade flags (python -m vlmserve.facade.launch --help).
 run: install
 	$(BIN)/python -m vlmserve.facade.launch --engine-address $(ENGINE_ADDR) \
-		--host $(FACADE_HOST) --port $(FACADE_PORT) $(if $(MODEL),--model $(MODEL)) $(RUN_ARGS)
+		--host $(FACADE_HOST) --port $(FACADE_PORT) $(if $(MODEL),--model $(MODEL)) \
+		$(if $(MODELS),--models $(MODELS)) $(if $(MODELS_FILE),--models-file $(MODELS_FILE)) $(RUN_ARGS)
 
 engine: install
 	$(BIN)/vlmserve-engine --address $(ENGINE_ADDR) $(if $(MODEL),--model $(MODEL))

@@ -80,6 +80,8 @@ def model_info() -> pb.GetModelInfoResponse:
 class FakeEngine(pb_grpc.EngineServiceServicer):
     def __init__(self) -> None:
         self.script = Script()
+        # What GetModelInfo answers (a test may serve another model).
+        self.info = model_info()
         self.requests: list[pb.GenerateRequest] = []
         self.count_requests: list[pb.GenerateRequest] = []
         self.aborts: list[str] = []
@@ -171,7 +173,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
-        return model_info()
+        return self.info
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         self.aborts.append(request.request_id)

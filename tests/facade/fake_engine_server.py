@@ -14,8 +14,12 @@ from tests.facade.fake_engine import Script, start_fake_engine
 from vlmserve.common.lifeline import watch_lifeline
 
 
-async def serve(address: str, *, chunks: int | None = None, delay_s: float = 0.0) -> None:
+async def serve(
+    address: str, *, chunks: int | None = None, delay_s: float = 0.0, model: str | None = None
+) -> None:
     running = await start_fake_engine(address)
+    if model is not None:
+        running.servicer.info.model_id = model
     if chunks is not None:
         running.servicer.script = Script(
             text_chunks=[f"t{index} " for index in range(chunks)], delay_s=delay_s
@@ -38,7 +42,7 @@ def main() -> None:
     parser.add_argument("--delay-s", type=float, default=0.0)
     args = parser.parse_args()
     watch_lifeline()  # as the real engine does: stop when the launcher that started us is gone
-    asyncio.run(serve(args.address, chunks=args.chunks, delay_s=args.delay_s))
+    asyncio.run(serve(args.address, chunks=args.chunks, delay_s=args.delay_s, model=args.model))
 
 
 if __name__ == "__main__":

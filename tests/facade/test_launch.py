@@ -246,3 +246,42 @@ def test_with_api_keys_the_launcher_locks_the_engine_with_a_token(tmp_path: Path
             if launcher.poll() is None:
                 launcher.kill()
                 launcher.wait()
+
+
+@pytest.mark.slow
+def test_several_models_one_engine_each(tmp_path: Path) -> None:
+    """`make run MODELS=a=...,b=...`: an engine per model on consecutive ports, the facade routing
+    by id; SIGTERM stops all three."""
+    port, engine_port = free_port(), free_port()
+    while listening(engine_port + 1):
+        engine_port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "vlmserve.facade.launch",
+        *("--engine-command", FAKE_ENGINE),
+        *("--engine-address", f"127.0.0.1:{engine_port}"),
+        *("--models", "alpha=models/alpha,beta=models/beta"),
+        *("--port", str(port), "--store-path", str(tmp_path / "store.sqlite3")),
+        *("--log-level", "warning"),
+    ]
+    launcher = subprocess.Popen(command, cwd=REPO, env=env())
+    try:
+        wait_ready(launcher, port)
+        url = f"http://127.0.0.1:{port}"
+        listed = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert [(model["id"], model["vlmserve"]["engine_model"]) for model in listed] == [
+            ("alpha", "models/alpha"),
+            ("beta", "models/beta"),
+        ]
+        for name, served in (("beta", "beta"), ("default", "alpha")):
+            answer = httpx.post(f"{url}/v1/responses", json={"model": name, "input": "hi"}, timeout=10)
+            assert answer.json()["model"] == served
+        assert listening(engine_port) and listening(engine_port + 1)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 0
+        assert not listening(port) and not listening(engine_port) and not listening(engine_port + 1)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

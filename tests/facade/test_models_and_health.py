@@ -55,7 +55,8 @@ async def test_healthz_does_not_need_the_engine(
 
 async def test_readyz_follows_engine_health(http: httpx.AsyncClient, fake_engine: RunningFakeEngine) -> None:
     ready = await http.get("/readyz")
-    assert ready.status_code == 200 and ready.json() == {"status": "ready", "model": MODEL_ID}
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "model": MODEL_ID, "models": {MODEL_ID: "serving"}}
     await fake_engine.set_serving(False)
     not_serving = await http.get("/readyz")
     assert not_serving.status_code == 503

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ from fastapi import params as fastapi_params
 from fastapi.responses import JSONResponse
 
 from vlmserve.client import AsyncEngineClient, Deadlines
+from vlmserve.facade.engines.config import ModelRoute
+from vlmserve.facade.engines.pools import ModelRouter
 from vlmserve.facade.http.api_keys import install_api_keys, require_operator, require_owner
 from vlmserve.facade.http.body_budget import BodyBudget
 from vlmserve.facade.http.errors import install_error_handlers
@@ -25,7 +27,6 @@ from vlmserve.facade.http.openapi import install_openapi
 from vlmserve.facade.http.request_ids import RequestIds
 from vlmserve.facade.remote_images.fetcher import image_fetcher_from_settings
 from vlmserve.facade.responses.background import BackgroundRuns
-from vlmserve.facade.responses.catalog import ModelCatalog
 from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.preparation import ImageSourceFactory, ResponsesService
 from vlmserve.facade.routes import anthropic as anthropic_routes
@@ -65,10 +66,11 @@ def _read(path: Path | None) -> bytes | None:
     return path.read_bytes() if path is not None else None
 
 
-def engine_client(settings: FacadeSettings) -> AsyncEngineClient:
+def engine_client(settings: FacadeSettings, target: str | None = None) -> AsyncEngineClient:
+    """A client for one model's engines (`target`; default: --engine-address)."""
     timeouts = settings.timeouts
     return AsyncEngineClient(
-        settings.engine_address,
+        target if target is not None else settings.engine_address,
         token=settings.engine_token,
         credentials=engine_credentials(settings),
         deadlines=Deadlines(
@@ -98,19 +100,30 @@ async def _cancelled(task: asyncio.Task[None] | None) -> None:
             await task
 
 
+def model_router(settings: FacadeSettings, clients: Callable[[ModelRoute], AsyncEngineClient]) -> ModelRouter:
+    return ModelRouter.build(
+        settings.model_routes(),
+        client=clients,
+        limits=settings.limits,
+        ttl_s=settings.model_info_ttl_s,
+        timeout_s=settings.timeouts.control,
+    )
+
+
 def create_app(
     settings: FacadeSettings | None = None,
     *,
-    engine: AsyncEngineClient | None = None,
+    engine: AsyncEngineClient | Mapping[str, AsyncEngineClient] | None = None,
     store: Store | None = None,
     dependencies: Sequence[fastapi_params.Depends] = (),
     image_sources: ImageSourceFactory | None = None,
 ) -> FastAPI:
     """The facade app.
 
-    `engine` and `store` default to a client for `settings.engine_address` (made when the app
-    starts, on the server's event loop) and a store at `settings.store_path`; objects passed in
-    are left open for their owner to close. Every route except `/healthz` requires one of
+    `engine` and `store` default to a client per model of `settings` (`model_routes()`: made
+    when the app starts, on the server's event loop) and a store at `settings.store_path`;
+    objects passed in are left open for their owner to close (`engine`: one client for the one
+    model, or a client per model id of `settings`). Every route except `/healthz` requires one of
     `settings.api_keys` when any is configured (a dependency, `auth.require_owner`, which also
     files stored objects under the key's owner id); `dependencies` are added after it.
     `image_sources` makes the fetcher for remote image URLs, once per request; by default the
@@ -132,13 +145,17 @@ def create_app(
         min_free_bytes=settings.storage.min_free_disk_bytes,
     )
 
-    def build_state(client: AsyncEngineClient, the_store: Store) -> FacadeState:
-        catalog = ModelCatalog(client, ttl_s=settings.model_info_ttl_s, timeout_s=settings.timeouts.control)
+    def given_clients(given: AsyncEngineClient | Mapping[str, AsyncEngineClient]) -> ModelRouter:
+        if isinstance(given, AsyncEngineClient):
+            return model_router(settings, lambda route: given)
+        return model_router(settings, lambda route: given[route.id or ""])
+
+    def build_state(router: ModelRouter, the_store: Store) -> FacadeState:
+        client, catalog = router.default.engine, router.default.catalog
         service = ResponsesService(
             settings=settings,
-            engine=client,
+            models=router,
             store=the_store,
-            catalog=catalog,
             image_sources=image_sources,
             metrics=metrics,
             files=files,
@@ -168,16 +185,17 @@ def create_app(
             ),
             files=files,
             disk=disk,
+            models=router,
         )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # What this run opens, it closes; a later run (a test client's) opens its own again.
-        opened_engine = None
+        opened: ModelRouter | None = None
         if engine is None:
-            opened_engine = engine_client(settings)
+            opened = model_router(settings, lambda route: engine_client(settings, route.target))
             the_store: Store = store if store is not None else open_store(settings)
-            app.state.facade = build_state(opened_engine, the_store)
+            app.state.facade = build_state(opened, the_store)
         upkeep: asyncio.Task[None] | None = None
         lease: asyncio.Task[None] | None = None
         the_store = app.state.facade.store
@@ -200,9 +218,9 @@ def create_app(
             await _cancelled(lease)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(the_store.release_lease)
-            if opened_engine is not None:
+            if opened is not None:
                 state.responses.close()
-                await opened_engine.close()
+                await opened.close()
             if store is None:
                 # Ours (opened above, or with the state when `engine` was given): close it.
                 state.store.close()
@@ -221,7 +239,9 @@ def create_app(
     )
     if engine is not None:
         # Ready without a lifespan run (in-process tests drive the app over ASGI directly).
-        app.state.facade = build_state(engine, store if store is not None else open_store(settings))
+        app.state.facade = build_state(
+            given_clients(engine), store if store is not None else open_store(settings)
+        )
     install_error_handlers(app)
     install_openapi(app, settings.limits)
     install_api_keys(app, settings.api_keys, settings.operator_keys)

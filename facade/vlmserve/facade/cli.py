@@ -45,9 +45,12 @@ def settings_from_args(
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return load(FacadeSettings, environ=os.environ if environ is None else environ, args=args)
-    except SettingsError as error:
+        settings = load(FacadeSettings, environ=os.environ if environ is None else environ, args=args)
+        # A bad --engine, --model-alias or models file stops start-up with its reason.
+        settings.model_routes()
+    except (SettingsError, ValueError) as error:
         parser.error(str(error))
+    return settings
 
 
 def redacted_url(url: str) -> str:

@@ -1,7 +1,9 @@
 """`python -m vlmserve.facade.launch` (what `make run` runs): the engine, then the facade, together.
 
 Starts `vlmserve-engine` and waits until it reports SERVING, then starts `vlmserve-facade` pointed
-at it and waits until `/readyz` answers. SIGTERM/SIGINT stop the facade first (so no request is
+at it and waits until `/readyz` answers. With `--models ID=MODEL ...` (`make run MODELS=...`) or a
+models file whose models name a `model`, one engine per model, on consecutive ports, and the
+facade routes requests to them by id. SIGTERM/SIGINT stop the facade first (so no request is
 accepted that the engine could not finish), then the engine; more signals while stopping change
 nothing (`make` passes its SIGTERM on, so a process group gets two). Every path out of the
 launcher stops both: a child that outlives its deadline is killed, an exception stops the rest,
@@ -12,6 +14,7 @@ and if the launcher itself is killed the children see their lifeline close and s
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import secrets
@@ -20,9 +23,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, ClassVar
@@ -35,6 +40,7 @@ from vlmserve.common.lifeline import LIFELINE_ENV
 from vlmserve.common.logs import configure_logging
 from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv
 from vlmserve.facade.cli import server_shutdown_timeout_s
+from vlmserve.facade.engines.config import read_models_file
 from vlmserve.facade.http.api_keys import probe_key
 from vlmserve.facade.settings import ENGINE_TOKEN_ENV, FacadeSettings
 
@@ -52,6 +58,16 @@ class LaunchSettings(DeclaredSettings):
 
     model: Annotated[str | None, Option(env="VLMSERVE_MODEL")] = Field(
         None, description="model path or Hugging Face id for the engine (default: the engine's own)"
+    )
+    # Several models, one engine each (docs/deployment.md, "Several models on one Mac").
+    models: Annotated[tuple[str, ...], Option(metavar="ID=MODEL")] = Field(
+        (),
+        description="serve several models, one engine each (model path or hub id), on --engine-address's "
+        "port and the ones after it; requests pick them by ID (the first is also `default`)",
+    )
+    engine_flags: str | None = Field(
+        None,
+        description="more flags for every engine started, e.g. '--load lazy --idle-unload-seconds 600'",
     )
     engine_command: str | None = Field(
         None,
@@ -93,16 +109,85 @@ def _program(name: str) -> list[str]:
     return [found]
 
 
-def engine_command(settings: LaunchSettings) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class EngineToStart:
+    """One engine the launcher starts: the facade's id for its model (None: the one engine of
+    `make run`), the model, where it listens, and flags of its own (a models file's engine_args)."""
+
+    model_id: str | None
+    model: str | None
+    address: str
+    flags: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return "engine" if self.model_id is None else f"engine {self.model_id}"
+
+
+def engines_to_start(settings: LaunchSettings) -> list[EngineToStart]:
+    """`--models`, else the models of `--models-file` that name a `model` and no `engines`, else
+    one engine (on --engine-address, with --model). Several listen on consecutive ports."""
+    facade = settings.facade
+    wanted: list[tuple[str, str, tuple[str, ...]]] = []
+    for value in settings.models:
+        model_id, sep, model = value.partition("=")
+        if not sep or not model_id.strip() or not model.strip():
+            raise ValueError(f"--models {value!r}: ID=MODEL")
+        wanted.append((model_id.strip(), model.strip(), ()))
+    if not wanted and facade.models_file is not None:
+        wanted = [
+            (entry.id, entry.model, entry.engine_args)
+            for entry in read_models_file(facade.models_file).models
+            if entry.model is not None and not entry.engines
+        ]
+    if not wanted:
+        return [EngineToStart(None, settings.model, facade.engine_address)]
+    host, sep, port = facade.engine_address.rpartition(":")
+    if not sep or not port.isdigit() or "," in facade.engine_address or host.startswith("unix"):
+        raise ValueError("several engines need --engine-address HOST:PORT (they take PORT, PORT+1, ...)")
+    return [
+        EngineToStart(model_id, model, f"{host}:{int(port) + index}", flags)
+        for index, (model_id, model, flags) in enumerate(wanted)
+    ]
+
+
+def facade_engine_flags(
+    settings: LaunchSettings, engines: Sequence[EngineToStart], folder: Path
+) -> list[str]:
+    """What tells the facade where the started engines are: nothing for the one engine (its
+    --engine-address is the facade's too); `--engine ID=ADDRESS` for --models; for a models
+    file, a copy with the started engines' addresses filled in (written into `folder`)."""
+    if len(engines) == 1 and engines[0].model_id is None:
+        return []
+    if settings.models or settings.facade.models_file is None:
+        return [flag for engine in engines for flag in ("--engine", f"{engine.model_id}={engine.address}")]
+    started = {engine.model_id: engine.address for engine in engines}
+    declared = read_models_file(settings.facade.models_file)
+    filled = [
+        {**entry.model_dump(exclude={"model", "engine_args"}), "engines": [started[entry.id]]}
+        if entry.id in started
+        else entry.model_dump(exclude={"model", "engine_args"})
+        for entry in declared.models
+    ]
+    path = folder / "models.json"
+    path.write_text(json.dumps({"models": filled}), encoding="utf-8")
+    return ["--models-file", str(path)]
+
+
+def engine_command(settings: LaunchSettings, engine: EngineToStart | None = None) -> list[str]:
+    engine = engine or EngineToStart(None, settings.model, settings.facade.engine_address)
     command = shlex.split(settings.engine_command) if settings.engine_command else _program("vlmserve-engine")
-    command += ["--address", settings.facade.engine_address]
+    command += ["--address", engine.address]
     if settings.facade.engine_token_file is not None:
         # The facade sends the token from this file; the engine must ask for it.
         command += ["--auth-token-file", str(settings.facade.engine_token_file)]
     # The engine is stopped after the facade, so its drain only covers what the facade left.
     command += ["--drain-seconds", str(settings.facade.shutdown_grace_s)]
-    if settings.model:
-        command += ["--model", settings.model]
+    if engine.model:
+        command += ["--model", engine.model]
+    if settings.engine_flags:
+        command += shlex.split(settings.engine_flags)
+    command += engine.flags
     # One log format for both processes.
     command += ["--log-format", settings.facade.log_format]
     if settings.facade.otlp_endpoint is not None:
@@ -145,6 +230,8 @@ class Launcher:
         self.child_env = engine_token_env(settings.facade)
         self._lifeline: tuple[int, int] | None = None
         self._signals: list[int] = []
+        # The facade's models file with the started engines' addresses (several models).
+        self._scratch = tempfile.TemporaryDirectory(prefix="vlmserve-launch-")
 
     def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         logger.info("starting %s: %s", name, shlex.join(command))
@@ -184,10 +271,11 @@ class Launcher:
         try:
             for name, process in reversed(self.processes):
                 if process.poll() is None:
-                    logger.info("stopping %s (up to %.0f s)", name, self.stop_timeouts[name])
+                    timeout = self.stop_timeouts[name.split()[0]]
+                    logger.info("stopping %s (up to %.0f s)", name, timeout)
                     process.terminate()
                     try:
-                        process.wait(timeout=self.stop_timeouts[name])
+                        process.wait(timeout=timeout)
                     except subprocess.TimeoutExpired:
                         logger.warning("%s did not stop in time; killing it", name)
                         process.kill()
@@ -202,20 +290,31 @@ class Launcher:
         settings, facade = self.settings, self.settings.facade
         if self.child_env:
             logger.info("API keys are on: the engine requires a token made for this run")
-        engine_process = self.start("engine", engine_command(settings))
-        with EngineClient(facade.engine_address) as client:
-            if not self.wait_until(
-                "engine", engine_process, lambda: client.health(timeout=2.0), settings.engine_ready_timeout
-            ):
-                return self._fail()
-        facade_process = self.start("facade", facade_command(self.facade_flags))
+        try:
+            engines = engines_to_start(settings)
+        except ValueError as error:
+            logger.error("%s", error)
+            return self._fail()
+        started = [(engine, self.start(engine.name, engine_command(settings, engine))) for engine in engines]
+        for engine, process in started:
+            with EngineClient(engine.address) as client:
+                if not self.wait_until(
+                    engine.name, process, lambda: client.health(timeout=2.0), settings.engine_ready_timeout
+                ):
+                    return self._fail()
+        routing = facade_engine_flags(settings, engines, Path(self._scratch.name))
+        facade_process = self.start("facade", facade_command([*self.facade_flags, *routing]))
         url = f"http://{facade.host}:{facade.port}"
         key = probe_key(key_file=facade.api_keys_file)
         if not self.wait_until(
             "facade", facade_process, lambda: _ready(url, key), settings.facade_ready_timeout
         ):
             return self._fail()
-        logger.info("ready: Responses API at %s/v1 (engine at %s)", url, facade.engine_address)
+        logger.info(
+            "ready: Responses API at %s/v1 (%s)",
+            url,
+            ", ".join(f"{engine.model_id or 'engine'} at {engine.address}" for engine in engines),
+        )
         while not self.stopping.is_set():
             for name, process in self.processes:
                 if process.poll() is not None:
@@ -225,6 +324,9 @@ class Launcher:
         self._log_signal()
         self.stop_all()
         return 0
+
+    def close(self) -> None:
+        self._scratch.cleanup()
 
     def _fail(self) -> int:
         self._log_signal()
@@ -262,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return launcher.run()
     finally:
         launcher.stop_all()
+        launcher.close()
         logger.info("stopped")
 
 

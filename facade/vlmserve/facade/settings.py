@@ -17,6 +17,7 @@ from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.common.logs import LogFormat
 from vlmserve.common.secrets import read_secret_file
 from vlmserve.common.settings import DeclaredSettings, Option
+from vlmserve.facade.engines.config import ModelRoute, model_routes, read_models_file
 from vlmserve.facade.http.api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, OPERATOR_KEYS_ENV, ApiKeys
 from vlmserve.facade.remote_images.checks import RemoteImageSettings
 
@@ -290,7 +291,22 @@ class FacadeSettings(DeclaredSettings):
     engine_address: str = Field(
         "127.0.0.1:50051",
         description="engine gRPC target: host:port, unix:/path, or several engines serving the same model "
-        "(a:p,b:p, ipv4:a:p,b:p, dns:///name:port), balanced round-robin over the healthy ones",
+        "(a:p,b:p, ipv4:a:p,b:p, dns:///name:port), balanced round-robin over the healthy ones; "
+        "unused when --engine or --models-file name the models",
+    )
+    # See engines/config.py and docs/deployment.md ("Several models behind one facade").
+    engine: Annotated[tuple[str, ...], Option(metavar="MODEL_ID=ADDRESS[,ADDRESS...]")] = Field(
+        (),
+        description="a model and the engines serving it (any --engine-address form), selected by "
+        "requests' `model`; the first is also `default`",
+    )
+    model_alias: Annotated[tuple[str, ...], Option(metavar="ALIAS=MODEL_ID")] = Field(
+        (), description="another name for a model of --engine or --models-file (default=ID moves `default`)"
+    )
+    models_file: Path | None = Field(
+        None,
+        description="TOML (or .json) file of models: [[models]] id, engines, aliases, limits "
+        "(docs/deployment.md); --engine adds more",
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
@@ -359,6 +375,15 @@ class FacadeSettings(DeclaredSettings):
     engine_tls_ca: Path | None = Field(None, description="CA certificate (PEM) to verify the engine's TLS")
     engine_tls_cert: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
     engine_tls_key: Path | None = Field(None, description="client key (PEM) for mutual TLS")
+
+    def model_routes(self) -> list[ModelRoute]:
+        """The models served (the default first); ValueError when they are misdeclared."""
+        return model_routes(
+            engine_address=self.engine_address,
+            engines=self.engine,
+            aliases=self.model_alias,
+            models_file=read_models_file(self.models_file) if self.models_file is not None else None,
+        )
 
     def files_directory(self) -> Path:
         """Where uploaded files live: --files-dir, else `files/` beside the SQLite store."""

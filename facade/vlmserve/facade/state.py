@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from vlmserve.client import AsyncEngineClient
+from vlmserve.facade.engines.pools import ModelRouter
 from vlmserve.facade.http.body_budget import BodyBudget
 from vlmserve.facade.responses.background import BackgroundRuns
 from vlmserve.facade.responses.catalog import ModelCatalog
@@ -21,6 +22,7 @@ from vlmserve.facade.store.protocol import Store
 @dataclass
 class FacadeState:
     settings: FacadeSettings
+    # The default model's engines and catalog (what needs no `model`: conversation items).
     engine: AsyncEngineClient
     store: Store
     catalog: ModelCatalog
@@ -29,6 +31,8 @@ class FacadeState:
     body_budget: BodyBudget
     # Runs of background responses, and their stored events (background_runs.py).
     background: BackgroundRuns
+    # Every model served, and the resolver of a request's `model` (engines/pools.py).
+    models: ModelRouter
     # Uploaded files (files_api.py), on disk beside the store.
     files: FileStore | None = None
     # Free space where the store and the files are (disk_space.py).

@@ -173,16 +173,14 @@ class ModelLifecycle:
             return None
         return max(0.0, self._last_work + self.idle_unload_s - time.monotonic())
 
-    def unload_if_idle(self, loaded: LoadedModel) -> bool:
-        """Free the weights and caches if idle long enough; True when it did."""
+    def unload_due(self) -> bool:
+        """Whether the weights are in memory and have been idle for `idle_unload_s`."""
         wait = self.idle_wait()
-        if wait is None or wait > 0:
-            return False
-        self.unload(loaded)
-        return True
+        return wait is not None and wait <= 0
 
     def unload(self, loaded: LoadedModel) -> None:
-        """Free the weights and what was computed with them (nothing may be in flight)."""
+        """Free the weights and what was computed with them. Nothing may be in flight, and the
+        caller holds nothing that holds the model (a decode batch holds its language model)."""
         import mlx.core as mx
 
         before = memory_use()

@@ -87,11 +87,12 @@ def not_found(kind: str, identifier: str, *, param: str | None = None) -> APIErr
     )
 
 
-def model_not_found(model: str) -> APIError:
+def model_not_found(model: str, *, served: Sequence[str] = ()) -> APIError:
+    names = ", ".join(json.dumps(name) for name in served)
     return APIError(
         404,
-        f"The model {json.dumps(model)[:200]} does not exist. This server serves one model; "
-        'use its id (see GET /v1/models) or "default".',
+        f"The model {json.dumps(model)[:200]} does not exist. "
+        + (f"This server serves {names[:1000]} (see GET /v1/models)." if served else "See GET /v1/models."),
         param="model",
         code="model_not_found",
     )

@@ -1,18 +1,17 @@
-"""The one model this facade serves, as the engine describes it (cached for a short while)."""
+"""A model as its engines describe it (cached for a short while); one catalog per model pool
+(engines/pools.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.http.errors import model_not_found
 from vlmserve.facade.settings import Limits
-
-DEFAULT_MODEL_ALIAS = "default"
 
 
 class ModelCatalog:
@@ -34,12 +33,8 @@ class ModelCatalog:
                 self._fetched_at = time.monotonic()
             return self._info
 
-    async def resolve(self, requested: str | None) -> pb.GetModelInfoResponse:
-        """The loaded model for a request's `model` (its id, "default", or absent); else a 404."""
-        info = await self.info()
-        if requested is None or requested in (DEFAULT_MODEL_ALIAS, info.model_id):
-            return info
-        raise model_not_found(requested)
+    def cached(self) -> pb.GetModelInfoResponse | None:
+        return self._info
 
 
 def image_limits(info: pb.GetModelInfoResponse, limits: Limits | None = None) -> ImageLimits:
@@ -59,14 +54,34 @@ def images_per_request(info: pb.GetModelInfoResponse, limits: Limits) -> int:
     return min(limits.max_images_per_request, engine or limits.max_images_per_request)
 
 
-def model_object(info: pb.GetModelInfoResponse) -> dict[str, Any]:
-    """An OpenAI `model` object, with what the engine says about it under `vlmserve`."""
+def model_object(
+    model_id: str,
+    info: pb.GetModelInfoResponse | None,
+    *,
+    aliases: Sequence[str] = (),
+    available: bool = True,
+) -> dict[str, Any]:
+    """An OpenAI `model` object, with what the engine says about it under `vlmserve`; `status`
+    "unavailable" while its engines do not serve (with what they said last, if anything)."""
+    status = "available" if available and info is not None else "unavailable"
+    if info is None:
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vlmserve",
+            "vlmserve": {"aliases": list(aliases), "status": status},
+        }
     return {
-        "id": info.model_id,
+        "id": model_id,
         "object": "model",
         "created": int(info.loaded_at),
         "owned_by": "vlmserve",
         "vlmserve": {
+            "aliases": list(aliases),
+            "status": status,
+            # The engine's own name for it (its directory or hub id).
+            "engine_model": info.model_id,
             "architecture": info.architecture,
             "context_length": info.context_length,
             "max_output_tokens": info.max_output_tokens,
@@ -74,5 +89,7 @@ def model_object(info: pb.GetModelInfoResponse) -> dict[str, Any]:
                 pb.Modality.Name(m).removeprefix("MODALITY_").lower() for m in info.input_modalities
             ],
             "tool_call_format": info.tool_call_format,
+            "thinking": info.thinking,
+            "weights": pb.WeightsState.Name(info.weights).removeprefix("WEIGHTS_STATE_").lower(),
         },
     }

@@ -16,12 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
-from vlmserve.client import MAX_MESSAGE_BYTES, AsyncEngineClient, EngineError
+from vlmserve.client import MAX_MESSAGE_BYTES, EngineError
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.logs import bind_response
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
+from vlmserve.facade.engines.pools import ModelRouter, ResolvedModel
 from vlmserve.facade.http.errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from vlmserve.facade.http.limits import (
     check_image_count,
@@ -31,12 +32,12 @@ from vlmserve.facade.http.limits import (
 )
 from vlmserve.facade.http.metrics import FacadeMetrics
 from vlmserve.facade.responses import ids
-from vlmserve.facade.responses.catalog import ModelCatalog, image_limits, images_per_request
+from vlmserve.facade.responses.catalog import image_limits, images_per_request
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.resource import new_resource
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.settings import FacadeSettings, Limits
 from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileStore, RequestFiles
 from vlmserve.facade.store.protocol import MissingChainLinkError, Replay, Store, StoredItem
@@ -53,6 +54,8 @@ T = TypeVar("T")
 @dataclass
 class Translation:
     translated: TranslatedRequest
+    # The model the request asked for (or continues with), and its engine's info.
+    model: ResolvedModel
     info: pb.GetModelInfoResponse
     # `input` as it is stored: references replaced by what they resolved to.
     input_items: list[StoredItem]
@@ -61,9 +64,9 @@ class Translation:
 @dataclass
 class ResponsesService:
     settings: FacadeSettings
-    engine: AsyncEngineClient
+    # Every model served: a request's `model` picks its engines, info and limits.
+    models: ModelRouter
     store: Store
-    catalog: ModelCatalog
     # Makes the image source for one request (remote http(s) images); None: remote URLs refused.
     image_sources: ImageSourceFactory | None = None
     # Generations in flight, by response id (for the cancel endpoint and shutdown).
@@ -105,13 +108,15 @@ class ResponsesService:
         return await loop.run_in_executor(self._translators, functools.partial(function, *args, **kwargs))
 
     async def translate(self, body: object, *, owner: str = "") -> Translation:
-        """Validate and translate a request body, with its replayed history, for this engine."""
+        """Validate and translate a request body, with its replayed history, for its model's
+        engines (the history is rendered by the new model's template, whichever model made it)."""
         if not isinstance(body, Mapping):
             raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
-        limits = self.settings.limits
+        model = await self._model(body, owner)
+        limits = model.limits
         check_tools(body, limits)
         check_reference_count(body.get("input"), limits.max_item_references, param="input")
-        info = await self.catalog.info()
+        info = model.info
         allowed_images = images_per_request(info, limits)
         # Counted before anything is decoded or fetched: the input's own images, then with the
         # replayed turns, then (while resolving) with what its references add.
@@ -146,11 +151,26 @@ class ResponsesService:
         check_image_count(count_contract_images(translated.request.messages), allowed_images, param="input")
         if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
             raise request_too_large_for_engine()
-        info = await self.catalog.resolve(translated.model)
         request = translated.request
+        # The engine checks it names its model (its own id, not the facade's).
         request.model = info.model_id
-        self._apply_output_limit(request)
-        return Translation(translated, info, references.stored_items(translated.input_items))
+        self._apply_output_limit(request, limits)
+        return Translation(translated, model, info, references.stored_items(translated.input_items))
+
+    async def _model(self, body: Mapping[str, Any], owner: str) -> ResolvedModel:
+        """The request's `model`; without one, the model of the response it continues (if that
+        is still served), else the default."""
+        requested = body.get("model")
+        if isinstance(requested, str):
+            return await self.models.resolve(requested)
+        previous = body.get("previous_response_id")
+        if requested is None and isinstance(previous, str):
+            stored = await asyncio.to_thread(self.store.get_response, previous, owner=owner)
+            remembered = stored.get("model") if stored is not None else None
+            if isinstance(remembered, str) and self.models.pool_named(remembered) is not None:
+                return await self.models.resolve(remembered)
+        # Anything but a string is for the translation to refuse, naming `model`.
+        return await self.models.resolve(None)
 
     @property
     def pdf_workers(self) -> PdfWorkers:
@@ -162,7 +182,7 @@ class ResponsesService:
 
     async def prepare(self, body: object, *, owner: str = "") -> Generation:
         translation = await self.translate(body, owner=owner)
-        translated, info = translation.translated, translation.info
+        translated, info, model = translation.translated, translation.info, translation.model
         if translated.store or translated.conversation_id is not None:
             if self.disk is not None:
                 self.disk.check("the response")
@@ -196,10 +216,10 @@ class ResponsesService:
             resource=new_resource(
                 translated,
                 response_id=response_id,
-                model_id=info.model_id,
+                model_id=model.id,
                 conversation_id=translated.conversation_id,
             ),
-            engine=self.engine,
+            engine=model.engine,
             store=self.store,
             timeout_s=self.settings.timeouts.generate,
             heartbeat_s=self.settings.timeouts.heartbeat,
@@ -278,8 +298,8 @@ class ResponsesService:
         # Anything else is for the translation to accept or refuse with the right param.
         return Replay()
 
-    def _apply_output_limit(self, request: pb.GenerateRequest) -> None:
-        limits = self.settings.limits
+    @staticmethod
+    def _apply_output_limit(request: pb.GenerateRequest, limits: Limits) -> None:
         sampling = request.sampling
         if not sampling.HasField("max_tokens"):
             default = limits.default_max_output_tokens
@@ -303,7 +323,7 @@ class ResponsesService:
         if adjust is not None:
             adjust(translation.translated.request)
         try:
-            counted = await self.engine.count_tokens(
+            counted = await translation.model.engine.count_tokens(
                 translation.translated.request, timeout=self.settings.timeouts.control
             )
         except EngineError as error:

@@ -8,13 +8,15 @@ Anthropic's (`type`, `display_name`, `created_at`; the list's `has_more`, `first
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.http.errors import APIError, model_not_found
-from vlmserve.facade.responses.catalog import DEFAULT_MODEL_ALIAS, model_object
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.responses.catalog import model_object
 from vlmserve.facade.state import FacadeState, facade_state
 
 models_router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -29,34 +31,40 @@ State = Annotated[FacadeState, Depends(facade_state)]
 
 @models_router.get("")
 async def list_models(state: State) -> dict[str, Any]:
-    info = await state.catalog.info()
-    listed = _model(info)
+    """Every model served (by its id; its aliases under `vlmserve`), with its engine's model info.
+    An error only when no model's engines can be asked and none was ever described."""
+    listing = await state.models.listing(timeout_s=state.settings.timeouts.control, strict=True)
+    data = [
+        _model(status.id, status.info, aliases=status.pool.aliases, available=status.serving)
+        for status in listing
+    ]
     return {
         "object": "list",
-        "data": [listed],
+        "data": data,
         "has_more": False,
-        "first_id": listed["id"],
-        "last_id": listed["id"],
+        "first_id": data[0]["id"],
+        "last_id": data[-1]["id"],
     }
 
 
 @models_router.get("/{model_id:path}")
 async def retrieve_model(model_id: str, state: State) -> dict[str, Any]:
-    info = await state.catalog.info()
-    if model_id not in (info.model_id, DEFAULT_MODEL_ALIAS):
-        raise model_not_found(model_id)
-    return _model(info)
+    """One model, by its id or an alias (the object names its id)."""
+    model = await state.models.resolve(model_id)
+    return _model(model.id, model.info, aliases=model.pool.aliases)
 
 
-def _model(info: pb.GetModelInfoResponse) -> dict[str, Any]:
+def _model(
+    model_id: str, info: pb.GetModelInfoResponse | None, *, aliases: Sequence[str], available: bool = True
+) -> dict[str, Any]:
     """The model object, with Anthropic's fields beside OpenAI's."""
-    loaded = datetime.datetime.fromtimestamp(int(info.loaded_at), tz=datetime.UTC)
+    loaded = datetime.datetime.fromtimestamp(int(info.loaded_at) if info is not None else 0, tz=datetime.UTC)
     anthropic = {
         "type": "model",
-        "display_name": info.model_id,
+        "display_name": model_id,
         "created_at": loaded.isoformat().replace("+00:00", "Z"),
     }
-    return {**model_object(info), **anthropic}
+    return {**model_object(model_id, info, aliases=aliases, available=available), **anthropic}
 
 
 @health_router.get("/healthz")
@@ -66,13 +74,15 @@ async def healthz() -> dict[str, str]:
 
 
 @readiness_router.get("/readyz")
-async def readyz(state: State) -> dict[str, str]:
-    """The engine is reachable and SERVING, and its model is known."""
-    if not await state.engine.health(timeout=state.settings.timeouts.control):
-        raise APIError(503, "The engine is not serving.", code="engine_unavailable")
+async def readyz(state: State) -> JSONResponse:
+    """Ready while some model's engines are reachable and SERVING and describe their model, and
+    there is room to store; the body says which models serve (`models`). 503 when none does."""
+    listing = await state.models.listing(timeout_s=state.settings.timeouts.control)
+    models = {status.id: "serving" if status.serving else "unavailable" for status in listing}
+    if not any(status.serving for status in listing):
+        raise APIError(503, "No engine is serving.", code="engine_unavailable")
     low = state.disk.low() if state.disk is not None else None
     if low is not None:
         # Nothing could be stored: not ready (disk_space.py).
         raise APIError(503, f"The server is out of storage space: {low}.", code="insufficient_storage")
-    info = await state.catalog.info()
-    return {"status": "ready", "model": info.model_id}
+    return JSONResponse({"status": "ready", "model": listing[0].id, "models": models})

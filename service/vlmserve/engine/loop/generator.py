@@ -401,8 +401,10 @@ class Generator:
                     # Idle: wait for work, or until the weights are due to be freed.
                     job = self._queue.get(block=idle, timeout=self.lifecycle.idle_wait() if idle else None)
                 except queue.Empty:
-                    if idle:
-                        self.lifecycle.unload_if_idle(loaded)
+                    if idle and self.lifecycle.unload_due():
+                        del batch  # it holds the model's language model: the weights go with it
+                        self.lifecycle.unload(loaded)
+                        batch = DecodeBatch(loaded.model.language_model)
                     break
                 if job is None:
                     self._drain_on_stop([*batch.rows, *starting], loaded)

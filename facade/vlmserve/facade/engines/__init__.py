@@ -1,0 +1,1 @@
+"""The models a facade serves: where their engines are (config) and how a request finds its pool."""

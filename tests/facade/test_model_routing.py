@@ -1,0 +1,160 @@
+"""Two models behind one facade, each its own scripted engine: `model` picks the pool (by id or
+alias, or the model a continued response used), unknown ids are a 404 naming what is served,
+`/v1/models` lists both, each model's own limits apply, and a response continues on the other
+model with its history."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
+from tests.facade.helpers import png_data_url
+from vlmserve.client import AsyncEngineClient
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+
+
+@dataclass
+class Two:
+    http: httpx.AsyncClient
+    a: FakeEngine
+    b: FakeEngine
+
+
+@pytest.fixture
+async def two(tmp_path: Path, settings: FacadeSettings, store: ResponseStore) -> AsyncIterator[Two]:
+    engines: list[RunningFakeEngine] = [await start_fake_engine(), await start_fake_engine()]
+    a, b = (running.servicer for running in engines)
+    a.info.model_id = "engine-a"
+    b.info.model_id = "engine-b"
+    b.info.context_length = 2048
+    b.info.thinking = True
+    b.info.image_limits.max_images_per_request = 1
+    b.info.weights = pb.WEIGHTS_STATE_UNLOADED
+    models_file = tmp_path / "models.toml"
+    models_file.write_text(
+        f"""
+[[models]]
+id = "b"
+engines = ["{engines[1].address}"]
+aliases = ["small"]
+limits = {{ max_output_tokens = 100 }}
+""",
+        encoding="utf-8",
+    )
+    two_models = settings.replace(
+        engine=(f"a={engines[0].address}",), model_alias=("default=a",), models_file=models_file
+    )
+    clients = {"a": AsyncEngineClient(engines[0].address), "b": AsyncEngineClient(engines[1].address)}
+    app = create_app(two_models, engine=clients, store=store)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://facade.test"
+    ) as http:
+        yield Two(http, a, b)
+    for client in clients.values():
+        await client.close()
+    for running in engines:
+        await running.stop()
+
+
+async def create(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    response = await http.post("/v1/responses", json={"input": "hi", **body})
+    assert response.status_code == 200, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+@pytest.mark.parametrize(
+    ("name", "pool"), [("a", "a"), ("default", "a"), (None, "a"), ("b", "b"), ("small", "b")]
+)
+async def test_model_picks_the_pool(two: Two, name: str | None, pool: str) -> None:
+    created = await create(two.http, **({"model": name} if name is not None else {}))
+    assert created["model"] == pool
+    engine, other = (two.a, two.b) if pool == "a" else (two.b, two.a)
+    (request,) = engine.requests
+    assert request.model == f"engine-{pool}" and other.requests == []
+
+
+async def test_chat_completions_and_token_counts_are_routed(two: Two) -> None:
+    chat = await two.http.post(
+        "/v1/chat/completions", json={"model": "small", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert chat.status_code == 200 and chat.json()["model"] == "b"
+    counted = await two.http.post("/v1/responses/input_tokens", json={"model": "b", "input": "hi"})
+    assert counted.status_code == 200
+    assert len(two.b.requests) == 1 and len(two.b.count_requests) == 1 and two.a.count_requests == []
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/chat/completions", "/v1/responses/input_tokens"])
+async def test_unknown_model_is_a_404_naming_it(two: Two, path: str) -> None:
+    body = {"model": "gpt-5", "input": "hi", "messages": [{"role": "user", "content": "hi"}]}
+    if path != "/v1/chat/completions":
+        del body["messages"]
+    response = await two.http.post(path, json=body)
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert '"gpt-5"' in error["message"]
+    assert all(f'"{name}"' in error["message"] for name in ("a", "default", "b", "small"))
+    assert two.a.requests == two.b.requests == []
+
+
+async def test_models_listed_with_their_engines_info(two: Two) -> None:
+    listed = (await two.http.get("/v1/models")).json()["data"]
+    assert [model["id"] for model in listed] == ["a", "b"]
+    a, b = (model["vlmserve"] for model in listed)
+    assert a["aliases"] == ["default"] and b["aliases"] == ["small"]
+    assert (a["engine_model"], b["engine_model"]) == ("engine-a", "engine-b")
+    assert (a["context_length"], b["context_length"]) == (4096, 2048)
+    assert (a["thinking"], b["thinking"]) == (False, True)
+    assert (a["weights"], b["weights"]) == ("unspecified", "unloaded")
+    assert b["tool_call_format"] == "hermes" and b["input_modalities"] == ["text", "image"]
+    small = await two.http.get("/v1/models/small")
+    assert small.status_code == 200 and small.json()["id"] == "b"
+    assert (await two.http.get("/v1/models/engine-a")).status_code == 404
+
+
+async def test_each_model_its_own_limits(two: Two) -> None:
+    two_images = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_image", "image_url": png_data_url()},
+                {"type": "input_image", "image_url": png_data_url((0, 255, 0))},
+            ],
+        }
+    ]
+    assert (await two.http.post("/v1/responses", json={"model": "a", "input": two_images})).status_code == 200
+    refused = await two.http.post("/v1/responses", json={"model": "b", "input": two_images})
+    assert refused.status_code == 400 and "1" in refused.json()["error"]["message"], refused.text
+    # b's own max_output_tokens (models file), not the facade's.
+    assert (
+        await two.http.post("/v1/responses", json={"model": "a", "input": "hi", "max_output_tokens": 500})
+    ).status_code == 200
+    too_many = await two.http.post(
+        "/v1/responses", json={"model": "b", "input": "hi", "max_output_tokens": 500}
+    )
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "max_output_tokens"
+    # Requests without max_output_tokens get at most b's cap.
+    await create(two.http, model="b")
+    assert two.b.requests[-1].sampling.max_tokens == 100
+
+
+async def test_a_response_continues_on_the_other_model(two: Two) -> None:
+    first = await create(two.http, model="a", input="remember the red square")
+    follow = await create(two.http, model="b", input="what was it?", previous_response_id=first["id"])
+    assert follow["model"] == "b"
+    (request,) = two.b.requests
+    # a's turn (its input and output) is in b's request, as contract messages b's engine renders.
+    texts = [part.text.text for message in request.messages for part in message.parts]
+    assert texts[:2] == ["remember the red square", "Hello, world."] and texts[-1] == "what was it?"
+    # Without `model`, a continuation stays on the model of the response it continues.
+    again = await create(two.http, input="and then?", previous_response_id=follow["id"])
+    assert again["model"] == "b" and len(two.b.requests) == 2
+    assert (await two.http.get(f"/v1/responses/{first['id']}")).json()["model"] == "a"
