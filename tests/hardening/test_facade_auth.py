@@ -20,11 +20,11 @@ from vlmserve.facade.http.api_keys import (
     Owner,
     install_api_keys,
     owner_id,
+    owner_of,
     require_owner,
 )
 from vlmserve.facade.http.errors import install_error_handlers
 from vlmserve.facade.settings import FacadeSettings
-from vlmserve.facade.state import owner_of
 
 KEY = "sk-test-0123456789abcdef"
 OTHER_KEY = "sk-test-fedcba9876543210"
@@ -79,7 +79,7 @@ def test_each_configured_key_is_accepted_and_named_by_its_owner_id(client: TestC
 
 
 def test_the_owner_is_left_where_the_facade_reads_it(client: TestClient) -> None:
-    """A route that does not ask for the owner still gets it through `state.owner_of`."""
+    """A route that does not ask for the owner still gets it through `owner_of`."""
     assert client.get("/v1/models", headers=bearer(KEY)).json()["owner"] == owner_id(KEY)
 
 

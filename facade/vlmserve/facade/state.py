@@ -42,8 +42,3 @@ class FacadeState:
 def facade_state(request: Request) -> FacadeState:
     state: FacadeState = request.app.state.facade
     return state
-
-
-def owner_of(request: Request) -> str:
-    """Whose stored objects a request may see; an authentication dependency sets it (api_keys.py)."""
-    return str(getattr(request.state, "owner", ""))

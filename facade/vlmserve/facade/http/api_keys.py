@@ -36,6 +36,7 @@ __all__ = [
     "Owner",
     "install_api_keys",
     "owner_id",
+    "owner_of",
     "probe_key",
     "require_operator",
     "require_owner",
@@ -50,6 +51,12 @@ _OWNER_HEX_CHARS = 24  # 96 bits: unique per key, and not the key's full digest
 
 def _owner_from_digest(digest: bytes) -> str:
     return "key_" + digest.hex()[:_OWNER_HEX_CHARS]
+
+
+def owner_of(request: Request) -> str:
+    """Whose stored objects a request may see; `require_owner` (or the Anthropic routes' own
+    dependency) sets it."""
+    return str(getattr(request.state, "owner", ""))
 
 
 def owner_id(key: str) -> str:
@@ -115,7 +122,7 @@ def _incorrect_key() -> APIError:
 async def require_owner(request: Request) -> str:
     """FastAPI dependency: the caller's owner id, or 401. Fails closed if keys were not installed.
 
-    The owner is also left in `request.state.owner`, where the facade's `state.owner_of` reads it.
+    The owner is also left in `request.state.owner`, where `owner_of` reads it.
     """
     owner = _authenticate(request)
     request.state.owner = owner

@@ -12,10 +12,10 @@ from typing import Any
 from fastapi import Request
 from starlette.types import Message
 
+from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.settings import Limits
-from vlmserve.facade.state import owner_of
 
 # Deeper than any real request (tool schemas included); deeper values would make later
 # recursive code (json.dumps, protobuf, the store) fail with RecursionError.

@@ -12,9 +12,10 @@ import anyio
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
+from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.state import FacadeState, owner_of
 
 T = TypeVar("T")
 
@@ -55,9 +56,11 @@ async def collect(generation: Generation, first_message_s: float) -> dict[str, A
     return generation.builder.snapshot().to_json()
 
 
-async def prepare_unless_disconnected(request: Request, state: FacadeState, body: object) -> Generation:
+async def prepare_unless_disconnected(
+    request: Request, service: ResponsesService, body: object
+) -> Generation:
     """`prepare`, stopped when the client goes away (its PDFs' worker processes are killed)."""
-    generation = await unless_disconnected(request, state.responses.prepare(body, owner=owner_of(request)))
+    generation = await unless_disconnected(request, service.prepare(body, owner=owner_of(request)))
     if generation is None:
         raise client_closed()
     return generation

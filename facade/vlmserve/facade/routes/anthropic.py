@@ -21,6 +21,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from vlmserve.anthropic import EventWriter, MessagesRequest, anthropic_message, messages_request
+from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.http.request_body import read_json
@@ -35,7 +36,7 @@ from vlmserve.facade.responses.delivery import (
     unless_disconnected,
 )
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
 
 router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
@@ -50,7 +51,9 @@ async def create_message(request: Request, state: State) -> Response:
         translated = await state.responses.run_translation(messages_request, body)
         del body
         with anthropic_params(translated):
-            generation = await prepare_unless_disconnected(request, state, translated.responses_body)
+            generation = await prepare_unless_disconnected(
+                request, state.responses, translated.responses_body
+            )
         translated.apply(generation.request)
     except BaseException:
         hold.release()

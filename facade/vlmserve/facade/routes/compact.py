@@ -14,12 +14,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses import ids
 from vlmserve.facade.responses.delivery import CLIENT_CLOSED_REQUEST, collect, unless_disconnected
-from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import SUMMARY_INSTRUCTION, compacted_output, kept_items
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.limits import check_image_count, count_contract_images, count_image_parts
 from vlmserve.facade.http.openapi import (
@@ -34,7 +35,7 @@ from vlmserve.facade.responses.catalog import image_limits, images_per_request
 from vlmserve.facade.responses.item_lists import item_list, item_page
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.resource import typed_item
-from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.facade.store.protocol import ItemPage, StorageQuotaExceededError, StoredItem
 from vlmserve.facade.store.quotas import check_room, quota_exceeded, stored_size
 from vlmserve.responses import (

@@ -21,9 +21,10 @@ from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
 from vlmserve.common.documents import DocumentError, sniff_file
+from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.request_body import metered_body
-from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
 from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileRecord, FileStore
 from vlmserve.responses import InvalidRequestError

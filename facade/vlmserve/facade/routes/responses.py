@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
+from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.openapi import (
@@ -40,7 +41,7 @@ from vlmserve.facade.responses.delivery import (
 from vlmserve.facade.responses.item_lists import item_page
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.state import FacadeState, facade_state, owner_of
+from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import DeletedObject, IncludeValue, InputTokensCount, ItemList
 
 # The largest sequence number the stores can compare with (SQLite INTEGER, PostgreSQL BIGINT).
@@ -57,7 +58,7 @@ async def create_response(request: Request, state: State) -> Response:
     hold = BodyHold(state.body_budget)
     try:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        generation = await prepare_unless_disconnected(request, state, body)
+        generation = await prepare_unless_disconnected(request, state.responses, body)
         del body
     except BaseException:
         hold.release()
