@@ -15,6 +15,7 @@ This module is also what the parent imports for the framing.
 from __future__ import annotations
 
 import json
+import select
 import struct
 import sys
 from dataclasses import asdict, fields
@@ -23,6 +24,8 @@ from typing import Any, BinaryIO
 from vlmserve.common.documents import DocumentError, DocumentLimits, PdfPage, render_pdf
 
 _LENGTH = struct.Struct(">I")
+# How long a started worker waits for its job before it exits.
+SPARE_IDLE_S = 60.0
 # A job's or an answer's header: limits and page metadata, never the bytes themselves.
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 
@@ -131,6 +134,10 @@ def serve(memory_bytes: int, cpu_s: int) -> None:
 
     _limit(memory_bytes, cpu_s)
     source, sink = sys.stdin.buffer, sys.stdout.buffer
+    # A spare nobody gave a job to goes by itself (the pool takes only younger ones).
+    ready, _, _ = select.select([source], [], [], SPARE_IDLE_S)
+    if not ready:
+        return
     (size,) = _LENGTH.unpack(_read_exactly(source, _LENGTH.size))
     header = json.loads(_read_exactly(source, min(size, MAX_HEADER_BYTES)))
     known = {field.name for field in fields(DocumentLimits)}

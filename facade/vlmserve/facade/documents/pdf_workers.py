@@ -9,8 +9,8 @@ so nothing a PDF leaves behind outlives it. A worker that dies, runs out of time
 is a `DocumentError` (a 400 naming the file's field), never a 500.
 
 At most `workers` PDFs render at once (the facade gives PDF requests their own translation
-threads, as many, so they never hold the threads plain requests use). Spare processes are
-started ahead, so a PDF does not wait for Python to start.
+threads, as many, so they never hold the threads plain requests use). One spare process is
+started ahead, so a PDF does not wait for Python to start; unused, it exits after a minute.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from vlmserve.common.documents import DocumentError, DocumentLimits, PdfPage
-from vlmserve.facade.documents.pdf_worker_main import frame_length, job_frame, parse_answer
+from vlmserve.facade.documents.pdf_worker_main import SPARE_IDLE_S, frame_length, job_frame, parse_answer
 
 __all__ = ["PdfWorkers", "RenderCancelled"]
 
@@ -33,6 +33,8 @@ _WORKER = Path(__file__).with_name("pdf_worker_main.py")
 _READ_CHUNK = 1024 * 1024
 # How often a waiting render looks at its request's cancel flag.
 _POLL_S = 0.05
+# A spare older than this may be about to leave by itself (SPARE_IDLE_S): started afresh instead.
+_SPARE_USABLE_S = SPARE_IDLE_S / 2
 
 
 Worker = subprocess.Popen[bytes]
@@ -50,7 +52,8 @@ class PdfWorkers:
         self.timeout_s = timeout_s
         self._slots = threading.BoundedSemaphore(workers)
         self._lock = threading.Lock()
-        self._spares: list[Worker] = []
+        # (started at, process): at most one, ready for the next PDF.
+        self._spares: list[tuple[float, Worker]] = []
         self._closed = False
         # Workers killed or crashed so far (tests, logs).
         self.killed = 0
@@ -83,7 +86,7 @@ class PdfWorkers:
         with self._lock:
             self._closed = True
             spares, self._spares = self._spares, []
-        for worker in spares:
+        for _, worker in spares:
             self._end(worker)
 
     # ---- one job ---------------------------------------------------------------------------
@@ -168,19 +171,22 @@ class PdfWorkers:
 
     def _take(self) -> Worker:
         with self._lock:
-            while self._spares:
-                worker = self._spares.pop()
-                if worker.poll() is None:
-                    return worker
-        return self._start()
+            spares, self._spares = self._spares, []
+        fresh = None
+        for started, worker in spares:
+            if fresh is None and worker.poll() is None and time.monotonic() - started < _SPARE_USABLE_S:
+                fresh = worker
+            else:
+                self._end(worker)
+        return fresh if fresh is not None else self._start()
 
     def _top_up(self) -> None:
-        """Start spares up to one per slot (their start-up overlaps the next request's wait)."""
+        """Keep one spare started (its start-up overlaps the next PDF's wait); an idle one leaves
+        by itself, so a quiet facade holds no worker processes."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._spares:
                 return
-            while len(self._spares) < self.workers:
-                self._spares.append(self._start())
+            self._spares.append((time.monotonic(), self._start()))
 
     def _kill(self, worker: Worker) -> None:
         if worker.poll() is None:
