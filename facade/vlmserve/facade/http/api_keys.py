@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
+from starlette.requests import HTTPConnection
 
 from vlmserve.common.secrets import digest, matches_any, read_secret_file
 from vlmserve.facade.http.errors import APIError
@@ -124,12 +125,13 @@ async def require_owner(request: Request) -> str:
 
     The owner is also left in `request.state.owner`, where `owner_of` reads it.
     """
-    owner = _authenticate(request)
+    owner = authenticate(request)
     request.state.owner = owner
     return owner
 
 
-def _authenticate(request: Request) -> str:
+def authenticate(request: HTTPConnection) -> str:
+    """The owner id of an HTTP request or a WebSocket handshake, or the 401 APIError."""
     keys = getattr(request.app.state, "api_keys", None)
     if not isinstance(keys, ApiKeys):
         raise RuntimeError("install_api_keys(app, ...) was not called")  # a 500, never an open door

@@ -1,0 +1,139 @@
+"""WebSocket mode of `/v1/responses` (the spec's `x-openresponses-websocket`; the openai SDK's
+`client.responses.connect()`).
+
+Each `response.create` message is a create body (without `stream`, `stream_options` and
+`background`, which the spec disallows here); its events go out as they do on the HTTP stream,
+one JSON text message each, through the same preparation, limits, engine call and storage. One
+connection carries any number of responses, one after another (a create sent while one runs
+waits its turn). A failed create is an `error` message (`status`, `error`) and the connection
+stays open. The same API keys as HTTP, checked at the handshake. Closing the connection cancels
+the response in progress, as a client leaving an HTTP stream does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from vlmserve.facade.http.api_keys import authenticate
+from vlmserve.facade.http.body_budget import BodyHold
+from vlmserve.facade.http.errors import APIError, from_invalid_request
+from vlmserve.facade.state import FacadeState
+from vlmserve.responses import InvalidRequestError
+
+router = APIRouter(tags=["responses"])
+
+# Create-body fields that only HTTP has: refused here (the spec marks them disallowed).
+_DISALLOWED = ("stream", "stream_options", "background")
+# WebSocket-only envelope fields: what lane a response goes on (one lane here: in order).
+_ENVELOPE = ("type", "stream_id")
+_POLICY_VIOLATION = 1008
+
+
+def error_message(error: APIError) -> dict[str, Any]:
+    """The spec's WebSocketErrorEvent."""
+    return {"type": "error", "status": error.status, "error": error.payload().to_json()}
+
+
+def create_body(message: object) -> dict[str, Any]:
+    """The create body a client message stands for, or the APIError that refuses it."""
+    if not isinstance(message, dict) or message.get("type") != "response.create":
+        raise APIError(
+            400,
+            "Invalid value for 'type': expected a 'response.create' message.",
+            param="type",
+            code="invalid_value",
+        )
+    for name in _DISALLOWED:
+        if name in message:
+            raise APIError(
+                400,
+                f"Unknown parameter: '{name}': not part of a WebSocket 'response.create' message.",
+                param=name,
+                code="unknown_parameter",
+            )
+    body = {key: value for key, value in message.items() if key not in _ENVELOPE}
+    body["stream"] = True
+    return body
+
+
+@router.websocket("/v1/responses")
+async def responses_websocket(websocket: WebSocket) -> None:
+    try:
+        owner = authenticate(websocket)
+    except APIError as error:
+        if "websocket.http.response" in websocket.scope.get("extensions", {}):
+            # The same 401 (and body) as over HTTP, as the handshake's answer.
+            await websocket.send_denial_response(error.to_response())
+        else:
+            await websocket.close(code=_POLICY_VIOLATION, reason=error.message[:120])
+        return
+    await websocket.accept()
+    state: FacadeState = websocket.app.state.facade
+    messages: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            while True:
+                await messages.put(await websocket.receive_text())
+        except WebSocketDisconnect:
+            await messages.put(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (text := await messages.get()) is not None:
+            running = asyncio.ensure_future(_respond(websocket, state, text, owner))
+            # The client leaving cancels the response in progress (and so its engine call).
+            await asyncio.wait({running, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if not running.done():
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+                break
+            running.result()
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+
+
+async def _respond(websocket: WebSocket, state: FacadeState, text: str, owner: str) -> None:
+    """One `response.create`: its events, or an error message."""
+    limits = state.settings.limits
+    hold = BodyHold(state.body_budget, owner)
+    try:
+        if len(text.encode()) > limits.max_request_bytes:
+            raise APIError(
+                413, f"The message is larger than {limits.max_request_bytes} bytes.", code="request_too_large"
+            )
+        hold.reserve(len(text.encode()))
+        try:
+            message = json.loads(text)
+        except ValueError:
+            raise APIError(400, "The message is not valid JSON.", code="invalid_json") from None
+        generation = await state.responses.prepare(create_body(message), owner=owner)
+    except (APIError, InvalidRequestError) as failure:
+        hold.release()
+        error = from_invalid_request(failure) if isinstance(failure, InvalidRequestError) else failure
+        await websocket.send_text(json.dumps(error_message(error)))
+        return
+    except BaseException:
+        hold.release()
+        raise
+    try:
+        try:
+            await generation.open(state.settings.timeouts.stream_first_message)
+        except APIError as error:
+            await websocket.send_text(json.dumps(error_message(error)))
+            return
+        async for event in generation.events():
+            await websocket.send_text(json.dumps(event.to_json(), separators=(",", ":")))
+    finally:
+        try:
+            await generation.abandon()
+        finally:
+            hold.release()
