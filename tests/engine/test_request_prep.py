@@ -260,10 +260,10 @@ def test_a_caller_leaving_stops_preparation_between_images(
         list(call)
     generator = idle_engine.server.generator
     for _ in range(500):  # the server noticed: it gave the queue place back
-        if generator._reserved == 0:
+        if generator.admission.reserved == 0:
             break
         threading.Event().wait(0.02)
-    assert generator._reserved == 0
+    assert generator.admission.reserved == 0
     held.release.set()  # the worker finishes its current image, then sees the caller gone
     assert prepares.returned.wait(30)
     assert held.count == 1, "images after the caller left were decoded"

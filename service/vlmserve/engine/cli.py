@@ -168,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     _warn_without_openblas()
     watch_lifeline()
     if command.engine.distributed != "off":
-        from vlmserve.engine.distributed import follow, rank
+        from vlmserve.engine.distributed import follow
+        from vlmserve.engine.process_group import rank
 
         try:
             this_rank = rank()

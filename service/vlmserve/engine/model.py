@@ -189,7 +189,7 @@ def load_model(
     if distributed == "off":
         model, processor = load(source, lazy=lazy, trust_remote_code=trust_remote_code)
     else:
-        from vlmserve.engine.distributed import sharded_model
+        from vlmserve.engine.process_group import sharded_model
 
         model, processor = sharded_model(source, distributed)
     dtype_done = _apply_dtype(model, dtype)

@@ -15,7 +15,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-__all__ = ["RequestError", "internal_error", "invalid_argument"]
+__all__ = ["RequestError", "context_too_long", "internal_error", "invalid_argument"]
 
 # Status messages travel in trailers (twice: grpc-message and the details), which gRPC caps at
 # a few KiB; a message quoting a client's 1 MB tool name must not break the call that reports it.
@@ -79,3 +79,17 @@ def invalid_argument(message: str, *, field: str) -> RequestError:
 def internal_error() -> RequestError:
     """What the client sees for a failure of ours: no exception text, no paths (those go to the log)."""
     return RequestError(grpc.StatusCode.INTERNAL, "the engine failed to process the request")
+
+
+def context_too_long(tokens: int, context: int, *, at_least: bool = False) -> RequestError:
+    """The prompt does not leave room for one generated token (the one place this is said).
+
+    OUT_OF_RANGE, not INVALID_ARGUMENT: the same prompt fits a model with a longer context, and
+    callers (the facade) can answer "context length exceeded" precisely."""
+    size = f"at least {tokens}" if at_least else str(tokens)
+    return RequestError(
+        grpc.StatusCode.OUT_OF_RANGE,
+        f"the prompt is {size} tokens; the model's context length is {context} tokens, which must "
+        "hold the prompt and at least one generated token",
+        field="messages",
+    )

@@ -199,16 +199,20 @@ class DecodeBatch:
         self._logits = output.logits[:, -1, :]
         mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
 
-    def take(self) -> list[tuple[ActiveGeneration, int]]:
-        """The tokens of the last sample() (waits for them), each with its row, to be accepted.
+    def take(self) -> list[tuple[ActiveGeneration, tuple[int, ...]]]:
+        """The tokens of the last sample() (waits for them), each row's in order, to be accepted.
 
+        One token per row here; the tuple is the step's shape for a forward that verifies
+        several (speculative drafts), so the caller never assumes one.
         Unbatchable rows: their forward and sampling run here, synchronously (no launch)."""
         if self._row_caches:
-            return list(zip(self.rows, self._step_rows_alone(), strict=True))
+            return [(row, (token,)) for row, token in zip(self.rows, self._step_rows_alone(), strict=True)]
         if self._pending is None:
             return []
         values: list[int] = self._pending.tolist()
-        taken = list(zip(self.rows[: self._pending_rows], values, strict=True))
+        taken: list[tuple[ActiveGeneration, tuple[int, ...]]] = [
+            (row, (value,)) for row, value in zip(self.rows[: self._pending_rows], values, strict=True)
+        ]
         self._pending, self._pending_rows = None, 0
         return taken
 

@@ -49,7 +49,7 @@ from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.output.assembler import OutputAssembler, OutputPiece, Reasoning
 from vlmserve.engine.output.detokenizer import IncrementalDetokenizer
-from vlmserve.engine.request_errors import RequestError
+from vlmserve.engine.request_errors import RequestError, context_too_long
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["ActiveGeneration", "LogitsProcessor", "Phase", "score_chosen"]
@@ -176,14 +176,7 @@ class ActiveGeneration:
             self.phase = Phase.DONE
             return
         if self.prompt_tokens >= info.context_length:
-            # OUT_OF_RANGE, not INVALID_ARGUMENT: the same prompt fits a model with a longer
-            # context, and callers (the facade) can answer "context length exceeded" precisely.
-            raise RequestError(
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"the prompt is {self.prompt_tokens} tokens; the model's context length is "
-                f"{info.context_length} tokens, which must hold the prompt and at least one generated token",
-                field="messages",
-            )
+            raise context_too_long(self.prompt_tokens, info.context_length)
         self._max_tokens = min(self._max_tokens, info.context_length - self.prompt_tokens)
         self.prefix_looked_up = self._prefix_cache is not None
         # The prefix first: images inside the reused part need no vision tower (after a restart

@@ -1,18 +1,13 @@
 """The generation thread: the only thread that touches MLX.
 
-It loads the model (MLX streams are thread-local, so loading happens here too), warms it up,
-then serves jobs from a bounded admission queue with continuous batching. Each step:
+It loads the model (MLX streams are thread-local, so loading happens here too), warms it up
+with one step-by-step generation, then serves: each step takes the new jobs from its intake
+source (intake.py: the admission queue, or rank 0's broadcast in the distributed mode), ends
+waiting jobs whose caller left, and runs one step (runner.py `StepRunner.run_step`, the same
+for warm-up and serving); rows that left are retired here (report, metrics, spans, log line).
 
-1. requests whose caller cancelled leave (the cancel flag is checked every step);
-2. every decoding request advances one token in one batched forward (batch.py);
-3. requests still starting are prepared and prefilled, shortest remaining prompt first, in
-   whole chunks while they fit the step's token budget (`step_tokens`, the decode rows count
-   too; at least one chunk runs per step, so a long prompt always progresses). A request whose
-   last chunk ran has its first token and joins the batch for the next step.
-
-So a short request that arrives while a long prompt prefills waits at most one step, and
-nobody's decode stalls for a whole prefill. Any failure of one job becomes that job's error;
-the thread itself keeps running.
+Three concerns, three modules: admission (admission.py, any thread), the step policy
+(scheduler.py, pure) and the step itself (runner.py); this module only ties them to a thread.
 """
 
 from __future__ import annotations
@@ -20,45 +15,35 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-
 from vlmserve.common.tracing import record_span
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, JobReport
-from vlmserve.engine.loop.batch import DecodeBatch
-from vlmserve.engine.loop.decode import ActiveGeneration, Phase
+from vlmserve.engine.loop.admission import Admission
+from vlmserve.engine.loop.decode import ActiveGeneration
+from vlmserve.engine.loop.intake import IntakeSource, LocalIntake
 from vlmserve.engine.loop.kv_cache import KVLayout, kv_shape, layout_for
 from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
+from vlmserve.engine.loop.runner import StepRunner
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.metrics import EngineMetrics, EngineState
 from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
 from vlmserve.engine.model_lifecycle import ModelLifecycle
 from vlmserve.engine.prep.preparer import RequestPreparer
-from vlmserve.engine.request_errors import RequestError, internal_error
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["Generator"]
+__all__ = ["Generator", "IntakeFactory"]
 
 log = logging.getLogger(__name__)
 
-
 ReadyCallback = Callable[[LoadedModel | None, BaseException | None], None]
-
-
-def _release_buffers() -> None:
-    """Return MLX's cached buffers (a finished prefill's activations, a leaving row's cache) to
-    the system, as mlx-vlm's batch generator does after each prompt batch: otherwise the
-    allocator keeps every size it has seen and the process's memory only grows."""
-    import mlx.core as mx
-
-    mx.clear_cache()
+# Builds the loop's intake source around the engine's admission (distributed.py wraps it).
+IntakeFactory = Callable[[Admission], IntakeSource]
 
 
 def _plain_kv_layers(loaded: LoadedModel) -> bool:
@@ -70,34 +55,23 @@ def _plain_kv_layers(loaded: LoadedModel) -> bool:
 
 
 class Generator:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, intake: IntakeFactory = LocalIntake) -> None:
         self.config = config
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._lock = threading.Lock()
-        # Notified whenever a job leaves, for draining.
-        self._idle = threading.Condition(self._lock)
-        self._jobs: dict[str, Job] = {}
-        self._waiting = 0
-        self._accepting = False
-        self._stopping = False
+        self.metrics = EngineMetrics()
+        self.admission = Admission(config.max_queue, on_refused=self.metrics.refused.inc)
+        self.intake = intake(self.admission)
         self._thread: threading.Thread | None = None
         self.loaded: LoadedModel | None = None
         # Set once the model is loaded; used from the preparation worker threads.
         self.preparer: RequestPreparer | None = None
-        # Queue places held by requests still being prepared (see reserve()).
-        self._reserved = 0
         self.load_error: BaseException | None = None
         self.ready = threading.Event()
         # Recent finished jobs, newest last (logs, tests, metrics).
         self.reports: collections.deque[JobReport] = collections.deque(maxlen=256)
         # Generation thread only (read by tests once idle).
         self.prefix_cache: PrefixCache | None = None
-        # Requests whose prompts were prefilled in a shared forward (tests, metrics).
-        self.prefilled_together = 0
-        self._group_prefill = False
-        self._share_prefixes = False
         self.vision_cache: VisionFeatureCache | None = None
-        self.metrics = EngineMetrics()
+        self._runner: StepRunner | None = None
         self.metrics.watch(self._state)
         # Whether the weights are in memory: --load lazy, --idle-unload-seconds (generation thread).
         self.lifecycle = ModelLifecycle(
@@ -112,14 +86,11 @@ class Generator:
         )
 
     def _state(self) -> EngineState:
-        with self._lock:
-            queued = self._waiting + self._reserved
-            active = len(self._jobs) - self._waiting
         vision, prefixes = self.vision_cache, self.prefix_cache
         disk = prefixes.disk if prefixes is not None else None
         return EngineState(
-            queued=queued,
-            active=active,
+            queued=self.admission.queued,
+            active=self.admission.active,
             vision_cache_hits=vision.hits if vision is not None else 0,
             vision_cache_encoded=vision.encoded if vision is not None else 0,
             prefix_cache_hits=dict(prefixes.hits) if prefixes is not None else {},
@@ -128,6 +99,11 @@ class Generator:
                 "disk": disk.bytes if disk is not None and disk.enabled else 0,
             },
         )
+
+    @property
+    def prefilled_together(self) -> int:
+        """Requests whose prompts were prefilled in a shared forward (tests, metrics)."""
+        return self._runner.prefilled_together if self._runner is not None else 0
 
     # -- lifecycle (any thread) -------------------------------------------------------------
 
@@ -140,97 +116,47 @@ class Generator:
         )
         self._thread.start()
 
-    def stop_accepting(self) -> None:
-        with self._lock:
-            self._accepting = False
-
-    def stop(self, timeout: float | None = 10.0) -> None:
-        """Cancel everything still in flight and end the thread."""
-        with self._lock:
-            self._accepting = False
-            self._stopping = True
-            jobs = list(self._jobs.values())
-        for job in jobs:
-            job.cancel()
-        self._queue.put(None)
+    def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def stop_accepting(self) -> None:
+        self.admission.stop_accepting()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Cancel everything still in flight and end the thread."""
+        for job in self.admission.close():
+            job.cancel()
+        self.join(timeout)
+
     def wait_idle(self, timeout: float) -> bool:
         """Block until no job is queued or running (True), or the timeout passes (False)."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._jobs, timeout)
+        return self.admission.wait_idle(timeout)
 
     @property
     def in_flight(self) -> int:
-        with self._lock:
-            return len(self._jobs)
+        return self.admission.in_flight
 
-    # -- requests (asyncio thread) ----------------------------------------------------------
+    # -- requests (any thread; see admission.py) ---------------------------------------------
 
     def reserve(self) -> None:
-        """Hold a queue place for a request about to be prepared, or refuse it now.
-
-        Called before any decoding or tokenizing, so a full queue costs a refused request
-        nothing; `submit(job, reserved=True)` then uses the place, `release()` gives it back.
-        """
-        with self._lock:
-            self._check_accepting()
-            self._check_queue_space()
-            self._reserved += 1
+        self.admission.reserve()
 
     def release(self) -> None:
-        """Give back a place from `reserve()` that no job will use (preparation failed)."""
-        with self._lock:
-            self._reserved -= 1
+        self.admission.release()
 
     def submit(self, job: Job, *, reserved: bool = False) -> None:
-        """Admit a job or refuse it with a RequestError (queue full, not ready, duplicate id).
-
-        With `reserved`, the job takes the place `reserve()` held (given back if refused here).
-        """
-        with self._lock:
+        """Admit a job or refuse it with a RequestError (queue full, not ready, duplicate id)."""
+        try:
+            job = self.intake.check(job)
+        except BaseException:
             if reserved:
-                self._reserved -= 1
-            self._check_accepting()
-            if job.request_id in self._jobs:
-                raise RequestError(
-                    grpc.StatusCode.ALREADY_EXISTS,
-                    f"request id {job.request_id!r} is already queued or running",
-                    field="request_id",
-                )
-            if not reserved:
-                self._check_queue_space()
-            self._jobs[job.request_id] = job
-            self._waiting += 1
-        self._queue.put(job)
-
-    def _check_accepting(self) -> None:
-        if not self._accepting:
-            raise RequestError(
-                grpc.StatusCode.UNAVAILABLE,
-                "the engine is not accepting requests (loading or shutting down)",
-            )
-
-    def _check_queue_space(self) -> None:
-        waiting = self._waiting + self._reserved
-        if waiting >= self.config.max_queue:
-            self.metrics.refused.inc()
-            raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the engine's queue is full ({waiting} requests waiting or being prepared, "
-                f"limit {self.config.max_queue}); retry later",
-                # RetryInfo: what tells this apart from gRPC's message-size limit (same code).
-                retry_after_s=1.0,
-            )
+                self.admission.release()
+            raise
+        self.admission.submit(job, reserved=reserved)
 
     def abort(self, request_id: str) -> bool:
-        with self._lock:
-            job = self._jobs.get(request_id)
-        if job is None:
-            return False
-        job.cancel()
-        return True
+        return self.admission.abort(request_id)
 
     # -- the generation thread --------------------------------------------------------------
 
@@ -271,13 +197,13 @@ class Generator:
                 max_request_pixels=self.config.max_request_pixels,
                 decode_slots=self.config.image_decode_slots,
             )
-            self._group_prefill = _plain_kv_layers(loaded)
-            self._share_prefixes = self._group_prefill and self.config.shared_prefix_min_tokens > 0
             # A lazy start leaves the warm-up to the first request (it would read the weights).
             if self.config.warmup and self.lifecycle.resident:
                 self._warm_up(loaded, preparer)
                 self.prefix_cache.clear()
                 self.vision_cache.clear()
+            self._runner = self._new_runner(loaded)
+            self.intake.start(preparer)
         except BaseException as error:  # reported to the server, which exits
             log.exception("model load failed")
             self.load_error = error
@@ -286,13 +212,11 @@ class Generator:
             return
         self.loaded = loaded
         self.preparer = preparer
-        with self._lock:
-            # Stopped while loading: never start accepting.
-            self._accepting = not self._stopping
+        self.admission.open()  # (not when stopped while loading)
         self.ready.set()
         if on_ready is not None:
             on_ready(loaded, None)
-        self._serve(loaded)
+        self._serve(loaded, self._runner)
         self._persist_prefix_cache()
 
     def _kv_layout(self, loaded: LoadedModel) -> KVLayout:
@@ -343,6 +267,17 @@ class Generator:
             time.perf_counter() - started,
         )
 
+    def _new_runner(self, loaded: LoadedModel) -> StepRunner:
+        return StepRunner(
+            loaded,
+            step_tokens=self.config.step_tokens,
+            prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+            shared_prefix_min_tokens=self.config.shared_prefix_min_tokens,
+            group_prefill=_plain_kv_layers(loaded),
+            prefix_cache=self.prefix_cache,
+            vision_cache=self.vision_cache,
+        )
+
     def _warm_up(self, loaded: LoadedModel, preparer: RequestPreparer) -> None:
         """One short generation with an image, so the first request does not pay for kernel setup."""
         import io
@@ -365,68 +300,49 @@ class Generator:
             ),
             kind=JobKind.GENERATE,
         )
-        generation = self._new_generation(Job(request, None), loaded)
-        batch = DecodeBatch(loaded.model.language_model)
-        generation.prepare()
-        while generation.phase is Phase.PREFILL:
-            generation.prefill()
-        if generation.phase is Phase.DECODE:
-            batch.add(generation)
-            while not generation.done:
-                batch.launch()
-                for row, token in batch.take():
-                    row.accept(token)
-                if not generation.done:
-                    batch.sample()
-            batch.remove(generation, extract=False)
+        runner = self._new_runner(loaded)
+        joined = [Job(request, None)]
+        while joined or len(runner):
+            runner.run_step(joined)
+            joined = []
         log.info("warm-up done in %.2fs", time.perf_counter() - started)
 
-    def _new_generation(self, job: Job, loaded: LoadedModel) -> ActiveGeneration:
-        return ActiveGeneration(
-            job,
-            loaded,
-            prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-            prefix_cache=self.prefix_cache,
-            vision_cache=self.vision_cache,
-        )
-
-    def _serve(self, loaded: LoadedModel) -> None:
-        batch = DecodeBatch(loaded.model.language_model)
-        # Admitted, preparing or prefilling, in arrival order.
-        starting: list[ActiveGeneration] = []
+    def _serve(self, loaded: LoadedModel, runner: StepRunner) -> None:
         while True:
-            while len(starting) + len(batch) < self.config.max_active:
-                idle = not (starting or batch)
-                try:
-                    # Idle: wait for work, or until the weights are due to be freed.
-                    job = self._queue.get(block=idle, timeout=self.lifecycle.idle_wait() if idle else None)
-                except queue.Empty:
-                    if idle and self.lifecycle.unload_due():
-                        del batch  # it holds the model's language model: the weights go with it
-                        self.lifecycle.unload(loaded)
-                        batch = DecodeBatch(loaded.model.language_model)
-                    break
-                if job is None:
-                    self._drain_on_stop([*batch.rows, *starting], loaded)
-                    return
-                with self._lock:
-                    self._waiting -= 1
+            idle = not len(runner)
+            # Idle: wait for work, or until the weights are due to be freed.
+            taken = self.intake.next(
+                self.config.max_active - len(runner),
+                block=idle,
+                timeout=self.lifecycle.idle_wait() if idle else None,
+            )
+            if idle and not taken.jobs and not taken.stop and self.lifecycle.unload_due():
+                # The batch holds the model's language model: the weights go with it.
+                runner.renew_batch(before=functools.partial(self.lifecycle.unload, loaded))
+            for job in taken.jobs:
                 if self._resident(loaded, job):
-                    # Read again (nothing was in flight): the batch holds the new model.
-                    batch = DecodeBatch(loaded.model.language_model)
-                starting.append(self._new_generation(job, loaded))
-            if starting or batch:
+                    runner.renew_batch()  # read again (nothing was in flight): the new model's
+            if taken.jobs or len(runner):
                 self.lifecycle.worked()
-            self._end_cancelled_waiting(loaded)
-            self._before_step()
-            # (Cancelled decoding rows leave in the decode step, once its token in flight is taken.)
-            for generation in list(starting):
-                if generation.job.cancelled:
+            # Waiting jobs whose caller left or aborted end now, not when a slot frees up
+            # (each would keep its queue place and its caller waiting meanwhile).
+            for job in self.admission.drop_cancelled():
+                self._end_unstarted(job, runner)
+            if taken.stop:
+                for generation in [*runner.end_all(), *(runner.new_row(job) for job in taken.jobs)]:
                     generation.finish(pb.FINISH_REASON_CANCELLED)
-                    self._leave(generation, batch, starting)
-            if batch:
-                self._decode_step(batch, starting)
-            self._start_step(batch, starting, budget=self.config.step_tokens - len(batch))
+                    self._retire(generation)
+                for job in self.admission.drain():
+                    self._end_unstarted(job, runner)
+                return
+            result = runner.run_step(taken.jobs)
+            if result.advanced:
+                self.metrics.batch_size.observe(len(result.advanced))
+            for advance in result.advanced:
+                if advance.row.inter_token_seconds is not None:
+                    self.metrics.inter_token.observe(advance.row.inter_token_seconds)
+            for generation in result.left:
+                self._retire(generation)
 
     def _resident(self, loaded: LoadedModel, job: Job) -> bool:
         """Before a job starts, its weights must be in memory: True when they were read now
@@ -440,211 +356,16 @@ class Generator:
             log.exception("loading the weights failed")
             return False
 
-    def _before_step(self) -> None:
-        """Hook between admitting jobs and acting on cancellations, once per step: in the
-        distributed mode the ranks agree here on the step's admissions and cancellations
-        (distributed.py), so every rank runs the same forwards."""
-
-    def _decode_step(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
-        """Launch this step's forward, accept the previous step's tokens while it runs, then
-        sample this step's (see batch.py: double-buffered). A row that finished, failed or was
-        cancelled leaves before sampling; a cancelled row gets at most the token in flight."""
-        try:
-            batch.launch()
-            taken = batch.take()
-        except Exception:  # the batch's forward failed: every row fails, the thread lives
-            self._fail_batch(batch, starting)
-            return
-        if taken:
-            self.metrics.batch_size.observe(len(taken))
-        for generation, token in taken:
-            self._guarded(generation, functools.partial(generation.accept, token))
-            if generation.inter_token_seconds is not None:
-                self.metrics.inter_token.observe(generation.inter_token_seconds)
-        for generation in list(batch.rows):
-            if not generation.done and generation.job.cancelled:
-                generation.finish(pb.FINISH_REASON_CANCELLED)
-            if generation.done:
-                self._leave(generation, batch, starting)
-        try:
-            batch.sample()
-        except Exception:
-            self._fail_batch(batch, starting)
-
-    def _fail_batch(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
-        log.exception("batched decode step failed")
-        for generation in list(batch.rows):
-            generation.fail(internal_error())
-            self._leave(generation, batch, starting)
-
-    def _start_step(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> None:
-        """Prepare new arrivals, then prefill chunks, shortest remaining prompt first, within
-        `budget`; requests that others wait on (leaders of a shared prefix) go first."""
-        ran = False
-        for generation in [g for g in starting if g.phase is Phase.PREPARE]:
-            if ran and budget <= 0:
-                break
-            self._guarded(generation, generation.prepare)
-            ran = True
-            budget -= max(1, sum(span.length for span in generation.image_spans))
-            if generation.done:
-                self._leave(generation, batch, starting)
-        if self._share_prefixes:
-            self._follow_leaders(batch, starting)
-        leaders = [g for g in starting if g.followers]
-        budget, ran = self._prefill_chunks(leaders, batch, starting, budget=budget, ran=ran)
-        left = self._prefill_together(batch, starting, budget=budget)
-        ran, budget = ran or left != budget, left
-        rest = sorted(
-            (g for g in starting if g.phase is Phase.PREFILL and g.leader is None),
-            key=lambda g: g.prefill_remaining,
-        )
-        self._prefill_chunks(rest, batch, starting, budget=budget, ran=ran)
-
-    def _prefill_chunks(
-        self,
-        generations: list[ActiveGeneration],
-        batch: DecodeBatch,
-        starting: list[ActiveGeneration],
-        *,
-        budget: int,
-        ran: bool,
-    ) -> tuple[int, bool]:
-        """Each request's next prompt chunk, in this order, while it fits `budget` (the step's
-        first chunk always runs); after its last chunk a request joins the batch. Returns what is
-        left of the budget and whether any chunk of the step ran."""
-        for generation in generations:
-            if ran and generation.next_chunk_tokens > budget:
-                continue
-            budget -= generation.next_chunk_tokens
-            ran = True
-            self._guarded(generation, generation.prefill)
-            if generation.phase is Phase.DECODE:
-                starting.remove(generation)
-                batch.add(generation)
-                _release_buffers()
-            elif generation.done:
-                self._leave(generation, batch, starting)
-        return budget, ran
-
-    def _follow_leaders(self, batch: DecodeBatch, starting: list[ActiveGeneration]) -> None:
-        """A prepared request that shares at least `shared_prefix_min_tokens` first prompt tokens
-        with another request in flight (same partition) starts from that request's KV for them.
-        From a decoding request's batch row at once; from an earlier one still prefilling once
-        its chunks get there (it follows it: waits, and its leader's chunks run first). Leaders
-        are earlier in arrival order and never followers themselves, so nobody waits in a circle."""
-        minimum = self.config.shared_prefix_min_tokens
-        for index, generation in enumerate(starting):
-            if not generation.can_follow:
-                continue
-            best, shared = None, 0
-            for other in [*batch.rows, *(g for g in starting[:index] if g.can_lead)]:
-                length = generation.shared_prefix_with(other)
-                if length > shared:
-                    best, shared = other, length
-            if best is None or shared < minimum:
-                continue
-            if best.phase is Phase.DECODE:
-                layers = batch.row_prefix(best, shared)
-                if layers is not None:
-                    generation.start_from(layers, shared)
-            else:
-                generation.follow(best, shared)
-
-    def _prefill_together(self, batch: DecodeBatch, starting: list[ActiveGeneration], *, budget: int) -> int:
-        """Prompts whose rest is one chunk (from whatever prefix) and fits the budget share one
-        prefill forward; returns what is left of the budget."""
-        if not self._group_prefill or batch.has_unbatchable_rows:
-            return budget
-        group: list[ActiveGeneration] = []
-        for generation in sorted(
-            (g for g in starting if g.can_prefill_together), key=lambda g: g.prefill_remaining
-        ):
-            if generation.prefill_remaining > budget - sum(g.prefill_remaining for g in group):
-                break
-            group.append(generation)
-        if len(group) < 2:
-            return budget
-        for generation in group:
-            starting.remove(generation)
-        try:
-            logits = batch.add_prefilled_together(group)
-        except Exception:
-            log.exception("shared prefill failed")
-            for generation in group:
-                generation.fail(internal_error())  # the text and traceback are in the log
-                self._leave(generation, batch, starting)
-            return budget
-        self.prefilled_together += len(group)
-        spent = sum(g.prefill_remaining for g in group)
-        for index, generation in enumerate(group):
-            self._guarded(
-                generation, functools.partial(generation.prefilled_elsewhere, logits[index : index + 1])
-            )
-            if generation.done:
-                self._leave(generation, batch, starting)
-        _release_buffers()
-        return budget - spent
-
-    def _guarded(self, generation: ActiveGeneration, work: Callable[[], object]) -> None:
-        """Run one piece of a request's work; its failure is its own error."""
-        try:
-            work()
-        except RequestError as error:
-            generation.fail(error)
-        except Exception:
-            log.exception(
-                "request %s failed",
-                generation.job.request_id,
-                extra={"request_id": generation.job.request_id},
-            )
-            generation.fail(internal_error())  # its text and traceback are in the log, not the status
-
-    def _leave(
-        self, generation: ActiveGeneration, batch: DecodeBatch, starting: list[ActiveGeneration]
-    ) -> None:
-        """A done request leaves at once (its KV row goes to the prefix cache)."""
-        if generation in starting:
-            starting.remove(generation)
-        elif generation in batch.rows:
-            keep = self.prefix_cache is not None and self.prefix_cache.enabled
-            # A failed request (no finish reason) leaves nothing behind.
-            row = batch.remove(
-                generation, extract=keep and generation.finish_reason != pb.FINISH_REASON_UNSPECIFIED
-            )
-            if row is not None:
-                generation.keep_prefix(row)
-            _release_buffers()
+    def _end_unstarted(self, job: Job, runner: StepRunner) -> None:
+        generation = runner.new_row(job)
+        generation.finish(pb.FINISH_REASON_CANCELLED)
         self._retire(generation)
-
-    def _end_cancelled_waiting(self, loaded: LoadedModel) -> None:
-        """End queued jobs whose caller left or aborted now, not when a slot frees up.
-
-        Otherwise each would keep its queue place (new requests refused as the queue is "full")
-        and its caller waiting, for as long as the running jobs take.
-        """
-        # Queue.mutex and Queue.queue are the stdlib Queue's own lock and deque; this queue is
-        # unbounded and never join()ed, so removing items under its lock keeps it consistent.
-        with self._queue.mutex:
-            waiting = self._queue.queue
-            cancelled = [job for job in waiting if job is not None and job.cancelled]
-            for job in cancelled:
-                waiting.remove(job)
-        if not cancelled:
-            return
-        with self._lock:
-            self._waiting -= len(cancelled)
-        for job in cancelled:
-            generation = self._new_generation(job, loaded)
-            generation.finish(pb.FINISH_REASON_CANCELLED)
-            self._retire(generation)
 
     def _retire(self, generation: ActiveGeneration) -> None:
         report = generation.report()
         self.reports.append(report)
-        with self._lock:
-            self._jobs.pop(generation.job.request_id, None)
-            self._idle.notify_all()
+        self.admission.finished(generation.job.request_id)
+        self.intake.retired(generation.job)
         generation.job.done.set()
         self._count(generation, report)
         _record_phase_spans(generation)
@@ -688,22 +409,6 @@ class Generator:
                 metrics.prefix_hits.inc()
         if generation.first_token_at is not None:
             metrics.time_to_first_token.observe(generation.first_token_at - generation.job.submitted_at)
-
-    def _drain_on_stop(self, active: list[ActiveGeneration], loaded: LoadedModel) -> None:
-        """Stop requested: everything still here ends as cancelled."""
-        pending = list(active)
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                with self._lock:
-                    self._waiting -= 1
-                pending.append(self._new_generation(job, loaded))
-        for generation in pending:
-            generation.finish(pb.FINISH_REASON_CANCELLED)
-            self._retire(generation)
 
 
 def _record_phase_spans(generation: ActiveGeneration) -> None:

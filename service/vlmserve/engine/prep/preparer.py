@@ -50,7 +50,7 @@ from vlmserve.engine.prep.prompt import (
     to_template_conversation,
 )
 from vlmserve.engine.prep.prompt_tokens import PromptTokenizer, Protection
-from vlmserve.engine.request_errors import RequestError, invalid_argument
+from vlmserve.engine.request_errors import RequestError, context_too_long, invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["DEFAULT_MAX_REQUEST_PIXELS", "RequestPreparer", "check_model_name"]
@@ -74,18 +74,6 @@ def check_model_name(requested: str, info: ModelInfo) -> None:
             f"model {requested!r} is not served here; this engine serves {info.model_id!r}",
             field="model",
         )
-
-
-def _too_long(tokens: int, context: int, *, at_least: bool = False) -> RequestError:
-    # OUT_OF_RANGE, not INVALID_ARGUMENT: the same prompt fits a model with a longer context,
-    # and callers (the facade) can answer "context length exceeded" precisely.
-    size = f"at least {tokens}" if at_least else str(tokens)
-    return RequestError(
-        grpc.StatusCode.OUT_OF_RANGE,
-        f"the prompt is {size} tokens; the model's context length is {context} tokens, which must "
-        "hold the prompt and at least one generated token",
-        field="messages",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +157,11 @@ class RequestPreparer:
         # of tool-call arguments held a preparation thread past the caller's deadline.
         at_least = self._tokens.minimum_tokens(prompt_text)
         if at_least >= info.context_length:
-            raise _too_long(at_least, info.context_length, at_least=True)
+            raise context_too_long(at_least, info.context_length, at_least=True)
         add_special_tokens = prompt_needs_special_tokens(prompt_text, self._tokenizer)
         ids = self._tokens.encode(rendered.text, protection, add_special_tokens=add_special_tokens)
         if generating and len(ids) >= info.context_length:
-            raise _too_long(len(ids), info.context_length)
+            raise context_too_long(len(ids), info.context_length)
         joint_arrays = None
         if isinstance(self._images, GenericProcessor) and checked:
             decoded = self._decode_images(checked, cancelled, lambda _image, pixels: pixels)
@@ -204,7 +192,7 @@ class RequestPreparer:
             images = tuple(self._decode_images(checked, cancelled, self._prepare_image))
             ids = self._expand_image_tokens(ids, images)
         if generating and len(ids) >= info.context_length:
-            raise _too_long(len(ids), info.context_length)
+            raise context_too_long(len(ids), info.context_length)
         parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
         max_calls = request.max_tool_calls if request.HasField("max_tool_calls") else None
         tool_mode = "none" if max_calls == 0 else rendered.tool_mode

@@ -77,9 +77,6 @@ class PromptTokenizer:
 
     # -- client strings (before rendering) --------------------------------------------------
 
-    def has_special(self, text: str) -> bool:
-        return self._special is not None and self._special.search(text) is not None
-
     def protect(self, value: Any, protection: Protection) -> Any:
         """`value` (template inputs: dicts, lists, strings) with special-token strings inside its
         strings replaced by placeholders. Returns `value` itself when there is nothing to replace."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
@@ -215,11 +216,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             if not ended:
                 job.cancel()
 
-    @_guarded
-    async def Generate(
-        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.GenerateResponse]:
-        span = _server_span("Generate", request, context)
+    async def _responses(
+        self, request: pb.GenerateRequest, method: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """One generation as contract messages, under its server span: what `Generate` streams
+        and `GenerateUnary` keeps the result of (one implementation for both)."""
+        span = _server_span(method, request, context)
         try:
             job = await self._admit(request, trace.set_span_in_context(span))
             async for event in self._events(job):
@@ -242,21 +244,24 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             span.end()
 
     @_guarded
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        async with contextlib.aclosing(self._responses(request, "Generate", context)) as responses:
+            async for response in responses:
+                yield response
+
+    @_guarded
     async def GenerateUnary(
         self, request: pb.GenerateUnaryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GenerateUnaryResponse:
-        span = _server_span("GenerateUnary", request.request, context)
-        try:
-            job = await self._admit(request.request, trace.set_span_in_context(span))
-            async for event in self._events(job):
-                if isinstance(event, FinishedEvent):
-                    return pb.GenerateUnaryResponse(result=event.result)
-                if isinstance(event, FailedEvent):
-                    span.set_status(StatusCode.ERROR, event.error.code.name)
-                    await _abort(context, event.error)
-            raise RequestError(grpc.StatusCode.INTERNAL, "generation ended without a result")
-        finally:
-            span.end()
+        async with contextlib.aclosing(
+            self._responses(request.request, "GenerateUnary", context)
+        ) as responses:
+            async for response in responses:
+                if response.HasField("complete"):
+                    return pb.GenerateUnaryResponse(result=response.complete)
+        raise RequestError(grpc.StatusCode.INTERNAL, "generation ended without a result")
 
     @_guarded
     async def CountTokens(

@@ -1,0 +1,192 @@
+"""Admission: which jobs the engine holds, from any thread (the gRPC event loop, preparation
+workers, the generation thread).
+
+A request first reserves a queue place (`reserve`, before any decoding or tokenizing, so a full
+queue costs a refused request nothing), then its prepared job is `submit`ted into it. The
+generation thread `take`s waiting jobs when it has room and tells `finished` when one leaves;
+`drop_cancelled` hands it the waiting jobs whose caller left, so they end now instead of
+holding a place until a slot frees up. Nothing here touches MLX.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from vlmserve.engine.jobs import Job
+from vlmserve.engine.request_errors import RequestError
+
+__all__ = ["Admission", "Taken"]
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What the generation thread took in one step: jobs in arrival order, and whether the
+    engine is stopping (nothing is taken after that)."""
+
+    jobs: tuple[Job, ...] = ()
+    stop: bool = False
+
+
+class Admission:
+    def __init__(self, max_queue: int, *, on_refused: Callable[[], None] = lambda: None) -> None:
+        self._max_queue = max_queue
+        self._on_refused = on_refused
+        self._lock = threading.Lock()
+        # Notified when a job arrives, when one leaves (draining) and on close().
+        self._changed = threading.Condition(self._lock)
+        self._jobs: dict[str, Job] = {}
+        self._waiting: collections.deque[Job] = collections.deque()
+        # Queue places held by requests still being prepared.
+        self._reserved = 0
+        self._accepting = False
+        self._closed = False
+
+    # -- counts -----------------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Waiting for a slot, or reserved while being prepared."""
+        with self._lock:
+            return len(self._waiting) + self._reserved
+
+    @property
+    def active(self) -> int:
+        """Taken by the generation thread and not finished."""
+        with self._lock:
+            return len(self._jobs) - len(self._waiting)
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    @property
+    def reserved(self) -> int:
+        with self._lock:
+            return self._reserved
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job is waiting or running (True), or the timeout passes (False)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._jobs, timeout)
+
+    # -- opening and closing ----------------------------------------------------------------
+
+    def open(self) -> None:
+        """Start accepting (the model is loaded), unless closed meanwhile."""
+        with self._lock:
+            self._accepting = not self._closed
+
+    def stop_accepting(self) -> None:
+        with self._lock:
+            self._accepting = False
+
+    def close(self) -> list[Job]:
+        """Accept nothing more and wake the generation thread, whose next `take` says stop.
+        Returns every job still held (the caller cancels them)."""
+        with self._changed:
+            self._accepting = False
+            self._closed = True
+            self._changed.notify_all()
+            return list(self._jobs.values())
+
+    # -- requests (any thread) --------------------------------------------------------------
+
+    def reserve(self) -> None:
+        """Hold a queue place for a request about to be prepared, or refuse it now."""
+        with self._lock:
+            self._check_accepting()
+            self._check_queue_space()
+            self._reserved += 1
+
+    def release(self) -> None:
+        """Give back a place from `reserve()` that no job will use (preparation failed)."""
+        with self._lock:
+            self._reserved -= 1
+
+    def submit(self, job: Job, *, reserved: bool = False) -> None:
+        """Admit a job or refuse it with a RequestError (queue full, not accepting, duplicate id).
+
+        With `reserved`, the job takes the place `reserve()` held (given back if refused here).
+        """
+        with self._changed:
+            if reserved:
+                self._reserved -= 1
+            self._check_accepting()
+            if job.request_id in self._jobs:
+                raise RequestError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"request id {job.request_id!r} is already queued or running",
+                    field="request_id",
+                )
+            if not reserved:
+                self._check_queue_space()
+            self._jobs[job.request_id] = job
+            self._waiting.append(job)
+            self._changed.notify_all()
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            job = self._jobs.get(request_id)
+        if job is None:
+            return False
+        job.cancel()
+        return True
+
+    def _check_accepting(self) -> None:
+        if not self._accepting:
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the engine is not accepting requests (loading or shutting down)",
+            )
+
+    def _check_queue_space(self) -> None:
+        waiting = len(self._waiting) + self._reserved
+        if waiting >= self._max_queue:
+            self._on_refused()
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the engine's queue is full ({waiting} requests waiting or being prepared, "
+                f"limit {self._max_queue}); retry later",
+                # RetryInfo: what tells this apart from gRPC's message-size limit (same code).
+                retry_after_s=1.0,
+            )
+
+    # -- the generation thread --------------------------------------------------------------
+
+    def take(self, room: int, *, block: bool, timeout: float | None = None) -> Taken:
+        """Up to `room` waiting jobs, oldest first; with `block`, wait for at least one (or
+        close), at most `timeout` seconds (None: no limit)."""
+        with self._changed:
+            if block:
+                self._changed.wait_for(lambda: self._waiting or self._closed, timeout)
+            if self._closed:
+                return Taken(stop=True)
+            jobs = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        return Taken(tuple(jobs))
+
+    def drop_cancelled(self) -> list[Job]:
+        """Waiting jobs whose caller cancelled, out of the queue (the caller ends them)."""
+        with self._lock:
+            cancelled = [job for job in self._waiting if job.cancelled]
+            for job in cancelled:
+                self._waiting.remove(job)
+            return cancelled
+
+    def drain(self) -> list[Job]:
+        """Every waiting job, out of the queue (stopping: the caller ends them)."""
+        with self._lock:
+            jobs = list(self._waiting)
+            self._waiting.clear()
+            return jobs
+
+    def finished(self, request_id: str) -> None:
+        """A job left the engine (its place is free; a drain may be waiting for this)."""
+        with self._changed:
+            self._jobs.pop(request_id, None)
+            self._changed.notify_all()
