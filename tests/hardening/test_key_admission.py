@@ -115,3 +115,37 @@ async def test_without_api_keys_there_is_no_per_key_limit(
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         replies = await asyncio.gather(*(http.post("/v1/responses", json={"input": "hi"}) for _ in range(4)))
     assert [reply.status_code for reply in replies] == [200] * 4
+
+
+async def test_responses_with_logprobs_have_a_limit_of_their_own(
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+) -> None:
+    """Issue 26.11: top_logprobs=20 costs the facade about 8x the CPU and 33x the bytes per
+    token of a plain stream; one key may run `max_logprob_responses_per_key` such at once."""
+    engine.script = Script(text_chunks=["x"], hang=True, delay_s=0.05)
+    keyed = settings.replace(
+        api_keys=ApiKeys.from_keys([KEY_A, KEY_B]),
+        limits=Limits(max_responses_per_key=10, max_logprob_responses_per_key=2),
+    )
+    app = create_app(keyed, engine=engine_client, store=store)
+    costly: dict[str, Any] = {
+        "input": "hi",
+        "background": True,
+        "top_logprobs": 20,
+        "include": ["message.output_text.logprobs"],
+    }
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        replies = [await http.post("/v1/responses", json=costly, headers=as_key(KEY_A)) for _ in range(3)]
+        assert [reply.status_code for reply in replies] == [200, 200, 429]
+        assert "with logprobs" in replies[2].json()["error"]["message"]
+        # Plain runs of the same key, and the other key's costly ones, are not held back.
+        plain = await http.post(
+            "/v1/responses", json={"input": "hi", "background": True}, headers=as_key(KEY_A)
+        )
+        other = await http.post("/v1/responses", json=costly, headers=as_key(KEY_B))
+        assert (plain.status_code, other.status_code) == (200, 200)
+        for reply, key in ((replies[0], KEY_A), (replies[1], KEY_A), (plain, KEY_A), (other, KEY_B)):
+            await http.post(f"/v1/responses/{reply.json()['id']}/cancel", headers=as_key(key))
+        service = app.state.facade.responses
+        await wait_for(lambda: service.admission.with_logprobs == {} and service.admission.active == {})
+        assert (await http.post("/v1/responses", json=costly, headers=as_key(KEY_A))).status_code == 200

@@ -162,6 +162,9 @@ def create_app(
             files=files,
             admission=KeyAdmission(
                 settings.limits.max_responses_per_key if settings.api_keys.enabled else None,
+                max_logprobs_per_key=settings.limits.max_logprob_responses_per_key
+                if settings.api_keys.enabled
+                else None,
                 retry_after_s=settings.retry_after_s,
             ),
             slots=EngineSlots(settings.limits.max_engine_calls),

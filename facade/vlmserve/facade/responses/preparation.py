@@ -77,6 +77,8 @@ class ResponsesService:
     # Responses per key at once, and this facade's engine calls shared fairly (key_admission.py).
     admission: KeyAdmission = field(default_factory=lambda: KeyAdmission(None))
     slots: EngineSlots = field(default_factory=lambda: EngineSlots(None))
+    # Responses admitted as asking for logprobs (counted apart by `admission`).
+    _with_logprobs: set[str] = field(default_factory=set, init=False, repr=False)
     # Free space for what is stored (disk_space.py); None: not checked.
     disk: DiskSpace | None = None
     # Translation threads (base64 decoding, image checks, remote fetches): a pool of their own,
@@ -195,8 +197,11 @@ class ResponsesService:
                 param="input",
             )
         # Counted until the generation is forgotten (`_forget`): 429 past the key's limit.
-        self.admission.admit(owner)
+        logprobs = translated.request.sampling.logprobs
+        self.admission.admit(owner, logprobs=logprobs)
         response_id = ids.new_id(ids.RESPONSE)
+        if logprobs:
+            self._with_logprobs.add(response_id)
         # The rest of this request's log lines (and a background run's, started from here) name it.
         bind_response(response_id)
         translated.request.request_id = response_id
@@ -257,7 +262,9 @@ class ResponsesService:
 
     def _forget(self, generation: Generation) -> None:
         if self.running.pop(generation.response_id, None) is not None:
-            self.admission.done(generation.owner)
+            logprobs = generation.response_id in self._with_logprobs
+            self._with_logprobs.discard(generation.response_id)
+            self.admission.done(generation.owner, logprobs=logprobs)
         if self.metrics is not None:
             self._count(self.metrics, generation)
 
