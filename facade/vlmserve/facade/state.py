@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from vlmserve.client import AsyncEngineClient
+from vlmserve.facade.engines.catalog import ModelCatalog
 from vlmserve.facade.engines.pools import ModelRouter
 from vlmserve.facade.http.body_budget import BodyBudget
 from vlmserve.facade.responses.background import BackgroundRuns
-from vlmserve.facade.responses.catalog import ModelCatalog
 from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.store.disk_space import DiskSpace

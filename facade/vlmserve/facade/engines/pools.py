@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from vlmserve.client import AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.engines.catalog import ModelCatalog
 from vlmserve.facade.engines.config import ModelRoute
 from vlmserve.facade.http.errors import model_not_found
-from vlmserve.facade.responses.catalog import ModelCatalog
 from vlmserve.facade.settings import Limits
 
 __all__ = ["ModelPool", "ModelRouter", "PoolStatus", "ResolvedModel"]

@@ -22,6 +22,7 @@ from vlmserve.common.logs import bind_response
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
+from vlmserve.facade.engines.catalog import image_limits, images_per_request
 from vlmserve.facade.engines.pools import ModelRouter, ResolvedModel
 from vlmserve.facade.http.errors import APIError, from_engine_error, not_found, request_too_large_for_engine
 from vlmserve.facade.http.limits import (
@@ -32,7 +33,6 @@ from vlmserve.facade.http.limits import (
 )
 from vlmserve.facade.http.metrics import FacadeMetrics
 from vlmserve.facade.responses import ids
-from vlmserve.facade.responses.catalog import image_limits, images_per_request
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.resource import new_resource

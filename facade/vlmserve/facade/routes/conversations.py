@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.engines.catalog import image_limits, images_per_request
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.limits import check_image_count, count_contract_images, count_image_parts
@@ -31,7 +32,6 @@ from vlmserve.facade.http.openapi import (
 )
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses import ids
-from vlmserve.facade.responses.catalog import image_limits, images_per_request
 from vlmserve.facade.responses.item_lists import item_list, item_page
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.resource import typed_item

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.engines.catalog import model_object
 from vlmserve.facade.http.errors import APIError
-from vlmserve.facade.responses.catalog import model_object
 from vlmserve.facade.state import FacadeState, facade_state
 
 models_router = APIRouter(prefix="/v1/models", tags=["models"])
