@@ -63,7 +63,8 @@ def test_a_generation_moves_every_figure(
     assert moved(before, after, "vlmserve_engine_time_to_first_token_seconds_count") == 2
     # 5 tokens each: 4 gaps between consecutive tokens per request.
     assert moved(before, after, "vlmserve_engine_inter_token_latency_seconds_count") == 8
-    assert moved(before, after, "vlmserve_engine_decode_batch_size_count") >= 8
+    # One observation per decode step: up to 4 per request (fewer when drafts are accepted).
+    assert 2 <= moved(before, after, "vlmserve_engine_decode_batch_size_count") <= 8
     assert moved(before, after, "vlmserve_engine_time_to_first_token_seconds_sum") > 0
     assert after["vlmserve_engine_queue_depth"] == 0
     assert after["vlmserve_engine_active_requests"] == 0

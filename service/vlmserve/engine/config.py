@@ -15,6 +15,9 @@ from vlmserve.engine.model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE
 from vlmserve.engine.model_lifecycle import LOAD_CHOICES
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
 
+# Speculative decoding's draft sources (`draft`, mlx-vlm's drafter models, is not built yet).
+SPECULATIVE_CHOICES = ("off", "lookup", "auto")
+
 __all__ = ["EngineConfig"]
 
 
@@ -94,6 +97,23 @@ class EngineConfig(DeclaredSettings):
         description="a request that starts with this many of the same prompt tokens as another one in "
         "flight (same partition) takes that one's KV for them instead of computing them (0: off)",
     )
+    # See speculation/ and docs/performance.md.
+    speculative: Annotated[str, Option(metavar="{" + ",".join(SPECULATIVE_CHOICES) + "}")] = Field(
+        "auto",
+        description="several tokens per forward: drafts verified in the batched step, output unchanged "
+        "(greedy and seeded sampling take the very tokens they take without it); lookup = prompt lookup (n-gram matches in the "
+        "row's prompt and output) and grammar fast-forward; auto = lookup; off = one token per forward",
+    )
+    speculative_max_draft: int = Field(
+        8, ge=1, le=64, description="draft tokens a row may have verified in one forward"
+    )
+    speculative_position_cost: float = Field(
+        0.065,
+        ge=0.0,
+        description="what one more position per row adds to a decode forward's cost, as a share of a "
+        "one-position step (~0.065 on a CPU, ~0.01 on Apple silicon): drafts are verified only where the "
+        "expected accepted tokens pay for it",
+    )
     # See vision_cache.py.
     vision_cache_mib: int = Field(
         256, ge=0, description="MiB of image features kept by image content hash (0: off)"
@@ -155,6 +175,13 @@ class EngineConfig(DeclaredSettings):
         if dtype not in DTYPE_CHOICES:
             raise ValueError(f"must be one of {', '.join(DTYPE_CHOICES)}")
         return dtype
+
+    @field_validator("speculative")
+    @classmethod
+    def _known_speculation(cls, speculative: str) -> str:
+        if speculative not in SPECULATIVE_CHOICES:
+            raise ValueError(f"must be one of {', '.join(SPECULATIVE_CHOICES)}")
+        return speculative
 
     @field_validator("distributed")
     @classmethod

@@ -132,6 +132,28 @@ class EngineMetrics:
             ["kind"],
             registry=r,
         )
+        # Speculative decoding (speculation/): accepted tokens per verify = accepted / drafting rows + 1.
+        self.speculative_drafted = Counter(
+            "vlmserve_engine_speculative_drafted_tokens",
+            "draft tokens verified (prompt lookup, grammar fast-forward)",
+            registry=r,
+        )
+        self.speculative_accepted = Counter(
+            "vlmserve_engine_speculative_accepted_tokens",
+            "draft tokens the target model accepted (each saved a forward)",
+            registry=r,
+        )
+        self.speculative_rows = Counter(
+            "vlmserve_engine_speculative_verified_rows",
+            "rows that had drafts verified in a forward (each took its accepted drafts and one more token)",
+            registry=r,
+        )
+        self.decode_forwards = Counter(
+            "vlmserve_engine_decode_forwards",
+            "batched decode forwards while speculation is on (output tokens / forwards: tokens per forward)",
+            ["kind"],
+            registry=r,
+        )
         self.images = Counter("vlmserve_engine_images", "images in generate requests", registry=r)
         self.image_bytes = Counter(
             "vlmserve_engine_image_bytes", "encoded bytes of images in generate requests", registry=r

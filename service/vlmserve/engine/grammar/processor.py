@@ -112,6 +112,21 @@ class GrammarLogitsProcessor:
             return self._only([forced], logits)
         return self._masked(logits)
 
+    def forced_after(self, tokens: Any) -> list[int]:
+        """The tokens the grammar forces once `tokens` (all ids so far, as `__call__` takes
+        them) are consumed, without consuming them: speculative decoding's grammar fast-forward
+        drafts these. None while thinking, on the closing path or after an error."""
+        if not self._active or self._closing or self._seen is None or self._matcher.is_error():
+            return []
+        new = [int(t) for t in list(tokens)[self._seen :]]
+        matcher = self._matcher.deep_copy()
+        for token in new:
+            if not matcher.consume_token(token):
+                return []
+        if matcher.is_error() or matcher.is_stopped():
+            return []
+        return [int(t) for t in matcher.compute_ff_tokens()]
+
     # -- the budget -------------------------------------------------------------------------
 
     def _answer_reserve(self) -> int:

@@ -32,17 +32,28 @@ evaluates synchronously this is the plain step, in a different order.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 from vlmserve.engine.loop.decode import ActiveGeneration, score_chosen
 from vlmserve.engine.loop.kv_cache import merge_rows, mergeable, row_views
+from vlmserve.engine.speculation.acceptance import accept_drafts
+from vlmserve.engine.speculation.drafter import Speculator
+from vlmserve.engine.speculation.rollback import can_roll_back, roll_back_rows
 
 __all__ = ["DecodeBatch"]
 
 
 class DecodeBatch:
-    def __init__(self, language_model: Any) -> None:
+    def __init__(self, language_model: Any, speculator: Speculator | None = None) -> None:
         self._language_model = language_model
+        # Speculative decoding (None: off): see verify steps below.
+        self.speculator = speculator
+        # A launched verify forward's drafts per row (None: the launched forward is plain), and
+        # the last verify's tokens per row for rows[:_pending_rows] (host ints), not yet taken.
+        self._drafts: list[list[int]] | None = None
+        self._pending_lists: list[list[int]] | None = None
         self.rows: list[ActiveGeneration] = []
         self._caches: list[Any] = []
         self._rope_deltas: Any = None
@@ -150,12 +161,19 @@ class DecodeBatch:
         row = [layer.extract(index) for layer in self._caches] if extract else None
         keep = [i for i in range(len(self.rows)) if i != index]
         del self.rows[index]
+        if self.speculator is not None:
+            self.speculator.forget(generation)
+        if self._drafts is not None:
+            del self._drafts[index]
         if index < self._pending_rows:
             self._pending_rows -= 1
-            self._pending = self._pending[mx.array(keep[: self._pending_rows], dtype=mx.int32)]
+            if self._pending_lists is not None:
+                del self._pending_lists[index]
+            else:
+                self._pending = self._pending[mx.array(keep[: self._pending_rows], dtype=mx.int32)]
         if not keep:
             self._caches, self._rope_deltas, self._logits = [], None, None
-            self._pending, self._pending_rows = None, 0
+            self._pending, self._pending_rows, self._pending_lists, self._drafts = None, 0, None, None
             return row
         kept = mx.array(keep, dtype=mx.int32)
         for layer in self._caches:
@@ -180,11 +198,15 @@ class DecodeBatch:
         return row_views(self._caches, index, pad, tokens)
 
     def launch(self) -> None:
-        """Build one forward for every row on its latest token and start evaluating it."""
+        """Build one forward for every row on its latest token (and its drafts, in a verify
+        step) and start evaluating it."""
         import mlx.core as mx
 
         if self._row_caches or not self.rows:
             return  # unbatchable rows run synchronously in take()
+        if self.speculator is not None and can_roll_back(self._caches):
+            self._launch_verify()
+            return
         fresh = [row.last_token for row in self.rows[self._pending_rows :]]
         if not fresh and all(row.next_token_is_last for row in self.rows):
             return  # every row ends with its token in flight: nothing to compute for
@@ -200,34 +222,103 @@ class DecodeBatch:
         mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
 
     def take(self) -> list[tuple[ActiveGeneration, tuple[int, ...]]]:
-        """The tokens of the last sample() (waits for them), each row's in order, to be accepted.
+        """The tokens of the last sample() (waits for them), each row's in order, to be accepted
+        (after a verify step a row may have several: the caller stops at its end).
 
-        One token per row here; the tuple is the step's shape for a forward that verifies
-        several (speculative drafts), so the caller never assumes one.
         Unbatchable rows: their forward and sampling run here, synchronously (no launch)."""
         if self._row_caches:
             return [(row, (token,)) for row, token in zip(self.rows, self._step_rows_alone(), strict=True)]
-        if self._pending is None:
-            return []
-        values: list[int] = self._pending.tolist()
-        taken: list[tuple[ActiveGeneration, tuple[int, ...]]] = [
-            (row, (value,)) for row, value in zip(self.rows[: self._pending_rows], values, strict=True)
-        ]
-        self._pending, self._pending_rows = None, 0
-        return taken
+        lists = self._pending_rows_tokens()
+        self._pending, self._pending_rows, self._pending_lists = None, 0, None
+        return [(row, tuple(tokens)) for row, tokens in zip(self.rows, lists, strict=False)]
 
     def sample(self) -> None:
-        """Each remaining row's next token from the launched forward (started, taken next step)."""
+        """Each remaining row's next token from the launched forward (started, taken next step);
+        after a verify forward, each row's accepted drafts and its next token (read now)."""
         import mlx.core as mx
 
         logits, self._logits = self._logits, None
         if logits is None or not self.rows:
+            return
+        if self._drafts is not None:
+            self._sample_verified(logits)
             return
         tokens = [row.sample(logits[i : i + 1]).reshape(-1) for i, row in enumerate(self.rows)]
         chosen = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
         score_chosen(self.rows, chosen)  # for rows that want logprobs (lazy, read on accept)
         self._pending, self._pending_rows = chosen.astype(mx.int32), len(self.rows)
         mx.async_eval(self._pending)  # type: ignore[no-untyped-call]
+
+    # -- verify steps (speculative decoding) ----------------------------------------------------
+    #
+    # With a speculator, each step first reads the tokens in flight (drafts are looked up after
+    # them), then asks every row for drafts. None: the plain step. Otherwise one forward runs
+    # every row on [its latest token, its drafts, padding] (width 1 + the longest drafts); each
+    # row judges its drafts with its own sampler (speculation/acceptance.py) and takes the
+    # accepted ones plus one token; the positions it does not keep are rolled back
+    # (speculation/rollback.py). Rows without drafts take their one token as in a plain step.
+
+    def _pending_rows_tokens(self) -> list[list[int]]:
+        """The tokens not yet taken, per row of rows[:_pending_rows] (waits for them)."""
+        if self._pending_lists is not None:
+            return self._pending_lists
+        if self._pending is None:
+            return []
+        values: list[int] = self._pending.tolist()
+        return [[value] for value in values]
+
+    def _launch_verify(self) -> None:
+        import mlx.core as mx
+
+        assert self.speculator is not None
+        pending = self._pending_rows_tokens()
+        self._pending, self._pending_lists = None, pending
+        waiting = [*pending, *([] for _ in self.rows[len(pending) :])]
+        if all(row.tokens_left <= len(tokens) for row, tokens in zip(self.rows, waiting, strict=True)):
+            return  # every row ends with the tokens it has: nothing to compute for
+        drafts = self.speculator.drafts(self.rows, waiting)
+        width = 1 + max(len(d) for d in drafts)
+        inputs = [
+            [tokens[-1] if tokens else row.last_token, *row_drafts, *([0] * (width - 1 - len(row_drafts)))]
+            for row, tokens, row_drafts in zip(self.rows, waiting, drafts, strict=True)
+        ]
+        kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
+        output = self._language_model(mx.array(inputs, dtype=mx.int32), cache=self._caches, **kwargs)
+        self.speculator.counts.forwards += 1
+        if width == 1:
+            self._logits = output.logits[:, -1, :]
+        else:
+            self._logits, self._drafts = output.logits, drafts
+        mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
+
+    def _sample_verified(self, logits: Any) -> None:
+        import mlx.core as mx
+
+        assert self.speculator is not None and self._drafts is not None
+        drafts, self._drafts = self._drafts, None
+        width = int(logits.shape[1])
+        taken: list[list[int] | None] = []
+        plain: list[Any] = []
+        for index, (row, row_drafts) in enumerate(zip(self.rows, drafts, strict=True)):
+            if not row_drafts:
+                taken.append(None)
+                plain.append(row.sample(logits[index : index + 1, 0]).reshape(-1))
+                continue
+            at_position = functools.partial(_verified_logits, row, logits[index : index + 1], row_drafts)
+            tokens = accept_drafts(at_position, row_drafts, row.sampler)
+            self.speculator.record(row, len(row_drafts), len(tokens) - 1)
+            taken.append(tokens[: max(1, row.tokens_left)])
+            plain.append(mx.array(tokens[:1], dtype=mx.int32))
+        chosen = mx.concatenate(plain) if len(plain) > 1 else plain[0]
+        score_chosen(self.rows, chosen)
+        values: list[int] = chosen.astype(mx.int32).tolist()  # type: ignore[assignment]
+        lists = [
+            tokens if tokens is not None else [value] for tokens, value in zip(taken, values, strict=True)
+        ]
+        # Kept positions per row: its latest token and its accepted drafts.
+        roll_back_rows(self._caches, [width - len(tokens) for tokens in lists])
+        self.speculator.counts.verifies += 1
+        self._pending_lists, self._pending_rows = lists, len(self.rows)
 
     def _step_rows_alone(self) -> list[int]:
         import mlx.core as mx
@@ -242,3 +333,9 @@ class DecodeBatch:
         score_chosen(self.rows, chosen)
         values: list[int] = chosen.tolist()  # type: ignore[assignment]
         return values
+
+
+def _verified_logits(row: ActiveGeneration, logits: Any, drafts: Sequence[int], position: int) -> Any:
+    """A row's processed logits at one position of its verify forward (logits [1, width, vocab]),
+    as if it had generated the drafts before that position itself."""
+    return row.processed_logits(logits[:, position], drafts[:position])

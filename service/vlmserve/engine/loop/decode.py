@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -373,18 +374,57 @@ class ActiveGeneration:
 
     def sample(self, logits: Any) -> Any:
         """This request's next token (lazy array [1]) from its logits row [1, vocab]."""
+        assert self._sampler is not None
+        logits = self.processed_logits(logits)
+        if self._trace is not None:
+            self.scored_logits = logits
+        return self._sampler.choose(logits)
+
+    def processed_logits(self, logits: Any, drafts: Sequence[int] = ()) -> Any:
+        """The logits [1, vocab] a token is drawn from: the grammar and logits processors, then
+        the repetition penalty, as of the tokens so far followed by `drafts` (a speculative
+        verify judges each draft as if those before it had been generated)."""
         import mlx.core as mx
 
         assert self._sampler is not None
         if self._processors:
             assert self._inputs is not None
-            so_far = mx.array([*self._inputs.token_ids, *self._generated], dtype=mx.int32)
+            so_far = mx.array([*self._inputs.token_ids, *self._generated, *drafts], dtype=mx.int32)
             for processor in self._processors:
                 logits = processor(so_far, logits)
-        logits = self._sampler.penalize(logits, self._recent)
-        if self._trace is not None:
-            self.scored_logits = logits
-        return self._sampler.choose(logits)
+        return self._sampler.penalize(logits, [*self._recent, *drafts] if drafts else self._recent)
+
+    # -- speculative decoding (speculation/, batch.py) ------------------------------------------
+
+    @property
+    def sampler(self) -> TokenSampler:
+        assert self._sampler is not None
+        return self._sampler
+
+    @property
+    def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]:
+        """(prompt token ids, generated token ids): the history drafts are looked up in."""
+        assert self._inputs is not None
+        return self._inputs.token_ids, self._generated
+
+    @property
+    def can_draft(self) -> bool:
+        """Drafts can be verified for this row: no logprobs (each verified position would need
+        its own score) and no logits processors but the grammar's."""
+        return self._trace is None and not self.job.request.logits_processors
+
+    def forced_tokens(self, pending: Sequence[int]) -> list[int]:
+        """The tokens the row's grammar forces after its tokens so far and `pending` (grammar
+        fast-forward); none without a grammar."""
+        grammar = next((p for p in self._processors if isinstance(p, GrammarLogitsProcessor)), None)
+        if grammar is None or self._inputs is None:
+            return []
+        return grammar.forced_after([*self._inputs.token_ids, *self._generated, *pending])
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens this request may still generate."""
+        return max(0, self._max_tokens - self.output_tokens)
 
     def _chosen(self, token: Any) -> int:
         """A token drawn alone (the first one, after prefill): scored here when asked."""

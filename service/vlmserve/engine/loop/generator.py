@@ -35,6 +35,7 @@ from vlmserve.engine.metrics import EngineMetrics, EngineState
 from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
 from vlmserve.engine.model_lifecycle import ModelLifecycle
 from vlmserve.engine.prep.preparer import RequestPreparer
+from vlmserve.engine.speculation.drafter import SpeculationCounts, Speculator
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["Generator", "IntakeFactory"]
@@ -276,7 +277,26 @@ class Generator:
             group_prefill=_plain_kv_layers(loaded),
             prefix_cache=self.prefix_cache,
             vision_cache=self.vision_cache,
+            new_speculator=self._new_speculator,
         )
+
+    def _new_speculator(self) -> Speculator | None:
+        """Speculative decoding's drafts for a decode batch, unless it is off (or the ranks of a
+        distributed model would have to agree on every row's drafts: not built)."""
+        config = self.config
+        if config.speculative == "off" or config.distributed != "off":
+            return None
+        return Speculator(
+            max_draft=config.speculative_max_draft, position_cost=config.speculative_position_cost
+        )
+
+    def _count_speculation(self, counts: SpeculationCounts) -> None:
+        metrics = self.metrics
+        metrics.speculative_drafted.inc(counts.drafted)
+        metrics.speculative_accepted.inc(counts.accepted)
+        metrics.speculative_rows.inc(counts.drafting_rows)
+        metrics.decode_forwards.labels("verify").inc(counts.verifies)
+        metrics.decode_forwards.labels("plain").inc(counts.forwards - counts.verifies)
 
     def _warm_up(self, loaded: LoadedModel, preparer: RequestPreparer) -> None:
         """One short generation with an image, so the first request does not pay for kernel setup."""
@@ -343,6 +363,8 @@ class Generator:
                     self.metrics.inter_token.observe(advance.row.inter_token_seconds)
             for generation in result.left:
                 self._retire(generation)
+            if runner.batch.speculator is not None:
+                self._count_speculation(runner.batch.speculator.take_counts())
 
     def _resident(self, loaded: LoadedModel, job: Job) -> bool:
         """Before a job starts, its weights must be in memory: True when they were read now

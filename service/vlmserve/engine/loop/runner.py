@@ -29,6 +29,7 @@ from vlmserve.engine.loop.scheduler import Budget, PrefillRow, chunks, prefill_g
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.request_errors import RequestError, internal_error
+from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["RowAdvance", "StepResult", "StepRunner"]
@@ -75,8 +76,11 @@ class StepRunner:
         group_prefill: bool,
         prefix_cache: PrefixCache | None,
         vision_cache: VisionFeatureCache | None,
+        new_speculator: Callable[[], Speculator | None] = lambda: None,
     ) -> None:
         self._loaded = loaded
+        # A fresh speculator for each decode batch (None: speculation off; speculation/).
+        self._new_speculator = new_speculator
         self._step_tokens = step_tokens
         self._chunk = prefill_chunk_tokens
         self._shared_minimum = shared_prefix_min_tokens
@@ -84,7 +88,7 @@ class StepRunner:
         self._share_prefixes = group_prefill and shared_prefix_min_tokens > 0
         self._prefix_cache = prefix_cache
         self._vision_cache = vision_cache
-        self.batch = DecodeBatch(loaded.model.language_model)
+        self.batch = DecodeBatch(loaded.model.language_model, new_speculator())
         # Admitted, preparing or prefilling, in arrival order.
         self.starting: list[ActiveGeneration] = []
         # Requests whose prompts were prefilled in a shared forward (tests, metrics).
@@ -105,7 +109,7 @@ class StepRunner:
         assert not self.batch, "weights swapped under rows in flight"
         del self.batch
         before()
-        self.batch = DecodeBatch(self._loaded.model.language_model)
+        self.batch = DecodeBatch(self._loaded.model.language_model, self._new_speculator())
 
     def new_row(self, job: Job) -> ActiveGeneration:
         return ActiveGeneration(

@@ -7,10 +7,13 @@ the rule never sees a rejected draft's influence:
 
 - greedy: accept while the argmax equals the draft; the token after is the argmax there;
 - sampling (the standard rule, Leviathan et al. 2023 / Chen et al. 2023): accept draft d with
-  probability min(1, p(d) / q(d)); for a deterministic drafter (prompt lookup, forced tokens) q
-  is one-hot, so with probability p(d); on a rejection draw from the residual
-  norm(max(p - q, 0)), which for a one-hot q is p without d. If every draft is accepted, the
-  bonus token is drawn from p at the last position. The output has the target's distribution.
+  probability min(1, p(d) / q(d)); on a rejection draw from the residual norm(max(p - q, 0)).
+  For a deterministic drafter (prompt lookup, forced tokens) q is one-hot: accept with
+  probability p(d), residual = p without d. That case is realised by drawing the target's token
+  x ~ p exactly as a plain step would (the row's sampler, one key split per token) and accepting
+  d iff x == d: P(accept) = p(d), and a rejection yields x ~ p given x != d, the residual. So a
+  seeded request samples the very tokens it samples without speculation, not just the same
+  distribution. If every draft is accepted, the next token is drawn from p at the last position.
 
 Each row draws with its own sampler (its own seeded key), so this is per row, position by
 position; a row reads one number per position it judges (the rule needs the decision before it
@@ -28,6 +31,8 @@ __all__ = ["DraftSampler", "accept_drafts"]
 class DraftSampler(Protocol):
     @property
     def greedy(self) -> bool: ...
+
+    def choose(self, logits: Any) -> Any: ...
 
     def scaled_logprobs(self, logits: Any) -> Any: ...
 
@@ -54,32 +59,25 @@ def accept_drafts(
     taken: list[int] = []
     for position, draft in enumerate(drafts):
         logits = logits_at(position)
-        if sampler.greedy:
-            target = _item(mx.argmax(logits, axis=-1))
-            if target != draft:
-                return [*taken, target]
+        if draft_probabilities is None:
+            # One-hot q: draw the target's own token (as a plain step would, with the same key)
+            # and accept the draft when they agree — probability p(draft); otherwise the token
+            # drawn is p conditioned on not being the draft, which is the residual.
+            token = _item(sampler.choose(logits))
+            if token != draft:
+                return [*taken, token]
             taken.append(draft)
             continue
         scaled = sampler.scaled_logprobs(logits).reshape(-1)
         probabilities = mx.softmax(scaled, axis=-1)
-        p = probabilities[draft]
-        if draft_probabilities is None:
-            threshold = p
-        else:
-            q = draft_probabilities(position)
-            threshold = mx.minimum(1.0, p / mx.maximum(q[draft], 1e-20))
+        q = draft_probabilities(position)
+        threshold = mx.minimum(1.0, probabilities[draft] / mx.maximum(q[draft], 1e-20))
         if bool((sampler.uniform() < threshold).item()):
             taken.append(draft)
             continue
-        if draft_probabilities is None:
-            residual = mx.where(mx.arange(scaled.shape[-1]) == draft, -mx.inf, scaled)
-        else:
-            residual = mx.log(mx.maximum(probabilities - draft_probabilities(position), 0.0))
-        return [*taken, int(sampler.draw(residual[None]).item())]
-    logits = logits_at(len(drafts))
-    if sampler.greedy:
-        return [*taken, _item(mx.argmax(logits, axis=-1))]
-    return [*taken, int(sampler.draw(sampler.scaled_logprobs(logits)).item())]
+        residual = mx.log(mx.maximum(probabilities - q, 0.0))
+        return [*taken, _item(sampler.draw(residual[None]))]
+    return [*taken, _item(sampler.choose(logits_at(len(drafts))))]
 
 
 def _item(array: Any) -> int:
