@@ -101,8 +101,9 @@ class EngineConfig(DeclaredSettings):
     speculative: Annotated[str, Option(metavar="{" + ",".join(SPECULATIVE_CHOICES) + "}")] = Field(
         "auto",
         description="several tokens per forward: drafts verified in the batched step, output unchanged "
-        "(greedy and seeded sampling take the very tokens they take without it); lookup = prompt lookup (n-gram matches in the "
-        "row's prompt and output) and grammar fast-forward; auto = lookup; off = one token per forward",
+        "(greedy and seeded sampling take the very tokens they take without it); lookup = prompt "
+        "lookup (n-gram matches in the row's prompt and output) and grammar fast-forward; auto = lookup; "
+        "off = one token per forward",
     )
     speculative_max_draft: int = Field(
         8, ge=1, le=64, description="draft tokens a row may have verified in one forward"
