@@ -104,6 +104,8 @@ class ActiveGeneration:
         self.last_token_at: float | None = None
         # Seconds since the previous token, after each accept() past the first (metrics).
         self.inter_token_seconds: float | None = None
+        # Those gaps not yet read by the metrics (a verify step accepts several tokens at once).
+        self.token_gaps: list[float] = []
         # Whether prepare() reached the prefix-cache lookup (metrics: its hit rate).
         self.prefix_looked_up = False
         self.prompt_tokens = 0
@@ -442,6 +444,8 @@ class ActiveGeneration:
         if self.first_token_at is None:
             self.first_token_at = now
         self.inter_token_seconds = None if self.last_token_at is None else now - self.last_token_at
+        if self.inter_token_seconds is not None:
+            self.token_gaps.append(self.inter_token_seconds)
         self.last_token_at = now
         self.output_tokens += 1
         if self._assembler.in_reasoning:

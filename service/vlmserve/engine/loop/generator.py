@@ -359,8 +359,9 @@ class Generator:
             if result.advanced:
                 self.metrics.batch_size.observe(len(result.advanced))
             for advance in result.advanced:
-                if advance.row.inter_token_seconds is not None:
-                    self.metrics.inter_token.observe(advance.row.inter_token_seconds)
+                for gap in advance.row.token_gaps:
+                    self.metrics.inter_token.observe(gap)
+                advance.row.token_gaps.clear()
             for generation in result.left:
                 self._retire(generation)
             if runner.batch.speculator is not None:
