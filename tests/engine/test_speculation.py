@@ -251,3 +251,15 @@ def test_a_sampling_drafter_uses_the_ratio_rule(fixture_logits: tuple[Any, Any, 
         speculative[taken[0]] += 1
     statistic, dof = _chi_square_homogeneity(plain, speculative)
     assert statistic < _chi_square_critical(dof), (statistic, dof, plain, speculative)
+
+
+def test_a_seeded_row_draws_the_tokens_it_draws_without_drafts(
+    fixture_logits: tuple[Any, Any, list[int]],
+) -> None:
+    """The same seed gives the same first token with or without drafts (the target's token is
+    drawn with the row's own key either way; drafts only decide how many positions it covers)."""
+    config, logits, drafts = fixture_logits
+    for seed in range(40):
+        plain = int(_sampler(config, seed).choose(logits[0:1]).item())
+        taken = accept_drafts(lambda i: logits[i : i + 1], drafts, _sampler(config, seed))
+        assert taken[0] == plain
