@@ -53,12 +53,11 @@ demo: install
 test: install $(if $(shell command -v npm),node-deps)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-# The inner loop: unit and in-process tests (scripted engine, no processes, no real model), not
-# the `slow` ones; about a minute and a half on 2 cores. `make test` runs everything (CI does).
-FAST_TESTS := tests/common tests/responses tests/facade tests/hardening tests/client/test_images.py \
-	tests/test_vendored_schema.py tests/test_architecture_doc.py
+# The inner loop: every test that loads no real model and starts no process (marker
+# `needs_model`, tests/conftest.py), not the `slow` ones; about a minute and a half on 2 cores.
+# `make test` runs everything (CI does).
 test-fast: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not needs_model" tests $(PYTEST_ARGS)
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I protos \

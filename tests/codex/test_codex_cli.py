@@ -32,7 +32,7 @@ from tests.codex.codex_requests import screenshot_png
 CODEX_TIMEOUT_S = 240
 IDLE_TIMEOUT_MS = 200_000
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

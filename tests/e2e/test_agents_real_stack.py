@@ -19,7 +19,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 MAX_TOKENS = 96
 

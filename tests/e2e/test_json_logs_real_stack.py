@@ -14,7 +14,7 @@ import pytest
 from tests._services import ServiceProcess, start_engine, start_facade
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 from tests._pdfs import text_pdf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 MAX_TOKENS = 48
 MODES = {"responses": True, "chat": False}

@@ -17,7 +17,7 @@ from tests._services import ServiceProcess, free_port, start_engine, start_facad
 from tests._sse import iter_lines
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 def generated(metrics_port: int) -> float:

@@ -20,6 +20,8 @@ from transformers import AutoTokenizer
 
 from tests._services import start_engine, start_facade
 
+pytestmark = pytest.mark.needs_model
+
 THOUGHT = "The user wants the weather in Oslo; call the tool."
 TOOL: Any = {
     "type": "function",

@@ -27,7 +27,7 @@ IMAGES_PER_PATH = 50
 MIN_ACCURACY = 0.95
 MAX_CONTROL_ACCURACY = 0.10
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ PAGES = 3
 MIN_ACCURACY = 0.95
 MAX_CONTROL_ACCURACY = 0.10
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

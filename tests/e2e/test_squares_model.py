@@ -21,7 +21,7 @@ MODEL_TEST_SEED = 31_337
 IMAGES_PER_SHAPE = 50
 MIN_ACCURACY = 0.95
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 def test_model_is_small_and_loads_with_plain_mlx_vlm(squares_mlx: tuple[Any, Any]) -> None:

@@ -33,6 +33,8 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_engine_grpc import image_part, png, text_part
 
+pytestmark = pytest.mark.needs_model
+
 MAX_TOKENS = 24
 
 

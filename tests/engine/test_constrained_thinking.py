@@ -11,9 +11,12 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from tests.engine._family_engine import running_engine, text, user
 from vlmserve.engine.v1 import engine_pb2 as pb
+
+pytestmark = pytest.mark.needs_model
 
 SCHEMA = {
     "type": "object",

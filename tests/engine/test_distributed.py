@@ -27,7 +27,7 @@ from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 FAMILY = "qwen3_vl_moe"
 ASKED = ("text", "one_image", "two_images", "json_with_logprobs")

@@ -25,6 +25,8 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_engine_grpc import text_part
 
+pytestmark = pytest.mark.needs_model
+
 
 @pytest.fixture(scope="module")
 def generator() -> Iterator[Generator]:

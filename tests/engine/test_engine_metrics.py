@@ -146,6 +146,7 @@ def test_queue_depth_and_batch_size_under_load(
 
 
 @pytest.mark.slow
+@pytest.mark.needs_model
 def test_the_engine_command_serves_metrics_on_its_own_port(tmp_path: Path) -> None:
     port = free_port()
     engine = start_engine(tmp_path, extra=("--metrics-port", str(port)))

@@ -18,6 +18,8 @@ from vlmserve.engine.rpc.server import EngineServer
 
 from .conftest import InProcessEngine, _health_statuses
 
+pytestmark = pytest.mark.needs_model
+
 
 def test_a_second_server_cannot_bind_a_taken_port(engine: InProcessEngine) -> None:
     async def start_second() -> str:

@@ -13,6 +13,8 @@ from tests._services import start_engine
 from vlmserve.client import EngineClient, UnavailableError
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+pytestmark = pytest.mark.needs_model
+
 
 def request(max_tokens: int) -> pb.GenerateRequest:
     return pb.GenerateRequest(

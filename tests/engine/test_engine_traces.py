@@ -29,6 +29,8 @@ from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 from .conftest import InProcessEngine
 from .test_engine_grpc import request
 
+pytestmark = pytest.mark.needs_model
+
 PHASES = ("engine.prepare", "engine.queue", "engine.prefill", "engine.decode")
 
 

@@ -33,6 +33,8 @@ from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import lower_messages
 
+pytestmark = pytest.mark.needs_model
+
 __all__ = ["family"]  # the fixture, imported for this module
 
 

@@ -23,6 +23,8 @@ from vlmserve.engine.output.tool_parsers import (
 )
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+pytestmark = pytest.mark.needs_model
+
 __all__ = ["family"]  # the fixture, imported for this module
 
 # The call each family's model writes (its chat template's own format), for the same call.

@@ -26,7 +26,10 @@ from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
 from .test_request_prep import big_png
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [
+    pytest.mark.needs_model,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+]
 
 SIDE = 7000  # 49 Mpx: under the per-image limit (50 Mpx)
 FULL_SIZE_MIB = SIDE * SIDE * 3 / 2**20  # one decoded RGB image: 140 MiB

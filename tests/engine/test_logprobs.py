@@ -22,6 +22,8 @@ from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from .conftest import InProcessEngine
 from .test_engine_grpc import request, status_of, stream, text_part
 
+pytestmark = pytest.mark.needs_model
+
 TOLERANCE = 1e-4
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from transformers import AutoTokenizer
 
 from tests.engine._family_engine import running_engine
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import input_to_messages, lower_messages, messages_to_items
+
+pytestmark = pytest.mark.needs_model
 
 THOUGHT = "The user wants the main window; a screenshot shows it."
 TOOL = pb.Tool(function=pb.FunctionTool(name="screenshot", parameters_json='{"type": "object"}'))

@@ -35,6 +35,8 @@ from .test_batching import (
 )
 from .test_engine_grpc import image_part, png, text_part
 
+pytestmark = pytest.mark.needs_model
+
 SHARED = "You are checking the inventory of a warehouse, shelf by shelf, and report in short lines. " * 2
 LONG_SHARED = " ".join(f"Shelf {i} holds {i * 7 % 13} boxes of screws;" for i in range(24))
 

@@ -20,6 +20,8 @@ import pytest
 from tests._services import REPO, free_port
 from vlmserve.facade.store.sqlite import ResponseStore
 
+pytestmark = pytest.mark.needs_model
+
 FAKE_ENGINE = f"{sys.executable} -m tests.facade.fake_engine_server"
 
 

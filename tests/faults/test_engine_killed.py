@@ -34,6 +34,8 @@ from tests.faults.stack import (
     wait_until,
 )
 
+pytestmark = pytest.mark.needs_model
+
 SHORT = {"model": "default", "input": "hi", "max_output_tokens": 4}
 
 

@@ -29,6 +29,8 @@ from tests.faults.stack import (
     sse_events,
 )
 
+pytestmark = pytest.mark.needs_model
+
 SMALL = 4
 # The killed facade's claim on its running response lapses after a second, not the default 30.
 SHORT_LEASE = ("--lease-ttl", "1")

@@ -24,7 +24,7 @@ from tests.faults.stack import WAIT_S, kill, read_until, sse_events
 
 LEASE = ("--lease-ttl", "1")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 def start_engine(log_dir: Path, chunks: int, delay_s: float) -> ServiceProcess:

@@ -22,6 +22,8 @@ import pytest
 from tests._services import BIN, REPO, ServiceProcess, free_port, process_env
 from tests._sse import iter_lines
 
+pytestmark = pytest.mark.needs_model
+
 CHUNKS = 30
 CHUNK_DELAY_S = 0.1  # every answer streams for about 3 s
 

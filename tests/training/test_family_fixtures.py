@@ -14,6 +14,8 @@ from tests._family_models import FAMILY_NAMES
 from training.families import FAMILIES, build_family
 from training.families import chat_templates as templates
 
+pytestmark = pytest.mark.needs_model
+
 # What mlx-vlm 0.7.10 + transformers 5 give each family: (processor, image processor).
 EXPECTED_CLASSES = {
     "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen3VLImageProcessor"),

@@ -30,7 +30,7 @@ PINNED = {"ai": "6.0.325", "@ai-sdk/openai": "3.0.141"}
 PROVIDERS = ["responses", "chat"]
 NODE_TIMEOUT_S = 180
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
 def _unavailable_reason() -> str | None:
