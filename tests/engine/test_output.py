@@ -61,19 +61,6 @@ def test_assembler_separates_text_and_calls() -> None:
     assert [c.name for c in assembler.tool_calls] == ["f"]
 
 
-def test_forced_prefix_completes_a_call_without_showing_markup() -> None:
-    prefix = '<tool_call>\n{"name": "f", "arguments": '
-    assembler = OutputAssembler(stop=(), tool_call_format=HERMES_FORMAT, assistant_prefix=prefix)
-    out = feed_all(assembler, ['{"a": 2}}', "\n</tool_call>"])
-    calls = [piece for piece in out if isinstance(piece, pb.ToolCall)]
-    assert len(calls) == 1 and calls[0].arguments == '{"a": 2}'
-    # The rest is the call's streamed arguments.
-    deltas = [piece for piece in out if isinstance(piece, pb.ToolCallDelta)]
-    assert len(deltas) == len(out) - 1 and "".join(d.arguments for d in deltas) == '{"a": 2}'
-    assert deltas[0].name == "f" and {d.id for d in deltas} == {calls[0].id}
-    assert assembler.visible_text == ""
-
-
 def test_one_call_only_when_parallel_calls_are_off() -> None:
     assembler = OutputAssembler(stop=(), tool_call_format=HERMES_FORMAT, parallel_tool_calls=False)
     out = feed_all(assembler, [CALL + CALL + "tail"])

@@ -81,8 +81,6 @@ class PreparedRequest:
     prompt_text: str = ""
     # "" when tool calls are not parsed for this request (no tools, tool_choice NONE, no format).
     tool_call_format: str = ""
-    # Forced-call markup already at the end of the prompt; the output parser starts with it.
-    assistant_prefix: str = ""
     parallel_tool_calls: bool = True
     # At most this many calls (None: no limit).
     max_tool_calls: int | None = None

@@ -92,7 +92,6 @@ class ActiveGeneration:
         self._assembler = OutputAssembler(
             stop=request.settings.stop,
             tool_call_format=request.tool_call_format,
-            assistant_prefix=request.assistant_prefix,
             parallel_tool_calls=request.parallel_tool_calls,
             max_tool_calls=request.max_tool_calls,
             thinking=request.thinking,

@@ -147,8 +147,6 @@ class ThinkingSplitter:
 class OutputAssembler:
     stop: Sequence[str]
     tool_call_format: str
-    # Markup the prompt already ends with (forced tool choice); parsed, never shown.
-    assistant_prefix: str = ""
     parallel_tool_calls: bool = True
     # None: no limit. The grammar enforces it where the format has one; this is the backstop.
     max_tool_calls: int | None = None
@@ -171,18 +169,14 @@ class OutputAssembler:
         self._thoughts = ThinkingSplitter(thinking=self.thinking)
         # Span tracking: the raw text fed; the visible runs (the stop matcher's input, one
         # stream) as (offset in that stream, raw offset or None); the parser's input so far (the
-        # prefix, then the stop matcher's output, a prefix of the visible stream) and how far
+        # stop matcher's output, a prefix of the visible stream) and how far
         # its text pieces have been located in it.
         self._raw = ""
         self._runs: list[tuple[int, int | None]] = []
         self._visible_length = 0
-        self._parser_input = self.assistant_prefix
+        self._parser_input = ""
         self._located = 0
         self._after_call = False
-        # What the prefix already decided (a streamed call's opening delta), sent with the first output.
-        self._from_prefix: list[OutputPiece] = []
-        if self.assistant_prefix:
-            self._from_prefix = self._accept(self._parser.feed(self.assistant_prefix))
 
     @property
     def stop_sequence(self) -> str | None:
@@ -210,14 +204,11 @@ class OutputAssembler:
             return []
         if self.track_spans:
             self._raw += text
-        prefix, self._from_prefix = self._from_prefix, []
-        return prefix + self._split(self._thoughts.feed(text))
+        return self._split(self._thoughts.feed(text))
 
     def finish(self) -> list[OutputPiece]:
         """Generation ended: release held text; a call cut off stays the unfinished call it began."""
-        out, self._from_prefix = self._from_prefix, []
-        if not self.stopped:
-            out = out + self._split(self._thoughts.finish())
+        out = [] if self.stopped else self._split(self._thoughts.finish())
         pieces: list[Piece] = []
         if not self.stopped:
             pieces.extend(self._parser.feed(self._to_parser(self._stops.flush())))
@@ -254,7 +245,7 @@ class OutputAssembler:
         if at < 0:
             return []
         self._located = at + len(text)
-        begin = at - len(self.assistant_prefix)  # in the visible stream
+        begin = at  # in the visible stream
         spans = []
         index = max(0, bisect.bisect_right(self._runs, begin, key=lambda run: run[0]) - 1)
         for run_index in range(index, len(self._runs)):

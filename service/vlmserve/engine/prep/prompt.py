@@ -103,7 +103,7 @@ class TemplateConversation:
 
 @dataclass(frozen=True, slots=True)
 class RenderedPrompt:
-    # The prompt, generation prompt and `assistant_prefix` included.
+    # The prompt, generation prompt included.
     text: str
     images: tuple[PromptImage, ...]
     tool_mode: ToolMode
