@@ -7,12 +7,13 @@ Tests that need their own processes (fault tests) use `tests._services` directly
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests._engine_recorder import EngineRecorder, start_engine_recorder
+from tests._services import ServiceProcess, start_engine, start_facade
 
 # The scripted-engine fixtures (fake_engine, engine, engine_client, settings, store) serve the
 # facade and hardening tests alike.
@@ -21,7 +22,7 @@ pytest_plugins = ["tests.facade.fixtures", "tests._family_models", "tests._postg
 # `needs_model` (pyproject): the test loads a real model or starts processes; `make test-fast`
 # leaves those out. A test gets it from its module's `pytestmark`, or here when it uses one of
 # these fixtures (by where the fixture is defined: the facade's scripted `engine` is not the
-# engine tests' real one). `_refuse_models_and_processes` keeps the marking exact.
+# engine tests' real one).
 MODEL_FIXTURES = {
     ("tests.conftest", "engine_process"),
     ("tests.conftest", "random_engine_address"),
@@ -51,47 +52,77 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.needs_model)
 
 
-# Programs that mean "a process of the product or of a real client" (the standard library's own
-# helpers, such as `uname` behind platform.platform(), are not).
-_PROCESS_PROGRAMS = (
-    "python",
-    "vlmserve",
-    "node",
-    "npx",
-    "npm",
-    "codex",
-    "postgres",
-    "pg_ctl",
-    "initdb",
-    "make",
-)
+@pytest.fixture(scope="session")
+def service_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("service-logs")
 
 
-def _program(args: Any) -> str:
-    first = args if isinstance(args, str | bytes | Path) else (list(args) or [""])[0]
-    text = first.decode() if isinstance(first, bytes) else str(first)
-    return Path(text.split()[0] if text.strip() else "").name
+@pytest.fixture(scope="session")
+def engine_process(service_logs: Path) -> Iterator[ServiceProcess]:
+    """The real engine (`vlmserve-engine`) on the default fixture model."""
+    service = start_engine(service_logs)
+    yield service
+    service.stop()
 
 
-@pytest.fixture(autouse=True)
-def _refuse_models_and_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test without `needs_model` that loads a model or starts one of the product's (or a real
-    client's) processes fails, saying so."""
-    if request.node.get_closest_marker("needs_model") is not None:
-        return
+@pytest.fixture(scope="session")
+def engine_address(engine_process: ServiceProcess) -> str:
+    return engine_process.address
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        pytest.fail("this test loads a model or starts a process: mark it needs_model", pytrace=False)
 
-    popen = subprocess.Popen.__init__
+@pytest.fixture(scope="session")
+def facade_process(
+    engine_process: ServiceProcess, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """The real facade (`vlmserve-facade`) in front of `engine_process`."""
+    store = tmp_path_factory.mktemp("facade-store") / "responses.sqlite3"
+    service = start_facade(service_logs, engine_process.address, store_path=store)
+    yield service
+    service.stop()
 
-    def checked_popen(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
-        program = _program(args)
-        if program == Path(sys.executable).name or program.startswith(_PROCESS_PROGRAMS):
-            refuse()
-        popen(self, args, *rest, **kwargs)
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", checked_popen)
-    for module, name in (("mlx_vlm", "load"), ("mlx_vlm.utils", "load"), ("mlx_vlm.utils", "sharded_load")):
-        if (loaded := sys.modules.get(module)) is not None and hasattr(loaded, name):
-            monkeypatch.setattr(loaded, name, refuse)
+@pytest.fixture(scope="session")
+def facade_url(facade_process: ServiceProcess) -> str:
+    return facade_process.address
+
+
+@pytest.fixture(scope="session")
+def random_engine_address(service_logs: Path) -> Iterator[str]:
+    """An engine on the random-weight fixture model, which never ends a turn by itself:
+    for tests that need a generation to still be running (cancel, abort, deadlines)."""
+    from vlmserve.engine.model import RANDOM_MODEL_PATH
+
+    service = start_engine(service_logs, model=str(RANDOM_MODEL_PATH))
+    yield service.address
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def random_facade_url(
+    random_engine_address: str, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A real facade in front of `random_engine_address`: what the real-client tests drive (the
+    grammar makes the random model's tool calls and JSON happen; its free text runs to the cap)."""
+    store = tmp_path_factory.mktemp("random-facade-store") / "responses.sqlite3"
+    service = start_facade(service_logs, random_engine_address, store_path=store)
+    yield service.address
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_recorder(engine_address: str) -> Iterator[EngineRecorder]:
+    """A recording gRPC hop in front of the session engine: tests see the exact engine requests."""
+    recorder = start_engine_recorder(engine_address)
+    yield recorder
+    recorder.stop()
+
+
+@pytest.fixture(scope="session")
+def recorded_facade(
+    engine_recorder: EngineRecorder, service_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """A real facade whose engine calls pass through `engine_recorder`."""
+    store = tmp_path_factory.mktemp("recorded-store") / "responses.sqlite3"
+    service = start_facade(service_logs, engine_recorder.address, store_path=store)
+    yield service
+    service.stop()

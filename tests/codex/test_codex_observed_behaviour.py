@@ -35,6 +35,9 @@ from tests.codex.record_codex_requests import make_handler
 CODEX_RUN_TIMEOUT_S = 60
 
 
+pytestmark = pytest.mark.needs_model
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _codex_available() -> None:
     reason = codex_unavailable_reason()
