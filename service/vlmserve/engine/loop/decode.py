@@ -534,8 +534,13 @@ class ActiveGeneration:
         # The cache holds the prompt and the generated tokens fed back so far: all of them when
         # the row left after its last token went into a (double-buffered) forward, all but the
         # last when it left before.
+        # After a verify step it may also hold accepted drafts past the token the row stopped at
+        # (EOS, a stop sequence): those positions are cut, and the offsets say so.
         covered = [*inputs.token_ids, *self._generated][: getattr(cache[0], "offset", 0)]
         own_copy(cache, len(covered))
+        for layer in cache:
+            if isinstance(getattr(layer, "offset", None), int) and layer.offset > len(covered):
+                layer.offset = len(covered)
         self._prefix_cache.store(self.job.request.partition_key, covered, inputs.image_spans, cache)
 
     def fail(self, error: RequestError) -> None:
