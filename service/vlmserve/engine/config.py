@@ -66,6 +66,14 @@ class EngineConfig(DeclaredSettings):
         ge=0,
         description="MiB of KV caches kept for prefix reuse; least recently used go first (0: off)",
     )
+    # See loop/memory_budget.py.
+    memory_budget_mib: int = Field(
+        0,
+        ge=0,
+        description="memory the requests in flight may hold together (KV for prompt + max tokens at the "
+        "cache's precision, and images); a request waits while it would not fit and is refused when it never "
+        "can (0: three quarters of the device's memory less the model's weights)",
+    )
     # See loop/kv_cache.py.
     kv_bits: Annotated[int | None, Option(metavar="{4,8}")] = Field(
         None,

@@ -42,6 +42,9 @@ class EngineState:
     vision_cache_encoded: int
     prefix_cache_hits: dict[str, int]  # by tier: memory, disk
     prefix_cache_bytes: dict[str, int]  # by tier
+    memory_reserved: int = 0  # estimates of the requests in flight (memory_budget.py)
+    memory_budget: int = 0
+    memory_refused: int = 0
 
 
 class _StateCollector(Collector):
@@ -69,6 +72,21 @@ class _StateCollector(Collector):
             "vlmserve_engine_vision_cache_misses",
             "images run through the vision tower (not in the vision-feature cache)",
             value=state.vision_cache_encoded,
+        )
+        yield GaugeMetricFamily(
+            "vlmserve_engine_memory_reserved_bytes",
+            "memory estimates (KV for prompt + max tokens, images) of the requests in flight",
+            value=state.memory_reserved,
+        )
+        yield GaugeMetricFamily(
+            "vlmserve_engine_memory_budget_bytes",
+            "the budget those estimates are kept under (--memory-budget-mib)",
+            value=state.memory_budget,
+        )
+        yield CounterMetricFamily(
+            "vlmserve_engine_memory_refused_requests",
+            "requests refused at admission because their estimate exceeds the whole memory budget",
+            value=state.memory_refused,
         )
         hits = CounterMetricFamily(
             "vlmserve_engine_prefix_cache_tier_hits",

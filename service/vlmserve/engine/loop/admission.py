@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from vlmserve.engine.jobs import Job
+from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
+from vlmserve.engine.loop.memory_budget import MemoryBudget
+from vlmserve.engine.loop.scheduler import admit_count
 from vlmserve.engine.request_errors import RequestError
 
 __all__ = ["Admission", "Taken"]
@@ -45,6 +47,13 @@ class Admission:
         self._reserved = 0
         self._accepting = False
         self._closed = False
+        # Admission by memory (memory_budget.py), set once the model is loaded: each waiting
+        # job's estimate, and the estimates of the jobs taken and not finished.
+        self.memory: MemoryBudget | None = None
+        self._costs: dict[str, int] = {}
+        self._taken_costs: dict[str, int] = {}
+        self.memory_in_use = 0
+        self.memory_refused = 0
 
     # -- counts -----------------------------------------------------------------------------
 
@@ -126,7 +135,9 @@ class Admission:
                 )
             if not reserved:
                 self._check_queue_space()
+            cost = self._memory_cost(job.request)
             self._jobs[job.request_id] = job
+            self._costs[job.request_id] = cost
             self._waiting.append(job)
             self._changed.notify_all()
 
@@ -137,6 +148,18 @@ class Admission:
             return False
         job.cancel()
         return True
+
+    def _memory_cost(self, request: PreparedRequest) -> int:
+        """The job's memory estimate; a job that can never fit the budget is refused here."""
+        if self.memory is None or request.kind is not JobKind.GENERATE:
+            return 0
+        image_bytes = sum(int(a.nbytes) for image in request.images for a in image.arrays.values())
+        image_bytes += sum(int(a.nbytes) for a in (request.joint_arrays or {}).values())
+        try:
+            return self.memory.check_fits(len(request.prompt_ids), request.settings.max_tokens, image_bytes)
+        except RequestError:
+            self.memory_refused += 1
+            raise
 
     def _check_accepting(self) -> None:
         if not self._accepting:
@@ -160,14 +183,25 @@ class Admission:
     # -- the generation thread --------------------------------------------------------------
 
     def take(self, room: int, *, block: bool, timeout: float | None = None) -> Taken:
-        """Up to `room` waiting jobs, oldest first; with `block`, wait for at least one (or
-        close), at most `timeout` seconds (None: no limit)."""
+        """Up to `room` waiting jobs, oldest first, while their memory estimates fit the budget
+        beside those in flight; with `block`, wait for at least one (or close), at most
+        `timeout` seconds (None: no limit)."""
         with self._changed:
             if block:
                 self._changed.wait_for(lambda: self._waiting or self._closed, timeout)
             if self._closed:
                 return Taken(stop=True)
-            jobs = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            costs = [self._costs.get(job.request_id, 0) for job in self._waiting]
+            count = admit_count(
+                costs,
+                room=room,
+                in_use=self.memory_in_use,
+                budget=self.memory.budget_bytes if self.memory is not None else None,
+            )
+            jobs = [self._waiting.popleft() for _ in range(count)]
+            for job, cost in zip(jobs, costs, strict=False):
+                self._taken_costs[job.request_id] = cost
+                self.memory_in_use += cost
         return Taken(tuple(jobs))
 
     def drop_cancelled(self) -> list[Job]:
@@ -189,4 +223,6 @@ class Admission:
         """A job left the engine (its place is free; a drain may be waiting for this)."""
         with self._changed:
             self._jobs.pop(request_id, None)
+            self._costs.pop(request_id, None)
+            self.memory_in_use -= self._taken_costs.pop(request_id, 0)
             self._changed.notify_all()

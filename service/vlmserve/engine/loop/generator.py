@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from vlmserve.common.tracing import record_span
 from vlmserve.engine.config import EngineConfig
@@ -26,7 +27,8 @@ from vlmserve.engine.jobs import Job, JobKind, JobReport
 from vlmserve.engine.loop.admission import Admission
 from vlmserve.engine.loop.decode import ActiveGeneration
 from vlmserve.engine.loop.intake import IntakeSource, LocalIntake
-from vlmserve.engine.loop.kv_cache import KVLayout, kv_shape, layout_for
+from vlmserve.engine.loop.kv_cache import KVLayout, bytes_per_token, kv_shape, layout_for
+from vlmserve.engine.loop.memory_budget import MemoryBudget, default_budget_bytes, device_memory_bytes
 from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
 from vlmserve.engine.loop.runner import StepRunner
@@ -99,6 +101,9 @@ class Generator:
                 "memory": prefixes.bytes if prefixes is not None else 0,
                 "disk": disk.bytes if disk is not None and disk.enabled else 0,
             },
+            memory_reserved=self.admission.memory_in_use,
+            memory_budget=self.admission.memory.budget_bytes if self.admission.memory is not None else 0,
+            memory_refused=self.admission.memory_refused,
         )
 
     @property
@@ -184,6 +189,7 @@ class Generator:
         try:
             loaded = self.lifecycle.open()
             loaded.kv_layout = self._kv_layout(loaded)
+            self.admission.memory = self._memory_budget(loaded)
             self.prefix_cache = PrefixCache(
                 min_tokens=self.config.prefix_cache_min_tokens,
                 max_bytes=self.config.prefix_cache_mib << 20,
@@ -239,6 +245,24 @@ class Generator:
             return KVLayout()
         log.info("KV cache: %s", layout.describe)
         return layout
+
+    def _memory_budget(self, loaded: LoadedModel) -> MemoryBudget:
+        from mlx.utils import tree_flatten
+
+        parameters: list[Any] = list(tree_flatten(loaded.model.parameters()))
+        model_bytes = sum(int(value.nbytes) for _, value in parameters)
+        dtype_bytes = int(parameters[0][1].itemsize) if parameters else 4
+        if self.config.memory_budget_mib > 0:
+            budget = self.config.memory_budget_mib << 20
+        else:
+            budget = default_budget_bytes(device_memory_bytes(), model_bytes)
+        per_token = bytes_per_token(loaded.model.language_model, loaded.kv_layout, dtype_bytes)
+        log.info(
+            "memory budget for requests in flight: %.0f MiB (KV %d bytes per token)",
+            budget / (1 << 20),
+            per_token,
+        )
+        return MemoryBudget(budget_bytes=budget, kv_bytes_per_token=per_token)
 
     def _prefix_disk_tier(self, loaded: LoadedModel) -> PrefixDiskTier | None:
         if self.config.prefix_cache_dir is None or not _plain_kv_layers(loaded):

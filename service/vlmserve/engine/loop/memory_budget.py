@@ -1,0 +1,80 @@
+"""Admission by memory: requests start only while their estimated KV and image memory fits.
+
+A queue bounded by length says nothing about memory: sixteen 30k-token agent turns fit the queue
+and not a 16 GB Mac. Each prepared request is given an estimate — its KV cache at the cache's
+precision for the whole prompt plus every token it may generate (`kv_cache.bytes_per_token`),
+plus its images' processor arrays — and the generation thread starts a waiting request only
+while the estimates of the requests in flight, with it, stay under the budget (FIFO, the
+scheduler's `admit_count`: the oldest waiting request goes first, so a large one is not starved
+by small ones behind it). A request
+whose estimate exceeds the whole budget can never run: it is refused at admission with
+RESOURCE_EXHAUSTED, saying what it needs and what to change, before any work.
+
+The budget (`--memory-budget-mib`; 0 = derived) defaults to three quarters of the memory the
+device reports (Metal's recommended working set, CUDA's total memory, the system's RAM on the
+CPU backend) less what the loaded model already holds. The estimate is deliberately the upper
+bound (max tokens all generated); vision-tower activations, transient during one prefill chunk,
+are not counted.
+
+Pure but for `device_memory_bytes` (reads the device and the system).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from vlmserve.engine.request_errors import RequestError
+
+__all__ = ["MemoryBudget", "default_budget_bytes", "device_memory_bytes"]
+
+BUDGET_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes the requests in flight may hold together, and what one token of KV costs."""
+
+    budget_bytes: int
+    kv_bytes_per_token: int
+
+    def cost(self, prompt_tokens: int, max_tokens: int, image_bytes: int) -> int:
+        return (prompt_tokens + max_tokens) * self.kv_bytes_per_token + image_bytes
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int, image_bytes: int) -> int:
+        """The request's estimate; RESOURCE_EXHAUSTED when it exceeds the whole budget."""
+        cost = self.cost(prompt_tokens, max_tokens, image_bytes)
+        if cost > self.budget_bytes:
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this request needs an estimated {_mib(cost)} MiB (KV cache for {prompt_tokens} prompt + "
+                f"{max_tokens} output tokens at {self.kv_bytes_per_token} bytes per token, and "
+                f"{_mib(image_bytes)} MiB of images), more than the engine's memory budget of "
+                f"{_mib(self.budget_bytes)} MiB; lower max_tokens, shorten the conversation or send "
+                "fewer images",
+                field="sampling.max_tokens",
+            )
+        return cost
+
+
+def device_memory_bytes() -> int:
+    """The memory the device can use: Metal's recommended working set, CUDA's total memory,
+    else (the CPU backend) the system's RAM."""
+    import mlx.core as mx
+
+    info: dict[str, Any] = dict(mx.device_info())
+    for key in ("max_recommended_working_set_size", "memory_size", "total_memory"):
+        if int(info.get(key) or 0) > 0:
+            return int(info[key])
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def default_budget_bytes(device_bytes: int, model_bytes: int) -> int:
+    return max(0, int(device_bytes * BUDGET_SHARE) - model_bytes)
+
+
+def _mib(value: int) -> str:
+    return f"{value / (1 << 20):.1f}"

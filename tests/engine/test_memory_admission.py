@@ -1,0 +1,113 @@
+"""Admission by memory on the real engine (fixture model, KV 1,536 bytes a token): a request that
+can never fit the budget is refused before any work with RESOURCE_EXHAUSTED naming what to
+change; requests that fit alone but not together run one after the other instead of together,
+and all of them finish."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+import pytest
+from prometheus_client import generate_latest
+
+from vlmserve.engine.config import EngineConfig
+from vlmserve.engine.jobs import Job
+from vlmserve.engine.loop.generator import Generator
+from vlmserve.engine.model import RANDOM_MODEL_PATH
+from vlmserve.engine.request_errors import RequestError
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+from .test_batching import prepared
+from .test_engine_grpc import text_part
+
+PROMPT = " ".join(f"item {i} is on shelf {i % 7};" for i in range(40))
+
+
+def started(budget_mib: int) -> Generator:
+    generator = Generator(
+        EngineConfig(
+            model=str(RANDOM_MODEL_PATH),
+            warmup=False,
+            memory_budget_mib=budget_mib,
+            prefix_cache_min_tokens=0,
+            max_active=8,
+            max_output_tokens=512,
+        )
+    )
+    generator.start()
+    assert generator.ready.wait(60), generator.load_error
+    return generator
+
+
+def batch_sizes(generator: Generator) -> tuple[float, float]:
+    """(decode steps with at most one row, all decode steps)."""
+    text = generate_latest(generator.metrics.registry).decode()
+
+    def sample(name: str) -> float:
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+    return sample('vlmserve_engine_decode_batch_size_bucket{le="1.0"}'), sample(
+        "vlmserve_engine_decode_batch_size_count"
+    )
+
+
+def test_a_request_that_can_never_fit_is_refused_before_any_work() -> None:
+    generator = started(budget_mib=1)
+    try:
+        request = prepared(generator, text_part(PROMPT), temperature=0.0, seed=1, max_tokens=500)
+        with pytest.raises(RequestError) as raised:
+            generator.submit(Job(request, None))
+        assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert raised.value.field == "sampling.max_tokens"
+        assert "memory budget of 1.0 MiB" in str(raised.value)
+        assert generator.admission.in_flight == 0
+        # The same prompt with fewer output tokens fits and runs.
+        small = dataclasses.replace(request, settings=dataclasses.replace(request.settings, max_tokens=8))
+        generator.submit(Job(small, None))
+        assert generator.wait_idle(60)
+        assert generator.reports[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert (
+            "vlmserve_engine_memory_refused_requests_total 1.0"
+            in generate_latest(generator.metrics.registry).decode()
+        )
+    finally:
+        generator.stop()
+
+
+@pytest.mark.parametrize(
+    ("budget_mib", "together"), [(2, False), (64, True)], ids=["one at a time", "together"]
+)
+def test_requests_that_fit_only_one_at_a_time_wait_for_each_other(budget_mib: int, together: bool) -> None:
+    generator = started(budget_mib=budget_mib)
+    try:
+        # (540 prompt + 200 output) tokens x 1,536 bytes: 1.08 MiB each; 2 MiB holds one.
+        jobs = [
+            Job(
+                dataclasses.replace(
+                    prepared(
+                        generator,
+                        text_part(f"{PROMPT} question {i}?"),
+                        temperature=0.0,
+                        seed=i,
+                        max_tokens=200,
+                    ),
+                    request_id=f"mem-{budget_mib}-{i}",
+                ),
+                None,
+            )
+            for i in range(3)
+        ]
+        for job in jobs:
+            generator.submit(job)
+        assert generator.wait_idle(300)
+        reports = {report.request_id: report for report in generator.reports}
+        assert all(reports[job.request_id].output_tokens == 200 for job in jobs)
+        single, steps = batch_sizes(generator)
+        if together:
+            assert single < steps, "with room for all, they decode in one batch"
+        else:
+            assert single == steps, "never two rows at once"
+        assert generator.admission.memory_in_use == 0
+    finally:
+        generator.stop()
