@@ -133,7 +133,7 @@ def make_handler(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--upstream", required=True, help="the facade's URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True)
