@@ -57,12 +57,15 @@ def test_a_call_ended_by_the_end_of_sequence_token_is_closed() -> None:
     assert [c.name for c in assembler.tool_calls] == ["get_weather"]
 
 
-def test_a_cut_off_call_is_not_a_call() -> None:
+def test_a_cut_off_call_is_not_a_call_and_never_text() -> None:
+    """Issue 24.3: call markup never reaches the client as text (it used to be given back as
+    text); the response ends incomplete (the token limit) without a call."""
     assembler = OutputAssembler(stop=[], tool_call_format="harmony")
     assembler.feed(ANALYSIS + CALL_IN_CHANNEL[:-3])
     assembler.finish()
     assert assembler.tool_calls == []
-    assert '{"city": "O' in assembler.visible_text  # given back as text, not dropped
+    assert "get_weather" not in assembler.visible_text
+    assert '{"city"' not in assembler.visible_text
 
 
 def test_a_commentary_preamble_is_answer_text() -> None:
