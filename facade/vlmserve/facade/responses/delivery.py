@@ -12,6 +12,7 @@ import anyio
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
+from vlmserve.common.logs import bind_response
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.preparation import ResponsesService
@@ -63,6 +64,9 @@ async def prepare_unless_disconnected(
     generation = await unless_disconnected(request, service.prepare(body, owner=owner_of(request)))
     if generation is None:
         raise client_closed()
+    # `prepare` ran in a task of its own: its context (the bound response id) ended with it, and
+    # this request's remaining log lines (the access line too) must still name the response.
+    bind_response(generation.response_id)
     return generation
 
 
