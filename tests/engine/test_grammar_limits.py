@@ -6,7 +6,7 @@ small lexer-fuel limit, on the real engine with the random-weight model."""
 
 from __future__ import annotations
 
-import functools
+from typing import Any
 
 import grpc
 import llguidance
@@ -66,8 +66,12 @@ def test_a_required_call_cut_by_a_grammar_limit_fails_with_the_reason(
 ) -> None:
     # The engine's own processor, with llguidance's lexer fuel per step cut to 300 (its default
     # is 200,000): a limit the random model's calls reach a few tokens in.
-    limited = functools.partial(GrammarLogitsProcessor, limits=llguidance.LLParserLimits(step_lexer_fuel=300))
-    monkeypatch.setattr(decode, "GrammarLogitsProcessor", limited)
+    # A subclass, not a partial: the loop finds a row's grammar by its type (grammar fast-forward).
+    class Limited(GrammarLogitsProcessor):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, limits=llguidance.LLParserLimits(step_lexer_fuel=300), **kwargs)
+
+    monkeypatch.setattr(decode, "GrammarLogitsProcessor", Limited)
     code, details = status_of(lambda: list(stub.Generate(required_call(0), timeout=60)))
     assert code == grpc.StatusCode.ABORTED, details
     assert "constrained decoding stopped" in details and "too many expressions" in details
