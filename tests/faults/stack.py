@@ -21,6 +21,7 @@ import httpx
 from tests._services import REPO, ServiceProcess, free_port, start_engine
 from tests._sse import iter_lines
 from vlmserve.client import EngineClient
+from vlmserve.engine.config import EngineConfig
 
 # The random-weight fixture model: it never ends a turn by itself, so a generation runs exactly as
 # long as `max_output_tokens` says. Pinned: a trained model (VLMSERVE_TEST_MODEL) would answer
@@ -168,3 +169,8 @@ def time_to_first_delta(http: httpx.Client, *, max_output_tokens: int = 4) -> fl
                 first = time.monotonic() - started
     assert first is not None, "no text delta"
     return first
+
+
+# A cancel stops a request within one engine step: one token, or with speculation (on by
+# default) a row's accepted drafts plus one.
+ONE_STEP = 1 + EngineConfig().speculative_max_draft

@@ -1,7 +1,7 @@
 """A client that leaves mid-generation stops the engine within one decode step (docs/hardening.md, "Faults").
 
 Evidence from the engine itself, three ways: its accounting line for the request (finish
-CANCELLED, `tokens_after_cancel` <= 1); Abort afterwards finds nothing to stop; and, with one
+CANCELLED, `tokens_after_cancel` within one step); Abort afterwards finds nothing to stop; and, with one
 generation slot, the next request starts at once instead of waiting for the abandoned one's
 remaining tokens.
 """
@@ -25,6 +25,8 @@ from tests.faults.stack import (
     wait_until,
 )
 
+from .stack import ONE_STEP
+
 # An abandoned generation still running would hold the only slot for the rest of its
 # LONG_OUTPUT_TOKENS (well over 10 s here); a stopped one frees it at once (~0.1 s).
 NEXT_REQUEST_TTFT_BOUND_S = 5.0
@@ -34,7 +36,7 @@ CLIENT_PATIENCE_S = 1.5
 
 def assert_stopped_within_a_step(stack: SmallStack, report: EngineReport) -> None:
     assert report.finish == "FINISH_REASON_CANCELLED"
-    assert report.tokens_after_cancel is not None and report.tokens_after_cancel <= 1, report
+    assert report.tokens_after_cancel is not None and report.tokens_after_cancel <= ONE_STEP, report
     assert 0 < report.generated < LONG_OUTPUT_TOKENS
     assert not engine_still_has(stack.engine, report.request_id)
     with stack.http() as http:

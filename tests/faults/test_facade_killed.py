@@ -29,6 +29,8 @@ from tests.faults.stack import (
     sse_events,
 )
 
+from .stack import ONE_STEP
+
 pytestmark = pytest.mark.needs_model
 
 SMALL = 4
@@ -145,7 +147,7 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
     # The engine noticed the facade's connection go and stopped that generation within a step.
     report = engine_report(engine, running_id)
     assert report.finish == "FINISH_REASON_CANCELLED"
-    assert report.tokens_after_cancel is not None and report.tokens_after_cancel <= 1
+    assert report.tokens_after_cancel is not None and report.tokens_after_cancel <= ONE_STEP
 
     second = start_facade(facade_logs, engine.address, store_path=store_path, extra=SHORT_LEASE)
     facades.append(second)
