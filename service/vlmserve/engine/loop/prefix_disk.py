@@ -166,14 +166,13 @@ class PrefixDiskTier:
 
     def load(self, entry: DiskEntry) -> list[LayerArrays] | None:
         """The entry's layers, after checking its checksum; None (and the file gone) if it fails."""
-        from safetensors.numpy import load_file
+        from safetensors import safe_open
 
         try:
-            tensors = load_file(str(entry.path))
-            from safetensors import safe_open
-
+            # One open: the metadata and the tensors from the same read of the header.
             with safe_open(str(entry.path), framework="numpy") as handle:
                 meta = handle.metadata() or {}
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
             if _checksum(tensors) != meta.get("sha256"):
                 raise ValueError("checksum mismatch")
             layers = _unflatten(tensors, int(meta["layers"]))
