@@ -184,15 +184,18 @@ class ActiveGeneration:
         # The prefix first: images inside the reused part need no vision tower (after a restart
         # the vision cache is empty, and re-encoding an agent's old screenshots would cost more
         # than the rest of the turn).
+        spans = prompt_image_spans(self._loaded, request)
         taken = (
-            self._prefix_cache.take(
-                request.partition_key, request.prompt_ids, prompt_image_spans(self._loaded, request)
-            )
+            self._prefix_cache.take(request.partition_key, request.prompt_ids, spans)
             if self._prefix_cache is not None
             else None
         )
         inputs = build_model_inputs(
-            self._loaded, request, vision_cache=self._vision_cache, covered_tokens=taken[1] if taken else 0
+            self._loaded,
+            request,
+            spans,
+            vision_cache=self._vision_cache,
+            covered_tokens=taken[1] if taken else 0,
         )
         self._inputs = inputs
         if taken is not None:

@@ -75,12 +75,14 @@ def prompt_image_spans(loaded: LoadedModel, request: PreparedRequest) -> tuple[I
 def build_model_inputs(
     loaded: LoadedModel,
     request: PreparedRequest,
+    spans: tuple[ImageSpan, ...],
     *,
     vision_cache: VisionFeatureCache | None,
     covered_tokens: int = 0,
 ) -> ModelInputs:
     """Token ids and image arrays (prepared off this thread, `request_prep.py`) -> MLX arrays,
-    the input embeddings with the vision features, and where each image's tokens sit.
+    the input embeddings with the vision features; `spans` (`prompt_image_spans`) says where each
+    image's tokens sit.
 
     `covered_tokens`: the first prompt tokens whose KV comes from elsewhere (a cached prefix):
     images wholly inside them are not run through the vision tower (their embedding positions
@@ -93,7 +95,6 @@ def build_model_inputs(
     extra: dict[str, Any] = {key: mx.array(value) for key, value in request.image_arrays().items()}
     pixel_values = extra.pop("pixel_values", None)
     hashes = [image.content_hash for image in request.images]
-    spans = prompt_image_spans(loaded, request)
     covered = [span.length if span.start + span.length <= covered_tokens else 0 for span in spans]
     if pixel_values is not None and vision_cache is not None:
         features = encode_images(
