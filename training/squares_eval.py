@@ -27,8 +27,9 @@ from training.squares_conversations import (
     user_image,
 )
 from vlmserve.common.images import decode_image
-from vlmserve.engine.output.tool_parsers import HERMES_FORMAT, TextPiece, ToolCallPiece, make_parser
+from vlmserve.engine.output.tool_parsers import TextPiece, ToolCallPiece
 from vlmserve.engine.prep.prompt import render_prompt
+from vlmserve.engine.tool_formats import HERMES_FORMAT, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import lower_messages
 

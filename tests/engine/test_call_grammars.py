@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.output.assembler import OutputAssembler
-from vlmserve.engine.output.tool_parsers import markup_of
+from vlmserve.engine.tool_formats import tool_format
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WEATHER = {
@@ -185,15 +185,15 @@ def test_the_grammar_allows_valid_calls_and_the_parser_reads_them(
 
 
 def test_a_named_choice_allows_only_that_tool(compiler: GrammarCompiler, tokenizer: Any) -> None:
-    for tool_format, good, other in [
+    for format_name, good, other in [
         ("qwen3_coder", xml("shell"), xml("weather", city="a", days="1")),
         ("glm47", glm("shell"), glm("weather", city="a", days="1")),
         ("kimi_k2", kimi(("shell", {})), kimi(("weather", {"city": "a", "days": 1}))),
         ("harmony", harmony("shell", {}), harmony("weather", {"city": "a", "days": 1})),
     ]:
-        constraint = build(compiler, tool_format, "function", forced_name="shell")
-        assert accepts(compiler, tokenizer, constraint, good), tool_format
-        assert not accepts(compiler, tokenizer, constraint, other), tool_format
+        constraint = build(compiler, format_name, "function", forced_name="shell")
+        assert accepts(compiler, tokenizer, constraint, good), format_name
+        assert not accepts(compiler, tokenizer, constraint, other), format_name
 
 
 def test_one_call_when_parallel_calls_are_off(compiler: GrammarCompiler, tokenizer: Any) -> None:
@@ -220,9 +220,9 @@ def test_text_arguments_are_typed_by_the_offered_tools() -> None:
 def test_inner_markers_survive_detokenization() -> None:
     # Single tokens in their own vocabularies, often special: the detokenizer must keep them.
     kimi_markers = {"<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"}
-    assert kimi_markers <= set(markup_of("kimi_k2"))
-    assert {"<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"} <= set(markup_of("glm47"))
-    assert '<|"|>' in markup_of("gemma4")
+    assert kimi_markers <= set(tool_format("kimi_k2").markers)
+    assert {"<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"} <= set(tool_format("glm47").markers)
+    assert '<|"|>' in tool_format("gemma4").markers
 
 
 @pytest.fixture(scope="module")

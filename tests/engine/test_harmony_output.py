@@ -10,7 +10,7 @@ import pytest
 
 from vlmserve.engine.output.assembler import OutputAssembler, Reasoning, ThinkingSplitter
 from vlmserve.engine.output.harmony import HarmonySplitter, starts_harmony
-from vlmserve.engine.output.tool_parsers import markup_of
+from vlmserve.engine.tool_formats import tool_format
 
 ANALYSIS = "<|channel|>analysis<|message|>The user greets; answer briefly.<|end|>"
 FINAL = "<|start|>assistant<|channel|>final<|message|>Hello there."
@@ -109,4 +109,4 @@ def test_plain_output_is_untouched() -> None:
 
 
 def test_the_detokenizer_keeps_the_framing() -> None:
-    assert {"<|channel|>", "<|message|>", "<|start|>", "<|end|>"} <= set(markup_of("harmony"))
+    assert {"<|channel|>", "<|message|>", "<|start|>", "<|end|>"} <= set(tool_format("harmony").markers)

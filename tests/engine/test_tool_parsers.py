@@ -7,18 +7,16 @@ import time
 
 import pytest
 
+from tests.engine._tool_pieces import collect
 from vlmserve.engine.output.tool_parsers import (
-    HERMES_FORMAT,
     HermesToolCallParser,
     Piece,
     PlainTextParser,
     TextPiece,
     ToolCallDeltaPiece,
     ToolCallPiece,
-    collect,
-    make_parser,
-    tool_call_format_for,
 )
+from vlmserve.engine.tool_formats import HERMES_FORMAT, format_for_model, make_parser
 
 CALL_LS = '<tool_call>\n{"name": "shell", "arguments": {"cmd": ["ls", "-l"]}}\n</tool_call>'
 CALL_READ = '<tool_call>\n{"name": "read", "arguments": {"path": "a.txt"}}\n</tool_call>'
@@ -206,7 +204,7 @@ def test_plain_parser_passes_markup_through() -> None:
     ],
 )
 def test_format_is_chosen_per_family(model_type: str, template: str | None, expected: str) -> None:
-    assert tool_call_format_for(model_type, template) == expected
+    assert format_for_model(model_type, template) == expected
 
 
 # Other families: mlx-vlm's body decoders inside our streaming wrapper.

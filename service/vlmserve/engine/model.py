@@ -17,9 +17,9 @@ from typing import Any
 from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 from vlmserve.engine.grammar.compiler import GrammarCompiler
 from vlmserve.engine.loop.kv_cache import KVLayout
-from vlmserve.engine.output.tool_parsers import HERMES_FORMAT, markup_of, tool_call_format_for
 from vlmserve.engine.prep.prompt import ChatTemplate
 from vlmserve.engine.prep.template_fit import probe
+from vlmserve.engine.tool_formats import HERMES_FORMAT, format_for_model, tool_format
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
@@ -203,13 +203,14 @@ def load_model(
     eos = set(getattr(criteria, "eos_token_ids", None) or [])
     if isinstance(tokenizer.eos_token_id, int):
         eos.add(tokenizer.eos_token_id)
-    tool_format = tool_call_format_for(
+    format_name = format_for_model(
         architecture, chat_template_text if isinstance(chat_template_text, str) else None
     )
-    if not tool_format and template is not None and not probe(template).renders_tools:
+    if not format_name and template is not None and not probe(template).renders_tools:
         # The template drops tools, so the prompt describes them in the Hermes format
         # (template_fit.py) and the output is parsed in it.
-        tool_format = HERMES_FORMAT
+        format_name = HERMES_FORMAT
+    record = tool_format(format_name)
     eos_ids = frozenset(int(i) for i in eos)
     grammar_started = time.perf_counter()
     grammar = GrammarCompiler(tokenizer, eos_ids)
@@ -220,12 +221,12 @@ def load_model(
         architecture=architecture,
         context_length=_context_length(model, tokenizer),
         has_chat_template=template is not None,
-        tool_call_format=tool_format,
+        tool_call_format=format_name,
         image_limits=image_limits,
         max_images_per_request=max_images_per_request,
         max_output_tokens=max_output_tokens,
         loaded_at=time.time(),
-        thinking=_thinks(template, chat_template_text, tool_format),
+        thinking=record.reasons or _thinks(template, chat_template_text),
         cache_namespace=f"{model_id_for(source)}@{_weights_origin(source)}:{dtype}",
     )
     log.info(
@@ -233,7 +234,7 @@ def load_model(
         info.model_id,
         architecture,
         info.context_length,
-        tool_format,
+        format_name,
         dtype_done,
         ", not read yet" if lazy else "",
         time.perf_counter() - started,
@@ -246,7 +247,7 @@ def load_model(
         info=info,
         eos_token_ids=eos_ids,
         grammar=grammar,
-        kept_tokens=_markup_tokens(tokenizer, markup_of(tool_format)),
+        kept_tokens=_markup_tokens(tokenizer, record.markers),
     )
 
 
@@ -266,12 +267,10 @@ def fresh_weights(source: str, *, trust_remote_code: bool = False, dtype: str = 
     return model
 
 
-def _thinks(template: ChatTemplate | None, template_text: object, tool_format: str) -> bool:
-    """Whether the model's output may carry reasoning (GetModelInfo's `thinking`)."""
+def _thinks(template: ChatTemplate | None, template_text: object) -> bool:
+    """Whether the template lets the model's output carry reasoning (GetModelInfo's `thinking`)."""
     from vlmserve.engine.output.assembler import prompt_leaves_thinking
 
-    if tool_format == "harmony":
-        return True
     if isinstance(template_text, str) and "enable_thinking" in template_text:
         return True
     if template is None:

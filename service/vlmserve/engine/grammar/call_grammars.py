@@ -1,11 +1,12 @@
 """Each tool-call format's grammar (llguidance Lark): the `calls` rule after its call-start
-marker. Pure text building; `grammar.py` decides when a request gets one and checks it.
+marker. Pure text building; `compiler.py` decides when a request gets one and checks it, and
+the tool-format registry (tool_formats.py) says which rules and marker a format has.
 
-Formats (the parser names in tool_parsers.py): Hermes / Qwen `<tool_call>{json}</tool_call>`,
+Formats: Hermes / Qwen `<tool_call>{json}</tool_call>`,
 Mistral's `[TOOL_CALLS][{...}]`, Llama's bare `{"name", "parameters"}` answer, Qwen3-Coder's
 XML parameters, GLM's `<arg_key>`/`<arg_value>` pairs, Gemma 4's and pythonic calls (values in
 their literal syntax: call_literals.py), Kimi K2's sections, gpt-oss harmony's commentary channel;
-formats not listed here (mlx-vlm's minimax, longcat, ...) refuse a forced tool choice (grammar.py).
+formats without rules (mlx-vlm's minimax, longcat, ...) refuse a forced tool choice.
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vlmserve.engine.grammar.call_literals import GEMMA, PYTHON, LiteralRules
-from vlmserve.engine.output.tool_parsers import HERMES_FORMAT, LLAMA_JSON_FORMAT
 
 __all__ = [
-    "AUTO_UNCONSTRAINED",
-    "CALL_SYNTAX",
     "LENIENT",
+    "CallRules",
     "FunctionSpec",
     "MarkerSource",
-    "enforceable_formats",
+    "gemma4_calls",
+    "glm47_calls",
+    "harmony_calls",
+    "hermes_calls",
+    "kimi_k2_calls",
+    "llama_json_calls",
+    "mistral_calls",
+    "pythonic_calls",
+    "qwen3_coder_calls",
     "schema_rule",
 ]
 
@@ -49,6 +56,11 @@ class FunctionSpec:
     parameters: Any
     strict: bool
     where: str
+
+
+# A format's `calls` rules (tool_formats.py `CallGrammar`): Lark lines for the given tools, at
+# most max_calls calls (None: any number).
+CallRules = Callable[[MarkerSource, Sequence[FunctionSpec], "int | None"], list[str]]
 
 
 def schema_rule(schema: Any) -> str:
@@ -112,7 +124,7 @@ def _repeat(rule: str, separator: str, count: int | None) -> str:
     return f"{rule} ({separator} {rule}){more}"
 
 
-def _hermes_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+def hermes_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
     """`calls` after the first `<tool_call>`: `\\n{json}\\n</tool_call>`, repeated with the marker."""
     start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
     return [
@@ -123,7 +135,7 @@ def _hermes_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_cal
     ]
 
 
-def _mistral_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+def mistral_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
     """`calls` after `[TOOL_CALLS]`: one JSON array of calls (Mistral Small 3.x templates), the
     output's end. The parser also reads the `name[ARGS]{...}` form; the grammar writes one."""
     items = _call_schema(tools)
@@ -139,7 +151,7 @@ def _mistral_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_ca
 _LLAMA_SEPARATOR = '"; "'
 
 
-def _llama_json_calls(
+def llama_json_calls(
     compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
 ) -> list[str]:
     """`calls` for Llama's JSON format: the whole answer, `{"name": ..., "parameters": {...}}`
@@ -213,7 +225,7 @@ def _xml_functions(
     return lines, functions
 
 
-def _qwen3_coder_calls(
+def qwen3_coder_calls(
     compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
 ) -> list[str]:
     """`calls` after `<tool_call>` in Qwen3-Coder's XML form (also Qwen3.5's templates):
@@ -231,7 +243,7 @@ def _qwen3_coder_calls(
     ]
 
 
-def _glm47_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+def glm47_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
     """`calls` after `<tool_call>` in GLM-4.5/4.6/4.7's form (GLM-4.5V / 4.6V):
     `NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>`."""
     start, end = compiler.marker("<tool_call>"), compiler.marker("</tool_call>")
@@ -263,7 +275,7 @@ def _lenient(schema: Any) -> Any:
     return {**schema, "x-guidance": LENIENT} if isinstance(schema, dict) else schema
 
 
-def _kimi_k2_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+def kimi_k2_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
     """`calls` after `<|tool_calls_section_begin|>` (Kimi K2 / Kimi-VL):
     `<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{json}<|tool_call_end|>`
     repeated, then `<|tool_calls_section_end|>`."""
@@ -290,7 +302,7 @@ def _text_until(compiler: MarkerSource, rule: str, marker: str) -> str:
     return f"{rule}[lazy]: /(.|\\n)*/ {json.dumps(marker)}"
 
 
-def _harmony_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+def harmony_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
     """`calls` for gpt-oss harmony: optional thinking in the analysis channel, then one call
     `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{json}`; its `<|call|>`
     is an end-of-sequence token, so the grammar ends there (one call: the turn ends with it)."""
@@ -309,7 +321,7 @@ def _harmony_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_ca
     ]
 
 
-def _gemma4_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
+def gemma4_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
     """`calls` after `<|tool_call>` (Gemma 4): `call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`,
     repeated with the marker; values in Gemma's literal syntax (call_literals.py)."""
     start, end = compiler.marker("<|tool_call>"), compiler.marker("<tool_call|>")
@@ -326,9 +338,7 @@ def _gemma4_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_cal
     ]
 
 
-def _pythonic_calls(
-    compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None
-) -> list[str]:
+def pythonic_calls(compiler: MarkerSource, tools: Sequence[FunctionSpec], max_calls: int | None) -> list[str]:
     """`calls` after `<|tool_call_start|>` (LFM2 / LFM2-VL): `[name(key="text", n=1), ...]` then
     `<|tool_call_end|>`; keyword arguments as Python literals (call_literals.py)."""
     end = compiler.marker("<|tool_call_end|>")
@@ -358,27 +368,3 @@ def _literal_members(rules: LiteralRules, tool: FunctionSpec, key: Callable[[str
     required = set(schema.get("required") or ())
     items = [(f"{key(name)} {rules.value(sub)}", name in required) for name, sub in properties.items()]
     return rules.sequence(items)
-
-
-# Formats whose AUTO choice is left free (calls still parsed): harmony's AUTO text runs through
-# channels a plain-text grammar cannot follow.
-AUTO_UNCONSTRAINED = frozenset({"harmony"})
-
-# Families whose calls we can write a grammar for (their parser's name): call-start marker and
-# the `calls` rule that follows it ("" for a format whose calls are the whole answer).
-CallRules = Callable[[MarkerSource, Sequence[FunctionSpec], "int | None"], list[str]]
-CALL_SYNTAX: dict[str, tuple[str, CallRules]] = {
-    HERMES_FORMAT: ("<tool_call>", _hermes_calls),
-    "mistral": ("[TOOL_CALLS]", _mistral_calls),
-    LLAMA_JSON_FORMAT: ("", _llama_json_calls),
-    "qwen3_coder": ("<tool_call>", _qwen3_coder_calls),
-    "kimi_k2": ("<|tool_calls_section_begin|>", _kimi_k2_calls),
-    "glm47": ("<tool_call>", _glm47_calls),
-    "gemma4": ("<|tool_call>", _gemma4_calls),
-    "pythonic": ("<|tool_call_start|>", _pythonic_calls),
-    "harmony": ("", _harmony_calls),
-}
-
-
-def enforceable_formats() -> frozenset[str]:
-    return frozenset(CALL_SYNTAX)

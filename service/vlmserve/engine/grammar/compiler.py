@@ -25,15 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vlmserve.engine.grammar.call_grammars import (
-    AUTO_UNCONSTRAINED,
-    CALL_SYNTAX,
-    LENIENT,
-    FunctionSpec,
-    enforceable_formats,
-    schema_rule,
-)
+from vlmserve.engine.grammar.call_grammars import LENIENT, FunctionSpec, schema_rule
 from vlmserve.engine.request_errors import invalid_argument
+from vlmserve.engine.tool_formats import FORMATS
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = [
@@ -41,7 +35,6 @@ __all__ = [
     "OutputConstraint",
     "after_thinking",
     "constraint_for",
-    "enforceable_formats",
 ]
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -120,9 +113,11 @@ def _tool_grammar(
     max_calls: int | None,
     answer_schema: Any | None,
 ) -> str:
-    start_marker, calls_rules = CALL_SYNTAX[tool_call_format]
+    syntax = FORMATS[tool_call_format].grammar
+    assert syntax is not None
+    start_marker = syntax.start
     start = compiler.marker(start_marker) if start_marker else ""
-    lines = ["%llguidance {}", *calls_rules(compiler, tools, max_calls)]
+    lines = ["%llguidance {}", *syntax.rules(compiler, tools, max_calls)]
     if mode in ("required", "function"):
         lines.append(f"start: {start} calls")
         return "\n".join(lines) + "\n"
@@ -233,7 +228,10 @@ def constraint_for(
                 field="response_format.json_schema.schema_json",
             )
     parsed = _parse_tools(tools)
-    calls_possible = tool_mode != "none" and bool(parsed) and tool_call_format in CALL_SYNTAX
+    # Only the registry's own families have call grammars (a name only mlx-vlm knows has none).
+    record = FORMATS.get(tool_call_format)
+    enforceable = record is not None and record.grammar is not None
+    calls_possible = tool_mode != "none" and bool(parsed) and enforceable
     if not calls_possible:
         if tool_mode in ("required", "function"):
             raise invalid_argument(
@@ -244,7 +242,8 @@ def constraint_for(
         if answer_schema is None:
             return None
         return OutputConstraint(_json_grammar(answer_schema), format_name)
-    if tool_mode == "auto" and tool_call_format in AUTO_UNCONSTRAINED and answer_schema is None:
+    assert record is not None
+    if tool_mode == "auto" and record.auto_unconstrained and answer_schema is None:
         return None
     parsed = [_arguments_schema(compiler, tool) for tool in parsed]
     if tool_mode == "function":

@@ -1,4 +1,5 @@
-"""Streaming tool-call parsers, chosen per model family.
+"""Streaming tool-call parsers, one kind per model family (the registry, tool_formats.py,
+says which family gets which).
 
 A parser turns the model's raw text, fed in arbitrary pieces, into visible text and whole tool
 calls. Markup is never emitted as text: a possible start tag at the end of the input is held
@@ -6,8 +7,7 @@ back until it is decided, and a call is emitted once, complete, when its end tag
 Work is linear in the input (each character is scanned a bounded number of times) and a call
 body is bounded; an over-long or malformed call is given back as text so nothing is dropped.
 
-The family is chosen the way mlx-vlm's server chooses it (`mlx_vlm.tools` registry: the chat
-template's markers), and the body of a call is decoded by that family's mlx-vlm parser
+The body of a call is decoded by that family's mlx-vlm parser
 (`parse_tool_call`: mistral, gemma4, pythonic, glm47, qwen3_coder, kimi_k2, harmony, ...).
 mlx-vlm's extractor works on the finished text only and drops a call it cannot parse (a log
 line), so the streaming and the keep-it-as-text rule are ours (`MarkupToolCallParser`).
@@ -21,14 +21,14 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_MAX_CALL_CHARS",
-    "HERMES_FORMAT",
-    "LLAMA_JSON_FORMAT",
+    "LLAMA_PYTHON_END",
+    "LLAMA_PYTHON_START",
     "HermesToolCallParser",
     "LlamaJsonToolCallParser",
     "MarkupToolCallParser",
@@ -38,23 +38,11 @@ __all__ = [
     "ToolCallDeltaPiece",
     "ToolCallParser",
     "ToolCallPiece",
-    "make_parser",
-    "markup_of",
-    "tool_call_format_for",
+    "module_body_parser",
 ]
 
-HERMES_FORMAT = "hermes"
-# Llama 3.x / 4 templates: the whole answer is the call, bare JSON with `parameters` (ours:
-# mlx-vlm has no parser for it).
-LLAMA_JSON_FORMAT = "llama_json"
-_LLAMA_JSON_TEMPLATE_MARKER = '"parameters": dictionary of argument name and its value'
 LLAMA_PYTHON_START, LLAMA_PYTHON_END = "<|python_start|>", "<|python_end|>"
 DEFAULT_MAX_CALL_CHARS = 1 << 20  # a call body (e.g. a whole patch) may be large, but not unbounded
-
-# Model families whose chat templates use `<tool_call>{json}</tool_call>` (Qwen2/2.5/3, Hermes).
-_HERMES_FAMILIES = frozenset(
-    {"qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_5_omni", "qwen3", "qwen3_vl", "qwen3_vl_moe", "qwen3_moe"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,77 +87,7 @@ class ToolCallParser(Protocol):
         ...
 
 
-def tool_call_format_for(model_type: str, chat_template: str | None) -> str:
-    """The parser name for a model ("" if none): Qwen families are Hermes; otherwise the mlx-vlm
-    parser its chat template selects (`mlx_vlm.tools.registry`), json_tools being Hermes."""
-    if model_type in _HERMES_FAMILIES:
-        return HERMES_FORMAT
-    if not chat_template:
-        return ""
-    from mlx_vlm.tools import _infer_tool_parser
-
-    name = _infer_tool_parser(chat_template)
-    if name == "json_tools" or (name is None and "<tool_call>" in chat_template):
-        return HERMES_FORMAT
-    if name is None and _LLAMA_JSON_TEMPLATE_MARKER in chat_template:
-        return LLAMA_JSON_FORMAT
-    return name or ""
-
-
-# Markup inside a call that a family's parser reads, beyond its start and end markers.
-# Harmony: also its message framing, which the output splitter (harmony.py) reads.
-# Kimi K2, GLM, Gemma 4: the call's inner markers (single tokens in their vocabularies).
-_INNER_MARKUP = {
-    "harmony": ("<|message|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>", "<|return|>"),
-    "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
-    "glm47": ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
-    "gemma4": ('<|"|>',),  # its string quote
-}
-
-
-def markup_of(tool_call_format: str) -> tuple[str, ...]:
-    """The marker strings a format's calls are written with (for the detokenizer to keep)."""
-    if tool_call_format == HERMES_FORMAT:
-        return ("<tool_call>", "</tool_call>")
-    if tool_call_format == LLAMA_JSON_FORMAT:
-        return (LLAMA_PYTHON_START, LLAMA_PYTHON_END)
-    if not tool_call_format:
-        return ()
-    from mlx_vlm import tools
-
-    load_tool_module: Any = tools.load_tool_module  # unannotated in mlx-vlm
-    module = load_tool_module(tool_call_format)
-    markers = (module.tool_call_start, module.tool_call_end, *_INNER_MARKUP.get(tool_call_format, ()))
-    return tuple(marker for marker in markers if marker)
-
-
-def make_parser(
-    tool_call_format: str,
-    *,
-    max_call_chars: int = DEFAULT_MAX_CALL_CHARS,
-    tools: Sequence[dict[str, Any]] = (),
-) -> ToolCallParser:
-    """A fresh per-request parser; "" (no tool format, or tools disabled) passes text through.
-    `tools` (chat-template form) lets mlx-vlm's parsers type text arguments by their schema."""
-    if tool_call_format == HERMES_FORMAT:
-        return HermesToolCallParser(max_call_chars=max_call_chars)
-    if tool_call_format == LLAMA_JSON_FORMAT:
-        return LlamaJsonToolCallParser(max_call_chars=max_call_chars)
-    if tool_call_format == "":
-        return PlainTextParser()
-    from mlx_vlm import tools as mlx_tools
-
-    load_tool_module: Any = mlx_tools.load_tool_module  # unannotated in mlx-vlm
-    module = load_tool_module(tool_call_format)  # ValueError for an unknown name
-    return MarkupToolCallParser(
-        module.tool_call_start,
-        module.tool_call_end,
-        _module_body_parser(module.parse_tool_call, list(tools) or None),
-        max_call_chars=max_call_chars,
-    )
-
-
-def _module_body_parser(parse: Callable[..., Any], tools: list[dict[str, Any]] | None) -> BodyParser:
+def module_body_parser(parse: Callable[..., Any], tools: list[dict[str, Any]] | None) -> BodyParser:
     """mlx-vlm's `parse_tool_call(text, tools)` -> ours: calls, or None when it is not a call."""
 
     def parse_body(body: str) -> list[ParsedToolCall] | None:
@@ -535,18 +453,3 @@ def _parse_llama_calls(text: str) -> list[ParsedToolCall] | None:
         if parsed is None:
             return None
         calls.extend(parsed)
-
-
-def collect(parser: ToolCallParser, chunks: Sequence[str]) -> list[Piece]:
-    """Feed all chunks then finish; adjacent text pieces merged (for tests and unary use)."""
-    pieces: list[Piece] = []
-    for chunk in chunks:
-        pieces.extend(parser.feed(chunk))
-    pieces.extend(parser.finish())
-    merged: list[Piece] = []
-    for piece in pieces:
-        if merged and isinstance(piece, TextPiece) and isinstance(merged[-1], TextPiece):
-            merged[-1] = TextPiece(merged[-1].text + piece.text)
-        else:
-            merged.append(piece)
-    return merged

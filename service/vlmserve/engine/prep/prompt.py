@@ -40,9 +40,9 @@ from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
-from vlmserve.engine.output.tool_parsers import HERMES_FORMAT
 from vlmserve.engine.prep.template_fit import fit_messages, probe
 from vlmserve.engine.request_errors import invalid_argument
+from vlmserve.engine.tool_formats import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import InvalidRequestError, LoweredMessage, lower_conversation
 
