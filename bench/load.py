@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from vlmserve.common.netaddr import is_loopback_host
+from vlmserve.server.netaddr import is_loopback_host
 
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 256

@@ -1,5 +1,5 @@
 """Rewrite the settings tables in docs/configuration.md from the declarations (run after adding a
-setting; tests/common/test_settings.py fails while the doc is stale).
+setting; tests/server/test_settings.py fails while the doc is stale).
 
     .venv/bin/python -m scripts.settings_reference
 """
@@ -10,10 +10,10 @@ import re
 import sys
 from pathlib import Path
 
-from vlmserve.common.settings import reference
 from vlmserve.engine.cli import EngineCommand
 from vlmserve.facade.launch import LaunchSettings
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.server.settings import reference
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 TABLES = {

@@ -16,10 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT_MODULES = ["vlmserve.client", "vlmserve.responses", "vlmserve.chat", "vlmserve.anthropic"]
 # Shared code that only the engine and the facade use: a client import must not load it.
 SERVER_ONLY = [
-    "vlmserve.common.settings",
-    "vlmserve.common.logs",
-    "vlmserve.common.lifeline",
-    "vlmserve.common.secrets",
+    "vlmserve.server",
     "vlmserve.engine.rpc",
     "vlmserve.facade",
 ]

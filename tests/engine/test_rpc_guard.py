@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from vlmserve.common.logs import request_id_var
 from vlmserve.engine.rpc.server import _guarded
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.server.logs import request_id_var
 
 
 class _Context:

@@ -11,7 +11,7 @@ import asyncio
 import signal
 
 from tests.facade.fake_engine import Script, start_fake_engine
-from vlmserve.common.lifeline import watch_lifeline
+from vlmserve.server.lifeline import watch_lifeline
 
 
 async def serve(

@@ -1,5 +1,5 @@
 """Every HTTP answer names its request (`x-request-id`), and log lines written while serving it
-carry that id and the response id (facade/http/request_ids.py, vlmserve.common.logs)."""
+carry that id and the response id (facade/http/request_ids.py, vlmserve.server.logs)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import httpx
 import pytest
 
-from vlmserve.common.logs import ContextIds
+from vlmserve.server.logs import ContextIds
 
 
 async def test_every_answer_has_its_own_request_id(http: httpx.AsyncClient) -> None:

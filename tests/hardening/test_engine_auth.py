@@ -19,10 +19,10 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from tests.hardening._certs import PKIFiles, make_pki
 from vlmserve.client import AsyncEngineClient, UnauthenticatedError, UnimplementedError
-from vlmserve.common import secrets
-from vlmserve.common.settings import add_arguments, load
 from vlmserve.engine.rpc import auth
 from vlmserve.engine.rpc.auth import EngineSecurity, TokenAuthInterceptor
+from vlmserve.server import secrets
+from vlmserve.server.settings import add_arguments, load
 
 TOKEN = "engine-token-0123456789abcdef"
 ROTATED = "next-engine-token-fedcba9876543210"

@@ -11,7 +11,6 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.testclient import TestClient
 
-from vlmserve.common import secrets
 from vlmserve.facade.app import create_app
 from vlmserve.facade.http import api_keys as auth
 from vlmserve.facade.http.api_keys import (
@@ -25,6 +24,7 @@ from vlmserve.facade.http.api_keys import (
 )
 from vlmserve.facade.http.errors import install_error_handlers
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.server import secrets
 
 KEY = "sk-test-0123456789abcdef"
 OTHER_KEY = "sk-test-fedcba9876543210"

@@ -12,16 +12,16 @@ from urllib.parse import urlsplit, urlunsplit
 import uvicorn
 from fastapi import FastAPI
 
-from vlmserve.common.lifeline import watch_lifeline
-from vlmserve.common.logs import configure_logging
-from vlmserve.common.netaddr import is_loopback_host
-from vlmserve.common.settings import SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
 from vlmserve.facade.app import create_app
 from vlmserve.facade.http.body_memory import return_large_blocks_to_the_os
 from vlmserve.facade.http.protocol import bounded_protocol
 from vlmserve.facade.responses.delivery import STREAM_CUTOFF_AFTER_GRACE_S
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.server.lifeline import watch_lifeline
+from vlmserve.server.logs import configure_logging
+from vlmserve.server.netaddr import is_loopback_host
+from vlmserve.server.settings import SettingsError, add_arguments, load
 
 # Room for the request line (method, target, version) in uvicorn's header buffer.
 _REQUEST_LINE_BYTES = 8 * 1024

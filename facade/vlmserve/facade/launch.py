@@ -8,7 +8,7 @@ accepted that the engine could not finish), then the engine; more signals while 
 nothing (`make` passes its SIGTERM on, so a process group gets two). Every path out of the
 launcher stops both: a child that outlives its deadline is killed, an exception stops the rest,
 and if the launcher itself is killed the children see their lifeline close and stop themselves
-(vlmserve.common.lifeline). All deadlines come from the facade's `--shutdown-grace`.
+(vlmserve.server.lifeline). All deadlines come from the facade's `--shutdown-grace`.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ import httpx
 from pydantic import Field
 
 from vlmserve.client import EngineClient
-from vlmserve.common.lifeline import LIFELINE_ENV
-from vlmserve.common.logs import configure_logging
-from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv
 from vlmserve.facade.cli import server_shutdown_timeout_s
 from vlmserve.facade.engines.config import read_models_file
 from vlmserve.facade.http.api_keys import probe_key
 from vlmserve.facade.settings import ENGINE_TOKEN_ENV, FacadeSettings
+from vlmserve.server.lifeline import LIFELINE_ENV
+from vlmserve.server.logs import configure_logging
+from vlmserve.server.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv
 
 logger = logging.getLogger("vlmserve.launch")
 

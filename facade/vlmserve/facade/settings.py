@@ -1,5 +1,5 @@
 """Facade settings, each declared once: default, `--flag`, `$VLMSERVE_FACADE_*` and help text all
-come from the field below (see vlmserve.common.settings; `vlmserve-facade --help` lists them).
+come from the field below (see vlmserve.server.settings; `vlmserve-facade --help` lists them).
 
 To add one: add a field with `description=` to the model it belongs to; nothing else.
 """
@@ -14,12 +14,12 @@ from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from vlmserve.common.documents import DEFAULT_MAX_FILE_BYTES, DocumentLimits
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
-from vlmserve.common.logs import LogFormat
-from vlmserve.common.secrets import read_secret_file
-from vlmserve.common.settings import DeclaredSettings, Option
 from vlmserve.facade.engines.config import ModelRoute, model_routes, read_models_file
 from vlmserve.facade.http.api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, OPERATOR_KEYS_ENV, ApiKeys
 from vlmserve.facade.remote_images.checks import RemoteImageSettings
+from vlmserve.server.logs import LogFormat
+from vlmserve.server.secrets import read_secret_file
+from vlmserve.server.settings import DeclaredSettings, Option
 
 __all__ = [
     "ENGINE_TOKEN_ENV",

@@ -24,14 +24,14 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from vlmserve.common.lifeline import watch_lifeline
-from vlmserve.common.logs import LogFormat, configure_logging
-from vlmserve.common.settings import DeclaredSettings, SettingsError, add_arguments, load
 from vlmserve.common.tracing import configure_tracing
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.metrics import serve_metrics
 from vlmserve.engine.rpc.auth import EngineSecurity
 from vlmserve.engine.rpc.server import EngineServer
+from vlmserve.server.lifeline import watch_lifeline
+from vlmserve.server.logs import LogFormat, configure_logging
+from vlmserve.server.settings import DeclaredSettings, SettingsError, add_arguments, load
 
 log = logging.getLogger("vlmserve.engine")
 

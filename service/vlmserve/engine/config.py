@@ -1,6 +1,6 @@
 """The engine's settings: which model, and the bounds of what the generation thread serves at once.
 
-Declared once (vlmserve.common.settings): flags, environment and docs/configuration.md come from here.
+Declared once (vlmserve.server.settings): flags, environment and docs/configuration.md come from here.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Annotated, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
-from vlmserve.common.settings import DeclaredSettings, Option
 from vlmserve.engine.model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE_CHOICES
 from vlmserve.engine.model_lifecycle import LOAD_CHOICES
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
+from vlmserve.server.settings import DeclaredSettings, Option
 
 # Speculative decoding's draft sources (`draft`, mlx-vlm's drafter models, is not built yet).
 SPECULATIVE_CHOICES = ("off", "lookup", "auto")

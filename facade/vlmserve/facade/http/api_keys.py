@@ -25,8 +25,8 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 from starlette.requests import HTTPConnection
 
-from vlmserve.common.secrets import digest, matches_any, read_secret_file
 from vlmserve.facade.http.errors import APIError
+from vlmserve.server.secrets import digest, matches_any, read_secret_file
 
 __all__ = [
     "ANONYMOUS_OWNER",

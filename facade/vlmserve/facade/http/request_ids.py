@@ -7,7 +7,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vlmserve.common.logs import bind
+from vlmserve.server.logs import bind
 
 HEADER = b"x-request-id"
 

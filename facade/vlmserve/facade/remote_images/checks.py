@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar
 import httpx
 from pydantic import Field, field_validator, model_validator
 
-from vlmserve.common.settings import DeclaredSettings, Option
+from vlmserve.server.settings import DeclaredSettings, Option
 
 __all__ = [
     "DEFAULT_PORTS",

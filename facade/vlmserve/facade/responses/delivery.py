@@ -12,11 +12,11 @@ import anyio
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
-from vlmserve.common.logs import bind_response
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.facade.responses.running import Generation
+from vlmserve.server.logs import bind_response
 
 T = TypeVar("T")
 

@@ -18,7 +18,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, EngineError
 from vlmserve.common.documents import DocumentLimits
-from vlmserve.common.logs import bind_response
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
@@ -43,6 +42,7 @@ from vlmserve.facade.store.files import FileStore, RequestFiles
 from vlmserve.facade.store.protocol import MissingChainLinkError, Replay, Store, StoredItem
 from vlmserve.facade.store.quotas import check_room, stored_size
 from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
+from vlmserve.server.logs import bind_response
 
 logger = logging.getLogger("vlmserve.facade")
 

@@ -26,9 +26,9 @@ from typing import Annotated, Any, ClassVar, TypeVar
 import grpc
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from vlmserve.common.netaddr import is_loopback_host
-from vlmserve.common.secrets import digest, matches_any, read_secret_file
-from vlmserve.common.settings import DeclaredSettings, Option
+from vlmserve.server.netaddr import is_loopback_host
+from vlmserve.server.secrets import digest, matches_any, read_secret_file
+from vlmserve.server.settings import DeclaredSettings, Option
 
 __all__ = [
     "HEALTH_METHODS",

@@ -30,7 +30,6 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, StatusCode
 
 from vlmserve.client import MAX_MESSAGE_BYTES, server_options
-from vlmserve.common.logs import bind
 from vlmserve.common.tracing import extract_context, record_span, tracer
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.distributed import generator_for
@@ -54,6 +53,7 @@ from vlmserve.engine.request_errors import RequestError, internal_error, invalid
 from vlmserve.engine.rpc.auth import EngineSecurity
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+from vlmserve.server.logs import bind
 
 __all__ = ["ENGINE_SERVICE_NAME", "EngineServer", "EngineServicer"]
 

@@ -1,4 +1,4 @@
-"""vlmserve.common.logs: JSON lines and the request ids every record carries."""
+"""vlmserve.server.logs: JSON lines and the request ids every record carries."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from vlmserve.common.logs import ContextIds, bind, bind_response, json_formatter, request_id_var
+from vlmserve.server.logs import ContextIds, bind, bind_response, json_formatter, request_id_var
 
 
 @pytest.fixture

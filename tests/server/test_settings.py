@@ -1,4 +1,4 @@
-"""Settings declared once (vlmserve.common.settings): names, help, precedence and errors are all
+"""Settings declared once (vlmserve.server.settings): names, help, precedence and errors are all
 derived from the field, for a toy model and for the real engine, facade and launcher."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from typing import Annotated, ClassVar
 import pytest
 from pydantic import Field
 
-from vlmserve.common.settings import DeclaredSettings, Option, SettingsError, add_arguments, declared, load
 from vlmserve.engine.cli import EngineCommand
 from vlmserve.engine.cli import _parse_args as engine_args
 from vlmserve.facade import launch
 from vlmserve.facade.cli import build_parser as facade_parser
 from vlmserve.facade.cli import settings_from_args
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.server.settings import DeclaredSettings, Option, SettingsError, add_arguments, declared, load
 
 
 class Inner(DeclaredSettings):
