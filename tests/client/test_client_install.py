@@ -1,19 +1,29 @@
 """The client install (`pip install vlmserve`, no extras) is enough for the client library: its
 modules import with only the base dependencies (and what those depend on) — no mlx, no facade
-stack (fastapi, uvicorn, prometheus, psycopg), no server-only shared code (settings, logs,
-lifeline, secrets)."""
+stack (fastapi, uvicorn, prometheus, psycopg), no server-only shared code (`vlmserve.server`:
+settings, logs, lifeline, secrets). The built wheel shows it on the installed files: the client's
+packages carry no server-only module, and they import on their own, the server's files taken away.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_MODULES = ["vlmserve.client", "vlmserve.responses", "vlmserve.chat", "vlmserve.anthropic"]
+# What the client library is made of in the wheel: its modules, what they share with the servers,
+# and the contract's generated code.
+CLIENT_PACKAGES = [*(m.replace(".", "/") for m in CLIENT_MODULES), "vlmserve/common", "vlmserve/engine/v1"]
+SOURCE_ROOTS = [ROOT / "clients", ROOT / "service", ROOT / "facade"]
 # Shared code that only the engine and the facade use: a client import must not load it.
 SERVER_ONLY = [
     "vlmserve.server",
@@ -52,8 +62,11 @@ def _allowed_top_level_modules() -> set[str]:
 
 
 GUARD = """
-import importlib.abc, sys
+import importlib.abc, os, sys
 allowed = set(sys.argv[1].split(","))
+if os.environ.get("CLIENT_SITE"):  # only the unpacked wheel, not the editable source roots
+    roots = set(os.environ["SOURCE_ROOTS"].split(os.pathsep))
+    sys.path[:] = [os.environ["CLIENT_SITE"], *(p for p in sys.path if os.path.realpath(p) not in roots)]
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
@@ -104,3 +117,85 @@ def test_the_guard_refuses_what_the_client_install_lacks() -> None:
     )
     assert done.returncode != 0
     assert "not in the client install" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    """The project's wheel, built by its own build backend (hatchling) from this tree."""
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (built,) = out.glob("vlmserve-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def _modules_in(names: list[str], package: str) -> set[str]:
+    return {name.removesuffix(".py").replace("/", ".") for name in names if name.startswith(package + "/")}
+
+
+def test_the_wheel_s_client_packages_carry_no_server_only_module(wheel: zipfile.ZipFile) -> None:
+    names = [name for name in wheel.namelist() if name.endswith(".py")]
+    client = set().union(*(_modules_in(names, package) for package in CLIENT_PACKAGES))
+    assert "vlmserve.client._sync" in client and "vlmserve.common.images" in client
+    assert _modules_in(names, "vlmserve/common") == {
+        "vlmserve.common.__init__",
+        "vlmserve.common.documents",
+        "vlmserve.common.images",
+        "vlmserve.common.tracing",
+    }
+    leaked = sorted(m for m in client for server in SERVER_ONLY if m.startswith(server))
+    assert not leaked, leaked
+    # The engine and the facade still get theirs, from the server package.
+    server = _modules_in(names, "vlmserve/server")
+    for module in ("settings", "logs", "lifeline", "secrets", "netaddr"):
+        assert f"vlmserve.server.{module}" in server
+
+
+def _import_client_from(site: Path) -> subprocess.CompletedProcess[str]:
+    allowed = _allowed_top_level_modules()
+    env = {
+        **os.environ,
+        "CLIENT_SITE": str(site),
+        "SOURCE_ROOTS": os.pathsep.join(os.path.realpath(root) for root in SOURCE_ROOTS),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", GUARD, ",".join(sorted(allowed)), ",".join(CLIENT_MODULES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+        cwd=site,
+    )
+
+
+def test_the_wheel_s_client_packages_import_with_the_server_s_files_taken_away(
+    wheel: zipfile.ZipFile, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    kept = [n for n in wheel.namelist() if any(n.startswith(package + "/") for package in CLIENT_PACKAGES)]
+    wheel.extractall(site, members=kept)
+    assert not (site / "vlmserve" / "server").exists() and not (site / "vlmserve" / "facade").exists()
+    done = _import_client_from(site)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = set(done.stdout.strip().split(","))
+    assert set(CLIENT_MODULES) <= loaded
+    assert not any(name.startswith(tuple(SERVER_ONLY)) for name in loaded)
+
+
+def test_the_unpacked_client_is_what_is_imported(wheel: zipfile.ZipFile, tmp_path: Path) -> None:
+    """The check above can fail: the editable source roots are off the path, so a client package
+    missing from the unpacked files is missing."""
+    site = tmp_path / "site"
+    kept = [n for n in wheel.namelist() if n.startswith(("vlmserve/client/", "vlmserve/engine/v1/"))]
+    wheel.extractall(site, members=kept)
+    done = _import_client_from(site)
+    assert done.returncode != 0
+    assert "vlmserve.responses" in done.stderr or "vlmserve.common" in done.stderr
