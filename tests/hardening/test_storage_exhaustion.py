@@ -27,6 +27,7 @@ from vlmserve.facade import FacadeSettings, ResponseStore, create_app
 from vlmserve.facade.settings import Files, Storage
 from vlmserve.facade.store import disk_space as disk_module
 from vlmserve.facade.store import files as file_store_module
+from vlmserve.facade.store import sql_backend as sql_backend_module
 from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileStore
 
 TEXT = b"plain text file\n"
@@ -177,3 +178,73 @@ async def test_a_store_that_finds_the_disk_full_fails_the_response_clearly(
         assert events[0]["type"] == "response.created"
         assert events[-1]["type"] == "response.failed"
         assert events[-1]["response"]["error"]["code"] == "insufficient_storage"
+
+
+async def test_low_disk_refuses_conversation_writes_up_front(
+    settings: FacadeSettings,
+    engine_client: AsyncEngineClient,
+    store: ResponseStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = create_app(
+        settings.replace(storage=Storage(min_free_disk_bytes=1024 * 1024)), engine=engine_client, store=store
+    )
+    item = {"type": "message", "role": "user", "content": "hi"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        created = await http.post("/v1/conversations", json={"items": [item]})
+        assert created.status_code == 200, created.text
+        conversation_id = created.json()["id"]
+        monkeypatch.setattr(disk_module.shutil, "disk_usage", lambda _path: _Usage(10**9, 10**9 - 1000, 1000))
+        # The free space is read at most once a second: a fresh app reads it now.
+        app = create_app(
+            settings.replace(storage=Storage(min_free_disk_bytes=1024 * 1024)),
+            engine=engine_client,
+            store=store,
+        )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        for reply in (
+            await http.post("/v1/conversations", json={"items": [item]}),
+            await http.post("/v1/conversations", json={}),
+            await http.post(f"/v1/conversations/{conversation_id}/items", json={"items": [item]}),
+            await http.post(f"/v1/conversations/{conversation_id}", json={"metadata": {"a": "b"}}),
+            await http.post(
+                "/v1/responses", json={"input": "hi", "conversation": conversation_id, "store": False}
+            ),
+        ):
+            assert reply.status_code == 507, reply.text
+            assert reply.json()["error"]["code"] == "insufficient_storage"
+        # Reading is served, and nothing was added.
+        listed = await http.get(f"/v1/conversations/{conversation_id}/items")
+        assert listed.status_code == 200 and len(listed.json()["data"]) == 1
+        assert (await http.get(f"/v1/conversations/{conversation_id}")).json()["metadata"] == {}
+
+
+async def test_a_conversation_write_that_finds_the_disk_full_leaves_nothing(
+    settings: FacadeSettings,
+    engine_client: AsyncEngineClient,
+    store: ResponseStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = create_app(settings, engine=engine_client, store=store)
+    item = {"type": "message", "role": "user", "content": "hi"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        conversation_id = (await http.post("/v1/conversations", json={"items": [item]})).json()["id"]
+        used = store.stored_bytes("")
+
+        def full(*args: Any, **kwargs: Any) -> None:
+            # Raised at the transaction's end, after its rows were written: they must roll back.
+            raise sqlite3.OperationalError("database or disk is full")
+
+        monkeypatch.setattr(sql_backend_module.Transaction, "settle_usage", full)
+        created = await http.post("/v1/conversations", json={"items": [item, item]})
+        added = await http.post(f"/v1/conversations/{conversation_id}/items", json={"items": [item]})
+        for reply in (created, added):
+            assert reply.status_code == 507, reply.text
+            assert reply.json()["error"]["code"] == "insufficient_storage"
+        monkeypatch.undo()
+        listed = (await http.get(f"/v1/conversations/{conversation_id}/items")).json()["data"]
+        assert len(listed) == 1
+        assert store.stored_bytes("") == used
+        (conversations,) = store._query("SELECT COUNT(*) FROM conversations", ())[0]
+        (items,) = store._query("SELECT COUNT(*) FROM conversation_items", ())[0]
+        assert (conversations, items) == (1, 1)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -36,6 +37,7 @@ from vlmserve.facade.responses.item_lists import item_list, item_page
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
+from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
 from vlmserve.facade.store.protocol import ItemPage, StorageQuotaExceededError, StoredItem
 from vlmserve.facade.store.quotas import check_room, quota_exceeded, stored_size
 from vlmserve.responses import (
@@ -48,6 +50,9 @@ from vlmserve.responses import (
     parse_as,
     parse_metadata,
 )
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -69,6 +74,7 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     parse_as(CREATE_CONVERSATION, body, "")
+    _check_disk(state, "the conversation")
     items, messages = await _checked_items(body.get("items"), state, request, required=False)
     metadata = parse_metadata(body.get("metadata"))
     adding = stored_size(items, messages) + len(json.dumps(metadata))
@@ -80,18 +86,16 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
         conversation_id=None,
         param="items",
     )
-    try:
-        return await asyncio.to_thread(
-            state.store.create_conversation,
-            ids.new_id(ids.CONVERSATION),
-            metadata=metadata,
-            items=items,
-            messages=messages,
-            owner=owner_of(request),
-            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
-        )
-    except StorageQuotaExceededError as error:
-        raise quota_exceeded(error.used, error.quota, error.adding) from None
+    return await _write(
+        "the conversation",
+        state.store.create_conversation,
+        ids.new_id(ids.CONVERSATION),
+        metadata=metadata,
+        items=items,
+        messages=messages,
+        owner=owner_of(request),
+        max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+    )
 
 
 @router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION, response_model=ConversationResource)
@@ -116,9 +120,14 @@ async def update_conversation(conversation_id: str, request: Request, state: Sta
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     parse_as(UPDATE_CONVERSATION, body, "")
+    _check_disk(state, "the conversation")
     metadata = parse_metadata(body.get("metadata"))
-    updated = await asyncio.to_thread(
-        state.store.update_conversation, conversation_id, metadata=metadata, owner=owner_of(request)
+    updated = await _write(
+        "the conversation",
+        state.store.update_conversation,
+        conversation_id,
+        metadata=metadata,
+        owner=owner_of(request),
     )
     if updated is None:
         raise not_found("conversation", conversation_id)
@@ -213,6 +222,7 @@ async def _add_conversation_items(
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     parse_as(ADD_CONVERSATION_ITEMS_BODY, body, "")
+    _check_disk(state, "the items")
     items, messages = await _checked_items(body.get("items"), state, request, required=True)
     await check_room(
         state.store,
@@ -222,20 +232,38 @@ async def _add_conversation_items(
         conversation_id=conversation_id,
         param="items",
     )
-    try:
-        added = await asyncio.to_thread(
-            state.store.append_conversation_items,
-            conversation_id,
-            items,
-            messages=messages,
-            owner=owner_of(request),
-            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
-        )
-    except StorageQuotaExceededError as error:
-        raise quota_exceeded(error.used, error.quota, error.adding) from None
+    added = await _write(
+        "the items",
+        state.store.append_conversation_items,
+        conversation_id,
+        items,
+        messages=messages,
+        owner=owner_of(request),
+        max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+    )
     if not added:
         raise not_found("conversation", conversation_id)
     return item_list_of(items)
+
+
+def _check_disk(state: FacadeState, what: str) -> None:
+    """507 before anything is translated or written when the store's disk is short of space
+    (disk_space.py); a write that still finds it full rolls back and is the same 507."""
+    if state.disk is not None:
+        state.disk.check(what)
+
+
+async def _write(what: str, write: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """A store write off the event loop: past the owner's quota a 429, on a full disk a 507
+    (the transaction rolled back: nothing of it is stored)."""
+    try:
+        return await asyncio.to_thread(write, *args, **kwargs)
+    except StorageQuotaExceededError as error:
+        raise quota_exceeded(error.used, error.quota, error.adding) from None
+    except Exception as error:
+        if is_out_of_space(error):
+            raise out_of_space(what) from None
+        raise
 
 
 def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
