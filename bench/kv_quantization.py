@@ -20,7 +20,6 @@ greedy requests (a text prompt and, where the family takes images, an image prom
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -29,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.engine._logits_hooks import install, with_hooks  # noqa: E402
 from tests.engine.test_batching import Recorder, prepared, run  # noqa: E402
 from tests.engine.test_engine_grpc import image_part, png, text_part  # noqa: E402
 from training.families import FAMILIES, build_family  # noqa: E402
@@ -80,7 +81,7 @@ def measure(model: Path, bits: int | None, with_image: bool) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, request in requests(generator, with_image).items():
             recorder = Recorder()
-            request = dataclasses.replace(request, logits_processors=(recorder,))
+            request = with_hooks(request, recorder)
             assert generator.prefix_cache is not None
             generator.prefix_cache.clear()
             report = run(generator, {name: request}, f"{bits}-{name}")[name]
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    install(pytest.MonkeyPatch())  # rows run their requests' recorders (for this process's life)
     root = Path(tempfile.mkdtemp(prefix="kv-quant-families-"))
     models: dict[str, tuple[Path, bool]] = {
         "qwen2-vl-squares (trained)": (REPO / "models" / "qwen2-vl-squares", True),

@@ -122,3 +122,12 @@ def channel(engine: InProcessEngine) -> Iterator[grpc.Channel]:
 @pytest.fixture(scope="session")
 def stub(channel: grpc.Channel) -> pb_grpc.EngineServiceStub:
     return pb_grpc.EngineServiceStub(channel)
+
+
+@pytest.fixture(autouse=True)
+def logits_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows run the test-only logits processors of their requests (tests/engine/_logits_hooks.py);
+    a request without them is untouched."""
+    from tests.engine._logits_hooks import install
+
+    install(monkeypatch)

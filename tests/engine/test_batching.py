@@ -4,8 +4,8 @@ alone and what `mlx_vlm.stream_generate` produces (greedy), on the random fixtur
 The batch mixes text-only and image requests (one image; two images of different sizes),
 different prompt lengths, a request that joins mid-decode and one cancelled mid-decode. Small
 prefill chunks make prompts prefill over several steps, interleaved with the batch's decode.
-Joins and cancels are triggered from a logits processor at an exact token, so the test is
-deterministic (and exercises the logits-processor hook on the way).
+Joins and cancels are triggered from a test-only logits processor at an exact token
+(_logits_hooks.py), so the test is deterministic.
 
 The random model's greedy output tends to repeat one token, which would hide a wrong position
 or a mixed-up row; the same batch is therefore also run with seeded sampling at a high
@@ -31,6 +31,7 @@ from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._logits_hooks import with_hooks
 from .test_engine_grpc import image_part, png, text_part
 
 pytestmark = pytest.mark.needs_model
@@ -132,10 +133,7 @@ class Recorder:
 
 def recorded(requests: dict[str, PreparedRequest]) -> tuple[dict[str, PreparedRequest], dict[str, Recorder]]:
     recorders = {name: Recorder() for name in requests}
-    return {
-        name: dataclasses.replace(req, logits_processors=(*req.logits_processors, recorders[name]))
-        for name, req in requests.items()
-    }, recorders
+    return {name: with_hooks(req, recorders[name]) for name, req in requests.items()}, recorders
 
 
 def run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
@@ -163,13 +161,7 @@ def run_mixed(
     }
     joined = AtToken(6, lambda: generator.submit(late))
     cancel = AtToken(9, jobs["cancelled"].cancel)
-    jobs["text_short"] = Job(
-        dataclasses.replace(
-            jobs["text_short"].request,
-            logits_processors=(*jobs["text_short"].request.logits_processors, joined, cancel),
-        ),
-        None,
-    )
+    jobs["text_short"] = Job(with_hooks(jobs["text_short"].request, joined, cancel), None)
     for job in jobs.values():
         generator.submit(job)
     threading.Event().wait(0.05)
@@ -199,12 +191,7 @@ def submitted_in_one_step(
             generator.submit(job)
 
     starter = prepared(generator, text_part("Go."), temperature=0.0, seed=0, max_tokens=4)
-    starter = dataclasses.replace(
-        starter,
-        request_id=f"{tag}-starter",
-        logits_processors=(AtToken(1, submit_all),),
-        partition_key=FILLER,
-    )
+    starter = with_hooks(starter, AtToken(1, submit_all), request_id=f"{tag}-starter", partition_key=FILLER)
     generator.submit(Job(starter, None))
     assert generator.wait_idle(300)
     reports = {report.request_id: report for report in generator.reports}
@@ -350,7 +337,7 @@ def test_a_short_request_is_not_stuck_behind_a_long_prefill(generator: Generator
 
     def job(name: str, *parts: pb.Part, max_tokens: int) -> Job:
         req = prepared(generator, *parts, temperature=0.0, seed=0, max_tokens=max_tokens)
-        return Job(dataclasses.replace(req, request_id=f"hol-{name}", logits_processors=(First(name),)), None)
+        return Job(with_hooks(req, First(name), request_id=f"hol-{name}"), None)
 
     long_text = " ".join(f"{i} bottles of water on the wall, take one down;" for i in range(40))
     long = job("long", text_part(long_text), max_tokens=2)
@@ -366,7 +353,7 @@ def test_a_short_request_is_not_stuck_behind_a_long_prefill(generator: Generator
         return logits
 
     first = job("running", text_part("Keep going."), max_tokens=40)
-    first = Job(dataclasses.replace(first.request, logits_processors=(running,)), None)
+    first = Job(with_hooks(first.request, running), None)
     generator.submit(first)
     assert generator.wait_idle(120)
     reports = {r.request_id: r for r in generator.reports}

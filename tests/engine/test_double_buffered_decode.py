@@ -9,7 +9,6 @@ flight. (Token identity with the request alone and with mlx-vlm is test_batching
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._logits_hooks import with_hooks
 from .test_engine_grpc import text_part
 
 pytestmark = pytest.mark.needs_model
@@ -50,7 +50,7 @@ def job(generator: Generator, name: str, *, max_tokens: int, processors: tuple[A
         ),
         kind=JobKind.GENERATE,
     )
-    return Job(dataclasses.replace(request, request_id=name, logits_processors=processors), None)
+    return Job(with_hooks(request, *processors, request_id=name), None)
 
 
 def record_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:

@@ -24,6 +24,7 @@ from vlmserve.engine.loop.prefix_cache import shared_prefix_length
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._logits_hooks import with_hooks
 from .test_batching import (
     FILLER,
     AtToken,
@@ -127,14 +128,12 @@ def test_a_request_waits_for_the_prefill_in_flight_that_covers_its_prefix(chunke
         "follower": Job(dataclasses.replace(follower, request_id="waits-follower"), None),
     }
     running = prepared(chunked, text_part("Keep going."), temperature=0.0, seed=0, max_tokens=24)
-    running = dataclasses.replace(
+    running = with_hooks(
         running,
+        AtToken(1, lambda: chunked.submit(jobs["leader"])),
+        AtToken(4, lambda: chunked.submit(jobs["follower"])),
         request_id="waits-running",
         partition_key=FILLER,
-        logits_processors=(
-            AtToken(1, lambda: chunked.submit(jobs["leader"])),
-            AtToken(4, lambda: chunked.submit(jobs["follower"])),
-        ),
     )
     chunked.submit(Job(running, None))
     assert chunked.wait_idle(300)
@@ -161,12 +160,13 @@ def test_a_follower_whose_leader_is_cancelled_computes_its_prompt_itself(chunked
         chunked.submit(follower_job)
 
     running = prepared(chunked, text_part("Keep going."), temperature=0.0, seed=0, max_tokens=24)
-    running = dataclasses.replace(
+    running = with_hooks(
         running,
+        # Cancelled while its prompt is still prefilling (it takes over five chunks).
+        AtToken(1, submit_both),
+        AtToken(4, leader_job.cancel),
         request_id="orphan-running",
         partition_key=FILLER,
-        # Cancelled while its prompt is still prefilling (it takes over five chunks).
-        logits_processors=(AtToken(1, submit_both), AtToken(4, leader_job.cancel)),
     )
     chunked.submit(Job(running, None))
     assert chunked.wait_idle(300)
@@ -205,10 +205,8 @@ def test_a_request_starts_from_a_decoding_request_that_shares_its_prefix(
     reference = alone(wide, requests, f"from-row-{temperature}")["newcomer"]
     requests, logits = recorded({"newcomer": newcomer})
     job = Job(dataclasses.replace(requests["newcomer"], request_id=f"from-row-{temperature}"), None)
-    decoding = dataclasses.replace(
-        decoding,
-        request_id=f"from-row-{temperature}-decoding",
-        logits_processors=(AtToken(3, lambda: wide.submit(job)),),
+    decoding = with_hooks(
+        decoding, AtToken(3, lambda: wide.submit(job)), request_id=f"from-row-{temperature}-decoding"
     )
     wide.submit(Job(dataclasses.replace(other, request_id=f"from-row-{temperature}-other"), None))
     wide.submit(Job(decoding, None))

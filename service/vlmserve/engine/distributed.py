@@ -105,12 +105,9 @@ def decode_plan(data: bytes) -> StepPlan:
 
 
 def _to_send(request: PreparedRequest) -> pb.GenerateRequest:
-    if request.source is None or request.logits_processors:
-        # The other ranks rebuild the request from its contract message; Python callables have none.
-        raise ValueError(
-            "a distributed engine takes only requests prepared from a contract message, "
-            "without logits_processors"
-        )
+    if request.source is None:
+        # The other ranks rebuild the request from its contract message.
+        raise ValueError("a distributed engine takes only requests prepared from a contract message")
     message = pb.GenerateRequest()
     message.CopyFrom(request.source)
     message.request_id = request.request_id

@@ -12,7 +12,7 @@ import contextlib
 import enum
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,6 @@ __all__ = [
     "Job",
     "JobKind",
     "JobReport",
-    "LogitsProcessor",
     "PreparedImage",
     "PreparedRequest",
     "ReasoningEvent",
@@ -39,10 +38,6 @@ __all__ = [
     "ToolCallDeltaEvent",
     "ToolCallEvent",
 ]
-
-
-# (tokens: mx.array, logits: mx.array) -> mx.array; typed loosely so this module needs no MLX.
-LogitsProcessor = Callable[[Any, Any], Any]
 
 
 class JobKind(enum.Enum):
@@ -94,11 +89,6 @@ class PreparedRequest:
     # Prefix-cache tenant (opaque; the facade sends a hash of the API key): a cached prefix is
     # only ever reused within the same partition.
     partition_key: str = ""
-    # Applied in order to this request's logits before sampling (after the grammar of
-    # `constraint`), in the mlx-lm convention `processor(tokens, logits) -> logits`: tokens = the
-    # ids so far, prompt then generated (1-D int32), logits shape (1, vocab). Built fresh per
-    # request (they may keep state); called on the generation thread only.
-    logits_processors: tuple[LogitsProcessor, ...] = ()
     # The request's image arrays as one (families whose processor pads or tiles across a
     # request's images; their `PreparedImage.arrays` are empty). None: join the per-image ones.
     joint_arrays: Mapping[str, np.ndarray] | None = None

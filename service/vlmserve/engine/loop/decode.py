@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -30,7 +30,6 @@ from vlmserve.engine.jobs import (
     Job,
     JobKind,
     JobReport,
-    LogitsProcessor,
     ReasoningEvent,
     TextEvent,
     ToolCallDeltaEvent,
@@ -56,6 +55,10 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 __all__ = ["ActiveGeneration", "LogitsProcessor", "Phase", "score_chosen"]
 
 log = logging.getLogger(__name__)
+
+# In the mlx-lm convention `processor(tokens, logits) -> logits`: tokens = the ids so far, prompt
+# then generated (1-D int32), logits shape (1, vocab); typed loosely (no MLX types here).
+LogitsProcessor = Callable[[Any, Any], Any]
 
 
 # Prefill arguments a shared, left-padded prefill forward knows how to carry (the grids only
@@ -118,7 +121,7 @@ class ActiveGeneration:
         self.tokens_after_cancel = 0
         self.finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_UNSPECIFIED
         self._max_tokens = request.settings.max_tokens
-        # Per-request logits processors (the grammar first), applied before sampling.
+        # Per-request logits processors (the grammar's), applied before sampling.
         self._processors: list[LogitsProcessor] = []
         self._recent: list[int] = []
         self._generated: list[int] = []
@@ -204,20 +207,25 @@ class ActiveGeneration:
         else:
             self._cache = new_prompt_cache(self._loaded.model.language_model, self._loaded.kv_layout)
         self._sampler = TokenSampler(request.settings, self._loaded.model.config)
-        if request.constraint is not None:
-            self._processors.append(
-                GrammarLogitsProcessor(
-                    request.constraint.grammar,
-                    self._loaded.grammar.tokenizer,
-                    eos_token_ids=self._loaded.eos_token_ids,
-                    max_new_tokens=self._max_tokens,
-                    thinking_end_token_id=request.constraint.thinking_end_token_id,
-                )
-            )
-        self._processors.extend(request.logits_processors)
+        self._processors = self.new_logits_processors()
         self._detokenizer = IncrementalDetokenizer(self._loaded.tokenizer, keep=self._loaded.kept_tokens)
         self._recent = list(inputs.token_ids[-20:])
         self.phase = Phase.PREFILL
+
+    def new_logits_processors(self) -> list[LogitsProcessor]:
+        """This request's logits processors, fresh (they keep state), in the order applied."""
+        constraint = self.job.request.constraint
+        if constraint is None:
+            return []
+        return [
+            GrammarLogitsProcessor(
+                constraint.grammar,
+                self._loaded.grammar.tokenizer,
+                eos_token_ids=self._loaded.eos_token_ids,
+                max_new_tokens=self._max_tokens,
+                thinking_end_token_id=constraint.thinking_end_token_id,
+            )
+        ]
 
     @property
     def next_chunk_tokens(self) -> int:
@@ -415,7 +423,7 @@ class ActiveGeneration:
     def can_draft(self) -> bool:
         """Drafts can be verified for this row: no logprobs (each verified position would need
         its own score) and no logits processors but the grammar's."""
-        return self._trace is None and not self.job.request.logits_processors
+        return self._trace is None and all(isinstance(p, GrammarLogitsProcessor) for p in self._processors)
 
     def forced_tokens(self, pending: Sequence[int]) -> list[int]:
         """The tokens the row's grammar forces after its tokens so far and `pending` (grammar
