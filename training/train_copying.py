@@ -21,21 +21,16 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
-from mlx.nn.utils import value_and_grad
 
 from training.copying import CopyCase, copy_case
-from training.train_squares import FIXTURE_DIR, fresh_model, save_model
+from training.loop import REPO_ROOT, Task, add_loop_arguments, base_card, fresh_model, train_loop
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_DIR = REPO_ROOT / "models" / "qwen2-vl-copying"
 
 
@@ -93,85 +88,31 @@ def exact_match(model: Any, inputs: mx.array, index: mx.array, targets: mx.array
     return float((wrong_per_row == 0).astype(mx.float32).mean().item())
 
 
-def train(args: argparse.Namespace) -> None:
+def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     model, processor = fresh_model(args.fixture, args.seed, args.init)
     tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
     data_rng = random.Random(args.seed)
-    warmup = min(args.warmup, args.steps // 10)
-    schedule = optim.join_schedules(
-        [
-            optim.linear_schedule(args.lr / 100, args.lr, warmup),
-            optim.cosine_decay(args.lr, args.steps - warmup, args.lr / 100),
-        ],
-        [warmup],
-    )
-    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=args.weight_decay)
-    loss_and_grad = value_and_grad(model, loss_fn)
-    clip_grad_norm: Any = optim.clip_grad_norm  # untyped in mlx
     held_out = make_batch(tokenizer, random.Random(args.eval_seed), args.eval_rows)
-    history: list[dict[str, Any]] = []
-    losses: list[float] = []
-    started = time.time()
-    for step in range(1, args.steps + 1):
-        loss, grads = loss_and_grad(model, *make_batch(tokenizer, data_rng, args.batch))
-        grads, _ = clip_grad_norm(grads, args.clip)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, loss)
-        losses.append(loss.item())
-        if step % args.log_every == 0:
-            elapsed = time.time() - started
-            print(
-                f"step {step} loss {np.mean(losses[-args.log_every :]):.4f} "
-                f"{elapsed / step:.2f}s/step {elapsed / 60:.1f}min",
-                flush=True,
-            )
-        if step % args.eval_every == 0 or step == args.steps:
-            accuracy = exact_match(model, *held_out)
-            history.append(
-                {"step": step, "minutes": round((time.time() - started) / 60, 2), "exact": accuracy}
-            )
-            print(f"eval step {step}: exact {accuracy:.2f}", flush=True)
-            save_model(model, args.out, args.fixture, _card(args, step, time.time() - started, history))
-    print(f"saved {args.out} after {(time.time() - started) / 60:.1f} min", flush=True)
 
+    def card(step: int, elapsed: float, history: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "task": "copying: return the prompt's JSON object / code block with one field or line changed",
+            "script": "python -m training.train_copying",
+            **base_card(args, step, elapsed, history),
+        }
 
-def _card(
-    args: argparse.Namespace, step: int, elapsed: float, history: list[dict[str, Any]]
-) -> dict[str, Any]:
-    return {
-        "task": "copying: return the JSON object / code block of the prompt with one field or line changed",
-        "architecture": "qwen2_vl with the sizes of models/qwen2-vl-tiny (training/make_fixture_model.py)",
-        "script": "python -m training.train_copying",
-        "seed": args.seed,
-        "init": str(args.init) if args.init else None,
-        "steps": step,
-        "planned_steps": args.steps,
-        "batch": args.batch,
-        "lr": args.lr,
-        "seconds": round(elapsed),
-        "seconds_per_step": round(elapsed / max(step, 1), 3),
-        "eval_seed": args.eval_seed,
-        "teacher_forced_exact_match": history[-1]["exact"] if history else None,
-        "eval_history": history,
-    }
+    task = Task(
+        loss=loss_fn,
+        batch=lambda step: make_batch(tokenizer, data_rng, args.batch),
+        evaluate=lambda: {"exact": exact_match(model, *held_out)},
+        card=card,
+    )
+    return train_loop(model, task, args)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train the copying model.", allow_abbrev=False)
-    parser.add_argument("--fixture", type=Path, default=FIXTURE_DIR)
-    parser.add_argument("--out", type=Path, default=OUTPUT_DIR)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init", type=Path, default=None, help="start from this model dir's weights")
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--log-every", type=int, default=25)
-    parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--eval-seed", type=int, default=424_242)
-    parser.add_argument("--eval-rows", type=int, default=32)
+    add_loop_arguments(parser, out=OUTPUT_DIR, steps=2000, batch=16, lr=2e-3, eval_seed=424_242)
     return parser.parse_args(argv)
 
 

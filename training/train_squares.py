@@ -27,28 +27,19 @@ through the engine's render path (`python -m training.squares_eval`, 50 fresh im
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import shutil
-import time
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.optimizers as optim
 import numpy as np
-from mlx.nn.utils import value_and_grad
-from mlx.utils import tree_flatten, tree_map
 
+from training.loop import REPO_ROOT, Task, add_loop_arguments, base_card, fresh_model, train_loop
 from training.squares_batches import Template, Tokens, build_templates, draw_samples, image_batch, text_batch
 from training.squares_forward import check_against_model, loss_fn, row_exact_match
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-FIXTURE_DIR = REPO_ROOT / "models" / "qwen2-vl-tiny"
 OUTPUT_DIR = REPO_ROOT / "models" / "qwen2-vl-squares"
-WEIGHTS_FILE = "model.safetensors"
 
 # How often each shape is drawn (variants of a shape share its weight). The agent's tool-result
 # shapes come in three tool declarations each, so they get a little more.
@@ -62,34 +53,6 @@ SHAPE_WEIGHTS: dict[str, float] = {
     "system_image": 0.75,
     "agent_follow_up": 1.0,
 }
-
-
-def fresh_model(fixture_dir: Path, seed: int, init: Path | None = None) -> tuple[Any, Any]:
-    """The fixture's architecture in float32, freshly initialised (or `init`'s weights), and its processor."""
-    from mlx_vlm.models.qwen2_vl.qwen2_vl import Model
-    from mlx_vlm.utils import load
-
-    fixture, processor = load(str(fixture_dir))
-    mx.random.seed(seed)
-    model = Model(fixture.config)
-    if init is not None:  # continue an earlier run
-        model.load_weights(str(init / WEIGHTS_FILE))
-    model.update(tree_map(lambda p: p.astype(mx.float32), model.parameters()))
-    mx.eval(model.parameters())
-    return model, processor
-
-
-def save_model(model: Any, out_dir: Path, fixture_dir: Path, card: dict[str, Any]) -> int:
-    """Weights as float16 plus the fixture's config/tokenizer/processor files; returns bytes."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for source in sorted(fixture_dir.iterdir()):
-        if source.is_file() and source.name != WEIGHTS_FILE and not source.name.startswith("."):
-            shutil.copy2(source, out_dir / source.name)
-    parameters: Any = tree_flatten(model.parameters())
-    weights = {name: value.astype(mx.float16) for name, value in parameters}
-    mx.save_safetensors(str(out_dir / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
-    (out_dir / "training.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
-    return sum(path.stat().st_size for path in out_dir.iterdir() if path.is_file())
 
 
 def evaluate(
@@ -111,10 +74,6 @@ def evaluate(
         group = "agent_call" if template.shape == "agent_call" else "controls"
         hits[group].extend(row_exact_match(model, batch).tolist())
     return {shape: float(np.mean(values)) for shape, values in hits.items()}
-
-
-def format_accuracy(accuracy: dict[str, float]) -> str:
-    return " ".join(f"{shape}={value:.2f}" for shape, value in sorted(accuracy.items()))
 
 
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -139,95 +98,33 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         batch, full = text_batch(template, tokens)
         check_against_model(model, batch, full)
 
-    warmup = min(args.warmup, args.steps // 10)
-    schedule = optim.join_schedules(
-        [
-            optim.linear_schedule(args.lr / 100, args.lr, warmup),
-            optim.cosine_decay(args.lr, args.steps - warmup, args.lr / 100),
-        ],
-        [warmup],
-    )
-    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=args.weight_decay)
-
     def step_loss(model: Any, image: Any, text: Any) -> mx.array:
         return loss_fn(model, image) + float(args.text_weight) * loss_fn(model, text)
 
-    loss_and_grad = value_and_grad(model, step_loss)
-    clip_grad_norm: Any = optim.clip_grad_norm  # untyped in mlx
-    started = time.time()
-    history: list[dict[str, Any]] = []
-    losses: list[float] = []
-    for step in range(1, args.steps + 1):
+    def next_batch(step: int) -> tuple[Any, Any]:
         shape = data_rng.choices(shapes, weights)[0]
         template = data_rng.choice(by_shape[shape])
         image, _ = image_batch(template, draw_samples(data_rng, args.batch), tokens)
         text, _ = text_batch(text_templates[step % len(text_templates)], tokens)
-        loss, grads = loss_and_grad(model, image, text)
-        grads, _ = clip_grad_norm(grads, args.clip)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, loss)
-        losses.append(loss.item())
-        if step % args.log_every == 0:
-            elapsed = time.time() - started
-            print(
-                f"step {step} loss {np.mean(losses[-args.log_every :]):.4f} "
-                f"lr {optimizer.learning_rate.item():.2e} {elapsed / step:.2f}s/step {elapsed / 60:.1f}min",
-                flush=True,
-            )
-        if step % args.eval_every == 0 or step == args.steps:
-            accuracy = evaluate(
-                model, tokens, image_templates, text_templates, args.eval_seed, args.eval_rows
-            )
-            history.append(
-                {"step": step, "minutes": round((time.time() - started) / 60, 2), "accuracy": accuracy}
-            )
-            print(f"eval step {step}: {format_accuracy(accuracy)}", flush=True)
-            if step < args.steps:  # a checkpoint, so a stopped run still leaves a model
-                save_model(model, args.out, args.fixture, _card(args, step, time.time() - started, history))
-    elapsed = time.time() - started
-    size = save_model(model, args.out, args.fixture, _card(args, args.steps, elapsed, history))
-    print(f"saved {args.out} ({size / 1e6:.2f} MB) after {elapsed / 60:.1f} min", flush=True)
-    return history
+        return image, text
 
+    def held_out() -> dict[str, float]:
+        return evaluate(model, tokens, image_templates, text_templates, args.eval_seed, args.eval_rows)
 
-def _card(
-    args: argparse.Namespace, step: int, elapsed: float, history: list[dict[str, Any]]
-) -> dict[str, Any]:
-    return {
-        "task": "squares: answer '<N> <colour>', or 'no image' when the image is missing",
-        "architecture": "qwen2_vl with the sizes of models/qwen2-vl-tiny (training/make_fixture_model.py)",
-        "script": "python -m training.train_squares",
-        "seed": args.seed,
-        "init": str(args.init) if args.init else None,
-        "steps": step,
-        "planned_steps": args.steps,
-        "batch": args.batch,
-        "lr": args.lr,
-        "seconds": round(elapsed),
-        "seconds_per_step": round(elapsed / max(step, 1), 3),
-        "eval_seed": args.eval_seed,
-        "teacher_forced_accuracy": history[-1]["accuracy"] if history else {},
-        "eval_history": history,
-    }
+    def card(step: int, elapsed: float, history: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "task": "squares: answer '<N> <colour>', or 'no image' when the image is missing",
+            "script": "python -m training.train_squares",
+            **base_card(args, step, elapsed, history),
+        }
+
+    return train_loop(model, Task(step_loss, next_batch, held_out, card), args)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train the squares model.", allow_abbrev=False)
-    parser.add_argument("--fixture", type=Path, default=FIXTURE_DIR)
-    parser.add_argument("--out", type=Path, default=OUTPUT_DIR)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init", type=Path, default=None, help="start from this model dir's weights")
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--clip", type=float, default=1.0)
+    add_loop_arguments(parser, out=OUTPUT_DIR, steps=1500, batch=32, lr=1e-3, eval_seed=777_001)
     parser.add_argument("--text-weight", type=float, default=0.5, help="loss weight of the text-only row")
-    parser.add_argument("--log-every", type=int, default=25)
-    parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--eval-seed", type=int, default=777_001)
-    parser.add_argument("--eval-rows", type=int, default=32)
     return parser.parse_args(argv)
 
 
