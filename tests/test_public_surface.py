@@ -5,6 +5,7 @@ docs/engine-contract.md), never as a side effect of moving code."""
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import pytest
@@ -47,6 +48,10 @@ CLIENT = {
     "InternalError", "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "PermissionDeniedError",
     "ResourceExhaustedError", "UnauthenticatedError", "UnavailableError", "UnimplementedError",
 }  # fmt: skip
+
+# The calls of both clients (`EngineClient` blocking, `AsyncEngineClient` awaited): the same names
+# and parameters, from one shared base.
+CLIENT_CALLS = {"generate", "generate_unary", "count_tokens", "model_info", "abort", "health", "close"}
 
 # (method, request, response, server streaming)
 ENGINE_SERVICE = {
@@ -93,3 +98,20 @@ def test_the_engine_service_is_the_pinned_contract() -> None:
     assert methods == ENGINE_SERVICE
     assert not any(method.client_streaming for method in service.methods)
     assert service.full_name == vlmserve.client.ENGINE_SERVICE_NAME
+
+
+@pytest.mark.parametrize(
+    "client", [vlmserve.client.EngineClient, vlmserve.client.AsyncEngineClient], ids=["sync", "async"]
+)
+def test_the_client_calls_are_pinned(client: type) -> None:
+    assert {name for name in dir(client) if not name.startswith("_")} == CLIENT_CALLS
+
+
+def test_the_two_clients_take_the_same_arguments() -> None:
+    sync, aio = vlmserve.client.EngineClient, vlmserve.client.AsyncEngineClient
+    for name in [*sorted(CLIENT_CALLS - {"close"}), "__init__"]:
+        ours, theirs = inspect.signature(getattr(sync, name)), inspect.signature(getattr(aio, name))
+        assert list(ours.parameters.values()) == list(theirs.parameters.values()), name
+    for name in CLIENT_CALLS - {"generate", "close"}:
+        assert inspect.iscoroutinefunction(getattr(aio, name)), name
+    assert inspect.isasyncgenfunction(aio.generate) and inspect.isgeneratorfunction(sync.generate)

@@ -4,146 +4,67 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry.trace import StatusCode
 
-from vlmserve.common.tracing import client_span, inject_metadata
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
-from ._errors import from_rpc_error
-from ._options import (
-    DEFAULT_DEADLINES,
-    ENGINE_SERVICE_NAME,
-    MAX_MESSAGE_BYTES,
-    Deadlines,
-    auth_metadata,
-    channel_options,
-)
-from ._targets import balancing_options, engine_target, names_several_engines
+from ._base import EngineClientBase, Transport, UnaryCall
+from ._options import ENGINE_SERVICE_NAME
+
+T = TypeVar("T")
 
 
-class AsyncEngineClient:
-    """Calls one engine. Every call has a deadline; failures raise `EngineError` subclasses.
+class AsyncEngineClient(EngineClientBase[grpc.aio.Channel]):
+    """Calls the engine from asyncio: the calls, deadlines and errors of `EngineClientBase`
+    (`target`, `token`, `deadlines`, `credentials`, `channel`), awaited."""
 
-    `target` is a gRPC target: "127.0.0.1:50051", "unix:/path/engine.sock", ...
-    Pass `channel` to use a channel you built (TLS, interceptors, in-process tests).
-    """
+    _transport = Transport(grpc.aio.insecure_channel, grpc.aio.secure_channel)
 
-    def __init__(
-        self,
-        target: str = "127.0.0.1:50051",
-        *,
-        token: str | None = None,
-        deadlines: Deadlines = DEFAULT_DEADLINES,
-        credentials: grpc.ChannelCredentials | None = None,
-        max_message_bytes: int = MAX_MESSAGE_BYTES,
-        channel: grpc.aio.Channel | None = None,
-    ) -> None:
-        if channel is None:
-            target = engine_target(target)
-            options: list[tuple[str, Any]] = list(channel_options(max_message_bytes))
-            if names_several_engines(target):
-                options += balancing_options(max_message_bytes)
-            if credentials is not None:
-                channel = grpc.aio.secure_channel(target, credentials, options=options)
-            else:
-                channel = grpc.aio.insecure_channel(target, options=options)
-        self._channel = channel
-        self._stub = pb_grpc.EngineServiceStub(channel)
-        self._health = health_pb2_grpc.HealthStub(channel)
-        self._metadata = auth_metadata(token)
-        self.deadlines = deadlines
+    async def _send(self, call: UnaryCall[T]) -> T:
+        try:
+            response = await call.invoke()
+        except grpc.RpcError as error:
+            return call.failed(error)
+        finally:
+            call.done()
+        return call.decode(response)
 
     async def generate(
         self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> AsyncIterator[pb.GenerateResponse]:
         """Stream chunks, then one `complete`. Leaving the loop early cancels the call."""
-        span = client_span("Generate")
-        call = self._stub.Generate(
-            request,
-            timeout=timeout or self.deadlines.generate,
-            metadata=inject_metadata(self._metadata, span),
-        )
+        stream = self._start_generate(request, timeout)
         try:
-            async for response in call:
+            async for response in stream.call:
                 yield response
-        except grpc.aio.AioRpcError as error:
-            span.set_status(StatusCode.ERROR, error.code().name)
-            raise from_rpc_error(error) from None
+        except grpc.RpcError as error:
+            stream.failed(error)
         finally:
-            # A consumer that stops reading (break, task cancel, disconnect) ends the generation.
-            call.cancel()
-            span.end()
+            stream.close()
 
     async def generate_unary(
         self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> pb.GenerateResult:
-        span = client_span("GenerateUnary")
-        try:
-            response = await self._stub.GenerateUnary(
-                pb.GenerateUnaryRequest(request=request),
-                timeout=timeout or self.deadlines.generate,
-                metadata=inject_metadata(self._metadata, span),
-            )
-        except grpc.aio.AioRpcError as error:
-            span.set_status(StatusCode.ERROR, error.code().name)
-            raise from_rpc_error(error) from None
-        finally:
-            span.end()
-        result: pb.GenerateResult = response.result
-        return result
+        """The whole generation in one answer."""
+        return await self._send(self._generate_unary_call(request, timeout))
 
     async def count_tokens(
         self, request: pb.GenerateRequest, *, timeout: float | None = None
     ) -> pb.CountTokensResponse:
-        try:
-            response: pb.CountTokensResponse = await self._stub.CountTokens(
-                pb.CountTokensRequest(request=request),
-                timeout=timeout or self.deadlines.count_tokens,
-                metadata=self._metadata,
-            )
-        except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
-        return response
+        return await self._send(self._count_tokens_call(request, timeout))
 
     async def model_info(self, *, timeout: float | None = None) -> pb.GetModelInfoResponse:
-        try:
-            response: pb.GetModelInfoResponse = await self._stub.GetModelInfo(
-                pb.GetModelInfoRequest(),
-                timeout=timeout or self.deadlines.model_info,
-                metadata=self._metadata,
-            )
-        except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
-        return response
+        return await self._send(self._model_info_call(timeout))
 
     async def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
         """True when the engine had that request queued or running."""
-        try:
-            response = await self._stub.Abort(
-                pb.AbortRequest(request_id=request_id),
-                timeout=timeout or self.deadlines.abort,
-                metadata=self._metadata,
-            )
-        except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
-        return bool(response.found)
+        return await self._send(self._abort_call(request_id, timeout))
 
     async def health(self, service: str = ENGINE_SERVICE_NAME, *, timeout: float | None = None) -> bool:
         """True when the engine reports SERVING for `service` ("" is liveness)."""
-        try:
-            response = await self._health.Check(
-                health_pb2.HealthCheckRequest(service=service),
-                timeout=timeout or self.deadlines.health,
-                metadata=self._metadata,
-            )
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+        return await self._send(self._health_call(service, timeout))
 
     async def close(self, grace: float | None = None) -> None:
         await self._channel.close(grace)
