@@ -1,5 +1,5 @@
-"""Quantized KV (`--kv-bits 8|4`) against full precision, on every fixture family and the 144M
-benchmark model (docs/performance.md, "Quantized KV").
+"""Quantized KV (`--kv-bits 8|4`, uniform and turboquant) against full precision, on every
+fixture family and the 144M benchmark model (docs/performance.md, "Quantized KV").
 
 For each model and precision, one engine (in process, the real generation thread) runs the same
 greedy requests (a text prompt and, where the family takes images, an image prompt; 64 tokens):
@@ -45,10 +45,15 @@ TOKENS = 64
 PREFIX_CACHE_MIB = 1024
 
 
-def start(model: Path, bits: int | None) -> Generator:
+def start(model: Path, bits: int | None, scheme: str = "uniform") -> Generator:
     generator = Generator(
         EngineConfig(
-            model=str(model), warmup=False, kv_bits=bits, prefix_cache_min_tokens=4, max_output_tokens=TOKENS
+            model=str(model),
+            warmup=False,
+            kv_bits=bits,
+            kv_quant_scheme=scheme,
+            prefix_cache_min_tokens=4,
+            max_output_tokens=TOKENS,
         )
     )
     generator.start()
@@ -72,8 +77,8 @@ def requests(generator: Generator, with_image: bool) -> dict[str, Any]:
     return out
 
 
-def measure(model: Path, bits: int | None, with_image: bool) -> dict[str, Any]:
-    generator = start(model, bits)
+def measure(model: Path, bits: int | None, with_image: bool, scheme: str = "uniform") -> dict[str, Any]:
+    generator = start(model, bits, scheme)
     try:
         assert generator.loaded is not None
         if bits is not None and not generator.loaded.kv_layout.quantized:
@@ -148,13 +153,14 @@ def main() -> None:
             print(name, report["models"][name], flush=True)
             continue
         entry: dict[str, Any] = {"full_bytes_per_token": full["text"]["bytes_per_token"]}
-        for bits in (8, 4):
+        for bits, scheme in ((8, "uniform"), (4, "uniform"), (8, "turboquant"), (4, "turboquant")):
+            label = f"{bits}-bit" if scheme == "uniform" else f"{bits}-bit {scheme}"
             try:
-                quantized = measure(path, bits, with_image)
+                quantized = measure(path, bits, with_image, scheme)
             except Exception as error:  # a family whose cache mlx-vlm cannot quantize
-                entry[f"{bits}-bit"] = f"not run: {error}"
+                entry[label] = f"not run: {error}"
                 continue
-            entry[f"{bits}-bit"] = {kind: compare(full[kind], quantized[kind]) for kind in full}
+            entry[label] = {kind: compare(full[kind], quantized[kind]) for kind in full}
         report["models"][name] = entry
         print(name, json.dumps(entry, default=str), flush=True)
     text = json.dumps(report, indent=1, default=str)

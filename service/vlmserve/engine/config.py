@@ -80,6 +80,12 @@ class EngineConfig(DeclaredSettings):
         description="store the KV cache quantized to this many bits (mlx-vlm's quantized caches: the batch, "
         "prompts shared in flight and the prefix cache and its disk tier); unset: the model's own precision",
     )
+    kv_quant_scheme: Annotated[str, Option(metavar="{uniform,turboquant}")] = Field(
+        "uniform",
+        description="how --kv-bits quantizes: uniform (mx.quantize in groups, mlx-vlm's quantized caches) or "
+        "turboquant (mlx-vlm's TurboQuant: rotated vectors, codebook indices and one norm per vector; "
+        "fewer bytes at the same bits, any head width)",
+    )
     kv_group_size: int = Field(
         64,
         ge=32,
@@ -184,6 +190,13 @@ class EngineConfig(DeclaredSettings):
         if dtype not in DTYPE_CHOICES:
             raise ValueError(f"must be one of {', '.join(DTYPE_CHOICES)}")
         return dtype
+
+    @field_validator("kv_quant_scheme")
+    @classmethod
+    def _known_kv_scheme(cls, scheme: str) -> str:
+        if scheme not in ("uniform", "turboquant"):
+            raise ValueError("must be one of uniform, turboquant")
+        return scheme
 
     @field_validator("speculative")
     @classmethod

@@ -239,7 +239,9 @@ class Generator:
             return KVLayout()
         language_model = loaded.model.language_model
         try:
-            layout = layout_for(bits, self.config.kv_group_size, kv_shape(language_model)[1])
+            layout = layout_for(
+                bits, self.config.kv_group_size, kv_shape(language_model)[1], self.config.kv_quant_scheme
+            )
         except ValueError as error:  # MLX quantizes groups of 32, 64 or 128 values only
             log.warning("--kv-bits %d ignored: %s; its KV stays at full precision", bits, error)
             return KVLayout()

@@ -14,6 +14,14 @@ prefill alone or in groups, then join a running batch): `merge_rows` adds it her
 KV is quantized from its first prefill chunk on, whatever path it takes, so a request gives the
 same tokens alone, batched or from a cached prefix.
 
+The turboquant scheme (`--kv-quant-scheme turboquant`) is mlx-vlm's `TurboQuantKVCache` /
+`BatchTurboQuantKVCache` (rotated vectors, a codebook index per value and one float16 norm per
+vector: no groups, so any head width). Its state is a `TurboQuantMSEState` (norms [rows, heads,
+tokens], indices [rows, heads, tokens, words]); its codecs are a function of the head width, the
+bits and a fixed seed, so every copy of a request's KV decodes the same way. mlx-vlm's batch
+cache lacks the one-row merge and the right-padded group prefill (`prepare(right_padding)` /
+`finalize`) our loop uses; `_TurboBatch` adds them here.
+
 Generation thread only.
 """
 
@@ -42,29 +50,49 @@ __all__ = [
 KV_BITS_CHOICES = (4, 8)
 
 
+UNIFORM = "uniform"
+TURBOQUANT = "turboquant"
+KV_QUANT_SCHEMES = (UNIFORM, TURBOQUANT)
+
+
 @dataclass(frozen=True)
 class KVLayout:
-    """How a model's KV is stored: full precision (`bits` None) or quantized in groups."""
+    """How a model's KV is stored: full precision (`bits` None), quantized in groups
+    (`uniform`, mx.quantize) or turboquant (codebook indices and a norm per vector)."""
 
     bits: int | None = None
     group_size: int = 64
+    scheme: str = UNIFORM
 
     @property
     def quantized(self) -> bool:
         return self.bits is not None
 
     @property
+    def turbo(self) -> bool:
+        return self.bits is not None and self.scheme == TURBOQUANT
+
+    @property
     def describe(self) -> str:
-        return "full precision" if self.bits is None else f"{self.bits}-bit, groups of {self.group_size}"
+        if self.bits is None:
+            return "full precision"
+        if self.turbo:
+            return f"{self.bits}-bit turboquant"
+        return f"{self.bits}-bit, groups of {self.group_size}"
 
 
-def layout_for(bits: int | None, group_size: int, head_dim: int) -> KVLayout:
+def layout_for(bits: int | None, group_size: int, head_dim: int, scheme: str = UNIFORM) -> KVLayout:
     """The layout `--kv-bits` asks for on a model with `head_dim`: quantization groups must
-    divide the head dimension, so a model with small heads uses the largest group that does."""
+    divide the head dimension, so a model with small heads uses the largest group that does
+    (turboquant has no groups)."""
     if bits is None:
         return KVLayout()
     if bits not in KV_BITS_CHOICES:
         raise ValueError(f"--kv-bits must be one of {KV_BITS_CHOICES}, not {bits}")
+    if scheme not in KV_QUANT_SCHEMES:
+        raise ValueError(f"--kv-quant-scheme must be one of {KV_QUANT_SCHEMES}, not {scheme!r}")
+    if scheme == TURBOQUANT:
+        return KVLayout(bits, group_size, TURBOQUANT)
     for size in (group_size, 64, 32):
         if size <= head_dim and head_dim % size == 0:
             return KVLayout(bits, size)
@@ -77,23 +105,116 @@ def new_prompt_cache(language_model: Any, layout: KVLayout) -> list[Any]:
 
     if layout.bits is None:
         return make_prompt_cache(language_model)
+    if layout.turbo:
+        from mlx_vlm.turboquant import TurboQuantKVCache
+
+        return [TurboQuantKVCache(bits=layout.bits) for _ in language_model.layers]
     return [QuantizedKVCache(group_size=layout.group_size, bits=layout.bits) for _ in language_model.layers]
 
 
 def mergeable(layer: Any) -> bool:
     """Whether a one-row cache layer can join a batch cache (mlx-vlm's `merge`, or ours)."""
     from mlx_vlm.models.cache import QuantizedKVCache
+    from mlx_vlm.turboquant import TurboQuantKVCache
 
-    return isinstance(layer, QuantizedKVCache) or callable(getattr(type(layer), "merge", None))
+    return isinstance(layer, QuantizedKVCache | TurboQuantKVCache) or callable(
+        getattr(type(layer), "merge", None)
+    )
 
 
 def merge_rows(rows: Sequence[Any]) -> Any:
     """One layer's batch cache from several requests' one-row caches (left-padded to one length)."""
     from mlx_vlm.models.cache import QuantizedKVCache
+    from mlx_vlm.turboquant import TurboQuantKVCache
 
+    if isinstance(rows[0], TurboQuantKVCache):
+        return _merge_turbo(rows)
     if not isinstance(rows[0], QuantizedKVCache):
         return type(rows[0]).merge(list(rows))
     return _merge_quantized(rows)
+
+
+def _turbo_batch_class() -> type:
+    """mlx-vlm's batch turboquant cache with the right-padded group prefill its full-precision
+    and uniform batch caches have (`prepare(right_padding)` / `finalize`: roll each row's
+    real positions to the end, the padding becomes left padding the mask hides)."""
+    global _TURBO_BATCH
+    if _TURBO_BATCH is not None:
+        return _TURBO_BATCH
+    import mlx.core as mx
+    from mlx_vlm.models.cache import dynamic_roll
+    from mlx_vlm.turboquant import BatchTurboQuantKVCache
+
+    tq = _turboquant()
+
+    class _TurboBatch(BatchTurboQuantKVCache):
+        _right_padding: Any = None
+
+        def prepare(self, *, right_padding: Sequence[int] | None = None, **_: Any) -> None:
+            if right_padding is not None and max(right_padding) > 0:
+                self._right_padding = mx.array(list(right_padding))
+
+        def finalize(self) -> None:
+            padding, self._right_padding = self._right_padding, None
+            if padding is None or self.keys is None:
+                return
+            shifts = padding[:, None]
+
+            def roll(array: Any, ndim: int) -> Any:
+                return dynamic_roll(array, shifts, axis=2)
+
+            self.keys = tq._map_state(tq._slice_state(self.keys, self._idx), roll)
+            self.values = tq._map_state(tq._slice_state(self.values, self._idx), roll)
+            self.offset = self.offset - padding
+            self.left_padding = self.left_padding + padding
+            self._refresh_fused_attention_eligibility()
+
+    _TURBO_BATCH = _TurboBatch
+    return _TurboBatch
+
+
+_TURBO_BATCH: type | None = None
+
+
+def _turboquant() -> Any:
+    """mlx-vlm's turboquant module, untyped: its state helpers (`_slice_state`, `_map_state`,
+    `_pad_state_tokens`, `_concat_state_batch`) know its state tuples' layouts."""
+    import mlx_vlm.turboquant
+
+    return mlx_vlm.turboquant
+
+
+def _merge_turbo(rows: Sequence[Any]) -> Any:
+    import mlx.core as mx
+
+    tq = _turboquant()
+    _concat_state_batch, _map_state = tq._concat_state_batch, tq._map_state
+    _pad_state_tokens, _slice_state = tq._pad_state_tokens, tq._slice_state
+
+    lengths = [int(row.offset) for row in rows]
+    longest = max(lengths)
+    first = rows[0]
+    batch: Any = _turbo_batch_class()([longest - n for n in lengths], bits=first.bits, seed=first.seed)
+    template = next((row for row in rows if row.keys is not None and row.offset > 0), None)
+    if template is None:
+        return batch  # nothing stored yet: the first update allocates
+    batch.key_codec, batch.value_codec = template.key_codec, template.value_codec
+    keys: Any = None
+    values: Any = None
+    for row, n in zip(rows, lengths, strict=True):
+        source, m = (template, int(template.offset)) if n == 0 else (row, n)
+        row_keys = _pad_state_tokens(_slice_state(source.keys, m), longest - m, 0)
+        row_values = _pad_state_tokens(_slice_state(source.values, m), longest - m, 0)
+        if n == 0:  # a row with nothing yet: all padding
+            row_keys = _map_state(row_keys, lambda a, _: mx.zeros_like(a))
+            row_values = _map_state(row_values, lambda a, _: mx.zeros_like(a))
+        keys = row_keys if keys is None else _concat_state_batch(keys, row_keys)
+        values = row_values if values is None else _concat_state_batch(values, row_values)
+    batch.keys, batch.values = keys, values
+    batch.offset = mx.array(lengths)
+    batch._idx = longest
+    batch._refresh_fused_attention_eligibility()
+    return batch
 
 
 def _merge_quantized(rows: Sequence[Any]) -> Any:
@@ -129,10 +250,18 @@ def _merge_quantized(rows: Sequence[Any]) -> Any:
     return batch
 
 
-def _slice(part: Any, rows: slice, start: int, stop: int) -> Any:
+def _map_parts(part: Any, fn: Any) -> Any:
+    """`fn` over one layer's keys (or values): one array, or each array of a quantized tuple,
+    keeping the tuple's type (turboquant's state is a NamedTuple its attention dispatches on)."""
     if isinstance(part, tuple):
-        return tuple(p[rows, :, start:stop] for p in part)
-    return part[rows, :, start:stop]
+        mapped = [fn(p) for p in part]
+        return type(part)(*mapped) if hasattr(part, "_fields") else tuple(mapped)
+    return fn(part)
+
+
+def _slice(part: Any, rows: slice, start: int, stop: int) -> Any:
+    # The token axis is 2 in every array of every layout (turboquant's norms are 3-D).
+    return _map_parts(part, lambda p: p[rows, :, start:stop])
 
 
 def row_views(batch_caches: Sequence[Any], index: int, pad: int, tokens: int) -> list[tuple[Any, Any]]:
@@ -154,6 +283,10 @@ def views(layers: Sequence[tuple[Any, Any]], tokens: int, layout: KVLayout) -> l
     cache = []
     for keys, values in layers:
         layer: Any
+        if layout.turbo:
+            layer = _turbo_layer(keys, values, tokens, layout)
+            cache.append(layer)
+            continue
         if isinstance(keys, tuple):
             layer = QuantizedKVCache(group_size=layout.group_size, bits=layout.bits or 8)
         else:
@@ -166,14 +299,29 @@ def views(layers: Sequence[tuple[Any, Any]], tokens: int, layout: KVLayout) -> l
     return cache
 
 
+def _turbo_layer(keys: Any, values: Any, tokens: int, layout: KVLayout) -> Any:
+    """A one-row turboquant layer over stored state (a NamedTuple, or the plain tuple the disk
+    tier gives back); its codecs are rebuilt on the first update, identical (same seed)."""
+    tq = _turboquant()
+    layer = tq.TurboQuantKVCache(bits=layout.bits or 4)
+    everything = slice(None)
+    layer.keys = tq.TurboQuantMSEState(*_slice(tuple(keys), everything, 0, tokens))
+    layer.values = tq.TurboQuantMSEState(*_slice(tuple(values), everything, 0, tokens))
+    layer.offset = tokens
+    return layer
+
+
 def is_plain(layer: Any) -> bool:
     """A layer whose keys and values are exactly its positions so far (full or quantized), so
     any prefix of them is the cache of a prefix of the prompt."""
     from mlx_vlm.models.cache import KVCache, QuantizedKVCache
+    from mlx_vlm.turboquant import TurboQuantKVCache
 
     # Any other cache class (it has update_and_fetch) keeps a state that is not a prefix of
     # positions; bare (keys, values) holders are plain.
-    return type(layer) in (KVCache, QuantizedKVCache) or not hasattr(layer, "update_and_fetch")
+    return type(layer) in (KVCache, QuantizedKVCache, TurboQuantKVCache) or not hasattr(
+        layer, "update_and_fetch"
+    )
 
 
 def snapshot(cache: Sequence[Any]) -> list[Any] | None:
@@ -259,11 +407,10 @@ def own_copy(cache: list[Any], tokens: int) -> None:
         pair = layer_arrays(layer, tokens)
         if pair is None:
             return  # not a plain KV layer: the prefix cache refuses it anyway
-        copied = [
-            tuple(mx.contiguous(p) for p in part) if isinstance(part, tuple) else mx.contiguous(part)
-            for part in pair
-        ]
+        copied = [_map_parts(part, mx.contiguous) for part in pair]
         layer.keys, layer.values = copied
+        if hasattr(layer, "_cached_state"):  # turboquant caches its sliced state by offset
+            layer._cached_state, layer._cached_state_offset = None, -1
         for part in copied:
             arrays += list(part) if isinstance(part, tuple) else [part]
     mx.eval(arrays)
@@ -282,6 +429,9 @@ def bytes_per_token(language_model: Any, layout: KVLayout, dtype_bytes: int) -> 
     layers = len(language_model.layers)
     if not layout.quantized or layout.bits is None:
         per_vector = head_dim * dtype_bytes
+    elif layout.turbo:
+        # codebook indices packed in 32-bit words + one float16 norm
+        per_vector = -(-head_dim * layout.bits // 32) * 4 + 2
     else:
         # packed data + one scale and one bias per group
         per_vector = head_dim * layout.bits // 8 + 2 * (head_dim // layout.group_size) * dtype_bytes

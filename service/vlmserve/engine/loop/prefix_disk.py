@@ -328,7 +328,8 @@ def disk_namespace(model: str, loaded: Any) -> str:
             where,
             weights_fingerprint="|".join([dtype, *weights]),
             kv_bits=layout.bits,
-            kv_group_size=layout.group_size if layout.bits is not None else None,
+            kv_group_size=layout.group_size if layout.bits is not None and not layout.turbo else None,
+            kv_quant_scheme=layout.scheme if layout.turbo else None,
         )
     )
 
