@@ -36,8 +36,10 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from vlmserve.engine.loop.decode import ActiveGeneration, score_chosen
+from vlmserve.engine.loop.decode import ActiveGeneration
 from vlmserve.engine.loop.kv_cache import merge_rows, mergeable, row_views
+from vlmserve.engine.loop.prefill import prefill_group
+from vlmserve.engine.loop.row_output import score_chosen
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.rollback import can_roll_back, roll_back_rows
@@ -98,55 +100,26 @@ class DecodeBatch:
         self.rows.append(generation)
 
     def add_prefilled_together(self, generations: list[ActiveGeneration]) -> Any:
-        """Prefill the rest of several prompts in one forward, straight into batch rows.
-
-        On a CPU a forward costs about the same for one short prompt as for several (reading the
-        weights dominates), so requests that arrive together start together. Each row starts
-        from its own cache (empty, or a prefix taken from the prefix cache or another request in
-        flight): mlx-vlm's `merge` left-pads those to one length. The rest of each prompt is
-        right-padded to the longest rest, so every row's real tokens sit right after its prefix
-        (and never see the padding: the mask is causal), and `finalize()` then rolls each row's
-        padding to the left, where the batch cache expects it. Positions are each row's own
-        (explicit M-RoPE position ids). Returns the logits of each row's last prompt token
-        [rows, vocab]; the caller lets each request take its first token from its row.
-        """
+        """Prefill the rest of several prompts in one forward (prefill.py `prefill_group`),
+        straight into batch rows. Returns the logits of each row's last prompt token
+        [rows, vocab]; the caller lets each request take its first token from its row."""
         import mlx.core as mx
 
-        rests = [g.remaining_prompt_arrays for g in generations]
-        lengths = [ids.shape[1] for ids, _, _ in rests]
-        longest = max(lengths)
-        ids, embeds, positions = [], [], []
-        for (row_ids, row_embeds, row_positions), length in zip(rests, lengths, strict=True):
-            pad = longest - length
-            ids.append(mx.pad(row_ids, [(0, 0), (0, pad)]))
-            embeds.append(mx.pad(row_embeds, [(0, 0), (0, pad), (0, 0)]))
-            positions.append(mx.pad(row_positions, [(0, 0), (0, 0), (0, pad)]))
-        own = [g.hand_over_cache() for g in generations]
-        caches = [merge_rows(rows) for rows in zip(*own, strict=True)]
-        for layer in caches:
-            layer.prepare(right_padding=[longest - n for n in lengths])
-        output = self._language_model(
-            mx.concatenate(ids, axis=0),
-            inputs_embeds=mx.concatenate(embeds, axis=0),
-            cache=caches,
-            position_ids=mx.concatenate(positions, axis=1),
-        )
-        for layer in caches:
-            layer.finalize()
-        last = output.logits[mx.arange(len(generations)), mx.array(lengths) - 1]
-        deltas = [g.rope_deltas for g in generations]
-        group_deltas = (
-            mx.concatenate([d.reshape(1, -1) for d in deltas], axis=0) if deltas[0] is not None else None
+        group = prefill_group(
+            self._language_model,
+            [g.remaining_prompt_arrays for g in generations],
+            [g.hand_over_cache() for g in generations],
+            [g.rope_deltas for g in generations],
         )
         if not self.rows:
-            self._caches, self._rope_deltas = caches, group_deltas
+            self._caches, self._rope_deltas = group.caches, group.rope_deltas
         else:
-            for mine, theirs in zip(self._caches, caches, strict=True):
+            for mine, theirs in zip(self._caches, group.caches, strict=True):
                 mine.extend(theirs)
-            if group_deltas is not None:
-                self._rope_deltas = mx.concatenate([self._rope_deltas, group_deltas], axis=0)
+            if group.rope_deltas is not None:
+                self._rope_deltas = mx.concatenate([self._rope_deltas, group.rope_deltas], axis=0)
         self.rows.extend(generations)
-        return last
+        return group.last_logits
 
     def remove(self, generation: ActiveGeneration, *, extract: bool) -> list[Any] | None:
         """Drop a request's row (its untaken token too); with `extract`, return its cache (one row
@@ -245,7 +218,9 @@ class DecodeBatch:
             return
         tokens = [row.sample(logits[i : i + 1]).reshape(-1) for i, row in enumerate(self.rows)]
         chosen = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
-        score_chosen(self.rows, chosen)  # for rows that want logprobs (lazy, read on accept)
+        score_chosen(
+            [row.output for row in self.rows], chosen
+        )  # for rows that want logprobs (lazy, read on accept)
         self._pending, self._pending_rows = chosen.astype(mx.int32), len(self.rows)
         mx.async_eval(self._pending)  # type: ignore[no-untyped-call]
 
@@ -310,7 +285,7 @@ class DecodeBatch:
             taken.append(tokens[: max(1, row.tokens_left)])
             plain.append(mx.array(tokens[:1], dtype=mx.int32))
         chosen = mx.concatenate(plain) if len(plain) > 1 else plain[0]
-        score_chosen(self.rows, chosen)
+        score_chosen([row.output for row in self.rows], chosen)
         values: list[int] = chosen.astype(mx.int32).tolist()  # type: ignore[assignment]
         lists = [
             tokens if tokens is not None else [value] for tokens, value in zip(taken, values, strict=True)
@@ -330,7 +305,7 @@ class DecodeBatch:
             output = self._language_model(mx.array([[row.last_token]], dtype=mx.int32), cache=cache, **kwargs)
             tokens.append(row.sample(output.logits[:, -1, :]).reshape(-1))
         chosen = mx.concatenate(tokens)
-        score_chosen(self.rows, chosen)
+        score_chosen([row.output for row in self.rows], chosen)
         values: list[int] = chosen.tolist()  # type: ignore[assignment]
         return values
 

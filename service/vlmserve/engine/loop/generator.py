@@ -385,9 +385,9 @@ class Generator:
             if result.advanced:
                 self.metrics.batch_size.observe(len(result.advanced))
             for advance in result.advanced:
-                for gap in advance.row.token_gaps:
+                for gap in advance.row.clock.token_gaps:
                     self.metrics.inter_token.observe(gap)
-                advance.row.token_gaps.clear()
+                advance.row.clock.token_gaps.clear()
             for generation in result.left:
                 self._retire(generation)
             if runner.batch.speculator is not None:
@@ -419,7 +419,7 @@ class Generator:
         self._count(generation, report)
         _record_phase_spans(generation)
         if generation.job.request.kind is JobKind.GENERATE:
-            first = generation.first_token_at
+            first = generation.clock.first_token_at
             constraint = generation.job.request.constraint
             log.info(
                 "request %s: prompt_tokens=%d images=%d generated=%d ttft=%s finish=%s%s%s",
@@ -427,7 +427,7 @@ class Generator:
                 report.prompt_tokens,
                 report.image_count,
                 report.output_tokens,
-                f"{first - generation.started_at:.3f}s" if first is not None else "-",
+                f"{first - generation.clock.started_at:.3f}s" if first is not None else "-",
                 pb.FinishReason.Name(report.finish_reason) if report.finish_reason else "ERROR",
                 f" tokens_after_cancel={report.tokens_after_cancel}" if generation.job.cancelled else "",
                 f" constrained=({constraint.summary})" if constraint is not None else "",
@@ -456,8 +456,8 @@ class Generator:
             metrics.prefix_lookups.inc()
             if report.cached_tokens > 0 and not generation.shared_in_flight:
                 metrics.prefix_hits.inc()
-        if generation.first_token_at is not None:
-            metrics.time_to_first_token.observe(generation.first_token_at - generation.job.submitted_at)
+        if generation.clock.first_token_at is not None:
+            metrics.time_to_first_token.observe(generation.clock.first_token_at - generation.job.submitted_at)
 
 
 def _record_phase_spans(generation: ActiveGeneration) -> None:
@@ -466,12 +466,12 @@ def _record_phase_spans(generation: ActiveGeneration) -> None:
     if job.trace_context is None:
         return
     end = time.perf_counter()
-    first = generation.first_token_at
-    record_span("engine.queue", job.trace_context, job.submitted_at, generation.started_at)
+    first = generation.clock.first_token_at
+    record_span("engine.queue", job.trace_context, job.submitted_at, generation.clock.started_at)
     record_span(
         "engine.prefill",
         job.trace_context,
-        generation.started_at,
+        generation.clock.started_at,
         first if first is not None else end,
         {
             "vlmserve.prompt_tokens": generation.prompt_tokens,
@@ -484,5 +484,5 @@ def _record_phase_spans(generation: ActiveGeneration) -> None:
             job.trace_context,
             first,
             end,
-            {"vlmserve.output_tokens": generation.output_tokens},
+            {"vlmserve.output_tokens": generation.output.output_tokens},
         )
