@@ -82,7 +82,7 @@ def measure(model: Path, bits: int | None, with_image: bool, scheme: str = "unif
     try:
         assert generator.loaded is not None
         if bits is not None and not generator.loaded.kv_layout.quantized:
-            raise ValueError("its cache layers are not plain KV layers (kept at full precision)")
+            raise ValueError("kept at full precision (windowed layers, or heads too narrow for groups)")
         out: dict[str, Any] = {}
         for name, request in requests(generator, with_image).items():
             recorder = Recorder()
