@@ -39,7 +39,7 @@ from vlmserve.engine.loop.row_output import RowClock, RowOutput, score_chosen
 from vlmserve.engine.loop.sampling import TokenSampler
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.model import LoadedModel
-from vlmserve.engine.request_errors import RequestError, context_too_long
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["ActiveGeneration", "Phase"]
@@ -135,8 +135,8 @@ class ActiveGeneration:
             self.output.counted(self.prompt_tokens)
             self.phase = Phase.DONE
             return
-        if self.prompt_tokens >= info.context_length:
-            raise context_too_long(self.prompt_tokens, info.context_length)
+        # Every prepared request fits (prep/preparer.py `_fit_context`, the one place it is checked).
+        assert self.prompt_tokens < info.context_length, "a prepared prompt leaves room for output"
         self._max_tokens = min(self._max_tokens, info.context_length - self.prompt_tokens)
         self.prefix_looked_up = self._prefix_cache is not None
         # The prefix first: images inside the reused part need no vision tower (after a restart

@@ -156,12 +156,11 @@ class RequestPreparer:
         # Counting too: no count of a text this long can fit the context, and tokenizing 10 MB
         # of tool-call arguments held a preparation thread past the caller's deadline.
         at_least = self._tokens.minimum_tokens(prompt_text)
-        if at_least >= info.context_length:
-            raise context_too_long(at_least, info.context_length, at_least=True)
+        _fit_context(at_least, info.context_length, at_least=True)
         add_special_tokens = prompt_needs_special_tokens(prompt_text, self._tokenizer)
         ids = self._tokens.encode(rendered.text, protection, add_special_tokens=add_special_tokens)
-        if generating and len(ids) >= info.context_length:
-            raise context_too_long(len(ids), info.context_length)
+        if generating:  # early, before any image is decoded
+            _fit_context(len(ids), info.context_length)
         joint_arrays = None
         if isinstance(self._images, GenericProcessor) and checked:
             decoded = self._decode_images(checked, cancelled, lambda _image, pixels: pixels)
@@ -191,8 +190,8 @@ class RequestPreparer:
         else:
             images = tuple(self._decode_images(checked, cancelled, self._prepare_image))
             ids = self._expand_image_tokens(ids, images)
-        if generating and len(ids) >= info.context_length:
-            raise context_too_long(len(ids), info.context_length)
+        if generating:
+            _fit_context(len(ids), info.context_length)
         parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
         max_calls = request.max_tool_calls if request.HasField("max_tool_calls") else None
         tool_mode = "none" if max_calls == 0 else rendered.tool_mode
@@ -346,3 +345,10 @@ class RequestPreparer:
             start = position + 1
         expanded += ids[start:]
         return expanded
+
+
+def _fit_context(tokens: int, context: int, *, at_least: bool = False) -> None:
+    """The one context-length rule: a prompt leaves at least one position of the model's
+    context for output (the generation thread relies on it)."""
+    if tokens >= context:
+        raise context_too_long(tokens, context, at_least=at_least)
