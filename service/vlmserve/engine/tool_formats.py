@@ -41,7 +41,6 @@ __all__ = [
     "LLAMA_JSON_FORMAT",
     "CallGrammar",
     "ToolFormat",
-    "enforceable_formats",
     "format_for_model",
     "make_parser",
     "tool_format",
@@ -213,11 +212,6 @@ def make_parser(
     """A fresh per-request parser for format `name`. `tools` (chat-template form) lets mlx-vlm's
     parsers type text arguments by their schema."""
     return tool_format(name).parser(max_call_chars=max_call_chars, tools=tools)
-
-
-def enforceable_formats() -> frozenset[str]:
-    """The formats whose calls a grammar can enforce."""
-    return frozenset(name for name, record in FORMATS.items() if record.grammar is not None)
 
 
 def format_for_model(model_type: str, chat_template: str | None) -> str:
