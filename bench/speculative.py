@@ -35,6 +35,7 @@ from bench.bench_model import DEFAULT_DIR, build_bench_model
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
+from vlmserve.engine.speculation.drafter import SOURCES
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 RECORD = {"name": "alpha", "count": 42, "tags": ["x", "y"], "owner": {"id": 7, "role": "admin"}}
@@ -115,8 +116,13 @@ def counter(generator: Generator, name: str, labels: dict[str, str] | None = Non
 COUNTERS = ("speculative_drafted_tokens", "speculative_accepted_tokens", "speculative_verified_rows")
 
 
+def speculation_counter(generator: Generator, name: str) -> float:
+    """A speculation counter summed over its draft sources."""
+    return sum(counter(generator, name, {"source": source}) for source in SOURCES)
+
+
 def run(generator: Generator, requests: Sequence[PreparedRequest], tag: str) -> dict[str, float]:
-    before = {name: counter(generator, name) for name in COUNTERS}
+    before = {name: speculation_counter(generator, name) for name in COUNTERS}
     verifies = counter(generator, "decode_forwards", {"kind": "verify"})
     plain = counter(generator, "decode_forwards", {"kind": "plain"})
     jobs = [Job(dataclasses.replace(r, request_id=f"{tag}-{i}"), None) for i, r in enumerate(requests)]
@@ -129,7 +135,7 @@ def run(generator: Generator, requests: Sequence[PreparedRequest], tag: str) -> 
     reports = {r.request_id: r for r in generator.reports}
     tokens = sum(reports[job.request_id].output_tokens for job in jobs)
     result = {"wall_s": wall, "cpu_s": cpu, "tokens": tokens}
-    result.update({name: counter(generator, name) - before[name] for name in COUNTERS})
+    result.update({name: speculation_counter(generator, name) - before[name] for name in COUNTERS})
     result["verify_forwards"] = counter(generator, "decode_forwards", {"kind": "verify"}) - verifies
     result["plain_forwards"] = counter(generator, "decode_forwards", {"kind": "plain"}) - plain
     result["token_ids"] = [list(reports[job.request_id].token_ids) for job in jobs]  # type: ignore[assignment]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training.families import FAMILIES, build_family
+from training.families import DRAFTER_FAMILIES, FAMILIES, build_drafter, build_family
 
 FAMILY_NAMES = tuple(sorted(FAMILIES))
 
@@ -21,3 +21,15 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = tmp_path_factory.mktemp("family-models")
     return {name: build_family(FAMILIES[name], root / name) for name in FAMILY_NAMES}
+
+
+@pytest.fixture(scope="session")
+def drafter_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Each drafter family's (target directory, drafter directory)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    root = tmp_path_factory.mktemp("drafter-models")
+    built = {}
+    for name, family in DRAFTER_FAMILIES.items():
+        target = build_family(family, root / name)
+        built[name] = (target, build_drafter[name](target))
+    return built

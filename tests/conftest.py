@@ -28,6 +28,7 @@ MODEL_FIXTURES = {
     ("tests.conftest", "random_engine_address"),
     ("tests.engine.conftest", "engine"),
     ("tests._family_models", "family_models"),
+    ("tests._family_models", "drafter_models"),
     ("tests._postgres", "postgres_server"),
     ("tests.e2e.conftest", "squares_mlx"),
     ("tests.e2e.conftest", "squares_services"),

@@ -25,6 +25,8 @@ Families (directory name: what it stands for):
   mistral3           Mistral Small 3.1 (Pixtral vision, [IMG_BREAK]/[IMG_END] rows, [TOOL_CALLS])
   llama4             Llama 4 Scout (MoE, chunked local attention + NoPE layers, image tiles)
   llava              LLaVA 1.5 (CLIP vision, USER:/ASSISTANT: template)
+  qwen3_5            Qwen3.5 (Gated DeltaNet + full attention) and its MTP drafter head in
+                     qwen3_5/mtp-drafter (speculative decoding's --draft-model)
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from training.families import FAMILIES, build_family
+from training.families import DRAFTER_FAMILIES, FAMILIES, build_drafter, build_family
 
 __all__ = ["main"]
 
@@ -44,15 +46,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--family",
         action="append",
-        choices=sorted(FAMILIES),
+        choices=sorted({**FAMILIES, **DRAFTER_FAMILIES}),
         help="a family to build (repeatable; default: all)",
     )
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     args = parser.parse_args(argv)
-    for name in args.family or sorted(FAMILIES):
-        out_dir = build_family(FAMILIES[name], args.out / name, seed=args.seed)
-        size = sum(p.stat().st_size for p in out_dir.iterdir())
-        print(f"wrote {out_dir} ({FAMILIES[name].stands_for}, {size / 1e6:.2f} MB)")
+    families = {**FAMILIES, **DRAFTER_FAMILIES}
+    for name in args.family or sorted(families):
+        out_dir = build_family(families[name], args.out / name, seed=args.seed)
+        if name in build_drafter:
+            build_drafter[name](out_dir)
+        size = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
+        print(f"wrote {out_dir} ({families[name].stands_for}, {size / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

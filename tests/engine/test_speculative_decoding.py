@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, JobReport, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
+from vlmserve.engine.speculation.drafter import SOURCES
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_engine_grpc import text_part
@@ -30,15 +33,19 @@ SCHEMA = {
 }
 
 
-def _generator(speculative: str) -> Generator:
+def _generator(speculative: str, model: Path = RANDOM_MODEL_PATH, **settings: Any) -> Generator:
+    """A started engine on `model` (no prefix cache, no warm-up); `settings`: more EngineConfig."""
     config = EngineConfig(
-        model=str(RANDOM_MODEL_PATH),
-        max_active=8,
-        max_queue=16,
-        max_output_tokens=64,
-        prefix_cache_min_tokens=0,
-        speculative=speculative,
-        warmup=False,
+        **{
+            "max_active": 8,
+            "max_queue": 16,
+            **settings,
+            "model": str(model),
+            "max_output_tokens": 64,
+            "prefix_cache_min_tokens": 0,
+            "speculative": speculative,
+            "warmup": False,
+        }
     )
     generator = Generator(config)
     generator.start()
@@ -102,8 +109,12 @@ def _run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -
 
 
 def _counter(generator: Generator, name: str) -> float:
-    value = generator.metrics.registry.get_sample_value(f"vlmserve_engine_{name}_total")
-    return value or 0.0
+    """A speculation counter summed over its draft sources."""
+    registry = generator.metrics.registry
+    values = (
+        registry.get_sample_value(f"vlmserve_engine_{name}_total", {"source": source}) for source in SOURCES
+    )
+    return sum(value or 0.0 for value in values)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -1,17 +1,24 @@
 """Tiny random-weight fixtures of the VLM families people run (docs/models.md, "Fixtures").
 
 `FAMILIES` maps a fixture name (the directory it is written to) to its `Family`; `build_family`
-writes one. The command line is ``python -m training.make_family_fixtures``.
+writes one. `DRAFTER_FAMILIES` are targets with a drafter model (`build_drafter` writes it into the
+target's directory), for speculative decoding's `--draft-model`; they are not in `FAMILIES`, whose
+every member the per-family engine tests run. The command line is
+``python -m training.make_family_fixtures``.
 """
 
 from __future__ import annotations
 
-from . import gemma, idefics, llama, mistral, qwen
+from . import gemma, idefics, llama, mistral, qwen, qwen3_5
 from ._base import Family, FamilyFiles
 from .build import build_family
 
-__all__ = ["FAMILIES", "Family", "FamilyFiles", "build_family"]
+__all__ = ["DRAFTER_FAMILIES", "FAMILIES", "Family", "FamilyFiles", "build_drafter", "build_family"]
 
 FAMILIES: dict[str, Family] = {
     family.name: family for module in (qwen, gemma, idefics, mistral, llama) for family in module.FAMILIES
 }
+
+# Target family -> the function writing its drafter into the target's directory (returns it).
+DRAFTER_FAMILIES = {family.name: family for family in qwen3_5.FAMILIES}
+build_drafter = {"qwen3_5": qwen3_5.build_mtp_drafter}

@@ -15,8 +15,8 @@ from vlmserve.engine.model_lifecycle import LOAD_CHOICES
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
 from vlmserve.server.settings import DeclaredSettings, Option
 
-# Speculative decoding's draft sources (`draft`, mlx-vlm's drafter models, is not built yet).
-SPECULATIVE_CHOICES = ("off", "lookup", "auto")
+# Speculative decoding's draft sources (speculation/).
+SPECULATIVE_CHOICES = ("off", "lookup", "draft", "auto")
 
 __all__ = ["EngineConfig"]
 
@@ -116,8 +116,14 @@ class EngineConfig(DeclaredSettings):
         "auto",
         description="several tokens per forward: drafts verified in the batched step, output unchanged "
         "(greedy and seeded sampling take the very tokens they take without it); lookup = prompt "
-        "lookup (n-gram matches in the row's prompt and output) and grammar fast-forward; auto = lookup; "
-        "off = one token per forward",
+        "lookup (n-gram matches in the row's prompt and output) and grammar fast-forward; draft = "
+        "--draft-model's drafts and grammar fast-forward; auto = lookup, and the draft model's drafts "
+        "where lookup has none when one is given; off = one token per forward",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="mlx-vlm drafter checkpoint for the model (a directory or hub id; its kind, e.g. an "
+        "MTP head, auto-detected as mlx-vlm does) proposing drafts that the model verifies",
     )
     speculative_max_draft: int = Field(
         8, ge=1, le=64, description="draft tokens a row may have verified in one forward"
@@ -204,6 +210,12 @@ class EngineConfig(DeclaredSettings):
         if speculative not in SPECULATIVE_CHOICES:
             raise ValueError(f"must be one of {', '.join(SPECULATIVE_CHOICES)}")
         return speculative
+
+    @model_validator(mode="after")
+    def _draft_needs_a_model(self) -> EngineConfig:
+        if self.speculative == "draft" and self.draft_model is None:
+            raise ValueError("--speculative draft needs --draft-model")
+        return self
 
     @field_validator("distributed")
     @classmethod

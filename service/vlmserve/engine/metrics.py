@@ -153,17 +153,21 @@ class EngineMetrics:
         # Speculative decoding (speculation/): accepted tokens per verify = accepted / drafting rows + 1.
         self.speculative_drafted = Counter(
             "vlmserve_engine_speculative_drafted_tokens",
-            "draft tokens verified (prompt lookup, grammar fast-forward)",
+            "draft tokens verified, by source (grammar fast-forward, prompt lookup, the draft model)",
+            ["source"],
             registry=r,
         )
         self.speculative_accepted = Counter(
             "vlmserve_engine_speculative_accepted_tokens",
-            "draft tokens the target model accepted (each saved a forward)",
+            "draft tokens the target model accepted (each saved a forward), by source",
+            ["source"],
             registry=r,
         )
         self.speculative_rows = Counter(
             "vlmserve_engine_speculative_verified_rows",
-            "rows that had drafts verified in a forward (each took its accepted drafts and one more token)",
+            "rows that had drafts verified in a forward (each took its accepted drafts and one more token), "
+            "by source",
+            ["source"],
             registry=r,
         )
         self.decode_forwards = Counter(

@@ -42,7 +42,13 @@ from vlmserve.engine.loop.prefill import prefill_group
 from vlmserve.engine.loop.row_output import score_chosen
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator
-from vlmserve.engine.speculation.rollback import can_roll_back, roll_back_rows
+from vlmserve.engine.speculation.rollback import (
+    RecurrentVerify,
+    begin_verify,
+    can_roll_back,
+    roll_back_rows,
+    verify_forward_kwargs,
+)
 
 __all__ = ["DecodeBatch"]
 
@@ -56,6 +62,10 @@ class DecodeBatch:
         # the last verify's tokens per row for rows[:_pending_rows] (host ints), not yet taken.
         self._drafts: list[list[int]] | None = None
         self._pending_lists: list[list[int]] | None = None
+        # The launched verify's recurrent-state transaction (rollback.py) and last hidden states
+        # [rows, width, hidden] (for a drafter model), until its tokens are sampled.
+        self._transaction: RecurrentVerify | None = None
+        self._hidden: Any = None
         self.rows: list[ActiveGeneration] = []
         self._caches: list[Any] = []
         self._rope_deltas: Any = None
@@ -131,6 +141,10 @@ class DecodeBatch:
             del self.rows[index]
             own = self._row_caches.pop(index)
             return own if extract else None
+        # Mid-verify, a recurrent layer's row holds the state after every position of the forward:
+        # no prefix to offer; the transaction drops the row at its commit (rollback.py).
+        transaction = self._transaction
+        extract = extract and transaction is None
         row = [layer.extract(index) for layer in self._caches] if extract else None
         keep = [i for i in range(len(self.rows)) if i != index]
         del self.rows[index]
@@ -145,16 +159,22 @@ class DecodeBatch:
             else:
                 self._pending = self._pending[mx.array(keep[: self._pending_rows], dtype=mx.int32)]
         if not keep:
+            if transaction is not None:
+                transaction.abort()
             self._caches, self._rope_deltas, self._logits = [], None, None
             self._pending, self._pending_rows, self._pending_lists, self._drafts = None, 0, None, None
+            self._transaction = self._hidden = None
             return row
         kept = mx.array(keep, dtype=mx.int32)
         for layer in self._caches:
-            layer.filter(kept)
+            if transaction is None or not transaction.holds(layer):
+                layer.filter(kept)
         if self._rope_deltas is not None:
             self._rope_deltas = self._rope_deltas[kept]
         if self._logits is not None:
             self._logits = self._logits[kept]
+        if self._hidden is not None:
+            self._hidden = self._hidden[kept]
         return row
 
     def row_prefix(self, generation: ActiveGeneration, tokens: int) -> list[tuple[Any, Any]] | None:
@@ -258,12 +278,17 @@ class DecodeBatch:
             for row, tokens, row_drafts in zip(self.rows, waiting, drafts, strict=True)
         ]
         kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
+        kwargs.update(verify_forward_kwargs(self._language_model))
+        self._transaction = begin_verify(self._caches, width, self.rows)
         output = self._language_model(mx.array(inputs, dtype=mx.int32), cache=self._caches, **kwargs)
         self.speculator.counts.forwards += 1
-        if width == 1:
+        if width == 1 and not self.speculator.reads_hidden_states:
             self._logits = output.logits[:, -1, :]
         else:
+            # A drafter model follows every row's tokens with the target's hidden states, so
+            # its rows read their tokens now even in a step without drafts.
             self._logits, self._drafts = output.logits, drafts
+            self._hidden = output.hidden_states[-1] if self.speculator.reads_hidden_states else None
         mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
 
     def _sample_verified(self, logits: Any) -> None:
@@ -282,17 +307,28 @@ class DecodeBatch:
             at_position = functools.partial(_verified_logits, row, logits[index : index + 1], row_drafts)
             tokens = accept_drafts(at_position, row_drafts, row.sampler)
             self.speculator.record(row, len(row_drafts), len(tokens) - 1)
-            taken.append(tokens[: max(1, row.tokens_left)])
+            taken.append(tokens)
             plain.append(mx.array(tokens[:1], dtype=mx.int32))
         chosen = mx.concatenate(plain) if len(plain) > 1 else plain[0]
         score_chosen([row.output for row in self.rows], chosen)
         values: list[int] = chosen.astype(mx.int32).tolist()  # type: ignore[assignment]
-        lists = [
+        # Each row's accepted drafts and the target's token after them (`full`); it takes at
+        # most what it may still generate.
+        full = [
             tokens if tokens is not None else [value] for tokens, value in zip(taken, values, strict=True)
         ]
+        lists = [tokens[: max(1, row.tokens_left)] for tokens, row in zip(full, self.rows, strict=True)]
         # Kept positions per row: its latest token and its accepted drafts.
-        roll_back_rows(self._caches, [width - len(tokens) for tokens in lists])
-        self.speculator.counts.verifies += 1
+        rejected = [width - len(tokens) for tokens in lists]
+        roll_back_rows(self._caches, rejected)
+        transaction, self._transaction = self._transaction, None
+        if transaction is not None:
+            transaction.commit(self.rows, [width - count for count in rejected])
+        hidden, self._hidden = self._hidden, None
+        if hidden is not None:
+            self.speculator.follow(self.rows, drafts, full, hidden)
+        if width > 1:
+            self.speculator.counts.verifies += 1
         self._pending_lists, self._pending_rows = lists, len(self.rows)
 
     def _step_rows_alone(self) -> list[int]:

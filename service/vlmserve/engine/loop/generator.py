@@ -37,7 +37,8 @@ from vlmserve.engine.metrics import EngineMetrics, EngineState
 from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
 from vlmserve.engine.model_lifecycle import ModelLifecycle
 from vlmserve.engine.prep.preparer import RequestPreparer
-from vlmserve.engine.speculation.drafter import SpeculationCounts, Speculator
+from vlmserve.engine.speculation.drafter import SOURCES, SpeculationCounts, Speculator
+from vlmserve.engine.speculation.model_drafter import ModelDrafter, load_model_drafter
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["Generator", "IntakeFactory"]
@@ -75,6 +76,8 @@ class Generator:
         self.prefix_cache: PrefixCache | None = None
         self.vision_cache: VisionFeatureCache | None = None
         self._runner: StepRunner | None = None
+        # --draft-model, loaded with the model (speculation/model_drafter.py).
+        self._model_drafter: ModelDrafter | None = None
         self.metrics.watch(self._state)
         # Whether the weights are in memory: --load lazy, --idle-unload-seconds (generation thread).
         self.lifecycle = ModelLifecycle(
@@ -189,6 +192,7 @@ class Generator:
         try:
             loaded = self.lifecycle.open()
             loaded.kv_layout = self._kv_layout(loaded)
+            self._load_model_drafter(loaded)
             self.admission.memory = self._memory_budget(loaded)
             self.prefix_cache = PrefixCache(
                 min_tokens=self.config.prefix_cache_min_tokens,
@@ -312,15 +316,29 @@ class Generator:
         config = self.config
         if config.speculative == "off" or config.distributed != "off":
             return None
+        if self._model_drafter is not None and self.loaded is not None:
+            self._model_drafter.bind(self.loaded.model)
         return Speculator(
-            max_draft=config.speculative_max_draft, position_cost=config.speculative_position_cost
+            max_draft=config.speculative_max_draft,
+            position_cost=config.speculative_position_cost,
+            lookup=config.speculative != "draft",
+            model_drafter=self._model_drafter if config.speculative != "lookup" else None,
         )
+
+    def _load_model_drafter(self, loaded: LoadedModel) -> None:
+        """`--draft-model` for this load of the model (bound to its weights); a drafter that
+        cannot serve it fails the load, with why."""
+        self._model_drafter = None
+        if self.config.draft_model is None or self.config.speculative in ("off", "lookup"):
+            return
+        self._model_drafter = load_model_drafter(self.config.draft_model, loaded.model)
 
     def _count_speculation(self, counts: SpeculationCounts) -> None:
         metrics = self.metrics
-        metrics.speculative_drafted.inc(counts.drafted)
-        metrics.speculative_accepted.inc(counts.accepted)
-        metrics.speculative_rows.inc(counts.drafting_rows)
+        for source in SOURCES:
+            metrics.speculative_drafted.labels(source).inc(counts.drafted[source])
+            metrics.speculative_accepted.labels(source).inc(counts.accepted[source])
+            metrics.speculative_rows.labels(source).inc(counts.drafting_rows[source])
         metrics.decode_forwards.labels("verify").inc(counts.verifies)
         metrics.decode_forwards.labels("plain").inc(counts.forwards - counts.verifies)
 

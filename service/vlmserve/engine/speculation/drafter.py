@@ -1,13 +1,15 @@
-"""Each decoding row's drafts for a step: grammar fast-forward first, then prompt lookup.
+"""Each decoding row's drafts for a step: grammar fast-forward first, then prompt lookup, then a
+drafter model (`--draft-model`, model_drafter.py).
 
 The batch (loop/batch.py) asks `Speculator.drafts()` once per step for every row, with the
 tokens the row has that are not accepted yet (`pending`: the previous step's, whose values the
 batch knows). A constrained row drafts the tokens its grammar forces (field names, braces, a
 forced call's opening: accepted unless the model writes the same text with other tokens); any
 other row the continuation of its longest recent n-gram match (lookup.py), as many as its
-`DraftLength` allows. The step's width then comes from `verify_width` (policy.py), and every row's
-drafts are cut to it. Rows that cannot verify drafts (logprobs, custom logits processors) draft
-nothing and run as in a plain step.
+`DraftLength` allows; with a drafter model, a row that lookup has nothing for (or every row,
+`--speculative draft`) takes the drafter's. The step's width then comes from `verify_width`
+(policy.py), and every row's drafts are cut to it. Rows that cannot verify drafts (logprobs,
+custom logits processors) draft nothing and run as in a plain step.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vlmserve.engine.speculation.lookup import PromptLookup
+from vlmserve.engine.speculation.model_drafter import ModelDrafter
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, verify_width
 
 __all__ = ["DraftingRow", "SpeculationCounts", "Speculator"]
@@ -35,14 +38,18 @@ class DraftingRow(Protocol):
     def forced_tokens(self, pending: Sequence[int]) -> list[int]: ...
 
 
+# Where a row's drafts came from (the metrics' `source` label).
+SOURCES = ("grammar", "lookup", "draft")
+
+
 @dataclass
 class SpeculationCounts:
-    """Totals since the last read (metrics): drafts verified and accepted, rows that had drafts
-    verified (each takes its accepted drafts + 1 token), verify forwards, all forwards."""
+    """Totals since the last read (metrics): drafts verified and accepted and rows that had drafts
+    verified (each takes its accepted drafts + 1 token), per source; verify forwards, all forwards."""
 
-    drafted: int = 0
-    accepted: int = 0
-    drafting_rows: int = 0
+    drafted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    drafting_rows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
     verifies: int = 0
     forwards: int = 0
 
@@ -52,8 +59,8 @@ class _RowState:
     lookup: PromptLookup
     length: DraftLength
     fed: int = 0
-    # The kind of the drafts proposed this step: forced ones do not train the length.
-    forced: bool = False
+    # The source of the drafts proposed this step (SOURCES): forced ones do not train the length.
+    source: str = "lookup"
 
 
 @dataclass
@@ -61,32 +68,86 @@ class Speculator:
     max_draft: int = 8
     position_cost: float = 0.065
     lookup: bool = True
+    # mlx-vlm's drafter for rows lookup has nothing for (None: no drafter model).
+    model_drafter: ModelDrafter | None = None
     counts: SpeculationCounts = field(default_factory=SpeculationCounts)
     _rows: dict[int, _RowState] = field(default_factory=dict)
+
+    @property
+    def reads_hidden_states(self) -> bool:
+        """Whether every forward's last hidden states go to `follow` (a drafter model's rows)."""
+        return self.model_drafter is not None
 
     def drafts(self, rows: Sequence[DraftingRow], pending: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each row's drafts for this step (all empty: a plain step)."""
         proposals: list[list[int]] = []
         offers: list[RowDrafts] = []
-        for row, waiting in zip(rows, pending, strict=True):
+        wanting: list[int] = []  # rows asking the drafter model, and how many
+        counts: list[int] = []
+        for index, (row, waiting) in enumerate(zip(rows, pending, strict=True)):
             drafts, rate = self._row_drafts(row, waiting)
+            if isinstance(drafts, int):
+                wanting.append(index)
+                counts.append(drafts)
+                drafts = []
             proposals.append(drafts)
             offers.append(RowDrafts(len(drafts), rate))
+        if wanting:
+            assert self.model_drafter is not None
+            drafted = self.model_drafter.propose([rows[i] for i in wanting], counts)
+            for index, drafts in zip(wanting, drafted, strict=True):
+                proposals[index] = drafts
+                offers[index] = RowDrafts(len(drafts), self._rows[id(rows[index])].length.rate)
         width = verify_width(offers, position_cost=self.position_cost, max_width=self.max_draft + 1)
         return [drafts[: width - 1] for drafts in proposals]
 
-    def _row_drafts(self, row: DraftingRow, pending: Sequence[int]) -> tuple[list[int], float]:
+    def follow(
+        self,
+        rows: Sequence[DraftingRow],
+        drafts: Sequence[Sequence[int]],
+        tokens: Sequence[Sequence[int]],
+        hidden: object,
+    ) -> None:
+        """A forward's outcome for the drafter model: each row's drafts, the tokens it took and
+        the target's last hidden states."""
+        if self.model_drafter is None:
+            return
+        # Rows that never draft (logprobs, custom logits processors) need no drafter state.
+        wanted = [i for i, row in enumerate(rows) if row.can_draft]
+        self.model_drafter.follow(
+            [(i, rows[i], drafts[i], tokens[i]) for i in wanted],
+            hidden,
+        )
+
+    def _row_drafts(self, row: DraftingRow, pending: Sequence[int]) -> tuple[list[int] | int, float]:
+        """The row's drafts and their expected acceptance rate; an int: that many drafts are
+        the drafter model's to propose."""
         # Room: the pending tokens and the token after the drafts count too.
         room = min(self.max_draft, row.tokens_left - len(pending) - 1)
         if room <= 0 or not row.can_draft:
             return [], 0.0
         state = self._state(row)
         forced = row.forced_tokens(pending)[:room]
-        state.forced = bool(forced)
+        state.source = "grammar" if forced else "lookup"
         if forced:
             return forced, 1.0
-        if not self.lookup:
+        allowed = min(state.length.allowed(), room)
+        if allowed <= 0:
             return [], 0.0
+        if self.lookup:
+            self._feed(row, state, pending)
+            proposal = state.lookup.propose(allowed)
+            if proposal:
+                return proposal, state.length.rate
+        # A row's drafter model is ready once it has followed one forward (its first decode step).
+        if self.model_drafter is not None and self.model_drafter.ready(row):
+            state.source = "draft"
+            return allowed, state.length.rate
+        return [], 0.0
+
+    @staticmethod
+    def _feed(row: DraftingRow, state: _RowState, pending: Sequence[int]) -> None:
+        """The lookup index takes the row's tokens it has not seen."""
         prompt, generated = row.context_tokens
         known = len(prompt) + len(generated) + len(pending)
         if state.fed < known:
@@ -94,10 +155,6 @@ class Speculator:
             skip = state.fed if state.fed < len(prompt) else state.fed - len(prompt)
             state.lookup.extend(history[skip:])
             state.fed = known
-        allowed = state.length.allowed()
-        if allowed <= 0:
-            return [], 0.0
-        return state.lookup.propose(min(allowed, room)), state.length.rate
 
     def _state(self, row: DraftingRow) -> _RowState:
         state = self._rows.get(id(row))
@@ -108,15 +165,18 @@ class Speculator:
 
     def record(self, row: DraftingRow, drafted: int, accepted: int) -> None:
         """A row's verify: `drafted` drafts, `accepted` of them kept."""
-        self.counts.drafted += drafted
-        self.counts.accepted += accepted
-        self.counts.drafting_rows += 1
         state = self._rows.get(id(row))
-        if state is not None and drafted and not state.forced:
+        source = state.source if state is not None else "lookup"
+        self.counts.drafted[source] += drafted
+        self.counts.accepted[source] += accepted
+        self.counts.drafting_rows[source] += 1
+        if state is not None and drafted and source != "grammar":
             state.length.record(drafted, accepted)
 
     def forget(self, row: DraftingRow) -> None:
         self._rows.pop(id(row), None)
+        if self.model_drafter is not None:
+            self.model_drafter.forget(row)
 
     def take_counts(self) -> SpeculationCounts:
         counts, self.counts = self.counts, SpeculationCounts()

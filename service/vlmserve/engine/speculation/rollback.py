@@ -1,11 +1,19 @@
-"""Rolling back rejected draft positions in mlx-vlm's batch KV cache, row by row.
+"""Rolling back rejected draft positions in mlx-vlm's batch caches, row by row.
 
 A verify forward appends the same number of positions to every row (its width), but each row
 keeps only its last token and accepted drafts: the rest (rejected drafts, the padding of rows with
-fewer drafts) must go. `BatchKVCache` has one write index for all rows, so: trim the positions no
-row keeps (its own `trim`), then move each row's kept positions to the end, as mlx-vlm's own
-right-padded prefill does (`prepare(right_padding=...)` + `finalize()`: a roll, and the rolled-over
-positions become left padding, which the mask hides), and drop padding columns every row has.
+fewer drafts) must go.
+
+- Attention layers (`BatchKVCache`) have one write index for all rows, so: trim the positions no
+  row keeps (its own `trim`), then move each row's kept positions to the end, as mlx-vlm's own
+  right-padded prefill does (`prepare(right_padding=...)` + `finalize()`: a roll, and the
+  rolled-over positions become left padding, which the mask hides), and drop padding columns
+  every row has.
+- Recurrent layers (Qwen3.5's Gated DeltaNet state and its convolution window, mlx-vlm's
+  `ArraysCache`) cannot be trimmed: their state after a position is not recoverable from the
+  state after the last one. mlx-vlm's speculative cache transaction (`speculative/cache_state.py`)
+  records every position's state during the forward and keeps each row's own prefix on commit
+  (`RecurrentVerify`).
 """
 
 from __future__ import annotations
@@ -13,22 +21,89 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["can_roll_back", "roll_back_rows"]
+__all__ = ["RecurrentVerify", "begin_verify", "can_roll_back", "roll_back_rows", "verify_forward_kwargs"]
+
+
+def _plain(layer: Any) -> bool:
+    from mlx_vlm.models.cache import BatchKVCache
+
+    return type(layer) is BatchKVCache
+
+
+def _recorded(layer: Any) -> bool:
+    """A layer whose per-position states mlx-vlm's transaction records (recurrent state)."""
+    return callable(getattr(layer, "start_speculation", None)) and callable(
+        getattr(layer, "commit_speculation", None)
+    )
 
 
 def can_roll_back(caches: Sequence[Any]) -> bool:
-    """Whether every layer is a plain `BatchKVCache` (sliding-window, quantized and recurrent
-    layers keep other state: those models verify no drafts)."""
-    from mlx_vlm.models.cache import BatchKVCache
+    """Whether every layer is a plain `BatchKVCache` or a recorded recurrent layer (sliding-window
+    and quantized layers keep other state: those models verify no drafts)."""
+    return bool(caches) and all(_plain(layer) or _recorded(layer) for layer in caches)
 
-    return bool(caches) and all(type(layer) is BatchKVCache for layer in caches)
+
+def verify_forward_kwargs(language_model: Any) -> dict[str, Any]:
+    """Extra arguments of a verify forward: the last hidden states (a drafter model reads them)
+    for a target that speaks mlx-vlm's speculative protocol (`speculative_verify_hidden`).
+    Asking for them also keeps Qwen3.5's forward on its batched path: without, a ragged batch
+    runs row by row on extracted caches and swaps the batch's cache objects, which a transaction
+    started on them would not see."""
+    if callable(getattr(language_model, "speculative_verify_hidden", None)):
+        return {"return_hidden": True, "capture_layer_ids": []}
+    return {}
+
+
+class RecurrentVerify:
+    """mlx-vlm's speculative transaction over a batch's recurrent layers for one verify forward
+    of `width` positions, and the rows it was started with.
+
+    Rows that leave before their tokens are judged (they finished on an earlier token) leave the
+    attention layers at once, but the recurrent layers only at `commit`: the recorded states are
+    per batch row, so the transaction must end on the rows it began with."""
+
+    def __init__(self, caches: Sequence[Any], width: int, rows: Sequence[object]) -> None:
+        from mlx_vlm.speculative.cache_state import start_speculative_cache
+
+        self.layers = [layer for layer in caches if not _plain(layer)]
+        self._ids = {id(layer) for layer in self.layers}
+        self._rows = list(rows)
+        self._transaction = start_speculative_cache(self.layers, width)
+        self.width = width
+
+    def holds(self, layer: Any) -> bool:
+        return id(layer) in self._ids
+
+    def commit(self, rows: Sequence[object], kept: Sequence[int]) -> None:
+        """Keep each remaining row's first `kept[i]` positions; drop the rows that left."""
+        import mlx.core as mx
+
+        by_row = {id(row): count for row, count in zip(rows, kept, strict=True)}
+        self._transaction.commit([by_row.get(id(row), 1) for row in self._rows])
+        if len(rows) < len(self._rows):
+            survivors = mx.array([i for i, row in enumerate(self._rows) if id(row) in by_row], dtype=mx.int32)
+            for layer in self.layers:
+                layer.filter(survivors)
+
+    def abort(self) -> None:
+        self._transaction.abort()
+
+
+def begin_verify(caches: Sequence[Any], width: int, rows: Sequence[object]) -> RecurrentVerify | None:
+    """Start recording the recurrent layers' states for a forward of `width` positions (None when
+    every layer is plain attention, or nothing can be rejected)."""
+    if width <= 1 or all(_plain(layer) for layer in caches):
+        return None
+    return RecurrentVerify(caches, width, rows)
 
 
 def roll_back_rows(caches: Sequence[Any], rejected: Sequence[int]) -> None:
-    """Drop each row's last `rejected[i]` positions."""
+    """Drop each row's last `rejected[i]` positions from the attention layers."""
     common = min(rejected)
     rest = [count - common for count in rejected]
     for layer in caches:
+        if not _plain(layer):
+            continue
         if common:
             layer.trim(common)
         if any(rest):

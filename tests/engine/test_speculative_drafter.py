@@ -1,0 +1,212 @@
+"""mlx-vlm's drafter models (`--draft-model`) in the batched engine are lossless: on the Qwen3.5
+fixture (Gated DeltaNet + attention) with its MTP head (training/families/qwen3_5.py), every
+request generates exactly the tokens it generates with `--speculative off` — greedy and seeded,
+alone and in a mixed batch (drafter rows, lookup rows, plain rows, a constrained row, a logprobs
+row) — its logprobs are the target's, seeded sampling keeps the target's distribution over many
+seeds, and the metrics say which source drafted and how much was accepted.
+
+The same runs cover prompt lookup on a model with recurrent layers, whose rejected positions mlx-
+vlm's cache transaction rolls back (speculation/rollback.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vlmserve.engine.config import EngineConfig
+from vlmserve.engine.jobs import Event, FinishedEvent, Job, JobKind, PreparedRequest
+from vlmserve.engine.loop.generator import Generator
+from vlmserve.engine.model import RANDOM_MODEL_PATH
+from vlmserve.engine.speculation.model_drafter import DraftModelError
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+from .test_engine_grpc import text_part
+from .test_speculation import _chi_square_critical, _chi_square_homogeneity
+from .test_speculative_decoding import _generator, _requests
+
+# Engines compared with `off`: the drafter alone, lookup + drafter, lookup alone.
+MODES = ("draft", "auto", "lookup")
+
+
+@dataclasses.dataclass
+class _RecordedJob(Job):
+    """A job that keeps its events (the engine's own jobs send them nowhere)."""
+
+    seen: list[Event] = dataclasses.field(default_factory=list)
+
+    def emit(self, event: Event) -> None:
+        self.seen.append(event)
+
+    @property
+    def result(self) -> pb.GenerateResult:
+        finished = [event for event in self.seen if isinstance(event, FinishedEvent)]
+        assert len(finished) == 1, self.seen
+        return finished[0].result
+
+
+@pytest.fixture(scope="module")
+def engines(drafter_models: dict[str, tuple[Path, Path]]) -> Iterator[dict[str, Generator]]:
+    target, drafter = drafter_models["qwen3_5"]
+    generators = {
+        mode: _generator(
+            mode,
+            target,
+            max_active=16,
+            max_queue=64,
+            draft_model=str(drafter) if mode in ("draft", "auto") else None,
+        )
+        for mode in ("off", *MODES)
+    }
+    yield generators
+    for generator in generators.values():
+        generator.stop()
+
+
+def _run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, _RecordedJob]:
+    jobs = {
+        name: _RecordedJob(dataclasses.replace(request, request_id=f"{tag}-{name}"), None)
+        for name, request in requests.items()
+    }
+    for job in jobs.values():
+        generator.submit(job)
+    assert generator.wait_idle(300)
+    return jobs
+
+
+def _tokens(generator: Generator, job: Job) -> tuple[int, ...]:
+    reports = {report.request_id: report for report in generator.reports}
+    return reports[job.request_id].token_ids
+
+
+def _logprobs(result: pb.GenerateResult) -> list[tuple[tuple[str, ...], list[float]]]:
+    """Per token: (its text and its alternatives', their logprobs)."""
+    return [
+        (
+            (entry.token, *(alternative.token for alternative in entry.top_logprobs)),
+            [entry.logprob, *(alternative.logprob for alternative in entry.top_logprobs)],
+        )
+        for entry in result.logprobs
+    ]
+
+
+def _count(generator: Generator, name: str, source: str) -> float:
+    value = generator.metrics.registry.get_sample_value(
+        f"vlmserve_engine_speculative_{name}_total", {"source": source}
+    )
+    return value or 0.0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafter_rows_take_the_tokens_they_take_without_speculation(
+    engines: dict[str, Generator], temperature: float
+) -> None:
+    plain = engines["off"]
+    requests = _requests(plain, temperature)
+    before = {
+        mode: {name: _count(engines[mode], name, "draft") for name in ("drafted_tokens", "accepted_tokens")}
+        for mode in MODES
+    }
+    expected = {
+        name: _run(plain, {name: request}, f"alone-{temperature}")[name] for name, request in requests.items()
+    }
+    for mode in MODES:
+        generator = engines[mode]
+        alone = {
+            name: _run(generator, {name: request}, f"alone-{temperature}")[name]
+            for name, request in requests.items()
+        }
+        together = _run(generator, requests, f"mixed-{temperature}")
+        for name in requests:
+            want = _tokens(plain, expected[name])
+            assert _tokens(generator, alone[name]) == want, (mode, name)
+            assert _tokens(generator, together[name]) == want, (mode, name)
+            assert together[name].result.usage == expected[name].result.usage, (mode, name)
+        # Logprobs are the target's: the same tokens and alternatives, the same numbers (to float
+        # rounding: a batch of other rows and widths sums in another order).
+        want_logprobs = _logprobs(expected["logprobs"].result)
+        assert want_logprobs
+        got = _logprobs(together["logprobs"].result)
+        assert [entry[0] for entry in got] == [entry[0] for entry in want_logprobs], mode
+        flat = [value for entry in got for value in entry[1]]
+        assert flat == pytest.approx([value for entry in want_logprobs for value in entry[1]], abs=1e-4), mode
+        json.loads(together["schema"].result.text)  # the constrained row still validates
+    for mode in ("draft", "auto"):
+        drafted = _count(engines[mode], "drafted_tokens", "draft") - before[mode]["drafted_tokens"]
+        accepted = _count(engines[mode], "accepted_tokens", "draft") - before[mode]["accepted_tokens"]
+        assert drafted > 0, mode
+        if mode == "draft":  # every source but the grammar's is the drafter: accepted and rejected
+            assert 0 < accepted < drafted
+    # Per source: lookup drafts nothing in draft mode; the drafter nothing in lookup mode.
+    assert _count(engines["draft"], "drafted_tokens", "lookup") == 0
+    assert _count(engines["lookup"], "drafted_tokens", "draft") == 0
+    assert _count(engines["auto"], "drafted_tokens", "lookup") > 0
+    assert _count(engines["draft"], "drafted_tokens", "grammar") > 0
+
+
+@pytest.mark.slow
+def test_seeded_sampling_through_the_drafter_keeps_the_target_distribution(
+    engines: dict[str, Generator],
+) -> None:
+    """Over many seeds (different ones on each side), the third token's distribution with the
+    drafter is the plain engine's (chi-square homogeneity; the first tokens steer the drafts)."""
+    plain, drafting = engines["off"], engines["draft"]
+    assert plain.preparer is not None and drafting.preparer is not None
+    seeds = 400
+
+    def request(preparer: object, seed: int) -> PreparedRequest:
+        prepared: PreparedRequest = preparer.prepare(  # type: ignore[attr-defined]
+            pb.GenerateRequest(
+                request_id=f"seed-{seed}",
+                messages=[pb.Message(role=pb.ROLE_USER, parts=[text_part("Count: one two one two one")])],
+                sampling=pb.SamplingParams(max_tokens=4, temperature=0.7, top_k=8, seed=seed),
+            ),
+            kind=JobKind.GENERATE,
+        )
+        return prepared
+
+    def third_tokens(generator: Generator, first_seed: int) -> Counter[int]:
+        counts: Counter[int] = Counter()
+        for start in range(first_seed, first_seed + seeds, 40):  # within the engine's queue
+            requests = {str(seed): request(generator.preparer, seed) for seed in range(start, start + 40)}
+            for job in _run(generator, requests, f"dist-{start}").values():
+                tokens = _tokens(generator, job)
+                if len(tokens) > 2:
+                    counts[tokens[2]] += 1
+        return counts
+
+    drafted = _count(drafting, "drafted_tokens", "draft")
+    plain_counts, drafted_counts = third_tokens(plain, 0), third_tokens(drafting, 100_000)
+    assert _count(drafting, "drafted_tokens", "draft") > drafted
+    statistic, dof = _chi_square_homogeneity(plain_counts, drafted_counts)
+    assert dof >= 1
+    assert statistic < _chi_square_critical(dof), (statistic, dof, plain_counts, drafted_counts)
+
+
+def test_a_draft_model_that_cannot_serve_the_model_fails_the_load_with_why(
+    drafter_models: dict[str, tuple[Path, Path]],
+) -> None:
+    target, _ = drafter_models["qwen3_5"]
+    # Not a drafter: mlx-vlm's auto-detection falls back to its default kind, DFlash, which this
+    # engine does not run; the load fails naming it.
+    config = EngineConfig(
+        model=str(target), speculative="auto", draft_model=str(RANDOM_MODEL_PATH), warmup=False
+    )
+    failed: list[BaseException | None] = []
+    generator = Generator(config)
+    generator.start(on_ready=lambda loaded, error: failed.append(error))
+    generator.join(120)  # a failed load ends the generation thread
+    assert not generator.ready.is_set()
+    assert failed and failed[0] is generator.load_error
+    assert isinstance(generator.load_error, DraftModelError)
+    assert "dflash" in str(generator.load_error)
+
+
+def test_speculative_draft_needs_a_draft_model() -> None:
+    with pytest.raises(ValueError, match="--speculative draft needs --draft-model"):
+        EngineConfig(speculative="draft")

@@ -1,0 +1,103 @@
+"""Qwen3.5 (hybrid Gated DeltaNet + full attention) and its MTP drafter head.
+
+Qwen3.5 checkpoints ship a multi-token-prediction head (`mtp.*` tensors, `mtp_num_hidden_layers`)
+that mlx-vlm runs as a speculative drafter (`speculative/drafters/qwen3_5_mtp`). The fixture is
+the target plus that head as a standalone drafter directory (`model_type: qwen3_5_mtp`, the layout
+mlx-vlm's `split_mtp` writes), so `--draft-model` is tested on the same code path a real
+Qwen3.5 + MTP pair takes. Its chat template is Qwen3-VL's (the fixture tests the engine, not the
+template).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from . import chat_templates as templates
+from ._base import HEAD_DIM, HIDDEN, KV_HEADS, Family, FamilyFiles, text_sizes
+from .qwen import _QWEN3_TOKENIZER, _qwen3_vl_files
+from .vocab import token_ids
+
+__all__ = ["FAMILIES", "MTP_DRAFTER_DIR", "build_mtp_drafter"]
+
+# Where the family's drafter is written, inside the target's directory.
+MTP_DRAFTER_DIR = "mtp-drafter"
+
+
+def _text_config(vocab_size: int, eos: int) -> dict[str, Any]:
+    return {
+        "model_type": "qwen3_5_text",
+        **text_sizes(vocab_size),
+        "head_dim": HEAD_DIM,
+        # Layer 0 linear attention (Gated DeltaNet), layer 1 full attention: both cache kinds.
+        "full_attention_interval": 2,
+        "linear_num_value_heads": 2,
+        "linear_num_key_heads": KV_HEADS,
+        "linear_key_head_dim": HIDDEN // 4,
+        "linear_value_head_dim": HIDDEN // 4,
+        "linear_conv_kernel_dim": 4,
+        # Half the head rotated, interleaved M-RoPE over its 4 pairs (the real [11, 11, 10]).
+        "rope_parameters": {
+            "rope_type": "default",
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.5,
+        },
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "eos_token_id": eos,
+        "dtype": "bfloat16",
+    }
+
+
+def _qwen3_5(tokenizer: Tokenizer) -> FamilyFiles:
+    files = _qwen3_vl_files(tokenizer, templates.QWEN3_VL)
+    ids = token_ids(tokenizer, ("<|im_end|>",))
+    config = files.config
+    config["architectures"] = ["Qwen3_5ForConditionalGeneration"]
+    config["model_type"] = "qwen3_5"
+    config["text_config"] = _text_config(tokenizer.get_vocab_size(), ids["<|im_end|>"])
+    vision = config["vision_config"]
+    vision["model_type"] = "qwen3_5"
+    vision["deepstack_visual_indexes"] = []
+    return files
+
+
+def build_mtp_drafter(target_dir: Path, *, seed: int = 1) -> Path:
+    """Write the target's MTP head (random weights) as a drafter directory next to its weights
+    (`target_dir/mtp-drafter`); returns it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp import ModelConfig, Qwen3_5MTPDraftModel
+
+    target = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+    config = {"model_type": "qwen3_5_mtp", "text_config": target["text_config"]}
+    out_dir = target_dir / MTP_DRAFTER_DIR
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    mx.random.seed(seed)
+    model = Qwen3_5MTPDraftModel(ModelConfig.from_dict(config))
+    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    weights = dict(flat)
+    # Random weights would never propose what the random target writes, and a test of the drafter
+    # path needs drafts accepted as well as rejected. So the head passes the target's hidden state
+    # through (fc: [0 | I]) and its layer adds little (small output projections): it proposes the
+    # target's own prediction for the last position again, right on the fixture's loops and wrong
+    # elsewhere, while its attention still reads and writes the drafter's KV cache.
+    hidden = weights["fc.weight"].shape[0]
+    weights["fc.weight"] = mx.concatenate([mx.zeros((hidden, hidden)), mx.eye(hidden)], axis=1)
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * 0.05
+    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return out_dir
+
+
+FAMILIES = (Family("qwen3_5", "qwen3_5", "Qwen/Qwen3.5-9B (+ its MTP head)", _QWEN3_TOKENIZER, _qwen3_5),)
