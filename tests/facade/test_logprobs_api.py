@@ -168,3 +168,18 @@ async def test_langchain_chat_openai_logprobs(server_url: str, scripted: FakeEng
     content = message.response_metadata["logprobs"]["content"]
     assert "".join(entry["token"] for entry in content) == message.content == "Hello, world."
     assert [len(entry["top_logprobs"]) for entry in content] == [2, 2, 2, 2]
+
+
+async def test_logprobs_are_sent_at_float32_precision(server_url: str, engine: FakeEngine) -> None:
+    # The contract's logprob is a float32: -0.1 arrives as -0.10000000149011612, which took 19
+    # bytes per number (21 numbers a token with top_logprobs 20), for digits it never held.
+    engine.script.text_logprobs = [[token("Hi", -0.1, ("Hi", -0.1), ("Yo", -2.3456789))]]
+    engine.script.text_chunks = ["Hi"]
+    body = {"model": "default", "input": "Hi", "top_logprobs": 2, "include": INCLUDE, "stream": True}
+    async with (
+        httpx.AsyncClient(base_url=server_url, timeout=10) as http,
+        http.stream("POST", "/v1/responses", json=body) as stream,
+    ):
+        text = "\n".join([line async for line in aiter_lines(stream)])
+    assert '"logprob":-0.1,' in text and '"logprob":-2.345679,' in text
+    assert "0000000" not in text and "99999" not in text

@@ -31,6 +31,12 @@ class OutboundModel(BaseModel):
         """The JSON object as sent (plain dicts, lists and scalars)."""
         return self.model_dump(mode="json")
 
+    def to_json_text(self) -> str:
+        """The same JSON as one line of ASCII text (every non-ASCII character escaped, U+2028
+        too), serialized by pydantic-core in one pass: several times cheaper than `to_json()`
+        then `json.dumps`, which matters per streamed event (top_logprobs: 20 alternatives each)."""
+        return self.model_dump_json(ensure_ascii=True)
+
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 ImageDetailName = Literal["auto", "low", "high", "original"]

@@ -239,10 +239,9 @@ async def _sse(
     drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
     try:
         async for event in generation.events():
-            # One line of ASCII JSON per event: json.dumps escapes every newline and every
-            # non-ASCII character (U+2028 too, which some line readers split on).
-            data = json.dumps(event.to_json(), separators=(",", ":"))
-            yield sse_event(data, event.type)
+            # One line of ASCII JSON per event: every newline and every non-ASCII character is
+            # escaped (U+2028 too, which some line readers split on).
+            yield sse_event(event.to_json_text(), event.type)
         yield sse_event("[DONE]")
     finally:
         drain.cancel()
