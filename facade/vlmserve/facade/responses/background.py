@@ -88,7 +88,7 @@ class BackgroundRuns:
         `response.queued`), stored.
         `finish` runs when the run has ended (the request body's bytes are let go then)."""
         run = _Run(generation)
-        generation.record = lambda events: self._record(run, events)
+        generation.recorder.on_events = lambda events: self._record(run, events)
         try:
             created = await generation.enqueue()
         except BaseException:

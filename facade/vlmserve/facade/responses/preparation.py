@@ -32,8 +32,11 @@ from vlmserve.facade.http.limits import (
 )
 from vlmserve.facade.http.metrics import FacadeMetrics
 from vlmserve.facade.responses import ids
+from vlmserve.facade.responses.engine_call import EngineCall
+from vlmserve.facade.responses.events import ResponseEvents
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
+from vlmserve.facade.responses.recorder import ResponseRecorder
 from vlmserve.facade.responses.resource import new_resource
 from vlmserve.facade.responses.running import Generation
 from vlmserve.facade.settings import FacadeSettings, Limits
@@ -213,29 +216,30 @@ class ResponsesService:
                 response_id,
                 ", ".join(sorted(set(translated.ignored_tools))),
             )
-        generation = Generation(
-            response_id=response_id,
-            translated=translated,
-            request=translated.request,
-            input_items=translation.input_items,
-            resource=new_resource(
-                translated,
-                response_id=response_id,
-                model_id=model.id,
-                conversation_id=translated.conversation_id,
-            ),
-            engine=model.engine,
-            store=self.store,
+        resource = new_resource(
+            translated, response_id=response_id, model_id=model.id, conversation_id=translated.conversation_id
+        )
+        builder = ResponseEvents(resource, offered_tools=translated.offered_tools)
+        call = EngineCall(
+            translated.request,
+            model.engine,
             timeout_s=self.settings.timeouts.generate,
             heartbeat_s=self.settings.timeouts.heartbeat,
             context_length=info.context_length or None,
             retry_after_s=self.settings.retry_after_s,
-            conversation_id=translated.conversation_id,
-            owner=owner,
-            on_finish=self._forget,
-            max_stored_bytes=self.settings.storage.max_stored_bytes_per_key,
             slots=self.slots,
+            owner=owner,
         )
+        recorder = ResponseRecorder(
+            self.store,
+            builder,
+            translated,
+            translation.input_items,
+            owner=owner,
+            conversation_id=translated.conversation_id,
+            max_stored_bytes=self.settings.storage.max_stored_bytes_per_key,
+        )
+        generation = Generation(response_id, translated, builder, call, recorder, on_finish=self._forget)
         self.running[response_id] = generation
         return generation
 
@@ -276,8 +280,9 @@ class ResponsesService:
         if resource.usage is not None:
             metrics.input_tokens.inc(resource.usage.input_tokens)
             metrics.output_tokens.inc(resource.usage.output_tokens)
-        if generation.first_output_at is not None:
-            metrics.time_to_first_output.observe(generation.first_output_at - generation.created_at)
+        call = generation.call
+        if call.first_output_at is not None:
+            metrics.time_to_first_output.observe(call.first_output_at - call.created_at)
 
     async def _replay(self, body: Mapping[str, Any], owner: str) -> Replay:
         """The stored turns a request continues from (previous_response_id or conversation)."""

@@ -1,0 +1,198 @@
+"""One engine call of a response: opened under a fair slot, read with heartbeats, cancelled in
+three stages, closed. It knows the engine and nothing of the store.
+
+Cancelling the task that reads `messages()` (a client that disconnects) cancels the gRPC call,
+so the engine stops. `cancel()` (the cancel endpoint, shutdown) asks the engine to abort; an
+engine that ignores the abort has its call closed from our side, and a reader that stopped
+reading has its task cancelled. Either way the reader sees `CallStopped` and ends the response
+as stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from vlmserve.client import AsyncEngineClient, EngineError
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.http.errors import APIError, from_engine_error
+from vlmserve.facade.responses.key_admission import EngineSlots
+
+logger = logging.getLogger("vlmserve.facade")
+
+
+class CallStopped(Exception):
+    """The call was stopped from our side: closed after Abort went unheeded, or cancelled by the
+    engine because we asked it to."""
+
+
+@dataclass
+class EngineCall:
+    request: pb.GenerateRequest
+    engine: AsyncEngineClient
+    timeout_s: float
+    # A `None` message from `messages()` whenever this passes without one from the engine.
+    heartbeat_s: float | None = None
+    # For the engine's errors as HTTP errors (from_engine_error).
+    context_length: int | None = None
+    retry_after_s: int = 1
+    # This facade's engine calls, handed out fairly by owner (key_admission.py); None: unbounded.
+    slots: EngineSlots | None = None
+    owner: str = ""
+    # Set by `close()`: the call is over (and, as its reader closes it last, the response too).
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    # perf_counter times (metrics): made, and the first output chunk from the engine.
+    created_at: float = field(default_factory=time.perf_counter)
+    first_output_at: float | None = None
+    _slot_held: bool = False
+    _stream: AsyncIterator[pb.GenerateResponse] | None = None
+    _first: asyncio.Future[pb.GenerateResponse] | None = None
+    # The task that reads the messages (the last stage of `cancel()` cancels it).
+    _reader: asyncio.Task[Any] | None = None
+    _cancel_requested: bool = False
+    # Set when the engine ignored Abort (or from `close_from_here`): the reader stops.
+    _close_call: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def start(self) -> None:
+        """Start the call (if not started): its first message is read in the background."""
+        if self._first is None:
+            self._first = asyncio.ensure_future(self._start_call())
+
+    async def open(self, wait_s: float) -> None:
+        """Start the call and wait up to `wait_s` for its first message.
+
+        An engine error within that window raises APIError, and the call is closed (the route
+        answers with a plain HTTP error instead of a stream); a slower start is fine, the
+        stream simply begins later.
+        """
+        self.start()
+        assert self._first is not None
+        done, _ = await asyncio.wait({self._first}, timeout=wait_s)
+        if done and isinstance(self._first.exception(), EngineError):
+            error = self._first.exception()
+            assert isinstance(error, EngineError)
+            self._release()
+            raise self.api_error(error)
+
+    def read_here(self) -> None:
+        """The current task is this call's reader: `cancel()` cancels it if it stops reading."""
+        self._reader = asyncio.current_task()
+
+    async def messages(self) -> AsyncIterator[pb.GenerateResponse | None]:
+        """The engine's messages; None whenever `heartbeat_s` passes without one. The engine's
+        errors raise APIError, a call stopped from our side CallStopped."""
+        self.start()
+        pending: asyncio.Future[pb.GenerateResponse] | None = self._first
+        close_call = asyncio.ensure_future(self._close_call.wait())
+        try:
+            while True:
+                if pending is None:
+                    assert self._stream is not None  # the first message came from it
+                    pending = asyncio.ensure_future(anext(self._stream))
+                waiting: set[asyncio.Future[Any]] = {pending, close_call}
+                await asyncio.wait(waiting, timeout=self.heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
+                # Checked first: an engine that ignores Abort may keep messages coming forever.
+                if close_call.done():
+                    raise CallStopped
+                if not pending.done():
+                    yield None
+                    continue
+                try:
+                    message = pending.result()
+                except StopAsyncIteration:
+                    return
+                except EngineError as error:
+                    if self._cancel_requested and error.code == grpc.StatusCode.CANCELLED:
+                        raise CallStopped from None
+                    raise self.api_error(error) from None
+                pending = None
+                if self.first_output_at is None and message.WhichOneof("event") == "chunk":
+                    self.first_output_at = time.perf_counter()
+                yield message
+        finally:
+            close_call.cancel()
+            # asyncio.wait does not cancel what it waits for: a consumer that stops (or is
+            # cancelled) must not leave the read, and so the engine call, running.
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+
+    async def cancel(self, wait_s: float) -> None:
+        """Ask the engine to stop this call; wait up to `wait_s` (a stage) for it to end."""
+        self._cancel_requested = True
+        found = False
+        with contextlib.suppress(EngineError):
+            found = await self.engine.abort(self.request_id)
+        if found:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), wait_s)
+        if self.ended.is_set():
+            return
+        # The engine did not stop it, or does not know it (not arrived yet, or another engine
+        # behind a balancer got the Abort): close the call from our side, which cancels the job
+        # wherever it is. The reader notices and ends the response as stopped.
+        logger.log(
+            logging.WARNING if found else logging.INFO,
+            "response %s: abort found=%s, closing the call",
+            self.request_id,
+            found,
+        )
+        self._close_call.set()
+        if self._reader is None:
+            return  # Not being read yet: the reader stops as soon as it starts.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ended.wait(), wait_s)
+        if not self.ended.is_set() and self._reader is not None:
+            # Nobody reads the messages (a client that stopped reading): cut the reader too.
+            logger.warning("response %s: events not consumed, cancelling their task", self.request_id)
+            self._reader.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), wait_s)
+
+    def close_from_here(self) -> None:
+        """Stop without waiting: the reader closes the call and sees CallStopped."""
+        self._close_call.set()
+
+    async def close(self) -> None:
+        """Close the call (whatever its state), give its slot back, and mark it ended."""
+        if self._first is not None and not self._first.done():
+            self._first.cancel()
+            with contextlib.suppress(BaseException):
+                await self._first
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(BaseException):
+                await aclose()
+        self._release()
+
+    def api_error(self, error: EngineError) -> APIError:
+        return from_engine_error(error, context_length=self.context_length, retry_after_s=self.retry_after_s)
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    async def _start_call(self) -> pb.GenerateResponse:
+        """The call's first message, once this facade has a slot for it (waiting is heartbeats
+        for a stream, `queued` for a background response)."""
+        if self.slots is not None and not self._slot_held:
+            await self.slots.acquire(self.owner)
+            self._slot_held = True
+        self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+        return await anext(self._stream)
+
+    def _release(self) -> None:
+        if self._slot_held and self.slots is not None:
+            self._slot_held = False
+            self.slots.release(self.owner)
+        self.ended.set()
