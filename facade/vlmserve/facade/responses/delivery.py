@@ -1,21 +1,29 @@
-"""How a generation reaches its HTTP client, whatever the route: collected into one answer, cut
-off cleanly at server shutdown, or abandoned (with its engine call) when the client leaves."""
+"""How a generation reaches its HTTP client, whatever the route: streamed or collected into one
+answer (`respond`, the create skeleton of Responses, chat completions and Messages), cut off
+cleanly at server shutdown, or abandoned (with its engine call) when the client leaves."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-from fastapi import Request
-from sse_starlette import ServerSentEvent
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.settings import FacadeSettings
+from vlmserve.responses import ErrorEvent
 from vlmserve.server.logs import bind_response
 
 T = TypeVar("T")
@@ -32,6 +40,98 @@ STREAM_CUTOFF_AFTER_GRACE_S = 8.0
 # built without `sep` uses that default whatever the response's `sep`: strict parsers (the
 # official Open Responses suite's) then see no events at all.
 SSE_SEPARATOR = "\n"
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How one API writes a generation: the route's part of `respond`."""
+
+    # The frames one event becomes on the stream (often none).
+    frames: Callable[[Event], Iterable[ServerSentEvent]]
+    # The frames after the last event (a finish chunk, `[DONE]`).
+    closing: Callable[[], Iterable[ServerSentEvent]]
+    # The plain answer, from the collected resource.
+    answer: Callable[[dict[str, Any]], dict[str, Any]]
+    # The stream ends at an `error` event (chat, Messages) instead of going on to `response.failed`.
+    ends_at_error: bool = False
+    # Errors of opening and collecting, named in this API's terms (its own field names).
+    errors: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+
+
+async def respond(
+    request: Request,
+    generation: Generation,
+    wire: Wire,
+    *,
+    stream: bool,
+    settings: FacadeSettings,
+    release: Callable[[], None],
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """A prepared generation as the route's answer: an event stream, or the collected answer.
+
+    Either way the engine call starts before anything is stored: an engine that refuses the
+    request at once (queue full, down, bad argument) is a plain HTTP error, and leaves no
+    response whose id the client never saw. `release` (the body's hold) runs once it is over.
+    """
+    finish = finisher(generation, release)
+    first_message_s = settings.timeouts.stream_first_message
+    if not stream:
+        try:
+            with wire.errors():
+                resource = await unless_disconnected(request, collect(generation, first_message_s))
+        finally:
+            await finish()
+        if resource is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return JSONResponse(wire.answer(resource), headers=headers)
+    try:
+        with wire.errors():
+            await generation.open(first_message_s)
+    except BaseException:
+        await finish()
+        raise
+    # sse-starlette sets `shutdown` when the server begins to shut down; without an event and a
+    # grace period it would cut every stream off at once.
+    shutdown = anyio.Event()
+    grace_s = settings.shutdown_grace_s
+    # The background task runs after the stream, also when the client left before it began.
+    return EventSourceResponse(
+        _frames(generation, wire, shutdown, grace_s),
+        headers=headers,
+        sep=SSE_SEPARATOR,
+        background=BackgroundTask(finish),
+        shutdown_event=shutdown,
+        shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
+    )
+
+
+def finisher(generation: Generation, release: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    """What ends a request's part in a generation: abandon it (if still running), then `release`."""
+
+    async def finish() -> None:
+        try:
+            await generation.abandon()
+        finally:
+            release()
+
+    return finish
+
+
+async def _frames(
+    generation: Generation, wire: Wire, shutdown: anyio.Event, grace_s: float
+) -> AsyncIterator[ServerSentEvent]:
+    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
+    try:
+        async for event in generation.events():
+            for frame in wire.frames(event):
+                yield frame
+            if wire.ends_at_error and isinstance(event, ErrorEvent):
+                return
+        for frame in wire.closing():
+            yield frame
+    finally:
+        drain.cancel()
 
 
 def ignored_tools_header(generation: Generation) -> dict[str, str]:

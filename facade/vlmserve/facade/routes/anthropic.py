@@ -7,37 +7,25 @@ fields they name are the Anthropic request's (`messages[1].content[0].source`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.background import BackgroundTask
+from sse_starlette import ServerSentEvent
 
 from vlmserve.anthropic import EventWriter, MessagesRequest, anthropic_message, messages_request
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.http.request_body import read_json
-from vlmserve.facade.responses.delivery import (
-    CLIENT_CLOSED_REQUEST,
-    SSE_SEPARATOR,
-    STREAM_CUTOFF_AFTER_GRACE_S,
-    cancel_after_shutdown,
-    collect,
-    prepare_unless_disconnected,
-    sse_event,
-    unless_disconnected,
-)
+from vlmserve.facade.responses.delivery import Wire, prepare_unless_disconnected, respond, sse_event
+from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.running import Generation
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
+from vlmserve.responses import InvalidRequestError, ResponseResource
 
 router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -59,41 +47,24 @@ async def create_message(request: Request, state: State) -> Response:
         hold.release()
         raise
 
-    async def finish() -> None:
-        try:
-            await generation.abandon()
-        finally:
-            hold.release()
+    writer = EventWriter(generation.response_id, generation.resource.model)
 
-    first_message_s = state.settings.timeouts.stream_first_message
-    if translated.stream:
-        try:
-            with anthropic_params(translated):
-                await generation.open(first_message_s)
-        except BaseException:
-            await finish()
-            raise
-        shutdown = anyio.Event()
-        grace_s = state.settings.shutdown_grace_s
-        writer = EventWriter(generation.response_id, generation.resource.model)
-        return EventSourceResponse(
-            _events(generation, writer, shutdown, grace_s),
-            sep=SSE_SEPARATOR,
-            background=BackgroundTask(finish),
-            shutdown_event=shutdown,
-            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
-        )
-    try:
-        with anthropic_params(translated):
-            resource = await unless_disconnected(request, collect(generation, first_message_s))
-    finally:
-        await finish()
-    if resource is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    message = anthropic_message(
-        ResponseResource.model_validate(resource), stop_sequence=_stop_sequence(generation)
+    def frames(event: Event) -> list[ServerSentEvent]:
+        return [_sse(kind, data) for kind, data in writer.events(event)]
+
+    def closing() -> list[ServerSentEvent]:
+        last = writer.last(generation.builder.snapshot(), stop_sequence=_stop_sequence(generation))
+        return [_sse(kind, data) for kind, data in last]
+
+    def answer(resource: dict[str, Any]) -> dict[str, Any]:
+        validated = ResponseResource.model_validate(resource)
+        return anthropic_message(validated, stop_sequence=_stop_sequence(generation)).to_json()
+
+    # Anthropic's streams end at an `error` event.
+    wire = Wire(frames, closing, answer, ends_at_error=True, errors=lambda: anthropic_params(translated))
+    return await respond(
+        request, generation, wire, stream=translated.stream, settings=state.settings, release=hold.release
     )
-    return JSONResponse(message.to_json())
 
 
 @router.post("/count_tokens", operation_id="countMessageTokens", response_model=None)
@@ -140,21 +111,3 @@ _QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
 def _sse(kind: str, data: dict[str, Any]) -> ServerSentEvent:
     # One line of ASCII JSON per event (as on /v1/responses).
     return sse_event(json.dumps(data, separators=(",", ":")), kind)
-
-
-async def _events(
-    generation: Generation, writer: EventWriter, shutdown: anyio.Event, grace_s: float
-) -> AsyncIterator[ServerSentEvent]:
-    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
-    try:
-        async for event in generation.events():
-            for kind, data in writer.events(event):
-                yield _sse(kind, data)
-            if isinstance(event, ErrorEvent):
-                return  # Anthropic's streams end at an `error` event.
-        for kind, data in writer.last(
-            generation.builder.snapshot(), stop_sequence=_stop_sequence(generation)
-        ):
-            yield _sse(kind, data)
-    finally:
-        drain.cancel()

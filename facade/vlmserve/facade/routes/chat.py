@@ -3,18 +3,14 @@ answered as a chat completion, streamed or not. Nothing is stored (`store: true`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.background import BackgroundTask
+from sse_starlette import ServerSentEvent
 
 from vlmserve.chat import ChatRequest, ChunkWriter, chat_completion, chat_request
 from vlmserve.facade.http.body_budget import BodyHold
@@ -22,17 +18,13 @@ from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.http.openapi import CREATE_CHAT_COMPLETION_BODY
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses.delivery import (
-    CLIENT_CLOSED_REQUEST,
-    SSE_SEPARATOR,
-    STREAM_CUTOFF_AFTER_GRACE_S,
-    cancel_after_shutdown,
-    collect,
+    Wire,
     ignored_tools_header,
     prepare_unless_disconnected,
+    respond,
     sse_event,
-    unless_disconnected,
 )
-from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.responses.events import Event
 from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
 
@@ -62,47 +54,40 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         hold.release()
         raise
 
-    async def finish() -> None:
-        try:
-            await generation.abandon()
-        finally:
-            hold.release()
+    writer = ChunkWriter(
+        generation.response_id,
+        generation.resource.created_at,
+        generation.resource.model,
+        include_usage=chat.include_usage,
+        logprobs=chat.logprobs,
+    )
 
-    headers = ignored_tools_header(generation)
-    first_message_s = state.settings.timeouts.stream_first_message
-    if chat.stream:
-        try:
-            with _chat_params(chat):
-                await generation.open(first_message_s)
-        except BaseException:
-            await finish()
-            raise
-        shutdown = anyio.Event()
-        grace_s = state.settings.shutdown_grace_s
-        writer = ChunkWriter(
-            generation.response_id,
-            generation.resource.created_at,
-            generation.resource.model,
-            include_usage=chat.include_usage,
-            logprobs=chat.logprobs,
-        )
-        return EventSourceResponse(
-            _chunks(generation, chat, writer, shutdown, grace_s),
-            headers=headers,
-            sep=SSE_SEPARATOR,
-            background=BackgroundTask(finish),
-            shutdown_event=shutdown,
-            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
-        )
-    try:
-        with _chat_params(chat):
-            resource = await unless_disconnected(request, collect(generation, first_message_s))
-    finally:
-        await finish()
-    if resource is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    completion = chat_completion(ResponseResource.model_validate(resource), logprobs=chat.logprobs)
-    return JSONResponse(completion.to_json(), headers=headers)
+    def frames(event: Event) -> list[ServerSentEvent]:
+        if isinstance(event, ErrorEvent):
+            # OpenAI's chat streams carry a failure as an `error` object, then end.
+            error = event.error.to_json()
+            error["param"] = chat.chat_param(event.error.param)
+            return [_data({"error": error})]
+        return [_data(chunk.to_json()) for chunk in writer.chunks(event)]
+
+    def closing() -> list[ServerSentEvent]:
+        last = [_data(chunk.to_json()) for chunk in writer.last(generation.builder.snapshot())]
+        return [*last, sse_event("[DONE]")]
+
+    def answer(resource: dict[str, Any]) -> dict[str, Any]:
+        completion = chat_completion(ResponseResource.model_validate(resource), logprobs=chat.logprobs)
+        return completion.to_json()
+
+    wire = Wire(frames, closing, answer, ends_at_error=True, errors=lambda: _chat_params(chat))
+    return await respond(
+        request,
+        generation,
+        wire,
+        stream=chat.stream,
+        settings=state.settings,
+        release=hold.release,
+        headers=ignored_tools_header(generation),
+    )
 
 
 @contextlib.contextmanager
@@ -130,24 +115,3 @@ _QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
 def _data(payload: dict[str, Any]) -> ServerSentEvent:
     # One line of ASCII JSON per chunk (as on /v1/responses).
     return sse_event(json.dumps(payload, separators=(",", ":")))
-
-
-async def _chunks(
-    generation: Generation, chat: ChatRequest, writer: ChunkWriter, shutdown: anyio.Event, grace_s: float
-) -> AsyncIterator[ServerSentEvent]:
-    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
-    try:
-        async for event in generation.events():
-            if isinstance(event, ErrorEvent):
-                # OpenAI's chat streams carry a failure as an `error` object, then end.
-                error = event.error.to_json()
-                error["param"] = chat.chat_param(event.error.param)
-                yield _data({"error": error})
-                return
-            for chunk in writer.chunks(event):
-                yield _data(chunk.to_json())
-        for chunk in writer.last(generation.builder.snapshot()):
-            yield _data(chunk.to_json())
-        yield sse_event("[DONE]")
-    finally:
-        drain.cancel()

@@ -19,7 +19,7 @@ from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses import ids
-from vlmserve.facade.responses.delivery import CLIENT_CLOSED_REQUEST, collect, unless_disconnected
+from vlmserve.facade.responses.delivery import CLIENT_CLOSED_REQUEST, collect, finisher, unless_disconnected
 from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import SUMMARY_INSTRUCTION, compacted_output, kept_items
 
@@ -78,10 +78,7 @@ async def compact_response(request: Request, state: State) -> Response:
         first_message_s = state.settings.timeouts.stream_first_message
         resource = await unless_disconnected(request, collect(generation, first_message_s))
     finally:
-        try:
-            await generation.abandon()
-        finally:
-            hold.release()
+        await finisher(generation, hold.release)()
     if resource is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     summary = "".join(

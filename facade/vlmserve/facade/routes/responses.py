@@ -8,11 +8,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.background import BackgroundTask
 
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
@@ -27,20 +25,19 @@ from vlmserve.facade.http.openapi import (
 )
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses.delivery import (
-    CLIENT_CLOSED_REQUEST,
     SSE_SEPARATOR,
-    STREAM_CUTOFF_AFTER_GRACE_S,
-    cancel_after_shutdown,
+    Wire,
     client_closed,
-    collect,
+    finisher,
     ignored_tools_header,
     prepare_unless_disconnected,
+    respond,
     sse_event,
     unless_disconnected,
 )
+from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.item_lists import item_page
 from vlmserve.facade.responses.resource import typed_item
-from vlmserve.facade.responses.running import Generation
 from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import DeletedObject, IncludeValue, InputTokensCount, ItemList
 
@@ -64,50 +61,24 @@ async def create_response(request: Request, state: State) -> Response:
         hold.release()
         raise
 
-    async def finish() -> None:
-        try:
-            await generation.abandon()
-        finally:
-            hold.release()
-
     headers = ignored_tools_header(generation)
     if generation.translated.background:
         # Answered at once (`queued`); the run goes on without this request.
-        created = await state.background.start(generation, finish)
+        created = await state.background.start(generation, finisher(generation, hold.release))
         if generation.translated.stream:
             events = state.background.follow(generation.response_id, owner=generation.owner, after=None)
             return EventSourceResponse(_stored_sse(events), headers=headers, sep=SSE_SEPARATOR)
         return JSONResponse(created[0].to_json()["response"], headers=headers)
-    # Streaming or not, the engine call starts before anything is stored: an engine that refuses
-    # the request at once (queue full, down, bad argument) leaves no response whose id the
-    # client never saw.
-    first_message_s = state.settings.timeouts.stream_first_message
-    if generation.translated.stream:
-        try:
-            await generation.open(first_message_s)
-        except BaseException:
-            await finish()
-            raise
-        # sse-starlette sets `shutdown` when the server begins to shut down; without an event
-        # and a grace period it would cut every stream off at once.
-        shutdown = anyio.Event()
-        grace_s = state.settings.shutdown_grace_s
-        # The background task runs after the stream, also when the client left before it began.
-        return EventSourceResponse(
-            _sse(generation, shutdown, grace_s),
-            headers=headers,
-            sep=SSE_SEPARATOR,
-            background=BackgroundTask(finish),
-            shutdown_event=shutdown,
-            shutdown_grace_period=grace_s + STREAM_CUTOFF_AFTER_GRACE_S,
-        )
-    try:
-        resource = await unless_disconnected(request, collect(generation, first_message_s))
-    finally:
-        await finish()
-    if resource is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return JSONResponse(resource, headers=headers)
+    wire = Wire(frames=_frames, closing=_done, answer=lambda resource: resource)
+    return await respond(
+        request,
+        generation,
+        wire,
+        stream=generation.translated.stream,
+        settings=state.settings,
+        release=hold.release,
+        headers=headers,
+    )
 
 
 @router.post(
@@ -233,22 +204,19 @@ def _synchronous() -> APIError:
     )
 
 
-async def _sse(
-    generation: Generation, shutdown: anyio.Event, grace_s: float
-) -> AsyncIterator[ServerSentEvent]:
-    drain = asyncio.ensure_future(cancel_after_shutdown(generation, shutdown, grace_s))
-    try:
-        async for event in generation.events():
-            # One line of ASCII JSON per event: every newline and every non-ASCII character is
-            # escaped (U+2028 too, which some line readers split on).
-            yield sse_event(event.to_json_text(), event.type)
-        yield sse_event("[DONE]")
-    finally:
-        drain.cancel()
+def _frames(event: Event) -> list[ServerSentEvent]:
+    # One line of ASCII JSON per event: every newline and every non-ASCII character is escaped
+    # (U+2028 too, which some line readers split on).
+    return [sse_event(event.to_json_text(), event.type)]
+
+
+def _done() -> list[ServerSentEvent]:
+    return [sse_event("[DONE]")]
 
 
 async def _stored_sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[ServerSentEvent]:
-    """Stored events (background responses) as SSE, as `_sse` sends live ones."""
+    """Stored events (background responses) as SSE, as `_frames` sends live ones."""
     async for event in events:
         yield sse_event(json.dumps(event, separators=(",", ":")), event["type"])
-    yield sse_event("[DONE]")
+    for frame in _done():
+        yield frame

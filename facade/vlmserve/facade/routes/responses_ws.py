@@ -22,6 +22,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from vlmserve.facade.http.api_keys import authenticate
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError, from_invalid_request
+from vlmserve.facade.responses.delivery import finisher
 from vlmserve.facade.state import FacadeState
 from vlmserve.responses import InvalidRequestError
 
@@ -133,7 +134,4 @@ async def _respond(websocket: WebSocket, state: FacadeState, text: str, owner: s
         async for event in generation.events():
             await websocket.send_text(json.dumps(event.to_json(), separators=(",", ":")))
     finally:
-        try:
-            await generation.abandon()
-        finally:
-            hold.release()
+        await finisher(generation, hold.release)()
