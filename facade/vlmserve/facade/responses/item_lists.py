@@ -4,11 +4,33 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import Query
 
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.responses.resource import listed_item
 from vlmserve.facade.store.protocol import ItemPage, StoredItem, UnknownCursorError
+from vlmserve.responses import IncludeValue
+
+
+@dataclass(frozen=True)
+class PageQuery:
+    after: str | None = None
+    limit: int = 20
+    order: Literal["asc", "desc"] = "desc"
+
+
+def page_query(
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    # Validated (400 naming include[i]); listed items already carry what each value asks for.
+    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
+) -> PageQuery:
+    """The query of an item listing, OpenAI's (a FastAPI dependency of both listing routes)."""
+    return PageQuery(after, limit, order)
 
 
 async def item_page(
@@ -16,15 +38,15 @@ async def item_page(
     kind: str,
     object_id: str,
     owner: str,
+    query: PageQuery,
     *,
-    after: str | None,
-    limit: int,
-    order: str,
     listed: Callable[[StoredItem], dict[str, Any]] = listed_item,
 ) -> dict[str, Any]:
     """One page of a response's input items or a conversation's items, as an OpenAI list."""
     try:
-        page = await asyncio.to_thread(fetch, object_id, after=after, limit=limit, order=order, owner=owner)
+        page = await asyncio.to_thread(
+            fetch, object_id, after=query.after, limit=query.limit, order=query.order, owner=owner
+        )
     except UnknownCursorError:
         noun = "input item" if kind == "response" else "item"
         raise APIError(400, f"Invalid value for 'after': no {noun} has this id.", param="after") from None

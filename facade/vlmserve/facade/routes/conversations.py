@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -33,7 +33,7 @@ from vlmserve.facade.http.openapi import (
 )
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses import ids
-from vlmserve.facade.responses.item_lists import item_list, item_page
+from vlmserve.facade.responses.item_lists import PageQuery, item_list, item_page, page_query
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
@@ -183,25 +183,11 @@ async def delete_conversation(conversation_id: str, request: Request, state: Sta
 
 @router.get("/{conversation_id}/items", operation_id=LIST_CONVERSATION_ITEMS, response_model=ItemList)
 async def list_conversation_items(
-    conversation_id: str,
-    request: Request,
-    state: State,
-    after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    order: Literal["asc", "desc"] = "desc",
-    # Validated (400 naming include[i]); items already carry what each value asks for.
-    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
+    conversation_id: str, request: Request, state: State, query: Annotated[PageQuery, Depends(page_query)]
 ) -> dict[str, Any]:
-    return await item_page(
-        state.store.list_conversation_items,
-        "conversation",
-        conversation_id,
-        owner_of(request),
-        after=after,
-        limit=limit,
-        order=order,
-        listed=typed_item,
-    )
+    owner = owner_of(request)
+    fetch = state.store.list_conversation_items
+    return await item_page(fetch, "conversation", conversation_id, owner, query, listed=typed_item)
 
 
 @router.post(

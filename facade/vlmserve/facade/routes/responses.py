@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -36,10 +36,10 @@ from vlmserve.facade.responses.delivery import (
     unless_disconnected,
 )
 from vlmserve.facade.responses.events import Event
-from vlmserve.facade.responses.item_lists import item_page
+from vlmserve.facade.responses.item_lists import PageQuery, item_page, page_query
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import DeletedObject, IncludeValue, InputTokensCount, ItemList
+from vlmserve.responses import DeletedObject, InputTokensCount, ItemList
 
 # The largest sequence number the stores can compare with (SQLite INTEGER, PostgreSQL BIGINT).
 MAX_SEQUENCE_NUMBER = 2**63 - 1
@@ -141,24 +141,10 @@ async def delete_response(response_id: str, request: Request, state: State) -> d
 
 @router.get("/{response_id}/input_items", operation_id=LIST_INPUT_ITEMS, response_model=ItemList)
 async def list_input_items(
-    response_id: str,
-    request: Request,
-    state: State,
-    after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    order: Literal["asc", "desc"] = "desc",
-    # Validated (400 naming include[i]); listings already return what each value asks for.
-    include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
+    response_id: str, request: Request, state: State, query: Annotated[PageQuery, Depends(page_query)]
 ) -> dict[str, Any]:
     return await item_page(
-        state.store.list_input_items,
-        "response",
-        response_id,
-        owner_of(request),
-        after=after,
-        limit=limit,
-        order=order,
-        listed=typed_item,
+        state.store.list_input_items, "response", response_id, owner_of(request), query, listed=typed_item
     )
 
 
