@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Event, FinishedEvent, Job, JobKind, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.speculation.model_drafter import DraftModelError
+from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_engine_grpc import text_part
@@ -147,6 +148,26 @@ def test_drafter_rows_take_the_tokens_they_take_without_speculation(
     assert _count(engines["lookup"], "drafted_tokens", "draft") == 0
     assert _count(engines["auto"], "drafted_tokens", "lookup") > 0
     assert _count(engines["draft"], "drafted_tokens", "grammar") > 0
+
+
+def test_a_row_drafter_starts_over_the_prompt(
+    engines: dict[str, Generator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's drafter is prefilled from the prompt's hidden states (mlx-vlm's
+    `prefill_from_target_hidden`): its KV cache covers every prompt position."""
+    started: list[tuple[int, int]] = []
+    original = ModelDrafter._start
+
+    def start(self: ModelDrafter, row: Any) -> Any:
+        model = original(self, row)
+        started.append((row.prompt_tokens, int(model._cache[0].offset)))
+        return model
+
+    monkeypatch.setattr(ModelDrafter, "_start", start)
+    requests = _requests(engines["draft"], 0.0)
+    _run(engines["draft"], {"copy": requests["copy"], "short": requests["short"]}, "prompt-start")
+    assert len(started) == 2
+    assert all(prompt > 1 and offset == prompt for prompt, offset in started), started
 
 
 @pytest.mark.slow

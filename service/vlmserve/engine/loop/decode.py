@@ -47,6 +47,12 @@ __all__ = ["ActiveGeneration", "Phase"]
 log = logging.getLogger(__name__)
 
 
+# The most prompt positions a drafter model is started from (take_prompt_hidden): a long prompt's
+# hidden states are large (positions x hidden size), and a drafter head attends mostly to what is
+# recent.
+PROMPT_HIDDEN_POSITIONS = 4096
+
+
 class Phase(enum.Enum):
     PREPARE = 1
     PREFILL = 2
@@ -67,8 +73,12 @@ class ActiveGeneration:
         prefill_chunk_tokens: int,
         prefix_cache: PrefixCache | None = None,
         vision_cache: VisionFeatureCache | None = None,
+        keep_prompt_hidden: bool = False,
     ) -> None:
         self.job = job
+        # The prompt's last hidden states, per chunk run here, until a drafter model takes them
+        # (None: not kept; speculation/model_drafter.py).
+        self._prompt_hidden: list[Any] | None = [] if keep_prompt_hidden else None
         self._loaded = loaded
         self._prefix_cache = prefix_cache
         self._vision_cache = vision_cache
@@ -182,11 +192,15 @@ class ActiveGeneration:
         assert inputs is not None
         start = self._prefilled
         end = start + self.next_chunk_tokens
-        logits = prefill_chunk(self._loaded.model.language_model, inputs, self._cache, start, end)
+        logits = prefill_chunk(
+            self._loaded.model.language_model, inputs, self._cache, start, end, hidden=self._prompt_hidden
+        )
+        if self._prompt_hidden and sum(h.shape[1] for h in self._prompt_hidden) > PROMPT_HIDDEN_POSITIONS:
+            self._prompt_hidden = [mx.concatenate(self._prompt_hidden, axis=1)[:, -PROMPT_HIDDEN_POSITIONS:]]
         self._prefilled = end
         self._share_with_followers()
         if end < self.prompt_tokens:
-            mx.eval([c.state for c in self._cache])
+            mx.eval([c.state for c in self._cache], self._prompt_hidden or [])
             return end - start
         inputs.release_prompt()  # the prompt's embeddings are in the cache now
         self.phase = Phase.DECODE
@@ -337,6 +351,18 @@ class ActiveGeneration:
         if grammar is None or self._inputs is None:
             return []
         return grammar.forced_after([*self._inputs.token_ids, *self._generated, *pending])
+
+    def take_prompt_hidden(self) -> tuple[int, Any] | None:
+        """(the first prompt position they cover, the prompt's last hidden states [1, n, hidden]
+        from there to its end) once, for a drafter model; None when they were not kept (another
+        request's forward ran the prompt, or a drafter is not in use)."""
+        import mlx.core as mx
+
+        chunks, self._prompt_hidden = self._prompt_hidden, None
+        if not chunks or self._prefilled < self.prompt_tokens:
+            return None
+        hidden = chunks[0] if len(chunks) == 1 else mx.concatenate(chunks, axis=1)
+        return self.prompt_tokens - int(hidden.shape[1]), hidden
 
     @property
     def tokens_left(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 from vlmserve.engine.loop.kv_cache import merge_rows
 from vlmserve.engine.loop.model_inputs import ModelInputs
+from vlmserve.engine.speculation.rollback import verify_forward_kwargs
 
 __all__ = ["PrefilledGroup", "groupable", "prefill_chunk", "prefill_group", "prompt_rest"]
 
@@ -22,15 +23,28 @@ __all__ = ["PrefilledGroup", "groupable", "prefill_chunk", "prefill_group", "pro
 _GROUPABLE_PREFILL_KWARGS = frozenset({"position_ids", "rope_deltas", "image_grid_thw", "video_grid_thw"})
 
 
-def prefill_chunk(language_model: Any, inputs: ModelInputs, cache: list[Any], start: int, end: int) -> Any:
+def prefill_chunk(
+    language_model: Any,
+    inputs: ModelInputs,
+    cache: list[Any],
+    start: int,
+    end: int,
+    *,
+    hidden: list[Any] | None = None,
+) -> Any:
     """Prompt positions [start, end) of one row on its own cache; the forward's logits
-    [1, end - start, vocab] (lazy)."""
+    [1, end - start, vocab] (lazy). With `hidden`, the chunk's last hidden states [1, n, hidden]
+    are appended to it (a drafter model starts from them: speculation/model_drafter.py)."""
+    extra = verify_forward_kwargs(language_model) if hidden is not None else {}
     output = language_model(
         inputs.input_ids[:, start:end],
         inputs_embeds=inputs.embeds[:, start:end],
         cache=cache,
         **inputs.prefill_kwargs,
+        **extra,
     )
+    if extra and hidden is not None:
+        hidden.append(output.hidden_states[-1])
     return output.logits
 
 

@@ -111,6 +111,11 @@ class StepRunner:
         before()
         self.batch = DecodeBatch(self._loaded.model.language_model, self._new_speculator())
 
+    @property
+    def _reads_hidden_states(self) -> bool:
+        """Whether the batch's speculator has a drafter model (which starts from the prompt's)."""
+        return self.batch.speculator is not None and self.batch.speculator.reads_hidden_states
+
     def new_row(self, job: Job) -> ActiveGeneration:
         return ActiveGeneration(
             job,
@@ -118,6 +123,8 @@ class StepRunner:
             prefill_chunk_tokens=self._chunk,
             prefix_cache=self._prefix_cache,
             vision_cache=self._vision_cache,
+            keep_prompt_hidden=self.batch.speculator is not None
+            and self.batch.speculator.reads_hidden_states,
         )
 
     def run_step(self, joined: Iterable[Job] = ()) -> StepResult:

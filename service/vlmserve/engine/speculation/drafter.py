@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from vlmserve.engine.speculation.lookup import PromptLookup
 from vlmserve.engine.speculation.model_drafter import ModelDrafter
@@ -36,6 +36,8 @@ class DraftingRow(Protocol):
     def tokens_left(self) -> int: ...
 
     def forced_tokens(self, pending: Sequence[int]) -> list[int]: ...
+
+    def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
 
 
 # Where a row's drafts came from (the metrics' `source` label).

@@ -11,10 +11,11 @@ batch (its own KV cache, the seed token and hidden state for the next round) who
 when a round loop starts (`filter_batch` drops rows, nothing adds one), and every row drafts the
 same block. Our rows join and leave at any step and each drafts its own adaptive count, so each
 row has its own copy of the drafter module (a shallow copy: the weights are shared, the state is
-the row's). A row's drafter starts at its first decode step (from the hidden state of its first
-token): its attention covers the row's output, not its prompt (our prefill does not keep the
-prompt's hidden states). Drafts are the drafter's argmax, so the acceptance rule's draft
-distribution is one-hot for every row, greedy or sampled (acceptance.py).
+the row's). A row's drafter starts at its first decode step: from the prompt's hidden states when the row
+ran its prompt itself (mlx-vlm's `prefill_from_target_hidden`; its last `PROMPT_HIDDEN_POSITIONS`
+positions, after any cached prefix), else (a prompt run in a shared forward) from its first
+token's, so its attention covers the output only. Drafts are the drafter's argmax, so the
+acceptance rule's draft distribution is one-hot for every row, greedy or sampled (acceptance.py).
 
 Kinds: `mtp` heads (Qwen3.5's and the other MTP drafters mlx-vlm maps to that kind). DFlash,
 DSpark and EAGLE3 draft from hidden states of chosen target layers (`capture_layer_ids`) with a
@@ -27,7 +28,7 @@ import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = ["DraftModelError", "ModelDrafter", "load_model_drafter"]
 
@@ -38,6 +39,13 @@ SUPPORTED_KINDS = ("mtp",)
 
 class DraftModelError(ValueError):
     """The draft model cannot serve this target (unknown kind, mismatched sizes, no weights)."""
+
+
+class DrafterRow(Protocol):
+    @property
+    def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]: ...
+
+    def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
 
 
 @dataclass
@@ -84,7 +92,7 @@ class ModelDrafter:
         return [[int(t) for t in block.reshape(-1).tolist()] for block in blocks]
 
     def follow(
-        self, verified: Sequence[tuple[int, object, Sequence[int], Sequence[int]]], hidden: Any
+        self, verified: Sequence[tuple[int, DrafterRow, Sequence[int], Sequence[int]]], hidden: Any
     ) -> None:
         """A forward's outcome, per row (its index in the forward, the row, its drafts, the tokens
         it took: accepted drafts + the target's next), with the target's last hidden states
@@ -94,11 +102,7 @@ class ModelDrafter:
         for index, row, row_drafts, row_tokens in verified:
             state = self._rows.get(id(row))
             if state is None:
-                model = copy.copy(self._model)
-                model.reset(self._target)
-                state = self._rows[id(row)] = _RowDraft(model)
-            if not state.ready:
-                state.model._round_appended = 0
+                state = self._rows[id(row)] = _RowDraft(self._start(row))
             accepted = len(row_tokens) - 1
             state.model.accept_verified_tokens(
                 hidden[index : index + 1],
@@ -109,6 +113,20 @@ class ModelDrafter:
                 greedy=True,
             )
             state.ready = True
+
+    def _start(self, row: DrafterRow) -> Any:
+        """A new row's drafter, over the prompt's hidden states where the row kept them."""
+        import mlx.core as mx
+
+        model = copy.copy(self._model)  # shares the weights; reset() gives it its own state
+        model.reset(self._target)
+        prompt, generated = row.context_tokens
+        kept = row.take_prompt_hidden()
+        if kept is not None and len(generated) == 1:  # its first decode step: the token after the prompt
+            start, hidden = kept
+            ids = mx.array([list(prompt[start:])], dtype=mx.int32)
+            model.prefill_from_target_hidden(ids, hidden, int(generated[0]), None, greedy=True)
+        return model
 
 
 def load_model_drafter(path: str, target: Any) -> ModelDrafter:
