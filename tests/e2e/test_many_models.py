@@ -3,7 +3,8 @@ trained squares model (eager) and a Qwen3-VL-Thinking family fixture (`--load la
 --idle-unload-seconds`). Requests go where their `model` says, by id or alias; the squares model
 still sees its images while the other model serves text at the same time; unknown ids are a 404
 naming them; `/v1/models` (read by the openai SDK) lists both with what each engine says; a
-response continues on the other model; one pool killed leaves the other serving."""
+response, and a conversation, continues on the other model (a conversation keeps the model that
+answered last); one pool killed leaves the other serving."""
 
 from __future__ import annotations
 
@@ -188,6 +189,30 @@ def test_previous_response_on_another_model(http: httpx.Client) -> None:
     assert back["model"] == "squares"
     # The whole chain, the image's tokens included, rendered by the squares model's template.
     assert back["usage"]["input_tokens"] > fresh["usage"]["input_tokens"] + 16
+
+
+def test_a_conversation_remembers_its_model(http: httpx.Client) -> None:
+    (sample,) = make_samples(SEED + 2, 1)
+    conversation = http.post("/v1/conversations", json={"model": "counter"}).json()
+    # The alias resolved to the model's id.
+    assert conversation["model"] == "squares"
+    payload = req.body(req.user_image_input(sample), conversation=conversation["id"])
+    del payload["model"]
+    first = req.create(http, payload)
+    # No `model`: the conversation's, and the squares model saw its image.
+    assert first["model"] == "squares"
+    assert req.output_text(first) == sample.answer
+    follow = answered(
+        http, text_request("thinker", "And what do you think?", conversation=conversation["id"])
+    )
+    alone = answered(http, text_request("thinker", "And what do you think?"))
+    # The squares turn (its image too) was rendered into the thinker's prompt.
+    assert follow["model"] == "thinker"
+    assert follow["usage"]["input_tokens"] > alone["usage"]["input_tokens"] + 10
+    assert http.get(f"/v1/conversations/{conversation['id']}").json()["model"] == "thinker"
+    # The next turn without `model` stays on the model that answered last.
+    again = {key: value for key, value in text_request("x", "More?").items() if key != "model"}
+    assert answered(http, {**again, "conversation": conversation["id"]})["model"] == "thinker"
 
 
 def test_one_pool_killed_the_other_serves(stack: Stack, http: httpx.Client) -> None:

@@ -158,3 +158,64 @@ async def test_a_response_continues_on_the_other_model(two: Two) -> None:
     again = await create(two.http, input="and then?", previous_response_id=follow["id"])
     assert again["model"] == "b" and len(two.b.requests) == 2
     assert (await two.http.get(f"/v1/responses/{first['id']}")).json()["model"] == "a"
+
+
+async def test_a_conversation_remembers_its_model(two: Two) -> None:
+    created = await two.http.post("/v1/conversations", json={"model": "small"})
+    assert created.status_code == 200, created.text
+    conversation = created.json()
+    # The alias resolved to the model's id, shown on the conversation (an extension).
+    assert conversation["model"] == "b"
+    first = await create(two.http, input="remember the red square", conversation=conversation["id"])
+    assert first["model"] == "b" and len(two.b.requests) == 1 and not two.a.requests
+    # Another model continues it: the history is in a's request, as contract messages a renders.
+    other = await create(two.http, model="a", input="what was it?", conversation=conversation["id"])
+    (request,) = two.a.requests
+    texts = [part.text.text for message in request.messages for part in message.parts]
+    assert texts[:2] == ["remember the red square", "Hello, world."] and texts[-1] == "what was it?"
+    assert other["model"] == "a"
+    shown = (await two.http.get(f"/v1/conversations/{conversation['id']}")).json()
+    assert shown["model"] == "a"
+    # Without `model`, the next turn stays on the model that answered last.
+    again = await create(two.http, input="and then?", conversation=conversation["id"])
+    assert again["model"] == "a" and len(two.a.requests) == 2 and len(two.b.requests) == 1
+
+
+async def test_a_conversation_without_a_model_takes_its_first_responses(two: Two) -> None:
+    conversation = (await two.http.post("/v1/conversations", json={})).json()
+    assert "model" not in conversation
+    await create(two.http, model="small", input="hi", conversation=conversation["id"])
+    shown = (await two.http.get(f"/v1/conversations/{conversation['id']}")).json()
+    assert shown["model"] == "b"
+    await create(two.http, input="more", conversation=conversation["id"])
+    assert len(two.b.requests) == 2 and not two.a.requests
+
+
+async def test_a_conversation_of_an_unknown_model_is_refused(two: Two) -> None:
+    refused = await two.http.post("/v1/conversations", json={"model": "nope"})
+    assert refused.status_code == 404, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model" and '"nope"' in error["message"]
+    bad = await two.http.post("/v1/conversations", json={"model": 3})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "model", bad.text
+
+
+async def test_conversation_items_are_checked_against_its_models_limits(two: Two) -> None:
+    two_images = [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_image", "image_url": png_data_url()},
+                {"type": "input_image", "image_url": png_data_url((0, 255, 0))},
+            ],
+        }
+    ]
+    # b takes one image a request (its engine says so): at creation and when items are added.
+    refused = await two.http.post("/v1/conversations", json={"model": "b", "items": two_images})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "items", refused.text
+    on_b = (await two.http.post("/v1/conversations", json={"model": "b"})).json()
+    added = await two.http.post(f"/v1/conversations/{on_b['id']}/items", json={"items": two_images})
+    assert added.status_code == 400 and added.json()["error"]["param"] == "items", added.text
+    on_a = await two.http.post("/v1/conversations", json={"model": "a", "items": two_images})
+    assert on_a.status_code == 200, on_a.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,3 +161,83 @@ def test_a_store_made_by_an_older_version_is_upgraded(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # incremental
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def model_resource(response_id: str, model: str, created_at: int = 1) -> dict[str, Any]:
+    return {**resource(response_id), "model": model, "created_at": created_at}
+
+
+def test_a_conversation_remembers_its_model(store: SQLStore) -> None:
+    plain = store.create_conversation("conv_plain", metadata={})
+    assert "model" not in plain and "model" not in (store.get_conversation("conv_plain") or {})
+    created = store.create_conversation("conv_1", metadata={}, model="a", items=[message("m1", "one")])
+    assert created["model"] == "a"
+    # Items the client adds keep it; a response's items make the response's model the conversation's.
+    assert store.append_conversation_items("conv_1", [message("m2", "two")])
+    assert (store.get_conversation("conv_1") or {})["model"] == "a"
+    store.put_response(model_resource("resp_1", "b"), [], conversation_id="conv_1")
+    store.finish_response(
+        model_resource("resp_1", "b"),
+        conversation_id="conv_1",
+        conversation_items=[message("m3", "three")],
+        conversation_model="b",
+    )
+    assert (store.get_conversation("conv_1") or {})["model"] == "b"
+    assert (store.update_conversation("conv_1", metadata={"k": "v"}) or {})["model"] == "b"
+    # Another owner sees nothing of it.
+    assert store.get_conversation("conv_1", owner="bob") is None
+
+
+def test_a_schema_3_sqlite_store_learns_its_conversations_models(tmp_path: Path) -> None:
+    path = tmp_path / "v3.sqlite3"
+    old = ResponseStore(path)
+    for conversation_id in ("conv_1", "conv_2", "conv_3"):
+        old.create_conversation(conversation_id, metadata={})
+    old.put_response(model_resource("resp_1", "a", created_at=1), [], conversation_id="conv_1")
+    old.put_response(model_resource("resp_2", "b", created_at=2), [], conversation_id="conv_1")
+    old.put_response(model_resource("resp_3", "a", created_at=3), [], conversation_id="conv_2")
+    old.close()
+    with sqlite3.connect(path) as db:
+        # What schema version 3 had: no model column, no index on responses' conversation_id.
+        db.execute("DROP INDEX responses_by_conversation")
+        db.execute("ALTER TABLE conversations DROP COLUMN model")
+        db.execute("PRAGMA user_version = 3")
+    store = ResponseStore(path)
+    models = {cid: (store.get_conversation(cid) or {}).get("model") for cid in ("conv_1", "conv_2", "conv_3")}
+    assert models == {"conv_1": "b", "conv_2": "a", "conv_3": None}
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        plan = db.execute(
+            "EXPLAIN QUERY PLAN SELECT resource FROM responses WHERE conversation_id = 'conv_1'"
+            " ORDER BY created_at DESC LIMIT 1"
+        ).fetchall()
+        assert "responses_by_conversation" in str(plan)
+
+
+def test_a_version_1_postgres_database_learns_its_conversations_models(
+    postgres_url: str,
+) -> None:
+    import psycopg
+
+    from vlmserve.facade.store import postgres
+
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        # A database as the facade left it before conversations had a model.
+        connection.execute(postgres.MIGRATIONS[0])
+        connection.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY)")
+        connection.execute("INSERT INTO schema_migrations (version) VALUES (1)")
+        connection.execute(
+            "INSERT INTO conversations (id, owner, created_at, metadata) VALUES ('conv_1', '', 1, '{}')"
+        )
+        for response_id, model, created_at in (("resp_1", "a", 1), ("resp_2", "b", 2)):
+            connection.execute(
+                "INSERT INTO responses (id, owner, created_at, conversation_id, resource)"
+                " VALUES (%s, '', %s, 'conv_1', %s)",
+                (response_id, created_at, json.dumps(model_resource(response_id, model, created_at))),
+            )
+    store = PostgresStore(postgres_url)
+    try:
+        assert (store.get_conversation("conv_1") or {})["model"] == "b"
+    finally:
+        store.close()

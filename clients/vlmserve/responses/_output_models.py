@@ -264,6 +264,9 @@ class ConversationResource(OutboundModel):
     object: Literal["conversation"] = "conversation"
     created_at: int
     metadata: dict[str, str]
+    # An extension: the model its responses continue with when they name none (that of its
+    # latest response, else the one it was created with); absent until it has one.
+    model: str | None = optional()
 
 
 class DeletedObject(OutboundModel):

@@ -42,6 +42,12 @@ class CreateConversationBody(RequestModel):
         default=None,
         description="At most 16 pairs; keys at most 64 characters, values strings of at most 512.",
     )
+    model: str | None = Field(
+        default=None,
+        description="An extension: the model (an id or alias of `GET /v1/models`) its responses use "
+        "when they name none, until one names another; its `items` are checked against that model's "
+        "limits. Default: none (the server's default model, or each response's own).",
+    )
 
 
 class AddConversationItemsBody(RequestModel):

@@ -163,19 +163,31 @@ class ResponsesService:
         return Translation(translated, model, info, references.stored_items(translated.input_items))
 
     async def _model(self, body: Mapping[str, Any], owner: str) -> ResolvedModel:
-        """The request's `model`; without one, the model of the response it continues (if that
-        is still served), else the default."""
+        """The request's `model`; without one, the model of the response or conversation it
+        continues (if that is still served), else the default."""
         requested = body.get("model")
         if isinstance(requested, str):
             return await self.models.resolve(requested)
-        previous = body.get("previous_response_id")
-        if requested is None and isinstance(previous, str):
-            stored = await asyncio.to_thread(self.store.get_response, previous, owner=owner)
-            remembered = stored.get("model") if stored is not None else None
-            if isinstance(remembered, str) and self.models.pool_named(remembered) is not None:
+        if requested is None:
+            remembered = await self._remembered_model(body, owner)
+            if remembered is not None and self.models.pool_named(remembered) is not None:
                 return await self.models.resolve(remembered)
         # Anything but a string is for the translation to refuse, naming `model`.
         return await self.models.resolve(None)
+
+    async def _remembered_model(self, body: Mapping[str, Any], owner: str) -> str | None:
+        """The model of the stored response (`previous_response_id`) or conversation a request
+        continues; None when it names neither (or what it names is gone: a 404 later)."""
+        previous = body.get("previous_response_id")
+        conversation = body.get("conversation")
+        conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
+        stored: dict[str, Any] | None = None
+        if isinstance(previous, str):
+            stored = await asyncio.to_thread(self.store.get_response, previous, owner=owner)
+        elif isinstance(conversation_id, str):
+            stored = await asyncio.to_thread(self.store.get_conversation, conversation_id, owner=owner)
+        remembered = stored.get("model") if stored is not None else None
+        return remembered if isinstance(remembered, str) else None
 
     @property
     def pdf_workers(self) -> PdfWorkers:

@@ -132,4 +132,6 @@ class ResponseRecorder:
             conversation_items=conversation_items,
             conversation_messages=conversation_messages,
             events=[event.to_json() for event in final] if self.on_events is not None else (),
+            # The conversation continues with the model that answered last.
+            conversation_model=resource.model,
         )

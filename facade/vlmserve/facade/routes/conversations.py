@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.engines.catalog import image_limits, images_per_request
+from vlmserve.facade.engines.pools import ResolvedModel
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.limits import check_image_count, count_contract_images, count_image_parts
@@ -75,7 +76,10 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     parse_as(CREATE_CONVERSATION, body, "")
     _check_disk(state, "the conversation")
-    items, messages = await _checked_items(body.get("items"), state, request, required=False)
+    # An extension (OpenAI's conversations have no model): its responses' default from now on.
+    requested = body.get("model")
+    model = await state.models.resolve(requested) if isinstance(requested, str) else None
+    items, messages = await _checked_items(body.get("items"), state, request, required=False, model=model)
     metadata = parse_metadata(body.get("metadata"))
     adding = stored_size(items, messages) + len(json.dumps(metadata))
     await check_room(
@@ -95,6 +99,7 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
         messages=messages,
         owner=owner_of(request),
         max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+        model=model.id if model is not None else None,
     )
 
 
@@ -209,7 +214,14 @@ async def _add_conversation_items(
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     parse_as(ADD_CONVERSATION_ITEMS_BODY, body, "")
     _check_disk(state, "the items")
-    items, messages = await _checked_items(body.get("items"), state, request, required=True)
+    conversation = await asyncio.to_thread(
+        state.store.get_conversation, conversation_id, owner=owner_of(request)
+    )
+    if conversation is None:
+        raise not_found("conversation", conversation_id)
+    items, messages = await _checked_items(
+        body.get("items"), state, request, required=True, model=await _model_of(conversation, state)
+    )
     await check_room(
         state.store,
         state.settings.storage,
@@ -256,20 +268,35 @@ def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
     return item_list(ItemPage(items=items, has_more=False), typed_item)
 
 
+async def _model_of(conversation: dict[str, Any], state: FacadeState) -> ResolvedModel | None:
+    """The conversation's model while it is still served (None: the default's limits apply)."""
+    remembered = conversation.get("model")
+    if isinstance(remembered, str) and state.models.pool_named(remembered) is not None:
+        return await state.models.resolve(remembered)
+    return None
+
+
 async def _checked_items(
-    value: object, state: FacadeState, request: Request, *, required: bool
+    value: object,
+    state: FacadeState,
+    request: Request,
+    *,
+    required: bool,
+    model: ResolvedModel | None = None,
 ) -> tuple[list[StoredItem], list[pb.Message]]:
     """Items validated by the translation (the same rules as a response's `input`), as they
-    are stored, and the raw contract messages they were translated to."""
+    are stored, and the raw contract messages they were translated to; checked against the
+    limits of `model` (the conversation's), else the default model's."""
     if value is None and not required:
         return [], []
     if not isinstance(value, list) or (required and not value):
         raise APIError(400, "Invalid value for 'items': expected a non-empty array of items.", param="items")
     if not value:
         return [], []
-    limits = state.settings.limits
+    if model is None:
+        model = await state.models.resolve(None)
+    limits, info = model.limits, model.info
     check_reference_count(value, limits.max_item_references, param="items")
-    info = await state.catalog.info()
     allowed_images = images_per_request(info, limits)
     own_images = count_image_parts(value)
     check_image_count(own_images, allowed_images, param="items")

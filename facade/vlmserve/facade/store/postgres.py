@@ -115,6 +115,15 @@ MIGRATIONS: list[str] = [
     CREATE INDEX conversation_images_by_hash ON conversation_images(hash);
     CREATE TABLE facades (id TEXT PRIMARY KEY, expires_at DOUBLE PRECISION NOT NULL);
     """,
+    # A conversation's model (that of its latest response, or the one it was created with),
+    # filled in from each conversation's latest response.
+    """
+    ALTER TABLE conversations ADD COLUMN model TEXT;
+    CREATE INDEX responses_by_conversation ON responses(conversation_id, created_at)
+        WHERE conversation_id IS NOT NULL;
+    UPDATE conversations SET model = (SELECT CAST(resource AS json)->>'model' FROM responses
+        WHERE responses.conversation_id = conversations.id ORDER BY created_at DESC LIMIT 1);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

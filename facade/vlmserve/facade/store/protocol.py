@@ -96,6 +96,7 @@ class Store(Protocol):
         conversation_items: Sequence[StoredItem] = (),
         conversation_messages: Sequence[pb.Message] | None = None,
         events: Sequence[dict[str, Any]] = (),
+        conversation_model: str | None = None,
     ) -> None: ...
 
     # ---- facade instances: each holds a lease while it runs (several may share a store) ----
@@ -144,6 +145,7 @@ class Store(Protocol):
         messages: Sequence[pb.Message] | None = None,
         owner: str = "",
         max_stored_bytes: int | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]: ...
 
     def get_conversation(self, conversation_id: str, *, owner: str = "") -> dict[str, Any] | None: ...

@@ -34,25 +34,30 @@ class ConversationQueries(SQLBase):
         messages: Sequence[pb.Message] | None = None,
         owner: str = "",
         max_stored_bytes: int | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]:
         created_at = int(time.time())
         metadata_text = json.dumps(metadata)
         with self._transaction() as tx:
             tx.execute(
-                "INSERT INTO conversations (id, owner, created_at, metadata, size) VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, owner, created_at, metadata_text, len(metadata_text)),
+                "INSERT INTO conversations (id, owner, created_at, metadata, size, model)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, owner, created_at, metadata_text, len(metadata_text), model),
             )
             tx.add_usage(owner, len(metadata_text), max_bytes=max_stored_bytes)
             if items:
                 self._append(tx, conversation_id, owner, items, messages)
-        return _conversation_object(conversation_id, created_at, metadata)
+        return _conversation_object(conversation_id, created_at, metadata, model)
 
     def get_conversation(self, conversation_id: str, *, owner: str = "") -> dict[str, Any] | None:
         rows = self._query(
-            "SELECT created_at, metadata FROM conversations WHERE id = ? AND owner = ?",
+            "SELECT created_at, metadata, model FROM conversations WHERE id = ? AND owner = ?",
             (conversation_id, owner),
         )
-        return _conversation_object(conversation_id, rows[0][0], json.loads(rows[0][1])) if rows else None
+        if not rows:
+            return None
+        created_at, metadata, model = rows[0]
+        return _conversation_object(conversation_id, created_at, json.loads(metadata), model)
 
     def delete_conversation(self, conversation_id: str, *, owner: str = "") -> bool:
         with self._transaction(frees_images=True) as tx:
@@ -79,7 +84,8 @@ class ConversationQueries(SQLBase):
         metadata_text = json.dumps(metadata)
         with self._transaction() as tx:
             rows = tx.execute(
-                f"SELECT created_at, metadata FROM conversations WHERE id = ? AND owner = ?{self.FOR_UPDATE}",
+                "SELECT created_at, metadata, model FROM conversations"
+                f" WHERE id = ? AND owner = ?{self.FOR_UPDATE}",
                 (conversation_id, owner),
             ).fetchall()
             if not rows:
@@ -90,7 +96,7 @@ class ConversationQueries(SQLBase):
                 (metadata_text, change, conversation_id),
             )
             tx.add_usage(owner, change)
-        return _conversation_object(conversation_id, rows[0][0], metadata)
+        return _conversation_object(conversation_id, rows[0][0], metadata, rows[0][2])
 
     def get_conversation_item(
         self, conversation_id: str, item_id: str, *, owner: str = ""
@@ -180,13 +186,16 @@ class ConversationQueries(SQLBase):
         items: Sequence[StoredItem],
         messages: Sequence[pb.Message] | None,
         max_stored_bytes: int | None = None,
+        model: str | None = None,
     ) -> bool:
+        """`model`: the model whose response added these items, now the conversation's (None:
+        added by the client, the conversation's model stays)."""
         # Positions come from a counter that only grows: one a deleted item had is never given
         # again, so a chunk's (conversation, position) names the same messages in every facade's cache.
         rows = tx.execute(
-            "UPDATE conversations SET next_position = next_position + ? WHERE id = ? AND owner = ?"
-            " RETURNING next_position",
-            (len(items), conversation_id, owner),
+            "UPDATE conversations SET next_position = next_position + ?, model = COALESCE(?, model)"
+            " WHERE id = ? AND owner = ? RETURNING next_position",
+            (len(items), model, conversation_id, owner),
         ).fetchall()
         if not rows:
             return False
@@ -265,10 +274,17 @@ class ConversationQueries(SQLBase):
         return int(rows[0][0]) if rows else None
 
 
-def _conversation_object(conversation_id: str, created_at: int, metadata: dict[str, str]) -> dict[str, Any]:
-    return {
+def _conversation_object(
+    conversation_id: str, created_at: int, metadata: dict[str, str], model: str | None
+) -> dict[str, Any]:
+    conversation: dict[str, Any] = {
         "id": conversation_id,
         "object": "conversation",
         "created_at": int(created_at),
         "metadata": metadata,
     }
+    # An extension: the model its responses continue with when they name none (the model of
+    # its latest response, else the one it was created with); absent until it has one.
+    if model is not None:
+        conversation["model"] = model
+    return conversation

@@ -230,18 +230,26 @@ class SQLStore(ConversationQueries):
         conversation_items: Sequence[StoredItem] = (),
         conversation_messages: Sequence[pb.Message] | None = None,
         events: Sequence[dict[str, Any]] = (),
+        conversation_model: str | None = None,
     ) -> None:
         """In one transaction: a response's final state (None: not stored) with the messages
         its output was translated to, its last streaming `events` (background responses: see
         `append_events`), and the items (and messages) it adds to its conversation (a
-        conversation deleted meanwhile gets nothing)."""
+        conversation deleted meanwhile gets nothing), whose model becomes `conversation_model`."""
         encoded = encode_messages(output_messages) if output_messages is not None else None
         with self._transaction() as tx:
             if resource is not None and events:
                 self._append_events(tx, resource["id"], owner, events)
             updated = resource is not None and self._update_response(tx, resource, owner, encoded)
             if conversation_id is not None and conversation_items:
-                self._append(tx, conversation_id, owner, conversation_items, conversation_messages)
+                self._append(
+                    tx,
+                    conversation_id,
+                    owner,
+                    conversation_items,
+                    conversation_messages,
+                    model=conversation_model,
+                )
         if resource is not None:
             if updated and output_messages is not None:
                 self._cache.put((resource["id"], "output"), output_messages)

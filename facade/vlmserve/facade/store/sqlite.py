@@ -37,7 +37,7 @@ __all__ = [
     "UnknownCursorError",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -134,6 +134,16 @@ CREATE INDEX IF NOT EXISTS responses_unfinished ON responses(status)
 UPDATE conversations SET next_position = (SELECT COALESCE(MAX(position) + 1, 0) FROM conversation_items
     WHERE conversation_id = conversations.id);
 CREATE TABLE IF NOT EXISTS facades (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+"""
+
+# Added in schema version 4: a conversation's model (that of its latest response, or the one it
+# was created with), so that a response continuing it without `model` keeps it. Filled in for an
+# older store from each conversation's latest response, found by the index added with it.
+_TABLES_V4 = """
+CREATE INDEX IF NOT EXISTS responses_by_conversation ON responses(conversation_id, created_at)
+    WHERE conversation_id IS NOT NULL;
+UPDATE conversations SET model = (SELECT json_extract(resource, '$.model') FROM responses
+    WHERE conversation_id = conversations.id ORDER BY created_at DESC, rowid DESC LIMIT 1)
 """
 
 
@@ -274,5 +284,10 @@ def _to_v3(db: Connection, existed: bool) -> None:
     _run_script(db, _TABLES_V3)
 
 
+def _to_v4(db: Connection, existed: bool) -> None:
+    _add_column(db, "conversations", "model", "TEXT")
+    _run_script(db, _TABLES_V4)
+
+
 # _MIGRATIONS[n] takes a file at version n to n + 1.
-_MIGRATIONS: list[Callable[[Connection, bool], None]] = [_to_v1, _to_v2, _to_v3]
+_MIGRATIONS: list[Callable[[Connection, bool], None]] = [_to_v1, _to_v2, _to_v3, _to_v4]
