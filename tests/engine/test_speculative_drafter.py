@@ -25,6 +25,7 @@ from vlmserve.engine.jobs import Event, FinishedEvent, Job, JobKind, PreparedReq
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
+from vlmserve.engine.speculation.rollback import RecurrentVerify
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_engine_grpc import text_part
@@ -168,6 +169,36 @@ def test_a_row_drafter_starts_over_the_prompt(
     _run(engines["draft"], {"copy": requests["copy"], "short": requests["short"]}, "prompt-start")
     assert len(started) == 2
     assert all(prompt > 1 and offset == prompt for prompt, offset in started), started
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_leaving_mid_verify_change_no_other_row(
+    engines: dict[str, Generator], monkeypatch: pytest.MonkeyPatch, temperature: float
+) -> None:
+    """Rows with different max tokens end at different steps, each while the next verify
+    forward is in flight: the recurrent layers drop them only at that verify's commit
+    (RecurrentVerify), and every row still takes its plain tokens."""
+    commits: list[tuple[int, int]] = []  # (rows at launch, rows at commit)
+    original = RecurrentVerify.commit
+
+    def commit(self: RecurrentVerify, rows: Any, kept: Any) -> None:
+        commits.append((len(self._rows), len(rows)))
+        original(self, rows, kept)
+
+    monkeypatch.setattr(RecurrentVerify, "commit", commit)
+    base = _requests(engines["off"], temperature)
+    requests = {
+        f"{name}-{limit}": dataclasses.replace(
+            request, settings=dataclasses.replace(request.settings, max_tokens=limit)
+        )
+        for name, request in base.items()
+        for limit in (7, 13, 22)
+    }
+    expected = _run(engines["off"], requests, f"leaving-{temperature}")
+    drafted = _run(engines["draft"], requests, f"leaving-{temperature}")
+    for name in requests:
+        assert _tokens(engines["draft"], drafted[name]) == _tokens(engines["off"], expected[name]), name
+    assert any(at_commit < at_launch for at_launch, at_commit in commits), commits
 
 
 @pytest.mark.slow
