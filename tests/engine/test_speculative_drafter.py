@@ -240,6 +240,24 @@ def test_seeded_sampling_through_the_drafter_keeps_the_target_distribution(
     assert statistic < _chi_square_critical(dof), (statistic, dof, plain_counts, drafted_counts)
 
 
+def test_the_target_checkpoints_own_mtp_head_is_the_same_drafter(
+    engines: dict[str, Generator], drafter_models: dict[str, tuple[Path, Path]]
+) -> None:
+    """`--draft-model` on the target's own directory (its `mtp.*` tensors, as Qwen3.5 ships
+    them: mlx-vlm's native-checkpoint splitter) drafts exactly as the split-out head does."""
+    target, _ = drafter_models["qwen3_5"]
+    native = _generator("draft", target, draft_model=str(target))
+    try:
+        requests = _requests(engines["off"], 0.0)
+        split = _run(engines["draft"], requests, "split-head")
+        own = _run(native, requests, "own-head")
+        for name in requests:
+            assert _tokens(native, own[name]) == _tokens(engines["draft"], split[name]), name
+        assert _count(native, "accepted_tokens", "draft") > 0
+    finally:
+        native.stop()
+
+
 def test_a_draft_model_that_cannot_serve_the_model_fails_the_load_with_why(
     drafter_models: dict[str, tuple[Path, Path]],
 ) -> None:

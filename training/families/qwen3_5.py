@@ -2,10 +2,10 @@
 
 Qwen3.5 checkpoints ship a multi-token-prediction head (`mtp.*` tensors, `mtp_num_hidden_layers`)
 that mlx-vlm runs as a speculative drafter (`speculative/drafters/qwen3_5_mtp`). The fixture is
-the target plus that head as a standalone drafter directory (`model_type: qwen3_5_mtp`, the layout
-mlx-vlm's `split_mtp` writes), so `--draft-model` is tested on the same code path a real
-Qwen3.5 + MTP pair takes. Its chat template is Qwen3-VL's (the fixture tests the engine, not the
-template).
+the target plus that head, both as a standalone drafter directory (`model_type: qwen3_5_mtp`, the
+layout mlx-vlm's `split_mtp` writes) and inside the target's weights (`mtp.*`, as shipped), so
+`--draft-model` is tested on the code paths a real Qwen3.5 + MTP pair takes. Its chat template is
+Qwen3-VL's (the fixture tests the engine, not the template).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _qwen3_5(tokenizer: Tokenizer) -> FamilyFiles:
 
 def build_mtp_drafter(target_dir: Path, *, seed: int = 1) -> Path:
     """Write the target's MTP head (random weights) as a drafter directory next to its weights
-    (`target_dir/mtp-drafter`); returns it."""
+    (`target_dir/mtp-drafter`), and into the target's weights as `mtp.*`; returns the directory."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.speculative.drafters.qwen3_5_mtp import ModelConfig, Qwen3_5MTPDraftModel
@@ -97,6 +97,13 @@ def build_mtp_drafter(target_dir: Path, *, seed: int = 1) -> Path:
             weights[name] = weights[name] * 0.05
     weights = {name: value.astype(mx.float16) for name, value in weights.items()}
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    # Real Qwen3.5 checkpoints carry the head inside (`mtp.*`, which the target's load drops):
+    # the same tensors go there too, so `--draft-model` on the target's own directory (mlx-vlm's
+    # native-checkpoint splitter) is the same drafter.
+    target_weights = target_dir / "model.safetensors"
+    native = dict(mx.load(str(target_weights)))
+    native.update({f"mtp.{name}": value for name, value in weights.items()})
+    mx.save_safetensors(str(target_weights), native, metadata={"format": "mlx"})
     return out_dir
 
 
