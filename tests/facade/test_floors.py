@@ -82,3 +82,26 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 def test_the_settings_exceptions_make_no_cycle() -> None:
     for relative in ("http/api_keys.py", "remote_images/checks.py", "engines/config.py"):
         assert "vlmserve.facade.settings" not in imports_of(PACKAGE / relative)
+
+
+def _all_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("relative", "foreign"),
+    [
+        # The engine call knows the engine, never the store.
+        ("responses/engine_call.py", ("vlmserve.facade.store", "vlmserve.facade.responses.recorder")),
+        # The recorder knows the store, never the engine client.
+        ("responses/recorder.py", ("vlmserve.client", "grpc", "vlmserve.facade.responses.engine_call")),
+    ],
+)
+def test_a_response_s_parts_keep_to_their_job(relative: str, foreign: tuple[str, ...]) -> None:
+    imported = _all_imports(PACKAGE / relative)
+    assert not {name for name in imported if name.startswith(foreign)}, relative
