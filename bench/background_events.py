@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))  # a script: reach the tests' scripted engine with
 
 from tests.facade.fake_engine import Script, start_fake_engine  # noqa: E402
 from vlmserve.client import AsyncEngineClient  # noqa: E402
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app  # noqa: E402
+from vlmserve.facade import FacadeSettings, Store, create_app  # noqa: E402
 
 MODES = ("foreground", "background")
 
@@ -62,7 +62,7 @@ async def measure(chunks: int, rounds: int) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory() as folder:
             settings = FacadeSettings(store_path=Path(folder) / "facade.sqlite3")
-            store = ResponseStore(settings.store_path)
+            store = Store.sqlite(settings.store_path)
             app = create_app(settings, engine=client, store=store)
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://bench", timeout=600) as http:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))  # a script: reach the tests' scripted engine with
 from tests.facade.fake_engine import Script, start_fake_engine  # noqa: E402
 from vlmserve.client import AsyncEngineClient  # noqa: E402
 from vlmserve.engine.v1 import engine_pb2 as pb  # noqa: E402
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app  # noqa: E402
+from vlmserve.facade import FacadeSettings, Store, create_app  # noqa: E402
 
 # side -> top_logprobs (None: no logprobs asked)
 SIDES: dict[str, int | None] = {"off": None, "logprobs": 0, "top20": 20}
@@ -90,7 +90,7 @@ async def stream_one(http: httpx.AsyncClient, side: str) -> int:
     return received
 
 
-async def background_one(http: httpx.AsyncClient, store: ResponseStore, side: str) -> tuple[int, int]:
+async def background_one(http: httpx.AsyncClient, store: Store, side: str) -> tuple[int, int]:
     """One background run, its stream read to the end (its terminal events are stored first)."""
     response_id = ""
     async with http.stream(
@@ -101,7 +101,7 @@ async def background_one(http: httpx.AsyncClient, store: ResponseStore, side: st
             if not response_id and line.startswith("data: {"):
                 response_id = json.loads(line.removeprefix("data: "))["response"]["id"]
     query = "SELECT events_size, size FROM responses WHERE id = ?"
-    ((events_size, size),) = store._query(query, (response_id,))
+    ((events_size, size),) = store.db.query(query, (response_id,))
     return int(events_size), int(size)
 
 
@@ -124,7 +124,7 @@ async def measure(tokens: int, streams: int, rounds: int) -> dict[str, Any]:
                 store_path=Path(folder) / "facade.sqlite3",
                 engine=tuple(f"{side}={address}" for side, address in addresses.items()),
             )
-            store = ResponseStore(settings.store_path)
+            store = Store.sqlite(settings.store_path)
             clients = {side: AsyncEngineClient(address) for side, address in addresses.items()}
             app = create_app(settings, engine=clients, store=store)
             transport = httpx.ASGITransport(app=app)

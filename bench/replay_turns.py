@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))  # a script: reach the tests' scripted engine with
 from tests.facade.fake_engine import Script, start_fake_engine  # noqa: E402
 from vlmserve.client import AsyncEngineClient  # noqa: E402
 from vlmserve.engine.v1 import engine_pb2 as pb  # noqa: E402
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app  # noqa: E402
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app  # noqa: E402
 
 MODES = ("chain", "conversation", "resend")
 TOOL = {"type": "function", "name": "screenshot", "parameters": {"type": "object", "properties": {}}}
@@ -149,7 +149,7 @@ async def bench(turns: int, repeats: int, width: int, height: int) -> dict[str, 
     images = [screenshot(turn, width, height) for turn in range(turns)]
     image_bytes = statistics.median(len(base64.b64decode(url.split(",", 1)[1])) for url in images)
     with tempfile.TemporaryDirectory(prefix="vlmserve-replay-") as folder:
-        store = ResponseStore(Path(folder) / "store.sqlite3")
+        store = Store.sqlite(Path(folder) / "store.sqlite3")
         settings = FacadeSettings(
             store_path=Path(folder) / "store.sqlite3",
             limits=dataclasses.replace(Limits(), max_images_per_request=turns + 1),

@@ -24,7 +24,7 @@ from tests._services import start_engine
 from vlmserve.client import AsyncEngineClient, EngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 from .conftest import InProcessEngine
 from .test_engine_grpc import request
@@ -192,7 +192,7 @@ def test_one_trace_from_the_facade_request_to_the_engine_phases(
 
     async def post() -> httpx.Response:
         client = AsyncEngineClient(idle_engine.address)
-        store = ResponseStore(tmp_path / "facade.sqlite3")
+        store = Store.sqlite(tmp_path / "facade.sqlite3")
         app = create_app(FacadeSettings(store_path=tmp_path / "facade.sqlite3"), engine=client, store=store)
         try:
             transport = httpx.ASGITransport(app=app)

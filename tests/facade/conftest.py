@@ -11,11 +11,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 
 @pytest.fixture
-def app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore) -> FastAPI:
+def app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store) -> FastAPI:
     return create_app(settings, engine=engine_client, store=store)
 
 

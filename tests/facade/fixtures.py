@@ -10,9 +10,7 @@ import pytest
 
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts
-from vlmserve.facade.store.postgres import PostgresStore
-from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade import FacadeSettings, Store, Timeouts
 
 __all__ = ["another_store", "engine", "engine_client", "fake_engine", "settings", "store", "store_backend"]
 
@@ -54,14 +52,13 @@ def store_backend() -> str:
 @pytest.fixture
 def another_store(
     settings: FacadeSettings, store_backend: str, request: pytest.FixtureRequest
-) -> Iterator[Callable[[], SQLStore]]:
+) -> Iterator[Callable[[], Store]]:
     """Opens another store on what `store` keeps (a restarted or a second facade's); closed after."""
     url = request.getfixturevalue("postgres_url") if store_backend == "postgresql" else None
-    opened: list[SQLStore] = []
+    opened: list[Store] = []
 
-    def open_store() -> SQLStore:
-        store: SQLStore
-        store = PostgresStore(url, max_connections=4) if url else ResponseStore(settings.store_path)
+    def open_store() -> Store:
+        store = Store.postgres(url, max_connections=4) if url else Store.sqlite(settings.store_path)
         opened.append(store)
         return store
 
@@ -71,5 +68,5 @@ def another_store(
 
 
 @pytest.fixture
-def store(another_store: Callable[[], SQLStore]) -> SQLStore:
+def store(another_store: Callable[[], Store]) -> Store:
     return another_store()

@@ -15,7 +15,7 @@ from PIL import Image
 from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common import images as common_images
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 __all__ = ["EVENT_SCHEMAS", "assert_valid", "validator"]  # re-exported for the facade tests
 
@@ -100,7 +100,7 @@ class AppClients:
     """In-process clients of apps built on one engine client and store; `aclose` closes them all."""
 
     engine: AsyncEngineClient
-    store: ResponseStore
+    store: Store
     opened: list[httpx.AsyncClient] = field(default_factory=list)
 
     def open(self, settings: FacadeSettings) -> httpx.AsyncClient:

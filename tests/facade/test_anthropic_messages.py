@@ -21,7 +21,7 @@ from vlmserve.anthropic import TOOL_ERROR_PREFIX
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
+from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
@@ -341,7 +341,7 @@ async def test_a_truncated_tool_call_never_becomes_text(http: httpx.AsyncClient,
 
 
 async def test_pings_while_a_long_prompt_prefills(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     quick = settings.replace(timeouts=Timeouts(heartbeat=0.05, stream_first_message=0.01))
     app = create_app(quick, engine=engine_client, store=store)
@@ -508,7 +508,7 @@ async def test_a_failure_mid_stream_is_an_error_event(http: httpx.AsyncClient, e
 async def test_api_keys_by_x_api_key_or_bearer(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     headers: dict[str, str],
     status: int,
 ) -> None:

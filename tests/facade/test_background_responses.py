@@ -18,7 +18,7 @@ from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.settings import Storage
@@ -192,7 +192,7 @@ async def test_a_client_that_leaves_does_not_stop_the_run(server_url: str, engin
 
 
 async def test_a_run_whose_events_pass_the_bound_is_stopped(
-    tmp_path: Path, engine: FakeEngine, engine_client: AsyncEngineClient, store: ResponseStore
+    tmp_path: Path, engine: FakeEngine, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     settings = FacadeSettings(
         store_path=tmp_path / "s.sqlite3", storage=Storage(max_response_event_bytes=4000)
@@ -210,7 +210,7 @@ async def test_a_run_whose_events_pass_the_bound_is_stopped(
 
 
 async def test_shutdown_and_restart_fail_unfinished_runs(
-    settings: FacadeSettings, engine: FakeEngine, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine: FakeEngine, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     engine.script = Script(text_chunks=["x"], hang=True)
     first = create_app(settings, engine=engine_client, store=store)
@@ -221,14 +221,14 @@ async def test_shutdown_and_restart_fail_unfinished_runs(
         running = (await http.post("/v1/responses", json=BACKGROUND)).json()
         await poll(http, running["id"], until=("in_progress",))
     # Shutdown stopped the run: failed, its events ended.
-    stopped = store.get_response(running["id"], owner=ANONYMOUS_OWNER)
+    stopped = await store.responses.get(running["id"], owner=ANONYMOUS_OWNER)
     assert stopped is not None and stopped["status"] == "failed"
     assert stopped["error"]["message"] == "The server shut down before this response finished."
     # What a facade killed mid-run leaves behind: stored queued, never finished.
     left = {**stopped, "id": "resp_left", "status": "queued", "error": None}
-    store.put_response(left, [], owner=ANONYMOUS_OWNER)
+    await store.responses.put(left, [], owner=ANONYMOUS_OWNER)
     created = {"type": "response.created", "sequence_number": 0, "response": left}
-    store.append_events("resp_left", [created], owner=ANONYMOUS_OWNER)
+    await store.events.append("resp_left", [created], owner=ANONYMOUS_OWNER)
 
     restarted = create_app(settings, engine=engine_client, store=store)
     async with (
@@ -247,11 +247,11 @@ async def test_shutdown_and_restart_fail_unfinished_runs(
 
 
 async def test_a_cancel_that_reaches_another_facade_stops_the_run(
-    settings: FacadeSettings, engine: FakeEngine, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine: FakeEngine, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     engine.script = Script(text_chunks=["x"] * 400, delay_s=0.05)
     running_here = create_app(settings, engine=engine_client, store=store)
-    other_store = ResponseStore(settings.store_path)  # a second facade on the same store
+    other_store = Store.sqlite(settings.store_path)  # a second facade on the same store
     elsewhere = create_app(settings, engine=engine_client, store=other_store)
     try:
         async with (

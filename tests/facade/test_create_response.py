@@ -12,7 +12,7 @@ from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_bytes, png_data_url, seed_000_input
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 ID_PATTERN = re.compile(r"^(resp|msg|fc)_[0-9a-f]{48}$")
@@ -280,7 +280,7 @@ async def test_codex_request_fields_are_accepted(http: httpx.AsyncClient, engine
 async def test_output_token_default_and_cap(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     engine: FakeEngine,
     default: int | None,
     cap: int | None,
@@ -302,7 +302,7 @@ async def test_output_token_default_and_cap(
 
 
 async def test_max_output_tokens_above_the_cap_is_400(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     app = create_app(
         settings.replace(limits=Limits(max_output_tokens=100)), engine=engine_client, store=store

@@ -23,24 +23,26 @@ import pytest
 from tests._sse import aiter_lines
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import FacadeSettings, ResponseStore
+from vlmserve.facade import FacadeSettings, Store
+from vlmserve.facade.store.database import Transaction
+from vlmserve.facade.store.sqlite import SQLiteDatabase
 
 WRITE_DELAY_S = 0.3
 
 
-class SlowStore(ResponseStore):
+class SlowDatabase(SQLiteDatabase):
     """Every write transaction takes WRITE_DELAY_S longer before it commits."""
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with super()._transaction() as db:
-            yield db
+    def transaction(self, *, frees_images: bool = False) -> Iterator[Transaction]:
+        with super().transaction(frees_images=frees_images) as tx:
+            yield tx
             time.sleep(WRITE_DELAY_S)
 
 
 @pytest.fixture
-def store(settings: FacadeSettings) -> Iterator[ResponseStore]:
-    opened = SlowStore(settings.store_path)
+def store(settings: FacadeSettings) -> Iterator[Store]:
+    opened = Store(SlowDatabase(settings.store_path))
     yield opened
     opened.close()
 

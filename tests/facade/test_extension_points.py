@@ -8,11 +8,11 @@ from fastapi import Depends, Request
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import png_bytes
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 
 async def test_image_source_factory_fetches_remote_urls(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     image = png_bytes((9, 9, 9))
     fetched: list[str] = []
@@ -31,7 +31,7 @@ async def test_image_source_factory_fetches_remote_urls(
 
 
 async def test_owner_dependency_separates_stored_objects(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     def owner_from_header(request: Request) -> None:
         request.state.owner = request.headers.get("x-test-owner", "")

@@ -11,7 +11,7 @@ from tests._prometheus import metric_samples, moved
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import png_bytes, png_data_url
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.http.api_keys import ApiKeys
 
 
@@ -76,7 +76,7 @@ async def test_a_failed_response_is_counted_as_failed(http: httpx.AsyncClient, e
 
 
 @pytest.fixture
-def keyed_app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore) -> object:
+def keyed_app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store) -> object:
     keys = settings.replace(
         api_keys=ApiKeys.from_keys(["sk-client"]), operator_keys=ApiKeys.from_keys(["sk-metrics-test"])
     )

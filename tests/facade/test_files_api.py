@@ -20,7 +20,7 @@ from tests._pdfs import text_pdf
 from tests.facade.fake_engine import FakeEngine
 from tests.responses.responses_testkit import RED
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
+from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 from vlmserve.facade.http.api_keys import ApiKeys, owner_id
 from vlmserve.facade.settings import Files
 
@@ -166,7 +166,7 @@ async def test_unknown_ids_are_404(http: httpx.AsyncClient, method: str, suffix:
 
 
 async def test_files_belong_to_their_key(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     keyed = settings.model_copy(update={"api_keys": ApiKeys.from_keys(["key-a", "key-b"])})
     app: FastAPI = create_app(keyed, engine=engine_client, store=store)
@@ -245,7 +245,7 @@ async def test_inline_file_data_and_its_limits(http: httpx.AsyncClient, engine: 
 
 
 async def test_pdf_pages_count_against_the_image_limit(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     limited = settings.model_copy(
         update={"limits": settings.limits.model_copy(update={"max_images_per_request": 3})}

@@ -10,7 +10,7 @@ import httpx
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.helpers import assert_valid
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
 
@@ -30,7 +30,7 @@ def left_in_progress(finished: dict[str, Any], response_id: str) -> dict[str, An
 
 
 async def test_start_up_fails_responses_left_in_progress(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     first = create_app(settings, engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=first), base_url="http://t") as http:
@@ -38,8 +38,8 @@ async def test_start_up_fails_responses_left_in_progress(
     assert finished["status"] == "completed"
     # What a facade killed mid-generation leaves behind, for two owners.
     interrupted = left_in_progress(finished, "resp_interrupted")
-    store.put_response(interrupted, [], owner=ANONYMOUS_OWNER)
-    store.put_response(left_in_progress(finished, "resp_other"), [], owner=OTHER_OWNER)
+    await store.responses.put(interrupted, [], owner=ANONYMOUS_OWNER)
+    await store.responses.put(left_in_progress(finished, "resp_other"), [], owner=OTHER_OWNER)
 
     restarted = create_app(settings, engine=engine_client, store=store)
     async with (
@@ -57,5 +57,5 @@ async def test_start_up_fails_responses_left_in_progress(
         assert (await http.get(f"/v1/responses/{finished['id']}")).json() == finished
         refused = await http.post("/v1/responses/resp_interrupted/cancel")
         assert (refused.status_code, refused.json()["error"]["code"]) == (400, "response_not_cancellable")
-    other = store.get_response("resp_other", owner=OTHER_OWNER)
+    other = await store.responses.get("resp_other", owner=OTHER_OWNER)
     assert other is not None and (other["status"], other["error"]) == ("failed", INTERRUPTED_ERROR)

@@ -4,6 +4,7 @@ running), and its own SIGKILL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from tests._services import REPO, free_port
-from vlmserve.facade.store.sqlite import ResponseStore
+from vlmserve.facade.store.repositories import Store
 
 pytestmark = pytest.mark.needs_model
 
@@ -147,9 +148,9 @@ def test_make_run_stops_cleanly_when_its_process_group_gets_sigterm(tmp_path: Pa
     log = b"".join(output).decode(errors="replace")
     assert log.count("; stopping") == 1, log[-3000:]
     assert "killing it" not in log and "INFO vlmserve.launch: stopped" in log, log[-3000:]
-    store = ResponseStore(store_path)
+    store = Store.sqlite(store_path)
     try:
-        stored = store.get_response(final["response"]["id"], owner="anonymous")
+        stored = asyncio.run(store.responses.get(final["response"]["id"], owner="anonymous"))
     finally:
         store.close()
     assert stored is not None and stored["status"] == final["response"]["status"] != "in_progress"

@@ -17,7 +17,7 @@ from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_e
 from tests.facade.helpers import png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Two:
 
 
 @pytest.fixture
-async def two(tmp_path: Path, settings: FacadeSettings, store: ResponseStore) -> AsyncIterator[Two]:
+async def two(tmp_path: Path, settings: FacadeSettings, store: Store) -> AsyncIterator[Two]:
     engines: list[RunningFakeEngine] = [await start_fake_engine(), await start_fake_engine()]
     a, b = (running.servicer for running in engines)
     a.info.model_id = "engine-a"

@@ -20,10 +20,9 @@ from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import SEED_000_TOOL, count_image_checks, png_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import ResponseStore
+from vlmserve.facade import Store
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
-from vlmserve.facade.store.protocol import StoredItem
-from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.records import StoredItem
 from vlmserve.responses import build_generate_request, input_to_messages, lower_messages
 
 CALL = pb.ToolCall(id="call_1", name="screenshot", arguments="{}", kind=pb.TOOL_KIND_FUNCTION)
@@ -98,12 +97,12 @@ async def test_replayed_request_equals_a_full_translation(
 
 
 async def test_chain_replays_after_a_restart(
-    http: httpx.AsyncClient, engine: FakeEngine, another_store: Callable[[], SQLStore]
+    http: httpx.AsyncClient, engine: FakeEngine, another_store: Callable[[], Store]
 ) -> None:
     """From the database alone (nothing cached): a second store on it replays the same."""
     engine.script = Script(text_chunks=[], tool_calls=[CALL])
     responses = await agent_loop(http, 3)
-    replay = another_store().replay(responses[-1]["id"], owner=ANONYMOUS_OWNER)
+    replay = await another_store().responses.replay(responses[-1]["id"], owner=ANONYMOUS_OWNER)
     assert replay is not None and replay.items == [], replay
     # Turn 2's request held turns 0-1 and its own input; the replay adds turn 2's output (one
     # assistant message with the call). The engine got them lowered.
@@ -125,32 +124,36 @@ def resource(response_id: str, previous: str | None = None) -> dict[str, Any]:
     }
 
 
-def test_images_are_stored_once_per_content(tmp_path: Path) -> None:
-    store = ResponseStore(tmp_path / "s.sqlite3")
+async def test_images_are_stored_once_per_content(tmp_path: Path) -> None:
+    store = Store.sqlite(tmp_path / "s.sqlite3")
     image = [
         {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": png_data_url()}]}
     ]
     messages = input_to_messages(image)
     for index in range(3):
-        store.put_response(resource(f"resp_{index}"), [message(f"m{index}", "x")], input_messages=messages)
+        await store.responses.put(
+            resource(f"resp_{index}"), [message(f"m{index}", "x")], input_messages=messages
+        )
     with sqlite3.connect(tmp_path / "s.sqlite3") as db:
         assert db.execute("SELECT COUNT(*) FROM images").fetchone() == (1,)
     # Freed once nothing uses it any more.
     for index in range(3):
-        store.delete_response(f"resp_{index}")
+        await store.responses.delete(f"resp_{index}")
     with sqlite3.connect(tmp_path / "s.sqlite3") as db:
         assert db.execute("SELECT COUNT(*) FROM images").fetchone() == (0,)
     store.close()
 
 
-def test_responses_stored_without_messages_replay_their_items(tmp_path: Path) -> None:
+async def test_responses_stored_without_messages_replay_their_items(tmp_path: Path) -> None:
     """Responses stored before messages were kept (or whose output did not translate)."""
-    store = ResponseStore(tmp_path / "s.sqlite3")
-    store.put_response(resource("resp_1"), [message("m1", "one")], input_messages=input_to_messages("one"))
-    store.put_response(resource("resp_2", "resp_1"), [message("m2", "two")])
-    replay = store.replay("resp_2")
+    store = Store.sqlite(tmp_path / "s.sqlite3")
+    await store.responses.put(
+        resource("resp_1"), [message("m1", "one")], input_messages=input_to_messages("one")
+    )
+    await store.responses.put(resource("resp_2", "resp_1"), [message("m2", "two")])
+    replay = await store.responses.replay("resp_2")
     assert replay is not None and replay.messages == []
     assert [item["content"] for item in replay.items] == ["one", "two"]
-    first = store.replay("resp_1")
+    first = await store.responses.replay("resp_1")
     assert first is not None and first.items == [] and first.messages == input_to_messages("one")
     store.close()

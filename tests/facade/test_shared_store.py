@@ -25,17 +25,17 @@ from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
-from vlmserve.facade.store.postgres import PostgresStore
-from vlmserve.facade.store.protocol import StorageQuotaExceededError, StoredItem
-from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.postgres import PostgresDatabase
+from vlmserve.facade.store.records import StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import input_to_messages
 
-OpenStore = Callable[[], SQLStore]
+OpenStore = Callable[[], Store]
 
 
 @asynccontextmanager
 async def facade(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: SQLStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[httpx.AsyncClient]:
     """One facade, started (its lifespan: lease, sweep) and stopped around the block."""
     app = create_app(settings, engine=engine_client, store=store)
@@ -95,9 +95,9 @@ async def test_a_restarting_facade_fails_a_dead_facades_responses_not_a_live_one
     live_store, dead_store = another_store(), another_store()
     async with facade(settings, engine_client, live_store) as live:
         # What each has running: the live one renews its lease; the dead one's ran out.
-        live_store.put_response(in_progress("resp_live"), [], owner=ANONYMOUS_OWNER)
-        dead_store.start_lease(0.001)
-        dead_store.put_response(in_progress("resp_dead"), [], owner=ANONYMOUS_OWNER)
+        await live_store.responses.put(in_progress("resp_live"), [], owner=ANONYMOUS_OWNER)
+        await dead_store.leases.start(0.001)
+        await dead_store.responses.put(in_progress("resp_dead"), [], owner=ANONYMOUS_OWNER)
         await asyncio.sleep(0.01)
         async with facade(settings, engine_client, another_store()) as restarted:
             dead = (await restarted.get("/v1/responses/resp_dead")).json()
@@ -105,20 +105,20 @@ async def test_a_restarting_facade_fails_a_dead_facades_responses_not_a_live_one
             assert (await restarted.get("/v1/responses/resp_live")).json()["status"] == "in_progress"
         assert (await live.get("/v1/responses/resp_live")).json()["status"] == "in_progress"
     # Stopped cleanly, the live facade released its lease: now its leftovers are swept too.
-    assert another_store().fail_unfinished(INTERRUPTED_ERROR) == ["resp_live"]
+    assert await another_store().leases.fail_unfinished(INTERRUPTED_ERROR) == ["resp_live"]
 
 
-def test_a_lease_not_renewed_expires_and_a_renewed_one_does_not(another_store: OpenStore) -> None:
+async def test_a_lease_not_renewed_expires_and_a_renewed_one_does_not(another_store: OpenStore) -> None:
     alive, sweeper = another_store(), another_store()
-    alive.start_lease(0.2)
-    alive.put_response(in_progress("resp_1"), [])
-    assert sweeper.fail_unfinished(INTERRUPTED_ERROR) == []
+    await alive.leases.start(0.2)
+    await alive.responses.put(in_progress("resp_1"), [])
+    assert await sweeper.leases.fail_unfinished(INTERRUPTED_ERROR) == []
     for _ in range(3):
-        time.sleep(0.1)
-        alive.renew_lease()
-        assert sweeper.fail_unfinished(INTERRUPTED_ERROR) == []
-    time.sleep(0.3)
-    assert sweeper.fail_unfinished(INTERRUPTED_ERROR) == ["resp_1"]
+        await asyncio.sleep(0.1)
+        await alive.leases.renew()
+        assert await sweeper.leases.fail_unfinished(INTERRUPTED_ERROR) == []
+    await asyncio.sleep(0.3)
+    assert await sweeper.leases.fail_unfinished(INTERRUPTED_ERROR) == ["resp_1"]
 
 
 def test_two_writers_cannot_both_pass_the_quota(another_store: OpenStore) -> None:
@@ -134,7 +134,8 @@ def test_two_writers_cannot_both_pass_the_quota(another_store: OpenStore) -> Non
         start.wait()
         try:
             resource = {"id": f"resp_{index}", "created_at": 1, "status": "completed", "output": []}
-            stores[index].put_response(resource, item, owner="k", max_stored_bytes=quota)
+            # Each writer on its own thread and loop: the writes meet in the database.
+            asyncio.run(stores[index].responses.put(resource, item, owner="k", max_stored_bytes=quota))
             outcomes.append("stored")
         except StorageQuotaExceededError as error:
             assert error.quota == quota
@@ -146,50 +147,52 @@ def test_two_writers_cannot_both_pass_the_quota(another_store: OpenStore) -> Non
     for thread in threads:
         thread.join()
     assert sorted(outcomes) == ["refused"] * (len(stores) - 1) + ["stored"]
-    assert 0 < stores[0].stored_bytes("k") <= quota
+    assert 0 < asyncio.run(stores[0].stored_bytes("k")) <= quota
 
 
-def test_a_conversation_changed_on_one_facade_replays_right_on_the_other(another_store: OpenStore) -> None:
+async def test_a_conversation_changed_on_one_facade_replays_right_on_the_other(
+    another_store: OpenStore,
+) -> None:
     first, second = another_store(), another_store()
     messages = input_to_messages([{"type": "message", "role": "user", "content": "one"}])
-    first.create_conversation("conv_1", metadata={}, items=[message("a", "one")], messages=messages)
-    cached = first.conversation_replay("conv_1")
+    await first.conversations.create("conv_1", metadata={}, items=[message("a", "one")], messages=messages)
+    cached = await first.conversations.replay("conv_1")
     assert cached is not None and len(cached.messages) == 1
     # The other facade removes that item and adds another: same count, a new position.
-    assert second.delete_conversation_item("conv_1", "a")
+    assert await second.conversations.delete_item("conv_1", "a")
     other = input_to_messages([{"type": "message", "role": "user", "content": "two"}])
-    assert second.append_conversation_items("conv_1", [message("b", "two")], messages=other)
-    replay = first.conversation_replay("conv_1")
+    assert await second.conversations.append("conv_1", [message("b", "two")], messages=other)
+    replay = await first.conversations.replay("conv_1")
     assert replay is not None and replay.messages == other
 
 
-def test_an_output_finished_on_one_facade_replays_on_the_other(another_store: OpenStore) -> None:
+async def test_an_output_finished_on_one_facade_replays_on_the_other(another_store: OpenStore) -> None:
     running, reader = another_store(), another_store()
     asked = input_to_messages([{"type": "message", "role": "user", "content": "q"}])
-    running.put_response(in_progress("resp_1"), [message("q", "q")], input_messages=asked)
-    early = reader.replay("resp_1")
+    await running.responses.put(in_progress("resp_1"), [message("q", "q")], input_messages=asked)
+    early = await reader.responses.replay("resp_1")
     assert early is not None and early.messages == asked
     answer = input_to_messages([{"type": "message", "role": "assistant", "content": "a"}])
     done = {**in_progress("resp_1"), "status": "completed"}
-    running.finish_response(done, output_messages=answer)
-    later = reader.replay("resp_1")
+    await running.responses.finish(done, output_messages=answer)
+    later = await reader.responses.replay("resp_1")
     assert later is not None and later.messages == [*asked, *answer]
 
 
-def test_upkeep_runs_in_one_facade_at_a_time(store_backend: str, another_store: OpenStore) -> None:
+async def test_upkeep_runs_in_one_facade_at_a_time(store_backend: str, another_store: OpenStore) -> None:
     if store_backend != "postgresql":
         pytest.skip("SQLite's write transactions are exclusive: there is no turn to take")
     first, second = another_store(), another_store()
-    assert isinstance(first, PostgresStore)
-    first.put_response({"id": "resp_old", "created_at": 1, "status": "completed", "output": []}, [])
-    with first._upkeep_turn() as mine:
+    assert isinstance(first.db, PostgresDatabase)
+    await first.responses.put({"id": "resp_old", "created_at": 1, "status": "completed", "output": []}, [])
+    with first.db.upkeep_turn() as mine:
         assert mine
-        assert second.maintain(expire_before=100).expired_responses == 0
-        assert second.get_response("resp_old") is not None
-    assert second.maintain(expire_before=100).expired_responses == 1
+        assert (await second.maintain(expire_before=100)).expired_responses == 0
+        assert await second.responses.get("resp_old") is not None
+    assert (await second.maintain(expire_before=100)).expired_responses == 1
 
 
-def test_connections_the_server_dropped_are_replaced(
+async def test_connections_the_server_dropped_are_replaced(
     store_backend: str, another_store: OpenStore, request: pytest.FixtureRequest
 ) -> None:
     """The database restarted or failed over: the pool hands out new connections, no error."""
@@ -199,13 +202,13 @@ def test_connections_the_server_dropped_are_replaced(
 
     server = request.getfixturevalue("postgres_server")
     store = another_store()
-    store.put_response(
+    await store.responses.put(
         {"id": "resp_1", "created_at": int(time.time()), "status": "completed", "output": []}, []
     )
-    ((database,),) = store._query("SELECT current_database()", ())
+    ((database,),) = store.db.query("SELECT current_database()", ())
     with psycopg.connect(server.url(), autocommit=True) as admin:
         ended = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,)
         ).fetchall()
     assert ended
-    assert store.get_response("resp_1") is not None
+    assert await store.responses.get("resp_1") is not None

@@ -10,7 +10,7 @@ import contextlib
 import io
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ from tests._sse import aiter_lines
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore
+from vlmserve.facade import FacadeSettings, Store
 from vlmserve.facade.settings import Storage
-from vlmserve.facade.store.protocol import StoredItem
-from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.records import StoredItem
+from vlmserve.facade.store.sqlite import SQLiteDatabase
 from vlmserve.facade.store.upkeep import run_upkeep, upkeep_once
 from vlmserve.responses import input_to_messages
 
@@ -34,7 +34,7 @@ MakeClient = Callable[..., httpx.AsyncClient]
 
 @pytest.fixture
 async def client_for(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[MakeClient]:
     """`client_for(max_conversation_bytes=...)`: a client of an app with those storage settings."""
     clients = AppClients(engine_client, store)
@@ -85,7 +85,7 @@ async def test_a_conversation_cannot_grow_past_its_limit(client_for: MakeClient)
     assert (await respond(http, conversation=conversation, input="and now?")).status_code == 200
 
 
-async def test_each_key_has_a_storage_quota(client_for: MakeClient, store: ResponseStore) -> None:
+async def test_each_key_has_a_storage_quota(client_for: MakeClient, store: Store) -> None:
     http = client_for(max_stored_bytes_per_key=300_000)
     image = noise_png(128)
     stored: list[str] = []
@@ -107,9 +107,9 @@ async def test_each_key_has_a_storage_quota(client_for: MakeClient, store: Respo
     full = await http.post("/v1/conversations", json={"items": [image_item(image)]})
     assert full.status_code == 429
     # Deleting gives the room back.
-    used = store.stored_bytes("anonymous")
+    used = await store.stored_bytes("anonymous")
     assert (await http.delete(f"/v1/responses/{stored[0]}")).status_code == 200
-    assert store.stored_bytes("anonymous") < used
+    assert await store.stored_bytes("anonymous") < used
     assert (await respond(http, input=[image_item(image)])).status_code == 200
 
 
@@ -117,21 +117,21 @@ def resource(response_id: str, created_at: int) -> dict[str, Any]:
     return {"id": response_id, "created_at": created_at, "status": "completed", "output": []}
 
 
-def test_responses_expire_and_conversations_do_not(store: SQLStore) -> None:
+async def test_responses_expire_and_conversations_do_not(store: Store) -> None:
     messages = input_to_messages([image_item(png_data_url())])
     item = [StoredItem("m", image_item(png_data_url()))]
-    store.put_response(resource("resp_old", 1_000), item, owner="k", input_messages=messages)
-    store.put_response(resource("resp_new", 9_000), item, owner="k", input_messages=messages)
-    store.create_conversation("conv_old", metadata={}, items=item, messages=messages, owner="k")
-    before = store.stored_bytes("k")
-    done = upkeep_once(store, Storage(response_ttl_s=3_600), now=10_000)
+    await store.responses.put(resource("resp_old", 1_000), item, owner="k", input_messages=messages)
+    await store.responses.put(resource("resp_new", 9_000), item, owner="k", input_messages=messages)
+    await store.conversations.create("conv_old", metadata={}, items=item, messages=messages, owner="k")
+    before = await store.stored_bytes("k")
+    done = await upkeep_once(store, Storage(response_ttl_s=3_600), now=10_000)
     assert done.expired_responses == 1
-    assert store.get_response("resp_old", owner="k") is None
-    assert store.get_response("resp_new", owner="k") is not None
-    assert store.get_conversation("conv_old", owner="k") is not None
-    assert 0 < store.stored_bytes("k") < before
+    assert await store.responses.get("resp_old", owner="k") is None
+    assert await store.responses.get("resp_new", owner="k") is not None
+    assert await store.conversations.get("conv_old", owner="k") is not None
+    assert 0 < await store.stored_bytes("k") < before
     # No TTL: nothing expires.
-    assert upkeep_once(store, Storage(response_ttl_s=None), now=10**12).expired_responses == 0
+    assert (await upkeep_once(store, Storage(response_ttl_s=None), now=10**12)).expired_responses == 0
 
 
 def file_bytes(path: Path) -> int:
@@ -142,27 +142,27 @@ def file_bytes(path: Path) -> int:
     )
 
 
-def test_deleted_space_goes_back_to_the_file_system(tmp_path: Path) -> None:
+async def test_deleted_space_goes_back_to_the_file_system(tmp_path: Path) -> None:
     path = tmp_path / "s.sqlite3"
-    store = ResponseStore(path)
+    store = Store.sqlite(path)
     images = [noise_png(256) for _ in range(4)]  # ~200 KB each
     for index, url in enumerate(images):
         items = [StoredItem(f"m{index}", image_item(url))]
-        store.put_response(
+        await store.responses.put(
             resource(f"resp_{index}", 1), items, input_messages=input_to_messages([image_item(url)])
         )
-    store.maintain()
+    await store.maintain()
     full = file_bytes(path)
     assert full > 4 * 200_000
     for index in range(4):
-        assert store.delete_response(f"resp_{index}")
+        assert await store.responses.delete(f"resp_{index}")
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT COUNT(*) FROM images").fetchone() == (0,)
     assert file_bytes(path) < full / 4
     store.close()
 
 
-def vm_steps(store: ResponseStore, call: Callable[[], object]) -> int:
+async def vm_steps(store: Store, call: Callable[[], Awaitable[object]]) -> int:
     """SQLite virtual-machine steps a call takes (in tens): work, not time."""
     steps = [0]
 
@@ -170,32 +170,34 @@ def vm_steps(store: ResponseStore, call: Callable[[], object]) -> int:
         steps[0] += 1
         return 0
 
-    store._db.set_progress_handler(count, 10)
+    database = store.db
+    assert isinstance(database, SQLiteDatabase)
+    database._db.set_progress_handler(count, 10)
     try:
-        call()
+        await call()
     finally:
-        store._db.set_progress_handler(None, 10)
+        database._db.set_progress_handler(None, 10)
     return steps[0]
 
 
 @pytest.mark.parametrize("order", ["asc", "desc"])
-def test_item_lists_read_one_page_whatever_the_size(tmp_path: Path, order: str) -> None:
+async def test_item_lists_read_one_page_whatever_the_size(tmp_path: Path, order: str) -> None:
     """`GET .../items?limit=1` used to load the whole conversation; now the work is the page's."""
-    store = ResponseStore(tmp_path / "s.sqlite3")
+    store = Store.sqlite(tmp_path / "s.sqlite3")
     for conversation, count in (("conv_small", 10), ("conv_big", 3_000)):
         items = [StoredItem(f"m{i}", {"role": "user", "content": "x" * 200}) for i in range(count)]
-        store.create_conversation(conversation, metadata={}, items=items)
-        store.put_response(resource(f"resp_{conversation}", 1), items)
+        await store.conversations.create(conversation, metadata={}, items=items)
+        await store.responses.put(resource(f"resp_{conversation}", 1), items)
     for list_items, key in (
-        (store.list_conversation_items, "conv"),
-        (store.list_input_items, "resp_conv"),
+        (store.conversations.list_items, "conv"),
+        (store.responses.list_input_items, "resp_conv"),
     ):
-        small, big = (
-            vm_steps(store, lambda: list_items(name, limit=1, order=order, after="m5"))  # noqa: B023
+        small, big = [
+            await vm_steps(store, lambda: list_items(name, limit=1, order=order, after="m5"))  # noqa: B023
             for name in (f"{key}_small", f"{key}_big")
-        )
+        ]
         assert big <= 2 * small + 2, (key, small, big)
-        page = list_items(f"{key}_big", limit=2, order=order, after="m5")
+        page = await list_items(f"{key}_big", limit=2, order=order, after="m5")
         assert page is not None
         assert [item.id for item in page.items] == (["m6", "m7"] if order == "asc" else ["m4", "m3"])
         assert page.has_more
@@ -203,17 +205,19 @@ def test_item_lists_read_one_page_whatever_the_size(tmp_path: Path, order: str) 
 
 
 async def test_upkeep_runs_on_its_interval_until_cancelled(tmp_path: Path) -> None:
-    store = ResponseStore(tmp_path / "s.sqlite3")
+    store = Store.sqlite(tmp_path / "s.sqlite3")
     task = asyncio.create_task(run_upkeep(store, Storage(response_ttl_s=60, maintenance_interval_s=0.05)))
     try:
         # Stored after the first run: only a later run can delete it.
         await asyncio.sleep(0.1)
-        store.put_response(resource("resp_old", 1), [StoredItem("m", {"role": "user", "content": "x"})])
+        await store.responses.put(
+            resource("resp_old", 1), [StoredItem("m", {"role": "user", "content": "x"})]
+        )
         for _ in range(100):
-            if store.get_response("resp_old") is None:
+            if await store.responses.get("resp_old") is None:
                 break
             await asyncio.sleep(0.05)
-        assert store.get_response("resp_old") is None
+        assert await store.responses.get("resp_old") is None
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -221,7 +225,7 @@ async def test_upkeep_runs_on_its_interval_until_cancelled(tmp_path: Path) -> No
         store.close()
 
 
-async def test_the_quota_is_checked_again_in_the_write(client_for: MakeClient, store: SQLStore) -> None:
+async def test_the_quota_is_checked_again_in_the_write(client_for: MakeClient, store: Store) -> None:
     """The early check estimates from the input alone; the write checks what it stores (the
     resource too), atomically. Here the estimate fits the quota and the write does not: what a
     request that lost a race with another (maybe on another facade) sees."""
@@ -242,4 +246,4 @@ async def test_the_quota_is_checked_again_in_the_write(client_for: MakeClient, s
     failed = events[-1]["response"]
     assert failed["error"]["code"] == "storage_quota_exceeded"
     assert (await http.get(f"/v1/responses/{failed['id']}")).status_code == 404
-    assert store.stored_bytes("anonymous") == 0
+    assert await store.stored_bytes("anonymous") == 0

@@ -10,15 +10,9 @@ from typing import Any
 
 import pytest
 
-from vlmserve.facade.store.postgres import PostgresStore
-from vlmserve.facade.store.sql_responses import SQLStore
-from vlmserve.facade.store.sqlite import (
-    SCHEMA_VERSION,
-    MissingChainLinkError,
-    ResponseStore,
-    StoredItem,
-    UnknownCursorError,
-)
+from vlmserve.facade.store.records import MissingChainLinkError, StoredItem, UnknownCursorError
+from vlmserve.facade.store.repositories import Store
+from vlmserve.facade.store.sqlite import SCHEMA_VERSION
 
 
 def resource(
@@ -38,86 +32,88 @@ def message(item_id: str, text: str, role: str = "user") -> StoredItem:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLStore]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Each test on both backends: the proof that they behave the same."""
-    opened: SQLStore
+    opened: Store
     if request.param == "sqlite":
-        opened = ResponseStore(tmp_path / "store.sqlite3")
+        opened = Store.sqlite(tmp_path / "store.sqlite3")
     else:
-        opened = PostgresStore(request.getfixturevalue("postgres_url"))
+        opened = Store.postgres(request.getfixturevalue("postgres_url"))
     yield opened
     opened.close()
 
 
 def test_uses_wal_and_creates_its_folder(tmp_path: Path) -> None:
     path = tmp_path / "nested" / "store.sqlite3"
-    ResponseStore(path).close()
+    Store.sqlite(path).close()
     assert path.exists()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_owners_never_see_each_others_objects(store: SQLStore) -> None:
-    store.put_response(resource("resp_a"), [message("msg_1", "secret")], owner="alice")
-    assert store.get_response("resp_a", owner="bob") is None
-    assert store.list_input_items("resp_a", owner="bob") is None
-    assert store.replay_items("resp_a", owner="bob") is None
-    assert store.find_item("msg_1", owner="bob") is None
-    assert not store.delete_response("resp_a", owner="bob")
-    assert store.get_response("resp_a", owner="alice") is not None
+async def test_owners_never_see_each_others_objects(store: Store) -> None:
+    await store.responses.put(resource("resp_a"), [message("msg_1", "secret")], owner="alice")
+    assert await store.responses.get("resp_a", owner="bob") is None
+    assert await store.responses.list_input_items("resp_a", owner="bob") is None
+    assert await store.responses.replay_items("resp_a", owner="bob") is None
+    assert await store.responses.find_item("msg_1", owner="bob") is None
+    assert not await store.responses.delete("resp_a", owner="bob")
+    assert await store.responses.get("resp_a", owner="alice") is not None
 
 
-def test_replay_walks_the_chain_oldest_first(store: SQLStore) -> None:
+async def test_replay_walks_the_chain_oldest_first(store: Store) -> None:
     answer = {"type": "message", "id": "msg_out1", "role": "assistant", "content": []}
-    store.put_response(resource("resp_1", output=[answer]), [message("m1", "one")])
-    store.put_response(resource("resp_2", previous="resp_1"), [message("m2", "two")])
-    items = store.replay_items("resp_2")
+    await store.responses.put(resource("resp_1", output=[answer]), [message("m1", "one")])
+    await store.responses.put(resource("resp_2", previous="resp_1"), [message("m2", "two")])
+    items = await store.responses.replay_items("resp_2")
     assert items is not None
     assert [item.get("content") for item in items] == ["one", [], "two"]
 
 
-def test_replay_with_a_deleted_link_names_it(store: SQLStore) -> None:
-    store.put_response(resource("resp_1"), [message("m1", "one")])
-    store.put_response(resource("resp_2", previous="resp_1"), [message("m2", "two")])
-    store.delete_response("resp_1")
+async def test_replay_with_a_deleted_link_names_it(store: Store) -> None:
+    await store.responses.put(resource("resp_1"), [message("m1", "one")])
+    await store.responses.put(resource("resp_2", previous="resp_1"), [message("m2", "two")])
+    await store.responses.delete("resp_1")
     with pytest.raises(MissingChainLinkError) as missing:
-        store.replay_items("resp_2")
+        await store.responses.replay_items("resp_2")
     assert missing.value.response_id == "resp_1"
 
 
-def test_replay_depth_is_bounded(store: SQLStore) -> None:
+async def test_replay_depth_is_bounded(store: Store) -> None:
     previous = None
     for index in range(5):
-        store.put_response(resource(f"resp_{index}", previous=previous), [message(f"m{index}", str(index))])
+        await store.responses.put(
+            resource(f"resp_{index}", previous=previous), [message(f"m{index}", str(index))]
+        )
         previous = f"resp_{index}"
-    items = store.replay_items("resp_4", max_depth=2)
+    items = await store.responses.replay_items("resp_4", max_depth=2)
     assert items is not None and [item["content"] for item in items] == ["3", "4"]
 
 
-def test_update_replaces_outputs_and_delete_cascades(store: SQLStore) -> None:
-    store.put_response(resource("resp_1"), [message("m1", "one")])
+async def test_update_replaces_outputs_and_delete_cascades(store: Store) -> None:
+    await store.responses.put(resource("resp_1"), [message("m1", "one")])
     out = {"type": "message", "id": "msg_o", "role": "assistant", "content": []}
-    assert store.update_response(resource("resp_1", output=[out]))
-    assert store.find_item("msg_o") == out
-    assert store.delete_response("resp_1")
-    assert store.find_item("msg_o") is None and store.find_item("m1") is None
-    assert not store.update_response(resource("resp_1"))
+    assert await store.responses.update(resource("resp_1", output=[out]))
+    assert await store.responses.find_item("msg_o") == out
+    assert await store.responses.delete("resp_1")
+    assert await store.responses.find_item("msg_o") is None and await store.responses.find_item("m1") is None
+    assert not await store.responses.update(resource("resp_1"))
 
 
-def test_paging_errors_on_unknown_cursor(store: SQLStore) -> None:
-    store.put_response(resource("resp_1"), [message("m1", "one")])
+async def test_paging_errors_on_unknown_cursor(store: Store) -> None:
+    await store.responses.put(resource("resp_1"), [message("m1", "one")])
     with pytest.raises(UnknownCursorError):
-        store.list_input_items("resp_1", after="nope")
+        await store.responses.list_input_items("resp_1", after="nope")
 
 
-def test_conversation_items_append_in_order(store: SQLStore) -> None:
-    store.create_conversation("conv_1", metadata={}, items=[message("a", "1")])
-    assert store.append_conversation_items("conv_1", [message("b", "2"), message("c", "3")])
-    page = store.list_conversation_items("conv_1", order="asc")
+async def test_conversation_items_append_in_order(store: Store) -> None:
+    await store.conversations.create("conv_1", metadata={}, items=[message("a", "1")])
+    assert await store.conversations.append("conv_1", [message("b", "2"), message("c", "3")])
+    page = await store.conversations.list_items("conv_1", order="asc")
     assert page is not None and [entry.id for entry in page.items] == ["a", "b", "c"]
-    assert not store.append_conversation_items("conv_missing", [message("d", "4")])
-    assert store.list_conversation_items("conv_1", owner="someone-else") is None
-    assert store.conversation_replay("conv_1", owner="someone-else") is None
+    assert not await store.conversations.append("conv_missing", [message("d", "4")])
+    assert await store.conversations.list_items("conv_1", owner="someone-else") is None
+    assert await store.conversations.replay("conv_1", owner="someone-else") is None
 
 
 # The schema before version 1 (no sizes, no messages, auto_vacuum off), as older facades made it.
@@ -141,21 +137,21 @@ INSERT INTO conversation_items VALUES ('conv_old', 0, 'm2', '{"role": "user", "c
 """
 
 
-def test_a_store_made_by_an_older_version_is_upgraded(tmp_path: Path) -> None:
+async def test_a_store_made_by_an_older_version_is_upgraded(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     with sqlite3.connect(path) as db:
         db.executescript(SCHEMA_V0)
-    store = ResponseStore(path)
-    replay = store.replay("resp_old", owner="alice")
+    store = Store.sqlite(path)
+    replay = await store.responses.replay("resp_old", owner="alice")
     assert replay is not None and replay.items == [{"role": "user", "content": "old"}]
-    conversation = store.conversation_replay("conv_old", owner="alice")
+    conversation = await store.conversations.replay("conv_old", owner="alice")
     assert conversation is not None and conversation.items == [{"role": "user", "content": "kept"}]
     expected = len('{"id": "resp_old", "status": "completed"}') + len('{"role": "user", "content": "old"}')
     expected += len("{}") + len('{"role": "user", "content": "kept"}')
-    assert store.stored_bytes("alice") == expected
+    assert await store.stored_bytes("alice") == expected
     # New items on an old conversation: it replays from items until all have messages.
-    assert store.append_conversation_items("conv_old", [message("m3", "new")], owner="alice")
-    conversation = store.conversation_replay("conv_old", owner="alice")
+    assert await store.conversations.append("conv_old", [message("m3", "new")], owner="alice")
+    conversation = await store.conversations.replay("conv_old", owner="alice")
     assert conversation is not None and [item["content"] for item in conversation.items] == ["kept", "new"]
     store.close()
     with sqlite3.connect(path) as db:
@@ -167,43 +163,45 @@ def model_resource(response_id: str, model: str, created_at: int = 1) -> dict[st
     return {**resource(response_id), "model": model, "created_at": created_at}
 
 
-def test_a_conversation_remembers_its_model(store: SQLStore) -> None:
-    plain = store.create_conversation("conv_plain", metadata={})
-    assert "model" not in plain and "model" not in (store.get_conversation("conv_plain") or {})
-    created = store.create_conversation("conv_1", metadata={}, model="a", items=[message("m1", "one")])
+async def test_a_conversation_remembers_its_model(store: Store) -> None:
+    plain = await store.conversations.create("conv_plain", metadata={})
+    assert "model" not in plain and "model" not in (await store.conversations.get("conv_plain") or {})
+    created = await store.conversations.create("conv_1", metadata={}, model="a", items=[message("m1", "one")])
     assert created["model"] == "a"
     # Items the client adds keep it; a response's items make the response's model the conversation's.
-    assert store.append_conversation_items("conv_1", [message("m2", "two")])
-    assert (store.get_conversation("conv_1") or {})["model"] == "a"
-    store.put_response(model_resource("resp_1", "b"), [], conversation_id="conv_1")
-    store.finish_response(
+    assert await store.conversations.append("conv_1", [message("m2", "two")])
+    assert (await store.conversations.get("conv_1") or {})["model"] == "a"
+    await store.responses.put(model_resource("resp_1", "b"), [], conversation_id="conv_1")
+    await store.responses.finish(
         model_resource("resp_1", "b"),
         conversation_id="conv_1",
         conversation_items=[message("m3", "three")],
         conversation_model="b",
     )
-    assert (store.get_conversation("conv_1") or {})["model"] == "b"
-    assert (store.update_conversation("conv_1", metadata={"k": "v"}) or {})["model"] == "b"
+    assert (await store.conversations.get("conv_1") or {})["model"] == "b"
+    assert (await store.conversations.update("conv_1", metadata={"k": "v"}) or {})["model"] == "b"
     # Another owner sees nothing of it.
-    assert store.get_conversation("conv_1", owner="bob") is None
+    assert await store.conversations.get("conv_1", owner="bob") is None
 
 
-def test_a_schema_3_sqlite_store_learns_its_conversations_models(tmp_path: Path) -> None:
+async def test_a_schema_3_sqlite_store_learns_its_conversations_models(tmp_path: Path) -> None:
     path = tmp_path / "v3.sqlite3"
-    old = ResponseStore(path)
+    old = Store.sqlite(path)
     for conversation_id in ("conv_1", "conv_2", "conv_3"):
-        old.create_conversation(conversation_id, metadata={})
-    old.put_response(model_resource("resp_1", "a", created_at=1), [], conversation_id="conv_1")
-    old.put_response(model_resource("resp_2", "b", created_at=2), [], conversation_id="conv_1")
-    old.put_response(model_resource("resp_3", "a", created_at=3), [], conversation_id="conv_2")
+        await old.conversations.create(conversation_id, metadata={})
+    await old.responses.put(model_resource("resp_1", "a", created_at=1), [], conversation_id="conv_1")
+    await old.responses.put(model_resource("resp_2", "b", created_at=2), [], conversation_id="conv_1")
+    await old.responses.put(model_resource("resp_3", "a", created_at=3), [], conversation_id="conv_2")
     old.close()
     with sqlite3.connect(path) as db:
         # What schema version 3 had: no model column, no index on responses' conversation_id.
         db.execute("DROP INDEX responses_by_conversation")
         db.execute("ALTER TABLE conversations DROP COLUMN model")
         db.execute("PRAGMA user_version = 3")
-    store = ResponseStore(path)
-    models = {cid: (store.get_conversation(cid) or {}).get("model") for cid in ("conv_1", "conv_2", "conv_3")}
+    store = Store.sqlite(path)
+    models = {
+        cid: (await store.conversations.get(cid) or {}).get("model") for cid in ("conv_1", "conv_2", "conv_3")
+    }
     assert models == {"conv_1": "b", "conv_2": "a", "conv_3": None}
     store.close()
     with sqlite3.connect(path) as db:
@@ -215,7 +213,7 @@ def test_a_schema_3_sqlite_store_learns_its_conversations_models(tmp_path: Path)
         assert "responses_by_conversation" in str(plan)
 
 
-def test_a_version_1_postgres_database_learns_its_conversations_models(
+async def test_a_version_1_postgres_database_learns_its_conversations_models(
     postgres_url: str,
 ) -> None:
     import psycopg
@@ -236,8 +234,8 @@ def test_a_version_1_postgres_database_learns_its_conversations_models(
                 " VALUES (%s, '', %s, 'conv_1', %s)",
                 (response_id, created_at, json.dumps(model_resource(response_id, model, created_at))),
             )
-    store = PostgresStore(postgres_url)
+    store = Store.postgres(postgres_url)
     try:
-        assert (store.get_conversation("conv_1") or {})["model"] == "b"
+        assert (await store.conversations.get("conv_1") or {})["model"] == "b"
     finally:
         store.close()

@@ -15,7 +15,7 @@ from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_data_url, seed
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, create_app
-from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.repositories import Store
 
 
 async def create(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
@@ -276,7 +276,7 @@ async def test_stored_responses_survive_a_restart(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
     engine: FakeEngine,
-    another_store: Callable[[], SQLStore],
+    another_store: Callable[[], Store],
 ) -> None:
     async def client_for(app: FastAPI) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://facade.test")

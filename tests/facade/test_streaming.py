@@ -11,7 +11,7 @@ from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import EVENT_SCHEMAS, SEED_000_TOOL, assert_valid, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
+from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 
 TEXT_EVENTS = [
     "response.created",
@@ -135,7 +135,7 @@ async def test_hosted_tool_header_on_a_stream(http: httpx.AsyncClient) -> None:
 
 
 async def test_heartbeats_during_a_long_prefill(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     quick = settings.replace(timeouts=Timeouts(heartbeat=0.05, stream_first_message=0.01))
     app = create_app(quick, engine=engine_client, store=store)

@@ -13,11 +13,11 @@ from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 
 async def test_a_resume_point_past_64_bits_is_a_400_naming_it(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     app = create_app(settings, engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
@@ -43,7 +43,7 @@ async def _resume_past_64_bits(http: httpx.AsyncClient) -> None:
 
 
 async def test_a_grammar_limit_is_a_failed_response_with_its_reason(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     """Issue 26.13, the facade's half: the engine's ABORTED (constrained decoding stopped by an
     llguidance limit, tests/engine/test_grammar_limits.py) is a failed response naming it,

@@ -14,7 +14,7 @@ import httpx
 
 from tests.hardening.test_slow_clients import read_all, serving, wait_for
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.http.api_keys import ApiKeys, owner_id
 from vlmserve.facade.http.body_budget import BodyBudget
 
@@ -33,7 +33,7 @@ def head(port: int, key: str, length: int) -> bytes:
 
 
 async def test_a_declared_length_trickled_holds_nothing_and_is_cut_at_the_minimum_rate(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     limits = Limits(
         max_request_bytes=64 * 1024,
@@ -76,7 +76,7 @@ async def test_a_declared_length_trickled_holds_nothing_and_is_cut_at_the_minimu
 
 
 async def test_one_key_holds_at_most_its_share_of_the_bodies_in_flight(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     limits = Limits(
         max_request_bytes=40_000, max_body_bytes_in_flight=100_000, max_body_bytes_in_flight_per_key=50_000

@@ -19,7 +19,7 @@ from vlmserve.client import ENGINE_SERVICE_NAME, AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
+from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 from vlmserve.facade.responses import preparation as service_module
 
 HANG_S = 3600.0
@@ -36,7 +36,7 @@ HANG_S = 3600.0
 async def test_a_full_engine_queue_is_a_503_with_the_configured_retry_after(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     engine: FakeEngine,
     path: str,
     body: dict[str, Any],
@@ -60,7 +60,7 @@ async def test_a_full_engine_queue_is_a_503_with_the_configured_retry_after(
 async def test_a_message_over_grpc_size_limits_is_a_413_not_a_retry(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     engine: FakeEngine,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -130,7 +130,7 @@ async def hanging() -> AsyncIterator[tuple[HangingEngine, HangingHealth, str]]:
 
 
 async def test_a_hung_engine_never_hangs_a_request(
-    hanging: tuple[HangingEngine, HangingHealth, str], settings: FacadeSettings, store: ResponseStore
+    hanging: tuple[HangingEngine, HangingHealth, str], settings: FacadeSettings, store: Store
 ) -> None:
     servicer, health_servicer, address = hanging
     quick = Timeouts(generate=1.0, control=0.5, stream_first_message=0.2, heartbeat=0.3)

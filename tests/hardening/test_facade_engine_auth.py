@@ -16,7 +16,7 @@ from tests.hardening._certs import PKIFiles, make_pki
 from vlmserve.client import ENGINE_SERVICE_NAME, server_options
 from vlmserve.engine.rpc.auth import EngineSecurity
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.app import engine_client
 from vlmserve.facade.cli import settings_from_args
 
@@ -40,7 +40,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> PKIFiles:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-async def create_status(settings: FacadeSettings, store: ResponseStore) -> int:
+async def create_status(settings: FacadeSettings, store: Store) -> int:
     client = engine_client(settings)
     try:
         app = create_app(settings, engine=client, store=store)
@@ -58,7 +58,7 @@ async def token_engine() -> AsyncIterator[str]:
 
 
 async def test_the_facade_sends_the_engine_token(
-    token_engine: str, settings: FacadeSettings, store: ResponseStore
+    token_engine: str, settings: FacadeSettings, store: Store
 ) -> None:
     with_token = settings.replace(engine_address=token_engine, engine_token=TOKEN)
     assert await create_status(with_token, store) == 200
@@ -69,7 +69,7 @@ async def test_the_facade_sends_the_engine_token(
 
 
 async def test_the_facade_speaks_mutual_tls_to_the_engine(
-    pki: PKIFiles, settings: FacadeSettings, store: ResponseStore
+    pki: PKIFiles, settings: FacadeSettings, store: Store
 ) -> None:
     security = EngineSecurity(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca_cert)
     server, address = await start_engine(security)

@@ -17,7 +17,7 @@ from starlette.types import Message
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import AppClients, png_data_url
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.cli import server_config, settings_from_args
 from vlmserve.facade.http.request_body import MAX_JSON_DEPTH
 
@@ -26,7 +26,7 @@ MakeClient = Callable[..., Awaitable[httpx.AsyncClient]]
 
 @pytest.fixture
 async def client_for(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
     """`client_for(max_tools=2, ...)`: an in-process client of an app with those limits."""
     clients = AppClients(engine_client, store)
@@ -75,7 +75,7 @@ def test_defaults_are_bounded() -> None:
 
 
 async def test_oversize_body_is_refused_while_it_is_read(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     """A chunked body with no Content-Length: the app stops reading just past the limit."""
     app = create_app(
@@ -280,7 +280,7 @@ async def test_oversize_headers_are_a_431(client_for: Callable[..., httpx.AsyncC
 
 
 async def test_the_server_bounds_what_it_buffers_for_headers(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     """Through uvicorn as the CLI configures it: a header block far over the limit is refused by
     the HTTP parser itself (it never reaches the app), a moderate one by the app's 431."""

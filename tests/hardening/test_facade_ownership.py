@@ -12,7 +12,7 @@ import pytest
 
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.cli import settings_from_args
 from vlmserve.facade.http.api_keys import ApiKeys, owner_id
 
@@ -26,7 +26,7 @@ def bearer(key: str) -> dict[str, str]:
 
 @pytest.fixture
 async def http(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[httpx.AsyncClient]:
     keyed = settings.replace(api_keys=ApiKeys.from_keys([ALICE, BOB]))
     app = create_app(keyed, engine=engine_client, store=store)
@@ -106,10 +106,10 @@ async def test_another_key_cannot_cancel_a_running_generation(
     assert (await asyncio.wait_for(streaming, 5)).status_code == 200
 
 
-async def test_the_owner_is_the_key_id(http: httpx.AsyncClient, store: ResponseStore) -> None:
+async def test_the_owner_is_the_key_id(http: httpx.AsyncClient, store: Store) -> None:
     created = (await http.post("/v1/responses", json={"input": "hi"}, headers=bearer(ALICE))).json()
-    assert store.get_response(created["id"], owner=owner_id(ALICE)) is not None
-    assert store.get_response(created["id"], owner=owner_id(BOB)) is None
+    assert await store.responses.get(created["id"], owner=owner_id(ALICE)) is not None
+    assert await store.responses.get(created["id"], owner=owner_id(BOB)) is None
 
 
 def test_keys_come_from_the_environment_and_a_file(tmp_path: Path) -> None:

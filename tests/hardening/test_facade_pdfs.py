@@ -20,7 +20,7 @@ from tests._hostile_pdfs import jpeg_pdf, nested_forms_pdf, page_pdf, unloadable
 from tests._pdfs import text_pdf
 from tests.hardening._image_corpus import jpeg_scan_bomb
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, Timeouts, create_app
+from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
 from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.settings import Files, Limits
@@ -54,7 +54,7 @@ def settings(tmp_path: Path) -> FacadeSettings:
 
 
 @pytest.fixture
-def app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore) -> FastAPI:
+def app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store) -> FastAPI:
     return create_app(settings, engine=engine_client, store=store)
 
 

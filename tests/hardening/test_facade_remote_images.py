@@ -16,7 +16,7 @@ from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import png_bytes
 from tests.hardening._image_server import PNG, ImageServer, serve_images
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.cli import settings_from_args
 from vlmserve.facade.remote_images.checks import IPAddress, RemoteImageSettings, is_public_address
 from vlmserve.facade.remote_images.fetcher import RemoteImageFetcher
@@ -41,7 +41,7 @@ def server() -> Iterator[ImageServer]:
 
 
 async def test_remote_urls_are_a_clear_400_by_default(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, server: ImageServer
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, server: ImageServer
 ) -> None:
     assert not settings.remote_images.enabled
     reply = await post(
@@ -55,7 +55,7 @@ async def test_remote_urls_are_a_clear_400_by_default(
 
 
 async def test_enabled_by_settings_the_safe_fetcher_refuses_loopback(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, server: ImageServer
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, server: ImageServer
 ) -> None:
     """Allowlisted and http allowed, but 127.0.0.1 is not a public address: refused, never reached."""
     remote = RemoteImageSettings(enabled=True, allowed_domains=("127.0.0.1",), allow_http=True)
@@ -80,7 +80,7 @@ def permit_localhost(address: IPAddress) -> bool:
 async def test_a_fetched_image_reaches_the_engine_and_a_failed_one_names_its_part(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     server: ImageServer,
     engine: FakeEngine,
 ) -> None:
@@ -104,7 +104,7 @@ async def test_a_fetched_image_reaches_the_engine_and_a_failed_one_names_its_par
 
 
 async def test_slow_fetches_hold_only_the_translation_pool(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     """More blocked fetches than translation workers: the event loop and the store still answer
     at once, and no more than `translation_workers` fetches run together."""

@@ -19,14 +19,14 @@ import pytest
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import AppClients, count_image_checks, png_data_url
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore
+from vlmserve.facade import FacadeSettings, Limits, Store
 
 MakeClient = Callable[..., httpx.AsyncClient]
 
 
 @pytest.fixture
 async def client_for(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[MakeClient]:
     clients = AppClients(engine_client, store)
 
@@ -50,16 +50,16 @@ def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.fixture
-def lookups(store: ResponseStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def lookups(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every id the store is asked to resolve."""
     asked: list[str] = []
-    original = store.find_item
+    original = store.responses.find_item
 
-    def find_item(item_id: str, **kwargs: Any) -> Any:
+    async def find_item(item_id: str, **kwargs: Any) -> Any:
         asked.append(item_id)
-        return original(item_id, **kwargs)
+        return await original(item_id, **kwargs)
 
-    monkeypatch.setattr(store, "find_item", find_item)
+    monkeypatch.setattr(store.responses, "find_item", find_item)
     return asked
 
 

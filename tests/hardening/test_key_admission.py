@@ -14,7 +14,7 @@ import pytest
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.hardening.test_slow_clients import wait_for
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.responses.key_admission import EngineSlots
 
@@ -67,7 +67,7 @@ def as_key(key: str) -> dict[str, str]:
 
 
 async def test_one_key_cannot_fill_the_engine_and_the_other_key_goes_first(
-    keyed: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    keyed: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     engine.script = Script(text_chunks=["x"], hang=True, delay_s=0.05)
     app = create_app(keyed, engine=engine_client, store=store)
@@ -107,7 +107,7 @@ async def test_one_key_cannot_fill_the_engine_and_the_other_key_goes_first(
 
 
 async def test_without_api_keys_there_is_no_per_key_limit(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     app = create_app(
         settings.replace(limits=Limits(max_responses_per_key=1)), engine=engine_client, store=store
@@ -118,7 +118,7 @@ async def test_without_api_keys_there_is_no_per_key_limit(
 
 
 async def test_responses_with_logprobs_have_a_limit_of_their_own(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore, engine: FakeEngine
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     """Issue 26.11: top_logprobs=20 costs the facade about 8x the CPU and 33x the bytes per
     token of a plain stream; one key may run `max_logprob_responses_per_key` such at once."""

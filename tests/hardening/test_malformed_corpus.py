@@ -25,7 +25,7 @@ from tests.facade.fake_engine import FakeEngine
 from tests.hardening import _image_corpus as corpus
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common.images import decode_image
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 Path = tuple[str | int, ...]
 
@@ -118,7 +118,7 @@ def shown(path: Path) -> str:
 
 @pytest.fixture
 async def http(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings, engine=engine_client, store=store)
     async with httpx.AsyncClient(

@@ -13,7 +13,7 @@ import httpx
 
 from tests._prometheus import metric_samples
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.http.metrics import bounded_method
 
@@ -27,7 +27,7 @@ def test_only_standard_methods_are_label_values() -> None:
 
 
 async def test_made_up_methods_and_paths_do_not_grow_the_metrics(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     keyed = settings.replace(
         api_keys=ApiKeys.from_keys(["sk-a"]), operator_keys=ApiKeys.from_keys([OPERATOR])
@@ -58,7 +58,7 @@ async def test_made_up_methods_and_paths_do_not_grow_the_metrics(
 
 
 async def test_metrics_are_the_operators_and_carry_no_owner(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     keys = ApiKeys.from_keys(["sk-a", "sk-b"])
     app = create_app(

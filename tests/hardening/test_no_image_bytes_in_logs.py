@@ -19,7 +19,7 @@ from PIL.PngImagePlugin import PngInfo
 
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 
 MARKER = "QkFTRTY0TUFSS0VS" + secrets.token_hex(12)  # base64-alphabet text, unique per run
 
@@ -96,7 +96,7 @@ async def test_image_payloads_never_reach_the_logs(
     all_logs: pytest.LogCaptureFixture,
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     engine: FakeEngine,
 ) -> None:
     app = create_app(settings, engine=engine_client, store=store)
@@ -148,7 +148,7 @@ async def test_file_payloads_never_reach_the_logs(
     all_logs: pytest.LogCaptureFixture,
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     engine: FakeEngine,
 ) -> None:
     """The same for files (issue 14.2): uploads, downloads and input_file parts, valid or not."""

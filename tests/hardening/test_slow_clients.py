@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Limits, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.cli import server_config
 from vlmserve.facade.state import FacadeState
 
@@ -81,7 +81,7 @@ async def trickle(port: int, stop: asyncio.Event, received: list[tuple[float, by
 
 
 async def test_trickling_clients_are_cut_at_the_header_deadline_and_capped(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     limited = settings.replace(limits=Limits(max_connections=40, header_timeout_s=1.0))
     app = create_app(limited, engine=engine_client, store=store)
@@ -105,7 +105,7 @@ async def test_trickling_clients_are_cut_at_the_header_deadline_and_capped(
 
 
 async def test_an_idle_connection_is_closed_without_an_answer(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     limited = settings.replace(limits=Limits(header_timeout_s=0.5))
     async with serving(create_app(limited, engine=engine_client, store=store), limited) as port:
@@ -117,7 +117,7 @@ async def test_an_idle_connection_is_closed_without_an_answer(
 
 
 async def test_a_trickled_body_gets_a_408(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     limited = settings.replace(limits=Limits(body_timeout_s=1.0))
     async with serving(create_app(limited, engine=engine_client, store=store), limited) as port:
@@ -139,7 +139,7 @@ async def test_a_trickled_body_gets_a_408(
 
 
 async def test_bodies_in_flight_are_bounded_by_bytes(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     limited = settings.replace(limits=Limits(max_request_bytes=1000, max_body_bytes_in_flight=1500))
     app = create_app(limited, engine=engine_client, store=store)

@@ -10,6 +10,7 @@ counts blocks on disk, and files per key are capped."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import sqlite3
@@ -23,12 +24,12 @@ import pytest
 
 from tests.facade.helpers import stream_events
 from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, ResponseStore, create_app
+from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.settings import Files, Storage
+from vlmserve.facade.store import database as database_module
 from vlmserve.facade.store import disk_space as disk_module
 from vlmserve.facade.store import files as file_store_module
-from vlmserve.facade.store import sql_backend as sql_backend_module
-from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileStore
+from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileRepository
 
 TEXT = b"plain text file\n"
 
@@ -41,7 +42,7 @@ async def upload(http: httpx.AsyncClient, content: bytes, name: str = "a.txt") -
 
 @pytest.fixture
 async def http(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[httpx.AsyncClient]:
     limited = settings.replace(files=Files(max_file_bytes_per_key=100 * 1024, max_files_per_key=50))
     app = create_app(limited, engine=engine_client, store=store)
@@ -50,7 +51,7 @@ async def http(
 
 
 def test_concurrent_saves_never_pass_the_quota_together(tmp_path: Path) -> None:
-    files = FileStore(tmp_path / "files")
+    files = FileRepository(tmp_path / "files")
     data = b"x" * (40 * 1024)
     quota = FileQuota(max_disk_bytes=10 * 48 * 1024)
     barrier = threading.Barrier(16)
@@ -59,8 +60,11 @@ def test_concurrent_saves_never_pass_the_quota_together(tmp_path: Path) -> None:
     def save() -> None:
         barrier.wait()
         try:
-            files.save(
-                "key_a", data, filename="a.txt", purpose="user_data", media_type="text/plain", quota=quota
+            # Each on its own thread and loop: the saves meet at the owner's lock.
+            asyncio.run(
+                files.save(
+                    "key_a", data, filename="a.txt", purpose="user_data", media_type="text/plain", quota=quota
+                )
             )
             outcomes.append("saved")
         except FileQuotaExceededError:
@@ -71,7 +75,7 @@ def test_concurrent_saves_never_pass_the_quota_together(tmp_path: Path) -> None:
         thread.start()
     for thread in threads:
         thread.join(30)
-    count, on_disk = files.usage("key_a")
+    count, on_disk = asyncio.run(files.usage("key_a"))
     # Each takes 40 KiB + a block for its record (44 KiB with 4 KiB blocks): 10 fit, never more.
     assert outcomes.count("saved") == count <= 10 < 16
     assert on_disk <= quota.max_disk_bytes
@@ -89,7 +93,7 @@ async def test_the_quota_counts_disk_blocks_and_files(http: httpx.AsyncClient) -
 
 
 async def test_files_per_key_are_capped(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: ResponseStore
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     app = create_app(settings.replace(files=Files(max_files_per_key=3)), engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
@@ -135,7 +139,7 @@ class _Usage(NamedTuple):
 async def test_low_disk_makes_readyz_503_and_refuses_writes_up_front(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(disk_module.shutil, "disk_usage", lambda _path: _Usage(10**9, 10**9 - 1000, 1000))
@@ -161,13 +165,14 @@ async def test_low_disk_makes_readyz_503_and_refuses_writes_up_front(
 async def test_a_store_that_finds_the_disk_full_fails_the_response_clearly(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def full(*args: Any, **kwargs: Any) -> None:
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(store, "put_response", full)
+    # The blocking write, so the error comes from the worker thread as a real one does.
+    monkeypatch.setattr(store.responses, "_put", full)
     app = create_app(settings, engine=engine_client, store=store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         plain = await http.post("/v1/responses", json={"input": "hi"})
@@ -183,7 +188,7 @@ async def test_a_store_that_finds_the_disk_full_fails_the_response_clearly(
 async def test_low_disk_refuses_conversation_writes_up_front(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     app = create_app(
@@ -222,20 +227,20 @@ async def test_low_disk_refuses_conversation_writes_up_front(
 async def test_a_conversation_write_that_finds_the_disk_full_leaves_nothing(
     settings: FacadeSettings,
     engine_client: AsyncEngineClient,
-    store: ResponseStore,
+    store: Store,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     app = create_app(settings, engine=engine_client, store=store)
     item = {"type": "message", "role": "user", "content": "hi"}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         conversation_id = (await http.post("/v1/conversations", json={"items": [item]})).json()["id"]
-        used = store.stored_bytes("")
+        used = await store.stored_bytes("")
 
         def full(*args: Any, **kwargs: Any) -> None:
             # Raised at the transaction's end, after its rows were written: they must roll back.
             raise sqlite3.OperationalError("database or disk is full")
 
-        monkeypatch.setattr(sql_backend_module.Transaction, "settle_usage", full)
+        monkeypatch.setattr(database_module.Transaction, "settle_usage", full)
         created = await http.post("/v1/conversations", json={"items": [item, item]})
         added = await http.post(f"/v1/conversations/{conversation_id}/items", json={"items": [item]})
         for reply in (created, added):
@@ -244,7 +249,7 @@ async def test_a_conversation_write_that_finds_the_disk_full_leaves_nothing(
         monkeypatch.undo()
         listed = (await http.get(f"/v1/conversations/{conversation_id}/items")).json()["data"]
         assert len(listed) == 1
-        assert store.stored_bytes("") == used
-        (conversations,) = store._query("SELECT COUNT(*) FROM conversations", ())[0]
-        (items,) = store._query("SELECT COUNT(*) FROM conversation_items", ())[0]
+        assert await store.stored_bytes("") == used
+        (conversations,) = store.db.query("SELECT COUNT(*) FROM conversations", ())[0]
+        (items,) = store.db.query("SELECT COUNT(*) FROM conversation_items", ())[0]
         assert (conversations, items) == (1, 1)

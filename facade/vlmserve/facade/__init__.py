@@ -2,6 +2,6 @@
 
 from vlmserve.facade.app import create_app
 from vlmserve.facade.settings import FacadeSettings, Limits, Timeouts
-from vlmserve.facade.store.sqlite import ResponseStore
+from vlmserve.facade.store.repositories import Store
 
-__all__ = ["FacadeSettings", "Limits", "ResponseStore", "Timeouts", "create_app"]
+__all__ = ["FacadeSettings", "Limits", "Store", "Timeouts", "create_app"]

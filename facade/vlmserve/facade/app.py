@@ -40,9 +40,8 @@ from vlmserve.facade.routes import responses_ws as responses_ws_routes
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.state import FacadeState
 from vlmserve.facade.store.disk_space import DiskSpace
-from vlmserve.facade.store.files import FileStore
-from vlmserve.facade.store.protocol import Store
-from vlmserve.facade.store.sqlite import ResponseStore
+from vlmserve.facade.store.files import FileRepository
+from vlmserve.facade.store.repositories import Store
 from vlmserve.facade.store.upkeep import INTERRUPTED_ERROR, fail_interrupted, run_lease, run_upkeep
 
 logger = logging.getLogger("vlmserve.facade")
@@ -88,10 +87,8 @@ def open_store(settings: FacadeSettings) -> Store:
     """PostgreSQL when `settings.store` names a database, else the SQLite file at `store_path`."""
     cache_bytes = settings.storage.replay_cache_bytes
     if settings.store is not None:
-        from vlmserve.facade.store.postgres import PostgresStore
-
-        return PostgresStore(settings.store, cache_bytes=cache_bytes)
-    return ResponseStore(settings.store_path, cache_bytes=cache_bytes)
+        return Store.postgres(settings.store, cache_bytes=cache_bytes)
+    return Store.sqlite(settings.store_path, cache_bytes=cache_bytes)
 
 
 async def _cancelled(task: asyncio.Task[None] | None) -> None:
@@ -140,7 +137,7 @@ def create_app(
         image_sources = fetcher.for_request if fetcher is not None else None
 
     metrics = FacadeMetrics()
-    files = FileStore(settings.files_directory())
+    files = FileRepository(settings.files_directory())
     disk = DiskSpace(
         [settings.files_directory(), *([settings.store_path] if settings.store is None else [])],
         min_free_bytes=settings.storage.min_free_disk_bytes,
@@ -207,9 +204,9 @@ def create_app(
             # This run is a new facade instance: what it starts is its own while its lease lives.
             # Responses of instances whose lease expired (a previous run killed, another facade
             # that died) are marked failed now and then every renewal.
-            await asyncio.to_thread(the_store.start_lease, settings.storage.lease_ttl_s)
-            await asyncio.to_thread(fail_interrupted, the_store)
-            await asyncio.to_thread(files.remove_orphans)
+            await the_store.leases.start(settings.storage.lease_ttl_s)
+            await fail_interrupted(the_store)
+            await files.remove_orphans()
             lease = asyncio.create_task(run_lease(the_store, settings.storage))
             upkeep = asyncio.create_task(run_upkeep(the_store, settings.storage))
             yield
@@ -221,7 +218,7 @@ def create_app(
             # The lease held while the running responses were ended; now this instance is gone.
             await _cancelled(lease)
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(the_store.release_lease)
+                await the_store.leases.release()
             if opened is not None:
                 state.responses.close()
                 await opened.close()

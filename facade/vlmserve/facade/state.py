@@ -15,8 +15,8 @@ from vlmserve.facade.responses.background import BackgroundRuns
 from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.store.disk_space import DiskSpace
-from vlmserve.facade.store.files import FileStore
-from vlmserve.facade.store.protocol import Store
+from vlmserve.facade.store.files import FileRepository
+from vlmserve.facade.store.repositories import Store
 
 
 @dataclass
@@ -27,15 +27,15 @@ class FacadeState:
     store: Store
     catalog: ModelCatalog
     responses: ResponsesService
-    # Bytes of request bodies being read and translated (body_budget.py).
+    # Bytes of request bodies being read and translated (http/body_budget.py).
     body_budget: BodyBudget
-    # Runs of background responses, and their stored events (background_runs.py).
+    # Runs of background responses, and their stored events (responses/background.py).
     background: BackgroundRuns
     # Every model served, and the resolver of a request's `model` (engines/pools.py).
     models: ModelRouter
-    # Uploaded files (files_api.py), on disk beside the store.
-    files: FileStore | None = None
-    # Free space where the store and the files are (disk_space.py).
+    # Uploaded files (store/files.py), on disk beside the store.
+    files: FileRepository | None = None
+    # Free space where the store and the files are (store/disk_space.py).
     disk: DiskSpace | None = None
 
 

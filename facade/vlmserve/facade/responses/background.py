@@ -27,7 +27,7 @@ from typing import Any
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.events import TERMINAL_STATUSES, Event
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.store.protocol import Store
+from vlmserve.facade.store.repositories import Store
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -115,9 +115,7 @@ class BackgroundRuns:
                 if run is not None and run.generation.owner == owner:
                     events = run.since(after)
                 if not events:
-                    events = await asyncio.to_thread(
-                        self.store.list_events, response_id, after=after, limit=PAGE, owner=owner
-                    )
+                    events = await self.store.events.list(response_id, after=after, limit=PAGE, owner=owner)
                 if events is None:
                     return
                 for event in events:
@@ -144,7 +142,7 @@ class BackgroundRuns:
                 self._signals.pop(response_id, None)
 
     async def _finished(self, response_id: str, owner: str) -> bool:
-        resource = await asyncio.to_thread(self.store.get_response, response_id, owner=owner)
+        resource = await self.store.responses.get(response_id, owner=owner)
         return resource is None or resource["status"] in TERMINAL_STATUSES
 
     async def stop_all(self) -> None:
@@ -180,16 +178,14 @@ class BackgroundRuns:
         generation = run.generation
         payloads = [event.to_json() for event in events]
         try:
-            stored = await asyncio.to_thread(
-                self.store.append_events, generation.response_id, payloads, owner=generation.owner
-            )
+            stored = await self.store.events.append(generation.response_id, payloads, owner=generation.owner)
             if stored is not None:
                 run.remember(payloads)
             if not run.marked_started and any(event.type == "response.in_progress" for event in events):
                 # Polling shows the run has started (queued -> in_progress).
                 run.marked_started = True
                 snapshot = generation.builder.snapshot().to_json()
-                await asyncio.to_thread(self.store.update_response, snapshot, owner=generation.owner)
+                await self.store.responses.update(snapshot, owner=generation.owner)
         except Exception:
             logger.exception("response %s: its events could not be stored", generation.response_id)
             stored = 0
@@ -215,9 +211,7 @@ class BackgroundRuns:
         run.checked_at = now
         generation = run.generation
         try:
-            resource = await asyncio.to_thread(
-                self.store.get_response, generation.response_id, owner=generation.owner
-            )
+            resource = await self.store.responses.get(generation.response_id, owner=generation.owner)
         except Exception:
             logger.exception("response %s: its status could not be read", generation.response_id)
             return False

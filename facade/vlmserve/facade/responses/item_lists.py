@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -11,7 +10,7 @@ from fastapi import Query
 
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.responses.resource import listed_item
-from vlmserve.facade.store.protocol import ItemPage, StoredItem, UnknownCursorError
+from vlmserve.facade.store.records import ItemPage, StoredItem, UnknownCursorError
 from vlmserve.responses import IncludeValue
 
 
@@ -34,7 +33,7 @@ def page_query(
 
 
 async def item_page(
-    fetch: Callable[..., ItemPage | None],
+    fetch: Callable[..., Awaitable[ItemPage | None]],
     kind: str,
     object_id: str,
     owner: str,
@@ -44,9 +43,7 @@ async def item_page(
 ) -> dict[str, Any]:
     """One page of a response's input items or a conversation's items, as an OpenAI list."""
     try:
-        page = await asyncio.to_thread(
-            fetch, object_id, after=query.after, limit=query.limit, order=query.order, owner=owner
-        )
+        page = await fetch(object_id, after=query.after, limit=query.limit, order=query.order, owner=owner)
     except UnknownCursorError:
         noun = "input item" if kind == "response" else "item"
         raise APIError(400, f"Invalid value for 'after': no {noun} has this id.", param="after") from None

@@ -4,7 +4,8 @@ A reference costs the server what the item it names holds, not what the client s
 reference can name an item with 16 images). So, per request (or per conversation `items` list):
 
 * references are counted on the raw body before anything is resolved (`check_reference_count`);
-* each id is looked up once, however often it is named;
+* each id is looked up once, however often it is named, all before the translation starts (the
+  translation runs on a worker thread and asks `__call__`, which only reads what was found);
 * every use adds the item's images and JSON bytes to the request's totals, all checked before
   the translation decodes a single image (`resolve_all`).
 
@@ -17,16 +18,16 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.http.limits import check_image_count, count_image_parts
 from vlmserve.facade.responses.resource import stored_items as fresh_stored_items
-from vlmserve.facade.store.protocol import StoredItem
+from vlmserve.facade.store.records import StoredItem
 from vlmserve.responses import is_item_reference
 
-Finder = Callable[[str], "dict[str, Any] | None"]
+Finder = Callable[[str], Awaitable["dict[str, Any] | None"]]
 
 
 def count_references(value: object) -> int:
@@ -64,33 +65,38 @@ class ItemReferences:
         self.bytes = 0
         # id -> (item or None, its images, its JSON bytes)
         self._found: dict[str, tuple[dict[str, Any] | None, int, int]] = {}
+        # Ids counted at least once (a reference in a replayed turn counts at its first use).
+        self._used: set[str] = set()
         self._counted_up_front = False
 
-    def resolve_all(self, items: object) -> None:
-        """Resolve and count every reference among `items` (a request's `input`) up front.
+    async def resolve_all(self, items: object, *, replayed: Sequence[Any] = ()) -> None:
+        """Look up every reference among `items` (a request's `input`) and among `replayed`
+        (raw turns stored by older versions, which may hold references), and count the uses in
+        `items` up front; the others are counted when the translation uses them.
 
         Unknown ids are left for the translation to refuse with the reference's own path.
         """
-        if not isinstance(items, list):
-            return
-        for item in items:
-            if is_item_reference(item) and isinstance(item.get("id"), str):
-                self._use(item["id"])
+        named = _reference_ids(items)
+        for item_id in [*named, *_reference_ids(replayed)]:
+            if item_id not in self._found:
+                item = await self._find(item_id)
+                size = len(json.dumps(item, ensure_ascii=False)) if item is not None else 0
+                self._found[item_id] = (item, count_image_parts(item), size)
+        for item_id in named:
+            self._use(item_id)
         self._counted_up_front = True
 
     def __call__(self, item_id: str) -> Mapping[str, Any] | None:
         """The translation's `resolve_item`. References counted by `resolve_all` are served from
         what it found; others (in replayed turns stored by older versions) are counted here."""
-        if self._counted_up_front and item_id in self._found:
-            return self._found[item_id][0]
+        if self._counted_up_front and item_id in self._used:
+            return self.resolved(item_id)
         return self._use(item_id)
 
     def _use(self, item_id: str) -> dict[str, Any] | None:
-        if item_id not in self._found:
-            item = self._find(item_id)
-            size = len(json.dumps(item, ensure_ascii=False)) if item is not None else 0
-            self._found[item_id] = (item, count_image_parts(item), size)
-        item, images, size = self._found[item_id]
+        self._used.add(item_id)
+        # An id `resolve_all` did not look up is unknown here (the translation refuses it).
+        item, images, size = self._found.get(item_id, (None, 0, 0))
         if item is None:
             return None
         self.images += images
@@ -122,3 +128,10 @@ class ItemReferences:
                     continue
             stored.extend(fresh_stored_items([item]))
         return stored
+
+
+def _reference_ids(items: object) -> list[str]:
+    """The ids `item_reference` items among `items` name, in order (repeats kept)."""
+    if not isinstance(items, list):
+        return []
+    return [item["id"] for item in items if is_item_reference(item) and isinstance(item.get("id"), str)]

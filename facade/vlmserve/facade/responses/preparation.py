@@ -41,9 +41,10 @@ from vlmserve.facade.responses.resource import new_resource
 from vlmserve.facade.responses.running import Generation
 from vlmserve.facade.settings import FacadeSettings, Limits
 from vlmserve.facade.store.disk_space import DiskSpace
-from vlmserve.facade.store.files import FileStore, RequestFiles
-from vlmserve.facade.store.protocol import MissingChainLinkError, Replay, Store, StoredItem
+from vlmserve.facade.store.files import FileRepository, RequestFiles
 from vlmserve.facade.store.quotas import check_room, stored_size
+from vlmserve.facade.store.records import MissingChainLinkError, Replay, StoredItem
+from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
 from vlmserve.server.logs import bind_response
 
@@ -76,7 +77,7 @@ class ResponsesService:
     running: dict[str, Generation] = field(default_factory=dict)
     metrics: FacadeMetrics | None = None
     # Uploaded files (`file_id` in requests); None: only inline files.
-    files: FileStore | None = None
+    files: FileRepository | None = None
     # Responses per key at once, and this facade's engine calls shared fairly (key_admission.py).
     admission: KeyAdmission = field(default_factory=lambda: KeyAdmission(None))
     slots: EngineSlots = field(default_factory=lambda: EngineSlots(None))
@@ -131,13 +132,13 @@ class ResponsesService:
         images_before = own_images + count_image_parts(replay.items) + count_contract_images(replay.messages)
         check_image_count(images_before, allowed_images, param="input")
         references = ItemReferences(
-            lambda item_id: self.store.find_item(item_id, owner=owner),
+            lambda item_id: self.store.responses.find_item(item_id, owner=owner),
             param="input",
             allowed_images=allowed_images,
             images_before=images_before,
             max_bytes=limits.max_request_bytes,
         )
-        await self.run_translation(references.resolve_all, body.get("input"))
+        await references.resolve_all(body.get("input"), replayed=replay.items)
         # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets.
         translated = await self._documents.run(
             lambda renderer: build_generate_request(
@@ -183,9 +184,9 @@ class ResponsesService:
         conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
         stored: dict[str, Any] | None = None
         if isinstance(previous, str):
-            stored = await asyncio.to_thread(self.store.get_response, previous, owner=owner)
+            stored = await self.store.responses.get(previous, owner=owner)
         elif isinstance(conversation_id, str):
-            stored = await asyncio.to_thread(self.store.get_conversation, conversation_id, owner=owner)
+            stored = await self.store.conversations.get(conversation_id, owner=owner)
         remembered = stored.get("model") if stored is not None else None
         return remembered if isinstance(remembered, str) else None
 
@@ -303,8 +304,7 @@ class ResponsesService:
         conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
         if isinstance(previous, str) and conversation is None:
             try:
-                replay = await asyncio.to_thread(
-                    self.store.replay,
+                replay = await self.store.responses.replay(
                     previous,
                     owner=owner,
                     max_depth=self.settings.limits.max_chain_depth,
@@ -315,7 +315,7 @@ class ResponsesService:
                 raise not_found("response", previous, param="previous_response_id")
             return replay
         if isinstance(conversation_id, str) and previous is None:
-            replay = await asyncio.to_thread(self.store.conversation_replay, conversation_id, owner=owner)
+            replay = await self.store.conversations.replay(conversation_id, owner=owner)
             if replay is None:
                 raise not_found("conversation", conversation_id, param="conversation")
             return replay

@@ -18,12 +18,13 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.events import Event, ResponseEvents
 from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
-from vlmserve.facade.store.protocol import StorageQuotaExceededError, Store, StoredItem
 from vlmserve.facade.store.quotas import quota_exceeded
+from vlmserve.facade.store.records import StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import TranslatedRequest
 
 # A background response's hook: every event but the last goes through it before it is sent (it
-# stores them); the last ones are stored with the final state (`finish_response(events=)`).
+# stores them); the last ones are stored with the final state (`store.responses.finish(events=)`).
 EventHook = Callable[[Sequence[Event]], Awaitable[None]]
 
 
@@ -60,8 +61,7 @@ class ResponseRecorder:
         client that leaves meanwhile must not cancel the write, else the final write could
         come first and be overwritten."""
         self._stored = asyncio.ensure_future(
-            asyncio.to_thread(
-                self.store.put_response,
+            self.store.responses.put(
                 self.builder.snapshot().to_json(),
                 self.input_items,
                 owner=self.owner,
@@ -89,21 +89,15 @@ class ResponseRecorder:
             await self.on_events(events)
         return events
 
-    async def finished(self, final: Sequence[Event]) -> None:
-        """Store the response's end, with its final events (background) and conversation items."""
-        await asyncio.to_thread(self._finish_now, final)
-
     def finished_soon(self, final: Sequence[Event]) -> None:
-        """Store the end without awaiting (the caller is being cancelled): now, or, while the
-        first write still runs, right after it (`settle()` waits for that)."""
+        """Store the end without awaiting (the caller is being cancelled): in a task of its own,
+        right after the first write if that still runs (`settle()` waits for it)."""
         stored = self._stored
-        if stored is None or stored.done():
-            self._finish_now(final)
-            return
 
         async def after_start() -> None:
-            with contextlib.suppress(Exception):
-                await stored
+            if stored is not None:
+                with contextlib.suppress(Exception):
+                    await stored
             await self.finished(final)
 
         self._final_write = asyncio.ensure_future(after_start())
@@ -114,7 +108,8 @@ class ResponseRecorder:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._final_write)
 
-    def _finish_now(self, final: Sequence[Event]) -> None:
+    async def finished(self, final: Sequence[Event]) -> None:
+        """Store the response's end, with its final events (background) and conversation items."""
         resource = self.builder.snapshot()
         output_messages = self.translated.output_messages(resource.output)
         conversation_items: list[StoredItem] = []
@@ -124,7 +119,7 @@ class ResponseRecorder:
             conversation_items = [*self.input_items, *outputs]
             conversation_messages = [*self.translated.input_messages, *output_messages]
         # One transaction: the response's end and its conversation items are stored together.
-        self.store.finish_response(
+        await self.store.responses.finish(
             resource.to_json() if self.enabled else None,
             owner=self.owner,
             output_messages=output_messages,

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from vlmserve.facade.responses import ids
-from vlmserve.facade.store.protocol import StoredItem
+from vlmserve.facade.store.records import StoredItem
 from vlmserve.responses import ConversationRef, ResponseResource, TranslatedRequest
 
 # Item type -> the prefix of the id the facade gives an item that came without one.

@@ -11,6 +11,7 @@ and a response stopped from our side ends `cancelled` (or `failed`, for a server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -129,7 +130,7 @@ class Generation:
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away: the engine call is cancelled with this task. Record the end
-            # without awaiting; an await here would be cancelled again.
+            # in a task of its own; an await here would be cancelled again.
             if not builder.finished:
                 recorder.finished_soon(self._stopped())
             raise
@@ -140,11 +141,14 @@ class Generation:
     async def cancel(self, wait_s: float) -> None:
         """Ask the engine to stop; wait up to `wait_s` per stage (engine_call.py) for the end."""
         await self.call.cancel(wait_s)
+        # A reader cancelled on the way records the end in a task of its own: that too.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.recorder.settle(), wait_s)
 
     async def stop(self, error: APIError, wait_s: float) -> None:
         """`cancel()`, but the response ends `failed` with `error` (server shutdown)."""
         self._stop_error = error
-        await self.call.cancel(wait_s)
+        await self.cancel(wait_s)
 
     def stop_now(self, error: APIError | None = None) -> None:
         """End the response from here without waiting: the reader closes the engine call and

@@ -7,10 +7,9 @@ replays them all before its own input. Unknown ids are 404s; nothing is created 
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable
-from typing import Annotated, Any, ParamSpec, TypeVar
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -39,8 +38,8 @@ from vlmserve.facade.responses.item_references import ItemReferences, check_refe
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
-from vlmserve.facade.store.protocol import ItemPage, StorageQuotaExceededError, StoredItem
 from vlmserve.facade.store.quotas import check_room, quota_exceeded, stored_size
+from vlmserve.facade.store.records import ItemPage, StorageQuotaExceededError, StoredItem
 from vlmserve.responses import (
     ConversationResource,
     DeletedObject,
@@ -52,7 +51,6 @@ from vlmserve.responses import (
     parse_metadata,
 )
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
@@ -92,22 +90,21 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
     )
     return await _write(
         "the conversation",
-        state.store.create_conversation,
-        ids.new_id(ids.CONVERSATION),
-        metadata=metadata,
-        items=items,
-        messages=messages,
-        owner=owner_of(request),
-        max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
-        model=model.id if model is not None else None,
+        state.store.conversations.create(
+            ids.new_id(ids.CONVERSATION),
+            metadata=metadata,
+            items=items,
+            messages=messages,
+            owner=owner_of(request),
+            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+            model=model.id if model is not None else None,
+        ),
     )
 
 
 @router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION, response_model=ConversationResource)
 async def retrieve_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
-    conversation = await asyncio.to_thread(
-        state.store.get_conversation, conversation_id, owner=owner_of(request)
-    )
+    conversation = await state.store.conversations.get(conversation_id, owner=owner_of(request))
     if conversation is None:
         raise not_found("conversation", conversation_id)
     return conversation
@@ -129,10 +126,7 @@ async def update_conversation(conversation_id: str, request: Request, state: Sta
     metadata = parse_metadata(body.get("metadata"))
     updated = await _write(
         "the conversation",
-        state.store.update_conversation,
-        conversation_id,
-        metadata=metadata,
-        owner=owner_of(request),
+        state.store.conversations.update(conversation_id, metadata=metadata, owner=owner_of(request)),
     )
     if updated is None:
         raise not_found("conversation", conversation_id)
@@ -147,9 +141,7 @@ async def retrieve_conversation_item(
     state: State,
     include: Annotated[list[IncludeValue] | None, Query(alias="include[]")] = None,
 ) -> dict[str, Any]:
-    stored = await asyncio.to_thread(
-        state.store.get_conversation_item, conversation_id, item_id, owner=owner_of(request)
-    )
+    stored = await state.store.conversations.get_item(conversation_id, item_id, owner=owner_of(request))
     if stored is None:
         raise not_found("conversation item", item_id)
     return typed_item(stored)
@@ -164,12 +156,10 @@ async def delete_conversation_item(
     conversation_id: str, item_id: str, request: Request, state: State
 ) -> dict[str, Any]:
     owner = owner_of(request)
-    deleted = await asyncio.to_thread(
-        state.store.delete_conversation_item, conversation_id, item_id, owner=owner
-    )
+    deleted = await state.store.conversations.delete_item(conversation_id, item_id, owner=owner)
     if not deleted:
         raise not_found("conversation item", item_id)
-    conversation = await asyncio.to_thread(state.store.get_conversation, conversation_id, owner=owner)
+    conversation = await state.store.conversations.get(conversation_id, owner=owner)
     if conversation is None:
         raise not_found("conversation", conversation_id)
     # OpenAI answers with the conversation the item was removed from.
@@ -178,9 +168,7 @@ async def delete_conversation_item(
 
 @router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION, response_model=DeletedObject)
 async def delete_conversation(conversation_id: str, request: Request, state: State) -> dict[str, Any]:
-    deleted = await asyncio.to_thread(
-        state.store.delete_conversation, conversation_id, owner=owner_of(request)
-    )
+    deleted = await state.store.conversations.delete(conversation_id, owner=owner_of(request))
     if not deleted:
         raise not_found("conversation", conversation_id)
     return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
@@ -191,7 +179,7 @@ async def list_conversation_items(
     conversation_id: str, request: Request, state: State, query: Annotated[PageQuery, Depends(page_query)]
 ) -> dict[str, Any]:
     owner = owner_of(request)
-    fetch = state.store.list_conversation_items
+    fetch = state.store.conversations.list_items
     return await item_page(fetch, "conversation", conversation_id, owner, query, listed=typed_item)
 
 
@@ -214,9 +202,7 @@ async def _add_conversation_items(
         raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
     parse_as(ADD_CONVERSATION_ITEMS_BODY, body, "")
     _check_disk(state, "the items")
-    conversation = await asyncio.to_thread(
-        state.store.get_conversation, conversation_id, owner=owner_of(request)
-    )
+    conversation = await state.store.conversations.get(conversation_id, owner=owner_of(request))
     if conversation is None:
         raise not_found("conversation", conversation_id)
     items, messages = await _checked_items(
@@ -232,12 +218,13 @@ async def _add_conversation_items(
     )
     added = await _write(
         "the items",
-        state.store.append_conversation_items,
-        conversation_id,
-        items,
-        messages=messages,
-        owner=owner_of(request),
-        max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+        state.store.conversations.append(
+            conversation_id,
+            items,
+            messages=messages,
+            owner=owner_of(request),
+            max_stored_bytes=state.settings.storage.max_stored_bytes_per_key,
+        ),
     )
     if not added:
         raise not_found("conversation", conversation_id)
@@ -251,11 +238,11 @@ def _check_disk(state: FacadeState, what: str) -> None:
         state.disk.check(what)
 
 
-async def _write(what: str, write: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """A store write off the event loop: past the owner's quota a 429, on a full disk a 507
-    (the transaction rolled back: nothing of it is stored)."""
+async def _write(what: str, write: Awaitable[T]) -> T:
+    """A store write: past the owner's quota a 429, on a full disk a 507 (the transaction rolled
+    back: nothing of it is stored)."""
     try:
-        return await asyncio.to_thread(write, *args, **kwargs)
+        return await write
     except StorageQuotaExceededError as error:
         raise quota_exceeded(error.used, error.quota, error.adding) from None
     except Exception as error:
@@ -302,13 +289,13 @@ async def _checked_items(
     check_image_count(own_images, allowed_images, param="items")
     owner = owner_of(request)
     references = ItemReferences(
-        lambda item_id: state.store.find_item(item_id, owner=owner),
+        lambda item_id: state.store.responses.find_item(item_id, owner=owner),
         param="items",
         allowed_images=allowed_images,
         images_before=own_images,
         max_bytes=limits.max_request_bytes,
     )
-    await state.responses.run_translation(references.resolve_all, value)
+    await references.resolve_all(value)
     try:
         messages = await state.responses.run_translation(
             input_to_messages,

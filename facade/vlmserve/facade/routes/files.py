@@ -26,7 +26,7 @@ from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.request_body import metered_body
 from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
-from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileRecord, FileStore
+from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileRecord, FileRepository
 from vlmserve.responses import InvalidRequestError
 
 __all__ = ["PURPOSES", "router"]
@@ -69,7 +69,7 @@ class FileDeleted(BaseModel):
     deleted: bool
 
 
-def _files(state: FacadeState) -> FileStore:
+def _files(state: FacadeState) -> FileRepository:
     store = state.files
     if store is None:  # pragma: no cover - create_app always sets one
         raise APIError(404, "Files are not enabled on this server.", code="not_found")
@@ -135,8 +135,7 @@ async def create_file(request: Request, state: State) -> dict[str, Any]:
         media_type = await asyncio.to_thread(_check_kind, data, purpose)
         quota = FileQuota(settings.files.max_file_bytes_per_key, settings.files.max_files_per_key)
         try:
-            record = await asyncio.to_thread(
-                files.save,
+            record = await files.save(
                 owner_of(request),
                 data,
                 filename=filename,
@@ -162,8 +161,8 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> dict[str, Any]:
-    records, has_more = await asyncio.to_thread(
-        _files(state).list, owner_of(request), purpose=purpose, after=after, limit=limit, order=order
+    records, has_more = await _files(state).list(
+        owner_of(request), purpose=purpose, after=after, limit=limit, order=order
     )
     return {
         "object": "list",
@@ -181,7 +180,7 @@ async def retrieve_file(file_id: str, request: Request, state: State) -> dict[st
 
 @router.delete("/{file_id}", operation_id="deleteFile", response_model=FileDeleted)
 async def delete_file(file_id: str, request: Request, state: State) -> dict[str, Any]:
-    deleted = await asyncio.to_thread(_files(state).delete, owner_of(request), file_id)
+    deleted = await _files(state).delete(owner_of(request), file_id)
     if not deleted:
         raise not_found("file", file_id, param="file_id")
     return {"id": file_id, "object": "file", "deleted": True}
@@ -189,7 +188,7 @@ async def delete_file(file_id: str, request: Request, state: State) -> dict[str,
 
 @router.get("/{file_id}/content", operation_id="downloadFile")
 async def file_content(file_id: str, request: Request, state: State) -> Response:
-    found = await asyncio.to_thread(_files(state).read, owner_of(request), file_id)
+    found = await _files(state).read(owner_of(request), file_id)
     if found is None:
         raise not_found("file", file_id, param="file_id")
     record, data = found
@@ -206,7 +205,7 @@ async def file_content(file_id: str, request: Request, state: State) -> Response
 
 
 async def _record(file_id: str, request: Request, state: FacadeState) -> FileRecord:
-    record = await asyncio.to_thread(_files(state).get, owner_of(request), file_id)
+    record = await _files(state).get(owner_of(request), file_id)
     if record is None:
         raise not_found("file", file_id, param="file_id")
     return record

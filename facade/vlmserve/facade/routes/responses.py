@@ -114,7 +114,7 @@ async def retrieve_response(
     starting_after: Annotated[int | None, Query(ge=0, le=MAX_SEQUENCE_NUMBER)] = None,
 ) -> Response | dict[str, Any]:
     owner = owner_of(request)
-    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+    resource = await state.store.responses.get(response_id, owner=owner)
     if resource is None:
         raise not_found("response", response_id)
     if not stream:
@@ -133,7 +133,7 @@ async def retrieve_response(
 
 @router.delete("/{response_id}", operation_id=DELETE_RESPONSE, response_model=DeletedObject)
 async def delete_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
-    deleted = await asyncio.to_thread(state.store.delete_response, response_id, owner=owner_of(request))
+    deleted = await state.store.responses.delete(response_id, owner=owner_of(request))
     if not deleted:
         raise not_found("response", response_id)
     return {"id": response_id, "object": "response", "deleted": True}
@@ -144,7 +144,12 @@ async def list_input_items(
     response_id: str, request: Request, state: State, query: Annotated[PageQuery, Depends(page_query)]
 ) -> dict[str, Any]:
     return await item_page(
-        state.store.list_input_items, "response", response_id, owner_of(request), query, listed=typed_item
+        state.store.responses.list_input_items,
+        "response",
+        response_id,
+        owner_of(request),
+        query,
+        listed=typed_item,
     )
 
 
@@ -160,9 +165,9 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
         # A run cancelled before it began reading ends when it does: answer with its end.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(generation.done.wait(), control_s)
-        resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+        resource = await state.store.responses.get(response_id, owner=owner)
         return resource if resource is not None else generation.builder.snapshot().to_json()
-    resource = await asyncio.to_thread(state.store.get_response, response_id, owner=owner)
+    resource = await state.store.responses.get(response_id, owner=owner)
     if resource is None:
         raise not_found("response", response_id)
     if not resource.get("background"):
@@ -172,7 +177,7 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
         # reads this and stops (background_runs.py), or in none (start-up marks those of a
         # previous process failed).
         resource["status"] = "cancelled"
-        await asyncio.to_thread(state.store.update_response, resource, owner=owner)
+        await state.store.responses.update(resource, owner=owner)
         return resource
     raise APIError(
         400,

@@ -1,2 +1,3 @@
-"""What the facade keeps: the store protocol, its SQLite and PostgreSQL backends on shared SQL,
-conversations, uploaded files, quotas and upkeep."""
+"""What the facade keeps: responses, conversations, their events and the facade leases, as
+async repositories on one SQLite or PostgreSQL database (`repositories.Store`); uploaded files on
+disk (`files.FileRepository`); quotas, upkeep and free disk space."""

@@ -15,11 +15,13 @@ many there are.
 
 Ids are checked against their exact form before any path is built from them, and owners are
 reduced to a safe folder name, so no request can name a path outside its owner's folder.
-Synchronous: the routes call it in a worker thread.
+`FileRepository`'s methods are coroutines that do their disk work in a worker thread, once,
+inside; only the translation's `RequestFiles`, already on a worker thread, reads blocking.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -37,7 +39,14 @@ from typing import Any, Literal
 
 from vlmserve.responses import FileContent, ImageFetchError
 
-__all__ = ["FileQuota", "FileQuotaExceededError", "FileRecord", "FileStore", "RequestFiles", "new_file_id"]
+__all__ = [
+    "FileQuota",
+    "FileQuotaExceededError",
+    "FileRecord",
+    "FileRepository",
+    "RequestFiles",
+    "new_file_id",
+]
 
 logger = logging.getLogger("vlmserve.facade.files")
 
@@ -90,9 +99,81 @@ class FileQuotaExceededError(Exception):
     """The owner's files would pass their quota; the message says which part and by how much."""
 
 
-class FileStore:
+# One page of an owner's files and whether more follow (named here: inside the repository
+# `list` is its method).
+FilePage = tuple[list[FileRecord], bool]
+
+
+class FileRepository:
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    async def save(
+        self,
+        owner: str,
+        data: bytes,
+        *,
+        filename: str,
+        purpose: str,
+        media_type: str,
+        quota: FileQuota | None = None,
+    ) -> FileRecord:
+        """Write a file; under the owner's lock, after checking `quota` (FileQuotaExceededError).
+        On any failure (a full disk included) nothing of it is left."""
+        return await asyncio.to_thread(
+            _save,
+            self._folder(owner),
+            data,
+            filename=filename,
+            purpose=purpose,
+            media_type=media_type,
+            quota=quota,
+        )
+
+    async def get(self, owner: str, file_id: str) -> FileRecord | None:
+        return await asyncio.to_thread(self._get, owner, file_id)
+
+    async def read(self, owner: str, file_id: str) -> tuple[FileRecord, bytes] | None:
+        """A file's record and bytes, or None (unknown id, another owner's, or deleted)."""
+        return await asyncio.to_thread(self.read_blocking, owner, file_id)
+
+    async def delete(self, owner: str, file_id: str) -> bool:
+        return await asyncio.to_thread(self._delete, owner, file_id)
+
+    async def list(
+        self,
+        owner: str,
+        *,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 10000,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> FilePage:
+        """One page of the owner's files by creation time (ties by id), and whether more follow."""
+        return await asyncio.to_thread(self._list, owner, purpose, after, limit, order)
+
+    async def usage(self, owner: str) -> tuple[int, int]:
+        """The owner's files: how many, and the bytes they (and their records) take on disk."""
+        return await asyncio.to_thread(self._usage, owner)
+
+    async def remove_orphans(self) -> None:
+        """Temporaries an interrupted upload left behind (start-up)."""
+        await asyncio.to_thread(self._remove_orphans)
+
+    def read_blocking(self, owner: str, file_id: str) -> tuple[FileRecord, bytes] | None:
+        """`read`, for code already on a worker thread (the translation's file source)."""
+        paths = self._paths(owner, file_id)
+        if paths is None:
+            return None
+        record = _read_record(paths[1])
+        if record is None:
+            return None
+        try:
+            return record, paths[0].read_bytes()
+        except FileNotFoundError:  # deleted between the two reads
+            return None
+
+    # ---- in a worker thread ----------------------------------------------------------------
 
     def _folder(self, owner: str) -> Path:
         if _SAFE_OWNER.fullmatch(owner):
@@ -105,76 +186,13 @@ class FileStore:
         folder = self._folder(owner)
         return folder / file_id, folder / (file_id + _META_SUFFIX)
 
-    def save(
-        self,
-        owner: str,
-        data: bytes,
-        *,
-        filename: str,
-        purpose: str,
-        media_type: str,
-        quota: FileQuota | None = None,
-    ) -> FileRecord:
-        """Write a file; under the owner's lock, after checking `quota` (FileQuotaExceededError).
-        On any failure (a full disk included) nothing of it is left."""
-        folder = self._folder(owner)
-        folder.mkdir(parents=True, exist_ok=True)
-        with _locked(folder / _LOCK_NAME):
-            return self._save(
-                folder, data, filename=filename, purpose=purpose, media_type=media_type, quota=quota
-            )
-
-    def _save(
-        self,
-        folder: Path,
-        data: bytes,
-        *,
-        filename: str,
-        purpose: str,
-        media_type: str,
-        quota: FileQuota | None,
-    ) -> FileRecord:
-        record = FileRecord(
-            id=new_file_id(),
-            bytes=len(data),
-            created_at=int(time.time()),
-            filename=filename,
-            purpose=purpose,
-            media_type=media_type,
-        )
-        metadata = json.dumps(asdict(record), ensure_ascii=False).encode()
-        if quota is not None:
-            adding = _on_disk(folder, len(data)) + _on_disk(folder, len(metadata))
-            _check_quota(folder, quota, adding=adding)
-        content, meta = folder / record.id, folder / (record.id + _META_SUFFIX)
-        _write_atomic(content, data)
-        try:
-            _write_atomic(meta, metadata)
-        except BaseException:
-            content.unlink(missing_ok=True)
-            raise
-        return record
-
-    def get(self, owner: str, file_id: str) -> FileRecord | None:
+    def _get(self, owner: str, file_id: str) -> FileRecord | None:
         paths = self._paths(owner, file_id)
         if paths is None:
             return None
         return _read_record(paths[1])
 
-    def read(self, owner: str, file_id: str) -> tuple[FileRecord, bytes] | None:
-        """A file's record and bytes, or None (unknown id, another owner's, or deleted)."""
-        paths = self._paths(owner, file_id)
-        if paths is None:
-            return None
-        record = _read_record(paths[1])
-        if record is None:
-            return None
-        try:
-            return record, paths[0].read_bytes()
-        except FileNotFoundError:  # deleted between the two reads
-            return None
-
-    def delete(self, owner: str, file_id: str) -> bool:
+    def _delete(self, owner: str, file_id: str) -> bool:
         paths = self._paths(owner, file_id)
         if paths is None:
             return False
@@ -186,45 +204,64 @@ class FileStore:
         content.unlink(missing_ok=True)
         return True
 
-    def records(self, owner: str) -> list[FileRecord]:
+    def _list(
+        self, owner: str, purpose: str | None, after: str | None, limit: int, order: Literal["asc", "desc"]
+    ) -> FilePage:
         folder = self._folder(owner)
-        if not folder.is_dir():
-            return []
-        found = (_read_record(path) for path in folder.glob("file-*" + _META_SUFFIX))
-        return [record for record in found if record is not None]
-
-    def list(
-        self,
-        owner: str,
-        *,
-        purpose: str | None = None,
-        after: str | None = None,
-        limit: int = 10000,
-        order: Literal["asc", "desc"] = "desc",
-    ) -> tuple[list[FileRecord], bool]:
-        """One page of the owner's files by creation time (ties by id), and whether more follow."""
-        records = [r for r in self.records(owner) if purpose is None or r.purpose == purpose]
+        found = (
+            (_read_record(path) for path in folder.glob("file-*" + _META_SUFFIX)) if folder.is_dir() else ()
+        )
+        records = [r for r in found if r is not None and (purpose is None or r.purpose == purpose)]
         records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
         if after is not None:
             ids = [r.id for r in records]
             records = records[ids.index(after) + 1 :] if after in ids else []
         return records[:limit], len(records) > limit
 
-    def stored_bytes(self, owner: str) -> int:
-        return sum(record.bytes for record in self.records(owner))
-
-    def usage(self, owner: str) -> tuple[int, int]:
-        """The owner's files: how many, and the bytes they (and their records) take on disk."""
+    def _usage(self, owner: str) -> tuple[int, int]:
         folder = self._folder(owner)
         return _usage(folder) if folder.is_dir() else (0, 0)
 
-    def remove_orphans(self) -> None:
-        """Temporaries an interrupted upload left behind (start-up)."""
+    def _remove_orphans(self) -> None:
         if not self.root.is_dir():
             return
         for path in self.root.glob(f"*/{_TEMP_PREFIX}*"):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def _save(
+    folder: Path,
+    data: bytes,
+    *,
+    filename: str,
+    purpose: str,
+    media_type: str,
+    quota: FileQuota | None,
+) -> FileRecord:
+    """`FileRepository.save` in `folder`, under the owner's lock."""
+    record = FileRecord(
+        id=new_file_id(),
+        bytes=len(data),
+        created_at=int(time.time()),
+        filename=filename,
+        purpose=purpose,
+        media_type=media_type,
+    )
+    metadata = json.dumps(asdict(record), ensure_ascii=False).encode()
+    content, meta = folder / record.id, folder / (record.id + _META_SUFFIX)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder / _LOCK_NAME):
+        if quota is not None:
+            adding = _on_disk(folder, len(data)) + _on_disk(folder, len(metadata))
+            _check_quota(folder, quota, adding=adding)
+        _write_atomic(content, data)
+        try:
+            _write_atomic(meta, metadata)
+        except BaseException:
+            content.unlink(missing_ok=True)
+            raise
+    return record
 
 
 @contextlib.contextmanager
@@ -304,14 +341,14 @@ class RequestFiles:
     read together is bounded by `max_bytes` (the request size limit), like item references.
     """
 
-    def __init__(self, store: FileStore, owner: str, *, max_bytes: int) -> None:
+    def __init__(self, store: FileRepository, owner: str, *, max_bytes: int) -> None:
         self._store = store
         self._owner = owner
         self._max_bytes = max_bytes
         self.bytes = 0
 
     def __call__(self, file_id: str) -> FileContent | None:
-        found = self._store.read(self._owner, file_id)
+        found = self._store.read_blocking(self._owner, file_id)
         if found is None:
             return None
         record, data = found

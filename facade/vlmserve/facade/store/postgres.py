@@ -1,6 +1,6 @@
-"""The PostgreSQL store: several facades share one database (`--store postgresql://…`).
+"""The PostgreSQL database: several facades share one store (`--store postgresql://…`).
 
-Connections come from a psycopg pool; the queries are `sql_store`'s (its `?` placeholders
+Connections come from a psycopg pool; the queries are the repositories' (their `?` placeholders
 become psycopg's `%s` here). The schema is a versioned list of migrations applied in one
 transaction under an advisory lock, so facades starting together migrate once.
 
@@ -22,8 +22,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from vlmserve.facade.store.sql_backend import DEFAULT_CACHE_BYTES, Rows
-from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.database import DEFAULT_CACHE_BYTES, Database, Rows
 
 # Advisory lock keys (one 64-bit namespace per database): "vlms" and a number.
 _LOCK_BASE = 0x766C6D73 << 8
@@ -136,7 +135,7 @@ def _placeholders(sql: str) -> str:
 
 
 class _Adapted:
-    """A psycopg connection speaking sql_store's dialect (`?` placeholders)."""
+    """A psycopg connection speaking the repositories' dialect (`?` placeholders)."""
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._connection = connection
@@ -149,7 +148,7 @@ class _Adapted:
             cursor.executemany(_placeholders(sql), rows)
 
 
-class PostgresStore(SQLStore):
+class PostgresDatabase(Database):
     FOR_UPDATE = " FOR UPDATE"
     INSERT_ORDER = "seq"
     NOW = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
@@ -201,19 +200,19 @@ class PostgresStore(SQLStore):
         self._pool.close()
 
     @contextmanager
-    def _begin(self, *, frees_images: bool) -> Iterator[_Adapted]:
+    def begin(self, *, frees_images: bool) -> Iterator[_Adapted]:
         with self._pool.connection() as connection, connection.transaction():
             # Taken first, before any row lock, in every write transaction: no lock-order cycle.
             lock = "pg_advisory_xact_lock" if frees_images else "pg_advisory_xact_lock_shared"
             connection.execute(f"SELECT {lock}(%s)", (IMAGES_LOCK,))
             yield _Adapted(connection)
 
-    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._pool.connection() as connection:
             return connection.execute(_placeholders(sql), params).fetchall()
 
     @contextmanager
-    def _upkeep_turn(self) -> Iterator[bool]:
+    def upkeep_turn(self) -> Iterator[bool]:
         with self._pool.connection() as connection:
             row = connection.execute("SELECT pg_try_advisory_lock(%s)", (UPKEEP_LOCK,)).fetchone()
             mine = bool(row and row[0])
@@ -223,6 +222,6 @@ class PostgresStore(SQLStore):
                 if mine:
                     connection.execute("SELECT pg_advisory_unlock(%s)", (UPKEEP_LOCK,))
 
-    def _vacuum(self) -> int:
+    def vacuum(self) -> int:
         # autovacuum reuses and returns the space of deleted rows.
         return 0

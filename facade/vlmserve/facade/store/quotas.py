@@ -10,14 +10,14 @@ then), so an object can pass its limit by one response's output.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.settings import Storage
-from vlmserve.facade.store.protocol import Store, StoredItem
+from vlmserve.facade.store.records import StoredItem
+from vlmserve.facade.store.repositories import Store
 
 
 def stored_size(items: Sequence[StoredItem], messages: Sequence[pb.Message]) -> int:
@@ -51,12 +51,12 @@ async def check_room(
     `conversation_too_large` (on `param`) when the conversation would pass its limit."""
     quota = storage.max_stored_bytes_per_key
     if quota is not None:
-        used = await asyncio.to_thread(store.stored_bytes, owner)
+        used = await store.stored_bytes(owner)
         if used + adding > quota:
             raise quota_exceeded(used, quota, adding)
     limit = storage.max_conversation_bytes
     if conversation_id is not None and limit is not None:
-        size = await asyncio.to_thread(store.conversation_bytes, conversation_id, owner=owner)
+        size = await store.conversations.size(conversation_id, owner=owner)
         if size is not None and size + adding > limit:
             raise APIError(
                 400,

@@ -1,5 +1,5 @@
-"""The SQLite store (WAL), the embedded default: one file, its schema and its migrations; the
-queries are `sql_store`'s, shared with PostgreSQL.
+"""The SQLite database (WAL), the store's embedded default: one file, its schema and its
+migrations; the queries are the repositories', shared with PostgreSQL.
 
 Write transactions are exclusive (BEGIN IMMEDIATE). Deleting returns the freed pages to the
 file system (auto_vacuum INCREMENTAL). Responses stored before messages were kept (schema 0)
@@ -15,27 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vlmserve.facade.store.protocol import (
-    ItemPage,
-    MissingChainLinkError,
-    Order,
-    Replay,
-    StoredItem,
-    UnknownCursorError,
-)
-from vlmserve.facade.store.sql_backend import DEFAULT_CACHE_BYTES, Connection
-from vlmserve.facade.store.sql_responses import SQLStore
+from vlmserve.facade.store.database import DEFAULT_CACHE_BYTES, Connection, Database
 
-__all__ = [
-    "DEFAULT_CACHE_BYTES",
-    "ItemPage",
-    "MissingChainLinkError",
-    "Order",
-    "Replay",
-    "ResponseStore",
-    "StoredItem",
-    "UnknownCursorError",
-]
+__all__ = ["SCHEMA_VERSION", "SQLiteDatabase"]
 
 SCHEMA_VERSION = 4
 
@@ -147,7 +129,7 @@ UPDATE conversations SET model = (SELECT json_extract(resource, '$.model') FROM 
 """
 
 
-class ResponseStore(SQLStore):
+class SQLiteDatabase(Database):
     def __init__(self, path: Path | str, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         super().__init__(cache_bytes=cache_bytes)
         path_text = str(path)
@@ -170,7 +152,7 @@ class ResponseStore(SQLStore):
         if version >= SCHEMA_VERSION:
             return
         existed = bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses'").fetchall())
-        with self._begin(frees_images=False) as db:
+        with self.begin(frees_images=False) as db:
             # Each version's step, in order, from the one after the file's; all or none.
             for step in _MIGRATIONS[version:]:
                 step(db, existed)
@@ -184,7 +166,7 @@ class ResponseStore(SQLStore):
             self._db.close()
 
     @contextmanager
-    def _begin(self, *, frees_images: bool) -> Iterator[Connection]:
+    def begin(self, *, frees_images: bool) -> Iterator[Connection]:
         # Every write transaction is exclusive here, so freeing images needs nothing more.
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -195,16 +177,16 @@ class ResponseStore(SQLStore):
                 raise
             self._db.execute("COMMIT")
 
-    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
     @contextmanager
-    def _upkeep_turn(self) -> Iterator[bool]:
+    def upkeep_turn(self) -> Iterator[bool]:
         # Each of maintain()'s transactions is exclusive; two runs side by side only repeat work.
         yield True
 
-    def _vacuum(self) -> int:
+    def vacuum(self) -> int:
         """Give free pages back to the file system; how many there were."""
         with self._lock:
             (free,) = self._db.execute("PRAGMA freelist_count").fetchone()

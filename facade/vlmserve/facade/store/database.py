@@ -1,7 +1,10 @@
-"""The machinery the SQLite and PostgreSQL stores share: transactions that settle `usage` (and
-check quotas) as their last step, the replay cache, paging, image de-duplication. A backend
-(`store.ResponseStore`, `postgres_store.PostgresStore`) supplies connections, transactions, its
-schema and its way of giving space back; the queries are in `sql_store` and `sql_conversations`.
+"""The database under the store's repositories: SQLite (`sqlite.SQLiteDatabase`) or PostgreSQL
+(`postgres.PostgresDatabase`). A backend supplies connections, transactions, its schema, its
+dialect and its way of giving space back; the queries are the repositories' (`responses`,
+`conversations`, `events`, `leases`), written once for both.
+
+`run` is the one place the store leaves the event loop: a repository's async method runs its
+blocking SQL there, in a worker thread, once per call.
 
 The SQL is the dialect both understand (`?` placeholders, which the PostgreSQL backend rewrites;
 ON CONFLICT, RETURNING, WITH RECURSIVE); the few differences are class attributes.
@@ -14,15 +17,16 @@ that update takes makes the check and the write one step for every facade sharin
 
 from __future__ import annotations
 
+import asyncio
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, ParamSpec, Protocol, TypeVar
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, decode_messages
-from vlmserve.facade.store.protocol import (
+from vlmserve.facade.store.records import (
     ItemPage,
     Order,
     StorageQuotaExceededError,
@@ -35,6 +39,9 @@ BATCH = 500
 
 # Decoded messages kept in memory for the next turns of recent chains and conversations.
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class Rows(Protocol):
@@ -94,7 +101,10 @@ class Transaction:
                 raise StorageQuotaExceededError(used=int(total) - delta, quota=quota, adding=delta)
 
 
-class SQLBase(ABC):
+class Database(ABC):
+    """Connections, transactions and reads of one database, and the decoded messages of recent
+    replays (`cache`), shared by every repository on it. Thread-safe."""
+
     # Dialect: a row lock on SELECT (PostgreSQL; SQLite's write transactions are exclusive),
     # the column that orders rows as inserted, and the time now in unix seconds.
     FOR_UPDATE: ClassVar[str] = ""
@@ -102,47 +112,52 @@ class SQLBase(ABC):
     NOW: ClassVar[str] = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self._cache = MessageCache(cache_bytes)
+        self.cache = MessageCache(cache_bytes)
+
+    async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`function` (blocking work on this database) in a worker thread, off the event loop."""
+        return await asyncio.to_thread(function, *args, **kwargs)
 
     # ---- what a backend supplies -------------------------------------------------------------
 
     @abstractmethod
-    def _begin(self, *, frees_images: bool) -> AbstractContextManager[Connection]:
+    def begin(self, *, frees_images: bool) -> AbstractContextManager[Connection]:
         """A write transaction, committed when the block ends, rolled back when it raises.
         `frees_images`: it may delete images, so no transaction adding uses may run beside it."""
 
     @abstractmethod
-    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Rows of one read."""
 
     @abstractmethod
-    def _vacuum(self) -> int:
+    def vacuum(self) -> int:
         """Give free space back; how many pages that was (0 where the database does it itself)."""
 
     @abstractmethod
-    def _upkeep_turn(self) -> AbstractContextManager[bool]:
+    def upkeep_turn(self) -> AbstractContextManager[bool]:
         """Whether this store may run `maintain` now (one facade at a time): held for the block."""
 
     @abstractmethod
     def close(self) -> None: ...
 
     @contextmanager
-    def _transaction(self, *, frees_images: bool = False) -> Iterator[Transaction]:
-        with self._begin(frees_images=frees_images) as db:
+    def transaction(self, *, frees_images: bool = False) -> Iterator[Transaction]:
+        """A write transaction that settles `usage` (and its quotas) as its last step."""
+        with self.begin(frees_images=frees_images) as db:
             tx = Transaction(db)
             yield tx
             tx.settle_usage()
         # Conversation messages appended by this transaction: cached only now it holds.
         for key, messages in tx.appended:
-            self._cache.put(key, messages)
+            self.cache.put(key, messages)
 
-    def _page(
+    def page(
         self, table: str, where: str, key: tuple[Any, ...], after: str | None, limit: int, order: Order
     ) -> ItemPage:
         direction, compare = ("ASC", ">") if order == "asc" else ("DESC", "<")
         condition, params = where, list(key)
         if after is not None:
-            rows = self._query(
+            rows = self.query(
                 f"SELECT position FROM {table} WHERE {where} AND item_id = ?"
                 f" ORDER BY position {direction} LIMIT 1",
                 (*key, after),
@@ -151,20 +166,20 @@ class SQLBase(ABC):
                 raise UnknownCursorError(after)
             condition += f" AND position {compare} ?"
             params.append(rows[0][0])
-        rows = self._query(
+        rows = self.query(
             f"SELECT item_id, item FROM {table} WHERE {condition} ORDER BY position {direction} LIMIT ?",
             (*params, limit + 1),
         )
         items = [StoredItem(item_id, json.loads(item)) for item_id, item in rows[:limit]]
         return ItemPage(items=items, has_more=len(rows) > limit)
 
-    def _decode(self, stored: Sequence[tuple[bytes, list[str]]]) -> list[list[pb.Message]]:
+    def decode(self, stored: Sequence[tuple[bytes, list[str]]]) -> list[list[pb.Message]]:
         """Each stored (blob, image hashes) as its messages, images read in one go."""
         wanted = sorted({digest for _, hashes in stored for digest in hashes})
         images: dict[str, bytes] = {}
         for batch in batches(wanted):
             marks = ",".join("?" * len(batch))
-            rows = self._query(f"SELECT hash, data FROM images WHERE hash IN ({marks})", batch)
+            rows = self.query(f"SELECT hash, data FROM images WHERE hash IN ({marks})", batch)
             images.update((digest, bytes(data)) for digest, data in rows)
         return [decode_messages(blob, hashes, images) for blob, hashes in stored]
 

@@ -1,0 +1,65 @@
+"""What the store's repositories take and give back, whatever database keeps it: stored items,
+pages of them, replays, what upkeep did, and the errors a write or a read can raise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+Order = Literal["asc", "desc"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    """One item and the id it is listed under (the client's `id`, or one the facade assigned)."""
+
+    id: str
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemPage:
+    items: list[StoredItem]
+    has_more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Earlier turns, oldest first: as the raw contract messages they were translated to
+    (`messages`), or, where any of them was stored before messages were kept, as raw items."""
+
+    messages: list[pb.Message] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    """What one `maintain()` run did."""
+
+    expired_responses: int
+    freed_images: int
+    freed_pages: int
+
+
+class StorageQuotaExceededError(Exception):
+    """A write would take its owner past `max_stored_bytes`; nothing was written."""
+
+    def __init__(self, *, used: int, quota: int, adding: int) -> None:
+        super().__init__(f"{used} + {adding} bytes > {quota}")
+        self.used = used
+        self.quota = quota
+        self.adding = adding
+
+
+class UnknownCursorError(LookupError):
+    """`after` names no item of the listed object."""
+
+
+class MissingChainLinkError(LookupError):
+    """A response in a `previous_response_id` chain no longer exists."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(response_id)
+        self.response_id = response_id
