@@ -1,8 +1,10 @@
-"""Speculative decoding (issue 21): the same requests with `--speculative off` and `lookup`,
-side by side in one process, alternating, on one model.
+"""Speculative decoding (issue 21): the same requests with `--speculative off` and another mode
+(`lookup` by default; `draft` or `auto` with `--draft-model`), side by side in one process,
+alternating, on one model.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m bench.speculative [--model DIR] [--rounds 3] [--out bench/results/speculative.json]
+        python -m bench.speculative [--model DIR] [--speculative lookup|draft|auto] [--draft-model DIR]
+            [--rounds 3] [--out bench/results/speculative.json]
 
 Two in-process engines (Generator: the generation loop, no gRPC) on the same weights; each
 round runs every workload on one then the other (the order flips every round). Per workload and
@@ -52,9 +54,13 @@ SCHEMA = {
 }
 
 
-def start(model: str, speculative: str, max_tokens: int) -> Generator:
+def start(model: str, speculative: str, max_tokens: int, draft_model: str | None = None) -> Generator:
     config = EngineConfig(
-        model=model, max_output_tokens=max_tokens, prefix_cache_min_tokens=0, speculative=speculative
+        model=model,
+        max_output_tokens=max_tokens,
+        prefix_cache_min_tokens=0,
+        speculative=speculative,
+        draft_model=draft_model if speculative != "off" else None,
     )
     generator = Generator(config)
     generator.start()
@@ -157,13 +163,16 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--speculative", choices=("lookup", "draft", "auto"), default="lookup")
+    parser.add_argument("--draft-model", default=None, help="drafter for --speculative draft|auto")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, default=Path("bench/results/speculative.json"))
     args = parser.parse_args(argv)
     model = args.model if args.model is not None else build_bench_model(DEFAULT_DIR)[0]
     load_before = os.getloadavg()
-    engines = {name: start(str(model), name, args.max_tokens) for name in ("off", "lookup")}
+    mode = args.speculative
+    engines = {name: start(str(model), name, args.max_tokens, args.draft_model) for name in ("off", mode)}
     work = workloads(engines["off"], args.max_tokens)
     for name, generator in engines.items():  # warm up both (first forwards of each shape)
         run(generator, work["copy"], f"warm-{name}")
@@ -179,18 +188,24 @@ def main(argv: Sequence[str] | None = None) -> None:
                     {k: round(v, 3) for k, v in runs[workload][name][-1].items() if k != "token_ids"},
                     flush=True,
                 )
-    results: dict[str, Any] = {"model": str(model), "rounds": args.rounds, "max_tokens": args.max_tokens}
+    results: dict[str, Any] = {
+        "model": str(model),
+        "speculative": mode,
+        "draft_model": args.draft_model,
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+    }
     for workload in work:
-        off, lookup = summarise(runs[workload]["off"]), summarise(runs[workload]["lookup"])
+        off, on = summarise(runs[workload]["off"]), summarise(runs[workload][mode])
         same = all(
             a["token_ids"] == b["token_ids"]
-            for a, b in zip(runs[workload]["off"], runs[workload]["lookup"], strict=True)
+            for a, b in zip(runs[workload]["off"], runs[workload][mode], strict=True)
         )
         results[workload] = {
             "off": off,
-            "lookup": lookup,
-            "speedup_wall": lookup["tok_per_s"] / off["tok_per_s"],
-            "speedup_cpu": lookup["tok_per_cpu_s"] / off["tok_per_cpu_s"],
+            mode: on,
+            "speedup_wall": on["tok_per_s"] / off["tok_per_s"],
+            "speedup_cpu": on["tok_per_cpu_s"] / off["tok_per_cpu_s"],
             "same_tokens": same,
         }
         print(
@@ -198,16 +213,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             {
                 k: (round(v, 3) if isinstance(v, float) else v)
                 for k, v in results[workload].items()
-                if k not in ("off", "lookup")
+                if k not in ("off", mode)
             },
         )
         print(
-            "   lookup accepted tokens per verify",
-            round(lookup["accepted_tokens_per_verify"], 2),
+            f"   {mode} accepted tokens per verify",
+            round(on["accepted_tokens_per_verify"], 2),
             "forwards",
             off["forwards"],
             "->",
-            lookup["forwards"],
+            on["forwards"],
         )
     results["load_average"] = {"before": load_before, "after": os.getloadavg()}
     for generator in engines.values():
