@@ -5,6 +5,9 @@ model with its history."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 
+from tests._pdfs import text_pdf
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
 from tests.facade.helpers import png_data_url
 from vlmserve.client import AsyncEngineClient
@@ -29,6 +34,15 @@ class Two:
 
 @pytest.fixture
 async def two(tmp_path: Path, settings: FacadeSettings, store: Store) -> AsyncIterator[Two]:
+    async with two_models(tmp_path, settings, store, "max_output_tokens = 100") as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def two_models(
+    tmp_path: Path, settings: FacadeSettings, store: Store, b_limits: str
+) -> AsyncIterator[Two]:
+    """Models a (the default) and b ("small", with `b_limits` in its models file entry)."""
     engines: list[RunningFakeEngine] = [await start_fake_engine(), await start_fake_engine()]
     a, b = (running.servicer for running in engines)
     a.info.model_id = "engine-a"
@@ -44,7 +58,7 @@ async def two(tmp_path: Path, settings: FacadeSettings, store: Store) -> AsyncIt
 id = "b"
 engines = ["{engines[1].address}"]
 aliases = ["small"]
-limits = {{ max_output_tokens = 100 }}
+limits = {{ {b_limits} }}
 """,
         encoding="utf-8",
     )
@@ -219,3 +233,61 @@ async def test_conversation_items_are_checked_against_its_models_limits(two: Two
     assert added.status_code == 400 and added.json()["error"]["param"] == "items", added.text
     on_a = await two.http.post("/v1/conversations", json={"model": "a", "items": two_images})
     assert on_a.status_code == 200, on_a.text
+
+
+async def test_every_model_dependent_limit_can_be_set_per_model(
+    tmp_path: Path, settings: FacadeSettings, store: Store
+) -> None:
+    b_limits = "max_tools = 1, max_tool_bytes = 4096, max_chain_depth = 1, max_pdf_pages = 1, pdf_dpi = 36.0"
+    async with two_models(tmp_path, settings, store, b_limits) as two:
+        tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+        tools = [tool, {**tool, "name": "g"}]
+        assert (
+            await two.http.post("/v1/responses", json={"model": "a", "input": "hi", "tools": tools})
+        ).status_code == 200
+        refused = await two.http.post("/v1/responses", json={"model": "b", "input": "hi", "tools": tools})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools", refused.text
+        # b replays one response of a chain, a the whole of it.
+        first = await create(two.http, model="a", input="one")
+        second = await create(two.http, model="a", input="two", previous_response_id=first["id"])
+        for model, engine in (("a", two.a), ("b", two.b)):
+            await create(two.http, model=model, input="three", previous_response_id=second["id"])
+            texts = [part.text.text for message in engine.requests[-1].messages for part in message.parts]
+            expected = ["two", "Hello, world.", "three"]
+            assert texts == (["one", "Hello, world.", *expected] if model == "a" else expected), texts
+        # A PDF's pages are the model's images: b takes one page, at its own dpi.
+        pdf = base64.b64encode(text_pdf(["page one", "page two"])).decode()
+        document = [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "input_file",
+                        "filename": "a.pdf",
+                        "file_data": f"data:application/pdf;base64,{pdf}",
+                    }
+                ],
+            }
+        ]
+        assert (
+            await two.http.post("/v1/responses", json={"model": "a", "input": document})
+        ).status_code == 200
+        a_page = page_size(two.a.requests[-1])
+        too_long = await two.http.post("/v1/responses", json={"model": "b", "input": document})
+        assert too_long.status_code == 400 and "1" in too_long.json()["error"]["message"], too_long.text
+        one_page = base64.b64encode(text_pdf(["page one"])).decode()
+        document[0]["content"][0]["file_data"] = f"data:application/pdf;base64,{one_page}"  # type: ignore[index]
+        assert (
+            await two.http.post("/v1/responses", json={"model": "b", "input": document})
+        ).status_code == 200
+        b_page = page_size(two.b.requests[-1])
+        assert b_page[0] < a_page[0] and b_page[1] < a_page[1], (b_page, a_page)
+
+
+def page_size(request: pb.GenerateRequest) -> tuple[int, int]:
+    """The pixel size of a request's (first) rendered PDF page."""
+    (image,) = [
+        part.image for message in request.messages for part in message.parts if part.HasField("image")
+    ][:1]
+    size: tuple[int, int] = Image.open(io.BytesIO(image.data)).size
+    return size

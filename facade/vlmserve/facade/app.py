@@ -103,6 +103,7 @@ def model_router(settings: FacadeSettings, clients: Callable[[ModelRoute], Async
         settings.model_routes(),
         client=clients,
         limits=settings.limits,
+        files=settings.files,
         ttl_s=settings.model_info_ttl_s,
         timeout_s=settings.timeouts.control,
     )

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "DEFAULT_ALIAS",
+    "MODEL_FILE_LIMITS",
     "MODEL_LIMITS",
     "ModelRoute",
     "ModelsFile",
@@ -31,14 +32,21 @@ __all__ = [
 ]
 
 DEFAULT_ALIAS = "default"
-# Facade limits a model may set for itself (the others bound HTTP requests before any routing).
+# Facade limits (`Limits`) a model may set for itself: every per-request one that depends on
+# the model (its output, its images, how much history and how many tools its context takes).
+# The others bound HTTP requests before any routing (body and header sizes, per-key shares).
 MODEL_LIMITS = (
     "max_output_tokens",
     "default_max_output_tokens",
     "max_images_per_request",
     "max_image_bytes",
     "max_image_pixels",
+    "max_chain_depth",
+    "max_tools",
+    "max_tool_bytes",
 )
+# File settings (`Files`) a model may set for itself: a PDF's pages become that model's images.
+MODEL_FILE_LIMITS = ("max_pdf_pages", "max_pdf_page_pixels", "pdf_dpi")
 _MAX_NAME_CHARS = 256
 
 
@@ -64,7 +72,7 @@ class ModelsFileEntry(BaseModel):
     id: str = Field(min_length=1, max_length=_MAX_NAME_CHARS)
     engines: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
-    limits: dict[str, int | None] = Field(default_factory=dict)
+    limits: dict[str, int | float | None] = Field(default_factory=dict)
     # For the launcher (`python -m vlmserve.facade.launch --models-file`): the engine to start
     # when `engines` is empty, and more flags for it.
     model: str | None = None
@@ -163,11 +171,12 @@ def model_routes(
 
 
 def _checked_limits(model_id: str, limits: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(limits) - set(MODEL_LIMITS))
+    settable = (*MODEL_LIMITS, *MODEL_FILE_LIMITS)
+    unknown = sorted(set(limits) - set(settable))
     if unknown:
         raise ValueError(
             f"model {model_id!r}: limits {', '.join(unknown)} cannot be set per model "
-            f"(these can: {', '.join(MODEL_LIMITS)})"
+            f"(these can: {', '.join(settable)})"
         )
     return dict(limits)
 

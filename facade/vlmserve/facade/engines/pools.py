@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from vlmserve.client import AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.engines.catalog import ModelCatalog
-from vlmserve.facade.engines.config import ModelRoute
+from vlmserve.facade.engines.config import MODEL_FILE_LIMITS, MODEL_LIMITS, ModelRoute
 from vlmserve.facade.http.errors import model_not_found
-from vlmserve.facade.settings import Limits
+from vlmserve.facade.settings import Files, Limits
 
 __all__ = ["ModelPool", "ModelRouter", "PoolStatus", "ResolvedModel"]
 
@@ -26,8 +26,9 @@ class ModelPool:
     route: ModelRoute
     engine: AsyncEngineClient
     catalog: ModelCatalog
-    # The facade's limits with this model's own (ModelRoute.limits) applied.
+    # The facade's limits and file settings with this model's own (ModelRoute.limits) applied.
     limits: Limits
+    files: Files
 
     def public_id(self, info: pb.GetModelInfoResponse) -> str:
         """The id clients see (responses' `model`, /v1/models): the configured one, else the engine's."""
@@ -56,6 +57,10 @@ class ResolvedModel:
     @property
     def limits(self) -> Limits:
         return self.pool.limits
+
+    @property
+    def files(self) -> Files:
+        return self.pool.files
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,18 +93,22 @@ class ModelRouter:
         *,
         client: Callable[[ModelRoute], AsyncEngineClient],
         limits: Limits,
+        files: Files,
         ttl_s: float,
         timeout_s: float,
     ) -> ModelRouter:
         pools = []
         for route in routes:
             engine = client(route)
+            own = {key: value for key, value in route.limits.items() if key in MODEL_LIMITS}
+            own_files = {key: value for key, value in route.limits.items() if key in MODEL_FILE_LIMITS}
             pools.append(
                 ModelPool(
                     route,
                     engine,
                     ModelCatalog(engine, ttl_s=ttl_s, timeout_s=timeout_s),
-                    limits.replace(**route.limits) if route.limits else limits,
+                    limits.replace(**own) if own else limits,
+                    files.replace(**own_files) if own_files else files,
                 )
             )
         return cls(pools)

@@ -39,7 +39,7 @@ from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.recorder import ResponseRecorder
 from vlmserve.facade.responses.resource import new_resource
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.settings import FacadeSettings, Limits
+from vlmserve.facade.settings import FacadeSettings, Files, Limits
 from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileRepository, RequestFiles
 from vlmserve.facade.store.quotas import check_room, stored_size
@@ -128,7 +128,7 @@ class ResponsesService:
         # replayed turns, then (while resolving) with what its references add.
         own_images = count_image_parts(body.get("input"))
         check_image_count(own_images, allowed_images, param="input")
-        replay = await self._replay(body, owner)
+        replay = await self._replay(body, owner, max_depth=limits.max_chain_depth)
         images_before = own_images + count_image_parts(replay.items) + count_contract_images(replay.messages)
         check_image_count(images_before, allowed_images, param="input")
         references = ItemReferences(
@@ -149,7 +149,7 @@ class ResponsesService:
                 replay=replay.items,
                 history=replay.messages,
                 file_source=self.file_source(owner),
-                document_limits=self.document_limits(allowed_images),
+                document_limits=self.document_limits(allowed_images, model.files),
                 pdf_renderer=renderer,
             ),
             with_files=has_file_parts(body.get("input")) or has_file_parts(replay.items),
@@ -266,9 +266,9 @@ class ResponsesService:
             return None
         return RequestFiles(self.files, owner, max_bytes=self.settings.limits.max_request_bytes)
 
-    def document_limits(self, allowed_images: int) -> DocumentLimits:
-        """Bounds on files in one request: its PDF pages are images, so count against its images."""
-        files = self.settings.files
+    def document_limits(self, allowed_images: int, files: Files) -> DocumentLimits:
+        """Bounds on files in one request (`files`: its model's settings): its PDF pages are
+        images, so count against its images."""
         return DocumentLimits(
             max_bytes=files.max_file_bytes,
             max_pages=files.max_pdf_pages,
@@ -297,8 +297,9 @@ class ResponsesService:
         if call.first_output_at is not None:
             metrics.time_to_first_output.observe(call.first_output_at - call.created_at)
 
-    async def _replay(self, body: Mapping[str, Any], owner: str) -> Replay:
-        """The stored turns a request continues from (previous_response_id or conversation)."""
+    async def _replay(self, body: Mapping[str, Any], owner: str, *, max_depth: int) -> Replay:
+        """The stored turns a request continues from (previous_response_id, at most `max_depth`
+        responses of it, or conversation)."""
         previous = body.get("previous_response_id")
         conversation = body.get("conversation")
         conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
@@ -307,7 +308,7 @@ class ResponsesService:
                 replay = await self.store.responses.replay(
                     previous,
                     owner=owner,
-                    max_depth=self.settings.limits.max_chain_depth,
+                    max_depth=max_depth,
                 )
             except MissingChainLinkError as error:
                 raise not_found("response", error.response_id, param="previous_response_id") from None

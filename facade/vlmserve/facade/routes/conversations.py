@@ -304,7 +304,7 @@ async def _checked_items(
             image_source=state.responses.image_source(),
             image_limits=image_limits(info, limits),
             file_source=state.responses.file_source(owner),
-            document_limits=state.responses.document_limits(allowed_images),
+            document_limits=state.responses.document_limits(allowed_images, model.files),
         )
     except InvalidRequestError as error:
         param = "items" + error.param.removeprefix("input") if error.param else None
