@@ -291,3 +291,16 @@ def page_size(request: pb.GenerateRequest) -> tuple[int, int]:
     ][:1]
     size: tuple[int, int] = Image.open(io.BytesIO(image.data)).size
     return size
+
+
+async def test_a_model_has_its_own_generate_timeout(
+    tmp_path: Path, settings: FacadeSettings, store: Store
+) -> None:
+    async with two_models(tmp_path, settings, store, "generate_timeout_s = 0.5") as two:
+        for engine in (two.a, two.b):
+            engine.script.text_chunks = ["slow ", "answer ", "here"]
+            engine.script.delay_s = 0.3
+        assert (await two.http.post("/v1/responses", json={"model": "a", "input": "hi"})).status_code == 200
+        late = await two.http.post("/v1/responses", json={"model": "b", "input": "hi"})
+        assert late.status_code == 504, late.text
+        assert late.json()["error"]["code"] == "engine_timeout"

@@ -104,8 +104,8 @@ def model_router(settings: FacadeSettings, clients: Callable[[ModelRoute], Async
         client=clients,
         limits=settings.limits,
         files=settings.files,
+        timeouts=settings.timeouts,
         ttl_s=settings.model_info_ttl_s,
-        timeout_s=settings.timeouts.control,
     )
 
 

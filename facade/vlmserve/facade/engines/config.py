@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 __all__ = [
     "DEFAULT_ALIAS",
     "MODEL_FILE_LIMITS",
+    "MODEL_GENERATE_TIMEOUT",
     "MODEL_LIMITS",
     "ModelRoute",
     "ModelsFile",
@@ -47,6 +48,8 @@ MODEL_LIMITS = (
 )
 # File settings (`Files`) a model may set for itself: a PDF's pages become that model's images.
 MODEL_FILE_LIMITS = ("max_pdf_pages", "max_pdf_page_pixels", "pdf_dpi")
+# Seconds one generation on this model may take (`--generate-timeout`): a larger model is slower.
+MODEL_GENERATE_TIMEOUT = "generate_timeout_s"
 _MAX_NAME_CHARS = 256
 
 
@@ -171,7 +174,7 @@ def model_routes(
 
 
 def _checked_limits(model_id: str, limits: Mapping[str, Any]) -> dict[str, Any]:
-    settable = (*MODEL_LIMITS, *MODEL_FILE_LIMITS)
+    settable = (*MODEL_LIMITS, *MODEL_FILE_LIMITS, MODEL_GENERATE_TIMEOUT)
     unknown = sorted(set(limits) - set(settable))
     if unknown:
         raise ValueError(

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from vlmserve.client import AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.engines.catalog import ModelCatalog
-from vlmserve.facade.engines.config import MODEL_FILE_LIMITS, MODEL_LIMITS, ModelRoute
+from vlmserve.facade.engines.config import MODEL_FILE_LIMITS, MODEL_GENERATE_TIMEOUT, MODEL_LIMITS, ModelRoute
 from vlmserve.facade.http.errors import model_not_found
-from vlmserve.facade.settings import Files, Limits
+from vlmserve.facade.settings import Files, Limits, Timeouts
 
 __all__ = ["ModelPool", "ModelRouter", "PoolStatus", "ResolvedModel"]
 
@@ -29,6 +29,8 @@ class ModelPool:
     # The facade's limits and file settings with this model's own (ModelRoute.limits) applied.
     limits: Limits
     files: Files
+    # Seconds one generation may take (--generate-timeout, or the model's own).
+    generate_timeout_s: float
 
     def public_id(self, info: pb.GetModelInfoResponse) -> str:
         """The id clients see (responses' `model`, /v1/models): the configured one, else the engine's."""
@@ -62,6 +64,10 @@ class ResolvedModel:
     def files(self) -> Files:
         return self.pool.files
 
+    @property
+    def generate_timeout_s(self) -> float:
+        return self.pool.generate_timeout_s
+
 
 @dataclass(frozen=True, slots=True)
 class PoolStatus:
@@ -94,8 +100,8 @@ class ModelRouter:
         client: Callable[[ModelRoute], AsyncEngineClient],
         limits: Limits,
         files: Files,
+        timeouts: Timeouts,
         ttl_s: float,
-        timeout_s: float,
     ) -> ModelRouter:
         pools = []
         for route in routes:
@@ -106,9 +112,13 @@ class ModelRouter:
                 ModelPool(
                     route,
                     engine,
-                    ModelCatalog(engine, ttl_s=ttl_s, timeout_s=timeout_s),
+                    ModelCatalog(engine, ttl_s=ttl_s, timeout_s=timeouts.control),
                     limits.replace(**own) if own else limits,
                     files.replace(**own_files) if own_files else files,
+                    # Validated as the flag is (seconds > 0).
+                    timeouts.replace(generate=route.limits[MODEL_GENERATE_TIMEOUT]).generate
+                    if MODEL_GENERATE_TIMEOUT in route.limits
+                    else timeouts.generate,
                 )
             )
         return cls(pools)

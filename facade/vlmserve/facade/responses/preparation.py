@@ -236,7 +236,7 @@ class ResponsesService:
         call = EngineCall(
             translated.request,
             model.engine,
-            timeout_s=self.settings.timeouts.generate,
+            timeout_s=model.generate_timeout_s,
             heartbeat_s=self.settings.timeouts.heartbeat,
             context_length=info.context_length or None,
             retry_after_s=self.settings.retry_after_s,
