@@ -21,8 +21,6 @@ RESPONSES = {
     "is_item_reference", "parse_as", "parse_body", "parse_metadata", "InvalidRequestError",
     # media the translation reads through the caller's sources
     "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
-    # lowering (images in non-user turns reach the model as a following user turn)
-    "IMAGE_FOLLOW_UP_MARKER", "LoweredMessage", "lower_conversation", "lower_messages",
     # output: items, the response resource and its parts
     "ConversationRef", "ConversationResource", "CustomToolCallItem", "DeletedObject", "ErrorPayload",
     "FunctionCallItem", "IncompleteDetails", "IncompleteReason", "InputTokensCount", "ItemList",
@@ -30,7 +28,7 @@ RESPONSES = {
     "ReasoningItem", "ReasoningTextContent", "RequestEcho", "ResponseError", "ResponseResource",
     "ResponseStatus", "ToolCallItem", "Usage", "logprobs_from_contract", "message_output_item",
     "messages_to_items", "output_text_part", "reasoning_output_item", "result_to_output_items",
-    "tool_call_output_item", "tool_output_text", "usage_from_contract",
+    "tool_call_output_item", "usage_from_contract",
     # compaction (POST /v1/responses/compact): the summarising turn and the compacted list
     "SUMMARY_INSTRUCTION", "compacted_output", "kept_items",
     # streaming events

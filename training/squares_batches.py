@@ -30,9 +30,9 @@ from training.squares_conversations import (
     strip_images,
 )
 from training.squares_forward import Batch, vision_rotary
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import lower_messages
 
 prepare_inputs: Any = _prepare_inputs  # untyped in mlx-vlm
 

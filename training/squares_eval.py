@@ -28,10 +28,10 @@ from training.squares_conversations import (
 )
 from vlmserve.common.images import decode_image
 from vlmserve.engine.output.tool_parsers import TextPiece, ToolCallPiece
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.tool_formats import HERMES_FORMAT, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import lower_messages
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "qwen2-vl-squares"
 # Not the training seed (0) nor its in-training eval seed (777001).

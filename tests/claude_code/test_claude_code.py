@@ -33,8 +33,8 @@ from tests._services import REPO, ServiceProcess, free_port
 from tests.facade.helpers import parse_sse
 from training.squares import make_samples
 from vlmserve.anthropic import messages_request
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 CLAUDE_BIN = REPO / "node_modules" / ".bin" / "claude"
 PINNED_VERSION = "2.1.328"

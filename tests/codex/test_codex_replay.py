@@ -27,9 +27,9 @@ from tests.codex.codex_requests import (
 )
 from tests.codex.sse import SseStream, post_streaming
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.responses.delivery import IGNORED_TOOLS_HEADER
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 TERMINAL_TYPES = {"response.completed", "response.incomplete"}
 

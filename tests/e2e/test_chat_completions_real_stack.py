@@ -22,6 +22,7 @@ from tests._services import ServiceProcess
 from tests.e2e import squares_requests as squares
 from tests.facade.helpers import png_data_url, seed_000_input
 from training.squares import QUESTION, draw_sample
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 SQUARES_MAX_TOKENS = 16
@@ -221,7 +222,7 @@ def test_chat_tool_message_reaches_the_engine_as_the_responses_request_does(
         response_id = "resp_" + answer.json()["id"].removeprefix("chatcmpl-")
         requests.append(engine_recorder_request(engine_recorder, response_id))
     assert requests[0] == requests[1]
-    assert [m.role for m in requests[0].messages] == [
+    assert [m.role for m in lower_messages(requests[0].messages)] == [  # as the engine renders them
         pb.ROLE_USER,
         pb.ROLE_ASSISTANT,
         pb.ROLE_TOOL,

@@ -30,8 +30,8 @@ from tests._services import ServiceProcess
 from tests.e2e import squares_requests as squares
 from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_bytes, png_data_url, seed_000_input
 from training.squares import QUESTION, draw_sample
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 MAX_TOKENS = 8
 # Enough for the squares model's "<N> <colour>" and its end-of-turn token.
@@ -254,7 +254,9 @@ def test_seed_000_reaches_the_engine_as_tool_text_then_one_user_image(
         model="default", input=seed_000(png_data_url(RED)), tools=TOOLS, max_output_tokens=MAX_TOKENS
     )
     call = engine_call(engine_recorder, response.id)
-    messages = call.request.messages
+    # Sent as the client gave it (the image inside the tool output); the engine lowers it.
+    assert call.request.messages[2].tool_output.WhichOneof("output") == "parts"
+    messages = lower_messages(call.request.messages)
     assert [m.role for m in messages] == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL, pb.ROLE_USER]
     assert [(c.id, c.name) for c in messages[1].tool_calls] == [("c1", "screenshot")]
     tool_text = messages[2].tool_output.text
@@ -331,14 +333,14 @@ def test_previous_response_id_replays_the_stored_tool_image(
     )
     original = engine_call(engine_recorder, first.id)
     replayed = engine_call(engine_recorder, follow_up.id)
-    # The stored turns are lowered again exactly as the first time (image bytes included), then
+    # The stored turns are sent again exactly as the first time (image bytes included), then
     # the first answer, then the new user turn with its own image.
     replayed_messages = list(replayed.request.messages)
-    assert replayed_messages[:4] == list(original.request.messages)
-    assert [m.role for m in replayed_messages[4:]] == [pb.ROLE_ASSISTANT, pb.ROLE_USER]
-    assert replayed_messages[4].parts[0].text.text == first.output_text
-    assert kinds(replayed_messages[5]) == ["text", "image"]
-    assert replayed_messages[5].parts[1].image.data == png_bytes(BLUE)
+    assert replayed_messages[:3] == list(original.request.messages)
+    assert [m.role for m in replayed_messages[3:]] == [pb.ROLE_ASSISTANT, pb.ROLE_USER]
+    assert replayed_messages[3].parts[0].text.text == first.output_text
+    assert kinds(replayed_messages[4]) == ["text", "image"]
+    assert replayed_messages[4].parts[1].image.data == png_bytes(BLUE)
     assert replayed.result is not None and replayed.result.usage.image_count == 2
 
     # Token counts: the replayed request is the original's prompt plus the new items.

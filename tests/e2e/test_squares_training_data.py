@@ -28,9 +28,10 @@ from training.squares_conversations import (
     user_image,
 )
 from training.squares_eval import is_screenshot_call
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import build_generate_request, lower_messages
+from vlmserve.responses import build_generate_request
 
 MODEL = str(SQUARES_MODEL)
 

@@ -27,11 +27,11 @@ from vlmserve.common.images import decode_image
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.model import LoadedModel, load_model
 from vlmserve.engine.prep.image_inputs import ImageProcessorCall
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.rpc.server import EngineServer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
-from vlmserve.responses import lower_messages
 
 MAX_TOKENS = 12
 

@@ -29,9 +29,9 @@ from tests.engine._family_engine import (
     text,
     user,
 )
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import lower_messages
 
 pytestmark = pytest.mark.needs_model
 

@@ -13,10 +13,11 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from vlmserve.engine.model import DEFAULT_MODEL_PATH
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_conversation, render_prompt, to_template_conversation
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import build_generate_request, lower_messages
+from vlmserve.responses import build_generate_request
 
 
 def _png_data_url() -> str:
@@ -243,8 +244,8 @@ def test_a_conversation_lowered_by_the_caller_renders_identically(
 
 
 def test_facade_translated_requests_render_identically(tokenizer: Any) -> None:
-    """Requests the facade builds (lowered, plus its own rewrites) render as they did before the
-    engine lowered: the Responses translation of a screenshot loop, rendered both ways."""
+    """Requests the facade builds (raw, plus its own rewrites) render the same whether a caller
+    lowered them first or not: the Responses translation of a screenshot loop, rendered both ways."""
     body = {
         "input": [
             {"role": "user", "content": "take a screenshot"},
@@ -261,11 +262,12 @@ def test_facade_translated_requests_render_identically(tokenizer: Any) -> None:
         "tools": [{"type": "function", "name": "screenshot", "parameters": {"type": "object"}}],
     }
     translated = build_generate_request(body)
-    sent = translated.request  # what the facade sends: lowered
+    sent = translated.request  # what the facade sends: the conversation as the client gave it
+    assert sent.messages[2].tool_output.WhichOneof("output") == "parts"
     as_sent = render_prompt(sent.messages, template=tokenizer, tools=sent.tools)
-    unlowered = render_prompt(translated.raw_messages, template=tokenizer, tools=sent.tools)
-    assert as_sent.text == unlowered.text
-    assert [i.part for i in as_sent.images] == [i.part for i in unlowered.images]
+    lowered = render_prompt(lower_messages(sent.messages), template=tokenizer, tools=sent.tools)
+    assert as_sent.text == lowered.text
+    assert [i.part for i in as_sent.images] == [i.part for i in lowered.images]
     assert len(as_sent.images) == 1
 
 

@@ -15,9 +15,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.engine._family_engine import running_engine
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import input_to_messages, lower_messages, messages_to_items
+from vlmserve.responses import input_to_messages, messages_to_items
 
 pytestmark = pytest.mark.needs_model
 

@@ -19,11 +19,11 @@ from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import parse_sse, png_bytes
 from vlmserve.anthropic import TOOL_ERROR_PREFIX
 from vlmserve.client import AsyncEngineClient
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 from vlmserve.facade.http.api_keys import ApiKeys
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 RED = (255, 0, 0)
 SCREENSHOT: Any = {"name": "screenshot", "description": "Take one.", "input_schema": {"type": "object"}}
@@ -131,20 +131,21 @@ async def test_a_tool_result_with_an_image_is_lowered_into_a_user_turn(
 ) -> None:
     await sdk.messages.create(model="default", max_tokens=5, tools=[SCREENSHOT], messages=tool_turns(content))
     request = engine.requests[0]
-    roles = [m.role for m in request.messages]
+    lowered = lower_messages(request.messages)  # as the engine renders them
+    roles = [m.role for m in lowered]
     assert roles == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL, pb.ROLE_USER, pb.ROLE_USER]
-    assistant = request.messages[1]
+    assistant = lowered[1]
     assert assistant.parts[0].text.text == "Taking it."
     assert [(c.id, c.name, c.arguments) for c in assistant.tool_calls] == [
         ("toolu_1", "screenshot", '{"x": 1}')
     ]
-    output = request.messages[2].tool_output
+    output = lowered[2].tool_output
     assert output.call_id == "toolu_1"
     assert output.text.endswith(IMAGE_FOLLOW_UP_MARKER)
     for text in texts:
         assert text in output.text
-    assert request.messages[3].parts[0].image.data == png_bytes(RED)
-    assert request.messages[4].parts[0].text.text == "What colour?"
+    assert lowered[3].parts[0].image.data == png_bytes(RED)
+    assert lowered[4].parts[0].text.text == "What colour?"
     assert [tool.function.name for tool in request.tools] == ["screenshot"]
     assert request.tools[0].function.description == "Take one."
 
@@ -176,9 +177,10 @@ async def test_a_pdf_document_in_a_tool_result_becomes_pages(
         model="default", max_tokens=5, tools=[SCREENSHOT], messages=tool_turns([document])
     )
     request = engine.requests[0]
-    images = [part for message in request.messages for part in message.parts if part.HasField("image")]
+    lowered = lower_messages(request.messages)  # as the engine renders them
+    images = [part for message in lowered for part in message.parts if part.HasField("image")]
     assert len(images) == 2  # one per page, lowered into the user turn after the tool turn
-    assert "[file report.pdf, page 1 of 2]" in request.messages[2].tool_output.text
+    assert "[file report.pdf, page 1 of 2]" in lowered[2].tool_output.text
 
 
 async def test_user_documents_pdf_and_text(sdk: anthropic.AsyncAnthropic, engine: FakeEngine) -> None:

@@ -16,8 +16,8 @@ from tests._pdfs import text_pdf
 from tests._sse import aiter_lines
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import png_bytes, png_data_url
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 RED = (255, 0, 0)
 TOOL: Any = {
@@ -107,11 +107,12 @@ async def test_a_tool_message_with_an_image_is_lowered_like_a_function_call_outp
     ]
     await sdk.chat.completions.create(model="default", messages=messages, tools=[TOOL])
     request = engine.requests[0]
-    roles = [m.role for m in request.messages]
+    lowered = lower_messages(request.messages)  # as the engine renders them
+    roles = [m.role for m in lowered]
     assert roles == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL, pb.ROLE_USER]
-    assert [(c.id, c.name) for c in request.messages[1].tool_calls] == [("c1", "screenshot")]
-    assert request.messages[2].tool_output.text.endswith(IMAGE_FOLLOW_UP_MARKER)
-    assert request.messages[3].parts[0].image.data == png_bytes(RED)
+    assert [(c.id, c.name) for c in lowered[1].tool_calls] == [("c1", "screenshot")]
+    assert lowered[2].tool_output.text.endswith(IMAGE_FOLLOW_UP_MARKER)
+    assert lowered[3].parts[0].image.data == png_bytes(RED)
     assert [tool.function.name for tool in request.tools] == ["screenshot"]
 
 
@@ -149,7 +150,8 @@ async def test_a_file_part_reaches_the_engine_as_the_responses_input_file_does(
     assert responses.status_code == 200, responses.text
     via_chat, via_responses = engine.requests
     assert list(via_chat.messages) == list(via_responses.messages)
-    kinds = [part.WhichOneof("kind") for message in via_chat.messages for part in message.parts]
+    lowered = lower_messages(via_chat.messages)  # as the engine renders them
+    kinds = [part.WhichOneof("kind") for message in lowered for part in message.parts]
     assert kinds.count("image") == 2  # one per page
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid, stream_events
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 DATA = Path(__file__).resolve().parents[1] / "codex" / "data"
@@ -43,11 +44,10 @@ async def test_recorded_codex_request_streams_to_completion(
     for event in events:
         assert_valid(event, EVENT_SCHEMAS[event["type"]])
     (request,) = engine.requests
-    sent = [
-        part for message in request.messages for part in message.parts if part.WhichOneof("kind") == "image"
-    ]
+    lowered = lower_messages(request.messages)  # as the engine renders them
+    sent = [part for message in lowered for part in message.parts if part.WhichOneof("kind") == "image"]
     assert len(sent) == images
     if images:
         # The image-only view_image result: marker line in the tool turn, the image right after.
-        tool_index = next(i for i, m in enumerate(request.messages) if m.role == pb.ROLE_TOOL)
-        assert request.messages[tool_index + 1].parts[0].image.detail == pb.IMAGE_DETAIL_HIGH
+        tool_index = next(i for i, m in enumerate(lowered) if m.role == pb.ROLE_TOOL)
+        assert lowered[tool_index + 1].parts[0].image.detail == pb.IMAGE_DETAIL_HIGH

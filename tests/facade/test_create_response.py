@@ -11,9 +11,9 @@ import pytest
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_bytes, png_data_url, seed_000_input
 from vlmserve.client import AsyncEngineClient
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 ID_PATTERN = re.compile(r"^(resp|msg|fc)_[0-9a-f]{48}$")
 
@@ -131,7 +131,7 @@ async def test_seed_000_tool_image_reaches_the_engine_as_a_follow_up_user_turn(
     image = png_bytes((255, 0, 0))
     response = await create(http, input=seed_000_input(png_data_url((255, 0, 0))), tools=[SEED_000_TOOL])
     assert response.status_code == 200, response.text
-    messages = list(engine.requests[0].messages)
+    messages = lower_messages(engine.requests[0].messages)  # as the engine renders them
     roles = [message.role for message in messages]
     assert roles == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL, pb.ROLE_USER]
     tool, follow_up = messages[2], messages[3]
@@ -260,10 +260,11 @@ async def test_codex_request_fields_are_accepted(http: httpx.AsyncClient, engine
     assert_valid(response.json(), "ResponseResource")
     assert response.headers["x-vlmserve-ignored-tools"] == "web_search"
     request = engine.requests[0]
+    lowered = lower_messages(request.messages)  # as the engine renders them
     assert sorted(tool.function.name for tool in request.tools) == ["close_agent", "view_image"]
-    images = [part.image for m in request.messages for part in m.parts if part.WhichOneof("kind") == "image"]
+    images = [part.image for m in lowered for part in m.parts if part.WhichOneof("kind") == "image"]
     assert len(images) == 1 and images[0].detail == pb.IMAGE_DETAIL_HIGH
-    assert request.messages[-1].role == pb.ROLE_USER
+    assert lowered[-1].role == pb.ROLE_USER
 
 
 @pytest.mark.parametrize(

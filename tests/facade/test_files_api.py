@@ -20,6 +20,7 @@ from tests._pdfs import text_pdf
 from tests.facade.fake_engine import FakeEngine
 from tests.responses.responses_testkit import RED
 from vlmserve.client import AsyncEngineClient
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 from vlmserve.facade.http.api_keys import ApiKeys, owner_id
 from vlmserve.facade.settings import Files
@@ -210,7 +211,7 @@ async def test_responses_use_uploaded_files(http: httpx.AsyncClient, engine: Fak
     }
     response = await http.post("/v1/responses", json=body)
     assert response.status_code == 200, response.text
-    messages = engine.requests[0].messages
+    messages = lower_messages(engine.requests[0].messages)  # as the engine renders them
     texts = [part.text.text for part in messages[0].parts if part.HasField("text")]
     assert texts == [
         "read",

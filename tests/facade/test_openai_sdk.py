@@ -11,8 +11,8 @@ from openai.types.responses import ResponseCompletedEvent, ResponseFunctionToolC
 
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
 from tests.facade.helpers import SEED_000_TOOL, png_data_url, seed_000_input
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER
 
 # The SDK's TypedDicts do not cover every shape the facade accepts; the tests send plain JSON.
 TOOLS: list[Any] = [SEED_000_TOOL]
@@ -59,7 +59,7 @@ async def test_create_with_seed_000_tool_output(sdk: openai.AsyncOpenAI, engine:
         tools=TOOLS,
     )
     assert response.status == "completed"
-    messages = engine.requests[0].messages
+    messages = lower_messages(engine.requests[0].messages)  # as the engine renders them
     assert messages[2].tool_output.text.endswith(IMAGE_FOLLOW_UP_MARKER)
     assert [part.WhichOneof("kind") for part in messages[3].parts] == ["image"]
 

@@ -19,11 +19,12 @@ import pytest
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import SEED_000_TOOL, count_image_checks, png_data_url
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import Store
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.store.records import StoredItem
-from vlmserve.responses import build_generate_request, input_to_messages, lower_messages
+from vlmserve.responses import build_generate_request, input_to_messages
 
 CALL = pb.ToolCall(id="call_1", name="screenshot", arguments="{}", kind=pb.TOOL_KIND_FUNCTION)
 
@@ -72,9 +73,11 @@ async def test_each_turn_decodes_only_its_own_images(
     await agent_loop(http, 6, **extra)
     # One image a turn (turns 1..5), each checked once, though the last request carries five.
     assert len(decoded) == 5
-    assert [len(request.messages) for request in engine.requests] == [1, 4, 7, 10, 13, 16]
+    assert [len(lower_messages(request.messages)) for request in engine.requests] == [1, 4, 7, 10, 13, 16]
     last = engine.requests[-1]
-    assert sum(1 for m in last.messages for p in m.parts if p.WhichOneof("kind") == "image") == 5
+    assert (
+        sum(1 for m in lower_messages(last.messages) for p in m.parts if p.WhichOneof("kind") == "image") == 5
+    )
 
 
 async def test_replayed_request_equals_a_full_translation(
@@ -107,7 +110,7 @@ async def test_chain_replays_after_a_restart(
     # Turn 2's request held turns 0-1 and its own input; the replay adds turn 2's output (one
     # assistant message with the call). The engine got them lowered.
     assert replay.messages[-1].tool_calls[0].id == CALL.id
-    assert lower_messages(replay.messages[:-1]) == list(engine.requests[-1].messages)
+    assert replay.messages[:-1] == list(engine.requests[-1].messages)
 
 
 def message(item_id: str, text: str) -> StoredItem:

@@ -13,6 +13,7 @@ from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_data_url, seed_000_input
 from vlmserve.client import AsyncEngineClient
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, create_app
 from vlmserve.facade.store.repositories import Store
@@ -207,7 +208,7 @@ async def test_function_call_output_continues_a_stored_call(
         input=[{"type": "function_call_output", "call_id": "call_9", "output": output}],
     )
     assert second["output"][0]["content"][0]["text"] == "Red."
-    roles = [m.role for m in engine.requests[-1].messages]
+    roles = [m.role for m in lower_messages(engine.requests[-1].messages)]  # as the engine renders them
     assert roles == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL, pb.ROLE_USER]
     assert engine.requests[-1].messages[1].tool_calls[0].id == "call_9"
 

@@ -21,14 +21,9 @@ from tests.responses.responses_testkit import (
 )
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import (
-    FileContent,
-    InvalidRequestError,
-    build_generate_request,
-    input_to_messages,
-    lower_messages,
-)
+from vlmserve.responses import FileContent, InvalidRequestError, build_generate_request, input_to_messages
 
 PDF = text_pdf(["Hello page one", "Second page"])
 SQUARES = images_pdf([Image.new("RGB", (8, 8), colour) for colour in ("red", "blue")])

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.responses.responses_testkit import data_url, image_bytes
+from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import input_to_messages, lower_messages, messages_to_items
+from vlmserve.responses import input_to_messages, messages_to_items
 
 # Distinct tiny images, so that order can be checked by comparing bytes.
 POOL = [image_bytes((40 * i, 255 - 40 * i, 7 * i)) for i in range(5)]

@@ -18,15 +18,9 @@ from tests.responses.responses_testkit import (
     input_text,
     message,
 )
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import (
-    IMAGE_FOLLOW_UP_MARKER,
-    IncludeValue,
-    InvalidRequestError,
-    build_generate_request,
-    input_to_messages,
-    lower_messages,
-)
+from vlmserve.responses import IncludeValue, InvalidRequestError, build_generate_request, input_to_messages
 
 CODEX_DATA = Path(__file__).resolve().parent.parent / "codex" / "data"
 
@@ -39,7 +33,7 @@ def fn(name: str, **extra: Any) -> dict[str, Any]:
     return {"type": "function", "name": name, "parameters": {"type": "object", "properties": {}}, **extra}
 
 
-def test_seed_000_request_reaches_the_engine_lowered() -> None:
+def test_seed_000_request_reaches_the_engine_as_sent_and_renders_lowered() -> None:
     translated = build_generate_request(
         {
             "model": "q",
@@ -51,11 +45,15 @@ def test_seed_000_request_reaches_the_engine_lowered() -> None:
             "tools": [fn("screenshot")],
         }
     )
-    messages = translated.request.messages
+    sent = translated.request.messages
+    # The engine gets the conversation as sent (the screenshot inside the tool output) ...
+    assert [m.role for m in sent] == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL]
+    assert [p.image.data for p in sent[2].tool_output.parts.parts if p.HasField("image")] == [RED]
+    # ... and lowers it where it renders the template.
+    messages = lower_messages(sent)
     assert [m.role for m in messages] == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL, pb.ROLE_USER]
     assert messages[2].tool_output.text == f"captured\n{IMAGE_FOLLOW_UP_MARKER}"
     assert images_of(messages[3]) == [RED]
-    assert translated.raw_messages[2].tool_output.WhichOneof("output") == "parts"
     assert [t.function.name for t in translated.request.tools] == ["screenshot"]
     assert translated.model == "q"
 
@@ -185,7 +183,8 @@ def test_custom_calls_in_history_are_shown_as_function_calls() -> None:
     [call] = translated.request.messages[1].tool_calls
     assert call.kind == pb.TOOL_KIND_FUNCTION
     assert json.loads(call.arguments) == {"input": "*** Begin Patch"}
-    assert translated.raw_messages[1].tool_calls[0].kind == pb.TOOL_KIND_CUSTOM
+    # What is stored for a later turn keeps the call's own kind.
+    assert translated.input_messages[1].tool_calls[0].kind == pb.TOOL_KIND_CUSTOM
 
 
 @pytest.mark.parametrize(
@@ -410,11 +409,12 @@ def test_replay_with_instructions_puts_them_first() -> None:
     assert [m.role for m in translated.request.messages] == [pb.ROLE_SYSTEM, pb.ROLE_USER, pb.ROLE_USER]
 
 
-def test_request_messages_equal_lowering_of_raw_messages() -> None:
+def test_request_messages_are_the_raw_conversation() -> None:
+    """One conversation, not lowered: the engine lowers it (vlmserve.engine.prep.lowering)."""
     items = [message("assistant", [input_image(RED_URL), input_text("x")]), message("user", "y")]
     translated = build_generate_request(body(input=items))
-    assert list(translated.request.messages) == lower_messages(input_to_messages(items))
-    assert translated.raw_messages == input_to_messages(items)
+    assert list(translated.request.messages) == input_to_messages(items)
+    assert translated.input_messages == input_to_messages(items)
 
 
 @pytest.mark.parametrize("name", ["codex_request_known_model_turn1.json", "codex_request_turn2.json"])
@@ -425,7 +425,7 @@ def test_recorded_codex_requests_are_accepted(name: str) -> None:
     translated = build_generate_request(recorded)
     assert "web_search" in translated.ignored_tools
     assert {t.function.name for t in translated.request.tools} >= {"exec_command", "view_image"}
-    image_turns = [m for m in translated.request.messages if images_of(m)]
+    image_turns = [m for m in lower_messages(translated.request.messages) if images_of(m)]
     expected_images = sum(
         1
         for item in recorded["input"]

@@ -19,13 +19,9 @@ from tests.responses.responses_testkit import (
     message,
     texts_of,
 )
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import (
-    IMAGE_FOLLOW_UP_MARKER,
-    InvalidRequestError,
-    input_to_messages,
-    lower_messages,
-)
+from vlmserve.responses import InvalidRequestError, input_to_messages
 
 
 def lowered(items: list[dict[str, object]]) -> list[pb.Message]:

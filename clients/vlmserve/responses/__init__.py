@@ -1,13 +1,12 @@
-"""OpenAI Responses API JSON <-> the engine contract, and the image follow-up lowering.
+"""OpenAI Responses API JSON <-> the engine contract.
 
 Pure functions, shared by the facade and by client-library callers (see docs/responses-api.md):
 
 * `build_generate_request(body)` validates a whole `POST /v1/responses` body and returns a
-  `TranslatedRequest` whose `request` (a GenerateRequest) holds the lowered conversation.
-* `input_to_messages(input)` gives the raw (not lowered) contract messages for `input`.
-* `lower_messages(messages)` applies the image follow-up lowering to contract messages
-  (`lower_conversation` also keeps each part's field path); the engine applies it too, when it
-  renders the prompt, so lowering here first is optional and changes nothing.
+  `TranslatedRequest` whose `request` (a GenerateRequest) holds the conversation as the client
+  gave it (images where the client put them). The engine applies the image follow-up lowering
+  where it renders the chat template (`vlmserve.engine.prep.lowering`); nothing here lowers.
+* `input_to_messages(input)` gives the contract messages for `input`.
 * `messages_to_items` gives contract messages back as input items (JSON);
   `result_to_output_items` and `usage_from_contract` give the exact output models
   (`ResponseResource`, `OutputMessage`, ..., and the stream events in `ResponseStreamEvent`).
@@ -39,13 +38,6 @@ from ._events import (
 )
 from ._input_models import InputItemParam
 from ._items import ItemResolver, input_to_messages, is_item_reference
-from ._lowering import (
-    IMAGE_FOLLOW_UP_MARKER,
-    LoweredMessage,
-    lower_conversation,
-    lower_messages,
-    tool_output_text,
-)
 from ._media import FileContent, FileSource, ImageFetchError, ImageSource, PdfRenderer
 from ._outbound import (
     logprobs_from_contract,
@@ -89,7 +81,6 @@ from ._tools import OfferedTool
 from ._validation import RequestModel, parse_as
 
 __all__ = [
-    "IMAGE_FOLLOW_UP_MARKER",
     "IMAGE_PART_TYPES",
     "SUMMARY_INSTRUCTION",
     "ContentPartEvent",
@@ -120,7 +111,6 @@ __all__ = [
     "ItemStatus",
     "LifecycleEventType",
     "LogProb",
-    "LoweredMessage",
     "OfferedTool",
     "OutboundModel",
     "OutputItem",
@@ -150,8 +140,6 @@ __all__ = [
     "is_item_reference",
     "kept_items",
     "logprobs_from_contract",
-    "lower_conversation",
-    "lower_messages",
     "message_output_item",
     "messages_to_items",
     "output_text_part",
@@ -161,6 +149,5 @@ __all__ = [
     "reasoning_output_item",
     "result_to_output_items",
     "tool_call_output_item",
-    "tool_output_text",
     "usage_from_contract",
 ]

@@ -1,8 +1,9 @@
 """Responses input items (docs/responses-api.md, Input) -> raw contract messages, as sent.
 
-Raw means not yet lowered: tool outputs keep their part lists, images stay where the client
-put them. `lower_messages` turns these into what the engine renders. Items are validated by
-their models (`_request_models`); raw JSON items (replayed, referenced) are validated here.
+Raw means not lowered: tool outputs keep their part lists, images stay where the client put
+them. The engine lowers them where it renders the chat template (vlmserve.engine.prep.lowering).
+Items are validated by their models (`_request_models`); raw JSON items (replayed, referenced)
+are validated here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""A whole `POST /v1/responses` body -> a contract GenerateRequest (messages lowered)."""
+"""A whole `POST /v1/responses` body -> a contract GenerateRequest (the conversation as sent; the
+engine lowers it where it renders the chat template)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,6 @@ from ._items import (
 from ._json import (
     as_object,
 )
-from ._lowering import lower_messages
 from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
 from ._output_models import OutputItem, RequestEcho
 from ._request_models import ConversationParam, CreateResponseBody, parse_body
@@ -43,14 +43,13 @@ METADATA_MAX_VALUE_CHARS = 512
 class TranslatedRequest:
     """A validated Responses request, ready for the engine, plus what the response echoes."""
 
-    # For the engine: messages already lowered. `model` is left for the caller to set.
+    # For the engine: the one conversation (instructions, replayed turns, input), images where
+    # the client put them; the engine lowers it. `model` is left for the caller to set.
     request: pb.GenerateRequest
-    # The same conversation before lowering (replay + input), images where the client put them.
-    raw_messages: list[pb.Message]
     # `input` as a list of items (a string input becomes one user message item): what to store.
     input_items: list[Any]
-    # `input` as raw contract messages (not lowered): what a later turn replays instead of
-    # translating the items again.
+    # `input` as contract messages, its tool calls under their own kinds (the request's show
+    # custom calls as functions): what a later turn replays instead of translating the items again.
     input_messages: list[pb.Message] = field(default_factory=list)
     # Hosted tools we cannot run, left out of the prompt (types, e.g. "web_search").
     ignored_tools: list[str] = field(default_factory=list)
@@ -150,8 +149,8 @@ def build_generate_request(
     Earlier turns (from previous_response_id or a conversation) come as `history`, the raw
     contract messages they were translated to when they were new (`input_messages`,
     `output_messages`), and/or as `replay`, their raw input (and output) items, translated here
-    again. Both go before `input`, in that order, and are lowered the same way, so a replayed
-    conversation reaches the model exactly as it did the first time.
+    again. Both go before `input`, in that order, and the engine lowers them all the same way, so
+    a replayed conversation reaches the model exactly as it did the first time.
 
     `file_source` looks up files named by `file_id` (none: only inline `file_data` files);
     `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files);
@@ -177,10 +176,12 @@ def build_generate_request(
     )
     current = items_to_messages(input_part, media=media, resolve_item=resolve_item, call_name=tools.call_name)
     require_content(current)
-    raw_messages = with_instructions(instructions, [*history, *replayed, *current])
+    conversation = with_instructions(instructions, [*history, *replayed, *current])
 
-    conversation = parsed.conversation
-    conversation_id = conversation.id if isinstance(conversation, ConversationParam) else conversation
+    conversation_param = parsed.conversation
+    conversation_id = (
+        conversation_param.id if isinstance(conversation_param, ConversationParam) else conversation_param
+    )
     if parsed.previous_response_id is not None and conversation_id is not None:
         raise InvalidRequestError(
             "Use either 'previous_response_id' or 'conversation', not both.", param="conversation"
@@ -196,12 +197,13 @@ def build_generate_request(
         top_logprobs=parsed.top_logprobs or 0,
     )
     request = pb.GenerateRequest(
-        messages=_custom_calls_as_function_calls(lower_messages(raw_messages)),
+        messages=conversation,
         tools=tools.contract_tools(choice.allowed),
         sampling=sampling,
         response_format=response_format,
         max_tool_calls=parsed.max_tool_calls,
     )
+    _custom_calls_as_function_calls(request.messages)  # the request's copies, not `history`'s
     if choice.choice is not None:
         request.tool_choice.CopyFrom(choice.choice)
     if parsed.reasoning is not None and parsed.reasoning.effort in ("none", "minimal"):
@@ -212,7 +214,6 @@ def build_generate_request(
 
     return TranslatedRequest(
         request=request,
-        raw_messages=raw_messages,
         input_items=_raw_items(body["input"]),
         input_messages=current,
         call_name=tools.call_name,
@@ -252,14 +253,14 @@ def _raw_items(value: Any) -> list[Any]:
     return list(value)
 
 
-def _custom_calls_as_function_calls(messages: list[pb.Message]) -> list[pb.Message]:
-    """Custom tools are offered as functions taking {"input": string}; show past calls that way."""
+def _custom_calls_as_function_calls(messages: Iterable[pb.Message]) -> None:
+    """Custom tools are offered as functions taking {"input": string}; show past calls that way
+    (in place)."""
     for message in messages:
         for call in message.tool_calls:
             if call.kind == pb.TOOL_KIND_CUSTOM:
                 call.arguments = json.dumps({"input": call.arguments}, ensure_ascii=False)
                 call.kind = pb.TOOL_KIND_FUNCTION
-    return messages
 
 
 def _reject_unsupported(body: CreateResponseBody) -> None:

@@ -28,7 +28,7 @@ logger = logging.getLogger("vlmserve.facade")
 # Engine details are our own engine's words, but bound them so nothing unexpected is echoed at length.
 _MAX_DETAILS_CHARS = 500
 # Contract field path (the engine's BadRequest field violation) -> the Responses request field it
-# comes from. Messages are the lowered conversation (replay, instructions and input together) and
+# comes from. Messages are the whole conversation (instructions, replay and input together) and
 # tools leave out hosted tools, so indexes do not carry over: those name the list.
 _PARAM_FOR_ENGINE_FIELD: tuple[tuple[str, str], ...] = (
     ("messages", "input"),

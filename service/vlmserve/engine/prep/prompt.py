@@ -12,12 +12,11 @@ anything that must build prompts exactly as the engine does (e.g. training data)
 
 Rules (violations raise `RequestError` INVALID_ARGUMENT naming the rule and the field, by its
 path in the request as sent):
-- the conversation is lowered first (`vlmserve.responses.lower_conversation`, the one
-  implementation the facade also uses): images in tool outputs and in assistant, system or
-  developer turns move to a user turn right after, and a part-list tool output becomes text
-  (text parts joined with "\\n", JSON parts as one JSON-array line, the marker line when it held
-  images). The lowering is idempotent, so a conversation the caller already lowered (the
-  facade's) renders exactly as before;
+- the conversation is lowered first (`lowering.py` `lower_conversation`, the one implementation;
+  callers send it raw): images in tool outputs and in assistant, system or developer turns move
+  to a user turn right after, and a part-list tool output becomes text (text parts joined with
+  "\\n", JSON parts as one JSON-array line, the marker line when it held images). The lowering
+  is idempotent, so a conversation a caller already lowered renders exactly the same;
 - file parts are refused anywhere (the engine does not read documents);
 - a JSON part in a message is rendered as its JSON text;
 - developer turns render as system turns (chat templates have no developer role);
@@ -40,11 +39,11 @@ from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
+from vlmserve.engine.prep.lowering import LoweredMessage, lower_conversation
 from vlmserve.engine.prep.template_fit import fit_messages, probe
 from vlmserve.engine.request_errors import invalid_argument
 from vlmserve.engine.tool_formats import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import InvalidRequestError, LoweredMessage, lower_conversation
 
 __all__ = [
     "ChatTemplate",
@@ -307,10 +306,7 @@ def to_template_conversation(
         raise invalid_argument(
             "this model has no tool-call format, so tool_choice cannot force a call", field="tool_choice"
         )
-    try:
-        lowered = lower_conversation(messages)
-    except InvalidRequestError as error:
-        raise invalid_argument(error.message, field=error.param or "messages") from None
+    lowered = lower_conversation(messages)
     images: list[PromptImage] = []
     converted: list[dict[str, Any]] = []
     for entry in lowered:

@@ -1,8 +1,10 @@
 """The image follow-up lowering (docs/responses-api.md, "The image follow-up lowering") on contract
-messages.
+messages: the chat template's rule, so it lives here, where the template is rendered
+(`prompt.py`), and runs once. Callers (the facade, the client library, raw gRPC clients) send the
+conversation as the client gave it; errors name their paths in that conversation.
 
 Chat templates only render image placeholders inside user turns, and tool turns only take
-text. So, before a conversation reaches the engine:
+text. So, before a conversation is rendered:
 
 * a tool output given as a part list becomes text: its text parts joined by "\\n", the parts
   that are neither text nor media as one JSON-array line, and, when it held images, the
@@ -20,9 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vlmserve.engine.request_errors import invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-from ._errors import InvalidRequestError
 
 IMAGE_FOLLOW_UP_MARKER = "[Image output attached in the next message]"
 
@@ -66,9 +67,9 @@ def lower_conversation(messages: Sequence[pb.Message]) -> list[LoweredMessage]:
             turn.parts.extend(part for part, _ in kept)
             lowered.append(LoweredMessage(turn, where, tuple(source for _, source in kept)))
         else:
-            raise InvalidRequestError(
+            raise invalid_argument(
                 "every message needs a role (system, developer, user, assistant or tool)",
-                param=f"{where}.role",
+                field=f"{where}.role",
             )
         if media:
             follow_up = pb.Message(role=pb.ROLE_USER, parts=[part for part, _ in media])
@@ -108,8 +109,8 @@ def tool_output_text(parts: Sequence[pb.Part]) -> str:
 
 def _lower_tool_message(message: pb.Message, where: str) -> tuple[pb.Message, list[tuple[pb.Part, str]]]:
     if len(message.parts):
-        raise InvalidRequestError(
-            "a tool message carries its content in tool_output, not in parts", param=f"{where}.parts"
+        raise invalid_argument(
+            "a tool message carries its content in tool_output, not in parts", field=f"{where}.parts"
         )
     turn = _copy(message)
     if message.tool_output.WhichOneof("output") != "parts":
@@ -119,7 +120,7 @@ def _lower_tool_message(message: pb.Message, where: str) -> tuple[pb.Message, li
     for part, source in zip(parts, sources, strict=True):
         if part.WhichOneof("kind") is None:
             # Refused rather than skipped: the caller sent a part and it would vanish.
-            raise InvalidRequestError("a tool output part has no content", param=source)
+            raise invalid_argument("a tool output part has no content", field=source)
     turn.tool_output.text = tool_output_text(parts)  # replaces the `parts` arm of the oneof
     media = [
         (_copy_part(part), source)

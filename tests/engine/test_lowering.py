@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import grpc
 import pytest
 
 from tests.responses.responses_testkit import BLUE, GREEN, RED, image_part, images_of, json_part, text_part
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages, tool_output_text
+from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import IMAGE_FOLLOW_UP_MARKER, InvalidRequestError, lower_messages, tool_output_text
 
 M = IMAGE_FOLLOW_UP_MARKER
 
@@ -166,6 +168,7 @@ def test_tool_output_text_matches_lowering() -> None:
     ],
 )
 def test_malformed_contract_messages_are_named(message: pb.Message, param: str) -> None:
-    with pytest.raises(InvalidRequestError) as caught:
+    with pytest.raises(RequestError) as caught:
         lower_messages([turn(pb.ROLE_USER, text_part("ok")), message])
-    assert caught.value.param == param
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.field == param
