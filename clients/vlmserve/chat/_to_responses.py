@@ -4,17 +4,18 @@ Every chat field maps onto a Responses field whose handling already exists (mess
 items, tool messages -> function_call_output with the same part lists and image lowering, tools,
 tool_choice, response_format -> text.format, max_tokens -> max_output_tokens), or onto engine
 sampling settings the Responses API has no field for (`seed`, `stop`: `ChatRequest.sampling`).
-What neither can carry is a 400 naming the chat field.
+What neither can carry is a 400 naming the chat field. Each Responses field written records the
+chat path it came from (`PathMap`), so the shared translation's errors name chat fields by lookup.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.responses import InvalidRequestError
 
+from ._paths import PathMap
 from ._request_models import (
     AssistantMessageParam,
     ChatCompletionBody,
@@ -42,52 +43,33 @@ class ChatRequest:
     logprobs: bool = False
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    # For each Responses input item, the chat path it came from (`messages[2].tool_calls[0]`).
-    origins: list[str] = field(default_factory=list)
-    max_tokens_param: str = "max_completion_tokens"
+    # Each Responses field written -> the chat path it came from (`input[3]` -> `messages[2]`).
+    paths: PathMap = field(default_factory=PathMap)
 
-    def chat_param(self, param: str | None) -> str | None:
-        """A Responses field path (from the shared translation) as the chat field it came from."""
-        if param is None:
-            return None
-        found = _INPUT_ITEM.match(param)
-        if found is not None:
-            index, rest = int(found.group(1)), found.group(2)
-            if index >= len(self.origins):
-                return "messages"
-            origin = self.origins[index]
-            for old, new in _ITEM_FIELDS:
-                if rest.startswith(old):
-                    rest = new + rest.removeprefix(old)
-                    break
-            return origin + _FILE_FIELD.sub(r"\1.file.\2", rest)
-        if param == "input" or param.startswith("input."):
-            return "messages"
-        if param == "max_output_tokens":
-            return self.max_tokens_param
-        for old, new in _BODY_FIELDS:
-            if param == old or param.startswith((old + ".", old + "[")):
-                return new + param.removeprefix(old)
-        tool = _TOOL_FIELD.match(param)
-        if tool is not None:
-            return f"tools[{tool.group(1)}].function.{tool.group(2)}"
-        return param
+    def chat_param(self, param: str) -> str:
+        """A Responses field path (from the shared translation) as the chat field it came from;
+        a field both APIs spell alike (`temperature`) as it is."""
+        origin = self.paths.origin(param)
+        return param if origin is None else origin
 
 
-_INPUT_ITEM = re.compile(r"^input\[(\d+)\](.*)$")
-# A file part's fields sit under `file` in chat (`content[1].file.file_id`).
-_FILE_FIELD = re.compile(r"^(\.content\[\d+\])\.(file_id|file_data|filename)")
-_TOOL_FIELD = re.compile(r"^tools\[(\d+)\]\.((?:name|description|parameters|strict).*)$")
-# Item fields as the chat message spells them (a tool message's `output` is its `content`).
-_ITEM_FIELDS = ((".output", ".content"), (".arguments", ".function.arguments"), (".name", ".function.name"))
+# Responses body fields the chat request spells otherwise (the rest are spelt alike).
 _BODY_FIELDS = (
+    ("input", "messages"),
+    ("text.format", "response_format"),
     ("text.format.schema", "response_format.json_schema.schema"),
     ("text.format.name", "response_format.json_schema.name"),
+    ("text.format.description", "response_format.json_schema.description"),
     ("text.format.strict", "response_format.json_schema.strict"),
-    ("text.format", "response_format"),
     ("tool_choice.name", "tool_choice.function.name"),
+    ("reasoning", "reasoning_effort"),
     ("reasoning.effort", "reasoning_effort"),
+    ("include", "logprobs"),
 )
+# A Responses function tool's fields, which chat nests under `function`.
+_TOOL_FIELDS = ("name", "description", "parameters", "strict")
+# A file part's fields, which chat nests under `file`.
+_FILE_FIELDS = ("file_id", "file_data", "filename")
 
 
 def _unsupported(param: str, message: str) -> InvalidRequestError:
@@ -96,8 +78,13 @@ def _unsupported(param: str, message: str) -> InvalidRequestError:
     )
 
 
-def _parts(content: Content, where: str, *, text_type: str, images: bool) -> list[dict[str, Any]]:
+def _parts(
+    content: Content, where: str, *, text_type: str, images: bool, paths: PathMap, path: str
+) -> list[dict[str, Any]]:
+    """The parts of chat `content` at `where`, written at Responses `path` (`input[3].content`)."""
+    paths.add(path, where)
     if isinstance(content, str):
+        paths.add(f"{path}[0]", where)
         return [{"type": text_type, "text": content}]
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
@@ -117,60 +104,94 @@ def _parts(content: Content, where: str, *, text_type: str, images: bool) -> lis
                 "filename": part.file.filename,
             }
             parts.append({"type": "input_file", **{k: v for k, v in fields.items() if v is not None}})
+            for name in _FILE_FIELDS:
+                paths.add(f"{path}[{index}].{name}", f"{at}.file.{name}")
         else:
             raise _unsupported(f"{at}.type", f"'{part.type}' parts are not supported in this message.")
     return parts
 
 
-def _input_items(body: ChatCompletionBody, origins: list[str]) -> list[dict[str, Any]]:
-    """The messages as input items; `origins` gets each item's chat path."""
+def _input_items(body: ChatCompletionBody, paths: PathMap) -> list[dict[str, Any]]:
+    """The messages as input items; `paths` gets each item's (and field's) chat path."""
     items: list[dict[str, Any]] = []
+
+    def add(item: dict[str, Any], origin: str, fields: dict[str, str] | None = None) -> None:
+        """Append `item`, recording where it (and each named field of it) came from."""
+        path = f"input[{len(items)}]"
+        items.append(item)
+        paths.add(path, origin)
+        for name, field_origin in (fields or {}).items():
+            paths.add(f"{path}.{name}", field_origin)
+
     for index, message in enumerate(body.messages):
         where = f"messages[{index}]"
-        first = len(items)
-        if isinstance(message, SystemMessageParam):
+        content_at = f"{where}.content"
+        next_path = f"input[{len(items)}]"
+        if isinstance(message, SystemMessageParam | UserMessageParam):
             # Images in system/developer turns follow the same lowering as on /v1/responses.
-            parts = _parts(message.content, f"{where}.content", text_type="input_text", images=True)
-            items.append({"type": "message", "role": message.role, "content": parts})
-        elif isinstance(message, UserMessageParam):
-            parts = _parts(message.content, f"{where}.content", text_type="input_text", images=True)
-            items.append({"type": "message", "role": "user", "content": parts})
+            role = "user" if isinstance(message, UserMessageParam) else message.role
+            parts = _parts(
+                message.content,
+                content_at,
+                text_type="input_text",
+                images=True,
+                paths=paths,
+                path=f"{next_path}.content",
+            )
+            add({"type": "message", "role": role, "content": parts}, where)
         elif isinstance(message, AssistantMessageParam):
             if message.reasoning_content:
                 reasoning = {"type": "reasoning_text", "text": message.reasoning_content}
-                items.append({"type": "reasoning", "summary": [], "content": [reasoning]})
-            if message.content is not None and message.content != "" and message.content != []:
-                parts = _parts(message.content, f"{where}.content", text_type="output_text", images=False)
-                items.append({"type": "message", "role": "assistant", "content": parts})
-            for call in message.tool_calls or []:
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": call.id,
-                        "name": call.function.name,
-                        "arguments": call.function.arguments,
-                    }
+                add(
+                    {"type": "reasoning", "summary": [], "content": [reasoning]}, f"{where}.reasoning_content"
                 )
+            if message.content is not None and message.content != "" and message.content != []:
+                parts = _parts(
+                    message.content,
+                    content_at,
+                    text_type="output_text",
+                    images=False,
+                    paths=paths,
+                    path=f"input[{len(items)}].content",
+                )
+                add({"type": "message", "role": "assistant", "content": parts}, where)
+            for number, call in enumerate(message.tool_calls or []):
+                at = f"{where}.tool_calls[{number}]"
+                call_item = {
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.function.name,
+                    "arguments": call.function.arguments,
+                }
+                fields = {
+                    "call_id": f"{at}.id",
+                    "name": f"{at}.function.name",
+                    "arguments": f"{at}.function.arguments",
+                }
+                add(call_item, at, fields)
         elif isinstance(message, ToolMessageParam):
             content = message.content
             output: str | list[dict[str, Any]] = (
                 content
                 if isinstance(content, str)
-                else _parts(content, f"{where}.content", text_type="input_text", images=True)
+                else _parts(
+                    content,
+                    content_at,
+                    text_type="input_text",
+                    images=True,
+                    paths=paths,
+                    path=f"{next_path}.output",
+                )
             )
-            items.append({"type": "function_call_output", "call_id": message.tool_call_id, "output": output})
+            output_item = {"type": "function_call_output", "call_id": message.tool_call_id, "output": output}
+            add(output_item, where, {"call_id": f"{where}.tool_call_id", "output": content_at})
         else:
             assert isinstance(message, OtherMessageParam)
             raise _unsupported(f"{where}.role", f"'{message.role}' messages are not supported; use 'tool'.")
-        added = len(items) - first
-        calls = message.tool_calls or [] if isinstance(message, AssistantMessageParam) else []
-        message_items = added - len(calls)
-        origins.extend([where] * message_items)
-        origins.extend(f"{where}.tool_calls[{j}]" for j in range(len(calls)))
     return items
 
 
-def _tools(body: ChatCompletionBody) -> list[dict[str, Any]] | None:
+def _tools(body: ChatCompletionBody, paths: PathMap) -> list[dict[str, Any]] | None:
     if body.tools is None:
         return None
     tools: list[dict[str, Any]] = []
@@ -186,6 +207,8 @@ def _tools(body: ChatCompletionBody) -> list[dict[str, Any]] | None:
                 code="missing_required_parameter",
             )
         definition = tool.function
+        for name in _TOOL_FIELDS:
+            paths.add(f"tools[{index}].{name}", f"tools[{index}].function.{name}")
         tools.append(
             {
                 "type": "function",
@@ -243,15 +266,18 @@ def chat_request(raw: object) -> ChatRequest:
     body = parse_chat_body(raw)
     _refuse_unsupported(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    origins: list[str] = []
+    max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    paths = PathMap()
+    for path, origin in (*_BODY_FIELDS, ("max_output_tokens", max_tokens_param)):
+        paths.add(path, origin)
     responses_body: dict[str, Any] = {
         "model": body.model,
-        "input": _input_items(body, origins),
+        "input": _input_items(body, paths),
         "store": False,
         "stream": bool(body.stream),
     }
     optional: dict[str, Any] = {
-        "tools": _tools(body),
+        "tools": _tools(body, paths),
         "tool_choice": (
             {"type": "function", "name": body.tool_choice.function.name}
             if body.tool_choice is not None and not isinstance(body.tool_choice, str)
@@ -284,6 +310,5 @@ def chat_request(raw: object) -> ChatRequest:
         logprobs=bool(body.logprobs),
         seed=body.seed,
         stop=stop,
-        origins=origins,
-        max_tokens_param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
+        paths=paths,
     )

@@ -64,6 +64,7 @@ def input_file_parts(part: InputFilePartParam, path: str, media: MediaPolicy) ->
             f"Missing required parameter: '{join(path, 'file_id')}' or '{join(path, 'file_data')}'.",
             param=join(path, "file_id"),
             code="missing_required_parameter",
+            quoted=(join(path, "file_data"),),
         )
     return file_content_parts(data, shown_name(filename), detail, path, media)
 

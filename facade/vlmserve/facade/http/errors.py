@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -73,6 +73,19 @@ class APIError(Exception):
     def payload(self) -> ErrorPayload:
         """The inner object: what an SSE `error` event carries too."""
         return ErrorPayload(message=self.message, type=self.type, param=self.param, code=self.code)
+
+    def renamed(self, rename: Callable[[str], str]) -> APIError:
+        """The same error naming fields by `rename` (another API's path map), as
+        `InvalidRequestError.renamed` does (one rule for both)."""
+        renamed = InvalidRequestError(self.message, param=self.param, code=self.code).renamed(rename)
+        return APIError(
+            self.status,
+            renamed.message,
+            param=renamed.param,
+            code=self.code,
+            type=self.type,
+            headers=self.headers,
+        )
 
     def to_response(self) -> JSONResponse:
         return JSONResponse(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -14,7 +13,7 @@ from sse_starlette import ServerSentEvent
 
 from vlmserve.chat import ChatRequest, ChunkWriter, chat_completion, chat_request
 from vlmserve.facade.http.body_budget import BodyHold
-from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.http.errors import APIError, from_invalid_request
 from vlmserve.facade.http.openapi import CREATE_CHAT_COMPLETION_BODY
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses.delivery import (
@@ -66,7 +65,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         if isinstance(event, ErrorEvent):
             # OpenAI's chat streams carry a failure as an `error` object, then end.
             error = event.error.to_json()
-            error["param"] = chat.chat_param(event.error.param)
+            error["param"] = chat.chat_param(event.error.param) if event.error.param else None
             return [_data({"error": error})]
         return [_data(chunk.to_json()) for chunk in writer.chunks(event)]
 
@@ -95,21 +94,10 @@ def _chat_params(chat: ChatRequest) -> Iterator[None]:
     """Errors of the shared Responses translation (and the engine's), naming the chat field."""
     try:
         yield
-    except (InvalidRequestError, APIError) as error:
-        param = chat.chat_param(error.param)
-        message = (
-            error.message.replace(f"'{error.param}", f"'{param}") if error.param and param else error.message
-        )
-        # Other input paths the message quotes ("'...file_id' or '...file_data'").
-        message = _QUOTED_INPUT_PATH.sub(lambda found: f"'{chat.chat_param(found.group(1))}'", message)
-        headers = error.headers if isinstance(error, APIError) else None
-        kind = error.type if isinstance(error, APIError) else None
-        raise APIError(
-            error.status, message, param=param, code=error.code, type=kind, headers=headers
-        ) from None
-
-
-_QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
+    except InvalidRequestError as error:
+        raise from_invalid_request(error.renamed(chat.chat_param)) from None
+    except APIError as error:
+        raise error.renamed(chat.chat_param) from None
 
 
 def _data(payload: dict[str, Any]) -> ServerSentEvent:

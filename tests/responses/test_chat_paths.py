@@ -1,0 +1,113 @@
+"""Chat completions -> the Responses body: the path map the translation writes, one row per field
+kind, and the shared translation's errors renamed through it (param and quoted paths alike)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vlmserve.chat import chat_request
+from vlmserve.chat._paths import PathMap
+from vlmserve.responses import InvalidRequestError, build_generate_request
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+MESSAGES: list[Any] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "file", "file": {"file_id": "f1"}}]},
+    {"role": "assistant", "reasoning_content": "hm", "content": "calling", "tool_calls": [CALL, CALL]},
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "plain"},
+]
+
+# (Responses path the shared translation names, the chat path it came from)
+PATHS = [
+    ("input", "messages"),
+    ("input[0]", "messages[0]"),
+    ("input[0].content[0]", "messages[0].content"),  # a string content is one part
+    ("input[1].content[0]", "messages[1].content[0]"),
+    ("input[1].content[1].file_id", "messages[1].content[1].file.file_id"),
+    ("input[1].content[1].file_data", "messages[1].content[1].file.file_data"),
+    ("input[1].content[1].detail", "messages[1].content[1].detail"),
+    ("input[2]", "messages[2].reasoning_content"),
+    ("input[3]", "messages[2]"),
+    ("input[3].content[0]", "messages[2].content"),
+    ("input[4]", "messages[2].tool_calls[0]"),
+    ("input[5].arguments", "messages[2].tool_calls[1].function.arguments"),
+    ("input[5].name", "messages[2].tool_calls[1].function.name"),
+    ("input[5].call_id", "messages[2].tool_calls[1].id"),
+    ("input[6].output[0]", "messages[3].content[0]"),
+    ("input[6].output[0].text", "messages[3].content[0].text"),
+    ("input[6].call_id", "messages[3].tool_call_id"),
+    ("input[7].output", "messages[4].content"),
+    ("tools[0].parameters.properties", "tools[0].function.parameters.properties"),
+    ("tools[0].type", "tools[0].type"),
+    ("tool_choice.name", "tool_choice.function.name"),
+    ("text.format.schema", "response_format.json_schema.schema"),
+    ("text.format", "response_format"),
+    ("max_output_tokens", "max_tokens"),
+    ("reasoning.effort", "reasoning_effort"),
+    ("temperature", "temperature"),
+]
+
+
+@pytest.mark.parametrize(("responses_path", "chat_path"), PATHS)
+def test_each_responses_path_names_its_chat_field(responses_path: str, chat_path: str) -> None:
+    chat = chat_request({"model": "m", "messages": MESSAGES, "tools": [TOOL], "max_tokens": 5})
+    assert chat.chat_param(responses_path) == chat_path
+
+
+def test_max_completion_tokens_is_named_when_that_was_sent() -> None:
+    chat = chat_request({"model": "m", "messages": MESSAGES, "max_completion_tokens": 5})
+    assert chat.chat_param("max_output_tokens") == "max_completion_tokens"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "path", "expected"),
+    [
+        ({"a": "x"}, "a", "x"),
+        ({"a": "x"}, "a.b[2].c", "x.b[2].c"),
+        ({"a": "x", "a[1]": "y"}, "a[1].c", "y.c"),
+        ({"a[1]": "y"}, "a[10]", None),  # an index is a whole component, not a prefix
+        ({}, "a", None),
+    ],
+)
+def test_path_map_uses_the_nearest_recorded_ancestor(
+    recorded: dict[str, str], path: str, expected: str | None
+) -> None:
+    paths = PathMap()
+    for key, origin in recorded.items():
+        paths.add(key, origin)
+    assert paths.origin(path) == expected
+
+
+def _translation_error(messages: list[Any]) -> InvalidRequestError:
+    chat = chat_request({"model": "m", "messages": messages})
+    with pytest.raises(InvalidRequestError) as caught:
+        build_generate_request(chat.responses_body)
+    return caught.value.renamed(chat.chat_param)
+
+
+def test_every_path_a_message_quotes_is_renamed() -> None:
+    error = _translation_error(
+        [{"role": "user", "content": [{"type": "file", "file": {"filename": "a.pdf"}}]}]
+    )
+    assert error.param == "messages[0].content[0].file.file_id"
+    assert error.message == (
+        "Missing required parameter: 'messages[0].content[0].file.file_id' or "
+        "'messages[0].content[0].file.file_data'."
+    )
+
+
+def test_a_bad_image_in_a_tool_message_names_the_tool_message_content() -> None:
+    bad = {"type": "image_url", "image_url": {"url": "data:,"}}
+    error = _translation_error(
+        [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "t"}, bad]},
+        ]
+    )
+    assert error.param is not None and error.param.startswith("messages[2].content[1]")
+    assert "input" not in error.message
