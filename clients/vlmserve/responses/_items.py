@@ -33,7 +33,7 @@ from ._input_models import (
 from ._json import join
 from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
 from ._output_models import CustomToolCallItem, FunctionCallItem, OutputItem, OutputMessage, ReasoningItem
-from ._parts import parse_message_part, parse_tool_output_part
+from ._parts import add_message_part, add_tool_output_part
 from ._validation import RequestModel
 
 __all__ = [
@@ -231,17 +231,16 @@ class _ItemConverter:
 
     def _add_message(self, item: MessageParam, path: str) -> None:
         content_path = join(path, "content")
-        if isinstance(item.content, str):
-            parts = [pb.Part(text=pb.TextPart(text=item.content))]
-        else:
-            parts = [
-                contract_part
-                for index, part in enumerate(item.content)
-                for contract_part in parse_message_part(part, join(content_path, index), self._media)
-            ]
         role = MESSAGE_ROLES[item.role]
         reasoning = self._take_reasoning() if role == pb.ROLE_ASSISTANT else ""
-        self.messages.append(pb.Message(role=role, parts=parts, reasoning_text=reasoning))
+        # Parts are added in place: a part built apart is copied into the message.
+        message = pb.Message(role=role, reasoning_text=reasoning)
+        if isinstance(item.content, str):
+            message.parts.add().text.text = item.content
+        else:
+            for index, part in enumerate(item.content):
+                add_message_part(message.parts, part, join(content_path, index), self._media)
+        self.messages.append(message)
 
     def _add_call(self, call_id: str, name: str, arguments: str, kind: pb.ToolKind.ValueType) -> None:
         call = pb.ToolCall(id=call_id, name=name, arguments=arguments, kind=kind)
@@ -266,16 +265,15 @@ class _ItemConverter:
         self, call_id: str, output: str | list[Any], path: str, kind: pb.ToolKind.ValueType
     ) -> None:
         output_path = join(path, "output")
+        message = pb.Message(role=pb.ROLE_TOOL, tool_output=pb.ToolOutput(call_id=call_id, kind=kind))
+        tool_output = message.tool_output
         if isinstance(output, str):
-            tool_output = pb.ToolOutput(call_id=call_id, kind=kind, text=output)
+            tool_output.text = output
         else:
-            parts = [
-                contract_part
-                for index, part in enumerate(output)
-                for contract_part in parse_tool_output_part(part, join(output_path, index), self._media)
-            ]
-            tool_output = pb.ToolOutput(call_id=call_id, kind=kind, parts=pb.PartList(parts=parts))
-        self.messages.append(pb.Message(role=pb.ROLE_TOOL, tool_output=tool_output))
+            tool_output.parts.SetInParent()
+            for index, part in enumerate(output):
+                add_tool_output_part(tool_output.parts.parts, part, join(output_path, index), self._media)
+        self.messages.append(message)
 
 
 def is_item_reference(item: object) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
@@ -26,34 +28,43 @@ from ._input_models import (
 from ._json import join
 from ._media import MediaPolicy, parse_detail
 
-__all__ = ["IMAGE_PART_TYPES", "TEXT_PART_TYPES", "parse_message_part", "parse_tool_output_part"]
+__all__ = ["IMAGE_PART_TYPES", "TEXT_PART_TYPES", "PartList", "add_message_part", "add_tool_output_part"]
+
+# A contract message's repeated parts, filled in place.
+PartList = RepeatedCompositeFieldContainer[pb.Part]
 
 
-def parse_message_part(part: Any, path: str, media: MediaPolicy) -> list[pb.Part]:
-    """A validated part of a message item's `content` (a file may give several)."""
+def add_message_part(parts: PartList, part: Any, path: str, media: MediaPolicy) -> None:
+    """A validated part of a message item's `content`, added to `parts` (a file may add several)."""
     if isinstance(part, RefusalPartParam):
-        return [pb.Part(text=pb.TextPart(text=part.refusal))]
-    return _known_part(part, path, media)
+        parts.add().text.text = part.refusal
+        return
+    _add_known_part(parts, part, path, media)
 
 
-def parse_tool_output_part(part: Any, path: str, media: MediaPolicy) -> list[pb.Part]:
-    """A validated part of a tool output array; a part of another kind is kept as its JSON."""
+def add_tool_output_part(parts: PartList, part: Any, path: str, media: MediaPolicy) -> None:
+    """A validated part of a tool output array, added to `parts`; a part of another kind is
+    kept as its JSON."""
     if isinstance(part, dict):
-        return [pb.Part(json=pb.JsonPart(json=json.dumps(part, ensure_ascii=False)))]
-    return _known_part(part, path, media)
+        parts.add().json.json = json.dumps(part, ensure_ascii=False)
+        return
+    _add_known_part(parts, part, path, media)
 
 
-def _known_part(part: Any, path: str, media: MediaPolicy) -> list[pb.Part]:
+def _add_known_part(parts: PartList, part: Any, path: str, media: MediaPolicy) -> None:
+    # Built where it stays: protobuf copies a message put into another, so a part made apart
+    # and then added would hold a 30 MiB text two or three times (docs/hardening.md).
     if isinstance(part, TextPartParam):
-        return [pb.Part(text=pb.TextPart(text=part.text))]
-    if isinstance(part, InputImagePartParam):
-        return [pb.Part(image=_input_image(part, path, media))]
-    if isinstance(part, ChatImagePartParam):
-        return [pb.Part(image=_chat_image_url(part, path, media))]
-    if isinstance(part, InputFilePartParam):
-        return input_file_parts(part, path, media)
-    # Validation refuses every other kind; nothing is dropped if that ever changes.
-    raise InvalidRequestError(f"Invalid value for '{join(path, 'type')}'.", param=join(path, "type"))
+        parts.add().text.text = part.text
+    elif isinstance(part, InputImagePartParam):
+        parts.add().image.CopyFrom(_input_image(part, path, media))
+    elif isinstance(part, ChatImagePartParam):
+        parts.add().image.CopyFrom(_chat_image_url(part, path, media))
+    elif isinstance(part, InputFilePartParam):
+        parts.extend(input_file_parts(part, path, media))
+    else:
+        # Validation refuses every other kind; nothing is dropped if that ever changes.
+        raise InvalidRequestError(f"Invalid value for '{join(path, 'type')}'.", param=join(path, "type"))
 
 
 def _input_image(part: InputImagePartParam, path: str, media: MediaPolicy) -> pb.ImagePart:
