@@ -30,13 +30,12 @@ class LeaseRepository:
         """The facade instance the responses stored now belong to."""
         return self._instance_id
 
-    async def start(self, ttl_s: float) -> str:
+    async def start(self, ttl_s: float) -> None:
         """From now on this store is a new facade instance, alive while it renews its lease
-        (every fraction of `ttl_s`); the responses it starts are its own. Its id."""
+        (every fraction of `ttl_s`); the responses it starts are its own."""
         self._instance_id = _new_instance_id()
         self._ttl_s = ttl_s
         await self.renew()
-        return self._instance_id
 
     async def renew(self) -> None:
         if self._ttl_s is not None:
