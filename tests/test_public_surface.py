@@ -1,7 +1,8 @@
 """The public surface, pinned (as httpx pins its `__all__`): what a client user may import from
 `vlmserve.responses` and `vlmserve.client`, and the engine contract's service. A change here is a
 change to what users build on: make it on purpose, here and in the docs (docs/responses-api.md,
-docs/engine-contract.md), never as a side effect of moving code."""
+docs/engine-contract.md), never as a side effect of moving code. The contract's messages and
+fields are pinned against its released descriptor by `make buf-breaking` (scripts/contract_breaking.py)."""
 
 from __future__ import annotations
 
