@@ -139,13 +139,10 @@ class ResponseRepository:
     ) -> None:
         response_id = resource["id"]
         resource_text = json.dumps(resource)
-        items = [(s.id, json.dumps(s.item)) for s in input_items]
-        encoded = encode_messages(input_messages) if input_messages is not None else None
-        input_size = sum(len(text) for _, text in items) + (encoded_size(encoded) if encoded else 0)
         with self._db.transaction() as tx:
             tx.execute(
                 "INSERT INTO responses (id, owner, created_at, previous_response_id, conversation_id,"
-                " resource, input_size, size, status, facade_id) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                " resource, input_size, size, status, facade_id) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?)",
                 (
                     response_id,
                     owner,
@@ -153,27 +150,31 @@ class ResponseRepository:
                     resource.get("previous_response_id"),
                     conversation_id,
                     resource_text,
-                    input_size,
                     resource.get("status"),
                     self._leases.instance_id,
                 ),
             )
-            tx.executemany(
-                "INSERT INTO response_items (response_id, kind, position, item_id, item)"
-                " VALUES (?, 'input', ?, ?, ?)",
-                [(response_id, i, item_id, text) for i, (item_id, text) in enumerate(items)],
-            )
+            # Each stored form is made just before its INSERT and gone after it: a 30 MiB input's
+            # JSON and its serialized messages (and SQLite's copy of each) are never held together.
+            input_size = _write_input_items(tx, response_id, input_items)
             output_size = _write_outputs(tx, resource)
-            if encoded is not None:
+            messages_size = 0
+            if input_messages is not None:
+                messages_size = _write_response_messages(
+                    tx, response_id, "input", encode_messages(input_messages)
+                )
                 # An empty output until the response finishes: the response replays either way.
-                _write_response_messages(tx, response_id, "input", encoded)
                 output_size += _write_response_messages(tx, response_id, "output", encode_messages([]))
+            input_size += messages_size
             size = input_size + len(resource_text) + output_size
-            tx.execute("UPDATE responses SET size = ? WHERE id = ?", (size, response_id))
+            tx.execute(
+                "UPDATE responses SET input_size = ?, size = ? WHERE id = ?", (input_size, size, response_id)
+            )
             tx.add_usage(owner, size, max_bytes=max_stored_bytes)
         if input_messages is not None:
-            self._db.cache.put((response_id, "input"), input_messages)
-            self._db.cache.put((response_id, "output"), [])
+            # Sized by what was stored: ByteSize() would serialize the messages once more.
+            self._db.cache.put((response_id, "input"), input_messages, size=messages_size)
+            self._db.cache.put((response_id, "output"), [], size=0)
 
     def _update(self, resource: Resource, owner: str) -> bool:
         with self._db.transaction() as tx:
@@ -379,6 +380,20 @@ def _write_outputs(tx: Transaction, resource: Resource) -> int:
         rows,
     )
     return sum(len(row[3]) for row in rows)
+
+
+def _write_input_items(tx: Transaction, response_id: str, items: Sequence[StoredItem]) -> int:
+    """A new response's input items, each serialized just before its row is written; their size."""
+    size = 0
+    for position, stored in enumerate(items):
+        text = json.dumps(stored.item)
+        tx.execute(
+            "INSERT INTO response_items (response_id, kind, position, item_id, item)"
+            " VALUES (?, 'input', ?, ?, ?)",
+            (response_id, position, stored.id, text),
+        )
+        size += len(text)
+    return size
 
 
 def _write_response_messages(tx: Transaction, response_id: str, kind: str, encoded: EncodedMessages) -> int:
