@@ -4,6 +4,11 @@
 Agents do this all the time (edit a config, patch a function, re-send a tool's output), and it is
 what speculative decoding's prompt lookup thrives on: almost every answer token is a copy of a
 prompt token. Pure and seeded, so training, tests and the benchmark draw the same kind of cases.
+
+Names and string values are made-up words (2-3 random syllables: ~10^4 of them), not a short
+word list: with a few dozen words a small model lowers its loss by guessing the list's words and
+stalls there; with words it cannot guess, only copying from the prompt helps, which is what makes
+the induction (copy) heads form.
 """
 
 from __future__ import annotations
@@ -12,106 +17,9 @@ import json
 import random
 from dataclasses import dataclass
 
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "omega",
-    "north",
-    "south",
-    "east",
-    "west",
-    "red",
-    "green",
-    "blue",
-    "amber",
-    "cyan",
-    "river",
-    "stone",
-    "cloud",
-    "forest",
-    "ember",
-    "frost",
-    "orbit",
-    "pixel",
-    "vector",
-    "kernel",
-    "socket",
-    "buffer",
-    "cursor",
-    "packet",
-    "signal",
-    "tensor",
-    "matrix",
-    "scalar",
-    "bridge",
-    "harbor",
-    "canyon",
-    "meadow",
-    "summit",
-    "valley",
-    "falcon",
-    "otter",
-    "badger",
-    "lynx",
-]
-KEYS = [
-    "name",
-    "id",
-    "count",
-    "size",
-    "mode",
-    "path",
-    "host",
-    "port",
-    "user",
-    "role",
-    "level",
-    "status",
-    "owner",
-    "region",
-    "color",
-    "label",
-    "limit",
-    "offset",
-    "timeout",
-    "retries",
-    "enabled",
-    "version",
-    "kind",
-    "target",
-    "source",
-    "format",
-]
-FUNCTIONS = [
-    "load",
-    "save",
-    "parse",
-    "render",
-    "update",
-    "merge",
-    "split",
-    "check",
-    "build",
-    "fetch",
-    "apply",
-    "reset",
-]
-VARIABLES = [
-    "total",
-    "items",
-    "value",
-    "result",
-    "count",
-    "index",
-    "data",
-    "text",
-    "node",
-    "item",
-    "key",
-    "acc",
-]
+SYLLABLES = [
+    c + v for c in "bdfgklmnprstvz" for v in "aeiou"
+]  # 70 syllables; made-up words tokenize into 1-4 BPE pieces
 
 
 @dataclass(frozen=True)
@@ -122,20 +30,28 @@ class CopyCase:
     answer: str
 
 
+def word(rng: random.Random) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+
+
 def _value(rng: random.Random) -> object:
     kind = rng.randrange(4)
     if kind == 0:
         return rng.randrange(1000)
     if kind == 1:
-        return rng.choice(WORDS)
+        return word(rng)
     if kind == 2:
         return rng.choice([True, False])
-    return f"{rng.choice(WORDS)}-{rng.choice(WORDS)}"
+    return f"{word(rng)}-{word(rng)}"
 
 
-def json_case(rng: random.Random) -> CopyCase:
-    """A JSON object of 3-5 fields; set one of them to a new value."""
-    keys = rng.sample(KEYS, rng.randint(3, 5))
+def json_case(rng: random.Random, fields: tuple[int, int] = (2, 4)) -> CopyCase:
+    """A JSON object of `fields` fields; set one of them to a new value."""
+    keys: list[str] = []
+    while len(keys) < rng.randint(*fields):
+        key = word(rng)
+        if key not in keys:
+            keys.append(key)
     original = {key: _value(rng) for key in keys}
     key = rng.choice(keys)
     new = _value(rng)
@@ -149,27 +65,19 @@ def json_case(rng: random.Random) -> CopyCase:
     return CopyCase(prompt, after)
 
 
-def _code_lines(rng: random.Random) -> list[str]:
-    name = rng.choice(FUNCTIONS) + "_" + rng.choice(WORDS)
-    args = rng.sample(VARIABLES, rng.randint(1, 3))
-    lines = [f"def {name}({', '.join(args)}):"]
-    names = list(args)
-    for _ in range(rng.randint(2, 4)):
-        target = rng.choice(VARIABLES)
-        source = rng.choice(names)
-        operator = rng.choice(["+", "-", "*"])
-        lines.append(f"    {target} = {source} {operator} {rng.randrange(100)}")
-        names.append(target)
-    lines.append(f"    return {rng.choice(names)}")
-    return lines
+def _assignment(rng: random.Random, names: list[str]) -> str:
+    return f"    {word(rng)} = {rng.choice(names)} {rng.choice(['+', '-', '*'])} {rng.randrange(100)}"
 
 
-def code_case(rng: random.Random) -> CopyCase:
+def code_case(rng: random.Random, body: tuple[int, int] = (2, 3)) -> CopyCase:
     """A small Python function; replace one of its body lines."""
-    lines = _code_lines(rng)
+    names = [word(rng) for _ in range(rng.randint(1, 2))]
+    lines = [f"def {word(rng)}({', '.join(names)}):"]
+    for _ in range(rng.randint(*body)):
+        lines.append(_assignment(rng, names))
+    lines.append(f"    return {rng.choice(names)}")
     index = rng.randrange(1, len(lines) - 1)
-    target, source = rng.choice(VARIABLES), rng.choice(VARIABLES)
-    replacement = f"    {target} = {source} {rng.choice(['+', '-', '*'])} {rng.randrange(100)}"
+    replacement = _assignment(rng, names)
     while replacement == lines[index]:
         replacement += " + 1"
     edited = [*lines[:index], replacement, *lines[index + 1 :]]

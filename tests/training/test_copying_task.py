@@ -1,0 +1,41 @@
+"""The copying task (training/copying.py) asks for exactly one edit, and its answer is that edit."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from training.copying import code_case, copy_case, json_case
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_json_answer_is_the_object_with_one_field_set(seed: int) -> None:
+    case = json_case(random.Random(seed))
+    instruction, _, original_text = case.prompt.partition(":\n")
+    original, answer = json.loads(original_text), json.loads(case.answer)
+    changed = [key for key in original if original[key] != answer[key]]
+    assert list(answer) == list(original) and len(changed) == 1
+    assert (
+        instruction
+        == f"Return this JSON with {json.dumps(changed[0])} set to {json.dumps(answer[changed[0]])}"
+    )
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_code_answer_replaces_exactly_the_named_line(seed: int) -> None:
+    case = code_case(random.Random(seed))
+    header, _, block = case.prompt.partition(":\n")
+    old, new = header.split("`")[1], header.split("`")[3]
+    before = block.removeprefix("```python\n").removesuffix("\n```").split("\n")
+    after = case.answer.removeprefix("```python\n").removesuffix("\n```").split("\n")
+    differing = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert len(differing) == 1
+    assert before[differing[0]].strip() == old and after[differing[0]].strip() == new
+
+
+def test_cases_are_seeded_and_varied() -> None:
+    first = [copy_case(random.Random(seed)) for seed in range(20)]
+    assert first == [copy_case(random.Random(seed)) for seed in range(20)]
+    assert len({case.prompt for case in first}) == 20
