@@ -234,7 +234,7 @@ def cpu_seconds(pids: Sequence[int]) -> float:
 
 
 def start_target(name: str, model_dir: Path, logs: Path, args: argparse.Namespace) -> Target:
-    if name == "vlmserve":
+    if name.startswith("vlmserve"):  # vlmserve, or a variant with its own --engine-arg
         engine = start_engine(logs, model=str(model_dir), extra=tuple(args.engine_arg))
         facade = start_facade(logs, engine.address, store_path=logs / f"store-{time.monotonic_ns()}.sqlite3")
         return Target(
@@ -447,9 +447,17 @@ class InProcess:
 
     def sequential(self, count: int, tokens: int) -> tuple[int, float, float]:
         """(output tokens, wall seconds, CPU seconds) for `count` requests one after another."""
+        return self.generate([prompt(index) for index in range(count)], tokens)
+
+    def generate(
+        self, prompts: Sequence[str], tokens: int, temperature: float = 0.0
+    ) -> tuple[int, float, float]:
+        """(output tokens, wall seconds, CPU seconds) for these prompts one after another."""
         cpu = cpu_seconds(self.pids)
         started = time.perf_counter()
-        answer = self._ask(f"{count} {tokens}")
+        answer = self._ask(
+            json.dumps({"prompts": list(prompts), "tokens": tokens, "temperature": temperature})
+        )
         return int(answer["tokens"]), time.perf_counter() - started, cpu_seconds(self.pids) - cpu
 
     def stop(self) -> None:
@@ -464,8 +472,9 @@ class InProcess:
 
 
 def in_process_worker(model_dir: Path) -> int:
-    """Answer 'COUNT TOKENS' lines on stdin: that many of the sequential prompts, rendered with the
-    model's chat template, through `mlx_vlm.stream_generate`; one JSON line each on stdout."""
+    """Answer JSON lines on stdin ({"prompts": [...], "tokens": N, "temperature": T}): each prompt
+    in turn, rendered with the model's chat template, through `mlx_vlm.stream_generate`; one JSON
+    line ({"tokens": output tokens}) each on stdout."""
     import mlx.core as mx
     from mlx_vlm import load, stream_generate
     from mlx_vlm.prompt_utils import apply_chat_template
@@ -474,20 +483,22 @@ def in_process_worker(model_dir: Path) -> int:
     if mx.default_device() == mx.cpu:
         model.set_dtype(mx.float32)  # as the engine's --dtype auto (already float32 here)
 
-    def run(count: int, max_tokens: int) -> int:
+    def run(prompts: Sequence[str], max_tokens: int, temperature: float) -> int:
         tokens = 0
-        for index in range(count):
-            text = apply_chat_template(processor, model.config, prompt(index), num_images=0)
-            *_, last = stream_generate(model, processor, text, max_tokens=max_tokens, temperature=0.0)
+        for text in prompts:
+            rendered = apply_chat_template(processor, model.config, text, num_images=0)
+            *_, last = stream_generate(
+                model, processor, rendered, max_tokens=max_tokens, temperature=temperature
+            )
             tokens += int(last.generation_tokens)
         return tokens
 
-    run(1, 4)  # warm-up
+    run([prompt(0)], 4, 0.0)  # warm-up
     for line in sys.stdin:
-        words = line.split()
         answer: dict[str, Any] = {"ready": True}
-        if words and words[0] != "ready":
-            answer = {"tokens": run(int(words[0]), int(words[1]))}
+        if line.strip() != "ready":
+            asked = json.loads(line)
+            answer = {"tokens": run(asked["prompts"], int(asked["tokens"]), float(asked["temperature"]))}
         print(json.dumps(answer), flush=True)
     return 0
 

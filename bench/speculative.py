@@ -18,6 +18,8 @@ load average is recorded before and after. Workloads:
 - nothing: seeded sampling at temperature 1 (random text: nothing to copy, drafts rarely
   offered; measures what speculation costs when it cannot help);
 - schema: a json_schema answer (grammar fast-forward drafts the forced keys and punctuation);
+- tool: a forced tool call (tool_choice names the function): the call's opening, name and
+  argument keys are forced, so fast-forward drafts them;
 - concurrent8: 8 greedy requests with their own prompts, submitted together.
 Default model: the 144M random bench model (bench/bench_model.py builds it).
 """
@@ -50,6 +52,13 @@ SCHEMA = {
         "tags": {"type": "array", "items": {"type": "string"}},
     },
     "required": ["name", "count", "ok", "tags"],
+    "additionalProperties": False,
+}
+
+TOOL_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
     "additionalProperties": False,
 }
 
@@ -99,6 +108,23 @@ def workloads(generator: Generator, max_tokens: int) -> dict[str, list[PreparedR
                 seed=2,
                 max_tokens=max_tokens,
                 response_format=schema,
+            )
+        ],
+        "tool": [
+            request(
+                generator,
+                "What is the weather in Paris?",
+                temperature=0.0,
+                seed=3,
+                max_tokens=max_tokens,
+                tools=[
+                    pb.Tool(
+                        function=pb.FunctionTool(
+                            name="get_weather", parameters_json=json.dumps(TOOL_PARAMETERS), strict=True
+                        )
+                    )
+                ],
+                tool_choice=pb.ToolChoice(function_name="get_weather"),
             )
         ],
         "concurrent8": [
@@ -167,15 +193,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--draft-model", default=None, help="drafter for --speculative draft|auto")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument(
+        "--workloads", nargs="+", default=["copy", "nothing", "schema", "tool", "concurrent8"]
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/speculative.json"))
     args = parser.parse_args(argv)
     model = args.model if args.model is not None else build_bench_model(DEFAULT_DIR)[0]
     load_before = os.getloadavg()
     mode = args.speculative
     engines = {name: start(str(model), name, args.max_tokens, args.draft_model) for name in ("off", mode)}
-    work = workloads(engines["off"], args.max_tokens)
+    work = {
+        name: r for name, r in workloads(engines["off"], args.max_tokens).items() if name in args.workloads
+    }
     for name, generator in engines.items():  # warm up both (first forwards of each shape)
-        run(generator, work["copy"], f"warm-{name}")
+        run(generator, next(iter(work.values())), f"warm-{name}")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {w: {e: [] for e in engines} for w in work}
     for round_index in range(args.rounds):
         order = list(engines) if round_index % 2 == 0 else list(reversed(engines))
