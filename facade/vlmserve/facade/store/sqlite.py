@@ -136,7 +136,13 @@ class SQLiteDatabase(Database):
         if path_text != ":memory:":
             Path(path_text).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path_text, check_same_thread=False, isolation_level=None)
+        # No statement cache: a cached statement keeps its last bound values (sqlite3 resets it
+        # but never clears its bindings), so SQLite's copy of a stored 30 MiB input stayed alive
+        # after the write, until that statement ran again (docs/hardening.md, "Memory per
+        # request byte"). Preparing each statement again costs microseconds.
+        self._db = sqlite3.connect(
+            path_text, check_same_thread=False, isolation_level=None, cached_statements=0
+        )
         self._db.execute("PRAGMA busy_timeout=5000")
         # Takes effect on a new file (before any table exists); an older one is switched over
         # by a VACUUM in _migrate.
