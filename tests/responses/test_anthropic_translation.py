@@ -1,6 +1,6 @@
 """The Messages -> Responses translation (`vlmserve.anthropic`), as tables of cases: the Responses
-body each Anthropic request becomes, the field each shared-translation error is renamed to, and
-the message and stream events a finished response becomes. Pure: no facade, no engine."""
+body each Anthropic request becomes (the error names: test_anthropic_paths.py), and the message and
+stream events a finished response becomes. Pure: no facade, no engine."""
 
 from __future__ import annotations
 
@@ -160,35 +160,6 @@ FIELDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 def test_body_fields(name: str, fields: dict[str, Any], expected: dict[str, Any]) -> None:
     translated = messages_request(body(**fields)).responses_body
     assert {key: translated[key] for key in expected} == expected
-
-
-PARAMS = [
-    ("input[1].output[0].image_url", "messages[1].content[0].content[0].source"),
-    ("input[0].content[0].file_url", "messages[0].content[0].source.url"),
-    ("input[0].arguments", "messages[0].content[0].input"),
-    ("tools[0].parameters.properties", "tools[0].input_schema.properties"),
-    ("max_output_tokens", "max_tokens"),
-    ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
-    ("stop", "stop_sequences"),
-    ("input", "messages"),
-]
-
-
-@pytest.mark.parametrize(("responses", "anthropic"), PARAMS)
-def test_error_fields_are_named_as_anthropic(responses: str, anthropic: str) -> None:
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}
-    document = {"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}}
-    use = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
-    if responses.startswith("input[1]"):
-        messages: list[Any] = [
-            {"role": "assistant", "content": [use]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [image]}]},
-        ]
-    elif responses.startswith("input[0].arguments"):
-        messages = [{"role": "assistant", "content": [use]}]
-    else:
-        messages = [{"role": "user", "content": [document]}]
-    assert messages_request(body(messages=messages)).anthropic_param(responses) == anthropic
 
 
 def test_apply_sets_what_responses_cannot_say() -> None:

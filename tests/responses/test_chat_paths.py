@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from vlmserve.chat import chat_request
-from vlmserve.chat._paths import PathMap
 from vlmserve.responses import InvalidRequestError, build_generate_request
+from vlmserve.responses._paths import PathMap
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.responses import InvalidRequestError
+from vlmserve.responses._paths import PathMap
 
 from ._request_models import (
     Base64SourceParam,
@@ -52,8 +52,6 @@ from ._request_models import (
 TOOL_ERROR_PREFIX = "[tool error]"
 DEFAULT_DOCUMENT_NAME = "document"
 
-_INPUT_ITEM = re.compile(r"^input\[(\d+)\](.*)$")
-_PART = re.compile(r"^\.(?:content|output)\[(\d+)\](.*)$")
 # A part's field in the Responses body -> the Anthropic block's.
 _PART_FIELDS = (
     (".image_url", ".source"),
@@ -61,6 +59,7 @@ _PART_FIELDS = (
     (".file_id", ".source.file_id"),
     (".file_url", ".source.url"),
 )
+# Responses body fields the Messages request spells otherwise (the rest are spelt alike).
 _BODY_FIELDS = (
     ("max_output_tokens", "max_tokens"),
     ("text.format", "output_format"),
@@ -68,7 +67,6 @@ _BODY_FIELDS = (
     ("stop", "stop_sequences"),
     ("instructions", "system"),
 )
-_TOOL_FIELD = re.compile(r"^tools\[(\d+)\]\.parameters(.*)$")
 
 
 @dataclass
@@ -80,9 +78,8 @@ class MessagesRequest:
     stop_sequences: list[str] = field(default_factory=list)
     top_k: int | None = None
     enable_thinking: bool | None = None
-    # For each Responses input item, the Anthropic path it came from, and each of its parts'.
-    origins: list[str] = field(default_factory=list)
-    part_origins: list[list[str]] = field(default_factory=list)
+    # Each Responses field written -> the Anthropic path it came from (`input[3]` -> `messages[1]`).
+    paths: PathMap = field(default_factory=PathMap)
 
     def apply(self, request: pb.GenerateRequest) -> None:
         """Set on the engine request what the Responses body cannot say."""
@@ -92,34 +89,11 @@ class MessagesRequest:
         if self.enable_thinking is not None:
             request.enable_thinking = self.enable_thinking
 
-    def anthropic_param(self, param: str | None) -> str | None:
-        """A Responses field path (from the shared translation) as the Anthropic field it came from."""
-        if param is None:
-            return None
-        found = _INPUT_ITEM.match(param)
-        if found is not None:
-            index, rest = int(found.group(1)), found.group(2)
-            if index >= len(self.origins):
-                return "messages"
-            part = _PART.match(rest)
-            parts = self.part_origins[index]
-            if part is not None and int(part.group(1)) < len(parts):
-                inner = part.group(2)
-                for old, new in _PART_FIELDS:
-                    if inner.startswith(old):
-                        return parts[int(part.group(1))] + new
-                return parts[int(part.group(1))]
-            origin = self.origins[index]
-            return origin + ".input" if rest.startswith(".arguments") else origin
-        if param == "input" or param.startswith("input."):
-            return "messages"
-        tool = _TOOL_FIELD.match(param)
-        if tool is not None:
-            return f"tools[{tool.group(1)}].input_schema{tool.group(2)}"
-        for old, new in _BODY_FIELDS:
-            if param == old or param.startswith((old + ".", old + "[")):
-                return new + param.removeprefix(old)
-        return param
+    def anthropic_param(self, param: str) -> str:
+        """A Responses field path (from the shared translation) as the Anthropic field it came
+        from; a field both APIs spell alike (`temperature`) as it is."""
+        origin = self.paths.origin(param)
+        return param if origin is None else origin
 
 
 def _unsupported(param: str, message: str) -> InvalidRequestError:
@@ -129,11 +103,11 @@ def _unsupported(param: str, message: str) -> InvalidRequestError:
 
 
 class _Items:
-    """Builds the Responses input items, remembering where each item and part came from."""
+    """Builds the Responses input items, recording in `paths` where each item and part came from."""
 
-    def __init__(self, request: MessagesRequest) -> None:
+    def __init__(self, paths: PathMap) -> None:
         self.items: list[dict[str, Any]] = []
-        self._request = request
+        self._paths = paths
         self._parts: list[dict[str, Any]] = []
         self._part_origins: list[str] = []
         self._role = ""
@@ -141,9 +115,7 @@ class _Items:
 
     def add(self, item: dict[str, Any], where: str, part_origins: list[str] | None = None) -> None:
         self.flush()
-        self.items.append(item)
-        self._request.origins.append(where)
-        self._request.part_origins.append(part_origins or [])
+        self._append(item, where, part_origins or [])
 
     def part(self, role: str, where: str, parts: list[tuple[dict[str, Any], str]]) -> None:
         """Parts of a message being gathered (flushed by the next item or role change)."""
@@ -156,10 +128,23 @@ class _Items:
 
     def flush(self) -> None:
         if self._parts:
-            self.items.append({"type": "message", "role": self._role, "content": self._parts})
-            self._request.origins.append(self._where)
-            self._request.part_origins.append(self._part_origins)
+            item = {"type": "message", "role": self._role, "content": self._parts}
+            self._append(item, self._where, self._part_origins)
         self._parts, self._part_origins, self._role = [], [], ""
+
+    def _append(self, item: dict[str, Any], where: str, part_origins: list[str]) -> None:
+        # A block's inner Responses fields (`call_id`, a part's `detail`) name the block itself.
+        path = f"input[{len(self.items)}]"
+        self.items.append(item)
+        self._paths.add(path, where, extends=False)
+        if item["type"] == "function_call":
+            self._paths.add(f"{path}.arguments", f"{where}.input", extends=False)
+        parts = "output" if item["type"] == "function_call_output" else "content"
+        for index, origin in enumerate(part_origins):
+            part = f"{path}.{parts}[{index}]"
+            self._paths.add(part, origin, extends=False)
+            for name, anthropic in _PART_FIELDS:
+                self._paths.add(part + name, origin + anthropic, extends=False)
 
 
 def _data_url(media_type: str, data: str) -> str:
@@ -298,8 +283,8 @@ def _add_blocks(items: _Items, role: str, blocks: list[ContentBlock], where: str
     items.flush()
 
 
-def _input_items(body: MessagesBody, request: MessagesRequest) -> list[dict[str, Any]]:
-    items = _Items(request)
+def _input_items(body: MessagesBody, paths: PathMap) -> list[dict[str, Any]]:
+    items = _Items(paths)
     system = body.system
     if isinstance(system, str) and system:
         items.add(
@@ -327,11 +312,12 @@ def _input_items(body: MessagesBody, request: MessagesRequest) -> list[dict[str,
     return items.items
 
 
-def _tools(body: MessagesBody) -> list[dict[str, Any]] | None:
+def _tools(body: MessagesBody, paths: PathMap) -> list[dict[str, Any]] | None:
     if body.tools is None:
         return None
     tools: list[dict[str, Any]] = []
     for index, tool in enumerate(body.tools):
+        paths.add(f"tools[{index}].parameters", f"tools[{index}].input_schema")
         if isinstance(tool, OtherToolParam):
             raise _unsupported(
                 f"tools[{index}].type",
@@ -409,15 +395,20 @@ def messages_request(raw: object, *, count_tokens: bool = False) -> MessagesRequ
     body = parse_messages_body(raw, count_tokens=count_tokens)
     _refuse_unsupported(body)
     request = MessagesRequest(responses_body={}, stream=bool(body.stream) and not count_tokens)
+    paths = request.paths
+    # An input path no item recorded (the shared translation's `input`) names `messages`.
+    paths.add("input", "messages", extends=False)
+    for path, origin in _BODY_FIELDS:
+        paths.add(path, origin)
     tool_choice, parallel = _tool_choice(body)
     responses_body: dict[str, Any] = {
         "model": body.model,
-        "input": _input_items(body, request),
+        "input": _input_items(body, paths),
         "store": False,
         "stream": request.stream,
     }
     optional: dict[str, Any] = {
-        "tools": _tools(body),
+        "tools": _tools(body, paths),
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel,
         "text": _text_format(body),

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.responses import InvalidRequestError
+from vlmserve.responses._paths import PathMap
 
-from ._paths import PathMap
 from ._request_models import (
     AssistantMessageParam,
     ChatCompletionBody,

@@ -7,10 +7,11 @@ Each error body is `{"error": {"message", "type", "param", "code"}}`. Messages a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -123,6 +124,18 @@ def request_too_large_for_engine() -> APIError:
 
 def from_invalid_request(error: InvalidRequestError) -> APIError:
     return APIError(error.status, error.message, param=error.param, code=error.code)
+
+
+@contextlib.contextmanager
+def fields_renamed(rename: Callable[[str], str]) -> Iterator[None]:
+    """Errors of the shared Responses translation (and the engine's) naming another API's fields:
+    `rename` is that request's path map (`ChatRequest.chat_param`, `MessagesRequest.anthropic_param`)."""
+    try:
+        yield
+    except InvalidRequestError as error:
+        raise from_invalid_request(error.renamed(rename)) from None
+    except APIError as error:
+        raise error.renamed(rename) from None
 
 
 def param_for_engine_field(field: str | None) -> str | None:

@@ -7,25 +7,23 @@ fields they name are the Anthropic request's (`messages[1].content[0].source`).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
-import re
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from sse_starlette import ServerSentEvent
 
-from vlmserve.anthropic import EventWriter, MessagesRequest, anthropic_message, messages_request
+from vlmserve.anthropic import EventWriter, anthropic_message, messages_request
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
-from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.http.errors import fields_renamed
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses.delivery import Wire, prepare_unless_disconnected, respond, sse_event
 from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.running import Generation
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import InvalidRequestError, ResponseResource
+from vlmserve.responses import ResponseResource
 
 router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -38,7 +36,7 @@ async def create_message(request: Request, state: State) -> Response:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
         translated = await state.responses.run_translation(messages_request, body)
         del body
-        with anthropic_params(translated):
+        with fields_renamed(translated.anthropic_param):
             generation = await prepare_unless_disconnected(
                 request, state.responses, translated.responses_body
             )
@@ -61,7 +59,8 @@ async def create_message(request: Request, state: State) -> Response:
         return anthropic_message(validated, stop_sequence=_stop_sequence(generation)).to_json()
 
     # Anthropic's streams end at an `error` event.
-    wire = Wire(frames, closing, answer, ends_at_error=True, errors=lambda: anthropic_params(translated))
+    errors = functools.partial(fields_renamed, translated.anthropic_param)
+    wire = Wire(frames, closing, answer, ends_at_error=True, errors=errors)
     return await respond(
         request, generation, wire, stream=translated.stream, settings=state.settings, release=hold.release
     )
@@ -72,7 +71,7 @@ async def count_message_tokens(request: Request, state: State) -> dict[str, Any]
     with state.body_budget.hold() as hold:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
         translated = await state.responses.run_translation(messages_request, body, count_tokens=True)
-        with anthropic_params(translated):
+        with fields_renamed(translated.anthropic_param):
             tokens = await state.responses.count_tokens(
                 translated.responses_body, owner=owner_of(request), adjust=translated.apply
             )
@@ -82,30 +81,6 @@ async def count_message_tokens(request: Request, state: State) -> dict[str, Any]
 def _stop_sequence(generation: Generation) -> str | None:
     result = generation.result
     return (result.stop_sequence or None) if result is not None else None
-
-
-@contextlib.contextmanager
-def anthropic_params(translated: MessagesRequest) -> Iterator[None]:
-    """Errors of the shared Responses translation (and the engine's), naming the Anthropic field."""
-    try:
-        yield
-    except (InvalidRequestError, APIError) as error:
-        param = translated.anthropic_param(error.param)
-        message = (
-            error.message.replace(f"'{error.param}", f"'{param}") if error.param and param else error.message
-        )
-        # Other input paths the message quotes ("'...file_id' or '...file_data'").
-        message = _QUOTED_INPUT_PATH.sub(
-            lambda found: f"'{translated.anthropic_param(found.group(1))}'", message
-        )
-        headers = error.headers if isinstance(error, APIError) else None
-        kind = error.type if isinstance(error, APIError) else None
-        raise APIError(
-            error.status, message, param=param, code=error.code, type=kind, headers=headers
-        ) from None
-
-
-_QUOTED_INPUT_PATH = re.compile(r"'(input\[\d+\][^' ]*)'")
 
 
 def _sse(kind: str, data: dict[str, Any]) -> ServerSentEvent:

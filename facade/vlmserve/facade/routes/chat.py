@@ -3,17 +3,16 @@ answered as a chat completion, streamed or not. Nothing is stored (`store: true`
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from sse_starlette import ServerSentEvent
 
-from vlmserve.chat import ChatRequest, ChunkWriter, chat_completion, chat_request
+from vlmserve.chat import ChunkWriter, chat_completion, chat_request
 from vlmserve.facade.http.body_budget import BodyHold
-from vlmserve.facade.http.errors import APIError, from_invalid_request
+from vlmserve.facade.http.errors import fields_renamed
 from vlmserve.facade.http.openapi import CREATE_CHAT_COMPLETION_BODY
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses.delivery import (
@@ -25,7 +24,7 @@ from vlmserve.facade.responses.delivery import (
 )
 from vlmserve.facade.responses.events import Event
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import ErrorEvent, InvalidRequestError, ResponseResource
+from vlmserve.responses import ErrorEvent, ResponseResource
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -43,7 +42,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
         chat = await state.responses.run_translation(chat_request, body)
         del body
-        with _chat_params(chat):
+        with fields_renamed(chat.chat_param):
             generation = await prepare_unless_disconnected(request, state.responses, chat.responses_body)
         # Engine settings the Responses API has no field for.
         if chat.seed is not None:
@@ -77,7 +76,8 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         completion = chat_completion(ResponseResource.model_validate(resource), logprobs=chat.logprobs)
         return completion.to_json()
 
-    wire = Wire(frames, closing, answer, ends_at_error=True, errors=lambda: _chat_params(chat))
+    errors = functools.partial(fields_renamed, chat.chat_param)
+    wire = Wire(frames, closing, answer, ends_at_error=True, errors=errors)
     return await respond(
         request,
         generation,
@@ -87,17 +87,6 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         release=hold.release,
         headers=ignored_tools_header(generation),
     )
-
-
-@contextlib.contextmanager
-def _chat_params(chat: ChatRequest) -> Iterator[None]:
-    """Errors of the shared Responses translation (and the engine's), naming the chat field."""
-    try:
-        yield
-    except InvalidRequestError as error:
-        raise from_invalid_request(error.renamed(chat.chat_param)) from None
-    except APIError as error:
-        raise error.renamed(chat.chat_param) from None
 
 
 def _data(payload: dict[str, Any]) -> ServerSentEvent:
