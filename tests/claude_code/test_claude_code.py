@@ -33,7 +33,7 @@ from tests._services import REPO, ServiceProcess, free_port
 from tests.facade.helpers import parse_sse
 from training.squares import make_samples
 from vlmserve.anthropic import messages_request
-from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 CLAUDE_BIN = REPO / "node_modules" / ".bin" / "claude"
@@ -196,8 +196,14 @@ def test_recorded_turns_replayed_with_an_image_in_the_read_tool_result(
             _replay(http, body, _recorded_headers(turn2))
             (call,) = engine_recorder.recording.calls[before:]
             assert call.result is not None and call.result.usage.image_count == 1
-            roles = [message.role for message in call.request.messages]
+            # Sent as the client put it (the image inside the tool result); the engine's lowering
+            # gives the model the image in a following user turn.
+            raw_tool = next(message for message in call.request.messages if message.role == pb.ROLE_TOOL)
+            images = [part.image.data for part in raw_tool.tool_output.parts.parts if part.HasField("image")]
+            assert images == [png]
+            lowered = lower_messages(call.request.messages)
+            roles = [message.role for message in lowered]
             tool_turn = roles.index(pb.ROLE_TOOL)
-            assert call.request.messages[tool_turn].tool_output.text.endswith(IMAGE_FOLLOW_UP_MARKER)
-            follow_up = call.request.messages[tool_turn + 1]
+            assert lowered[tool_turn].tool_output.text.endswith(IMAGE_FOLLOW_UP_MARKER)
+            follow_up = lowered[tool_turn + 1]
             assert follow_up.role == pb.ROLE_USER and follow_up.parts[0].image.data == png

@@ -27,7 +27,7 @@ from tests.codex.codex_requests import (
 )
 from tests.codex.sse import SseStream, post_streaming
 from tests.facade.helpers import EVENT_SCHEMAS, assert_valid
-from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER
+from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.responses.delivery import IGNORED_TOOLS_HEADER
 
@@ -85,7 +85,12 @@ def _images(message: pb.Message) -> list[pb.ImagePart]:
 
 
 def _assert_image_after_tool_result(call: RecordedCall, png: bytes | None = None) -> None:
-    messages = list(call.request.messages)
+    # The engine receives the conversation as sent (the image inside the tool output) and lowers
+    # it where it renders the template: the model sees the image in a following user turn.
+    raw_tool = [message for message in call.request.messages if message.role == pb.ROLE_TOOL][-1]
+    raw_images = [part.image for part in raw_tool.tool_output.parts.parts if part.HasField("image")]
+    assert len(raw_images) == 1 and (png is None or raw_images[0].data == png)
+    messages = lower_messages(call.request.messages)
     tool_index = max(i for i, message in enumerate(messages) if message.role == pb.ROLE_TOOL)
     tool = messages[tool_index]
     assert tool.tool_output.text.rstrip().endswith(IMAGE_FOLLOW_UP_MARKER)

@@ -24,6 +24,7 @@ from tests._services import ServiceProcess
 from tests.claude_code.record_claude_requests import make_handler
 from tests.claude_code.test_claude_code import claude_env
 from training.squares import AGENT_PROMPT, PALETTE, QUESTION, make_samples
+from vlmserve.engine.prep.lowering import lower_messages
 
 pytestmark = pytest.mark.slow
 
@@ -148,7 +149,12 @@ def test_claude_agent_sdk_custom_tool_returning_an_image(
     (result,) = [message for message in messages if isinstance(message, ResultMessage)]
     assert not result.is_error, result
     seen = [call for call in engine_recorder.recording.calls[before:] if call.result is not None]
+    # The engine receives the tool result as sent (the image inside it) and lowers it into a
+    # following user turn where it renders the template: look where the model sees it.
     assert any(
-        part.image.data == png for call in seen for message in call.request.messages for part in message.parts
+        part.image.data == png
+        for call in seen
+        for message in lower_messages(call.request.messages)
+        for part in message.parts
     ), "the tool's image never reached the engine"
     assert any(call.result.usage.image_count == 1 for call in seen if call.result is not None)
