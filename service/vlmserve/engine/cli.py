@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import logging
 import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NoReturn
 
 from pydantic import Field, model_validator
 
@@ -178,12 +179,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(2)
         if this_rank != 0:  # rank 0 serves; the others run its steps on their share of the model
             # Rank 0 sends the stop plan within its drain; 10 s more for its own shutdown.
-            code = follow(command.engine, grace_seconds=command.drain_seconds + 10)
-            logging.shutdown()
-            # Without running interpreter and C++ teardown: once rank 0 has gone, destroying MLX's
-            # ring group aborts the process ("terminate called without an active exception").
-            os._exit(code)
-    sys.exit(asyncio.run(_serve(command)))
+            # Once rank 0 has gone, destroying MLX's ring group aborts the process.
+            _exit_without_teardown(follow(command.engine, grace_seconds=command.drain_seconds + 10))
+    _exit_without_teardown(asyncio.run(_serve(command)))
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    """End the process once the engine has stopped: Python's exit hooks run (trace export,
+    logging), the interpreter's C++ teardown does not. With gRPC's and MLX's threads still winding
+    down, their static destructors now and then abort the process ("terminate called without an
+    active exception": exit -6 right after a clean drain, seen in a full test run)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
