@@ -10,6 +10,7 @@ from typing import Annotated, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
+from vlmserve.engine.loop.kv_cache import KV_QUANT_SCHEMES, UNIFORM
 from vlmserve.engine.model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE_CHOICES
 from vlmserve.engine.model_lifecycle import LOAD_CHOICES
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
@@ -80,8 +81,8 @@ class EngineConfig(DeclaredSettings):
         description="store the KV cache quantized to this many bits (mlx-vlm's quantized caches: the batch, "
         "prompts shared in flight and the prefix cache and its disk tier); unset: the model's own precision",
     )
-    kv_quant_scheme: Annotated[str, Option(metavar="{uniform,turboquant}")] = Field(
-        "uniform",
+    kv_quant_scheme: Annotated[str, Option(metavar="{" + ",".join(KV_QUANT_SCHEMES) + "}")] = Field(
+        UNIFORM,
         description="how --kv-bits quantizes: uniform (mx.quantize in groups, mlx-vlm's quantized caches) or "
         "turboquant (mlx-vlm's TurboQuant: rotated vectors, codebook indices and one norm per vector; "
         "fewer bytes at the same bits, any head width)",
@@ -200,8 +201,8 @@ class EngineConfig(DeclaredSettings):
     @field_validator("kv_quant_scheme")
     @classmethod
     def _known_kv_scheme(cls, scheme: str) -> str:
-        if scheme not in ("uniform", "turboquant"):
-            raise ValueError("must be one of uniform, turboquant")
+        if scheme not in KV_QUANT_SCHEMES:
+            raise ValueError(f"must be one of {', '.join(KV_QUANT_SCHEMES)}")
         return scheme
 
     @field_validator("speculative")

@@ -27,6 +27,7 @@ Generation thread only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,13 +135,12 @@ def merge_rows(rows: Sequence[Any]) -> Any:
     return _merge_quantized(rows)
 
 
+@functools.cache
 def _turbo_batch_class() -> type:
     """mlx-vlm's batch turboquant cache with the right-padded group prefill its full-precision
     and uniform batch caches have (`prepare(right_padding)` / `finalize`: roll each row's
-    real positions to the end, the padding becomes left padding the mask hides)."""
-    global _TURBO_BATCH
-    if _TURBO_BATCH is not None:
-        return _TURBO_BATCH
+    real positions to the end, the padding becomes left padding the mask hides). Built on first
+    use: mlx-vlm is imported lazily here."""
     import mlx.core as mx
     from mlx_vlm.models.cache import dynamic_roll
     from mlx_vlm.turboquant import BatchTurboQuantKVCache
@@ -169,11 +169,7 @@ def _turbo_batch_class() -> type:
             self.left_padding = self.left_padding + padding
             self._refresh_fused_attention_eligibility()
 
-    _TURBO_BATCH = _TurboBatch
     return _TurboBatch
-
-
-_TURBO_BATCH: type | None = None
 
 
 def _turboquant() -> Any:
