@@ -28,6 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a script: reach tests/ helpers without installing them
 
+from bench.batching import peak_rss_mib  # noqa: E402
 from bench.bench_model import DEFAULT_DIR, build_bench_model  # noqa: E402
 from tests._services import start_engine  # noqa: E402
 from vlmserve.client import EngineClient  # noqa: E402
@@ -39,13 +40,6 @@ PRECISIONS: dict[str, tuple[str, ...]] = {
     "4-bit": ("--kv-bits", "4"),
     "4-bit turboquant": ("--kv-bits", "4", "--kv-quant-scheme", "turboquant"),
 }
-
-
-def status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
 
 
 def request(index: int, prompt_tokens: int, max_tokens: int) -> pb.GenerateRequest:
@@ -76,7 +70,7 @@ def one(model: Path, flags: tuple[str, ...], args: argparse.Namespace, logs: Pat
     engine = start_engine(logs, model=str(model), extra=extra)
     try:
         pid = engine.process.pid
-        idle = status_kib(pid, "VmRSS")
+        idle, _ = peak_rss_mib(pid)
         started = time.perf_counter()
         with EngineClient(engine.address) as client, ThreadPoolExecutor(args.concurrent) as pool:
             results = list(
@@ -88,13 +82,13 @@ def one(model: Path, flags: tuple[str, ...], args: argparse.Namespace, logs: Pat
                 )
             )
         wall = time.perf_counter() - started
-        peak = status_kib(pid, "VmHWM")
+        _, peak = peak_rss_mib(pid)
     finally:
         engine.stop()
     return {
-        "idle_rss_mib": round(idle / 1024, 1),
-        "peak_rss_mib": round(peak / 1024, 1),
-        "requests_mib": round((peak - idle) / 1024, 1),
+        "idle_rss_mib": round(idle, 1),
+        "peak_rss_mib": round(peak, 1),
+        "requests_mib": round(peak - idle, 1),
         "wall_s": round(wall, 2),
         "input_tokens": sum(r.usage.input_tokens for r in results),
         "output_tokens": sum(r.usage.output_tokens for r in results),
