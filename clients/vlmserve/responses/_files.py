@@ -87,26 +87,23 @@ def file_image(file_id: str, detail: pb.ImageDetail.ValueType, path: str, media:
 def file_content_parts(
     data: bytes, filename: str, detail: pb.ImageDetail.ValueType, path: str, media: MediaPolicy
 ) -> list[pb.Part]:
+    """A file's parts (at `path`); its image, or its PDF's pages, charged to the request's budget."""
     kind, _ = _sniff(data, path, filename)
     if kind == "image":
+        media.budget.charge_images(1)
         return [pb.Part(image=media.image_part(data, detail, param=path))]
     if kind == "text":
         text = decode_text(data)
         assert text is not None  # sniffed as text
         return [text_file_part(filename, text)]
-    used = media.pages_rendered[0]
-    documents = media.documents
     render = media.pdf_renderer or render_pdf
     try:
         pages = render(
-            data,
-            documents,
-            max_pixels=media.limits.max_pixels,
-            max_pages=max(0, documents.max_pages_per_request - used),
+            data, media.documents, max_pixels=media.limits.max_pixels, max_pages=media.budget.pages_left()
         )
     except DocumentError as error:
         raise _file_error(error, path, filename) from None
-    media.pages_rendered[0] = used + len(pages)
+    media.budget.charge_pages(len(pages), param=path)
     parts: list[pb.Part] = []
     for page in pages:
         header = page_header(filename, page.number, len(pages), page.text)

@@ -15,6 +15,7 @@ from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._budget import item_image_count
 from ._compaction import SUMMARY_HEADING
 from ._errors import InvalidRequestError
 from ._input_models import (
@@ -67,18 +68,21 @@ def input_to_messages(
     file_source: FileSource | None = None,
     document_limits: DocumentLimits | None = None,
     pdf_renderer: PdfRenderer | None = None,
+    max_images: int | None = None,
 ) -> list[pb.Message]:
     """Translate `input` (and `instructions`) into raw contract messages.
 
     Raises InvalidRequestError (with the JSON path in `param`) for anything malformed or
-    unsupported, and for an input with no content at all. Images count as content.
+    unsupported, for an input with no content at all (images count as content), and for more
+    than `max_images` images (None: no bound; PDF pages included).
     """
-    media = MediaPolicy(
+    media = MediaPolicy.for_request(
         image_source=image_source,
-        limits=image_limits or ImageLimits(),
+        image_limits=image_limits,
         file_source=file_source,
-        documents=document_limits or DocumentLimits(),
+        document_limits=document_limits,
         pdf_renderer=pdf_renderer,
+        max_images=max_images,
     )
     messages = items_to_messages(input_entries(parse_input(input)), media=media, resolve_item=resolve_item)
     require_content(messages)
@@ -122,9 +126,36 @@ def items_to_messages(
     resolve_item: ItemResolver | None = None,
     call_name: CallNamer | None = None,
 ) -> list[pb.Message]:
-    """Translate (JSON path, item) pairs, in order, into raw contract messages."""
-    converter = _ItemConverter(media, resolve_item, call_name or bare_call_name)
+    """Translate (JSON path, item) pairs, in order, into raw contract messages; their images are
+    charged to `media.budget`, all of them before any is decoded."""
+    typed = typed_items(entries, media=media, resolve_item=resolve_item)
+    media.budget.check_images()
+    return typed_items_to_messages(typed, media=media, call_name=call_name)
+
+
+def typed_items(
+    entries: Iterable[tuple[str, Any]], *, media: MediaPolicy, resolve_item: ItemResolver | None = None
+) -> list[tuple[str, Any]]:
+    """(JSON path, item) pairs validated (raw JSON items: replayed, referenced), references
+    resolved, and the images of their image parts counted in `media.budget` (checked by the caller,
+    once every item the request holds is counted)."""
+    typed: list[tuple[str, Any]] = []
     for path, item in entries:
+        if not isinstance(item, RequestModel):
+            item = parse_item(item, path)
+        if isinstance(item, ItemReferenceParam):
+            item = _resolve(item, path, resolve_item)
+        media.budget.count_images(item_image_count(item))
+        typed.append((path, item))
+    return typed
+
+
+def typed_items_to_messages(
+    typed: Iterable[tuple[str, Any]], *, media: MediaPolicy, call_name: CallNamer | None = None
+) -> list[pb.Message]:
+    """Items from `typed_items`, in order, as raw contract messages (images decoded here)."""
+    converter = _ItemConverter(media, call_name or bare_call_name)
+    for path, item in typed:
         converter.add(item, path)
     return converter.messages
 
@@ -134,7 +165,7 @@ def output_items_to_messages(
 ) -> list[pb.Message]:
     """A response's own output, as its result made it (typed, never through JSON), as the raw
     contract messages a later turn replays: the same turn rules as replayed input items."""
-    converter = _ItemConverter(MediaPolicy(), None, call_name or bare_call_name)
+    converter = _ItemConverter(MediaPolicy(), call_name or bare_call_name)
     for item in items:
         converter.add_output(item)
     return converter.messages
@@ -145,21 +176,33 @@ def bare_call_name(namespace: str | None, name: str) -> str:
     return name
 
 
+def _resolve(reference: ItemReferenceParam, path: str, resolve_item: ItemResolver | None) -> Any:
+    id_path = join(path, "id")
+    found = resolve_item(reference.id) if resolve_item is not None else None
+    if found is None:
+        raise InvalidRequestError(
+            f"Invalid value for '{id_path}': no stored item has this id.",
+            param=id_path,
+            code="invalid_value",
+        )
+    item = parse_item(found, path)
+    if isinstance(item, ItemReferenceParam):
+        raise InvalidRequestError(
+            f"Invalid value for '{id_path}': the referenced item is itself a reference.", param=id_path
+        )
+    return item
+
+
 class _ItemConverter:
-    def __init__(self, media: MediaPolicy, resolve_item: ItemResolver | None, call_name: CallNamer) -> None:
+    def __init__(self, media: MediaPolicy, call_name: CallNamer) -> None:
         self.messages: list[pb.Message] = []
         self._media = media
-        self._resolve_item = resolve_item
         self._call_name = call_name
         # Reasoning items waiting for the assistant turn they preceded.
         self._reasoning: list[str] = []
 
     def add(self, item: object, path: str) -> None:
-        """One item: a validated model, or raw JSON (a replayed item), validated here."""
-        if not isinstance(item, RequestModel):
-            item = parse_item(item, path)
-        if isinstance(item, ItemReferenceParam):
-            item = self._resolve(item, path)
+        """One item from `typed_items` (validated, references resolved)."""
         if isinstance(item, ReasoningParam):
             if item.text:
                 self._reasoning.append(item.text)
@@ -212,22 +255,6 @@ class _ItemConverter:
     def _take_reasoning(self) -> str:
         text, self._reasoning = "\n\n".join(self._reasoning), []
         return text
-
-    def _resolve(self, reference: ItemReferenceParam, path: str) -> Any:
-        id_path = join(path, "id")
-        found = self._resolve_item(reference.id) if self._resolve_item is not None else None
-        if found is None:
-            raise InvalidRequestError(
-                f"Invalid value for '{id_path}': no stored item has this id.",
-                param=id_path,
-                code="invalid_value",
-            )
-        item = parse_item(found, path)
-        if isinstance(item, ItemReferenceParam):
-            raise InvalidRequestError(
-                f"Invalid value for '{id_path}': the referenced item is itself a reference.", param=id_path
-            )
-        return item
 
     def _add_message(self, item: MessageParam, path: str) -> None:
         content_path = join(path, "content")

@@ -18,6 +18,7 @@ from vlmserve.common.documents import DocumentLimits, PdfPage
 from vlmserve.common.images import ImageError, ImageLimits, inspect_image, parse_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._budget import RequestBudget
 from ._errors import InvalidRequestError
 from ._output_models import ImageDetailName
 
@@ -108,8 +109,30 @@ class MediaPolicy:
     documents: DocumentLimits = field(default_factory=DocumentLimits)
     # None: render_pdf, in this process.
     pdf_renderer: PdfRenderer | None = None
-    # PDF pages rendered so far for this request (bounded by documents.max_pages_per_request).
-    pages_rendered: list[int] = field(default_factory=lambda: [0])
+    # The request's images and PDF pages so far (`_budget.py`): one per translation run.
+    budget: RequestBudget = field(default_factory=RequestBudget)
+
+    @classmethod
+    def for_request(
+        cls,
+        *,
+        image_source: ImageSource | None = None,
+        image_limits: ImageLimits | None = None,
+        file_source: FileSource | None = None,
+        document_limits: DocumentLimits | None = None,
+        pdf_renderer: PdfRenderer | None = None,
+        max_images: int | None = None,
+    ) -> MediaPolicy:
+        """The policy of one translation run, with a fresh budget (`max_images`: None, unbounded)."""
+        documents = document_limits or DocumentLimits()
+        return cls(
+            image_source=image_source,
+            limits=image_limits or ImageLimits(),
+            file_source=file_source,
+            documents=documents,
+            pdf_renderer=pdf_renderer,
+            budget=RequestBudget(max_images=max_images, max_pdf_pages=documents.max_pages_per_request),
+        )
 
     def load_image(self, url: str, detail: pb.ImageDetail.ValueType, *, param: str) -> pb.ImagePart:
         """Turn an image URL from a request into checked bytes; `param` names the URL's JSON path."""

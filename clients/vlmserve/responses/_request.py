@@ -12,15 +12,17 @@ from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._budget import contract_image_count
 from ._errors import InvalidRequestError
 from ._items import (
     CallNamer,
     ItemResolver,
     bare_call_name,
     input_entries,
-    items_to_messages,
     output_items_to_messages,
     require_content,
+    typed_items,
+    typed_items_to_messages,
     with_instructions,
 )
 from ._json import (
@@ -143,6 +145,7 @@ def build_generate_request(
     file_source: FileSource | None = None,
     document_limits: DocumentLimits | None = None,
     pdf_renderer: PdfRenderer | None = None,
+    max_images: int | None = None,
 ) -> TranslatedRequest:
     """Validate a Responses request body and translate it for the engine.
 
@@ -154,27 +157,32 @@ def build_generate_request(
 
     `file_source` looks up files named by `file_id` (none: only inline `file_data` files);
     `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files);
-    `pdf_renderer` renders them (none: `render_pdf`, in this process).
+    `pdf_renderer` renders them (none: `render_pdf`, in this process). `max_images` bounds the
+    images of the whole conversation, earlier turns and PDF pages included (None: no bound).
     """
     parsed = parse_body(body)
     tools = parse_tools(parsed.tools)
     choice = parse_tool_choice(parsed.tool_choice, tools)
     instructions = parsed.instructions
-    media = MediaPolicy(
+    media = MediaPolicy.for_request(
         image_source=image_source,
-        limits=image_limits or ImageLimits(),
+        image_limits=image_limits,
         file_source=file_source,
-        documents=document_limits or DocumentLimits(),
+        document_limits=document_limits,
         pdf_renderer=pdf_renderer,
+        max_images=max_images,
     )
-    input_part = input_entries(parsed.input)
-    replayed = items_to_messages(
+    # Every image the turns hold is counted before the first is decoded or fetched.
+    media.budget.count_images(contract_image_count(history))
+    replay_items = typed_items(
         [(f"replay[{index}]", item) for index, item in enumerate(replay)],
         media=media,
         resolve_item=resolve_item,
-        call_name=tools.call_name,
     )
-    current = items_to_messages(input_part, media=media, resolve_item=resolve_item, call_name=tools.call_name)
+    input_items = typed_items(input_entries(parsed.input), media=media, resolve_item=resolve_item)
+    media.budget.check_images()
+    replayed = typed_items_to_messages(replay_items, media=media, call_name=tools.call_name)
+    current = typed_items_to_messages(input_items, media=media, call_name=tools.call_name)
     require_content(current)
     conversation = with_instructions(instructions, [*history, *replayed, *current])
 

@@ -1,21 +1,21 @@
-"""The facade's own bounds on a request: headers (ASGI middleware, 431), tools, images per request.
+"""The facade's own bounds on a request: headers (ASGI middleware, 431) and tools.
 
 Body size is bounded where the body is read (`request_body`), image bytes and pixels by the
-translation (`image_limits`), `max_output_tokens` by the service; these are the rest.
+translation (`image_limits`), images and PDF pages per request by the translation's budget
+(`vlmserve.responses._budget`, given `images_per_request`), `max_output_tokens` by the service;
+these are the rest.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.settings import Limits
-from vlmserve.responses import IMAGE_PART_TYPES
 
 REQUEST_HEADER_FIELDS_TOO_LARGE = 431
 
@@ -82,47 +82,3 @@ def check_tools(body: Mapping[str, Any], limits: Limits) -> None:
                 param=f"tools[{index}]",
                 code="invalid_value",
             )
-
-
-def count_image_parts(value: object) -> int:
-    """Image parts of every form (`input_image`, the `image_url` alias) anywhere in a request's
-    `input` (or conversation `items`, or a stored item), without recursion: a cheap early count,
-    before any image is decoded or fetched."""
-    count = 0
-    stack = [value]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, dict):
-            if current.get("type") in IMAGE_PART_TYPES:
-                count += 1
-            stack.extend(current.values())
-        elif isinstance(current, list):
-            stack.extend(current)
-    return count
-
-
-def contract_images(messages: Iterable[pb.Message]) -> Iterator[pb.ImagePart]:
-    """Images in contract messages, lowered or not (in tool outputs too)."""
-    for message in messages:
-        parts = list(message.parts)
-        if message.HasField("tool_output") and message.tool_output.WhichOneof("output") == "parts":
-            parts += message.tool_output.parts.parts
-        for part in parts:
-            if part.WhichOneof("kind") == "image":
-                yield part.image
-
-
-def count_contract_images(messages: Iterable[pb.Message]) -> int:
-    """Images in contract messages, lowered or not (in tool outputs too)."""
-    return sum(1 for _ in contract_images(messages))
-
-
-def check_image_count(count: int, allowed: int, *, param: str) -> None:
-    if count > allowed:
-        raise APIError(
-            400,
-            f"Invalid value for '{param}': at most {allowed} images per request on this server "
-            f"(this request has {count}, earlier turns included).",
-            param=param,
-            code="too_many_images",
-        )

@@ -6,8 +6,9 @@ reference can name an item with 16 images). So, per request (or per conversation
 * references are counted on the raw body before anything is resolved (`check_reference_count`);
 * each id is looked up once, however often it is named, all before the translation starts (the
   translation runs on a worker thread and asks `__call__`, which only reads what was found);
-* every use adds the item's images and JSON bytes to the request's totals, all checked before
-  the translation decodes a single image (`resolve_all`).
+* every use adds the item's JSON bytes to the request's total (`resolve_all`); the images of every
+  use are charged by the translation to the request's budget (`vlmserve.responses._budget`),
+  all before it decodes a single image.
 
 What was resolved is stored in place of the reference (`stored_items`), under the id it names:
 a stored response or conversation never holds a reference, so replaying it, or referencing the
@@ -22,7 +23,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from vlmserve.facade.http.errors import APIError
-from vlmserve.facade.http.limits import check_image_count, count_image_parts
 from vlmserve.facade.responses.resource import stored_items as fresh_stored_items
 from vlmserve.facade.store.records import StoredItem
 from vlmserve.responses import is_item_reference
@@ -48,23 +48,18 @@ def check_reference_count(value: object, allowed: int, *, param: str) -> None:
 
 
 class ItemReferences:
-    """The `resolve_item` of one translation: looks each id up once and keeps the totals.
+    """The `resolve_item` of one translation: looks each id up once and keeps the byte total.
 
-    `images_before` are the images the request holds without its references (its own parts and
-    replayed turns); `allowed_images` and `max_bytes` bound what the references may add.
+    `max_bytes` bounds what the references add to the request.
     """
 
-    def __init__(
-        self, find: Finder, *, param: str, allowed_images: int, images_before: int, max_bytes: int
-    ) -> None:
+    def __init__(self, find: Finder, *, param: str, max_bytes: int) -> None:
         self._find = find
         self._param = param
-        self._allowed_images = allowed_images
         self._max_bytes = max_bytes
-        self.images = images_before
         self.bytes = 0
-        # id -> (item or None, its images, its JSON bytes)
-        self._found: dict[str, tuple[dict[str, Any] | None, int, int]] = {}
+        # id -> (item or None, its JSON bytes)
+        self._found: dict[str, tuple[dict[str, Any] | None, int]] = {}
         # Ids counted at least once (a reference in a replayed turn counts at its first use).
         self._used: set[str] = set()
         self._counted_up_front = False
@@ -81,7 +76,7 @@ class ItemReferences:
             if item_id not in self._found:
                 item = await self._find(item_id)
                 size = len(json.dumps(item, ensure_ascii=False)) if item is not None else 0
-                self._found[item_id] = (item, count_image_parts(item), size)
+                self._found[item_id] = (item, size)
         for item_id in named:
             self._use(item_id)
         self._counted_up_front = True
@@ -96,12 +91,10 @@ class ItemReferences:
     def _use(self, item_id: str) -> dict[str, Any] | None:
         self._used.add(item_id)
         # An id `resolve_all` did not look up is unknown here (the translation refuses it).
-        item, images, size = self._found.get(item_id, (None, 0, 0))
+        item, size = self._found.get(item_id, (None, 0))
         if item is None:
             return None
-        self.images += images
         self.bytes += size
-        check_image_count(self.images, self._allowed_images, param=self._param)
         if self.bytes > self._max_bytes:
             raise APIError(
                 400,

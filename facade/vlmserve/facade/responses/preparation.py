@@ -24,12 +24,7 @@ from vlmserve.facade.documents.pdf_workers import PdfWorkers
 from vlmserve.facade.engines.catalog import image_limits, images_per_request
 from vlmserve.facade.engines.pools import ModelRouter, ResolvedModel
 from vlmserve.facade.http.errors import APIError, from_engine_error, not_found, request_too_large_for_engine
-from vlmserve.facade.http.limits import (
-    check_image_count,
-    check_tools,
-    count_contract_images,
-    count_image_parts,
-)
+from vlmserve.facade.http.limits import check_tools
 from vlmserve.facade.http.metrics import FacadeMetrics
 from vlmserve.facade.responses import ids
 from vlmserve.facade.responses.engine_call import EngineCall
@@ -124,22 +119,15 @@ class ResponsesService:
         check_reference_count(body.get("input"), limits.max_item_references, param="input")
         info = model.info
         allowed_images = images_per_request(info, limits)
-        # Counted before anything is decoded or fetched: the input's own images, then with the
-        # replayed turns, then (while resolving) with what its references add.
-        own_images = count_image_parts(body.get("input"))
-        check_image_count(own_images, allowed_images, param="input")
         replay = await self._replay(body, owner, max_depth=limits.max_chain_depth)
-        images_before = own_images + count_image_parts(replay.items) + count_contract_images(replay.messages)
-        check_image_count(images_before, allowed_images, param="input")
         references = ItemReferences(
             lambda item_id: self.store.responses.find_item(item_id, owner=owner),
             param="input",
-            allowed_images=allowed_images,
-            images_before=images_before,
             max_bytes=limits.max_request_bytes,
         )
         await references.resolve_all(body.get("input"), replayed=replay.items)
-        # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets.
+        # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets
+        # (the translation's own budget of images and pages too, `vlmserve.responses._budget`).
         translated = await self._documents.run(
             lambda renderer: build_generate_request(
                 body,
@@ -151,10 +139,10 @@ class ResponsesService:
                 file_source=self.file_source(owner),
                 document_limits=self.document_limits(allowed_images, model.files),
                 pdf_renderer=renderer,
+                max_images=allowed_images,
             ),
             with_files=has_file_parts(body.get("input")) or has_file_parts(replay.items),
         )
-        check_image_count(count_contract_images(translated.request.messages), allowed_images, param="input")
         if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
             raise request_too_large_for_engine()
         request = translated.request

@@ -18,7 +18,6 @@ from vlmserve.facade.engines.catalog import image_limits, images_per_request
 from vlmserve.facade.engines.pools import ResolvedModel
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError, not_found
-from vlmserve.facade.http.limits import check_image_count, count_contract_images, count_image_parts
 from vlmserve.facade.http.openapi import (
     ADD_CONVERSATION_ITEMS,
     ADD_CONVERSATION_ITEMS_BODY,
@@ -285,14 +284,10 @@ async def _checked_items(
     limits, info = model.limits, model.info
     check_reference_count(value, limits.max_item_references, param="items")
     allowed_images = images_per_request(info, limits)
-    own_images = count_image_parts(value)
-    check_image_count(own_images, allowed_images, param="items")
     owner = owner_of(request)
     references = ItemReferences(
         lambda item_id: state.store.responses.find_item(item_id, owner=owner),
         param="items",
-        allowed_images=allowed_images,
-        images_before=own_images,
         max_bytes=limits.max_request_bytes,
     )
     await references.resolve_all(value)
@@ -305,10 +300,10 @@ async def _checked_items(
             image_limits=image_limits(info, limits),
             file_source=state.responses.file_source(owner),
             document_limits=state.responses.document_limits(allowed_images, model.files),
+            max_images=allowed_images,
         )
     except InvalidRequestError as error:
         param = "items" + error.param.removeprefix("input") if error.param else None
         message = error.message.replace("'input", "'items")
         raise APIError(error.status, message, param=param, code=error.code) from None
-    check_image_count(count_contract_images(messages), allowed_images, param="items")
     return references.stored_items(value), messages
