@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from vlmserve.engine.jobs import PreparedRequest
-from vlmserve.engine.loop.row_output import LogitsProcessor, RowOutput
+from vlmserve.engine.loop.draw import LogitsProcessor, TokenDraw
 
 __all__ = ["HookedRequest", "hooks_of", "install", "with_hooks"]
 
@@ -40,9 +40,9 @@ def with_hooks(request: PreparedRequest, *hooks: LogitsProcessor, **changes: Any
 
 
 def install(monkeypatch: pytest.MonkeyPatch) -> None:
-    built: Callable[[RowOutput, int], list[LogitsProcessor]] = RowOutput.new_logits_processors
+    built: Callable[[TokenDraw, int], list[LogitsProcessor]] = TokenDraw.new_logits_processors
 
-    def with_request_hooks(output: RowOutput, max_tokens: int) -> list[LogitsProcessor]:
-        return [*built(output, max_tokens), *hooks_of(output.job.request)]
+    def with_request_hooks(draw: TokenDraw, max_tokens: int) -> list[LogitsProcessor]:
+        return [*built(draw, max_tokens), *hooks_of(draw.request)]
 
-    monkeypatch.setattr(RowOutput, "new_logits_processors", with_request_hooks)
+    monkeypatch.setattr(TokenDraw, "new_logits_processors", with_request_hooks)

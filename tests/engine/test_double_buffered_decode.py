@@ -58,14 +58,14 @@ def record_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     calls: list[tuple[str, str]] = []
     launch, accept = DecodeBatch.launch, ActiveGeneration.accept
 
-    def recorded_launch(self: DecodeBatch) -> None:
+    def recorded_launch(self: DecodeBatch[ActiveGeneration]) -> None:
         launch(self)
         if self._logits is not None:
             calls.append(("launch", ""))
 
-    def recorded_accept(self: ActiveGeneration, token: int) -> None:
+    def recorded_accept(self: ActiveGeneration, token: int, score: Any = None) -> None:
         calls.append(("accept", self.job.request_id))
-        accept(self, token)
+        accept(self, token, score)
 
     monkeypatch.setattr(DecodeBatch, "launch", recorded_launch)
     monkeypatch.setattr(ActiveGeneration, "accept", recorded_accept)

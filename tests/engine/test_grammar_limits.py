@@ -13,7 +13,7 @@ import llguidance
 import pytest
 
 from vlmserve.engine.grammar.processor import GrammarLogitsProcessor
-from vlmserve.engine.loop import row_output
+from vlmserve.engine.loop import draw
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -71,7 +71,7 @@ def test_a_required_call_cut_by_a_grammar_limit_fails_with_the_reason(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, limits=llguidance.LLParserLimits(step_lexer_fuel=300), **kwargs)
 
-    monkeypatch.setattr(row_output, "GrammarLogitsProcessor", Limited)
+    monkeypatch.setattr(draw, "GrammarLogitsProcessor", Limited)
     code, details = status_of(lambda: list(stub.Generate(required_call(0), timeout=60)))
     assert code == grpc.StatusCode.ABORTED, details
     assert "constrained decoding stopped" in details and "too many expressions" in details

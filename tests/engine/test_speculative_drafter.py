@@ -161,7 +161,7 @@ def test_a_row_drafter_starts_over_the_prompt(
 
     def start(self: ModelDrafter, row: Any) -> Any:
         model = original(self, row)
-        started.append((row.prompt_tokens, int(model._cache[0].offset)))
+        started.append((len(row.context_tokens[0]), int(model._cache[0].offset)))
         return model
 
     monkeypatch.setattr(ModelDrafter, "_start", start)

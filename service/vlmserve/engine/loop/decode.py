@@ -6,9 +6,10 @@ flight); the request's output side (sampler, detokenizer, assembler, logprob tra
 its clocks are row_output.py's, and every prompt forward is prefill.py's. A row's own work is
 `prepare()` (processor, vision features, prefix-cache lookup) and `prefill()` (the next chunk of
 its prompt, single-row, so its KV cache and first token are exactly what it gets alone). Once
-prefilled it hands its KV cache to the `DecodeBatch` (batch.py), which runs one forward for all
-decoding requests per step and gives each row's logits back to `sample()`; `accept()` grows the
-sequence and has the output side turn the token into events.
+prefilled it hands its KV cache and its token draw (draw.py: sampler, logits processors) to the
+`DecodeBatch` (batch.py), which runs one forward for all decoding requests per step and draws
+their tokens; the runner hands each row the tokens the step gave it, and `accept()` grows the
+sequence and has the output side turn each token into events. The batch never calls a row.
 
 Per-request position state (Qwen2-VL's M-RoPE `rope_deltas`) travels with the request (and then
 with its batch row) and is passed explicitly on every call, instead of relying on the state
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 
 from vlmserve.engine.jobs import Job, JobKind, JobReport
+from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
 from vlmserve.engine.loop.kv_cache import new_prompt_cache, own_copy, views
 from vlmserve.engine.loop.model_inputs import ImageSpan, ModelInputs, build_model_inputs, prompt_image_spans
 from vlmserve.engine.loop.prefill import groupable, prefill_chunk, prompt_rest
@@ -35,8 +36,7 @@ from vlmserve.engine.loop.prefix_cache import (
     prompt_images,
     shared_prefix_length,
 )
-from vlmserve.engine.loop.row_output import RowClock, RowOutput, score_chosen
-from vlmserve.engine.loop.sampling import TokenSampler
+from vlmserve.engine.loop.row_output import RowClock, RowOutput
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.request_errors import RequestError
@@ -85,6 +85,8 @@ class ActiveGeneration:
         self._chunk = max(1, prefill_chunk_tokens)
         self.phase = Phase.PREPARE
         self.output = RowOutput(job, loaded)
+        # How its tokens are drawn (made by prepare(); the decode batch's once the row joins it).
+        self.draw: TokenDraw | None = None
         self.clock = RowClock()
         # Whether prepare() reached the prefix-cache lookup (metrics: its hit rate).
         self.prefix_looked_up = False
@@ -171,7 +173,8 @@ class ActiveGeneration:
             self.cached_tokens = self._prefilled
         else:
             self._cache = new_prompt_cache(self._loaded.model.language_model, self._loaded.kv_layout)
-        self.output.start(inputs.token_ids, self._max_tokens)
+        self.output.start()
+        self.draw = TokenDraw(request, self._loaded, inputs.token_ids, self._max_tokens)
         self.phase = Phase.PREFILL
 
     @property
@@ -204,7 +207,7 @@ class ActiveGeneration:
             return end - start
         inputs.release_prompt()  # the prompt's embeddings are in the cache now
         self.phase = Phase.DECODE
-        self.accept(self._chosen(self.sample(logits[:, -1, :])))
+        self._take_first(logits[:, -1, :])
         return end - start
 
     @property
@@ -298,59 +301,33 @@ class ActiveGeneration:
             self.leader.followers.remove(self)
         self.leader = None
 
-    def prefilled_elsewhere(self, logits: Any) -> None:
-        """Its prompt ran in a shared forward (its KV row is in the batch already): take the first token."""
+    def prefilled_elsewhere(self, token: int, score: Score | None) -> None:
+        """Its prompt ran in a shared forward (its KV row is in the batch already), which drew
+        its first token: take it."""
         assert self._inputs is not None
         self._prefilled = self.prompt_tokens
         self._inputs.release_prompt()
         self._cache = []
         self.phase = Phase.DECODE
-        self.accept(self._chosen(self.sample(logits)))
+        self.accept(token, score)
 
     def hand_over_cache(self) -> list[Any]:
         """The prefilled KV cache, for the decode batch (which owns it from now on)."""
         cache, self._cache = self._cache, []
         return cache
 
-    # -- tokens (drawn by the output side, row_output.py) -----------------------------------
+    # -- tokens -------------------------------------------------------------------------------
 
-    def sample(self, logits: Any) -> Any:
-        """This request's next token (lazy array [1]) from its logits row [1, vocab]."""
-        return self.output.sample(self.processed_logits(logits))
-
-    def processed_logits(self, logits: Any, drafts: Sequence[int] = ()) -> Any:
-        """The logits [1, vocab] a token is drawn from, as of the tokens so far followed by
-        `drafts` (row_output.py `RowOutput.processed_logits`)."""
-        history: list[int] = []
-        if self.output.processors:
-            assert self._inputs is not None
-            history = [*self._inputs.token_ids, *self._generated, *drafts]
-        return self.output.processed_logits(logits, history, drafts)
-
-    # -- speculative decoding (speculation/, batch.py) ------------------------------------------
-
-    @property
-    def sampler(self) -> TokenSampler:
-        return self.output.sampler
-
-    @property
-    def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]:
-        """(prompt token ids, generated token ids): the history drafts are looked up in."""
-        assert self._inputs is not None
-        return self._inputs.token_ids, self._generated
-
-    @property
-    def can_draft(self) -> bool:
-        """Drafts can be verified for this row (row_output.py `RowOutput.can_draft`)."""
-        return self.output.can_draft
-
-    def forced_tokens(self, pending: Sequence[int]) -> list[int]:
-        """The tokens the row's grammar forces after its tokens so far and `pending` (grammar
-        fast-forward); none without a grammar."""
-        grammar = self.output.grammar
-        if grammar is None or self._inputs is None:
-            return []
-        return grammar.forced_after([*self._inputs.token_ids, *self._generated, *pending])
+    def _take_first(self, logits: Any) -> None:
+        """Draw the first token (after the prompt's last chunk ran here), scored when asked, and
+        take it."""
+        draw = self.draw
+        assert draw is not None
+        token = draw.sample(logits).reshape(-1)
+        score_chosen([draw], token)
+        value = int(token.item())
+        draw.took([value])
+        self.accept(value, draw.take_score())
 
     def take_prompt_hidden(self) -> tuple[int, Any] | None:
         """(the first prompt position they cover, the prompt's last hidden states [1, n, hidden]
@@ -369,22 +346,13 @@ class ActiveGeneration:
         """Tokens this request may still generate."""
         return max(0, self._max_tokens - len(self._generated))
 
-    def _chosen(self, token: Any) -> int:
-        """A token drawn alone (the first one, after prefill): scored here when asked."""
-        score_chosen([self.output], token.reshape(-1))
-        return int(token.item())
-
-    @property
-    def next_token_is_last(self) -> bool:
-        """Whether the next token accepted ends the request by length (its max tokens)."""
-        return len(self._generated) + 1 >= self._max_tokens
-
-    def accept(self, token: int) -> None:
-        """Take `token`: the sequence grows by it and the output side sends what it settles."""
+    def accept(self, token: int, score: Score | None = None) -> None:
+        """Take `token` (its logprob `score` when asked): the sequence grows by it and the output
+        side sends what it settles."""
         self.clock.tick()
         self.last_token = token
         self._generated.append(token)
-        if self.output.take(token, end_of_sequence=token in self._loaded.eos_token_ids):
+        if self.output.take(token, end_of_sequence=token in self._loaded.eos_token_ids, score=score):
             self.finish(pb.FINISH_REASON_STOP)
         elif len(self._generated) >= self._max_tokens:
             self.finish(pb.FINISH_REASON_LENGTH)
@@ -395,7 +363,7 @@ class ActiveGeneration:
         """End the job with a result (also used for cancellation at any phase)."""
         if self.phase is Phase.DONE:
             return
-        failure = self.output.grammar_failure
+        failure = self.draw.grammar_failure if self.draw is not None else None
         if failure is not None and reason != pb.FINISH_REASON_CANCELLED:
             # The grammar could not be followed (an llguidance limit): the output ended where
             # it was, so it is not what was asked for (a required call may be missing). Say so.

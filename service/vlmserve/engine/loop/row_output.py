@@ -1,19 +1,17 @@
 """A row's output side and its clocks (generation thread only).
 
 A row (decode.py `ActiveGeneration`) is its sequence state (phase, token ids, KV cache, prefix
-sharing) plus what this module holds for it: `RowOutput`, the request's side of each token (the
-sampler and its logits processors, the detokenizer, the output assembler, the logprob trace,
-the events sent to the caller and the usage counted), and `RowClock`, when its tokens came.
+sharing) plus what this module holds for it: `RowOutput`, the request's side of each token taken
+(the detokenizer, the output assembler, the logprob trace, the events sent to the caller and the
+usage counted), and `RowClock`, when its tokens came. How its tokens are drawn (sampler, logits
+processors) is draw.py's: the decode batch holds that part.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from vlmserve.engine.grammar.processor import GrammarLogitsProcessor
 from vlmserve.engine.jobs import (
     CountedEvent,
     FailedEvent,
@@ -24,19 +22,15 @@ from vlmserve.engine.jobs import (
     ToolCallDeltaEvent,
     ToolCallEvent,
 )
-from vlmserve.engine.loop.logprobs import LogprobTrace, StepScores, score_rows
-from vlmserve.engine.loop.sampling import TokenSampler
+from vlmserve.engine.loop.draw import Score
+from vlmserve.engine.loop.logprobs import LogprobTrace
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.output.assembler import OutputAssembler, OutputPiece, Reasoning
 from vlmserve.engine.output.detokenizer import IncrementalDetokenizer
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["LogitsProcessor", "RowClock", "RowOutput", "score_chosen"]
-
-# In the mlx-lm convention `processor(tokens, logits) -> logits`: tokens = the ids so far, prompt
-# then generated (1-D int32), logits shape (1, vocab); typed loosely (no MLX types here).
-LogitsProcessor = Callable[[Any, Any], Any]
+__all__ = ["RowClock", "RowOutput"]
 
 
 @dataclass(slots=True)
@@ -63,7 +57,7 @@ class RowClock:
 
 
 class RowOutput:
-    """The request's side of a row: tokens drawn and turned into events. Not thread-safe."""
+    """The request's side of a row: tokens taken and turned into events. Not thread-safe."""
 
     def __init__(self, job: Job, loaded: LoadedModel) -> None:
         self.job = job
@@ -83,108 +77,33 @@ class RowOutput:
         self.reasoning_tokens = 0
         self.tokens_after_cancel = 0
         self.finish_reason: pb.FinishReason.ValueType = pb.FINISH_REASON_UNSPECIFIED
-        # Per-request logits processors (the grammar's), applied before sampling.
-        self.processors: list[LogitsProcessor] = []
-        self._sampler: TokenSampler | None = None
         self._detokenizer: IncrementalDetokenizer | None = None
-        # The tokens the repetition penalty looks back on: the prompt's last ones, then generated.
-        self._recent: list[int] = []
-        # Logprobs (only when asked): the logits the last token was drawn from, until scored;
-        # its score, until taken; the tokens not yet matched to visible text.
-        self.top_logprobs = request.settings.top_logprobs
-        self.scored_logits: Any = None
-        # (the step's scores, this row's index in them)
-        self.token_score: tuple[StepScores, int] | None = None
+        # Logprobs (only when asked): the tokens not yet matched to visible text.
         self.trace = LogprobTrace() if request.settings.logprobs else None
 
-    def start(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
-        """The prompt is ready (prepare): a sampler, fresh logits processors, a detokenizer."""
-        self._sampler = TokenSampler(self.job.request.settings, self._loaded.model.config)
-        self.processors = self.new_logits_processors(max_tokens)
+    def start(self) -> None:
+        """The prompt is ready (prepare): a detokenizer."""
         self._detokenizer = IncrementalDetokenizer(self._loaded.tokenizer, keep=self._loaded.kept_tokens)
-        self._recent = list(prompt_ids[-20:])
-
-    def new_logits_processors(self, max_tokens: int) -> list[LogitsProcessor]:
-        """This request's logits processors, fresh (they keep state), in the order applied."""
-        constraint = self.job.request.constraint
-        if constraint is None:
-            return []
-        return [
-            GrammarLogitsProcessor(
-                constraint.grammar,
-                self._loaded.grammar.tokenizer,
-                eos_token_ids=self._loaded.eos_token_ids,
-                max_new_tokens=max_tokens,
-                thinking_end_token_id=constraint.thinking_end_token_id,
-            )
-        ]
-
-    # -- drawing a token ----------------------------------------------------------------------
-
-    @property
-    def sampler(self) -> TokenSampler:
-        assert self._sampler is not None
-        return self._sampler
-
-    def processed_logits(self, logits: Any, history: list[int], drafts: Sequence[int] = ()) -> Any:
-        """The logits [1, vocab] a token is drawn from: the logits processors (given `history`,
-        the ids so far and `drafts`), then the repetition penalty, as of the tokens so far
-        followed by `drafts` (a speculative verify judges each draft as if those before it had
-        been generated)."""
-        import mlx.core as mx
-
-        if self.processors:
-            so_far = mx.array(history, dtype=mx.int32)
-            for processor in self.processors:
-                logits = processor(so_far, logits)
-        return self.sampler.penalize(logits, [*self._recent, *drafts] if drafts else self._recent)
-
-    def sample(self, logits: Any) -> Any:
-        """The next token (lazy array [1]) from processed logits [1, vocab]."""
-        if self.trace is not None:
-            self.scored_logits = logits
-        return self.sampler.choose(logits)
-
-    @property
-    def can_draft(self) -> bool:
-        """Drafts can be verified: no logprobs (each verified position would need its own score)
-        and no logits processors but the grammar's."""
-        return self.trace is None and all(isinstance(p, GrammarLogitsProcessor) for p in self.processors)
-
-    @property
-    def grammar(self) -> GrammarLogitsProcessor | None:
-        return next((p for p in self.processors if isinstance(p, GrammarLogitsProcessor)), None)
-
-    @property
-    def grammar_failure(self) -> str | None:
-        """Why the request's grammar could not be followed to its end, if it could not."""
-        for processor in self.processors:
-            failure = getattr(processor, "failure", None)  # GrammarLogitsProcessor's
-            if isinstance(failure, str):
-                return failure
-        return None
 
     # -- taking a token -----------------------------------------------------------------------
 
-    def take(self, token: int, *, end_of_sequence: bool) -> bool:
-        """Count `token` and send what it settles; True when it ends the output (end of sequence,
-        a stop sequence, the last tool call allowed)."""
-        scored, self.token_score = self.token_score, None
+    def take(self, token: int, *, end_of_sequence: bool, score: Score | None = None) -> bool:
+        """Count `token` (with its logprob `score` when asked) and send what it settles; True when
+        it ends the output (end of sequence, a stop sequence, the last tool call allowed)."""
         self.output_tokens += 1
         if self.assembler.in_reasoning:
             self.reasoning_tokens += 1
         if self.job.cancelled:
             self.tokens_after_cancel += 1
-        self._recent.append(token)
         if end_of_sequence:
             return True
         assert self._detokenizer is not None
         if self.trace is not None:
-            assert scored is not None, "a request with logprobs took an unscored token"
-            score = scored[0].row(scored[1])
-            alternatives = self._detokenizer.preview([alternative for alternative, _ in score.top])
+            assert score is not None, "a request with logprobs took an unscored token"
+            scored = score[0].row(score[1])
+            alternatives = self._detokenizer.preview([alternative for alternative, _ in scored.top])
             text = self._detokenizer.add(token)
-            self.trace.add(text, score, alternatives)
+            self.trace.add(text, scored, alternatives)
         else:
             text = self._detokenizer.add(token)
         self._emit(self.assembler.feed(text))
@@ -267,22 +186,3 @@ class RowOutput:
                 ),
             ),
         )
-
-
-def score_chosen(outputs: Sequence[RowOutput], tokens: Any) -> None:
-    """Score the tokens just drawn ([rows] lazy ids, one per row) for the rows that asked for
-    logprobs, in one batched op (not waited for); each reads its score when it takes its token."""
-    import mlx.core as mx
-
-    wanted = [index for index, output in enumerate(outputs) if output.scored_logits is not None]
-    if not wanted:
-        return
-    chosen = tokens if len(wanted) == len(outputs) else tokens[mx.array(wanted, dtype=mx.int32)]
-    scores = score_rows(
-        [outputs[index].scored_logits for index in wanted],
-        chosen,
-        [outputs[index].top_logprobs for index in wanted],
-    )
-    for row, index in enumerate(wanted):
-        outputs[index].scored_logits = None
-        outputs[index].token_score = (scores, row)

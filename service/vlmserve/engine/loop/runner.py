@@ -3,9 +3,11 @@
 A step, given the jobs that joined (the intake, intake.py):
 
 1. new jobs become rows; starting rows whose caller cancelled leave;
-2. every decoding row advances in one batched forward (batch.py, double-buffered): the step's
-   result says, per row, which tokens it accepted (`RowAdvance.tokens`: one for a plain decode
-   step; a speculative verify or a grammar fast-forward may accept several in one forward);
+2. every decoding row advances in one batched forward (batch.py, double-buffered): the batch
+   draws every row's tokens and returns them (`RowTokens`: one for a plain decode step; a
+   speculative verify or a grammar fast-forward may decide several in one forward), and the
+   runner hands each row its own (`RowAdvance.tokens`: those it accepted before it ended). The
+   batch never calls a row: a row hands it its KV cache and its token draw when it joins;
 3. new rows are prepared and prompt chunks run within the step's token budget, in the stages
    scheduler.py decides; a row whose last chunk ran has its first token and joins the batch.
 
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from vlmserve.engine.jobs import Job
-from vlmserve.engine.loop.batch import DecodeBatch
+from vlmserve.engine.loop.batch import BatchRow, DecodeBatch, RowTokens
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase
 from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.scheduler import Budget, PrefillRow, chunks, prefill_group, preparations
@@ -88,7 +90,7 @@ class StepRunner:
         self._share_prefixes = group_prefill and shared_prefix_min_tokens > 0
         self._prefix_cache = prefix_cache
         self._vision_cache = vision_cache
-        self.batch = DecodeBatch(loaded.model.language_model, new_speculator())
+        self.batch: DecodeBatch[ActiveGeneration] = DecodeBatch(loaded.model.language_model, new_speculator())
         # Admitted, preparing or prefilling, in arrival order.
         self.starting: list[ActiveGeneration] = []
         # Requests whose prompts were prefilled in a shared forward (tests, metrics).
@@ -152,9 +154,9 @@ class StepRunner:
     # -- decode ----------------------------------------------------------------------------
 
     def _decode(self) -> None:
-        """Launch this step's forward, accept the previous step's tokens while it runs, then
-        sample this step's (see batch.py: double-buffered). A row that finished, failed or was
-        cancelled leaves before sampling; a cancelled row gets at most the token in flight."""
+        """Launch this step's forward, hand the rows the previous step's tokens while it runs,
+        then draw this step's (see batch.py: double-buffered). A row that finished, failed or was
+        cancelled leaves before drawing; a cancelled row gets at most the token in flight."""
         batch = self.batch
         try:
             batch.launch()
@@ -162,14 +164,8 @@ class StepRunner:
         except Exception:  # the batch's forward failed: every row fails, the thread lives
             self._fail_batch()
             return
-        for generation, tokens in taken:
-            accepted = []
-            for token in tokens:
-                self._guarded(generation, functools.partial(generation.accept, token))
-                accepted.append(token)
-                if generation.done:
-                    break
-            self._result.advanced.append(RowAdvance(generation, tuple(accepted)))
+        for decided in taken:
+            self._result.advanced.append(self._hand(decided))
         for generation in list(batch.rows):
             if not generation.done and generation.job.cancelled:
                 generation.finish(pb.FINISH_REASON_CANCELLED)
@@ -179,6 +175,17 @@ class StepRunner:
             batch.sample()
         except Exception:
             self._fail_batch()
+
+    def _hand(self, decided: RowTokens[ActiveGeneration]) -> RowAdvance:
+        """A row takes the tokens the step decided for it, until it ends."""
+        generation, accepted = decided.row, []
+        for index, token in enumerate(decided.tokens):
+            score = decided.score if index == 0 else None
+            self._guarded(generation, functools.partial(generation.accept, token, score))
+            accepted.append(token)
+            if generation.done:
+                break
+        return RowAdvance(generation, tuple(accepted))
 
     def _fail_batch(self) -> None:
         log.exception("batched decode step failed")
@@ -229,7 +236,7 @@ class StepRunner:
             self._guarded(generation, generation.prefill)
             if generation.phase is Phase.DECODE:
                 self.starting.remove(generation)
-                self.batch.add(generation)
+                self.batch.add(generation, self._joining(generation), generation.hand_over_cache())
                 self._result.joined += 1
                 release_buffers()
             elif generation.done:
@@ -267,7 +274,12 @@ class StepRunner:
         for generation in group:
             self.starting.remove(generation)
         try:
-            logits = self.batch.add_prefilled_together(group)
+            firsts = self.batch.add_prefilled_together(
+                group,
+                [self._joining(g) for g in group],
+                [g.remaining_prompt_arrays for g in group],
+                [g.hand_over_cache() for g in group],
+            )
         except Exception:
             log.exception("shared prefill failed")
             for generation in group:
@@ -276,13 +288,28 @@ class StepRunner:
             return
         self.prefilled_together += len(group)
         self._result.joined += len(group)
-        for index, generation in enumerate(group):
+        for first in firsts:
+            generation = first.row
             self._guarded(
-                generation, functools.partial(generation.prefilled_elsewhere, logits[index : index + 1])
+                generation, functools.partial(generation.prefilled_elsewhere, first.tokens[0], first.score)
             )
             if generation.done:
                 self._leave(generation)
         release_buffers()
+
+    @staticmethod
+    def _joining(generation: ActiveGeneration) -> BatchRow:
+        """What a row hands the batch when it joins (with its KV cache): its token draw, its
+        latest token, how many it may still be given and, for a drafter model, the prompt's
+        hidden states."""
+        assert generation.draw is not None
+        return BatchRow(
+            generation.draw,
+            tokens_left=generation.tokens_left,
+            last_token=generation.last_token,
+            rope_deltas=generation.rope_deltas,
+            prompt_hidden=generation.take_prompt_hidden(),
+        )
 
     # -- rows leaving ----------------------------------------------------------------------
 

@@ -33,7 +33,9 @@ class DraftingRow(Protocol):
     def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]: ...
 
     @property
-    def tokens_left(self) -> int: ...
+    def tokens_left(self) -> int:
+        """Tokens the row may still be given after the pending ones."""
+        ...
 
     def forced_tokens(self, pending: Sequence[int]) -> list[int]: ...
 
@@ -124,8 +126,8 @@ class Speculator:
     def _row_drafts(self, row: DraftingRow, pending: Sequence[int]) -> tuple[list[int] | int, float]:
         """The row's drafts and their expected acceptance rate; an int: that many drafts are
         the drafter model's to propose."""
-        # Room: the pending tokens and the token after the drafts count too.
-        room = min(self.max_draft, row.tokens_left - len(pending) - 1)
+        # Room: the token after the drafts counts too (the pending ones are counted already).
+        room = min(self.max_draft, row.tokens_left - 1)
         if room <= 0 or not row.can_draft:
             return [], 0.0
         state = self._state(row)
