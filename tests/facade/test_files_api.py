@@ -264,6 +264,30 @@ async def test_pdf_pages_count_against_the_image_limit(
         assert refused.json()["error"]["param"] == "input[0].content[1]"
 
 
+async def test_files_by_id_count_against_the_request_size(
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
+) -> None:
+    limited = settings.model_copy(
+        update={"limits": settings.limits.model_copy(update={"max_request_bytes": 8000})}
+    )
+    app = create_app(limited, engine=engine_client, store=store)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://facade.test"
+    ) as http:
+        text = (await upload(http, b"x" * 3000, name="x.txt")).json()["id"]
+        part = {"type": "input_file", "file_id": text}
+        for uses, status in ((2, 200), (3, 400)):
+            reply = await http.post(
+                "/v1/responses",
+                json={"model": "default", "input": [{"role": "user", "content": [part] * uses}]},
+            )
+            assert reply.status_code == status, reply.text
+        error = reply.json()["error"]
+        # Every use reads the file again: the third passes the request size, on its own part.
+        assert (error["code"], error["param"]) == ("files_too_large", "input[0].content[2].file_id")
+        assert "more than 8000 bytes" in error["message"]
+
+
 def test_rendered_page_image_is_a_png() -> None:
     # (A guard for the helper the e2e test relies on: pages come back as PNG, not JPEG.)
     from vlmserve.common.documents import DocumentLimits, render_pdf

@@ -81,6 +81,10 @@ def charge(n: int) -> Step:
     return lambda budget: budget.charge_images(n)
 
 
+def read(n: int) -> Step:
+    return lambda budget: budget.charge_file_bytes(n, param="input[0].content[0].file_id")
+
+
 def pages(n: int) -> Step:
     return lambda budget: budget.charge_pages(n, param="input[0].content[0]")
 
@@ -98,6 +102,8 @@ BUDGET_CASES = [
     pytest.param({"max_images": 3}, [count(2), pages(2)], "too_many_images", id="pages-past-the-images"),
     pytest.param({"max_pdf_pages": 3}, [pages(2), pages(2)], "file_too_large", id="pages-past-their-bound"),
     pytest.param({"max_pdf_pages": 4}, [pages(2), pages(2)], (4, 4), id="pages-at-their-bound"),
+    pytest.param({"max_file_bytes": 10}, [read(5), read(5)], (0, 0), id="file-bytes-at-their-bound"),
+    pytest.param({"max_file_bytes": 10}, [read(5), read(6)], "files_too_large", id="file-bytes-past-it"),
 ]
 
 
@@ -216,6 +222,22 @@ def test_the_translation_charges_the_budget(
     if code == "too_many_images" and "input_file" not in str(body):
         # Every image part counted before a single image was checked (files count once read).
         assert checked == []
+
+
+@pytest.mark.parametrize(("uses", "refused_at"), [(2, None), (3, "input[0].content[2].file_id")])
+def test_every_read_of_a_file_counts(uses: int, refused_at: str | None) -> None:
+    limits = DocumentLimits(max_file_bytes_per_request=2 * len(RED))
+    parts = [{"type": "input_image", "file_id": "file-red"}] * uses
+
+    def translate() -> list[pb.Message]:
+        return input_to_messages([user(*parts)], file_source=file_source, document_limits=limits)
+
+    if refused_at is None:
+        assert len(translate()[0].parts) == uses
+        return
+    with pytest.raises(InvalidRequestError) as refused:
+        translate()
+    assert (refused.value.code, refused.value.param) == ("files_too_large", refused_at)
 
 
 def test_conversation_items_have_the_same_budget(checked: list[int]) -> None:

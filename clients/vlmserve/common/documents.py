@@ -80,7 +80,7 @@ class DocumentError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DocumentLimits:
-    """Bounds on one file and on the PDF pages one request may render."""
+    """Bounds on one file, on the PDF pages one request may render and on the file bytes it reads."""
 
     max_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_pages: int = 16
@@ -89,6 +89,9 @@ class DocumentLimits:
     dpi: float = 144.0
     # Pages rendered per request, every file together (the request's image limit in the facade).
     max_pages_per_request: int = 64
+    # Bytes of files read by id per request, every use together (the request size limit in the
+    # facade): a 70-byte `file_id` part can name a 32 MB file as often as a request likes.
+    max_file_bytes_per_request: int = 64 * 2**20
     # Checked on each page before it is rendered (PDFium decodes embedded images in full, and
     # draws every object): bombs of either kind are refused unrendered.
     max_page_objects: int = 100_000

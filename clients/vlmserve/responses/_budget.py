@@ -1,11 +1,12 @@
-"""One request's budget of images and PDF pages: the one place they are counted and refused.
+"""One request's budget of images, PDF pages and file bytes: the one place they are counted and
+refused.
 
 The translation charges it as it produces them (`_items.py`, `_files.py`): the images of each
 item once the item is typed (its own, a referenced item's, a replayed turn's), before any image
 is decoded or fetched, so a 60-byte reference to an item with 16 images costs nothing to refuse;
-a file's image or a PDF's pages when the file is read. Earlier turns replayed as contract messages
-are charged as they join the conversation. Every run of a translation makes its own budget (the
-facade may run one twice, `DocumentTranslation`), so nothing is charged twice.
+a file's bytes, and its image or its PDF's pages, when the file is read. Earlier turns replayed
+as contract messages are charged as they join the conversation. Every run of a translation makes
+its own budget (the facade may run one twice, `DocumentTranslation`), so nothing is charged twice.
 
 The engine keeps its own bound on images: a safety for raw gRPC clients, not a second count of
 this one's.
@@ -36,12 +37,15 @@ _PARAM = "input"
 
 @dataclass
 class RequestBudget:
-    """Images and PDF pages one request holds so far, and its bounds (None: no image bound)."""
+    """Images, PDF pages and file bytes one request holds so far, and its bounds (None: no image
+    bound)."""
 
     max_images: int | None = None
     max_pdf_pages: int = DocumentLimits().max_pages_per_request
+    max_file_bytes: int = DocumentLimits().max_file_bytes_per_request
     images: int = 0
     pages: int = 0
+    file_bytes: int = 0
 
     def count_images(self, count: int) -> None:
         """Images the typed items will produce: counted first, all checked by `check_images`
@@ -77,6 +81,16 @@ class RequestBudget:
                 code="file_too_large",
             )
         self.charge_images(count)
+
+    def charge_file_bytes(self, count: int, *, param: str) -> None:
+        """A file read by id (at `param`, its `file_id`): every use counts."""
+        self.file_bytes += count
+        if self.file_bytes > self.max_file_bytes:
+            raise InvalidRequestError(
+                f"The files this request names add more than {self.max_file_bytes} bytes.",
+                param=param,
+                code="files_too_large",
+            )
 
 
 def item_image_count(item: object) -> int:

@@ -146,6 +146,7 @@ def lookup_file(file_id: str, param: str, media: MediaPolicy) -> FileContent:
             param=param,
             code="file_not_found",
         )
+    media.budget.charge_file_bytes(len(found.data), param=param)
     return found
 
 

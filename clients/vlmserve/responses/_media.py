@@ -131,7 +131,11 @@ class MediaPolicy:
             file_source=file_source,
             documents=documents,
             pdf_renderer=pdf_renderer,
-            budget=RequestBudget(max_images=max_images, max_pdf_pages=documents.max_pages_per_request),
+            budget=RequestBudget(
+                max_images=max_images,
+                max_pdf_pages=documents.max_pages_per_request,
+                max_file_bytes=documents.max_file_bytes_per_request,
+            ),
         )
 
     def load_image(self, url: str, detail: pb.ImageDetail.ValueType, *, param: str) -> pb.ImagePart:

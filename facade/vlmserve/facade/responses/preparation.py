@@ -249,20 +249,21 @@ class ResponsesService:
         return self.image_sources() if self.image_sources is not None else None
 
     def file_source(self, owner: str) -> RequestFiles | None:
-        """The owner's uploaded files for one request (what its uses read is bounded)."""
+        """The owner's uploaded files for one request."""
         if self.files is None:
             return None
-        return RequestFiles(self.files, owner, max_bytes=self.settings.limits.max_request_bytes)
+        return RequestFiles(self.files, owner)
 
     def document_limits(self, allowed_images: int, files: Files) -> DocumentLimits:
         """Bounds on files in one request (`files`: its model's settings): its PDF pages are
-        images, so count against its images."""
+        images, so count against its images; what its files by id read, against the request size."""
         return DocumentLimits(
             max_bytes=files.max_file_bytes,
             max_pages=files.max_pdf_pages,
             max_page_pixels=files.max_pdf_page_pixels,
             dpi=files.pdf_dpi,
             max_pages_per_request=allowed_images,
+            max_file_bytes_per_request=self.settings.limits.max_request_bytes,
         )
 
     def _forget(self, generation: Generation) -> None:

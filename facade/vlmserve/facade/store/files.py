@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vlmserve.responses import FileContent, ImageFetchError
+from vlmserve.responses import FileContent
 
 __all__ = [
     "FileQuota",
@@ -335,26 +335,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 class RequestFiles:
-    """The translation's `FileSource` for one request: the owner's files, every use counted.
+    """The translation's `FileSource` for one request: the owner's files (what every use reads is
+    charged to the request's budget by the translation, `DocumentLimits.max_file_bytes_per_request`)."""
 
-    A 70-byte `file_id` part can name a 32 MB file, as often as a request likes: what the uses
-    read together is bounded by `max_bytes` (the request size limit), like item references.
-    """
-
-    def __init__(self, store: FileRepository, owner: str, *, max_bytes: int) -> None:
+    def __init__(self, store: FileRepository, owner: str) -> None:
         self._store = store
         self._owner = owner
-        self._max_bytes = max_bytes
-        self.bytes = 0
 
     def __call__(self, file_id: str) -> FileContent | None:
         found = self._store.read_blocking(self._owner, file_id)
         if found is None:
             return None
         record, data = found
-        self.bytes += len(data)
-        if self.bytes > self._max_bytes:
-            raise ImageFetchError(
-                f"The files this request names add more than {self._max_bytes} bytes.", code="files_too_large"
-            )
         return FileContent(data=data, filename=record.filename)
