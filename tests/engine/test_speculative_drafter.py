@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,8 @@ from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDraf
 from vlmserve.engine.speculation.rollback import RecurrentVerify
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._logits_hooks import with_hooks
+from .test_batching import AtToken
 from .test_engine_grpc import text_part
 from .test_speculation import _chi_square_critical, _chi_square_homogeneity
 from .test_speculative_decoding import _generator, _requests
@@ -199,6 +202,82 @@ def test_rows_leaving_mid_verify_change_no_other_row(
     for name in requests:
         assert _tokens(engines["draft"], drafted[name]) == _tokens(engines["off"], expected[name]), name
     assert any(at_commit < at_launch for at_launch, at_commit in commits), commits
+
+
+def test_one_batched_drafter_serves_rows_that_join_and_leave(
+    engines: dict[str, Generator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drafter drafts for all its rows in one batched forward (model_drafter.py): rows join
+    its batch while others are drafting, a cancelled drafting row leaves it mid-batch, and every
+    row still takes exactly its tokens without speculation (greedy)."""
+    held: list[tuple[int, int]] = []  # per propose: (rows asking, rows the drafter holds)
+    joined_into: list[int] = []  # rows already held when another joined
+    left_from: list[int] = []  # rows held when one left
+    propose, join, forget = ModelDrafter.propose, ModelDrafter._join, ModelDrafter.forget
+
+    def recorded_propose(self: ModelDrafter, rows: Any, counts: Any) -> list[list[int]]:
+        held.append((len(rows), len(self._order)))
+        return propose(self, rows, counts)
+
+    def recorded_join(self: ModelDrafter, row: object, model: Any) -> None:
+        joined_into.append(len(self._order))
+        join(self, row, model)
+
+    def recorded_forget(self: ModelDrafter, row: object) -> None:
+        if id(row) in self._order:
+            left_from.append(len(self._order))
+        forget(self, row)
+
+    monkeypatch.setattr(ModelDrafter, "propose", recorded_propose)
+    monkeypatch.setattr(ModelDrafter, "_join", recorded_join)
+    monkeypatch.setattr(ModelDrafter, "forget", recorded_forget)
+    base = _requests(engines["off"], 0.0)
+
+    def longer(request: PreparedRequest, max_tokens: int) -> PreparedRequest:
+        return dataclasses.replace(
+            request, settings=dataclasses.replace(request.settings, max_tokens=max_tokens)
+        )
+
+    early = {"copy": longer(base["copy"], 400), "list": base["list"]}
+    late = {"short": base["short"], "copy-late": dataclasses.replace(base["copy"], request_id="copy-late")}
+    pacer = base["schema"]  # a constrained row (one token a step, hooked: no drafts)
+    expected = {
+        name: _tokens(engines["off"], _run(engines["off"], {name: request}, "join-alone")[name])
+        for name, request in {**early, **late, "pacer": pacer}.items()
+    }
+    drafting = engines["draft"]
+    jobs = {
+        name: Job(dataclasses.replace(req, request_id=f"join-{name}"), None) for name, req in early.items()
+    }
+    late_jobs = {
+        name: Job(dataclasses.replace(req, request_id=f"join-{name}"), None) for name, req in late.items()
+    }
+
+    def submit_late() -> None:
+        for job in late_jobs.values():
+            drafting.submit(job)
+
+    hooked = with_hooks(
+        pacer, AtToken(3, submit_late), AtToken(12, jobs["copy"].cancel), request_id="join-pacer"
+    )
+    jobs["pacer"] = Job(hooked, None)
+    for job in jobs.values():
+        drafting.submit(job)
+    threading.Event().wait(0.05)
+    assert drafting.wait_idle(300)
+    jobs.update(late_jobs)
+    reports = {report.request_id: report for report in drafting.reports}
+    for name, job in jobs.items():
+        report = reports[job.request_id]
+        if name == "copy":  # cancelled mid-decode: what it took is its plain output's beginning
+            assert report.finish_reason == pb.FINISH_REASON_CANCELLED
+            assert 0 < len(report.token_ids) < len(expected[name])
+            assert report.token_ids == expected[name][: len(report.token_ids)]
+        else:
+            assert report.token_ids == expected[name], name
+    assert any(asking >= 2 for asking, _ in held), held  # one drafter forward, several rows' drafts
+    assert any(count >= 1 for count in joined_into), joined_into  # joined a drafting batch
+    assert any(count >= 2 for count in left_from), left_from  # left with others still held
 
 
 @pytest.mark.slow

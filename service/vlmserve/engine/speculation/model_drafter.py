@@ -1,25 +1,37 @@
-"""mlx-vlm's drafter models (`--draft-model`), one drafter state per batch row.
+"""mlx-vlm's drafter models (`--draft-model`), batched: one drafter state for all drafting rows.
 
 `load_drafter` (mlx-vlm's `speculative.drafters`) loads the checkpoint and auto-detects its kind
 from its config as mlx-vlm's server does (`model_type`, an `mtp` name, `num_nextn_predict_layers`);
 `validate_drafter_compatibility` checks it against the target. The drafting itself is mlx-vlm's
-code: `draft_block` proposes a row's drafts, `accept_verified_tokens` feeds it the target's
-hidden states for the tokens the row kept.
+code, on one batched drafter state (its `BatchKVCache`, per-row positions and seeds, as its
+`_mtp_rounds_batch` keeps them): `draft_block` proposes every drafting row's drafts in one
+forward per draft position, `accept_verified_tokens_batch` feeds all rows the target's hidden
+states for the tokens each kept (ragged: each row its own count), `filter_batch` drops rows.
 
-Wrapped where mlx-vlm falls short of batching with our rows: its drafter holds the state of one
-batch (its own KV cache, the seed token and hidden state for the next round) whose rows are fixed
-when a round loop starts (`filter_batch` drops rows, nothing adds one), and every row drafts the
-same block. Our rows join and leave at any step and each drafts its own adaptive count, so each
-row has its own copy of the drafter module (a shallow copy: the weights are shared, the state is
-the row's). A row's drafter starts at its first decode step: from the prompt's hidden states when the row
-ran its prompt itself (mlx-vlm's `prefill_from_target_hidden`; its last `PROMPT_HIDDEN_POSITIONS`
-positions, after any cached prefix), else (a prompt run in a shared forward) from its first
-token's, so its attention covers the output only. Drafts are the drafter's argmax, so the
-acceptance rule's draft distribution is one-hot for every row, greedy or sampled (acceptance.py).
+Wrapped where mlx-vlm's batched rounds fall short of our rows (docs/performance.md):
+- its rows are fixed when a round loop starts (`filter_batch` drops rows, nothing adds one); ours
+  join at any step. A joining row's drafter starts alone, on its own copy of the module (a
+  shallow copy: the weights are shared): from the prompt's hidden states when the row ran its
+  prompt itself (mlx-vlm's `prefill_from_target_hidden`; the last `PROMPT_HIDDEN_POSITIONS`
+  positions, after any cached prefix), else (a prompt run in a shared forward) from its first
+  token's; after its first verify its state joins the batch (its KV cache merged and extended
+  into the batch's, its position and seed concatenated);
+- every row of its round drafts with the drafter, the same block; ours draft from the grammar,
+  prompt lookup or the drafter, per row and per step, each its own count. So the drafter drafts
+  the longest count any row asks for, for every row it holds (one forward per position whatever
+  the rows), each asking row takes its own first ones, and after the verify the positions the
+  round appended are trimmed for every row (uniform) before the batched accept: each row's
+  accepted drafts, whatever proposed them, and its next token are replayed with the target's
+  hidden states (mlx-vlm keeps the drafter's own positions for accepted drafts, which holds only
+  when the drafter proposed them).
 
-Kinds: `mtp` heads (Qwen3.5's and the other MTP drafters mlx-vlm maps to that kind). DFlash,
-DSpark and EAGLE3 draft from hidden states of chosen target layers (`capture_layer_ids`) with a
-round loop of their own; they are refused at load with what they need (docs/models.md).
+Drafts are the drafter's argmax, so the acceptance rule's draft distribution is one-hot for every
+row, greedy or sampled (acceptance.py).
+
+Kinds: `mtp` heads whose batched state mlx-vlm supports with ragged acceptance (Qwen3.5's:
+`supports_ragged_batch_acceptance`). DFlash, DSpark and EAGLE3 draft from hidden states of chosen
+target layers (`capture_layer_ids`) with a round loop of their own; they are refused at load with
+what they need (docs/models.md).
 """
 
 from __future__ import annotations
@@ -27,7 +39,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = ["DraftModelError", "ModelDrafter", "load_model_drafter"]
@@ -48,20 +59,17 @@ class DrafterRow(Protocol):
     def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
 
 
-@dataclass
-class _RowDraft:
-    model: Any  # the row's copy of the drafter module
-    ready: bool = False  # has a seed (it followed at least one forward)
-
-
 class ModelDrafter:
-    """A loaded drafter bound to the target, and each row's state."""
+    """A loaded drafter bound to the target, and the batched drafter state of its rows."""
 
     def __init__(self, model: Any, kind: str, target: Any) -> None:
         self.kind = kind
         self._model = model
         self._target = target
-        self._rows: dict[int, _RowDraft] = {}
+        # The rows' batched drafter state (a copy of the module; None: no rows), and the rows in
+        # its batch order (by id).
+        self._batch: Any = None
+        self._order: list[int] = []
 
     def bind(self, target: Any) -> None:
         """Draft with `target`'s embeddings and head (the weights may have been read again since:
@@ -69,53 +77,111 @@ class ModelDrafter:
         if target is not self._target:
             self._model.bind(target)
             self._target = target
-            self._rows.clear()
+            self._batch, self._order = None, []
 
     def forget(self, row: object) -> None:
-        self._rows.pop(id(row), None)
-
-    def ready(self, row: object) -> bool:
-        state = self._rows.get(id(row))
-        return state is not None and state.ready
-
-    def propose(self, rows: Sequence[object], counts: Sequence[int]) -> list[list[int]]:
-        """Up to `counts[i]` drafts for each ready row (one evaluation for all of them)."""
+        if id(row) not in self._order:
+            return
+        index = self._order.index(id(row))
+        del self._order[index]
+        if not self._order:
+            self._batch = None
+            return
         import mlx.core as mx
 
-        blocks = []
-        for row, count in zip(rows, counts, strict=True):
-            state = self._rows[id(row)]
-            # draft_block proposes block_size - 1 tokens, the seed (the drafter's token after the
-            # last one taken) first: its bonus and hidden arguments are for a first round only.
-            blocks.append(state.model.draft_block(0, None, None, count + 1, None, greedy=True))
-        mx.eval(blocks)
-        return [[int(t) for t in block.reshape(-1).tolist()] for block in blocks]
+        self._batch.filter_batch(
+            mx.array([i for i in range(len(self._order) + 1) if i != index], dtype=mx.int32)
+        )
+
+    def ready(self, row: object) -> bool:
+        """Whether the row's drafter has a seed (it followed at least one forward)."""
+        return id(row) in self._order
+
+    def propose(self, rows: Sequence[object], counts: Sequence[int]) -> list[list[int]]:
+        """Up to `counts[i]` drafts for each ready row: one batched `draft_block` for every row
+        the drafter holds (the longest count; each row takes its own first ones)."""
+        import mlx.core as mx
+
+        # draft_block proposes block_size - 1 tokens, the seed (the drafter's token after the last
+        # one taken) first: its bonus and hidden arguments are for a first round only.
+        block = self._batch.draft_block(0, None, None, max(counts) + 1, None, greedy=True)
+        mx.eval(block)
+        drafted: list[list[int]] = block.tolist()
+        return [drafted[self._order.index(id(row))][:count] for row, count in zip(rows, counts, strict=True)]
 
     def follow(
         self, verified: Sequence[tuple[int, DrafterRow, Sequence[int], Sequence[int]]], hidden: Any
     ) -> None:
         """A forward's outcome, per row (its index in the forward, the row, its drafts, the tokens
         it took: accepted drafts + the target's next), with the target's last hidden states
-        [rows, width, hidden]. A row follows every forward it is in, whatever proposed its drafts."""
+        [rows, width, hidden]. A row follows every forward it is in, whatever proposed its drafts:
+        the rows the drafter holds in one batched accept, joining rows alone (then they join)."""
+        by_id = {id(entry[1]): (entry[0], entry[2], entry[3]) for entry in verified}
+        if self._batch is not None:
+            self._accept_batch([by_id[key] for key in self._order], hidden)
+        for index, row, row_drafts, row_tokens in verified:
+            if id(row) not in self._order:
+                model = self._start(row)
+                self._accept_alone(model, hidden[index : index + 1], row_drafts, row_tokens)
+                self._join(row, model)
+
+    def _accept_batch(self, rows: list[tuple[int, Sequence[int], Sequence[int]]], hidden: Any) -> None:
         import mlx.core as mx
 
-        for index, row, row_drafts, row_tokens in verified:
-            state = self._rows.get(id(row))
-            if state is None:
-                state = self._rows[id(row)] = _RowDraft(self._start(row))
-            accepted = len(row_tokens) - 1
-            state.model.accept_verified_tokens(
-                hidden[index : index + 1],
-                mx.array([list(row_drafts)], dtype=mx.int32).reshape(1, len(row_drafts)),
-                accepted,
-                [int(row_tokens[-1])],
-                None,
-                greedy=True,
-            )
-            state.ready = True
+        batch = self._batch
+        appended = int(batch._round_appended)
+        if appended:  # the last draft_block's positions: replayed below with the target's states
+            for layer in batch._cache:
+                layer.trim(appended)
+            batch._next_position = batch._next_position - appended
+            batch._round_appended = 0
+        width = max(1, max(len(row_drafts) for _, row_drafts, _ in rows))
+        drafts = mx.array(
+            [[*row_drafts, *([0] * (width - len(row_drafts)))] for _, row_drafts, _ in rows], dtype=mx.int32
+        )
+        batch.accept_verified_tokens_batch(
+            hidden[mx.array([index for index, _, _ in rows], dtype=mx.int32)],
+            drafts,
+            [len(row_tokens) - 1 for _, _, row_tokens in rows],
+            [[int(row_tokens[-1])] for _, _, row_tokens in rows],
+            None,
+            greedy=True,
+        )
+
+    @staticmethod
+    def _accept_alone(model: Any, hidden: Any, row_drafts: Sequence[int], row_tokens: Sequence[int]) -> None:
+        import mlx.core as mx
+
+        model.accept_verified_tokens(
+            hidden,
+            mx.array([list(row_drafts)], dtype=mx.int32).reshape(1, len(row_drafts)),
+            len(row_tokens) - 1,
+            [int(row_tokens[-1])],
+            None,
+            greedy=True,
+        )
+
+    def _join(self, row: object, model: Any) -> None:
+        """A row's own drafter state (one row, seeded) joins the batch's."""
+        import mlx.core as mx
+        from mlx_vlm.models.cache import BatchKVCache
+
+        caches = [BatchKVCache.merge([layer]) for layer in model._cache]  # type: ignore[no-untyped-call]
+        position = mx.array([model._next_position], dtype=mx.int32).reshape(1)
+        self._order.append(id(row))
+        if self._batch is None:
+            model._cache, model._next_position = caches, position
+            self._batch = model
+            return
+        batch = self._batch
+        for mine, theirs in zip(batch._cache, caches, strict=True):
+            mine.extend(theirs)
+        batch._next_position = mx.concatenate([batch._next_position, position])
+        batch._seed_token = mx.concatenate([batch._seed_token, model._seed_token])
+        batch._seed_hidden = mx.concatenate([batch._seed_hidden, model._seed_hidden])
 
     def _start(self, row: DrafterRow) -> Any:
-        """A new row's drafter, over the prompt's hidden states where the row kept them."""
+        """A joining row's drafter, over the prompt's hidden states where the row kept them."""
         import mlx.core as mx
 
         model = copy.copy(self._model)  # shares the weights; reset() gives it its own state
