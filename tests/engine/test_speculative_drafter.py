@@ -204,6 +204,11 @@ def test_rows_leaving_mid_verify_change_no_other_row(
     assert any(at_commit < at_launch for at_launch, at_commit in commits), commits
 
 
+def _held(drafter: ModelDrafter) -> int:
+    """Rows the drafter holds a drafter state for."""
+    return sum(len(batch.order) for batch in drafter._batches)
+
+
 def test_one_batched_drafter_serves_rows_that_join_and_leave(
     engines: dict[str, Generator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -216,16 +221,16 @@ def test_one_batched_drafter_serves_rows_that_join_and_leave(
     propose, join, forget = ModelDrafter.propose, ModelDrafter._join, ModelDrafter.forget
 
     def recorded_propose(self: ModelDrafter, rows: Any, counts: Any) -> list[list[int]]:
-        held.append((len(rows), len(self._order)))
+        held.append((len(rows), _held(self)))
         return propose(self, rows, counts)
 
     def recorded_join(self: ModelDrafter, row: object, model: Any) -> None:
-        joined_into.append(len(self._order))
+        joined_into.append(_held(self))
         join(self, row, model)
 
     def recorded_forget(self: ModelDrafter, row: object) -> None:
-        if id(row) in self._order:
-            left_from.append(len(self._order))
+        if self.ready(row):
+            left_from.append(_held(self))
         forget(self, row)
 
     monkeypatch.setattr(ModelDrafter, "propose", recorded_propose)
@@ -275,9 +280,45 @@ def test_one_batched_drafter_serves_rows_that_join_and_leave(
             assert report.token_ids == expected[name][: len(report.token_ids)]
         else:
             assert report.token_ids == expected[name], name
+    assert drafting._runner is not None
+    model_drafter = drafting._runner.batch.speculator.model_drafter  # type: ignore[union-attr]
+    assert model_drafter is not None and model_drafter._shared  # qwen3_5's MTP head: one batch
     assert any(asking >= 2 for asking, _ in held), held  # one drafter forward, several rows' drafts
     assert any(count >= 1 for count in joined_into), joined_into  # joined a drafting batch
     assert any(count >= 2 for count in left_from), left_from  # left with others still held
+
+
+def test_a_drafter_without_ragged_batches_keeps_a_state_per_row(
+    engines: dict[str, Generator],
+    drafter_models: dict[str, tuple[Path, Path]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A drafter whose batched accept needs every row to accept the same count (mlx-vlm's
+    `requires_uniform_batch_acceptance` MTP heads) drafts with one state per row: the same tokens."""
+    states: list[int] = []  # drafter states at each propose
+    propose = ModelDrafter.propose
+
+    def recorded_propose(self: ModelDrafter, rows: Any, counts: Any) -> list[list[int]]:
+        states.append(len(self._batches))
+        return propose(self, rows, counts)
+
+    monkeypatch.setattr(ModelDrafter, "propose", recorded_propose)
+    target, drafter = drafter_models["qwen3_5"]
+    per_row = _generator("draft", target, max_active=16, max_queue=64, draft_model=str(drafter))
+    try:
+        assert per_row._runner is not None
+        speculator = per_row._runner.batch.speculator
+        assert speculator is not None and speculator.model_drafter is not None
+        speculator.model_drafter._shared = False  # as for a drafter without ragged acceptance
+        requests = _requests(engines["off"], 0.0)
+        expected = _run(engines["off"], requests, "per-row")
+        drafted = _run(per_row, requests, "per-row")
+        for name in requests:
+            assert _tokens(per_row, drafted[name]) == _tokens(engines["off"], expected[name]), name
+        assert _count(per_row, "accepted_tokens", "draft") > 0
+        assert max(states) >= 2, states
+    finally:
+        per_row.stop()
 
 
 @pytest.mark.slow

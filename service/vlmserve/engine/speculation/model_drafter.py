@@ -19,16 +19,19 @@ Wrapped where mlx-vlm's batched rounds fall short of our rows (docs/performance.
 - every row of its round drafts with the drafter, the same block; ours draft from the grammar,
   prompt lookup or the drafter, per row and per step, each its own count. So the drafter drafts
   the longest count any row asks for, for every row it holds (one forward per position whatever
-  the rows), each asking row takes its own first ones, and after the verify the positions the
-  round appended are trimmed for every row (uniform) before the batched accept: each row's
-  accepted drafts, whatever proposed them, and its next token are replayed with the target's
-  hidden states (mlx-vlm keeps the drafter's own positions for accepted drafts, which holds only
-  when the drafter proposed them).
+  the rows), each asking row takes its own first ones; when a row it holds took other drafts
+  that step, the positions the round appended are trimmed for every row (uniform) before the
+  batched accept, so each row's accepted drafts, whatever proposed them, and its next token are
+  replayed with the target's hidden states (mlx-vlm keeps the drafter's own positions for
+  accepted drafts, which holds only when the drafter proposed them);
+- a drafter whose batched accept needs every row to accept the same count
+  (`requires_uniform_batch_acceptance`: the MTP heads on mlx-vlm's `mtp_base`) keeps one state
+  per row, each drafting in its own `draft_block`, evaluated together.
 
 Drafts are the drafter's argmax, so the acceptance rule's draft distribution is one-hot for every
 row, greedy or sampled (acceptance.py).
 
-Kinds: `mtp` heads whose batched state mlx-vlm supports with ragged acceptance (Qwen3.5's:
+Kinds: `mtp` heads (batched where mlx-vlm accepts ragged batches: Qwen3.5's,
 `supports_ragged_batch_acceptance`). DFlash, DSpark and EAGLE3 draft from hidden states of chosen
 target layers (`capture_layer_ids`) with a round loop of their own; they are refused at load with
 what they need (docs/models.md).
@@ -39,6 +42,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["DraftModelError", "ModelDrafter", "load_model_drafter"]
@@ -59,17 +63,27 @@ class DrafterRow(Protocol):
     def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
 
 
+@dataclass
+class _DraftBatch:
+    """One drafter state (a copy of the module) and its rows in batch order (by id)."""
+
+    model: Any
+    order: list[int] = field(default_factory=list)
+    # The rows that took this round's draft_block drafts as their own (by id).
+    asked: set[int] = field(default_factory=set)
+
+
 class ModelDrafter:
-    """A loaded drafter bound to the target, and the batched drafter state of its rows."""
+    """A loaded drafter bound to the target, and its rows' drafter states: one batch for every
+    row where mlx-vlm's drafter accepts ragged batches (`supports_ragged_batch_acceptance`), else
+    one state per row (its batched accept needs every row to accept the same count)."""
 
     def __init__(self, model: Any, kind: str, target: Any) -> None:
         self.kind = kind
         self._model = model
         self._target = target
-        # The rows' batched drafter state (a copy of the module; None: no rows), and the rows in
-        # its batch order (by id).
-        self._batch: Any = None
-        self._order: list[int] = []
+        self._shared = bool(getattr(model, "supports_ragged_batch_acceptance", False))
+        self._batches: list[_DraftBatch] = []
 
     def bind(self, target: Any) -> None:
         """Draft with `target`'s embeddings and head (the weights may have been read again since:
@@ -77,37 +91,54 @@ class ModelDrafter:
         if target is not self._target:
             self._model.bind(target)
             self._target = target
-            self._batch, self._order = None, []
+            self._batches = []
+
+    def _batch_of(self, row: object) -> _DraftBatch | None:
+        return next((batch for batch in self._batches if id(row) in batch.order), None)
 
     def forget(self, row: object) -> None:
-        if id(row) not in self._order:
+        batch = self._batch_of(row)
+        if batch is None:
             return
-        index = self._order.index(id(row))
-        del self._order[index]
-        if not self._order:
-            self._batch = None
+        index = batch.order.index(id(row))
+        del batch.order[index]
+        batch.asked.discard(id(row))
+        if not batch.order:
+            self._batches.remove(batch)
             return
         import mlx.core as mx
 
-        self._batch.filter_batch(
-            mx.array([i for i in range(len(self._order) + 1) if i != index], dtype=mx.int32)
-        )
+        keep = [i for i in range(len(batch.order) + 1) if i != index]
+        batch.model.filter_batch(mx.array(keep, dtype=mx.int32))
 
     def ready(self, row: object) -> bool:
         """Whether the row's drafter has a seed (it followed at least one forward)."""
-        return id(row) in self._order
+        return self._batch_of(row) is not None
 
     def propose(self, rows: Sequence[object], counts: Sequence[int]) -> list[list[int]]:
-        """Up to `counts[i]` drafts for each ready row: one batched `draft_block` for every row
-        the drafter holds (the longest count; each row takes its own first ones)."""
+        """Up to `counts[i]` drafts for each ready row: one `draft_block` per drafter state with
+        a row asking (the shared batch: every row it holds drafts the longest count asked, each
+        asking row takes its own first ones), all evaluated together."""
         import mlx.core as mx
 
-        # draft_block proposes block_size - 1 tokens, the seed (the drafter's token after the last
-        # one taken) first: its bonus and hidden arguments are for a first round only.
-        block = self._batch.draft_block(0, None, None, max(counts) + 1, None, greedy=True)
-        mx.eval(block)
-        drafted: list[list[int]] = block.tolist()
-        return [drafted[self._order.index(id(row))][:count] for row, count in zip(rows, counts, strict=True)]
+        wanted: dict[int, int] = {}
+        for row, count in zip(rows, counts, strict=True):
+            wanted[id(row)] = count
+        blocks = []
+        for batch in self._batches:
+            asked = [key for key in batch.order if key in wanted]
+            if not asked:
+                continue
+            batch.asked = set(asked)
+            # draft_block proposes block_size - 1 tokens, the seed (the drafter's token after the
+            # last one taken) first: its bonus and hidden arguments are for a first round only.
+            size = max(wanted[key] for key in asked) + 1
+            blocks.append((batch, batch.model.draft_block(0, None, None, size, None, greedy=True)))
+        mx.eval([block for _, block in blocks])
+        drafted: dict[int, list[int]] = {}
+        for batch, block in blocks:
+            drafted.update(zip(batch.order, block.tolist(), strict=True))
+        return [drafted[id(row)][:count] for row, count in zip(rows, counts, strict=True)]
 
     def follow(
         self, verified: Sequence[tuple[int, DrafterRow, Sequence[int], Sequence[int]]], hidden: Any
@@ -115,31 +146,42 @@ class ModelDrafter:
         """A forward's outcome, per row (its index in the forward, the row, its drafts, the tokens
         it took: accepted drafts + the target's next), with the target's last hidden states
         [rows, width, hidden]. A row follows every forward it is in, whatever proposed its drafts:
-        the rows the drafter holds in one batched accept, joining rows alone (then they join)."""
+        each drafter state's rows in one batched accept, joining rows alone (then they join)."""
         by_id = {id(entry[1]): (entry[0], entry[2], entry[3]) for entry in verified}
-        if self._batch is not None:
-            self._accept_batch([by_id[key] for key in self._order], hidden)
+        for batch in self._batches:
+            self._accept_batch(batch, [by_id[key] for key in batch.order], hidden)
         for index, row, row_drafts, row_tokens in verified:
-            if id(row) not in self._order:
+            if self._batch_of(row) is None:
                 model = self._start(row)
                 self._accept_alone(model, hidden[index : index + 1], row_drafts, row_tokens)
                 self._join(row, model)
 
-    def _accept_batch(self, rows: list[tuple[int, Sequence[int], Sequence[int]]], hidden: Any) -> None:
+    @staticmethod
+    def _accept_batch(
+        batch: _DraftBatch, rows: list[tuple[int, Sequence[int], Sequence[int]]], hidden: Any
+    ) -> None:
         import mlx.core as mx
 
-        batch = self._batch
-        appended = int(batch._round_appended)
-        if appended:  # the last draft_block's positions: replayed below with the target's states
-            for layer in batch._cache:
+        model = batch.model
+        appended = int(model._round_appended)
+        if appended and len(batch.asked) < len(batch.order):
+            # A row that did not take this round's drafts (lookup or the grammar drafted it, or
+            # nothing): its drafter positions are not its tokens'. Trim the round for every row;
+            # the accept below replays each row's accepted drafts with the target's states.
+            for layer in model._cache:
                 layer.trim(appended)
-            batch._next_position = batch._next_position - appended
-            batch._round_appended = 0
+            model._next_position = model._next_position - appended
+            model._round_appended = 0
+        batch.asked = set()
+        if len(rows) == 1:  # every drafter's single-row accept (a batched one is not everywhere)
+            index, row_drafts, row_tokens = rows[0]
+            ModelDrafter._accept_alone(model, hidden[index : index + 1], row_drafts, row_tokens)
+            return
         width = max(1, max(len(row_drafts) for _, row_drafts, _ in rows))
         drafts = mx.array(
             [[*row_drafts, *([0] * (width - len(row_drafts)))] for _, row_drafts, _ in rows], dtype=mx.int32
         )
-        batch.accept_verified_tokens_batch(
+        model.accept_verified_tokens_batch(
             hidden[mx.array([index for index, _, _ in rows], dtype=mx.int32)],
             drafts,
             [len(row_tokens) - 1 for _, _, row_tokens in rows],
@@ -162,23 +204,27 @@ class ModelDrafter:
         )
 
     def _join(self, row: object, model: Any) -> None:
-        """A row's own drafter state (one row, seeded) joins the batch's."""
+        """A row's own drafter state (one row, seeded) becomes a batch, or joins the shared one."""
         import mlx.core as mx
         from mlx_vlm.models.cache import BatchKVCache
 
+        if not self._shared:
+            self._batches.append(_DraftBatch(model, [id(row)]))
+            return
         caches = [BatchKVCache.merge([layer]) for layer in model._cache]  # type: ignore[no-untyped-call]
         position = mx.array([model._next_position], dtype=mx.int32).reshape(1)
-        self._order.append(id(row))
-        if self._batch is None:
+        if not self._batches:
             model._cache, model._next_position = caches, position
-            self._batch = model
+            self._batches.append(_DraftBatch(model, [id(row)]))
             return
-        batch = self._batch
-        for mine, theirs in zip(batch._cache, caches, strict=True):
+        batch = self._batches[0]
+        shared = batch.model
+        for mine, theirs in zip(shared._cache, caches, strict=True):
             mine.extend(theirs)
-        batch._next_position = mx.concatenate([batch._next_position, position])
-        batch._seed_token = mx.concatenate([batch._seed_token, model._seed_token])
-        batch._seed_hidden = mx.concatenate([batch._seed_hidden, model._seed_hidden])
+        shared._next_position = mx.concatenate([shared._next_position, position])
+        shared._seed_token = mx.concatenate([shared._seed_token, model._seed_token])
+        shared._seed_hidden = mx.concatenate([shared._seed_hidden, model._seed_hidden])
+        batch.order.append(id(row))
 
     def _start(self, row: DrafterRow) -> Any:
         """A joining row's drafter, over the prompt's hidden states where the row kept them."""
