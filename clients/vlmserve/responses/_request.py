@@ -205,12 +205,19 @@ def build_generate_request(
         top_logprobs=parsed.top_logprobs or 0,
     )
     request = pb.GenerateRequest(
-        messages=conversation,
         tools=tools.contract_tools(choice.allowed),
         sampling=sampling,
         response_format=response_format,
         max_tool_calls=parsed.max_tool_calls,
     )
+    # One message at a time (CopyFrom: a copy; the constructor's list, MergeFrom, serializes
+    # each message on the way), and the input's are then the request's own: a 30 MiB text is
+    # held once, not in `current` and again in the request (docs/hardening.md, "Memory per
+    # request byte").
+    for message in conversation:
+        request.messages.add().CopyFrom(message)
+    input_messages = _input_messages(request, current)
+    del conversation, current
     _custom_calls_as_function_calls(request.messages)  # the request's copies, not `history`'s
     if choice.choice is not None:
         request.tool_choice.CopyFrom(choice.choice)
@@ -223,7 +230,7 @@ def build_generate_request(
     return TranslatedRequest(
         request=request,
         input_items=_raw_items(body["input"]),
-        input_messages=current,
+        input_messages=input_messages,
         call_name=tools.call_name,
         ignored_tools=tools.ignored,
         offered_tools=tools.offered,
@@ -259,6 +266,22 @@ def _raw_items(value: Any) -> list[Any]:
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
     return list(value)
+
+
+def _input_messages(request: pb.GenerateRequest, current: Sequence[pb.Message]) -> list[pb.Message]:
+    """The input's messages, as stored for replays: the request's own (its last ones), except
+    those the request shows differently (custom calls as functions), which stay apart. The
+    request's are views into it: whoever keeps them beyond the request copies them
+    (`MessageCache.put`)."""
+    first = len(request.messages) - len(current)
+    return [
+        message if _has_custom_calls(message) else request.messages[first + index]
+        for index, message in enumerate(current)
+    ]
+
+
+def _has_custom_calls(message: pb.Message) -> bool:
+    return any(call.kind == pb.TOOL_KIND_CUSTOM for call in message.tool_calls)
 
 
 def _custom_calls_as_function_calls(messages: Iterable[pb.Message]) -> None:

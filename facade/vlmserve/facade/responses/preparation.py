@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, EngineError
 from vlmserve.common.documents import DocumentLimits
+from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
@@ -143,7 +144,8 @@ class ResponsesService:
             ),
             with_files=has_file_parts(body.get("input")) or has_file_parts(replay.items),
         )
-        if translated.request.ByteSize() > MAX_MESSAGE_BYTES:
+        # Measured where it is: ByteSize() would encode the request (twice its size, for a moment).
+        if wire_size(translated.request) > MAX_MESSAGE_BYTES:
             raise request_too_large_for_engine()
         request = translated.request
         # The engine checks it names its model (its own id, not the facade's).

@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.store.database import Database, Transaction, encoded_size, free_unused_images, put_images
+from vlmserve.facade.store.database import (
+    Database,
+    Transaction,
+    encoded_size,
+    free_unused_images,
+    json_value,
+    messages_value,
+    put_images,
+)
 from vlmserve.facade.store.message_codec import encode_messages
 from vlmserve.facade.store.records import ItemPage, Order, Replay, StoredItem
 
@@ -302,18 +310,28 @@ def append_items(
     if not rows:
         return False
     start = int(rows[0][0]) - len(items)
-    item_rows = [(conversation_id, start + i, s.id, json.dumps(s.item)) for i, s in enumerate(items)]
-    tx.executemany(
-        "INSERT INTO conversation_items (conversation_id, position, item_id, item) VALUES (?, ?, ?, ?)",
-        item_rows,
-    )
-    size = sum(len(row[3]) for row in item_rows)
+    size = 0
+    for index, stored in enumerate(items):
+        # In pieces: a 30 MiB input's JSON is never made whole (`json_value`).
+        value = json_value(stored.item)
+        tx.insert_large(
+            "INSERT INTO conversation_items (conversation_id, position, item_id, item)"
+            " VALUES (?, ?, ?, {value})",
+            (conversation_id, start + index, stored.id),
+            value,
+            table="conversation_items",
+            column="item",
+        )
+        size += value.size
     if messages is not None:
         encoded = encode_messages(messages)
-        tx.execute(
-            "INSERT INTO conversation_messages (conversation_id, position, item_count, messages, images)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (conversation_id, start, len(items), encoded.blob, json.dumps(encoded.image_hashes)),
+        tx.insert_large(
+            "INSERT INTO conversation_messages (conversation_id, position, item_count, images, messages)"
+            " VALUES (?, ?, ?, ?, {value})",
+            (conversation_id, start, len(items), json.dumps(encoded.image_hashes)),
+            messages_value(encoded),
+            table="conversation_messages",
+            column="messages",
         )
         put_images(tx, encoded.images)
         tx.executemany(
@@ -322,7 +340,7 @@ def append_items(
         )
         size += encoded_size(encoded)
         # For the cache, once the transaction has committed.
-        tx.appended.append(((conversation_id, str(start)), messages))
+        tx.appended.append(((conversation_id, str(start)), messages, encoded_size(encoded)))
     tx.execute("UPDATE conversations SET size = size + ? WHERE id = ?", (size, conversation_id))
     tx.add_usage(owner, size, max_bytes=max_stored_bytes)
     return True

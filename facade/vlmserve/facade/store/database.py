@@ -22,10 +22,12 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar, ParamSpec, Protocol, TypeVar
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, decode_messages
+from vlmserve.facade.store.json_text import json_pieces, json_size
+from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, decode_messages, detached
 from vlmserve.facade.store.records import (
     ItemPage,
     Order,
@@ -61,15 +63,48 @@ class Connection(Protocol):
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Any: ...
 
 
+@dataclass(frozen=True, slots=True)
+class LargeValue:
+    """A column value made in pieces (an input's JSON, its serialized messages): `size` bytes,
+    `pieces()` makes them anew each time (text pieces are UTF-8 when written as bytes). A backend
+    writes it without joining it where it can (`Database.insert_large`)."""
+
+    size: int
+    pieces: Callable[[], Iterable[str | bytes]]
+    text: bool = False
+
+    def whole(self) -> str | bytes:
+        """The value joined, for a backend that binds it whole."""
+        if self.text:
+            return "".join(piece for piece in self.pieces() if isinstance(piece, str))
+        return b"".join(piece for piece in self.pieces() if isinstance(piece, bytes))
+
+    def byte_pieces(self) -> Iterator[bytes]:
+        for piece in self.pieces():
+            yield piece.encode("utf-8") if isinstance(piece, str) else piece
+
+
+def json_value(value: Any) -> LargeValue:
+    """`json.dumps(value)` as a text column, in pieces (ASCII: its size in characters is its
+    size in bytes)."""
+    return LargeValue(json_size(value), lambda: json_pieces(value), text=True)
+
+
+def messages_value(encoded: EncodedMessages) -> LargeValue:
+    return LargeValue(encoded.size, lambda: encoded.pieces)
+
+
 class Transaction:
     """A write transaction: statements, the `usage` changes to apply at its end (with the quotas
     they must respect) and the conversation messages to cache once it has committed."""
 
-    def __init__(self, db: Connection) -> None:
+    def __init__(self, db: Connection, database: Database) -> None:
         self.db = db
+        self._database = database
         self._usage: dict[str, int] = {}
         self._quotas: dict[str, int] = {}
-        self.appended: list[tuple[tuple[str, str], Sequence[pb.Message]]] = []
+        # (cache key, messages, their stored size).
+        self.appended: list[tuple[tuple[str, str], Sequence[pb.Message], int]] = []
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         return self.db.execute(sql, params)
@@ -78,6 +113,13 @@ class Transaction:
         rows = list(rows)
         if rows:
             self.db.executemany(sql, rows)
+
+    def insert_large(
+        self, sql: str, params: Sequence[Any], value: LargeValue, *, table: str, column: str
+    ) -> None:
+        """An INSERT whose last value, `{value}` in `sql`, is `value`, the last column of `table`
+        (SQLite writes a large one in place only there)."""
+        self._database.insert_large(self.db, sql, params, value, table=table, column=column)
 
     def add_usage(self, owner: str, delta: int, *, max_bytes: int | None = None) -> None:
         self._usage[owner] = self._usage.get(owner, 0) + delta
@@ -140,16 +182,24 @@ class Database(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def insert_large(
+        self, db: Connection, sql: str, params: Sequence[Any], value: LargeValue, *, table: str, column: str
+    ) -> None:
+        """`Transaction.insert_large`: here the value bound whole (PostgreSQL: the driver sends
+        it as it is; a backend that can write it in pieces does so)."""
+        db.execute(sql.format(value="?"), (*params, value.whole()))
+
     @contextmanager
     def transaction(self, *, frees_images: bool = False) -> Iterator[Transaction]:
         """A write transaction that settles `usage` (and its quotas) as its last step."""
         with self.begin(frees_images=frees_images) as db:
-            tx = Transaction(db)
+            tx = Transaction(db, self)
             yield tx
             tx.settle_usage()
-        # Conversation messages appended by this transaction: cached only now it holds.
-        for key, messages in tx.appended:
-            self.cache.put(key, messages)
+        # Conversation messages appended by this transaction: cached only now it holds, as
+        # copies (a new response's input messages are its request's own, see `detached`).
+        for key, messages, size in tx.appended:
+            self.cache.put(key, detached(messages), size=size)
 
     def page(
         self, table: str, where: str, key: tuple[Any, ...], after: str | None, limit: int, order: Order
@@ -208,7 +258,7 @@ def free_unused_images(tx: Transaction, candidates: Iterable[str] | None) -> int
 def encoded_size(encoded: EncodedMessages) -> int:
     """Bytes an object is charged for its messages: the blob, and every image it uses, as if
     it were its own copy (shared storage is the store's saving, not the owner's)."""
-    return len(encoded.blob) + sum(len(encoded.images[digest]) for digest in encoded.image_hashes)
+    return encoded.size + sum(len(encoded.images[digest]) for digest in encoded.image_hashes)
 
 
 def batches(values: Sequence[str]) -> Iterator[list[str]]:

@@ -1,8 +1,8 @@
 """Raw contract messages as the store keeps them: serialized without their image bytes, which are
 kept once per content hash (an image replayed on every later turn is stored, and checked, once).
 
-Backend-independent: any store saves `EncodedMessages.blob`, the hash list and the images, and
-gets the messages back with `decode_messages`.
+Backend-independent: any store saves `EncodedMessages.pieces` (the blob), the hash list and the
+images, and gets the messages back with `decode_messages`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 _LENGTH = struct.Struct(">I")
@@ -25,11 +26,22 @@ class CorruptMessagesError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class EncodedMessages:
-    blob: bytes
+    # The stored blob, in pieces (each length and each message): a store writes them one after
+    # the other (SQLite's incremental blob I/O), never joined beside the request's own copy.
+    pieces: list[bytes]
     # The hash of every image part, in the order `_image_parts` walks them.
     image_hashes: list[str]
     # hash -> bytes, each image once.
     images: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def blob(self) -> bytes:
+        """The pieces joined (a copy: for a store that binds the value whole)."""
+        return b"".join(self.pieces)
+
+    @property
+    def size(self) -> int:
+        return sum(len(piece) for piece in self.pieces)
 
     @property
     def image_bytes(self) -> int:
@@ -57,10 +69,21 @@ def encode_messages(messages: Sequence[pb.Message]) -> EncodedMessages:
                 hashes.append(digest)
                 part.image.data = b""
         serialized = stripped.SerializeToString()
-        # The length and the message as two pieces: joined once, the message copied once.
+        # The length and the message as two pieces, never joined here.
         chunks += (_LENGTH.pack(len(serialized)), serialized)
         del serialized, stripped
-    return EncodedMessages(b"".join(chunks), hashes, images)
+    return EncodedMessages(chunks, hashes, images)
+
+
+def detached(messages: Sequence[pb.Message]) -> list[pb.Message]:
+    """Copies that keep nothing else alive: in upb a message taken out of another (a request's
+    `messages[k]`) holds its whole parent, and a cache would then hold every request whole."""
+    copies: list[pb.Message] = []
+    for message in messages:
+        copy = pb.Message()
+        copy.CopyFrom(message)
+        copies.append(copy)
+    return copies
 
 
 def decode_messages(
@@ -121,10 +144,9 @@ class MessageCache:
             return entry[0]
 
     def put(self, key: tuple[str, str], messages: Sequence[pb.Message], *, size: int | None = None) -> None:
-        """`size`: their bytes where the caller knows them (ByteSize() serializes each message:
-        about twice a 30 MiB message, for a moment)."""
+        """`size`: their bytes where the caller knows them (else measured, `wire_size`)."""
         if size is None:
-            size = sum(message.ByteSize() for message in messages)
+            size = sum(wire_size(message) for message in messages)
         with self._lock:
             self._drop(key)
             if size > self._max_bytes:

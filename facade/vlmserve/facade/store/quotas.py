@@ -10,13 +10,13 @@ then), so an object can pass its limit by one response's output.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
 
+from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.settings import Storage
+from vlmserve.facade.store.json_text import json_size
 from vlmserve.facade.store.records import StoredItem
 from vlmserve.facade.store.repositories import Store
 
@@ -24,31 +24,7 @@ from vlmserve.facade.store.repositories import Store
 def stored_size(items: Sequence[StoredItem], messages: Sequence[pb.Message]) -> int:
     """Bytes storing these items and their messages adds, about as the store counts them (the
     messages' serialized size, their images included)."""
-    return sum(json_size(s.item) for s in items) + sum(message.ByteSize() for message in messages)
-
-
-# Strings longer than this are measured a slice at a time.
-_SLICE_CHARS = 1 << 20
-
-
-def json_size(value: Any) -> int:
-    """`len(json.dumps(value))` without the whole text at once: a 30 MiB string would be
-    encoded (and the text held next to the request's own copies) only to be counted. JSON
-    escapes each character by itself, so a string's slices add up to the string."""
-    if isinstance(value, str):
-        if len(value) <= _SLICE_CHARS:
-            return len(json.dumps(value))
-        return 2 + sum(
-            len(json.dumps(value[start : start + _SLICE_CHARS])) - 2
-            for start in range(0, len(value), _SLICE_CHARS)
-        )
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        # `{` `}`, `, ` between entries, `: ` in each.
-        entries = sum(json_size(key) + 2 + json_size(item) for key, item in value.items())
-        return 2 + entries + 2 * max(len(value) - 1, 0)
-    if isinstance(value, list | tuple):
-        return 2 + sum(json_size(item) for item in value) + 2 * max(len(value) - 1, 0)
-    return len(json.dumps(value))
+    return sum(json_size(s.item) for s in items) + sum(wire_size(message) for message in messages)
 
 
 def quota_exceeded(used: int, quota: int, adding: int) -> APIError:

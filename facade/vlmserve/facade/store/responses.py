@@ -20,11 +20,13 @@ from vlmserve.facade.store.database import (
     batches,
     encoded_size,
     free_unused_images,
+    json_value,
+    messages_value,
     put_images,
 )
 from vlmserve.facade.store.events import Event, append_events
 from vlmserve.facade.store.leases import LeaseRepository
-from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, encode_messages
+from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, detached, encode_messages
 from vlmserve.facade.store.records import ItemPage, MissingChainLinkError, Order, Replay, StoredItem
 
 Resource = dict[str, Any]
@@ -172,8 +174,9 @@ class ResponseRepository:
             )
             tx.add_usage(owner, size, max_bytes=max_stored_bytes)
         if input_messages is not None:
-            # Sized by what was stored: ByteSize() would serialize the messages once more.
-            self._db.cache.put((response_id, "input"), input_messages, size=messages_size)
+            # Sized by what was stored: ByteSize() would serialize the messages once more. Copies:
+            # the input's messages are the request's own, and would keep it whole.
+            self._db.cache.put((response_id, "input"), detached(input_messages), size=messages_size)
             self._db.cache.put((response_id, "output"), [], size=0)
 
     def _update(self, resource: Resource, owner: str) -> bool:
@@ -209,7 +212,8 @@ class ResponseRepository:
                 )
         if resource is not None:
             if updated and output_messages is not None:
-                self._db.cache.put((resource["id"], "output"), output_messages)
+                assert encoded is not None
+                self._db.cache.put((resource["id"], "output"), output_messages, size=encoded_size(encoded))
             else:
                 self._db.cache.drop((resource["id"], "output"))
 
@@ -386,22 +390,29 @@ def _write_input_items(tx: Transaction, response_id: str, items: Sequence[Stored
     """A new response's input items, each serialized just before its row is written; their size."""
     size = 0
     for position, stored in enumerate(items):
-        text = json.dumps(stored.item)
-        tx.execute(
+        # In pieces: a 30 MiB input's JSON is never made whole (`json_value`).
+        value = json_value(stored.item)
+        tx.insert_large(
             "INSERT INTO response_items (response_id, kind, position, item_id, item)"
-            " VALUES (?, 'input', ?, ?, ?)",
-            (response_id, position, stored.id, text),
+            " VALUES (?, 'input', ?, ?, {value})",
+            (response_id, position, stored.id),
+            value,
+            table="response_items",
+            column="item",
         )
-        size += len(text)
+        size += value.size
     return size
 
 
 def _write_response_messages(tx: Transaction, response_id: str, kind: str, encoded: EncodedMessages) -> int:
-    tx.execute(
-        "INSERT INTO response_messages (response_id, kind, messages, images) VALUES (?, ?, ?, ?)"
+    tx.insert_large(
+        "INSERT INTO response_messages (response_id, kind, images, messages) VALUES (?, ?, ?, {value})"
         " ON CONFLICT (response_id, kind)"
         " DO UPDATE SET messages = excluded.messages, images = excluded.images",
-        (response_id, kind, encoded.blob, json.dumps(encoded.image_hashes)),
+        (response_id, kind, json.dumps(encoded.image_hashes)),
+        messages_value(encoded),
+        table="response_messages",
+        column="messages",
     )
     put_images(tx, encoded.images)
     tx.executemany(

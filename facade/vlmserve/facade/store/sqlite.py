@@ -15,11 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vlmserve.facade.store.database import DEFAULT_CACHE_BYTES, Connection, Database
+from vlmserve.facade.store.database import DEFAULT_CACHE_BYTES, Connection, Database, LargeValue
 
 __all__ = ["SCHEMA_VERSION", "SQLiteDatabase"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+
+# Values this large are written in place, in pieces (incremental blob I/O), not bound whole.
+LARGE_VALUE_BYTES = 1 << 20
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -129,6 +132,35 @@ UPDATE conversations SET model = (SELECT json_extract(resource, '$.model') FROM 
 """
 
 
+# Added in schema version 5: the messages tables rebuilt with their blob as the last column, where
+# SQLite writes a zeroblob without making it (`insert_large`); the rows are copied as they are.
+_TABLES_V5 = """
+CREATE TABLE response_messages_v5 (
+    response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL CHECK (kind IN ('input', 'output')),
+    images TEXT NOT NULL,
+    messages BLOB NOT NULL,
+    PRIMARY KEY (response_id, kind)
+);
+INSERT INTO response_messages_v5 (response_id, kind, images, messages)
+    SELECT response_id, kind, images, messages FROM response_messages;
+DROP TABLE response_messages;
+ALTER TABLE response_messages_v5 RENAME TO response_messages;
+CREATE TABLE conversation_messages_v5 (
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    item_count INTEGER NOT NULL,
+    images TEXT NOT NULL,
+    messages BLOB NOT NULL,
+    PRIMARY KEY (conversation_id, position)
+);
+INSERT INTO conversation_messages_v5 (conversation_id, position, item_count, images, messages)
+    SELECT conversation_id, position, item_count, images, messages FROM conversation_messages;
+DROP TABLE conversation_messages;
+ALTER TABLE conversation_messages_v5 RENAME TO conversation_messages
+"""
+
+
 class SQLiteDatabase(Database):
     def __init__(self, path: Path | str, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         super().__init__(cache_bytes=cache_bytes)
@@ -182,6 +214,28 @@ class SQLiteDatabase(Database):
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def insert_large(
+        self, db: Connection, sql: str, params: Sequence[Any], value: LargeValue, *, table: str, column: str
+    ) -> None:
+        """A large value written in place: the row is inserted with a zeroblob of its size (the
+        last column: SQLite writes its zeros to the pages without making them), then filled
+        piece by piece. Bound whole, SQLite copies the value and then builds the row from the
+        copy: twice the value beside the caller's own. The row reads back the same bytes; its
+        type is BLOB (a text value's readers take either)."""
+        if value.size < LARGE_VALUE_BYTES:
+            super().insert_large(db, sql, params, value, table=table, column=column)
+            return
+        (rowid,) = db.execute(
+            sql.format(value="zeroblob(?)") + " RETURNING rowid", (*params, value.size)
+        ).fetchone()
+        written = 0
+        with self._db.blobopen(table, column, rowid) as blob:
+            for piece in value.byte_pieces():
+                blob.write(piece)
+                written += len(piece)
+        if written != value.size:
+            raise ValueError(f"{table}.{column}: {written} bytes written of {value.size}")
 
     def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -277,5 +331,9 @@ def _to_v4(db: Connection, existed: bool) -> None:
     _run_script(db, _TABLES_V4)
 
 
+def _to_v5(db: Connection, existed: bool) -> None:
+    _run_script(db, _TABLES_V5)
+
+
 # _MIGRATIONS[n] takes a file at version n to n + 1.
-_MIGRATIONS: list[Callable[[Connection, bool], None]] = [_to_v1, _to_v2, _to_v3, _to_v4]
+_MIGRATIONS: list[Callable[[Connection, bool], None]] = [_to_v1, _to_v2, _to_v3, _to_v4, _to_v5]
