@@ -3,6 +3,8 @@ against what the rest of the engine asks of it (no MLX, no model)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.engine._tool_pieces import collect
@@ -17,6 +19,7 @@ from vlmserve.engine.tool_formats import (
     FORMATS,
     HERMES_FORMAT,
     LLAMA_JSON_FORMAT,
+    TEXT_TOOLS_FORMAT,
     make_parser,
     tool_format,
 )
@@ -91,6 +94,26 @@ def test_a_parser_reads_its_familys_call() -> None:
     pieces = collect(make_parser("mistral"), ['[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}]'])
     calls = [(p.call.name, p.call.arguments) for p in pieces if isinstance(p, ToolCallPiece)]
     assert calls == [("f", '{"x": 1}')]
+
+
+def test_the_text_tools_format_writes_what_its_parser_reads() -> None:
+    # A template without tools is given them as this format's prompt text (template_fit.py),
+    # and the output is parsed by the same record: a past call as written must parse back.
+    record = tool_format(TEXT_TOOLS_FORMAT)
+    assert record.prompt is not None
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    block = record.prompt.tools_block([tool])
+    assert '{"type": "function", "function": {"name": "f"' in block
+    assert record.markers[0] in block
+    text = record.prompt.call({"function": {"name": "f", "arguments": '{"x": 1}'}})
+    pieces = collect(record.parser(), [text])
+    calls = [(p.call.name, json.loads(p.call.arguments)) for p in pieces if isinstance(p, ToolCallPiece)]
+    assert calls == [("f", {"x": 1})]
+    assert record.prompt.result("a.txt") == "<tool_response>\na.txt\n</tool_response>"
+
+
+def test_only_formats_with_prompt_text_have_a_prompt() -> None:
+    assert [name for name, record in FORMATS.items() if record.prompt is not None] == [HERMES_FORMAT]
 
 
 def test_an_unknown_family_is_refused() -> None:

@@ -19,7 +19,7 @@ from vlmserve.engine.grammar.compiler import GrammarCompiler
 from vlmserve.engine.loop.kv_cache import KVLayout
 from vlmserve.engine.prep.prompt import ChatTemplate
 from vlmserve.engine.prep.template_fit import probe
-from vlmserve.engine.tool_formats import HERMES_FORMAT, format_for_model, tool_format
+from vlmserve.engine.tool_formats import TEXT_TOOLS_FORMAT, format_for_model, tool_format
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
@@ -207,9 +207,9 @@ def load_model(
         architecture, chat_template_text if isinstance(chat_template_text, str) else None
     )
     if not format_name and template is not None and not probe(template).renders_tools:
-        # The template drops tools, so the prompt describes them in the Hermes format
-        # (template_fit.py) and the output is parsed in it.
-        format_name = HERMES_FORMAT
+        # The template drops tools, so the prompt describes them in the registry's text-tools
+        # format (its `prompt`, template_fit.py) and the output is parsed in it.
+        format_name = TEXT_TOOLS_FORMAT
     record = tool_format(format_name)
     eos_ids = frozenset(int(i) for i in eos)
     grammar_started = time.perf_counter()

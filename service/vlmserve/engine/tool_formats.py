@@ -4,8 +4,9 @@ A record holds what the rest of the engine asks of a format: the markup its call
 with (the detokenizer keeps those tokens as text, model.py), a fresh streaming parser
 (output/assembler.py), the grammar of its calls for an enforced `tool_choice`
 (grammar/compiler.py), whether an AUTO choice is left unconstrained, and whether the format's
-output always may carry reasoning. Everything else names a format by its `name` and looks it
-up here (`tool_format`).
+output always may carry reasoning, and how its tools, calls and results are written as plain
+prompt text where a chat template renders none of them (prep/template_fit.py). Everything else
+names a format by its `name` and looks it up here (`tool_format`).
 
 The family is chosen the way mlx-vlm's server chooses it (`mlx_vlm.tools` registry: the chat
 template's markers, `format_for_model`). Families listed in `FORMATS` are the ones we know
@@ -16,7 +17,8 @@ beyond mlx-vlm (a call grammar, inner markup, our own parser); any other mlx-vlm
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +41,19 @@ __all__ = [
     "FORMATS",
     "HERMES_FORMAT",
     "LLAMA_JSON_FORMAT",
+    "TEXT_TOOLS_FORMAT",
     "CallGrammar",
     "ToolFormat",
+    "ToolPrompt",
     "format_for_model",
     "make_parser",
     "tool_format",
 ]
 
 HERMES_FORMAT = "hermes"
+# The format a chat template that renders no tools is given them in (as prompt text, its
+# `prompt` record) and whose calls are then parsed from the output.
+TEXT_TOOLS_FORMAT = HERMES_FORMAT
 # Llama 3.x / 4 templates: the whole answer is the call, bare JSON with `parameters` (ours:
 # mlx-vlm has no parser for it).
 LLAMA_JSON_FORMAT = "llama_json"
@@ -71,6 +78,17 @@ class CallGrammar:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolPrompt:
+    """A format's tool knowledge as prompt text, for a chat template that renders no tools: the
+    tools' description for the system turn, a past call as assistant text, a tool result as
+    user-turn text (what the format's own templates write)."""
+
+    tools_block: Callable[[Sequence[Mapping[str, Any]]], str]
+    call: Callable[[Mapping[str, Any]], str]
+    result: Callable[[str], str]
+
+
+@dataclass(frozen=True, slots=True)
 class ToolFormat:
     name: str
     # The marker strings its calls are written with, start and end first (the detokenizer keeps
@@ -84,11 +102,41 @@ class ToolFormat:
     auto_unconstrained: bool = False
     # Its output may always carry reasoning, whatever the template (harmony's analysis channel).
     reasons: bool = False
+    # None: its tools cannot be written into a prompt without the template's help.
+    prompt: ToolPrompt | None = None
 
     def parser(
         self, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS, tools: Sequence[dict[str, Any]] = ()
     ) -> ToolCallParser:
         return self.new_parser(max_call_chars, tools)
+
+
+def _hermes_tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
+    """Qwen2.5's tool instructions (the text its template writes into the system turn)."""
+    lines = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+        f"{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def _hermes_call(call: Mapping[str, Any]) -> str:
+    function = call.get("function", call)
+    arguments = function.get("arguments", {})
+    arguments_text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return (
+        '<tool_call>\n{"name": '
+        + json.dumps(function["name"], ensure_ascii=False)
+        + (f', "arguments": {arguments_text}}}\n</tool_call>')
+    )
+
+
+def _hermes_result(content: str) -> str:
+    return f"<tool_response>\n{content}\n</tool_response>"
 
 
 def _mlx_vlm_module(name: str) -> Any:
@@ -119,12 +167,14 @@ def _mlx_vlm_format(
     end: str,
     inner: tuple[str, ...] = (),
     grammar: CallGrammar | None = None,
-    **policy: bool,
+    *,
+    auto_unconstrained: bool = False,
+    reasons: bool = False,
 ) -> ToolFormat:
     """A family mlx-vlm parses; `start`/`end` are its module's markers (a test checks them),
     `inner` the markup inside a call its parser reads (single tokens in their vocabularies)."""
     markers = tuple(dict.fromkeys(marker for marker in (start, end, *inner) if marker))
-    return ToolFormat(name, markers, _mlx_vlm_parser(name), grammar, **policy)
+    return ToolFormat(name, markers, _mlx_vlm_parser(name), grammar, auto_unconstrained, reasons)
 
 
 FORMATS: dict[str, ToolFormat] = {
@@ -140,6 +190,7 @@ FORMATS: dict[str, ToolFormat] = {
             ("<tool_call>", "</tool_call>"),
             lambda max_call_chars, tools: HermesToolCallParser(max_call_chars=max_call_chars),
             CallGrammar("<tool_call>", grammars.hermes_calls),
+            prompt=ToolPrompt(_hermes_tools_block, _hermes_call, _hermes_result),
         ),
         ToolFormat(
             LLAMA_JSON_FORMAT,

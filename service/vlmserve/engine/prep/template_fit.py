@@ -8,10 +8,10 @@ per family, each template is probed once with small conversations (`probe`), and
 rewrites only what that template cannot take:
 
 - a first system turn becomes one text part (Gemma, Mistral and Llama 4 read only its first);
-- tools a template does not render are described in the system turn in the Hermes format
-  (Qwen2.5's ``# Tools`` block; the engine then parses ``<tool_call>`` output), and with them
-  earlier tool calls become ``<tool_call>`` text and tool results ``<tool_response>`` text in a
-  user turn, as Qwen2.5 renders them;
+- tools a template does not render are described in the system turn as prompt text, in the
+  format the registry names for that (`tool_formats.TEXT_TOOLS_FORMAT`, Hermes: Qwen2.5's
+  ``# Tools`` block; the engine then parses ``<tool_call>`` output), and with them earlier tool
+  calls become call text and tool results result text in a user turn, as Qwen2.5 renders them;
 - tool turns a template refuses become that user-turn text too;
 - a later system turn a template drops becomes a user turn;
 - consecutive turns of one role are merged where the template requires alternation;
@@ -26,15 +26,15 @@ Pure: no MLX. Probing only renders text.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import TemplateError
 
-__all__ = ["TemplateTraits", "fit_messages", "hermes_tools_block", "probe"]
+from vlmserve.engine.tool_formats import TEXT_TOOLS_FORMAT, ToolPrompt, tool_format
+
+__all__ = ["TemplateTraits", "fit_messages", "probe"]
 
 _PROBE_TOOL = "vlmserve_probe_tool"
 _PROBE_CALL = "vlmserve_probe_call"
@@ -131,28 +131,10 @@ def probe(template: Any) -> TemplateTraits:
     return known
 
 
-def hermes_tools_block(tools: Sequence[dict[str, Any]]) -> str:
-    """Qwen2.5's tool instructions (the text its template writes into the system turn)."""
-    lines = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
-    return (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-        f"{lines}\n</tools>\n\n"
-        "For each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
-        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-    )
-
-
-def _hermes_call(call: dict[str, Any]) -> str:
-    function = call.get("function", call)
-    arguments = function.get("arguments", {})
-    arguments_text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return (
-        '<tool_call>\n{"name": '
-        + json.dumps(function["name"], ensure_ascii=False)
-        + (f', "arguments": {arguments_text}}}\n</tool_call>')
-    )
+def _text_tools_prompt() -> ToolPrompt:
+    prompt = tool_format(TEXT_TOOLS_FORMAT).prompt
+    assert prompt is not None, "the registry's text-tools format writes its tools as prompt text"
+    return prompt
 
 
 def _joined_text(content: Any) -> str:
@@ -176,26 +158,27 @@ def fit_messages(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(messages, tools) rewritten to what the template renders (see the module docstring)."""
     fitted = [dict(message) for message in messages]
-    hermes = bool(tools) and not traits.renders_tools
+    prompt = _text_tools_prompt()
+    tools_as_text = bool(tools) and not traits.renders_tools
     if fitted and fitted[0]["role"] == "system":
         fitted[0]["content"] = _text(_joined_text(fitted[0]["content"]))
-    if hermes:
+    if tools_as_text:
         assert tools is not None
-        block = hermes_tools_block(tools)
+        block = prompt.tools_block(tools)
         if fitted and fitted[0]["role"] == "system":
             system = _joined_text(fitted[0]["content"])
             fitted[0]["content"] = _text(f"{system}\n\n{block}" if system else block)
         else:
             fitted.insert(0, {"role": "system", "content": _text(block)})
         tools = None
-    calls_as_text = hermes or not traits.renders_tool_calls
-    results_as_text = hermes or calls_as_text or not traits.renders_tool_turns
+    calls_as_text = tools_as_text or not traits.renders_tool_calls
+    results_as_text = tools_as_text or calls_as_text or not traits.renders_tool_turns
     converted: list[dict[str, Any]] = []
     for index, message in enumerate(fitted):
         role = message["role"]
         if role == "assistant" and message.get("tool_calls") and calls_as_text:
             text = _joined_text(message["content"])
-            calls = "\n".join(_hermes_call(call) for call in message["tool_calls"])
+            calls = "\n".join(prompt.call(call) for call in message["tool_calls"])
             message = {
                 **{key: value for key, value in message.items() if key == "reasoning_content"},
                 "role": "assistant",
@@ -204,7 +187,7 @@ def fit_messages(
         elif role == "tool" and results_as_text:
             message = {
                 "role": "user",
-                "content": _text(f"<tool_response>\n{message['content']}\n</tool_response>"),
+                "content": _text(prompt.result(message["content"])),
             }
             if converted and converted[-1].get("tool_result"):
                 previous = converted.pop()
