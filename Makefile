@@ -55,9 +55,10 @@ test: install $(if $(shell command -v npm),node-deps)
 
 # The inner loop: every test that loads no real model and starts no process (marker
 # `needs_model`, tests/conftest.py), not the `slow` ones; about a minute and a half on 2 cores.
-# `make test` runs everything (CI does).
+# `make test` runs everything (CI does). Runs on every core (pytest-xdist); tests/_marker_guard.py
+# fails a test that loads a model or starts a process without the marker.
 test-fast: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not needs_model" tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto -m "not slow and not needs_model" tests $(PYTEST_ARGS)
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I protos \

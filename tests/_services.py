@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from tests import _marker_guard
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 OPENBLAS = next(iter(sorted(Path("/usr/lib").glob("*/openblas-pthread/libblas.so.3"))), None)
@@ -64,6 +66,7 @@ def start_engine(
     `env`: variables added to the process's environment."""
     from vlmserve.client import EngineClient
 
+    _marker_guard.check("starts an engine process")
     address = address or f"127.0.0.1:{free_port()}"
     log_path = log_dir / f"engine-{address.replace(':', '_')}-{time.monotonic_ns()}.log"
     command = [str(BIN / "vlmserve-engine"), "--address", address, *extra]
@@ -87,6 +90,7 @@ def start_engine(
 def start_facade(
     log_dir: Path, engine_address: str, *, store_path: Path, extra: tuple[str, ...] = ()
 ) -> ServiceProcess:
+    _marker_guard.check("starts a facade process")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = log_dir / f"facade-{port}.log"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import _marker_guard
 from tests._engine_recorder import EngineRecorder, start_engine_recorder
 from tests._services import ServiceProcess, start_engine, start_facade
 
@@ -33,6 +34,13 @@ MODEL_FIXTURES = {
     ("tests.e2e.conftest", "squares_mlx"),
     ("tests.e2e.conftest", "squares_services"),
     ("tests.faults.conftest", "small_stack"),
+    ("tests.engine.test_kv_quantized", "quantized"),
+    ("tests.engine.test_speculative_decoding", "generators"),
+    ("tests.engine.test_request_prep", "wide_range_preparer"),
+    ("tests.engine.test_speculation", "fixture_logits"),
+    ("tests.e2e.test_squares_training_data", "model_float32"),
+    ("tests.e2e.test_structured_real_clients", "any_facade_url"),
+    ("tests.e2e.test_no_error_logs_real_stack", "stack"),
 }
 
 
@@ -51,6 +59,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("needs_model") is None and _uses_model_fixture(item):
             item.add_marker(pytest.mark.needs_model)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _marker_guard.running(item)
+    try:
+        return (yield)
+    finally:
+        _marker_guard.running(None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_loads_need_the_marker() -> None:
+    """Set up before any module's fixtures, so a module fixture's load is checked too."""
+    _marker_guard.guard_model_loads()
 
 
 @pytest.fixture(scope="session")

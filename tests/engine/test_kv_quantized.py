@@ -166,6 +166,7 @@ def test_a_mixed_batch_equals_each_request_alone(quantized: Generator, temperatu
 
 
 @pytest.mark.parametrize(("bits", "scheme"), [(8, {}), (4, TURBO)], ids=["8-bit", "turboquant-4-bit"])
+@pytest.mark.needs_model
 def test_prompts_shared_in_flight_equal_each_alone(bits: int, scheme: dict[str, str]) -> None:
     generator = quantized_generator(
         bits, prefill_chunk_tokens=128, step_tokens=512, shared_prefix_min_tokens=8, **scheme
@@ -187,6 +188,7 @@ def test_prompts_shared_in_flight_equal_each_alone(bits: int, scheme: dict[str, 
     [({}, 3), (TURBO, 2)],
     ids=["uniform (data, scales, biases)", "turboquant (norms, indices)"],
 )
+@pytest.mark.needs_model
 def test_a_cached_prefix_is_quantized_and_reused_with_identical_output(
     tmp_path: Path, scheme: dict[str, str], parts: int
 ) -> None:
@@ -230,6 +232,7 @@ def test_a_cached_prefix_is_quantized_and_reused_with_identical_output(
         other.stop()
 
 
+@pytest.mark.needs_model
 def test_quantized_kv_takes_the_bytes_it_should() -> None:
     """An entry's bytes per token, measured from the arrays, against full precision."""
     full = Generator(EngineConfig(model=str(RANDOM_MODEL_PATH), warmup=False, prefix_cache_min_tokens=4))

@@ -21,6 +21,9 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from .test_batching import prepared
 from .test_engine_grpc import text_part
 
+# Every test here runs a real engine on a fixture model.
+pytestmark = pytest.mark.needs_model
+
 PROMPT = " ".join(f"item {i} is on shelf {i % 7};" for i in range(40))
 
 

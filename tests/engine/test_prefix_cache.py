@@ -204,6 +204,7 @@ def test_another_tenants_prompt_never_shows_in_cached_tokens(
     assert same_tenant[-1] >= unary(stub, conversation(secret, partition="tenant-a")).usage.input_tokens - 16
 
 
+@pytest.mark.needs_model
 def test_a_kept_prefix_holds_its_own_rows_not_the_whole_batch_cache() -> None:
     """Found in bench/batching.py's memory scenario: engine RSS 731 -> 1578 MiB under 16 image
     requests, all of it while rows left the batch. A leaving row's KV went to the prefix cache

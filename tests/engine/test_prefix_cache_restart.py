@@ -23,6 +23,9 @@ from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 from .test_engine_grpc import png
 from .test_prefix_cache import conversation, unary
 
+# Every test here runs a real engine on a fixture model.
+pytestmark = pytest.mark.needs_model
+
 
 @contextmanager
 def engine_on(folder: Path | None) -> Iterator[tuple[EngineServer, pb_grpc.EngineServiceStub]]:

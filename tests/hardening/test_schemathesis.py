@@ -27,6 +27,9 @@ from tests._services import free_port
 from tests.facade.fake_engine import RunningFakeEngine, start_fake_engine
 from vlmserve.facade import FacadeSettings, Timeouts, create_app
 
+# Fuzzing takes ~40 CPU-s: `make test` runs it, the inner loop (`make test-fast`) does not.
+pytestmark = pytest.mark.slow
+
 MAX_EXAMPLES = 40
 STATEFUL_SCENARIOS = 15
 CONFIG = schemathesis.Config.from_dict(
