@@ -111,3 +111,99 @@ def test_a_bad_image_in_a_tool_message_names_the_tool_message_content() -> None:
     )
     assert error.param is not None and error.param.startswith("messages[2].content[1]")
     assert "input" not in error.message
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:,"}}
+CALLED = {"role": "assistant", "tool_calls": [CALL]}
+SECOND_TOOL = {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}
+
+# (case, chat body fields, the param the client is told: the chat field at its own depth)
+ERROR_PATHS = [
+    (
+        "image url in a user message",
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": [{"type": "text", "text": "x"}, IMAGE]},
+            ]
+        },
+        "messages[1].content[1].image_url.url",
+    ),
+    (
+        "image url in a system message",
+        {"messages": [{"role": "system", "content": [IMAGE]}, {"role": "user", "content": "x"}]},
+        "messages[0].content[0].image_url.url",
+    ),
+    (
+        "image url in a tool message",
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                CALLED,
+                {"role": "tool", "tool_call_id": "c1", "content": [IMAGE]},
+            ]
+        },
+        "messages[2].content[0].image_url.url",
+    ),
+    (
+        "image detail",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "data:,", "detail": "huge"}}],
+                }
+            ]
+        },
+        "messages[0].content[0].image_url.detail",
+    ),
+    (
+        "file without id or data",
+        {"messages": [{"role": "user", "content": [{"type": "file", "file": {"filename": "a.pdf"}}]}]},
+        "messages[0].content[0].file.file_id",
+    ),
+    (
+        "tool parameters",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [TOOL, {"type": "function", "function": {"name": "g", "parameters": "x"}}],
+        },
+        "tools[1].function.parameters",
+    ),
+    (
+        "tool function",
+        {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL, SECOND_TOOL, {"type": "function"}]},
+        "tools[2].function",
+    ),
+    (
+        "json schema name",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "bad name!", "schema": {"type": "object"}},
+            },
+        },
+        "response_format.json_schema.name",
+    ),
+    (
+        "json schema missing",
+        {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}},
+        "response_format.json_schema",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "fields", "param"), ERROR_PATHS, ids=[row[0] for row in ERROR_PATHS])
+def test_an_error_names_the_chat_field_at_its_depth(case: str, fields: dict[str, Any], param: str) -> None:
+    # Refused by the chat translation itself, or by the shared Responses translation and renamed
+    # through the path map: either way the client reads its own field, never a Responses one.
+    with pytest.raises(InvalidRequestError) as caught:
+        chat = chat_request({"model": "m", **fields})
+        try:
+            build_generate_request(chat.responses_body)
+        except InvalidRequestError as error:
+            raise error.renamed(chat.chat_param) from None
+    assert caught.value.param == param, caught.value.message
+    assert f"'{param}'" in caught.value.message
+    assert "input" not in caught.value.message and "text.format" not in caught.value.message

@@ -58,12 +58,12 @@ class OtherPartParam(RequestModel):
 
 
 PartParam: TypeAlias = Annotated[
-    Annotated[TextPartParam, Tag("text")]
-    | Annotated[ImageURLPartParam, Tag("image_url")]
-    | Annotated[RefusalPartParam, Tag("refusal")]
-    | Annotated[FilePartParam, Tag("file")]
+    Annotated[TextPartParam, Tag("#text")]
+    | Annotated[ImageURLPartParam, Tag("#image_url")]
+    | Annotated[RefusalPartParam, Tag("#refusal")]
+    | Annotated[FilePartParam, Tag("#file")]
     | Annotated[OtherPartParam, Tag(OTHER)],
-    by_type({"text": "text", "image_url": "image_url", "refusal": "refusal", "file": "file"}),
+    by_type({"text": "#text", "image_url": "#image_url", "refusal": "#refusal", "file": "#file"}),
 ]
 
 Content: TypeAlias = Annotated[
@@ -120,11 +120,11 @@ class OtherMessageParam(RequestModel):
 
 
 _ROLE_TAGS = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "assistant": "assistant",
-    "tool": "tool",
+    "system": "#system",
+    "developer": "#system",
+    "user": "#user",
+    "assistant": "#assistant",
+    "tool": "#tool",
 }
 
 
@@ -134,10 +134,10 @@ def _role(value: Any) -> str:
 
 
 MessageParam: TypeAlias = Annotated[
-    Annotated[SystemMessageParam, Tag("system")]
-    | Annotated[UserMessageParam, Tag("user")]
-    | Annotated[AssistantMessageParam, Tag("assistant")]
-    | Annotated[ToolMessageParam, Tag("tool")]
+    Annotated[SystemMessageParam, Tag("#system")]
+    | Annotated[UserMessageParam, Tag("#user")]
+    | Annotated[AssistantMessageParam, Tag("#assistant")]
+    | Annotated[ToolMessageParam, Tag("#tool")]
     | Annotated[OtherMessageParam, Tag(OTHER)],
     Discriminator(_role),
 ]

@@ -97,6 +97,9 @@ def _parts(
             image: dict[str, Any] = {"type": "input_image", "image_url": part.image_url.url}
             image["detail"] = part.image_url.detail or "auto"
             parts.append(image)
+            # Chat nests the URL and detail under `image_url`.
+            paths.add(f"{path}[{index}].image_url", f"{at}.image_url.url")
+            paths.add(f"{path}[{index}].detail", f"{at}.image_url.detail")
         elif isinstance(part, FilePartParam) and images:
             fields = {
                 "file_id": part.file.file_id,
