@@ -133,3 +133,55 @@ def test_a_bad_image_in_a_tool_result_is_renamed_in_param_and_message() -> None:
     assert error.param == "messages[1].content[0].content[1].source"
     assert "'messages[1].content[0].content[1].source'" in error.message
     assert "input" not in error.message
+
+
+def _bad_data(block_type: str, media_type: str) -> dict[str, Any]:
+    return {"type": block_type, "source": {"type": "base64", "media_type": media_type, "data": 5}}
+
+
+# (case, Messages body fields, the path the message names: the Anthropic field as sent, with
+# none of the union members the validation chose on the way)
+VALIDATION_PATHS = [
+    (
+        "text block",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        "messages[0].content[0].text",
+    ),
+    (
+        "image source",
+        {"messages": [{"role": "user", "content": [_bad_data("image", "image/png")]}]},
+        "messages[0].content[0].source.data",
+    ),
+    (
+        "document in a tool result",
+        {
+            "messages": [
+                {"role": "assistant", "content": [USE]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [_bad_data("document", "application/pdf")],
+                        }
+                    ],
+                },
+            ]
+        },
+        "messages[1].content[0].content[0].source.data",
+    ),
+    ("named tool choice", {"tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    ("thinking budget", {"thinking": {"type": "enabled", "budget_tokens": "x"}}, "thinking.budget_tokens"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "fields", "path"), VALIDATION_PATHS, ids=[row[0] for row in VALIDATION_PATHS]
+)
+def test_a_validation_error_names_the_field_as_sent(case: str, fields: dict[str, Any], path: str) -> None:
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], **fields}
+    with pytest.raises(InvalidRequestError) as caught:
+        messages_request(body)
+    assert caught.value.param == path
+    assert f"'{path}'" in caught.value.message

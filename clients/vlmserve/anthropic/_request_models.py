@@ -48,12 +48,12 @@ class OtherSourceParam(RequestModel):
     type: str
 
 
-_SOURCE_TAGS = {"base64": "base64", "url": "url", "file": "file"}
+_SOURCE_TAGS = {"base64": "#base64", "url": "#url", "file": "#file"}
 
 ImageSource: TypeAlias = Annotated[
-    Annotated[Base64SourceParam, Tag("base64")]
-    | Annotated[URLSourceParam, Tag("url")]
-    | Annotated[FileSourceParam, Tag("file")]
+    Annotated[Base64SourceParam, Tag("#base64")]
+    | Annotated[URLSourceParam, Tag("#url")]
+    | Annotated[FileSourceParam, Tag("#file")]
     | Annotated[OtherSourceParam, Tag(OTHER)],
     by_type(_SOURCE_TAGS),
 ]
@@ -78,10 +78,10 @@ class OtherBlockParam(RequestModel):
 
 
 SourceBlock: TypeAlias = Annotated[
-    Annotated[TextBlockParam, Tag("text")]
-    | Annotated[ImageBlockParam, Tag("image")]
+    Annotated[TextBlockParam, Tag("#text")]
+    | Annotated[ImageBlockParam, Tag("#image")]
     | Annotated[OtherBlockParam, Tag(OTHER)],
-    by_type({"text": "text", "image": "image"}),
+    by_type({"text": "#text", "image": "#image"}),
 ]
 
 
@@ -96,13 +96,13 @@ class ContentSourceParam(RequestModel):
 
 
 DocumentSource: TypeAlias = Annotated[
-    Annotated[Base64SourceParam, Tag("base64")]
-    | Annotated[URLSourceParam, Tag("url")]
-    | Annotated[FileSourceParam, Tag("file")]
-    | Annotated[PlainTextSourceParam, Tag("text")]
-    | Annotated[ContentSourceParam, Tag("content")]
+    Annotated[Base64SourceParam, Tag("#base64")]
+    | Annotated[URLSourceParam, Tag("#url")]
+    | Annotated[FileSourceParam, Tag("#file")]
+    | Annotated[PlainTextSourceParam, Tag("#text")]
+    | Annotated[ContentSourceParam, Tag("#content")]
     | Annotated[OtherSourceParam, Tag(OTHER)],
-    by_type({**_SOURCE_TAGS, "text": "text", "content": "content"}),
+    by_type({**_SOURCE_TAGS, "text": "#text", "content": "#content"}),
 ]
 
 
@@ -122,11 +122,11 @@ class ToolUseBlockParam(RequestModel):
 
 
 ToolResultBlock: TypeAlias = Annotated[
-    Annotated[TextBlockParam, Tag("text")]
-    | Annotated[ImageBlockParam, Tag("image")]
-    | Annotated[DocumentBlockParam, Tag("document")]
+    Annotated[TextBlockParam, Tag("#text")]
+    | Annotated[ImageBlockParam, Tag("#image")]
+    | Annotated[DocumentBlockParam, Tag("#document")]
     | Annotated[OtherBlockParam, Tag(OTHER)],
-    by_type({"text": "text", "image": "image", "document": "document"}),
+    by_type({"text": "#text", "image": "#image", "document": "#document"}),
 ]
 
 
@@ -155,18 +155,18 @@ class RedactedThinkingBlockParam(RequestModel):
 
 
 _BLOCK_TAGS = {
-    name: name
+    name: f"#{name}"
     for name in ("text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking")
 }
 
 ContentBlock: TypeAlias = Annotated[
-    Annotated[TextBlockParam, Tag("text")]
-    | Annotated[ImageBlockParam, Tag("image")]
-    | Annotated[DocumentBlockParam, Tag("document")]
-    | Annotated[ToolUseBlockParam, Tag("tool_use")]
-    | Annotated[ToolResultBlockParam, Tag("tool_result")]
-    | Annotated[ThinkingBlockParam, Tag("thinking")]
-    | Annotated[RedactedThinkingBlockParam, Tag("redacted_thinking")]
+    Annotated[TextBlockParam, Tag("#text")]
+    | Annotated[ImageBlockParam, Tag("#image")]
+    | Annotated[DocumentBlockParam, Tag("#document")]
+    | Annotated[ToolUseBlockParam, Tag("#tool_use")]
+    | Annotated[ToolResultBlockParam, Tag("#tool_result")]
+    | Annotated[ThinkingBlockParam, Tag("#thinking")]
+    | Annotated[RedactedThinkingBlockParam, Tag("#redacted_thinking")]
     | Annotated[OtherBlockParam, Tag(OTHER)],
     by_type(_BLOCK_TAGS),
 ]
@@ -208,8 +208,8 @@ class OtherToolParam(RequestModel):
 
 
 ToolParam: TypeAlias = Annotated[
-    Annotated[CustomToolParam, Tag("custom")] | Annotated[OtherToolParam, Tag(OTHER)],
-    by_type({"custom": "custom"}, implicit=lambda value: "custom"),
+    Annotated[CustomToolParam, Tag("#custom")] | Annotated[OtherToolParam, Tag(OTHER)],
+    by_type({"custom": "#custom"}, implicit=lambda value: "custom"),
 ]
 
 
@@ -238,12 +238,12 @@ class OtherToolChoiceParam(RequestModel):
 
 
 ToolChoiceParam: TypeAlias = Annotated[
-    Annotated[ToolChoiceAutoParam, Tag("auto")]
-    | Annotated[ToolChoiceAnyParam, Tag("any")]
-    | Annotated[ToolChoiceToolParam, Tag("tool")]
-    | Annotated[ToolChoiceNoneParam, Tag("none")]
+    Annotated[ToolChoiceAutoParam, Tag("#auto")]
+    | Annotated[ToolChoiceAnyParam, Tag("#any")]
+    | Annotated[ToolChoiceToolParam, Tag("#tool")]
+    | Annotated[ToolChoiceNoneParam, Tag("#none")]
     | Annotated[OtherToolChoiceParam, Tag(OTHER)],
-    by_type({name: name for name in ("auto", "any", "tool", "none")}),
+    by_type({name: f"#{name}" for name in ("auto", "any", "tool", "none")}),
 ]
 
 # ---- the rest -----------------------------------------------------------------------------------
@@ -269,16 +269,16 @@ class OtherThinkingParam(RequestModel):
 
 
 _THINKING_TAGS = {
-    "enabled": "enabled",
-    "disabled": "disabled",
-    "adaptive": "adaptive",
-    "between_tools": "adaptive",
+    "enabled": "#enabled",
+    "disabled": "#disabled",
+    "adaptive": "#adaptive",
+    "between_tools": "#adaptive",
 }
 
 ThinkingParam: TypeAlias = Annotated[
-    Annotated[ThinkingEnabledParam, Tag("enabled")]
-    | Annotated[ThinkingDisabledParam, Tag("disabled")]
-    | Annotated[ThinkingAdaptiveParam, Tag("adaptive")]
+    Annotated[ThinkingEnabledParam, Tag("#enabled")]
+    | Annotated[ThinkingDisabledParam, Tag("#disabled")]
+    | Annotated[ThinkingAdaptiveParam, Tag("#adaptive")]
     | Annotated[OtherThinkingParam, Tag(OTHER)],
     by_type(_THINKING_TAGS),
 ]
