@@ -88,5 +88,18 @@ def code_case(rng: random.Random, body: tuple[int, int] = (2, 3)) -> CopyCase:
     return CopyCase(prompt, f"```python\n{after}\n```")
 
 
-def copy_case(rng: random.Random) -> CopyCase:
+def unchanged_case(rng: random.Random) -> CopyCase:
+    """A pure copy: the edit task's JSON object or function, returned unchanged (a warm-up for
+    the copy heads before the edit is asked of them)."""
+    if rng.random() < 0.6:
+        before = json_case(rng).prompt.split(":\n", 1)[1]
+        return CopyCase(f"Return this JSON unchanged:\n{before}", before)
+    block = code_case(rng).prompt.split(":\n", 1)[1]
+    return CopyCase(f"Return this function unchanged:\n{block}", block)
+
+
+def copy_case(rng: random.Random, unchanged: float = 0.0) -> CopyCase:
+    """An edit case (60 % JSON, 40 % code); with probability `unchanged` a pure copy instead."""
+    if unchanged and rng.random() < unchanged:
+        return unchanged_case(rng)
     return json_case(rng) if rng.random() < 0.6 else code_case(rng)

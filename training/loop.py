@@ -6,6 +6,7 @@ the model as a drop-in copy of the fixture (training/train_squares.py, training/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import time
@@ -25,14 +26,40 @@ FIXTURE_DIR = REPO_ROOT / "models" / "qwen2-vl-tiny"
 WEIGHTS_FILE = "model.safetensors"
 
 
-def fresh_model(fixture_dir: Path, seed: int, init: Path | None = None) -> tuple[Any, Any]:
-    """The fixture's architecture in float32, freshly initialised (or `init`'s weights), and its processor."""
+def resized_config(config: Any, overrides: dict[str, Any]) -> Any:
+    """The fixture's ModelConfig with text-model fields of config.json replaced (`rope_theta`,
+    `hidden_size`, ...); the vision merger's output width follows `hidden_size`."""
+    if not overrides:
+        return config
+    text = dataclasses.replace(config.text_config, **overrides)
+    vision = config.vision_config
+    if "hidden_size" in overrides:
+        vision = dataclasses.replace(vision, hidden_size=overrides["hidden_size"])
+    return dataclasses.replace(config, text_config=text, vision_config=vision)
+
+
+def resized_config_json(fixture_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The fixture's config.json with the same replacements as `resized_config`."""
+    config: dict[str, Any] = json.loads((fixture_dir / "config.json").read_text(encoding="utf-8"))
+    config.update(overrides)
+    if "num_hidden_layers" in overrides:
+        config["max_window_layers"] = overrides["num_hidden_layers"]
+    if "hidden_size" in overrides:
+        config["vision_config"]["hidden_size"] = overrides["hidden_size"]
+    return config
+
+
+def fresh_model(
+    fixture_dir: Path, seed: int, init: Path | None = None, overrides: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
+    """The fixture's architecture (resized by `overrides`, config.json keys) in float32, freshly
+    initialised (or `init`'s weights), and its processor."""
     from mlx_vlm.models.qwen2_vl.qwen2_vl import Model
     from mlx_vlm.utils import load
 
     fixture, processor = load(str(fixture_dir))
     mx.random.seed(seed)
-    model = Model(fixture.config)
+    model = Model(resized_config(fixture.config, overrides or {}))
     if init is not None:  # continue an earlier run
         model.load_weights(str(init / WEIGHTS_FILE))
     model.update(tree_map(lambda p: p.astype(mx.float32), model.parameters()))
@@ -40,12 +67,22 @@ def fresh_model(fixture_dir: Path, seed: int, init: Path | None = None) -> tuple
     return model, processor
 
 
-def save_model(model: Any, out_dir: Path, fixture_dir: Path, card: dict[str, Any]) -> int:
-    """Weights as float16 plus the fixture's config/tokenizer/processor files; returns bytes."""
+def save_model(
+    model: Any,
+    out_dir: Path,
+    fixture_dir: Path,
+    card: dict[str, Any],
+    overrides: dict[str, Any] | None = None,
+) -> int:
+    """Weights as float16 plus the fixture's config (resized by `overrides`), tokenizer and
+    processor files; returns bytes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for source in sorted(fixture_dir.iterdir()):
         if source.is_file() and source.name != WEIGHTS_FILE and not source.name.startswith("."):
             shutil.copy2(source, out_dir / source.name)
+    if overrides:
+        config = resized_config_json(fixture_dir, overrides)
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     parameters: Any = tree_flatten(model.parameters())
     weights = {name: value.astype(mx.float16) for name, value in parameters}
     mx.save_safetensors(str(out_dir / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
@@ -130,7 +167,8 @@ def train_loop(model: Any, task: Task, args: argparse.Namespace) -> list[dict[st
                 {"step": step, "minutes": round((time.time() - started) / 60, 2), "accuracy": accuracy}
             )
             print(f"eval step {step}: {format_accuracy(accuracy)}", flush=True)
-            size = save_model(model, args.out, args.fixture, task.card(step, time.time() - started, history))
+            card = task.card(step, time.time() - started, history)
+            size = save_model(model, args.out, args.fixture, card, getattr(args, "overrides", None))
     print(f"saved {args.out} ({size / 1e6:.2f} MB) after {(time.time() - started) / 60:.1f} min", flush=True)
     return history
 

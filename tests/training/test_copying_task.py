@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from training.copying import code_case, copy_case, json_case
+from training.copying import code_case, copy_case, json_case, unchanged_case
 
 
 @pytest.mark.parametrize("seed", range(50))
@@ -39,3 +39,18 @@ def test_cases_are_seeded_and_varied() -> None:
     first = [copy_case(random.Random(seed)) for seed in range(20)]
     assert first == [copy_case(random.Random(seed)) for seed in range(20)]
     assert len({case.prompt for case in first}) == 20
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unchanged_answer_is_the_prompts_block_verbatim(seed: int) -> None:
+    case = unchanged_case(random.Random(seed))
+    instruction, _, block = case.prompt.partition(":\n")
+    assert instruction in ("Return this JSON unchanged", "Return this function unchanged")
+    assert case.answer == block
+
+
+def test_pure_copies_come_only_when_asked() -> None:
+    assert [copy_case(random.Random(seed), 0.0) for seed in range(20)] == [
+        copy_case(random.Random(seed)) for seed in range(20)
+    ]
+    assert all("unchanged" in copy_case(random.Random(seed), 1.0).prompt for seed in range(20))
