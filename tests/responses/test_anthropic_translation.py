@@ -10,6 +10,7 @@ import pytest
 
 from vlmserve.anthropic import EventWriter, anthropic_message, error_body, messages_request
 from vlmserve.anthropic._errors import anthropic_status
+from vlmserve.anthropic._to_responses import MessagesRequest
 from vlmserve.responses import InvalidRequestError, ResponseResource
 
 USER = {"role": "user", "content": "Hi"}
@@ -95,7 +96,7 @@ ITEMS: list[tuple[str, list[Any], list[Any]]] = [
 
 @pytest.mark.parametrize(("name", "messages", "items"), ITEMS, ids=[case[0] for case in ITEMS])
 def test_input_items(name: str, messages: list[Any], items: list[Any]) -> None:
-    assert messages_request(body(messages=messages)).responses_body["input"] == items
+    assert _as_json(messages_request(body(messages=messages)))["input"] == items
 
 
 FIELDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
@@ -158,7 +159,7 @@ FIELDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("name", "fields", "expected"), FIELDS, ids=[case[0] for case in FIELDS])
 def test_body_fields(name: str, fields: dict[str, Any], expected: dict[str, Any]) -> None:
-    translated = messages_request(body(**fields)).responses_body
+    translated = _as_json(messages_request(body(**fields)))
     assert {key: translated[key] for key in expected} == expected
 
 
@@ -272,3 +273,8 @@ def test_a_message_from_a_response() -> None:
     last = EventWriter("resp_abc", "m").last(_resource([text]))
     assert [kind for kind, _ in last] == ["message_delta", "message_stop"]
     assert last[0][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def _as_json(translated: MessagesRequest) -> dict[str, Any]:
+    """The typed Responses body as the JSON it stands for (the fields the translation set)."""
+    return translated.body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)

@@ -9,7 +9,7 @@ import pytest
 
 from vlmserve.chat import chat_request
 from vlmserve.responses import InvalidRequestError, build_generate_request
-from vlmserve.responses._paths import PathMap
+from vlmserve.responses._paths import PathMap, translated_body
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -83,10 +83,12 @@ def test_path_map_uses_the_nearest_recorded_ancestor(
 
 
 def _translation_error(messages: list[Any]) -> InvalidRequestError:
-    chat = chat_request({"model": "m", "messages": messages})
+    # Refused as the typed body is made (already renamed) or by the shared translation.
+    chat = None
     with pytest.raises(InvalidRequestError) as caught:
-        build_generate_request(chat.responses_body)
-    return caught.value.renamed(chat.chat_param)
+        chat = chat_request({"model": "m", "messages": messages})
+        build_generate_request(chat.body)
+    return caught.value if chat is None else caught.value.renamed(chat.chat_param)
 
 
 def test_every_path_a_message_quotes_is_renamed() -> None:
@@ -201,9 +203,39 @@ def test_an_error_names_the_chat_field_at_its_depth(case: str, fields: dict[str,
     with pytest.raises(InvalidRequestError) as caught:
         chat = chat_request({"model": "m", **fields})
         try:
-            build_generate_request(chat.responses_body)
+            build_generate_request(chat.body)
         except InvalidRequestError as error:
             raise error.renamed(chat.chat_param) from None
     assert caught.value.param == param, caught.value.message
     assert f"'{param}'" in caught.value.message
     assert "input" not in caught.value.message and "text.format" not in caught.value.message
+
+
+def test_the_typed_body_is_translated_without_a_second_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vlmserve.responses import _request
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
+    chat = chat_request({"model": "m", "messages": messages, "tools": [TOOL]})
+
+    def parse_again(body: object) -> Any:
+        raise AssertionError("the typed body was parsed again")
+
+    monkeypatch.setattr(_request, "parse_body", parse_again)
+    translated = build_generate_request(chat.body)
+    # What is kept for storage is the JSON the typed input stands for (only the fields set).
+    assert translated.input_items == [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+    ]
+    assert [tool["name"] for tool in translated.tools] == ["f"]
+
+
+def test_the_typed_body_refuses_a_bad_field_under_the_other_apis_name() -> None:
+    paths = PathMap()
+    paths.add("input", "messages")
+    paths.add("input[0].content[0].detail", "messages[0].content[0].image_url.detail")
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "huge"}
+    fields = {"model": "m", "input": [{"type": "message", "role": "user", "content": [image]}]}
+    with pytest.raises(InvalidRequestError) as caught:
+        translated_body(fields, paths)
+    assert caught.value.param == "messages[0].content[0].image_url.detail"
+    assert caught.value.message.startswith("Invalid value for 'messages[0].content[0].image_url.detail'")

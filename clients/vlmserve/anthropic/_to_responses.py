@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import InvalidRequestError
-from vlmserve.responses._paths import PathMap
+from vlmserve.responses import CreateResponseBody, InvalidRequestError
+from vlmserve.responses._paths import PathMap, translated_body
 
 from ._request_models import (
     Base64SourceParam,
@@ -71,9 +71,9 @@ _BODY_FIELDS = (
 
 @dataclass
 class MessagesRequest:
-    """A parsed Messages request: its Responses body, and what goes straight to the engine."""
+    """A parsed Messages request: its Responses body (typed), and what goes straight to the engine."""
 
-    responses_body: dict[str, Any]
+    body: CreateResponseBody
     stream: bool = False
     stop_sequences: list[str] = field(default_factory=list)
     top_k: int | None = None
@@ -92,8 +92,7 @@ class MessagesRequest:
     def anthropic_param(self, param: str) -> str:
         """A Responses field path (from the shared translation) as the Anthropic field it came
         from; a field both APIs spell alike (`temperature`) as it is."""
-        origin = self.paths.origin(param)
-        return param if origin is None else origin
+        return self.paths.rename(param)
 
 
 def _unsupported(param: str, message: str) -> InvalidRequestError:
@@ -394,8 +393,8 @@ def messages_request(raw: object, *, count_tokens: bool = False) -> MessagesRequ
     """Validate a Messages body and translate it (InvalidRequestError naming the field)."""
     body = parse_messages_body(raw, count_tokens=count_tokens)
     _refuse_unsupported(body)
-    request = MessagesRequest(responses_body={}, stream=bool(body.stream) and not count_tokens)
-    paths = request.paths
+    stream = bool(body.stream) and not count_tokens
+    paths = PathMap()
     # An input path no item recorded (the shared translation's `input`) names `messages`.
     paths.add("input", "messages", extends=False)
     for path, origin in _BODY_FIELDS:
@@ -405,7 +404,7 @@ def messages_request(raw: object, *, count_tokens: bool = False) -> MessagesRequ
         "model": body.model,
         "input": _input_items(body, paths),
         "store": False,
-        "stream": request.stream,
+        "stream": stream,
     }
     optional: dict[str, Any] = {
         "tools": _tools(body, paths),
@@ -417,8 +416,11 @@ def messages_request(raw: object, *, count_tokens: bool = False) -> MessagesRequ
         "top_p": body.top_p,
     }
     responses_body.update({key: value for key, value in optional.items() if value is not None})
-    request.responses_body = responses_body
-    request.stop_sequences = list(body.stop_sequences or [])
-    request.top_k = body.top_k
-    request.enable_thinking = _thinking(body)
-    return request
+    return MessagesRequest(
+        body=translated_body(responses_body, paths),
+        stream=stream,
+        stop_sequences=list(body.stop_sequences or []),
+        top_k=body.top_k,
+        enable_thinking=_thinking(body),
+        paths=paths,
+    )

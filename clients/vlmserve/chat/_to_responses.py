@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.responses import InvalidRequestError
-from vlmserve.responses._paths import PathMap
+from vlmserve.responses import CreateResponseBody, InvalidRequestError
+from vlmserve.responses._paths import PathMap, translated_body
 
 from ._request_models import (
     AssistantMessageParam,
@@ -34,9 +34,9 @@ from ._request_models import (
 
 @dataclass
 class ChatRequest:
-    """A parsed chat request: its Responses body, and what goes straight to the engine."""
+    """A parsed chat request: its Responses body (typed), and what goes straight to the engine."""
 
-    responses_body: dict[str, Any]
+    body: CreateResponseBody
     stream: bool
     include_usage: bool
     # `logprobs: true`: choices carry `logprobs.content`.
@@ -49,8 +49,7 @@ class ChatRequest:
     def chat_param(self, param: str) -> str:
         """A Responses field path (from the shared translation) as the chat field it came from;
         a field both APIs spell alike (`temperature`) as it is."""
-        origin = self.paths.origin(param)
-        return param if origin is None else origin
+        return self.paths.rename(param)
 
 
 # Responses body fields the chat request spells otherwise (the rest are spelt alike).
@@ -307,7 +306,7 @@ def chat_request(raw: object) -> ChatRequest:
     responses_body.update({key: value for key, value in optional.items() if value is not None})
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return ChatRequest(
-        responses_body=responses_body,
+        body=translated_body(responses_body, paths),
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         logprobs=bool(body.logprobs),

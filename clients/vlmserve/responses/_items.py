@@ -304,7 +304,10 @@ class _ItemConverter:
 
 
 def is_item_reference(item: object) -> bool:
-    """Whether an input item is an `item_reference` (typed, or a bare `{"id": ...}`)."""
+    """Whether an input item is an `item_reference` (`type` given, or a bare `{"id": ...}`; or a
+    parsed `ItemReferenceParam`)."""
+    if isinstance(item, ItemReferenceParam):
+        return True
     if not isinstance(item, Mapping):
         return False
     item_type = item.get("type")

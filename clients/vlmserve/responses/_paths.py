@@ -1,11 +1,19 @@
 """Where each field of the Responses body came from in another API's request (chat completions,
 Anthropic Messages): a map that API's translation writes as it writes each field, so an error of
 the shared translation (which names the Responses path, `input[3].output[1]`) names the client's
-own field (`messages[2].content[1]`) by lookup, not by matching text."""
+own field (`messages[2].content[1]`) by lookup, not by matching text.
+
+`translated_body` validates what such a translation wrote as the typed Responses body, its errors
+renamed at once; the facade takes that body as it is (no second parse)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import InvalidRequestError
+from ._request_models import CreateResponseBody, parse_body
 
 
 @dataclass
@@ -33,3 +41,18 @@ class PathMap:
             if cut <= 0:
                 return None
             prefix = prefix[:cut]
+
+    def rename(self, path: str) -> str:
+        """`path` as the other request's field it came from; a field both APIs spell alike
+        (`temperature`) as it is."""
+        origin = self.origin(path)
+        return path if origin is None else origin
+
+
+def translated_body(fields: Mapping[str, Any], paths: PathMap) -> CreateResponseBody:
+    """The Responses body another API's request was translated to (`fields`, its JSON), typed;
+    an error names the other request's field (`paths`)."""
+    try:
+        return parse_body(fields)
+    except InvalidRequestError as error:
+        raise error.renamed(paths.rename) from None

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -135,7 +137,7 @@ def _reasoning_echo(reasoning: Mapping[str, Any] | None) -> dict[str, Any] | Non
 
 
 def build_generate_request(
-    body: Mapping[str, Any],
+    body: CreateResponseBody | Mapping[str, Any],
     *,
     resolve_item: ItemResolver | None = None,
     image_source: ImageSource | None = None,
@@ -159,8 +161,9 @@ def build_generate_request(
     `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files);
     `pdf_renderer` renders them (none: `render_pdf`, in this process). `max_images` bounds the
     images of the whole conversation, earlier turns and PDF pages included (None: no bound).
+    A typed `body` (another API's request translated to Responses models) is not parsed again.
     """
-    parsed = parse_body(body)
+    parsed = body if isinstance(body, CreateResponseBody) else parse_body(body)
     tools = parse_tools(parsed.tools)
     choice = parse_tool_choice(parsed.tool_choice, tools)
     instructions = parsed.instructions
@@ -229,7 +232,7 @@ def build_generate_request(
 
     return TranslatedRequest(
         request=request,
-        input_items=_raw_items(body["input"]),
+        input_items=_raw_items(body["input"] if isinstance(body, Mapping) else _input_json(parsed)),
         input_messages=input_messages,
         call_name=tools.call_name,
         ignored_tools=tools.ignored,
@@ -259,6 +262,19 @@ def build_generate_request(
         service_tier=parsed.service_tier,
         user=parsed.user,
     )
+
+
+def _input_json(body: CreateResponseBody) -> Any:
+    """A typed body's `input` as JSON (what is stored), dumped once, with only the fields set
+    (`serialize_as_any`: by each value's own model, as the tagged unions hold them)."""
+    if isinstance(body.input, str):
+        return body.input
+    return [
+        item.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
+        if isinstance(item, BaseModel)
+        else item
+        for item in body.input
+    ]
 
 
 def _raw_items(value: Any) -> list[Any]:

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from pydantic import BaseModel
+
 from vlmserve.common.documents import DocumentLimits, PdfPage
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
 from vlmserve.responses import PdfRenderer
@@ -50,6 +52,12 @@ def has_file_parts(value: object) -> bool:
             if current.get("type") in FILE_PART_TYPES:
                 return True
             stack.extend(current.values())
+        elif isinstance(current, BaseModel):
+            # A typed body (another API's request, translated): its fields and kept extras.
+            if getattr(current, "type", None) in FILE_PART_TYPES:
+                return True
+            stack.extend(current.__dict__.values())
+            stack.extend((current.__pydantic_extra__ or {}).values())
         elif isinstance(current, list):
             stack.extend(current)
     return False

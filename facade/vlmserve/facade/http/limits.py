@@ -9,9 +9,8 @@ these are the rest.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
 
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vlmserve.facade.http.errors import APIError
@@ -56,14 +55,20 @@ class HeaderLimits:
         return None
 
 
-def check_tools(body: Mapping[str, Any], limits: Limits) -> None:
+def check_tools(tools: object, limits: Limits) -> None:
     """At most `max_tools` tools (a namespace's tools each count), each at most `max_tool_bytes`
-    as JSON. Shapes are the translation's business: anything that is not a list is left to it."""
-    tools = body.get("tools")
+    as JSON. `tools` as sent, or typed (another API's tools, translated). Shapes are the
+    translation's business: anything that is not a list is left to it."""
     if not isinstance(tools, list):
         return
     count = 0
-    for index, tool in enumerate(tools):
+    for index, typed in enumerate(tools):
+        # Measured as the JSON it stands for (a typed tool: the fields it was given).
+        tool = (
+            typed.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
+            if isinstance(typed, BaseModel)
+            else typed
+        )
         inner = tool.get("tools") if isinstance(tool, dict) and tool.get("type") == "namespace" else None
         count += len(inner) if isinstance(inner, list) else 1
         if count > limits.max_tools:

@@ -127,4 +127,7 @@ def _reference_ids(items: object) -> list[str]:
     """The ids `item_reference` items among `items` name, in order (repeats kept)."""
     if not isinstance(items, list):
         return []
-    return [item["id"] for item in items if is_item_reference(item) and isinstance(item.get("id"), str)]
+    ids = (
+        item.get("id") if isinstance(item, Mapping) else item.id for item in items if is_item_reference(item)
+    )
+    return [item_id for item_id in ids if isinstance(item_id, str)]

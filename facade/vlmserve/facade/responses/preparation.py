@@ -41,14 +41,34 @@ from vlmserve.facade.store.files import FileRepository, RequestFiles
 from vlmserve.facade.store.quotas import check_room, stored_size
 from vlmserve.facade.store.records import MissingChainLinkError, Replay, StoredItem
 from vlmserve.facade.store.repositories import Store
-from vlmserve.responses import ImageSource, TranslatedRequest, build_generate_request
+from vlmserve.responses import (
+    CreateResponseBody,
+    ImageSource,
+    TranslatedRequest,
+    build_generate_request,
+)
 from vlmserve.server.logs import bind_response
 
 logger = logging.getLogger("vlmserve.facade")
 
 ImageSourceFactory = Callable[[], ImageSource | None]
+# A body as sent (JSON), or as another API's request was translated (typed, parsed already).
+Body = Mapping[str, Any] | CreateResponseBody
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+def _field(body: Body, name: str) -> Any:
+    """A top-level field of either kind of body (typed: its model, as parsed)."""
+    return body.get(name) if isinstance(body, Mapping) else getattr(body, name)
+
+
+def _conversation_id(body: Body) -> object:
+    conversation = _field(body, "conversation")
+    if isinstance(conversation, Mapping):
+        return conversation.get("id")
+    # A typed one is a string or a model with `id`.
+    return getattr(conversation, "id", conversation)
 
 
 @dataclass
@@ -112,12 +132,12 @@ class ResponsesService:
     async def translate(self, body: object, *, owner: str = "") -> Translation:
         """Validate and translate a request body, with its replayed history, for its model's
         engines (the history is rendered by the new model's template, whichever model made it)."""
-        if not isinstance(body, Mapping):
+        if not isinstance(body, Mapping | CreateResponseBody):
             raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
         model = await self._model(body, owner)
         limits = model.limits
-        check_tools(body, limits)
-        check_reference_count(body.get("input"), limits.max_item_references, param="input")
+        check_tools(_field(body, "tools"), limits)
+        check_reference_count(_field(body, "input"), limits.max_item_references, param="input")
         info = model.info
         allowed_images = images_per_request(info, limits)
         replay = await self._replay(body, owner, max_depth=limits.max_chain_depth)
@@ -126,7 +146,7 @@ class ResponsesService:
             param="input",
             max_bytes=limits.max_request_bytes,
         )
-        await references.resolve_all(body.get("input"), replayed=replay.items)
+        await references.resolve_all(_field(body, "input"), replayed=replay.items)
         # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets
         # (the translation's own budget of images and pages too, `vlmserve.responses._budget`).
         translated = await self._documents.run(
@@ -142,7 +162,7 @@ class ResponsesService:
                 pdf_renderer=renderer,
                 max_images=allowed_images,
             ),
-            with_files=has_file_parts(body.get("input")) or has_file_parts(replay.items),
+            with_files=has_file_parts(_field(body, "input")) or has_file_parts(replay.items),
         )
         # Measured where it is: ByteSize() would encode the request (twice its size, for a moment).
         if wire_size(translated.request) > MAX_MESSAGE_BYTES:
@@ -153,10 +173,10 @@ class ResponsesService:
         self._apply_output_limit(request, limits)
         return Translation(translated, model, info, references.stored_items(translated.input_items))
 
-    async def _model(self, body: Mapping[str, Any], owner: str) -> ResolvedModel:
+    async def _model(self, body: Body, owner: str) -> ResolvedModel:
         """The request's `model`; without one, the model of the response or conversation it
         continues (if that is still served), else the default."""
-        requested = body.get("model")
+        requested = _field(body, "model")
         if isinstance(requested, str):
             return await self.models.resolve(requested)
         if requested is None:
@@ -166,12 +186,11 @@ class ResponsesService:
         # Anything but a string is for the translation to refuse, naming `model`.
         return await self.models.resolve(None)
 
-    async def _remembered_model(self, body: Mapping[str, Any], owner: str) -> str | None:
+    async def _remembered_model(self, body: Body, owner: str) -> str | None:
         """The model of the stored response (`previous_response_id`) or conversation a request
         continues; None when it names neither (or what it names is gone: a 404 later)."""
-        previous = body.get("previous_response_id")
-        conversation = body.get("conversation")
-        conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
+        previous = _field(body, "previous_response_id")
+        conversation_id = _conversation_id(body)
         stored: dict[str, Any] | None = None
         if isinstance(previous, str):
             stored = await self.store.responses.get(previous, owner=owner)
@@ -288,13 +307,12 @@ class ResponsesService:
         if call.first_output_at is not None:
             metrics.time_to_first_output.observe(call.first_output_at - call.created_at)
 
-    async def _replay(self, body: Mapping[str, Any], owner: str, *, max_depth: int) -> Replay:
+    async def _replay(self, body: Body, owner: str, *, max_depth: int) -> Replay:
         """The stored turns a request continues from (previous_response_id, at most `max_depth`
         responses of it, or conversation)."""
-        previous = body.get("previous_response_id")
-        conversation = body.get("conversation")
-        conversation_id = conversation.get("id") if isinstance(conversation, Mapping) else conversation
-        if isinstance(previous, str) and conversation is None:
+        previous = _field(body, "previous_response_id")
+        conversation_id = _conversation_id(body)
+        if isinstance(previous, str) and _field(body, "conversation") is None:
             try:
                 replay = await self.store.responses.replay(
                     previous,

@@ -37,9 +37,7 @@ async def create_message(request: Request, state: State) -> Response:
         translated = await state.responses.run_translation(messages_request, body)
         del body
         with fields_renamed(translated.anthropic_param):
-            generation = await prepare_unless_disconnected(
-                request, state.responses, translated.responses_body
-            )
+            generation = await prepare_unless_disconnected(request, state.responses, translated.body)
         translated.apply(generation.request)
     except BaseException:
         hold.release()
@@ -73,7 +71,7 @@ async def count_message_tokens(request: Request, state: State) -> dict[str, Any]
         translated = await state.responses.run_translation(messages_request, body, count_tokens=True)
         with fields_renamed(translated.anthropic_param):
             tokens = await state.responses.count_tokens(
-                translated.responses_body, owner=owner_of(request), adjust=translated.apply
+                translated.body, owner=owner_of(request), adjust=translated.apply
             )
     return {"input_tokens": tokens}
 
