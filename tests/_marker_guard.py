@@ -18,11 +18,13 @@ class UnmarkedModelUse(RuntimeError):
 
 
 def check(what: str) -> None:
-    """Raise unless the running test is marked `needs_model` (outside a test: allowed)."""
-    if _current and _current[-1].get_closest_marker("needs_model") is None:
+    """Raise unless the running test is out of `make test-fast` by its markers (`needs_model`
+    or `slow`); outside a test: allowed."""
+    if _current and not any(_current[-1].get_closest_marker(name) for name in ("needs_model", "slow")):
         raise UnmarkedModelUse(
-            f"{_current[-1].nodeid} {what} but is not marked needs_model (pyproject markers); "
-            "mark it, or take a fixture listed in tests/conftest.py MODEL_FIXTURES"
+            f"{_current[-1].nodeid} {what} but is not marked needs_model (pyproject markers), "
+            "so make test-fast runs it; mark it, or take a fixture listed in tests/conftest.py "
+            "MODEL_FIXTURES"
         )
 
 

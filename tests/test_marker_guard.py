@@ -24,3 +24,9 @@ def test_an_unmarked_test_that_starts_an_engine_fails_before_starting_it(tmp_pat
 @pytest.mark.needs_model
 def test_a_marked_test_passes_the_guard() -> None:
     _marker_guard.check("loads model weights")
+
+
+@pytest.mark.slow
+def test_a_slow_test_passes_the_guard() -> None:
+    """`make test-fast` leaves slow tests out too, whatever they load."""
+    _marker_guard.check("starts an engine process")
