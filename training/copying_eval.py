@@ -55,9 +55,7 @@ def score(model: Any, processor: Any, cases: Sequence[CopyCase]) -> Scores:
 def main(argv: Sequence[str] | None = None) -> None:
     from mlx_vlm.utils import load
 
-    parser = argparse.ArgumentParser(
-        description="Greedy exact copies of held-out cases.", allow_abbrev=False
-    )
+    parser = argparse.ArgumentParser(description="Greedy exact copies of held-out cases.", allow_abbrev=False)
     parser.add_argument("--model", type=Path, default=MODEL_DIR)
     parser.add_argument("--cases", type=int, default=50)
     args = parser.parse_args(argv)
