@@ -27,8 +27,9 @@ Generation thread only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,14 @@ __all__ = [
     "merge_rows",
     "mergeable",
     "new_prompt_cache",
+    "one_position_attention",
     "own_copy",
     "restore",
+    "roll_back_batch",
     "row_views",
     "snapshot",
     "snapshot_nbytes",
+    "trimmable_batch",
     "views",
 ]
 
@@ -149,6 +153,44 @@ def _turbo_batch_class() -> type:
 
     class _TurboBatch(BatchTurboQuantKVCache):
         _right_padding: Any = None
+        # Set around a speculative verify forward (`one_position_attention`).
+        _one_position_queries = False
+
+        def prefill_attention(
+            self,
+            queries: Any,
+            keys_state: Any = None,
+            values_state: Any = None,
+            scale: float = 1.0,
+            mask: Any = None,
+        ) -> Any:
+            """Several query positions on a single unpadded row (mlx-vlm's fused-kernel case;
+            any other batch dequantizes for every query length alike). In a verify forward,
+            each position is attended as the one-position decode step it stands for would
+            (`decode_attention` over the keys up to it, the same mask): mlx-vlm's multi-query
+            path rounds differently, and quantizing the next layer's keys amplifies that
+            (seen: 8e-3 in the logits of the 4-bit fixture), so a seeded row would draw other
+            tokens than without speculation."""
+            if not self._one_position_queries:
+                return super().prefill_attention(queries, keys_state, values_state, scale, mask)
+            layer: Any = self  # mlx-vlm's mixin is untyped
+            if keys_state is None or values_state is None:
+                keys_state, values_state = layer._attention_states()
+            keys_state, values_state = layer._unwrap(keys_state), layer._unwrap(values_state)
+            width, total = int(queries.shape[-2]), tq._state_length(keys_state)
+            outputs = []
+            for position in range(width):
+                end = total - width + position + 1
+                outputs.append(
+                    self.decode_attention(
+                        queries[:, :, position : position + 1],
+                        keys_state=tq._slice_state(keys_state, end),
+                        values_state=tq._slice_state(values_state, end),
+                        scale=scale,
+                        mask=mask[..., position : position + 1, :end] if isinstance(mask, mx.array) else mask,
+                    )
+                )
+            return mx.concatenate(outputs, axis=2)
 
         def prepare(self, *, right_padding: Sequence[int] | None = None, **_: Any) -> None:
             if right_padding is not None and max(right_padding) > 0:
@@ -170,6 +212,21 @@ def _turbo_batch_class() -> type:
             self._refresh_fused_attention_eligibility()
 
     return _TurboBatch
+
+
+@contextlib.contextmanager
+def one_position_attention(caches: Sequence[Any]) -> Iterator[None]:
+    """While a verify forward is built: turboquant batch layers attend each query position as
+    a one-position decode step (`_TurboBatch.prefill_attention`), so its logits are the ones the
+    steps it replaces would give."""
+    turbo: list[Any] = [layer for layer in caches if type(layer) is _turbo_batch_class()]
+    for layer in turbo:
+        layer._one_position_queries = True
+    try:
+        yield
+    finally:
+        for layer in turbo:
+            layer._one_position_queries = False
 
 
 def _turboquant() -> Any:
@@ -244,6 +301,44 @@ def _merge_quantized(rows: Sequence[Any]) -> Any:
     batch.offset = mx.array(lengths)
     batch._idx = longest
     return batch
+
+
+def trimmable_batch(layer: Any) -> bool:
+    """A batch attention layer whose rows' positions are its columns up to one write index, each
+    vector stored on its own (full precision, uniform groups along the head dimension, turboquant
+    per-vector codes): dropping its last columns leaves exactly the cache of the positions
+    before them (speculation's rollback, `roll_back_batch`)."""
+    from mlx_vlm.models.cache import BatchKVCache, BatchQuantizedKVCache
+
+    return type(layer) in (BatchKVCache, BatchQuantizedKVCache) or type(layer) is _turbo_batch_class()
+
+
+def roll_back_batch(layer: Any, common: int, rest: Sequence[int]) -> None:
+    """Drop the last `common + rest[i]` positions of each row i of a `trimmable_batch` layer.
+
+    mlx-vlm's pieces, whatever the layout: `trim(common)` (the write index and every row's offset
+    move back; the columns stay allocated and are overwritten next), then the right-padded
+    prefill's `prepare(right_padding=rest)` + `finalize()` (each row's kept positions rolled to
+    the end, the rolled-over columns become its left padding, which the mask hides; ours for
+    turboquant, `_TurboBatch`). Last, the padding columns every row now has are dropped as views
+    (mlx-vlm's `filter` drops them too, but by a gather: a copy of the whole cache each step)."""
+    if common:
+        layer.trim(common)
+    if not any(rest):
+        return
+    layer.prepare(right_padding=list(rest))
+    layer.finalize()
+    shift = min(int(layer.left_padding.min().item()), layer._idx)
+    if shift <= 0:
+        return
+    if layer.keys is not None:
+        layer.keys = _map_parts(layer.keys, lambda p: p[:, :, shift:])
+        layer.values = _map_parts(layer.values, lambda p: p[:, :, shift:])
+    layer._idx -= shift
+    layer.left_padding = layer.left_padding - shift
+    refresh = getattr(layer, "_refresh_fused_attention_eligibility", None)
+    if refresh is not None:  # turboquant's host-side guard reads the left padding
+        refresh()
 
 
 def _map_parts(part: Any, fn: Any) -> Any:

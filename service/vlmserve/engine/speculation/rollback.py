@@ -4,11 +4,14 @@ A verify forward appends the same number of positions to every row (its width), 
 keeps only its last token and accepted drafts: the rest (rejected drafts, the padding of rows with
 fewer drafts) must go.
 
-- Attention layers (`BatchKVCache`) have one write index for all rows, so: trim the positions no
-  row keeps (its own `trim`), then move each row's kept positions to the end, as mlx-vlm's own
-  right-padded prefill does (`prepare(right_padding=...)` + `finalize()`: a roll, and the
-  rolled-over positions become left padding, which the mask hides), and drop padding columns
-  every row has.
+- Attention layers (`BatchKVCache`, and quantized: `BatchQuantizedKVCache`, turboquant's batch
+  cache) have one write index for all rows, so: trim the positions no row keeps (their own
+  `trim`), then move each row's kept positions to the end, as mlx-vlm's own right-padded prefill
+  does (`prepare(right_padding=...)` + `finalize()`: a roll, and the rolled-over positions become
+  left padding, which the mask hides), and drop padding columns every row has
+  (kv_cache.py `roll_back_batch`, the one place that knows the layouts). Exact for quantized
+  layouts too: each vector is quantized on its own (groups along the head dimension, turboquant's
+  per-vector norm and codes), so the kept positions' stored values do not depend on the dropped.
 - Recurrent layers (Qwen3.5's Gated DeltaNet state and its convolution window, mlx-vlm's
   `ArraysCache`) cannot be trimmed: their state after a position is not recoverable from the
   state after the last one. mlx-vlm's speculative cache transaction (`speculative/cache_state.py`)
@@ -21,13 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vlmserve.engine.loop.kv_cache import roll_back_batch, trimmable_batch
+
 __all__ = ["RecurrentVerify", "begin_verify", "can_roll_back", "roll_back_rows", "verify_forward_kwargs"]
-
-
-def _plain(layer: Any) -> bool:
-    from mlx_vlm.models.cache import BatchKVCache
-
-    return type(layer) is BatchKVCache
 
 
 def _recorded(layer: Any) -> bool:
@@ -38,9 +37,10 @@ def _recorded(layer: Any) -> bool:
 
 
 def can_roll_back(caches: Sequence[Any]) -> bool:
-    """Whether every layer is a plain `BatchKVCache` or a recorded recurrent layer (sliding-window
-    and quantized layers keep other state: those models verify no drafts)."""
-    return bool(caches) and all(_plain(layer) or _recorded(layer) for layer in caches)
+    """Whether every layer is a trimmable batch attention layer (full precision or quantized) or a
+    recorded recurrent layer (sliding-window layers keep other state: those models verify no
+    drafts)."""
+    return bool(caches) and all(trimmable_batch(layer) or _recorded(layer) for layer in caches)
 
 
 def verify_forward_kwargs(language_model: Any) -> dict[str, Any]:
@@ -65,7 +65,7 @@ class RecurrentVerify:
     def __init__(self, caches: Sequence[Any], width: int, rows: Sequence[object]) -> None:
         from mlx_vlm.speculative.cache_state import start_speculative_cache
 
-        self.layers = [layer for layer in caches if not _plain(layer)]
+        self.layers = [layer for layer in caches if not trimmable_batch(layer)]
         self._ids = {id(layer) for layer in self.layers}
         self._rows = list(rows)
         self._transaction = start_speculative_cache(self.layers, width)
@@ -92,7 +92,7 @@ class RecurrentVerify:
 def begin_verify(caches: Sequence[Any], width: int, rows: Sequence[object]) -> RecurrentVerify | None:
     """Start recording the recurrent layers' states for a forward of `width` positions (None when
     every layer is plain attention, or nothing can be rejected)."""
-    if width <= 1 or all(_plain(layer) for layer in caches):
+    if width <= 1 or all(trimmable_batch(layer) for layer in caches):
         return None
     return RecurrentVerify(caches, width, rows)
 
@@ -102,16 +102,5 @@ def roll_back_rows(caches: Sequence[Any], rejected: Sequence[int]) -> None:
     common = min(rejected)
     rest = [count - common for count in rejected]
     for layer in caches:
-        if not _plain(layer):
-            continue
-        if common:
-            layer.trim(common)
-        if any(rest):
-            layer.prepare(right_padding=rest)
-            layer.finalize()
-            shift = min(int(layer.left_padding.min().item()), layer._idx)
-            if shift > 0:  # padding every row has: drop it, as BatchKVCache.filter does
-                layer.keys = layer.keys[..., shift:, :]
-                layer.values = layer.values[..., shift:, :]
-                layer._idx -= shift
-                layer.left_padding = layer.left_padding - shift
+        if trimmable_batch(layer):
+            roll_back_batch(layer, common, rest)
