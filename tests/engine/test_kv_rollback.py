@@ -11,18 +11,20 @@ it must go on the same way (a next position lands where it would have)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests._family_models import family_models  # noqa: F401  (fixture)
 from vlmserve.engine.loop.kv_cache import (
     TURBOQUANT,
     KVLayout,
     merge_rows,
     new_prompt_cache,
-    one_position_attention,
     trimmable_batch,
+    verify_forward,
 )
 from vlmserve.engine.speculation.rollback import begin_verify, can_roll_back, roll_back_rows
 
@@ -142,17 +144,54 @@ def test_rollback_leaves_the_cache_that_never_saw_the_rejected_positions(
     mx.eval(batch.keys)
 
 
-def test_windowed_layers_are_not_rolled_back() -> None:
-    """A sliding-window batch layer is not a trimmable batch: a batch holding one verifies no
-    drafts (docs/performance.md, "Speculative decoding")."""
-    from mlx_vlm.models.cache import RotatingKVCache
+@pytest.mark.needs_model
+@pytest.mark.parametrize("prompts", [[50, 20], [12, 20]], ids=["past the window", "inside the window"])
+def test_windowed_rows_roll_back_to_what_they_compute_alone(
+    family_models: dict[str, Path],  # noqa: F811
+    prompts: list[int],
+) -> None:
+    """Gemma 3's fixture (sliding-window layers of 32 positions, `BatchRotatingKVCache`, between
+    full-attention ones): rounds of a verify forward of 5 positions with random rejections per
+    row, then two one-position steps (which rotate a full window's buffer), give every row the
+    logits it gets stepping alone through the positions it kept: inside the window and past it
+    (the case mlx-vlm's `is_trimmable` refuses, `_roll_back_windowed`)."""
+    import mlx.core as mx
+    from mlx_vlm.utils import load
 
-    rotating: Any = RotatingKVCache(max_size=8)  # type: ignore[no-untyped-call]
-    keys, values = _vectors(1, 3, seed=1)
-    rotating.update_and_fetch(keys, values)
-    batch = merge_rows([rotating])
-    assert not trimmable_batch(batch)
-    assert not can_roll_back([merge_rows([_full()]), batch])
+    language_model = load(str(family_models["gemma3"]))[0].language_model
+    # float32 (the fixture is float16): rounding then stays ~1e-6, where a wrong position shows.
+    language_model.set_dtype(mx.float32)
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(10, 200, size=n).tolist() for n in prompts]
+    alone = [language_model.make_cache() for _ in rows]
+    for ids, cache in zip(rows, alone, strict=True):
+        language_model(mx.array([ids]), cache=cache)
+    own = [language_model.make_cache() for _ in rows]
+    for ids, cache in zip(rows, own, strict=True):
+        language_model(mx.array([ids]), cache=cache)
+    batch = [merge_rows(list(layers)) for layers in zip(*own, strict=True)]
+    assert can_roll_back(batch)
+    width = 5
+    for _ in range(6):
+        tokens = rng.integers(10, 200, size=(len(rows), width)).tolist()
+        with verify_forward(batch):
+            verify = language_model(mx.array(tokens), cache=batch).logits
+        kept = [int(k) for k in rng.integers(1, width + 1, size=len(rows))]
+        roll_back_rows(batch, [width - k for k in kept])
+        for index, cache in enumerate(alone):
+            for position in range(kept[index]):
+                logits = language_model(mx.array([[tokens[index][position]]]), cache=cache).logits
+                np.testing.assert_allclose(
+                    np.asarray(verify[index, position]), np.asarray(logits[0, -1]), rtol=0, atol=1e-4
+                )
+        for _ in range(2):
+            step = rng.integers(10, 200, size=len(rows)).tolist()
+            stepped = language_model(mx.array([[t] for t in step]), cache=batch).logits
+            for index, cache in enumerate(alone):
+                logits = language_model(mx.array([[step[index]]]), cache=cache).logits
+                np.testing.assert_allclose(
+                    np.asarray(stepped[index, -1]), np.asarray(logits[0, -1]), rtol=0, atol=1e-4
+                )
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +221,7 @@ def test_a_verify_forward_gives_the_logits_of_the_steps_it_replaces(
 ) -> None:
     """On the random fixture: what makes speculation lossless for seeded rows too. A
     single unpadded turboquant row is where mlx-vlm's multi-query attention rounds otherwise
-    (`one_position_attention`); its next layers' keys are quantized from that (8e-3 seen)."""
+    (`verify_forward`); its next layers' keys are quantized from that (8e-3 seen)."""
     import mlx.core as mx
 
     rng = np.random.default_rng(0)
@@ -201,8 +240,8 @@ def test_a_verify_forward_gives_the_logits_of_the_steps_it_replaces(
     steps = [
         language_model(mx.array([[row[i]] for row in tokens]), cache=stepped).logits[:, -1] for i in range(6)
     ]
-    with one_position_attention(verified):
+    with verify_forward(verified):
         verify = language_model(mx.array(tokens), cache=verified).logits
     # Bitwise on this CPU; 1e-5 leaves room for a backend whose matmuls round by shape (the
-    # turboquant row without `one_position_attention`: 8e-3).
+    # turboquant row without `verify_forward`: 8e-3).
     np.testing.assert_allclose(np.asarray(mx.stack(steps, axis=1)), np.asarray(verify), rtol=0, atol=1e-5)

@@ -14,7 +14,7 @@ token is computed beside, so a seeded turboquant row in a mixed batch may part f
 at a near tie of its sampled distribution. Those rows are held to: the same tokens up to where
 they part, and every logits row up to there within that rounding. Everything else is exact:
 greedy rows, seeded rows alone (a verify forward's logits are bitwise the steps' it replaces:
-kv_cache.py `one_position_attention`), uniform quantization."""
+kv_cache.py `verify_forward`), uniform quantization."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
-from vlmserve.engine.loop.kv_cache import merge_rows, mergeable, one_position_attention, row_views
+from vlmserve.engine.loop.kv_cache import merge_rows, mergeable, row_views, verify_forward
 from vlmserve.engine.loop.prefill import prefill_group
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator
@@ -359,7 +359,7 @@ class DecodeBatch(Generic[K]):
         kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
         kwargs.update(verify_forward_kwargs(self._language_model))
         self._transaction = begin_verify(self._caches, width, entries)
-        with one_position_attention(self._caches):
+        with verify_forward(self._caches):
             output = self._language_model(mx.array(inputs, dtype=mx.int32), cache=self._caches, **kwargs)
         self.speculator.counts.forwards += 1
         if width == 1 and not self.speculator.reads_hidden_states:

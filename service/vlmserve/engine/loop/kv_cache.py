@@ -41,7 +41,6 @@ __all__ = [
     "merge_rows",
     "mergeable",
     "new_prompt_cache",
-    "one_position_attention",
     "own_copy",
     "restore",
     "roll_back_batch",
@@ -49,6 +48,7 @@ __all__ = [
     "snapshot",
     "snapshot_nbytes",
     "trimmable_batch",
+    "verify_forward",
     "views",
 ]
 
@@ -153,7 +153,7 @@ def _turbo_batch_class() -> type:
 
     class _TurboBatch(BatchTurboQuantKVCache):
         _right_padding: Any = None
-        # Set around a speculative verify forward (`one_position_attention`).
+        # Set around a speculative verify forward (`verify_forward`).
         _one_position_queries = False
 
         def prefill_attention(
@@ -215,10 +215,22 @@ def _turbo_batch_class() -> type:
 
 
 @contextlib.contextmanager
-def one_position_attention(caches: Sequence[Any]) -> Iterator[None]:
-    """While a verify forward is built: turboquant batch layers attend each query position as
-    a one-position decode step (`_TurboBatch.prefill_attention`), so its logits are the ones the
-    steps it replaces would give."""
+def verify_forward(caches: Sequence[Any]) -> Iterator[None]:
+    """While a speculative verify forward (several positions per row) is built on `caches`:
+
+    - turboquant batch layers attend each query position as a one-position decode step
+      (`_TurboBatch.prefill_attention`), so its logits are the ones the steps it replaces give;
+    - a sliding-window layer whose buffer has rotated is put back in temporal order first
+      (mlx-vlm's own `_temporal_order`, which its concatenating update starts with anyway):
+      `BatchRotatingKVCache.make_mask` runs before the update and reads the rotated write index
+      as the length, so it would mask each row's padding one position off (seen: a row with
+      padding left in its window read a stale position, 5e-2 in its logits)."""
+    from mlx_vlm.models.cache import BatchRotatingKVCache
+
+    windowed: list[Any] = [layer for layer in caches if isinstance(layer, BatchRotatingKVCache)]
+    for layer in windowed:
+        if layer.rotated:
+            layer._temporal_order()
     turbo: list[Any] = [layer for layer in caches if type(layer) is _turbo_batch_class()]
     for layer in turbo:
         layer._one_position_queries = True
@@ -304,17 +316,21 @@ def _merge_quantized(rows: Sequence[Any]) -> Any:
 
 
 def trimmable_batch(layer: Any) -> bool:
-    """A batch attention layer whose rows' positions are its columns up to one write index, each
-    vector stored on its own (full precision, uniform groups along the head dimension, turboquant
-    per-vector codes): dropping its last columns leaves exactly the cache of the positions
-    before them (speculation's rollback, `roll_back_batch`)."""
-    from mlx_vlm.models.cache import BatchKVCache, BatchQuantizedKVCache
+    """A batch attention layer whose last positions a speculative verify can drop again
+    (`roll_back_batch`): one whose rows' positions are its columns up to one write index, each
+    vector stored on its own (full precision, uniform groups along the head dimension,
+    turboquant per-vector codes), or a sliding-window one (`BatchRotatingKVCache`, see
+    `_roll_back_windowed`)."""
+    from mlx_vlm.models.cache import BatchKVCache, BatchQuantizedKVCache, BatchRotatingKVCache
 
-    return type(layer) in (BatchKVCache, BatchQuantizedKVCache) or type(layer) is _turbo_batch_class()
+    return type(layer) in (BatchKVCache, BatchQuantizedKVCache, BatchRotatingKVCache) or (
+        type(layer) is _turbo_batch_class()
+    )
 
 
 def roll_back_batch(layer: Any, common: int, rest: Sequence[int]) -> None:
-    """Drop the last `common + rest[i]` positions of each row i of a `trimmable_batch` layer.
+    """Drop the last `common + rest[i]` positions of each row i of a `trimmable_batch` layer,
+    after a verify forward of more than one position.
 
     mlx-vlm's pieces, whatever the layout: `trim(common)` (the write index and every row's offset
     move back; the columns stay allocated and are overwritten next), then the right-padded
@@ -322,6 +338,11 @@ def roll_back_batch(layer: Any, common: int, rest: Sequence[int]) -> None:
     the end, the rolled-over columns become its left padding, which the mask hides; ours for
     turboquant, `_TurboBatch`). Last, the padding columns every row now has are dropped as views
     (mlx-vlm's `filter` drops them too, but by a gather: a copy of the whole cache each step)."""
+    from mlx_vlm.models.cache import BatchRotatingKVCache
+
+    if isinstance(layer, BatchRotatingKVCache):
+        _roll_back_windowed(layer, common, rest)
+        return
     if common:
         layer.trim(common)
     if not any(rest):
@@ -339,6 +360,35 @@ def roll_back_batch(layer: Any, common: int, rest: Sequence[int]) -> None:
     refresh = getattr(layer, "_refresh_fused_attention_eligibility", None)
     if refresh is not None:  # turboquant's host-side guard reads the left padding
         refresh()
+
+
+def _roll_back_windowed(layer: Any, common: int, rest: Sequence[int]) -> None:
+    """The rollback of a sliding-window batch layer (window W = `max_size`), also once it has
+    wrapped — which mlx-vlm's `is_trimmable` refuses, as a rotated buffer's tail is not its
+    last positions. A forward of several positions takes mlx-vlm's concatenating update, which
+    first puts the buffer back in temporal order and keeps the last W - 1 positions before the
+    new ones: every one the next token can see. So after a verify the layer is a plain run of
+    columns again, and dropping its last `common` (its own `trim`, then slicing the buffer to
+    the write index, so no dropped column is read as a window position) leaves exactly the
+    state a forward of the kept positions would have left. Rows that keep fewer are rolled to
+    the end as mlx-vlm's right-padded prefill does (`finalize`'s roll, its left padding grown
+    by the same amount; a negative left padding, a row whose padding has left the window, counts
+    from 0): each still holds at least W - 1 positions before its kept ones."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import dynamic_roll
+
+    if common:
+        layer.trim(common)
+    layer.keys = layer.keys[..., : layer._idx, :]
+    layer.values = layer.values[..., : layer._idx, :]
+    if not any(rest):
+        return
+    shifts = mx.array(list(rest))
+    roll: Any = dynamic_roll  # (untyped)
+    layer.keys = roll(layer.keys, shifts[:, None], axis=2)
+    layer.values = roll(layer.values, shifts[:, None], axis=2)
+    layer.left_padding = mx.maximum(layer.left_padding, 0) + shifts
+    layer.offset = layer.offset - shifts
 
 
 def _map_parts(part: Any, fn: Any) -> Any:

@@ -12,6 +12,9 @@ fewer drafts) must go.
   (kv_cache.py `roll_back_batch`, the one place that knows the layouts). Exact for quantized
   layouts too: each vector is quantized on its own (groups along the head dimension, turboquant's
   per-vector norm and codes), so the kept positions' stored values do not depend on the dropped.
+  Sliding-window layers (`BatchRotatingKVCache`) too, wrapped or not: a forward of several
+  positions leaves them in temporal order with every position the next token can see
+  (kv_cache.py `_roll_back_windowed`).
 - Recurrent layers (Qwen3.5's Gated DeltaNet state and its convolution window, mlx-vlm's
   `ArraysCache`) cannot be trimmed: their state after a position is not recoverable from the
   state after the last one. mlx-vlm's speculative cache transaction (`speculative/cache_state.py`)
@@ -37,9 +40,9 @@ def _recorded(layer: Any) -> bool:
 
 
 def can_roll_back(caches: Sequence[Any]) -> bool:
-    """Whether every layer is a trimmable batch attention layer (full precision or quantized) or a
-    recorded recurrent layer (sliding-window layers keep other state: those models verify no
-    drafts)."""
+    """Whether every layer is a trimmable batch attention layer (full precision, quantized or
+    sliding-window) or a recorded recurrent layer: otherwise (Llama 4's chunked attention, rows
+    that keep their own caches) the model verifies no drafts."""
     return bool(caches) and all(trimmable_batch(layer) or _recorded(layer) for layer in caches)
 
 
@@ -99,6 +102,8 @@ def begin_verify(caches: Sequence[Any], width: int, rows: Sequence[object]) -> R
 
 def roll_back_rows(caches: Sequence[Any], rejected: Sequence[int]) -> None:
     """Drop each row's last `rejected[i]` positions from the attention layers."""
+    if not any(rejected):
+        return  # (a one-position step left a sliding-window layer's buffer rotated: untouched)
     common = min(rejected)
     rest = [count - common for count in rejected]
     for layer in caches:
