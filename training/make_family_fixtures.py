@@ -27,6 +27,8 @@ Families (directory name: what it stands for):
   llava              LLaVA 1.5 (CLIP vision, USER:/ASSISTANT: template)
   qwen3_5            Qwen3.5 (Gated DeltaNet + full attention) and its MTP drafter head in
                      qwen3_5/mtp-drafter (speculative decoding's --draft-model)
+  qwen3_5_dflash     the same Qwen3.5 and a DFlash drafter (mlx-vlm's qwen3_dflash) in
+                     qwen3_5_dflash/dflash-drafter
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ FAMILIES: dict[str, Family] = {
     family.name: family for module in (qwen, gemma, idefics, mistral, llama) for family in module.FAMILIES
 }
 
-# Target family -> the function writing its drafter into the target's directory (returns it).
-DRAFTER_FAMILIES = {family.name: family for family in qwen3_5.FAMILIES}
-build_drafter = {"qwen3_5": qwen3_5.build_mtp_drafter}
+# Target with a drafter (its directory name) -> the function writing the drafter into the
+# target's directory (returns it): Qwen3.5 with its MTP head, and with a DFlash drafter.
+DRAFTER_FAMILIES = {
+    **{family.name: family for family in qwen3_5.FAMILIES},
+    **{f"{family.name}_dflash": family for family in qwen3_5.FAMILIES},
+}
+build_drafter = {"qwen3_5": qwen3_5.build_mtp_drafter, "qwen3_5_dflash": qwen3_5.build_dflash_drafter}

@@ -1,11 +1,14 @@
-"""Qwen3.5 (hybrid Gated DeltaNet + full attention) and its MTP drafter head.
+"""Qwen3.5 (hybrid Gated DeltaNet + full attention), its MTP drafter head and a DFlash drafter.
 
 Qwen3.5 checkpoints ship a multi-token-prediction head (`mtp.*` tensors, `mtp_num_hidden_layers`)
 that mlx-vlm runs as a speculative drafter (`speculative/drafters/qwen3_5_mtp`). The fixture is
 the target plus that head, both as a standalone drafter directory (`model_type: qwen3_5_mtp`, the
 layout mlx-vlm's `split_mtp` writes) and inside the target's weights (`mtp.*`, as shipped), so
-`--draft-model` is tested on the code paths a real Qwen3.5 + MTP pair takes. Its chat template is
-Qwen3-VL's (the fixture tests the engine, not the template).
+`--draft-model` is tested on the code paths a real Qwen3.5 + MTP pair takes. DFlash drafters
+(z-lab's `Qwen3.5-*-DFlash`, mlx-vlm's `speculative/drafters/qwen3_dflash`) read chosen target
+layers' hidden states: `build_dflash_drafter` writes one, laid out as those checkpoints are
+(`model_type: qwen3` + `dflash_config`), in `dflash-drafter`. Its chat template is Qwen3-VL's
+(the fixture tests the engine, not the template).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from ._base import HEAD_DIM, HIDDEN, KV_HEADS, Family, FamilyFiles, text_sizes
 from .qwen import _QWEN3_TOKENIZER, _qwen3_vl_files
 from .vocab import token_ids
 
-__all__ = ["FAMILIES", "MTP_DRAFTER_DIR", "build_mtp_drafter"]
+__all__ = ["DFLASH_DRAFTER_DIR", "FAMILIES", "MTP_DRAFTER_DIR", "build_dflash_drafter", "build_mtp_drafter"]
 
-# Where the family's drafter is written, inside the target's directory.
+# Where the family's drafters are written, inside the target's directory.
 MTP_DRAFTER_DIR = "mtp-drafter"
+DFLASH_DRAFTER_DIR = "dflash-drafter"
 
 
 def _text_config(vocab_size: int, eos: int) -> dict[str, Any]:
@@ -104,6 +108,67 @@ def build_mtp_drafter(target_dir: Path, *, seed: int = 1) -> Path:
     native = dict(mx.load(str(target_weights)))
     native.update({f"mtp.{name}": value for name, value in weights.items()})
     mx.save_safetensors(str(target_weights), native, metadata={"format": "mlx"})
+    return out_dir
+
+
+def build_dflash_drafter(target_dir: Path, *, seed: int = 2) -> Path:
+    """Write a DFlash drafter (random weights, shaped as mlx-vlm's `qwen3_dflash`) for the target
+    at `target_dir` into `target_dir/dflash-drafter`; returns the directory."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.speculative.drafters.qwen3_dflash import DFlashDraftModel, ModelConfig
+
+    target = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))["text_config"]
+    layers = int(target["num_hidden_layers"])
+    tokenizer = json.loads((target_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    mask = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|object_ref_end|>")
+    config = {
+        "model_type": "qwen3",
+        "architectures": ["DFlashDraftModel"],
+        "hidden_size": target["hidden_size"],
+        "intermediate_size": target["intermediate_size"],
+        "num_hidden_layers": 1,
+        # As many KV heads as heads: the value path below is an identity.
+        "num_attention_heads": HIDDEN // HEAD_DIM,
+        "num_key_value_heads": HIDDEN // HEAD_DIM,
+        "head_dim": HEAD_DIM,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": target["vocab_size"],
+        "max_position_embeddings": target["max_position_embeddings"],
+        "rope_theta": 10_000_000.0,
+        "tie_word_embeddings": True,
+        "block_size": 16,
+        "num_target_layers": layers,
+        # Every target layer, as the real checkpoints take several spread over the depth.
+        "dflash_config": {"mask_token_id": mask, "target_layer_ids": list(range(layers))},
+    }
+    out_dir = target_dir / DFLASH_DRAFTER_DIR
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    mx.random.seed(seed)
+    model = DFlashDraftModel(ModelConfig.from_dict(config))
+    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    weights = dict(flat)
+    # Random weights would never propose what the random target writes. So the drafter averages
+    # its context: no queries (uniform attention), the block's own tokens silenced (a zero input
+    # norm: they add nothing to the keys and values), values the identity, fc picking the last
+    # target layer's hidden states (before the final norm, which the drafter's own norm stands
+    # in for), a large output projection and no MLP: each draft is the argmax of the target's
+    # hidden states averaged over the positions the drafter has been fed. Right where the target
+    # keeps writing what it mostly predicted (the fixture's greedy loops), wrong elsewhere (its
+    # sampled rows), and only if every row's context is its own.
+    hidden = int(target["hidden_size"])
+    fc = mx.zeros((hidden, hidden * layers))
+    weights["fc.weight"] = mx.concatenate([fc[:, : hidden * (layers - 1)], mx.eye(hidden)], axis=1)
+    for name in list(weights):
+        if name.endswith(("q_proj.weight", "down_proj.weight", "input_layernorm.weight")):
+            weights[name] = mx.zeros_like(weights[name])
+        elif name.endswith("v_proj.weight"):
+            weights[name] = mx.eye(hidden)
+        elif name.endswith("o_proj.weight"):
+            weights[name] = mx.eye(hidden) * 100.0
+    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     return out_dir
 
 

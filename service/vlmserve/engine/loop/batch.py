@@ -357,7 +357,7 @@ class DecodeBatch(Generic[K]):
             for entry, tokens, row_drafts in zip(entries, waiting, drafts, strict=True)
         ]
         kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
-        kwargs.update(verify_forward_kwargs(self._language_model))
+        kwargs.update(verify_forward_kwargs(self._language_model, self.speculator.capture_layer_ids))
         self._transaction = begin_verify(self._caches, width, entries)
         with verify_forward(self._caches):
             output = self._language_model(mx.array(inputs, dtype=mx.int32), cache=self._caches, **kwargs)
@@ -368,7 +368,11 @@ class DecodeBatch(Generic[K]):
             # A drafter model follows every row's tokens with the target's hidden states, so
             # its rows read their tokens now even in a step without drafts.
             self._logits, self._drafts = output.logits, drafts
-            self._hidden = output.hidden_states[-1] if self.speculator.reads_hidden_states else None
+            self._hidden = (
+                self.speculator.target_hidden(output.hidden_states)
+                if self.speculator.reads_hidden_states
+                else None
+            )
         mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
 
     def _sample_verified(self, logits: Any) -> None:

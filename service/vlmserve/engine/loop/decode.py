@@ -29,7 +29,7 @@ from vlmserve.engine.jobs import Job, JobKind, JobReport
 from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
 from vlmserve.engine.loop.kv_cache import new_prompt_cache, own_copy, views
 from vlmserve.engine.loop.model_inputs import ImageSpan, ModelInputs, build_model_inputs, prompt_image_spans
-from vlmserve.engine.loop.prefill import groupable, prefill_chunk, prompt_rest
+from vlmserve.engine.loop.prefill import HiddenReader, groupable, prefill_chunk, prompt_rest
 from vlmserve.engine.loop.prefix_cache import (
     PrefixCache,
     PromptImages,
@@ -73,12 +73,13 @@ class ActiveGeneration:
         prefill_chunk_tokens: int,
         prefix_cache: PrefixCache | None = None,
         vision_cache: VisionFeatureCache | None = None,
-        keep_prompt_hidden: bool = False,
+        keep_prompt_hidden: HiddenReader | None = None,
     ) -> None:
         self.job = job
-        # The prompt's last hidden states, per chunk run here, until a drafter model takes them
-        # (None: not kept; speculation/model_drafter.py).
-        self._prompt_hidden: list[Any] | None = [] if keep_prompt_hidden else None
+        # What a drafter model reads of the prompt's hidden states, per chunk run here, until it
+        # takes them (None: not kept; speculation/model_drafter.py, dflash_drafter.py).
+        self._hidden_reader = keep_prompt_hidden
+        self._prompt_hidden: list[Any] | None = [] if keep_prompt_hidden is not None else None
         self._loaded = loaded
         self._prefix_cache = prefix_cache
         self._vision_cache = vision_cache
@@ -195,8 +196,14 @@ class ActiveGeneration:
         assert inputs is not None
         start = self._prefilled
         end = start + self.next_chunk_tokens
+        reader, kept = self._hidden_reader, self._prompt_hidden
         logits = prefill_chunk(
-            self._loaded.model.language_model, inputs, self._cache, start, end, hidden=self._prompt_hidden
+            self._loaded.model.language_model,
+            inputs,
+            self._cache,
+            start,
+            end,
+            hidden=(reader, kept) if reader is not None and kept is not None else None,
         )
         if self._prompt_hidden and sum(h.shape[1] for h in self._prompt_hidden) > PROMPT_HIDDEN_POSITIONS:
             self._prompt_hidden = [mx.concatenate(self._prompt_hidden, axis=1)[:, -PROMPT_HIDDEN_POSITIONS:]]

@@ -38,7 +38,7 @@ from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
 from vlmserve.engine.model_lifecycle import ModelLifecycle
 from vlmserve.engine.prep.preparer import RequestPreparer
 from vlmserve.engine.speculation.drafter import SOURCES, SpeculationCounts, Speculator
-from vlmserve.engine.speculation.model_drafter import ModelDrafter, load_model_drafter
+from vlmserve.engine.speculation.model_drafter import AnyDrafter, load_model_drafter
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["Generator", "IntakeFactory"]
@@ -77,7 +77,7 @@ class Generator:
         self.vision_cache: VisionFeatureCache | None = None
         self._runner: StepRunner | None = None
         # --draft-model, loaded with the model (speculation/model_drafter.py).
-        self._model_drafter: ModelDrafter | None = None
+        self._model_drafter: AnyDrafter | None = None
         self.metrics.watch(self._state)
         # Whether the weights are in memory: --load lazy, --idle-unload-seconds (generation thread).
         self.lifecycle = ModelLifecycle(

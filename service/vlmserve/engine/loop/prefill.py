@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from vlmserve.engine.loop.kv_cache import merge_rows
 from vlmserve.engine.loop.model_inputs import ModelInputs
 from vlmserve.engine.speculation.rollback import verify_forward_kwargs
 
-__all__ = ["PrefilledGroup", "groupable", "prefill_chunk", "prefill_group", "prompt_rest"]
+__all__ = ["HiddenReader", "PrefilledGroup", "groupable", "prefill_chunk", "prefill_group", "prompt_rest"]
+
+
+class HiddenReader(Protocol):
+    """What a drafter model reads of the target's forwards (speculation/drafter.py `Speculator`):
+    the hidden states of these layers besides the last, and its input from them."""
+
+    @property
+    def capture_layer_ids(self) -> tuple[int, ...]: ...
+
+    def target_hidden(self, hidden_states: Any) -> Any: ...
+
 
 # Prefill arguments a shared, left-padded prefill forward knows how to carry (the grids only
 # matter to a forward that computes positions itself; this one is given them).
@@ -30,12 +41,13 @@ def prefill_chunk(
     start: int,
     end: int,
     *,
-    hidden: list[Any] | None = None,
+    hidden: tuple[HiddenReader, list[Any]] | None = None,
 ) -> Any:
     """Prompt positions [start, end) of one row on its own cache; the forward's logits
-    [1, end - start, vocab] (lazy). With `hidden`, the chunk's last hidden states [1, n, hidden]
-    are appended to it (a drafter model starts from them: speculation/model_drafter.py)."""
-    extra = verify_forward_kwargs(language_model) if hidden is not None else {}
+    [1, end - start, vocab] (lazy). With `hidden` (a reader, a list), what the reader reads of
+    the chunk's hidden states ([1, n, ...]) is appended to the list (a drafter model starts from
+    them: speculation/model_drafter.py, dflash_drafter.py)."""
+    extra = verify_forward_kwargs(language_model, hidden[0].capture_layer_ids) if hidden is not None else {}
     output = language_model(
         inputs.input_ids[:, start:end],
         inputs_embeds=inputs.embeds[:, start:end],
@@ -44,7 +56,7 @@ def prefill_chunk(
         **extra,
     )
     if extra and hidden is not None:
-        hidden.append(output.hidden_states[-1])
+        hidden[1].append(hidden[0].target_hidden(output.hidden_states))
     return output.logits
 
 

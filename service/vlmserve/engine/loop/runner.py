@@ -125,8 +125,7 @@ class StepRunner:
             prefill_chunk_tokens=self._chunk,
             prefix_cache=self._prefix_cache,
             vision_cache=self._vision_cache,
-            keep_prompt_hidden=self.batch.speculator is not None
-            and self.batch.speculator.reads_hidden_states,
+            keep_prompt_hidden=self.batch.speculator if self._reads_hidden_states else None,
         )
 
     def run_step(self, joined: Iterable[Job] = ()) -> StepResult:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vlmserve.engine.speculation.lookup import PromptLookup
-from vlmserve.engine.speculation.model_drafter import ModelDrafter
+from vlmserve.engine.speculation.model_drafter import AnyDrafter
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, verify_width
 
 __all__ = ["DraftingRow", "SpeculationCounts", "Speculator"]
@@ -73,7 +73,7 @@ class Speculator:
     position_cost: float = 0.065
     lookup: bool = True
     # mlx-vlm's drafter for rows lookup has nothing for (None: no drafter model).
-    model_drafter: ModelDrafter | None = None
+    model_drafter: AnyDrafter | None = None
     counts: SpeculationCounts = field(default_factory=SpeculationCounts)
     _rows: dict[int, _RowState] = field(default_factory=dict)
 
@@ -81,6 +81,16 @@ class Speculator:
     def reads_hidden_states(self) -> bool:
         """Whether every forward's last hidden states go to `follow` (a drafter model's rows)."""
         return self.model_drafter is not None
+
+    @property
+    def capture_layer_ids(self) -> tuple[int, ...]:
+        """The target layers whose hidden states the drafter model reads (besides the last)."""
+        return self.model_drafter.capture_layer_ids if self.model_drafter is not None else ()
+
+    def target_hidden(self, hidden_states: Any) -> Any:
+        """What the drafter model reads of a forward's `hidden_states` (there is one)."""
+        assert self.model_drafter is not None
+        return self.model_drafter.target_hidden(hidden_states)
 
     def drafts(self, rows: Sequence[DraftingRow], pending: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each row's drafts for this step (all empty: a plain step)."""

@@ -31,10 +31,10 @@ Wrapped where mlx-vlm's batched rounds fall short of our rows (docs/performance.
 Drafts are the drafter's argmax, so the acceptance rule's draft distribution is one-hot for every
 row, greedy or sampled (acceptance.py).
 
-Kinds: `mtp` heads (batched where mlx-vlm accepts ragged batches: Qwen3.5's,
-`supports_ragged_batch_acceptance`). DFlash, DSpark and EAGLE3 draft from hidden states of chosen
-target layers (`capture_layer_ids`) with a round loop of their own; they are refused at load with
-what they need (docs/models.md).
+Kinds: `mtp` heads here (batched where mlx-vlm accepts ragged batches: Qwen3.5's,
+`supports_ragged_batch_acceptance`); `dflash` drafters on mlx-vlm's `DFlashDraftModel` (DFlash,
+DFlash2, DSpark) in dflash_drafter.py. EAGLE3 (and the DFlash kinds with context state of their
+own) are refused at load with what they need (docs/models.md).
 """
 
 from __future__ import annotations
@@ -43,13 +43,25 @@ import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-__all__ = ["DraftModelError", "ModelDrafter", "load_model_drafter"]
+if TYPE_CHECKING:
+    from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
+
+__all__ = ["AnyDrafter", "DraftModelError", "ModelDrafter", "load_model_drafter"]
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_KINDS = ("mtp",)
+SUPPORTED_KINDS = ("mtp", "dflash")
+
+# Why a kind mlx-vlm loads is refused here.
+REFUSED_KINDS = {
+    "eagle3": (
+        "it drafts a token tree (DDTree) from a KV cache of its own that every round extends with "
+        "its drafts and rolls back, fed from the target's captured layers by mlx-vlm's own round "
+        "loop; not built for rows that join at any step and draft from other sources"
+    ),
+}
 
 
 class DraftModelError(ValueError):
@@ -78,6 +90,9 @@ class ModelDrafter:
     row where mlx-vlm's drafter accepts ragged batches (`supports_ragged_batch_acceptance`), else
     one state per row (its batched accept needs every row to accept the same count)."""
 
+    # The MTP heads read the target's last hidden states only.
+    capture_layer_ids: tuple[int, ...] = ()
+
     def __init__(self, model: Any, kind: str, target: Any) -> None:
         self.kind = kind
         self._model = model
@@ -92,6 +107,11 @@ class ModelDrafter:
             self._model.bind(target)
             self._target = target
             self._batches = []
+
+    @staticmethod
+    def target_hidden(hidden_states: Sequence[Any]) -> Any:
+        """The drafter's input from a forward's `hidden_states`: the last [rows, positions, hidden]."""
+        return hidden_states[-1]
 
     def _batch_of(self, row: object) -> _DraftBatch | None:
         return next((batch for batch in self._batches if id(row) in batch.order), None)
@@ -241,9 +261,15 @@ class ModelDrafter:
         return model
 
 
-def load_model_drafter(path: str, target: Any) -> ModelDrafter:
+# A loaded drafter model, whichever kind.
+AnyDrafter: TypeAlias = "ModelDrafter | DFlashDrafter"
+
+
+def load_model_drafter(path: str, target: Any) -> AnyDrafter:
     """mlx-vlm's drafter at `path` for the loaded `target` (its whole model)."""
     from mlx_vlm.speculative.drafters import load_drafter, validate_drafter_compatibility
+
+    from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter, check_dflash_drafter
 
     model: Any
     try:
@@ -252,17 +278,28 @@ def load_model_drafter(path: str, target: Any) -> ModelDrafter:
         raise DraftModelError(f"--draft-model {path}: {error}") from error
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if kind not in SUPPORTED_KINDS:
+        why = REFUSED_KINDS.get(kind, "not a kind this engine knows")
         raise DraftModelError(
             f"--draft-model {path}: a {kind} drafter (model_type {model_type}) is not supported: "
-            "it drafts from hidden states of chosen target layers with its own round loop; "
-            f"supported kinds: {', '.join(SUPPORTED_KINDS)}"
+            f"{why}; supported kinds: {', '.join(SUPPORTED_KINDS)}"
         )
+    dtype = target.language_model.model.embed_tokens.weight.dtype
+    drafter: AnyDrafter
     try:
         validate_drafter_compatibility(target, model, kind)
-        model.bind(target)
-        # The target's dtype (float32 on a CPU, see model.py): the hidden states it hands over.
-        model.set_dtype(target.language_model.model.embed_tokens.weight.dtype)
+        if kind == "dflash":
+            check_dflash_drafter(path, model, target)
+            # The target's dtype (float32 on a CPU, see model.py): the hidden states it hands
+            # over. Before binding: the bound embeddings are the target's own.
+            model.set_dtype(dtype)
+            drafter = DFlashDrafter(model, target)
+        else:
+            model.bind(target)
+            model.set_dtype(dtype)
+            drafter = ModelDrafter(model, kind, target)
+    except DraftModelError:
+        raise
     except (AttributeError, ValueError) as error:
         raise DraftModelError(f"--draft-model {path}: {error}") from error
     log.info("draft model %s: %s drafter (model_type %s)", path, kind, model_type)
-    return ModelDrafter(model, kind, target)
+    return drafter

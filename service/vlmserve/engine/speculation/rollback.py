@@ -46,14 +46,15 @@ def can_roll_back(caches: Sequence[Any]) -> bool:
     return bool(caches) and all(trimmable_batch(layer) or _recorded(layer) for layer in caches)
 
 
-def verify_forward_kwargs(language_model: Any) -> dict[str, Any]:
-    """Extra arguments of a verify forward: the last hidden states (a drafter model reads them)
-    for a target that speaks mlx-vlm's speculative protocol (`speculative_verify_hidden`).
+def verify_forward_kwargs(language_model: Any, capture_layer_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """Extra arguments of a verify forward: the last hidden states (a drafter model reads them),
+    after those of `capture_layer_ids` (a DFlash drafter's target layers), for a target that
+    speaks mlx-vlm's speculative protocol (`speculative_verify_hidden`).
     Asking for them also keeps Qwen3.5's forward on its batched path: without, a ragged batch
     runs row by row on extracted caches and swaps the batch's cache objects, which a transaction
     started on them would not see."""
     if callable(getattr(language_model, "speculative_verify_hidden", None)):
-        return {"return_hidden": True, "capture_layer_ids": []}
+        return {"return_hidden": True, "capture_layer_ids": list(capture_layer_ids)}
     return {}
 
 
