@@ -1,5 +1,5 @@
 """Each decoding row's drafts for a step: grammar fast-forward first, then prompt lookup, then a
-drafter model (`--draft-model`, model_drafter.py).
+drafter model (`--draft-model`, model_drafter.py, dflash_drafter.py).
 
 The batch (loop/batch.py) asks `Speculator.drafts()` once per step for every row, with the
 tokens the row has that are not accepted yet (`pending`: the previous step's, whose values the
@@ -108,10 +108,19 @@ class Speculator:
             offers.append(RowDrafts(len(drafts), rate))
         if wanting:
             assert self.model_drafter is not None
-            drafted = self.model_drafter.propose([rows[i] for i in wanting], counts)
-            for index, drafts in zip(wanting, drafted, strict=True):
-                proposals[index] = drafts
-                offers[index] = RowDrafts(len(drafts), self._rows[id(rows[index])].length.rate)
+            rates = [self._rows[id(rows[i])].length.rate for i in wanting]
+            # The widest step the drafter's rows could make worth it, if it drafted all they ask:
+            # when that is the plain step, the drafter is not run (its drafts would be cut).
+            hoped = list(offers)
+            for index, count, rate in zip(wanting, counts, rates, strict=True):
+                hoped[index] = RowDrafts(count, rate)
+            width = verify_width(hoped, position_cost=self.position_cost, max_width=self.max_draft + 1)
+            if width > 1:
+                asked = [min(count, width - 1) for count in counts]
+                drafted = self.model_drafter.propose([rows[i] for i in wanting], asked)
+                for index, drafts, rate in zip(wanting, drafted, rates, strict=True):
+                    proposals[index] = drafts
+                    offers[index] = RowDrafts(len(drafts), rate)
         width = verify_width(offers, position_cost=self.position_cost, max_width=self.max_draft + 1)
         return [drafts[: width - 1] for drafts in proposals]
 
