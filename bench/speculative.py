@@ -4,7 +4,7 @@ alternating, on one model.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m bench.speculative [--model DIR] [--speculative lookup|draft|auto] [--draft-model DIR]
-            [--rounds 3] [--out bench/results/speculative.json]
+            [--rounds 3] [--kv-bits 8|4 [--kv-quant-scheme turboquant]] [--out bench/results/speculative.json]
 
 Two in-process engines (Generator: the generation loop, no gRPC) on the same weights; each
 round runs every workload on one then the other (the order flips every round). Per workload and
@@ -63,13 +63,22 @@ TOOL_PARAMETERS = {
 }
 
 
-def start(model: str, speculative: str, max_tokens: int, draft_model: str | None = None) -> Generator:
+def start(
+    model: str,
+    speculative: str,
+    max_tokens: int,
+    draft_model: str | None = None,
+    kv_bits: int | None = None,
+    kv_quant_scheme: str = "uniform",
+) -> Generator:
     config = EngineConfig(
         model=model,
         max_output_tokens=max_tokens,
         prefix_cache_min_tokens=0,
         speculative=speculative,
         draft_model=draft_model if speculative != "off" else None,
+        kv_bits=kv_bits,
+        kv_quant_scheme=kv_quant_scheme,
     )
     generator = Generator(config)
     generator.start()
@@ -196,12 +205,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--workloads", nargs="+", default=["copy", "nothing", "schema", "tool", "concurrent8"]
     )
+    parser.add_argument(
+        "--kv-bits", type=int, choices=(4, 8), default=None, help="quantized KV (both engines)"
+    )
+    parser.add_argument("--kv-quant-scheme", choices=("uniform", "turboquant"), default="uniform")
     parser.add_argument("--out", type=Path, default=Path("bench/results/speculative.json"))
     args = parser.parse_args(argv)
     model = args.model if args.model is not None else build_bench_model(DEFAULT_DIR)[0]
     load_before = os.getloadavg()
     mode = args.speculative
-    engines = {name: start(str(model), name, args.max_tokens, args.draft_model) for name in ("off", mode)}
+    engines = {
+        name: start(str(model), name, args.max_tokens, args.draft_model, args.kv_bits, args.kv_quant_scheme)
+        for name in ("off", mode)
+    }
     work = {
         name: r for name, r in workloads(engines["off"], args.max_tokens).items() if name in args.workloads
     }
@@ -225,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "draft_model": args.draft_model,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
+        "kv_bits": args.kv_bits,
+        "kv_quant_scheme": args.kv_quant_scheme,
     }
     for workload in work:
         off, on = summarise(runs[workload]["off"]), summarise(runs[workload][mode])

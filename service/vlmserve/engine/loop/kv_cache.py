@@ -22,6 +22,12 @@ bits and a fixed seed, so every copy of a request's KV decodes the same way. mlx
 cache lacks the one-row merge and the right-padded group prefill (`prepare(right_padding)` /
 `finalize`) our loop uses; `_TurboBatch` adds them here.
 
+Speculative decoding's rollback (speculation/rollback.py) drops a verify forward's rejected
+positions through `roll_back_batch`, whatever the layout — full precision, uniform, turboquant,
+and sliding-window layers (`BatchRotatingKVCache`, also once wrapped) — and builds each verify
+forward inside `verify_forward`, which makes its logits the ones of the steps it replaces
+(docs/performance.md, "Speculative decoding").
+
 Generation thread only.
 """
 
