@@ -29,6 +29,8 @@ Families (directory name: what it stands for):
                      qwen3_5/mtp-drafter (speculative decoding's --draft-model)
   qwen3_5_dflash     the same Qwen3.5 and a DFlash drafter (mlx-vlm's qwen3_dflash) in
                      qwen3_5_dflash/dflash-drafter
+  qwen3_5_eagle3     Qwen3.5 with 4 layers and an EAGLE-3 drafter (mlx-vlm's eagle3) in
+                     qwen3_5_eagle3/eagle3-drafter
 """
 
 from __future__ import annotations

@@ -20,9 +20,15 @@ FAMILIES: dict[str, Family] = {
 }
 
 # Target with a drafter (its directory name) -> the function writing the drafter into the
-# target's directory (returns it): Qwen3.5 with its MTP head, and with a DFlash drafter.
+# target's directory (returns it): Qwen3.5 with its MTP head, with a DFlash drafter, and (4
+# layers) with an EAGLE-3 drafter.
 DRAFTER_FAMILIES = {
     **{family.name: family for family in qwen3_5.FAMILIES},
     **{f"{family.name}_dflash": family for family in qwen3_5.FAMILIES},
+    "qwen3_5_eagle3": qwen3_5.DEEP_FAMILY,
 }
-build_drafter = {"qwen3_5": qwen3_5.build_mtp_drafter, "qwen3_5_dflash": qwen3_5.build_dflash_drafter}
+build_drafter = {
+    "qwen3_5": qwen3_5.build_mtp_drafter,
+    "qwen3_5_dflash": qwen3_5.build_dflash_drafter,
+    "qwen3_5_eagle3": qwen3_5.build_eagle3_drafter,
+}

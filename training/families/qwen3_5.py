@@ -24,11 +24,21 @@ from ._base import HEAD_DIM, HIDDEN, KV_HEADS, Family, FamilyFiles, text_sizes
 from .qwen import _QWEN3_TOKENIZER, _qwen3_vl_files
 from .vocab import token_ids
 
-__all__ = ["DFLASH_DRAFTER_DIR", "FAMILIES", "MTP_DRAFTER_DIR", "build_dflash_drafter", "build_mtp_drafter"]
+__all__ = [
+    "DEEP_FAMILY",
+    "DFLASH_DRAFTER_DIR",
+    "EAGLE3_DRAFTER_DIR",
+    "FAMILIES",
+    "MTP_DRAFTER_DIR",
+    "build_dflash_drafter",
+    "build_eagle3_drafter",
+    "build_mtp_drafter",
+]
 
 # Where the family's drafters are written, inside the target's directory.
 MTP_DRAFTER_DIR = "mtp-drafter"
 DFLASH_DRAFTER_DIR = "dflash-drafter"
+EAGLE3_DRAFTER_DIR = "eagle3-drafter"
 
 
 def _text_config(vocab_size: int, eos: int) -> dict[str, Any]:
@@ -171,5 +181,70 @@ def build_dflash_drafter(target_dir: Path, *, seed: int = 2) -> Path:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     return out_dir
 
+
+def build_eagle3_drafter(target_dir: Path, *, seed: int = 3) -> Path:
+    """Write an EAGLE-3 drafter (random weights, a Speculators-style `eagle3` checkpoint as mlx-vlm
+    loads it) for the (4-layer, `DEEP_FAMILY`) target at `target_dir` into
+    `target_dir/eagle3-drafter`; returns the directory."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel, ModelConfig
+
+    target = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))["text_config"]
+    layers = int(target["num_hidden_layers"])
+    hidden = int(target["hidden_size"])
+    config = {
+        "model_type": "eagle3",
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {
+            "model_type": "llama",
+            "hidden_size": hidden,
+            "intermediate_size": target["intermediate_size"],
+            "num_hidden_layers": 1,
+            "num_attention_heads": HIDDEN // HEAD_DIM,
+            "num_key_value_heads": KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": target["vocab_size"],
+            "max_position_embeddings": target["max_position_embeddings"],
+            "rope_theta": 10_000.0,
+            "tie_word_embeddings": True,
+        },
+        "draft_vocab_size": target["vocab_size"],
+        "target_hidden_size": hidden,
+        "tie_word_embeddings": True,
+        # The three layers EAGLE-3 reads (HF hidden-state indexes: the outputs of layers 1-3).
+        "eagle_aux_hidden_state_layer_ids": [layers - 2, layers - 1, layers],
+        "block_size": 5,
+    }
+    out_dir = target_dir / EAGLE3_DRAFTER_DIR
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    mx.random.seed(seed)
+    model = Eagle3DraftModel(ModelConfig.from_dict(config))
+    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    weights = dict(flat)
+    # As the MTP head above: fc passes the last target layer's hidden state through and the
+    # layer adds little, so it proposes the target's own last prediction again (right on the
+    # fixture's greedy loops, wrong elsewhere), while its attention reads and writes its KV cache.
+    weights["fc.weight"] = mx.concatenate([mx.zeros((hidden, 2 * hidden)), mx.eye(hidden)], axis=1)
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * 0.05
+    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return out_dir
+
+
+def _qwen3_5_deep(tokenizer: Tokenizer) -> FamilyFiles:
+    """Qwen3.5 with 4 layers (linear, full, linear, full): EAGLE-3 reads three target layers."""
+    files = _qwen3_5(tokenizer)
+    files.config["text_config"]["num_hidden_layers"] = 4
+    return files
+
+
+DEEP_FAMILY = Family(
+    "qwen3_5", "qwen3_5", "Qwen/Qwen3.5-9B, 4 layers (+ an EAGLE-3 drafter)", _QWEN3_TOKENIZER, _qwen3_5_deep
+)
 
 FAMILIES = (Family("qwen3_5", "qwen3_5", "Qwen/Qwen3.5-9B (+ its MTP head)", _QWEN3_TOKENIZER, _qwen3_5),)

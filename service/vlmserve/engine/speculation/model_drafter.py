@@ -32,9 +32,13 @@ Drafts are the drafter's argmax, so the acceptance rule's draft distribution is 
 row, greedy or sampled (acceptance.py).
 
 Kinds: `mtp` heads here (batched where mlx-vlm accepts ragged batches: Qwen3.5's,
-`supports_ragged_batch_acceptance`); `dflash` drafters on mlx-vlm's `DFlashDraftModel` (DFlash,
-DFlash2, DSpark) in dflash_drafter.py. EAGLE3 (and the DFlash kinds with context state of their
-own) are refused at load with what they need (docs/models.md).
+`supports_ragged_batch_acceptance`), and `eagle3` drafters, which speak the same protocol
+(`prefill_from_target_hidden`, `draft_block`, `accept_verified_tokens`) on the hidden states of
+three chosen target layers (their config's `capture_layer_ids`, asked of every forward with
+mlx-vlm's `capture_layer_ids`, side by side): one state per row (they do not declare ragged
+batched accepts). `dflash` drafters on mlx-vlm's `DFlashDraftModel` (DFlash, DFlash2, DSpark) are
+dflash_drafter.py's; the DFlash kinds with context state of their own are refused at load with
+why (docs/models.md).
 """
 
 from __future__ import annotations
@@ -52,16 +56,7 @@ __all__ = ["AnyDrafter", "DraftModelError", "ModelDrafter", "load_model_drafter"
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_KINDS = ("mtp", "dflash")
-
-# Why a kind mlx-vlm loads is refused here.
-REFUSED_KINDS = {
-    "eagle3": (
-        "it drafts a token tree (DDTree) from a KV cache of its own that every round extends with "
-        "its drafts and rolls back, fed from the target's captured layers by mlx-vlm's own round "
-        "loop; not built for rows that join at any step and draft from other sources"
-    ),
-}
+SUPPORTED_KINDS = ("mtp", "dflash", "eagle3")
 
 
 class DraftModelError(ValueError):
@@ -90,11 +85,11 @@ class ModelDrafter:
     row where mlx-vlm's drafter accepts ragged batches (`supports_ragged_batch_acceptance`), else
     one state per row (its batched accept needs every row to accept the same count)."""
 
-    # The MTP heads read the target's last hidden states only.
-    capture_layer_ids: tuple[int, ...] = ()
-
-    def __init__(self, model: Any, kind: str, target: Any) -> None:
+    def __init__(self, model: Any, kind: str, target: Any, capture_layer_ids: Sequence[int] = ()) -> None:
         self.kind = kind
+        # The target layers whose hidden states the drafter reads, side by side (EAGLE-3's three);
+        # none: the last hidden states (the MTP heads).
+        self.capture_layer_ids = tuple(capture_layer_ids)
         self._model = model
         self._target = target
         self._shared = bool(getattr(model, "supports_ragged_batch_acceptance", False))
@@ -108,10 +103,15 @@ class ModelDrafter:
             self._target = target
             self._batches = []
 
-    @staticmethod
-    def target_hidden(hidden_states: Sequence[Any]) -> Any:
-        """The drafter's input from a forward's `hidden_states`: the last [rows, positions, hidden]."""
-        return hidden_states[-1]
+    def target_hidden(self, hidden_states: Sequence[Any]) -> Any:
+        """The drafter's input from a forward's `hidden_states` (the captured layers in layer
+        order, then the last): the captured ones side by side, else the last
+        [rows, positions, hidden]."""
+        import mlx.core as mx
+
+        if not self.capture_layer_ids:
+            return hidden_states[-1]
+        return mx.concatenate(list(hidden_states[: len(self.capture_layer_ids)]), axis=-1)
 
     def _batch_of(self, row: object) -> _DraftBatch | None:
         return next((batch for batch in self._batches if id(row) in batch.order), None)
@@ -278,10 +278,9 @@ def load_model_drafter(path: str, target: Any) -> AnyDrafter:
         raise DraftModelError(f"--draft-model {path}: {error}") from error
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if kind not in SUPPORTED_KINDS:
-        why = REFUSED_KINDS.get(kind, "not a kind this engine knows")
         raise DraftModelError(
             f"--draft-model {path}: a {kind} drafter (model_type {model_type}) is not supported: "
-            f"{why}; supported kinds: {', '.join(SUPPORTED_KINDS)}"
+            f"not a kind this engine knows; supported kinds: {', '.join(SUPPORTED_KINDS)}"
         )
     dtype = target.language_model.model.embed_tokens.weight.dtype
     drafter: AnyDrafter
@@ -294,12 +293,34 @@ def load_model_drafter(path: str, target: Any) -> AnyDrafter:
             model.set_dtype(dtype)
             drafter = DFlashDrafter(model, target)
         else:
+            captured = _eagle3_layers(path, model, target) if kind == "eagle3" else ()
             model.bind(target)
             model.set_dtype(dtype)
-            drafter = ModelDrafter(model, kind, target)
+            drafter = ModelDrafter(model, kind, target, captured)
     except DraftModelError:
         raise
     except (AttributeError, ValueError) as error:
         raise DraftModelError(f"--draft-model {path}: {error}") from error
     log.info("draft model %s: %s drafter (model_type %s)", path, kind, model_type)
     return drafter
+
+
+def _eagle3_layers(path: str, model: Any, target: Any) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 drafter reads (its config's `capture_layer_ids`, as mlx-vlm's
+    `_eagle3_capture_layer_ids`), in layer order; refused when the target cannot give them."""
+    layers = len(target.language_model.model.layers)
+    wanted = [int(i) for i in model.config.capture_layer_ids]
+    if any(not 0 <= i < layers for i in wanted):
+        raise DraftModelError(
+            f"--draft-model {path}: the drafter reads target layers {wanted}, the target has {layers}"
+        )
+    captured = tuple(sorted(set(wanted)))
+    target_hidden = int(target.language_model.model.embed_tokens.weight.shape[1])
+    width = int(model.fc.weight.shape[1])
+    if len(captured) * target_hidden != width:
+        raise DraftModelError(
+            f"--draft-model {path}: the drafter reads {width // max(1, target_hidden)} target hidden states "
+            f"of {target_hidden}, its capture_layer_ids {wanted} give {len(captured)} (target hidden size "
+            f"{target_hidden}, the drafter's fc takes {width})"
+        )
+    return captured
