@@ -2,9 +2,9 @@
 lossless: on a 4-layer Qwen3.5 fixture with an EAGLE-3 drafter reading three target layers'
 hidden states (training/families/qwen3_5.py `build_eagle3_drafter`), every request generates
 exactly the tokens and usage it generates with `--speculative off`, greedy and seeded, alone and
-in a mixed batch, rows leaving mid-verify; its drafter state is a row's own (mlx-vlm's EAGLE-3
-accepts no ragged batches: model_drafter.py's per-row states); a drafter reading layers the
-target cannot give fails the load with why.
+in a mixed batch, rows leaving mid-verify; its rows share one batched drafter state
+(model_drafter.py) that drafts exactly what one state per row drafts; a drafter reading layers
+the target cannot give fails the load with why.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_eagle3_rows_take_the_tokens_they_take_without_speculation(
         json.loads(together["schema"].result.text)
     assert generator._runner is not None
     drafter = generator._runner.batch.speculator.model_drafter  # type: ignore[union-attr]
-    assert isinstance(drafter, ModelDrafter) and drafter.kind == "eagle3" and not drafter._shared
+    assert isinstance(drafter, ModelDrafter) and drafter.kind == "eagle3" and drafter._shared
     assert drafter.capture_layer_ids == (1, 2, 3)
     drafted = _count(engines["draft"], "drafted_tokens", "draft") - drafted_before
     accepted = _count(engines["draft"], "accepted_tokens", "draft") - accepted_before
@@ -100,6 +100,51 @@ def test_eagle3_rows_leaving_mid_verify_change_no_other_row(
     drafted = _run(engines["draft"], requests, f"leaving-{temperature}")
     for name in requests:
         assert _tokens(engines["draft"], drafted[name]) == _tokens(engines["off"], expected[name]), name
+
+
+def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
+    engines: dict[str, Generator], eagle3: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared drafter batch (rows joining and leaving, ragged accepts) proposes the drafts one
+    drafter state per row proposes: the same drafts verified and accepted, the same tokens."""
+    held: list[int] = []  # rows in the drafter's largest state, per propose
+    propose = ModelDrafter.propose
+
+    def recorded(self: ModelDrafter, rows: Any, counts: Any) -> list[list[int]]:
+        held.append(max((len(batch.order) for batch in self._batches), default=0))
+        return propose(self, rows, counts)
+
+    monkeypatch.setattr(ModelDrafter, "propose", recorded)
+    target, drafter = eagle3
+    base = _requests(engines["off"], 0.0)
+    requests = {
+        f"{name}-{limit}": dataclasses.replace(
+            request, settings=dataclasses.replace(request.settings, max_tokens=limit)
+        )
+        for name, request in base.items()
+        for limit in (7, 13, 40)
+    }
+    per_row = _generator("draft", target, max_active=16, max_queue=64, draft_model=str(drafter))
+    try:
+        assert per_row._runner is not None and per_row._runner.batch.speculator is not None
+        alone = per_row._runner.batch.speculator.model_drafter
+        assert isinstance(alone, ModelDrafter)
+        alone._shared = False
+        counts = {}
+        for name, generator in (("shared", engines["draft"]), ("per-row", per_row)):
+            before = [_count(generator, metric, "draft") for metric in ("drafted_tokens", "accepted_tokens")]
+            jobs = _run(generator, requests, f"batched-{name}")
+            after = [_count(generator, metric, "draft") for metric in ("drafted_tokens", "accepted_tokens")]
+            counts[name] = (
+                [b - a for a, b in zip(before, after, strict=True)],
+                {n: _tokens(generator, job) for n, job in jobs.items()},
+            )
+            if name == "shared":
+                assert max(held) >= 2, held
+    finally:
+        per_row.stop()
+    assert counts["shared"] == counts["per-row"]
+    assert counts["shared"][0][1] > 0
 
 
 @pytest.mark.parametrize(

@@ -35,10 +35,10 @@ Kinds: `mtp` heads here (batched where mlx-vlm accepts ragged batches: Qwen3.5's
 `supports_ragged_batch_acceptance`), and `eagle3` drafters, which speak the same protocol
 (`prefill_from_target_hidden`, `draft_block`, `accept_verified_tokens`) on the hidden states of
 three chosen target layers (their config's `capture_layer_ids`, asked of every forward with
-mlx-vlm's `capture_layer_ids`, side by side): one state per row (they do not declare ragged
-batched accepts). `dflash` drafters on mlx-vlm's `DFlashDraftModel` (DFlash, DFlash2, DSpark) are
-dflash_drafter.py's; the DFlash kinds with context state of their own are refused at load with
-why (docs/models.md).
+mlx-vlm's `capture_layer_ids`, side by side), batched as the ragged MTP heads are (their batched
+accept takes ragged counts: `requires_uniform_batch_acceptance` False). `dflash` drafters on
+mlx-vlm's `DFlashDraftModel` (DFlash, DFlash2, DSpark) are dflash_drafter.py's; the DFlash kinds
+with context state of their own are refused at load with why (docs/models.md).
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ class _DraftBatch:
 
 class ModelDrafter:
     """A loaded drafter bound to the target, and its rows' drafter states: one batch for every
-    row where mlx-vlm's drafter accepts ragged batches (`supports_ragged_batch_acceptance`), else
+    row where mlx-vlm's drafter accepts ragged batches (`supports_ragged_batch_acceptance`, or
+    `requires_uniform_batch_acceptance` False: EAGLE-3), else
     one state per row (its batched accept needs every row to accept the same count)."""
 
     def __init__(self, model: Any, kind: str, target: Any, capture_layer_ids: Sequence[int] = ()) -> None:
@@ -92,7 +93,12 @@ class ModelDrafter:
         self.capture_layer_ids = tuple(capture_layer_ids)
         self._model = model
         self._target = target
-        self._shared = bool(getattr(model, "supports_ragged_batch_acceptance", False))
+        # Ragged batched accepts: declared (Qwen3.5's MTP head), or a drafter whose batched
+        # accept does not need uniform counts (EAGLE-3's right-pads each row's tokens, and
+        # mlx-vlm's own `_eagle3_rounds_batch` hands it ragged counts).
+        self._shared = bool(getattr(model, "supports_ragged_batch_acceptance", False)) or (
+            getattr(model, "requires_uniform_batch_acceptance", True) is False
+        )
         self._batches: list[_DraftBatch] = []
 
     def bind(self, target: Any) -> None:
