@@ -22,7 +22,7 @@ from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
 
 from .test_speculative_decoding import _generator, _requests
-from .test_speculative_dflash import _load_error
+from .test_speculative_dflash import _load_error, check_seeded_distribution
 from .test_speculative_drafter import _count, _logprobs, _run, _tokens
 
 pytestmark = pytest.mark.needs_model
@@ -145,6 +145,11 @@ def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
         per_row.stop()
     assert counts["shared"] == counts["per-row"]
     assert counts["shared"][0][1] > 0
+
+
+@pytest.mark.slow
+def test_seeded_sampling_through_eagle3_keeps_the_target_distribution(engines: dict[str, Generator]) -> None:
+    check_seeded_distribution(engines)
 
 
 @pytest.mark.parametrize(
