@@ -90,9 +90,9 @@ def check_dflash_drafter(path: str, model: Any, target: Any) -> None:
     if not isinstance(model, DFlashDraftModel) or callable(getattr(model, "prepare_target_hidden", None)):
         raise DraftModelError(
             f"--draft-model {path}: the dflash drafter {type(model).__name__} (model_type {model_type}) "
-            "is not supported: it keeps its own context state (rotating caches or prepared target "
-            "hidden states) that only mlx-vlm's single-sequence round loop feeds; supported: "
-            "drafters on mlx-vlm's DFlashDraftModel (qwen3_dflash, dflash2, dspark)"
+            "is not supported: its context state (rotating caches, prepared target hidden states) is "
+            "not mlx-vlm's DFlashDraftModel's, whose draft_block and context feeding this engine "
+            "drives per row (untested on others); supported: qwen3_dflash, dflash2, dspark"
         )
     try:
         validate_dflash_target(model.config, target, "DFlash")
