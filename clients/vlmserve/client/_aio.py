@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -32,10 +32,15 @@ class AsyncEngineClient(EngineClientBase[grpc.aio.Channel]):
         return call.decode(response)
 
     async def generate(
-        self, request: pb.GenerateRequest, *, timeout: float | None = None
+        self,
+        request: pb.GenerateRequest,
+        *,
+        timeout: float | None = None,
+        held: Mapping[str, str] | None = None,
     ) -> AsyncIterator[pb.GenerateResponse]:
-        """Stream chunks, then one `complete`. Leaving the loop early cancels the call."""
-        stream = self._start_generate(request, timeout)
+        """Stream chunks, then one `complete`. Leaving the loop early cancels the call.
+        `held`: the texts a request holds apart (`vlmserve.common.wire_encode.HeldTexts`)."""
+        stream = self._start_generate(request, timeout, held)
         try:
             async for response in stream.call:
                 yield response

@@ -4,7 +4,7 @@ its failure is mapped. The two clients differ only in how they wait for the tran
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.trace import Span, StatusCode
 
 from vlmserve.common.tracing import client_span, inject_metadata
+from vlmserve.common.wire_encode import encode
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -51,6 +52,23 @@ def _serving(response: health_pb2.HealthCheckResponse) -> bool:
 
 def _as_is(response: Any) -> Any:
     return response
+
+
+class _Encoded:
+    """A request's bytes, given to gRPC once. grpc's call object keeps its request until the
+    call ends; its serializer takes the bytes out, so they go once sent (gRPC copies them)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def take(self) -> bytes:
+        data, self._data = self._data, b""
+        return data
+
+
+_GENERATE = "/vlmserve.engine.v1.EngineService/Generate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +149,14 @@ class EngineClientBase(Generic[ChannelT]):
         self._stub: pb_grpc.EngineServiceStub | pb_grpc.EngineServiceAsyncStub = pb_grpc.EngineServiceStub(
             either
         )
+        # Generate's request is written by `wire_encode.encode` (the same bytes as protobuf's, a
+        # long text written from the caller's string a slice at a time) and sent as it is.
+        self._generate = either.unary_stream(
+            _GENERATE,
+            request_serializer=_Encoded.take,
+            response_deserializer=pb.GenerateResponse.FromString,
+            _registered_method=True,
+        )
         self._health = health_pb2_grpc.HealthStub(either)
         self._metadata = auth_metadata(token)
         self.deadlines = deadlines
@@ -148,10 +174,12 @@ class EngineClientBase(Generic[ChannelT]):
             channel = self._transport.insecure_channel(target, options=options)
         return channel
 
-    def _start_generate(self, request: pb.GenerateRequest, timeout: float | None) -> StreamCall:
+    def _start_generate(
+        self, request: pb.GenerateRequest, timeout: float | None, held: Mapping[str, str] | None
+    ) -> StreamCall:
         span = client_span("Generate")
-        call = self._stub.Generate(
-            request,
+        call = self._generate(
+            _Encoded(encode(request, held or {})),
             timeout=timeout or self.deadlines.generate,
             metadata=inject_metadata(self._metadata, span),
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TypeVar
 
@@ -31,10 +31,15 @@ class EngineClient(EngineClientBase[grpc.Channel]):
         return call.decode(response)
 
     def generate(
-        self, request: pb.GenerateRequest, *, timeout: float | None = None
+        self,
+        request: pb.GenerateRequest,
+        *,
+        timeout: float | None = None,
+        held: Mapping[str, str] | None = None,
     ) -> Iterator[pb.GenerateResponse]:
-        """Stream chunks, then one `complete`. Closing the iterator early cancels the call."""
-        stream = self._start_generate(request, timeout)
+        """Stream chunks, then one `complete`. Closing the iterator early cancels the call.
+        `held`: the texts a request holds apart (`vlmserve.common.wire_encode.HeldTexts`)."""
+        stream = self._start_generate(request, timeout, held)
         try:
             yield from stream.call
         except grpc.RpcError as error:

@@ -4,15 +4,18 @@ upb's `ByteSize()` encodes the message to measure it: for a request holding a 30
 is twice the text for a moment (the encoder's buffer grows by doubling), only to learn a number.
 Here each field is measured where it is: a string or bytes field is read once (one copy of it,
 for a moment), everything else costs nothing. Unknown fields are not counted (our own messages,
-built or decoded by this version, have none).
+built or decoded by this version, have none). With `held` (`wire_encode.HeldTexts`), a marker is
+measured as the text it stands for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-__all__ = ["wire_size"]
+__all__ = ["utf8_length", "wire_size"]
 
 _TYPE = FieldDescriptor
 _VARINT = frozenset(
@@ -26,8 +29,11 @@ _FIXED64 = frozenset({_TYPE.TYPE_FIXED64, _TYPE.TYPE_SFIXED64, _TYPE.TYPE_DOUBLE
 _SLICE_CHARS = 1 << 20
 
 
-def wire_size(message: Message) -> int:
-    """`message.ByteSize()`, without encoding the message."""
+_NO_TEXTS: Mapping[str, str] = {}
+
+
+def wire_size(message: Message, held: Mapping[str, str] = _NO_TEXTS) -> int:
+    """`message.ByteSize()`, without encoding the message; each marker of `held` counts as its text."""
     size = 0
     for field, value in message.ListFields():
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
@@ -35,24 +41,24 @@ def wire_size(message: Message) -> int:
             return message.ByteSize()
         tag = _varint_size(field.number << 3)
         if not field.is_repeated:
-            size += tag + _value_size(field, value)
+            size += tag + _value_size(field, value, held)
         elif field.is_packed:
             payload = sum(_scalar_size(field.type, item) for item in value)
             size += tag + _varint_size(payload) + payload
         else:
-            size += sum(tag + _value_size(field, item) for item in value)
+            size += sum(tag + _value_size(field, item, held) for item in value)
     return size
 
 
-def _value_size(field: FieldDescriptor, value: object) -> int:
+def _value_size(field: FieldDescriptor, value: object, held: Mapping[str, str]) -> int:
     """One value's bytes after its tag (with its length, where it has one)."""
     if field.type == _TYPE.TYPE_MESSAGE:
         assert isinstance(value, Message)
-        inner = wire_size(value)
+        inner = wire_size(value, held)
         return _varint_size(inner) + inner
     if field.type == _TYPE.TYPE_STRING:
         assert isinstance(value, str)
-        length = _utf8_length(value)
+        length = utf8_length(held.get(value, value))
         return _varint_size(length) + length
     if field.type == _TYPE.TYPE_BYTES:
         assert isinstance(value, bytes)
@@ -80,7 +86,8 @@ def _varint_size(value: int) -> int:
     return max(1, (value.bit_length() + 6) // 7)
 
 
-def _utf8_length(text: str) -> int:
+def utf8_length(text: str) -> int:
+    """The length of `text` in UTF-8, without encoding it whole."""
     if text.isascii():
         return len(text)
     return sum(

@@ -13,6 +13,7 @@ from typing import Any
 
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
+from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import item_image_count
@@ -34,7 +35,7 @@ from ._input_models import (
 from ._json import join
 from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
 from ._output_models import CustomToolCallItem, FunctionCallItem, OutputItem, OutputMessage, ReasoningItem
-from ._parts import add_message_part, add_tool_output_part
+from ._parts import add_message_part, add_tool_output_part, hold
 from ._validation import RequestModel
 
 __all__ = [
@@ -151,10 +152,15 @@ def typed_items(
 
 
 def typed_items_to_messages(
-    typed: Iterable[tuple[str, Any]], *, media: MediaPolicy, call_name: CallNamer | None = None
+    typed: Iterable[tuple[str, Any]],
+    *,
+    media: MediaPolicy,
+    call_name: CallNamer | None = None,
+    held: HeldTexts | None = None,
 ) -> list[pb.Message]:
-    """Items from `typed_items`, in order, as raw contract messages (images decoded here)."""
-    converter = _ItemConverter(media, call_name or bare_call_name)
+    """Items from `typed_items`, in order, as raw contract messages (images decoded here).
+    With `held`, long texts are held there and their markers put in the messages."""
+    converter = _ItemConverter(media, call_name or bare_call_name, held)
     for path, item in typed:
         converter.add(item, path)
     return converter.messages
@@ -194,9 +200,10 @@ def _resolve(reference: ItemReferenceParam, path: str, resolve_item: ItemResolve
 
 
 class _ItemConverter:
-    def __init__(self, media: MediaPolicy, call_name: CallNamer) -> None:
+    def __init__(self, media: MediaPolicy, call_name: CallNamer, held: HeldTexts | None = None) -> None:
         self.messages: list[pb.Message] = []
         self._media = media
+        self._held = held
         self._call_name = call_name
         # Reasoning items waiting for the assistant turn they preceded.
         self._reasoning: list[str] = []
@@ -263,10 +270,10 @@ class _ItemConverter:
         # Parts are added in place: a part built apart is copied into the message.
         message = pb.Message(role=role, reasoning_text=reasoning)
         if isinstance(item.content, str):
-            message.parts.add().text.text = item.content
+            message.parts.add().text.text = hold(self._held, item.content)
         else:
             for index, part in enumerate(item.content):
-                add_message_part(message.parts, part, join(content_path, index), self._media)
+                add_message_part(message.parts, part, join(content_path, index), self._media, self._held)
         self.messages.append(message)
 
     def _add_call(self, call_id: str, name: str, arguments: str, kind: pb.ToolKind.ValueType) -> None:
@@ -295,11 +302,12 @@ class _ItemConverter:
         message = pb.Message(role=pb.ROLE_TOOL, tool_output=pb.ToolOutput(call_id=call_id, kind=kind))
         tool_output = message.tool_output
         if isinstance(output, str):
-            tool_output.text = output
+            tool_output.text = hold(self._held, output)
         else:
             tool_output.parts.SetInParent()
             for index, part in enumerate(output):
-                add_tool_output_part(tool_output.parts.parts, part, join(output_path, index), self._media)
+                path = join(output_path, index)
+                add_tool_output_part(tool_output.parts.parts, part, path, self._media, self._held)
         self.messages.append(message)
 
 

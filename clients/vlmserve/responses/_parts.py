@@ -12,6 +12,7 @@ from typing import Any
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
@@ -28,34 +29,54 @@ from ._input_models import (
 from ._json import join
 from ._media import MediaPolicy, parse_detail
 
-__all__ = ["IMAGE_PART_TYPES", "TEXT_PART_TYPES", "PartList", "add_message_part", "add_tool_output_part"]
+__all__ = [
+    "IMAGE_PART_TYPES",
+    "TEXT_PART_TYPES",
+    "PartList",
+    "add_message_part",
+    "add_tool_output_part",
+    "hold",
+]
 
 # A contract message's repeated parts, filled in place.
 PartList = RepeatedCompositeFieldContainer[pb.Part]
 
 
-def add_message_part(parts: PartList, part: Any, path: str, media: MediaPolicy) -> None:
+def hold(held: HeldTexts | None, text: str) -> str:
+    """What a message gets for a client's text: with `held`, a long one stays the client's
+    string (held there, a marker in the message): upb would hold it once more, and its reading
+    for the request's bytes once again (docs/hardening.md, "Memory per request byte")."""
+    return text if held is None else held.hold(text)
+
+
+def add_message_part(
+    parts: PartList, part: Any, path: str, media: MediaPolicy, held: HeldTexts | None = None
+) -> None:
     """A validated part of a message item's `content`, added to `parts` (a file may add several)."""
     if isinstance(part, RefusalPartParam):
-        parts.add().text.text = part.refusal
+        parts.add().text.text = hold(held, part.refusal)
         return
-    _add_known_part(parts, part, path, media)
+    _add_known_part(parts, part, path, media, held)
 
 
-def add_tool_output_part(parts: PartList, part: Any, path: str, media: MediaPolicy) -> None:
+def add_tool_output_part(
+    parts: PartList, part: Any, path: str, media: MediaPolicy, held: HeldTexts | None = None
+) -> None:
     """A validated part of a tool output array, added to `parts`; a part of another kind is
     kept as its JSON."""
     if isinstance(part, dict):
         parts.add().json.json = json.dumps(part, ensure_ascii=False)
         return
-    _add_known_part(parts, part, path, media)
+    _add_known_part(parts, part, path, media, held)
 
 
-def _add_known_part(parts: PartList, part: Any, path: str, media: MediaPolicy) -> None:
+def _add_known_part(
+    parts: PartList, part: Any, path: str, media: MediaPolicy, held: HeldTexts | None
+) -> None:
     # Built where it stays: protobuf copies a message put into another, so a part made apart
     # and then added would hold a 30 MiB text two or three times (docs/hardening.md).
     if isinstance(part, TextPartParam):
-        parts.add().text.text = part.text
+        parts.add().text.text = hold(held, part.text)
     elif isinstance(part, InputImagePartParam):
         parts.add().image.CopyFrom(_input_image(part, path, media))
     elif isinstance(part, ChatImagePartParam):

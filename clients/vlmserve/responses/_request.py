@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
+from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import contract_image_count
@@ -55,6 +56,10 @@ class TranslatedRequest:
     # `input` as contract messages, its tool calls under their own kinds (the request's show
     # custom calls as functions): what a later turn replays instead of translating the items again.
     input_messages: list[pb.Message] = field(default_factory=list)
+    # The input's long texts, when the caller asked for them held (`build_generate_request`'s
+    # `held`): `request` and `input_messages` hold their markers, and are measured, sent and
+    # stored with these (`wire_size`, `encode`, `AsyncEngineClient.generate(held=)`).
+    held: HeldTexts | None = None
     # Hosted tools we cannot run, left out of the prompt (types, e.g. "web_search").
     ignored_tools: list[str] = field(default_factory=list)
     # Offered tool name -> the tool as the client declared it (namespace, custom); pass this
@@ -148,6 +153,7 @@ def build_generate_request(
     document_limits: DocumentLimits | None = None,
     pdf_renderer: PdfRenderer | None = None,
     max_images: int | None = None,
+    held: HeldTexts | None = None,
 ) -> TranslatedRequest:
     """Validate a Responses request body and translate it for the engine.
 
@@ -161,6 +167,8 @@ def build_generate_request(
     `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files);
     `pdf_renderer` renders them (none: `render_pdf`, in this process). `max_images` bounds the
     images of the whole conversation, earlier turns and PDF pages included (None: no bound).
+    `held`: the input's long texts are held there, their markers in the request (for a caller
+    that sends it with `vlmserve.common.wire_encode.encode`; the result's `held`).
     A typed `body` (another API's request translated to Responses models) is not parsed again.
     """
     parsed = body if isinstance(body, CreateResponseBody) else parse_body(body)
@@ -185,7 +193,7 @@ def build_generate_request(
     input_items = typed_items(input_entries(parsed.input), media=media, resolve_item=resolve_item)
     media.budget.check_images()
     replayed = typed_items_to_messages(replay_items, media=media, call_name=tools.call_name)
-    current = typed_items_to_messages(input_items, media=media, call_name=tools.call_name)
+    current = typed_items_to_messages(input_items, media=media, call_name=tools.call_name, held=held)
     require_content(current)
     conversation = with_instructions(instructions, [*history, *replayed, *current])
 
@@ -234,6 +242,7 @@ def build_generate_request(
         request=request,
         input_items=_raw_items(body["input"] if isinstance(body, Mapping) else _input_json(parsed)),
         input_messages=input_messages,
+        held=held,
         call_name=tools.call_name,
         ignored_tools=tools.ignored,
         offered_tools=tools.offered,

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,8 @@ class EngineCall:
     # This facade's engine calls, handed out fairly by owner (key_admission.py); None: unbounded.
     slots: EngineSlots | None = None
     owner: str = ""
+    # The texts `request` holds apart (`TranslatedRequest.held`), written into it as it is sent.
+    held: Mapping[str, str] | None = None
     # Set by `close()`: the call is over (and, as its reader closes it last, the response too).
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     # perf_counter times (metrics): made, and the first output chunk from the engine.
@@ -188,7 +190,7 @@ class EngineCall:
         if self.slots is not None and not self._slot_held:
             await self.slots.acquire(self.owner)
             self._slot_held = True
-        self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+        self._stream = self.engine.generate(self.request, timeout=self.timeout_s, held=self.held)
         return await anext(self._stream)
 
     def _release(self) -> None:

@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, EngineError
 from vlmserve.common.documents import DocumentLimits
+from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
@@ -129,9 +130,11 @@ class ResponsesService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._translators, functools.partial(function, *args, **kwargs))
 
-    async def translate(self, body: object, *, owner: str = "") -> Translation:
+    async def translate(self, body: object, *, owner: str = "", hold_texts: bool = False) -> Translation:
         """Validate and translate a request body, with its replayed history, for its model's
-        engines (the history is rendered by the new model's template, whichever model made it)."""
+        engines (the history is rendered by the new model's template, whichever model made it).
+        `hold_texts`: the input's long texts stay the client's strings (`TranslatedRequest.held`),
+        for a request sent by `generate` and stored by this store, which write them in place."""
         if not isinstance(body, Mapping | CreateResponseBody):
             raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
         model = await self._model(body, owner)
@@ -161,11 +164,12 @@ class ResponsesService:
                 document_limits=self.document_limits(allowed_images, model.files),
                 pdf_renderer=renderer,
                 max_images=allowed_images,
+                held=HeldTexts() if hold_texts else None,
             ),
             with_files=has_file_parts(_field(body, "input")) or has_file_parts(replay.items),
         )
         # Measured where it is: ByteSize() would encode the request (twice its size, for a moment).
-        if wire_size(translated.request) > MAX_MESSAGE_BYTES:
+        if wire_size(translated.request, translated.held or {}) > MAX_MESSAGE_BYTES:
             raise request_too_large_for_engine()
         request = translated.request
         # The engine checks it names its model (its own id, not the facade's).
@@ -208,7 +212,7 @@ class ResponsesService:
         self._documents.close()
 
     async def prepare(self, body: object, *, owner: str = "") -> Generation:
-        translation = await self.translate(body, owner=owner)
+        translation = await self.translate(body, owner=owner, hold_texts=True)
         translated, info, model = translation.translated, translation.info, translation.model
         if translated.store or translated.conversation_id is not None:
             if self.disk is not None:
@@ -217,7 +221,7 @@ class ResponsesService:
                 self.store,
                 self.settings.storage,
                 owner=owner,
-                adding=stored_size(translation.input_items, translated.input_messages),
+                adding=stored_size(translation.input_items, translated.input_messages, translated.held),
                 conversation_id=translated.conversation_id,
                 param="input",
             )
@@ -251,6 +255,7 @@ class ResponsesService:
             retry_after_s=self.settings.retry_after_s,
             slots=self.slots,
             owner=owner,
+            held=translated.held,
         )
         recorder = ResponseRecorder(
             self.store,

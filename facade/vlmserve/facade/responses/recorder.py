@@ -68,6 +68,7 @@ class ResponseRecorder:
                 conversation_id=self.conversation_id,
                 input_messages=self.translated.input_messages,
                 max_stored_bytes=self.max_stored_bytes,
+                held=self.translated.held,
             )
         )
         try:
@@ -129,4 +130,5 @@ class ResponseRecorder:
             events=[event.to_json() for event in final] if self.on_events is not None else (),
             # The conversation continues with the model that answered last.
             conversation_model=resource.model,
+            held=self.translated.held,
         )

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.store.database import (
     Database,
@@ -22,7 +23,7 @@ from vlmserve.facade.store.database import (
     messages_value,
     put_images,
 )
-from vlmserve.facade.store.message_codec import encode_messages
+from vlmserve.facade.store.message_codec import cacheable, encode_messages
 from vlmserve.facade.store.records import ItemPage, Order, Replay, StoredItem
 
 Conversation = dict[str, Any]
@@ -296,10 +297,12 @@ def append_items(
     messages: Sequence[pb.Message] | None,
     max_stored_bytes: int | None = None,
     model: str | None = None,
+    held: HeldTexts | None = None,
 ) -> bool:
     """`ConversationRepository.append` inside a transaction of another write (a response's end,
     a new conversation). `model`: the model whose response added these items, now the
-    conversation's (None: added by the client, the conversation's model stays)."""
+    conversation's (None: added by the client, the conversation's model stays). `held`: the
+    long texts whose markers `messages` hold (`TranslatedRequest.held`)."""
     # Positions come from a counter that only grows: one a deleted item had is never given
     # again, so a chunk's (conversation, position) names the same messages in every facade's cache.
     rows = tx.execute(
@@ -324,7 +327,7 @@ def append_items(
         )
         size += value.size
     if messages is not None:
-        encoded = encode_messages(messages)
+        encoded = encode_messages(messages, held)
         tx.insert_large(
             "INSERT INTO conversation_messages (conversation_id, position, item_count, images, messages)"
             " VALUES (?, ?, ?, ?, {value})",
@@ -340,7 +343,8 @@ def append_items(
         )
         size += encoded_size(encoded)
         # For the cache, once the transaction has committed.
-        tx.appended.append(((conversation_id, str(start)), messages, encoded_size(encoded)))
+        if cacheable(messages, held):
+            tx.appended.append(((conversation_id, str(start)), messages, encoded_size(encoded)))
     tx.execute("UPDATE conversations SET size = size + ? WHERE id = ?", (size, conversation_id))
     tx.add_usage(owner, size, max_bytes=max_stored_bytes)
     return True

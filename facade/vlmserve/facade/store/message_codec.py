@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from vlmserve.common.wire_encode import HeldTexts, encode
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -52,8 +53,9 @@ def image_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def encode_messages(messages: Sequence[pb.Message]) -> EncodedMessages:
-    """The messages without image bytes (length-prefixed, one after the other), and the images."""
+def encode_messages(messages: Sequence[pb.Message], held: HeldTexts | None = None) -> EncodedMessages:
+    """The messages without image bytes (length-prefixed, one after the other), and the images;
+    the texts `held` apart written in place of their markers (`wire_encode`)."""
     chunks: list[bytes] = []
     hashes: list[str] = []
     images: dict[str, bytes] = {}
@@ -68,11 +70,18 @@ def encode_messages(messages: Sequence[pb.Message]) -> EncodedMessages:
                 images.setdefault(digest, part.image.data)
                 hashes.append(digest)
                 part.image.data = b""
-        serialized = stripped.SerializeToString()
+        serialized = encode(stripped, held or {})
         # The length and the message as two pieces, never joined here.
         chunks += (_LENGTH.pack(len(serialized)), serialized)
         del serialized, stripped
     return EncodedMessages(chunks, hashes, images)
+
+
+def cacheable(messages: Sequence[pb.Message], held: HeldTexts | None) -> bool:
+    """Whether these messages may be cached as they are: not when they hold markers of `held`
+    (a request's long texts): a cache would need those texts too, and a later turn would send
+    its markers (the next read decodes them from the store, and caches them then)."""
+    return held is None or not any(held.holds_any(message) for message in messages)
 
 
 def detached(messages: Sequence[pb.Message]) -> list[pb.Message]:

@@ -10,7 +10,7 @@ then), so an object can pass its limit by one response's output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -21,10 +21,12 @@ from vlmserve.facade.store.records import StoredItem
 from vlmserve.facade.store.repositories import Store
 
 
-def stored_size(items: Sequence[StoredItem], messages: Sequence[pb.Message]) -> int:
+def stored_size(
+    items: Sequence[StoredItem], messages: Sequence[pb.Message], held: Mapping[str, str] | None = None
+) -> int:
     """Bytes storing these items and their messages adds, about as the store counts them (the
-    messages' serialized size, their images included)."""
-    return sum(json_size(s.item) for s in items) + sum(wire_size(message) for message in messages)
+    messages' serialized size, their images and `held` texts included)."""
+    return sum(json_size(s.item) for s in items) + sum(wire_size(message, held or {}) for message in messages)
 
 
 def quota_exceeded(used: int, quota: int, adding: int) -> APIError:

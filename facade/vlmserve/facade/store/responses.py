@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.store.conversations import append_items
 from vlmserve.facade.store.database import (
@@ -26,7 +27,13 @@ from vlmserve.facade.store.database import (
 )
 from vlmserve.facade.store.events import Event, append_events
 from vlmserve.facade.store.leases import LeaseRepository
-from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, detached, encode_messages
+from vlmserve.facade.store.message_codec import (
+    EncodedMessages,
+    MessageCache,
+    cacheable,
+    detached,
+    encode_messages,
+)
 from vlmserve.facade.store.records import ItemPage, MissingChainLinkError, Order, Replay, StoredItem
 
 Resource = dict[str, Any]
@@ -48,13 +55,15 @@ class ResponseRepository:
         conversation_id: str | None = None,
         input_messages: Sequence[pb.Message] | None = None,
         max_stored_bytes: int | None = None,
+        held: HeldTexts | None = None,
     ) -> None:
         """Store a new response (any status) with its raw input items and, for replays, the
-        contract messages they were translated to (None: replays translate the items again).
+        contract messages they were translated to (None: replays translate the items again),
+        holding the markers of `held` (`TranslatedRequest.held`).
         StorageQuotaExceededError (nothing stored) when the owner's bytes would pass
         `max_stored_bytes`."""
         await self._db.run(
-            self._put, resource, input_items, owner, conversation_id, input_messages, max_stored_bytes
+            self._put, resource, input_items, owner, conversation_id, input_messages, max_stored_bytes, held
         )
 
     async def update(self, resource: Resource, *, owner: str = "") -> bool:
@@ -73,6 +82,7 @@ class ResponseRepository:
         conversation_messages: Sequence[pb.Message] | None = None,
         events: Sequence[Event] = (),
         conversation_model: str | None = None,
+        held: HeldTexts | None = None,
     ) -> None:
         """In one transaction: a response's final state (None: not stored) with the messages
         its output was translated to, its last streaming `events` (background responses: see
@@ -89,6 +99,7 @@ class ResponseRepository:
             conversation_messages,
             events,
             conversation_model,
+            held,
         )
 
     async def get(self, response_id: str, *, owner: str = "") -> Resource | None:
@@ -138,6 +149,7 @@ class ResponseRepository:
         conversation_id: str | None,
         input_messages: Sequence[pb.Message] | None,
         max_stored_bytes: int | None,
+        held: HeldTexts | None,
     ) -> None:
         response_id = resource["id"]
         resource_text = json.dumps(resource)
@@ -163,7 +175,7 @@ class ResponseRepository:
             messages_size = 0
             if input_messages is not None:
                 messages_size = _write_response_messages(
-                    tx, response_id, "input", encode_messages(input_messages)
+                    tx, response_id, "input", encode_messages(input_messages, held)
                 )
                 # An empty output until the response finishes: the response replays either way.
                 output_size += _write_response_messages(tx, response_id, "output", encode_messages([]))
@@ -176,7 +188,8 @@ class ResponseRepository:
         if input_messages is not None:
             # Sized by what was stored: ByteSize() would serialize the messages once more. Copies:
             # the input's messages are the request's own, and would keep it whole.
-            self._db.cache.put((response_id, "input"), detached(input_messages), size=messages_size)
+            if cacheable(input_messages, held):
+                self._db.cache.put((response_id, "input"), detached(input_messages), size=messages_size)
             self._db.cache.put((response_id, "output"), [], size=0)
 
     def _update(self, resource: Resource, owner: str) -> bool:
@@ -195,6 +208,7 @@ class ResponseRepository:
         conversation_messages: Sequence[pb.Message] | None,
         events: Sequence[Event],
         conversation_model: str | None,
+        held: HeldTexts | None,
     ) -> None:
         encoded = encode_messages(output_messages) if output_messages is not None else None
         with self._db.transaction() as tx:
@@ -209,6 +223,7 @@ class ResponseRepository:
                     conversation_items,
                     conversation_messages,
                     model=conversation_model,
+                    held=held,
                 )
         if resource is not None:
             if updated and output_messages is not None:

@@ -1,0 +1,155 @@
+"""A protobuf message's bytes written by hand, and texts held out of a message until then.
+
+The wire format is simple (tag, varint length, payload), and writing it here lets a long text
+go from the client's own `str` straight into the request's bytes, a slice at a time: upb would
+hold the text once in the message, once in its encoder's buffer and once more in the `bytes` it
+returns (docs/hardening.md, "Memory per request byte"). `encode(message)` is exactly
+`message.SerializeToString()` (field-number order, the same varints; tests compare them), with
+every marker of `held` written as the text it stands for.
+
+`HeldTexts.hold(text)` keeps a long text apart and gives a short marker to put in the message in
+its place: such a message must then only be measured (`wire_size(message, held)`) and written
+(`encode(message, held)`) with its `held`, never serialized by protobuf or read for its text.
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from vlmserve.common.wire_size import utf8_length, wire_size
+
+__all__ = ["HOLD_MIN_CHARS", "HeldTexts", "encode"]
+
+_TYPE = FieldDescriptor
+# Texts shorter than this go into the message as they are: holding them saves nothing.
+HOLD_MIN_CHARS = 1 << 20
+# A long text goes out a slice at a time: its UTF-8 is never whole beside the request's bytes.
+_SLICE_CHARS = 1 << 20
+_WIRE_VARINT, _WIRE_FIXED64, _WIRE_LENGTH, _WIRE_FIXED32 = 0, 1, 2, 5
+_FIXED = {
+    _TYPE.TYPE_FIXED32: (struct.Struct("<I"), _WIRE_FIXED32),
+    _TYPE.TYPE_SFIXED32: (struct.Struct("<i"), _WIRE_FIXED32),
+    _TYPE.TYPE_FLOAT: (struct.Struct("<f"), _WIRE_FIXED32),
+    _TYPE.TYPE_FIXED64: (struct.Struct("<Q"), _WIRE_FIXED64),
+    _TYPE.TYPE_SFIXED64: (struct.Struct("<q"), _WIRE_FIXED64),
+    _TYPE.TYPE_DOUBLE: (struct.Struct("<d"), _WIRE_FIXED64),
+}
+_ZIGZAG = frozenset({_TYPE.TYPE_SINT32, _TYPE.TYPE_SINT64})
+
+
+class HeldTexts(Mapping[str, str]):
+    """Long texts of one request, kept out of its messages: marker -> text. A marker is random
+    per request, so no client text can pass for one."""
+
+    def __init__(self, min_chars: int | None = None) -> None:
+        self._min_chars = HOLD_MIN_CHARS if min_chars is None else min_chars
+        self._prefix = f"\x00held:{secrets.token_hex(16)}:"
+        self._texts: dict[str, str] = {}
+
+    def hold(self, text: str) -> str:
+        """What to put in the message for `text`: a marker for a long one, else the text."""
+        if len(text) < self._min_chars:
+            return text
+        marker = f"{self._prefix}{len(self._texts)}"
+        self._texts[marker] = text
+        return marker
+
+    def holds_any(self, message: Message) -> bool:
+        """Whether a marker of these texts is in `message` (at any depth)."""
+        return bool(self._texts) and any(self._in(field, value) for field, value in message.ListFields())
+
+    def _in(self, field: FieldDescriptor, value: Any) -> bool:
+        values: Iterable[Any] = value if field.is_repeated else (value,)
+        if field.type == _TYPE.TYPE_MESSAGE:
+            return any(self.holds_any(item) for item in values)
+        return field.type == _TYPE.TYPE_STRING and any(item in self._texts for item in values)
+
+    def __getitem__(self, marker: str) -> str:
+        return self._texts[marker]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+
+_NO_TEXTS: Mapping[str, str] = {}
+
+
+def encode(message: Message, held: Mapping[str, str] = _NO_TEXTS) -> bytes:
+    """`message.SerializeToString()`, held texts written in place of their markers. One buffer,
+    grown in place (a large block grows by remapping), handed out without a copy."""
+    buffer = io.BytesIO()
+    _write_message(buffer, message, held)
+    # getvalue() gives the buffer's own bytes (trimmed in place) when nothing else shares it.
+    return buffer.getvalue()
+
+
+def _write_message(out: io.BytesIO, message: Message, held: Mapping[str, str]) -> None:
+    for field, value in message.ListFields():
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            raise TypeError(f"maps are not encoded here: {field.full_name}")
+        if not field.is_repeated:
+            _write_field(out, field, value, held)
+        elif field.is_packed:
+            payload = io.BytesIO()
+            for item in value:
+                _write_scalar(payload, field.type, item)
+            packed = payload.getvalue()
+            out.write(_varint(field.number << 3 | _WIRE_LENGTH) + _varint(len(packed)) + packed)
+        else:
+            for item in value:
+                _write_field(out, field, item, held)
+
+
+def _write_field(out: io.BytesIO, field: FieldDescriptor, value: object, held: Mapping[str, str]) -> None:
+    kind = field.type
+    if kind == _TYPE.TYPE_MESSAGE:
+        assert isinstance(value, Message)
+        out.write(_varint(field.number << 3 | _WIRE_LENGTH) + _varint(wire_size(value, held)))
+        _write_message(out, value, held)
+    elif kind == _TYPE.TYPE_STRING:
+        assert isinstance(value, str)
+        text = held.get(value, value)
+        out.write(_varint(field.number << 3 | _WIRE_LENGTH) + _varint(utf8_length(text)))
+        for start in range(0, len(text), _SLICE_CHARS):
+            out.write(text[start : start + _SLICE_CHARS].encode("utf-8"))
+    elif kind == _TYPE.TYPE_BYTES:
+        assert isinstance(value, bytes)
+        out.write(_varint(field.number << 3 | _WIRE_LENGTH) + _varint(len(value)))
+        out.write(value)
+    elif kind == _TYPE.TYPE_GROUP:
+        raise TypeError(f"groups are not encoded: {field.full_name}")
+    else:
+        wire = _FIXED[kind][1] if kind in _FIXED else _WIRE_VARINT
+        out.write(_varint(field.number << 3 | wire))
+        _write_scalar(out, kind, value)
+
+
+def _write_scalar(out: io.BytesIO, kind: int, value: object) -> None:
+    if kind in _FIXED:
+        out.write(_FIXED[kind][0].pack(value))
+        return
+    assert isinstance(value, int)  # bool and enums too
+    if kind in _ZIGZAG:
+        out.write(_varint((value << 1) ^ (value >> 63)))
+    else:
+        # Negative int32, int64 and enum values are sign-extended to ten bytes.
+        out.write(_varint(value & 0xFFFFFFFFFFFFFFFF if value < 0 else value))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
