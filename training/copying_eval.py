@@ -17,8 +17,9 @@ MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "qwen2-vl-copyin
 HELD_OUT_SEED = 777_000  # neither training (seed 0's stream), its eval (424_242) nor the bench (900_000+)
 
 
-def held_out_cases(count: int, seed: int = HELD_OUT_SEED) -> list[CopyCase]:
-    return [copy_case(random.Random(seed + i)) for i in range(count)]
+def held_out_cases(count: int, seed: int = HELD_OUT_SEED, unchanged: float = 0.0) -> list[CopyCase]:
+    """Edit cases, or with `unchanged` 1.0 pure copies (training/copying.py's copy_case)."""
+    return [copy_case(random.Random(seed + i), unchanged) for i in range(count)]
 
 
 def greedy_answer(model: Any, processor: Any, prompt: str, max_tokens: int = 160) -> str:
@@ -58,9 +59,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Greedy exact copies of held-out cases.", allow_abbrev=False)
     parser.add_argument("--model", type=Path, default=MODEL_DIR)
     parser.add_argument("--cases", type=int, default=50)
+    parser.add_argument("--unchanged", type=float, default=0.0, help="share of pure copies (1.0: only)")
     args = parser.parse_args(argv)
     model, processor = load(str(args.model))
-    scores = score(model, processor, held_out_cases(args.cases))
+    scores = score(model, processor, held_out_cases(args.cases, unchanged=args.unchanged))
     print(f"exact {scores.exact:.2f} lines {scores.lines:.2f} over {args.cases} held-out cases")
     for wanted, got in scores.misses[:3]:
         print(f"--- wanted\n{wanted}\n--- got\n{got}")

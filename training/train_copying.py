@@ -11,27 +11,13 @@ acceptance instead of a random model's loops. Text only: each step is BATCH conv
 (default system prompt, the case's prompt as the user turn) rendered with the chat template; the
 loss is the cross-entropy of the answer tokens and `<|im_end|>`.
 
-Status (issue 21): models/qwen2-vl-copying is this script's defaults stopped at step 900 of
-2000 (seed 0; answer loss 2.3 -> 1.4): right shapes, copied names in the wrong order, no held-out
-row exactly right. Continued twice more (not committed, 2100 steps in all): loss 1.23, no induction
-(copy) phase change. Tried since (not committed, none beats it; teacher-forced on 32 held-out rows,
-`token` = share of answer tokens right, `copy_*` on pure copies):
-- `--rope-theta 10000 --copy-steps 300 --unchanged 0.3 --lr 3e-3`, 600 steps (0.6 s/step):
-  token 0.42 -> 0.52, copy_token 0.53, exact 0;
-- the same with names made of the tokenizer's word pieces instead of syllables (fewer, less
-  ambiguous tokens to copy), 500 steps: token 0.49, exact 0;
-- `--hidden 256` (8 heads of 32, 9 MB) with the above, 1800 of 3000 steps (1.2 s/step, 38 min):
-  flat at token 0.47 / copy_token 0.48 from step 500 on, loss 2.7; it predicts every structural
-  token and none of the copied ones (not even a name right after its `(`), i.e. no copying at all.
-Gradients reach q/k of every layer and mx.fast.scaled_dot_product_attention's backward matches a
-manual softmax attention (checked), and the same model (rope_theta 1e4, AdamW lr 1e-3, no weight
-decay) learns the classic repeat-a-random-20-token-sequence task in 150 steps (accuracy 0.95,
-1.0 by 250): the architecture and loop can form copy heads. What moved this task: the lower lr
-without weight decay — `--rope-theta 10000 --copy-steps 1000 --lr 1e-3 --warmup 20
---weight-decay 0` (pure copies) rose copy_token 0.47 -> 0.63 and token 0.48 -> 0.56 in 400
-steps (lr 3e-3 was flat at ~0.5); continued (`--init`) 500 steps with `--unchanged 0.5`:
-copy_token 0.66, token 0.61, exact 0, still rising slowly (not committed). Next: that recipe for
-a few thousand steps, perhaps wider (`--hidden 192`), before the edits.
+Status (issue 21): models/qwen2-vl-copying copies. By greedy generation, 0.96 of held-out pure
+copies are exact and 0.99 of their lines right; on edits, 0.12 exact and 0.69 of lines. Its
+README has the two commands that made it. What made it copy was names of the tokenizer's
+whole-word pieces (training/copying.py). With names of syllables, every run stalled at 0.47-0.61
+of answer tokens right with nothing copied (2,100 steps; wider, lower rope_theta, other lrs),
+although the same model learns to repeat a random 20-token sequence in 150 steps. The warm-up on
+`repeat_case` (--repeat-steps) and lr 1e-3 without weight decay helped.
 `python -m training.copying_eval --model DIR` scores greedy generation on held-out cases.
 """
 
@@ -46,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from training.copying import CopyCase, copy_case
+from training.copying import CopyCase, copy_case, repeat_case
 from training.loop import REPO_ROOT, Task, add_loop_arguments, base_card, fresh_model, train_loop
 
 OUTPUT_DIR = REPO_ROOT / "models" / "qwen2-vl-copying"
@@ -63,11 +49,13 @@ def encode(tokenizer: Any, case: CopyCase) -> tuple[list[int], int]:
 
 
 def make_batch(
-    tokenizer: Any, rng: random.Random, rows: int, unchanged: float = 0.0
+    tokenizer: Any, rng: random.Random, rows: int, unchanged: float = 0.0, repeat: bool = False
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """(inputs [rows, L] right-padded, flat positions whose next token is an answer token [K],
-    those tokens [K], their rows [K]); a share `unchanged` of the rows are pure copies."""
-    encoded = [encode(tokenizer, copy_case(rng, unchanged)) for _ in range(rows)]
+    those tokens [K], their rows [K]); a share `unchanged` of the rows are pure copies, and with
+    `repeat` every row is a `repeat_case` instead."""
+    cases = [repeat_case(rng) if repeat else copy_case(rng, unchanged) for _ in range(rows)]
+    encoded = [encode(tokenizer, case) for case in cases]
     length = max(len(ids) for ids, _ in encoded) - 1
     inputs = np.zeros((rows, length), dtype=np.int32)
     index: list[int] = []
@@ -146,7 +134,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     held_out_copies = make_batch(tokenizer, random.Random(args.eval_seed), args.eval_rows, unchanged=1.0)
 
     def unchanged_share(step: int) -> float:
-        """Pure copies only for the first --copy-steps, then --unchanged of the rows."""
+        """Pure copies only up to step --copy-steps, then --unchanged of the rows."""
         return 1.0 if step <= args.copy_steps else args.unchanged
 
     def evaluate() -> dict[str, float]:
@@ -158,6 +146,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
             "task": "copying: return the prompt's JSON object / code block with one field or line changed",
             "script": "python -m training.train_copying",
             "config_overrides": args.overrides,
+            "repeat_steps": args.repeat_steps,
             "copy_steps": args.copy_steps,
             "unchanged": args.unchanged,
             **base_card(args, step, elapsed, history),
@@ -165,7 +154,9 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     task = Task(
         loss=loss_fn,
-        batch=lambda step: make_batch(tokenizer, data_rng, args.batch, unchanged_share(step)),
+        batch=lambda step: make_batch(
+            tokenizer, data_rng, args.batch, unchanged_share(step), repeat=step <= args.repeat_steps
+        ),
         evaluate=evaluate,
         card=card,
     )
@@ -178,7 +169,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rope-theta", type=float, default=None, help="default: the fixture's")
     parser.add_argument("--layers", type=int, default=None, help="default: the fixture's")
     parser.add_argument("--hidden", type=int, default=None, help="width, heads of 32 (default: the fixture)")
-    parser.add_argument("--copy-steps", type=int, default=0, help="pure copies only for these first steps")
+    parser.add_argument("--repeat-steps", type=int, default=0, help="repeat_case rows only up to this step")
+    parser.add_argument("--copy-steps", type=int, default=0, help="pure copies only up to this step")
     parser.add_argument("--unchanged", type=float, default=0.0, help="share of pure copies after that")
     return parser.parse_args(argv)
 

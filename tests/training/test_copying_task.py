@@ -7,7 +7,15 @@ import random
 
 import pytest
 
-from training.copying import code_case, copy_case, json_case, unchanged_case
+from training.copying import (
+    code_case,
+    copy_case,
+    json_case,
+    repeat_case,
+    unchanged_case,
+    vocabulary_words,
+    word,
+)
 
 
 @pytest.mark.parametrize("seed", range(50))
@@ -54,3 +62,20 @@ def test_pure_copies_come_only_when_asked() -> None:
         copy_case(random.Random(seed)) for seed in range(20)
     ]
     assert all("unchanged" in copy_case(random.Random(seed), 1.0).prompt for seed in range(20))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_repeat_answer_is_the_prompts_text_verbatim(seed: int) -> None:
+    case = repeat_case(random.Random(seed))
+    instruction, _, text = case.prompt.partition(":\n")
+    assert instruction == "Return this text unchanged" and case.answer == text
+    assert 8 <= len(text.split(" ")) <= 40
+
+
+def test_names_are_one_or_two_whole_word_pieces_of_the_tokenizer() -> None:
+    pieces = set(vocabulary_words())
+    assert len(pieces) > 1500 and all(piece.isalpha() and piece.islower() for piece in pieces)
+    rng = random.Random(0)
+    for _ in range(200):
+        name = word(rng)
+        assert any(name == a or (name.startswith(a) and name[len(a) :] in pieces) for a in pieces)
