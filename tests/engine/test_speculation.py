@@ -16,6 +16,7 @@ import pytest
 
 from vlmserve.engine.loop.sampling import SamplingSettings, TokenSampler
 from vlmserve.engine.speculation.acceptance import accept_drafts
+from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.lookup import PromptLookup
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, expected_tokens, verify_width
 
@@ -91,6 +92,73 @@ def test_draft_length_backs_off_after_misses_and_doubles_the_cooldown() -> None:
     length.record(1, 0)
     assert length.allowed() == 0
     assert length.allowed() == 1
+
+
+def test_lookups_that_find_nothing_rest_the_row_for_doubling_spells_up_to_a_bound() -> None:
+    length = DraftLength(4, initial=2)
+    rests = []
+    for _ in range(6):
+        for _ in range(4):
+            assert not length.resting
+            length.found_nothing()
+        spell = 0
+        while length.resting:
+            length.rest()
+            spell += 1
+        rests.append(spell)
+    assert rests == [1, 2, 4, 8, 8, 8]
+    for _ in range(3):
+        length.found_nothing()
+    length.found()  # a proposal resets the count and the spell
+    for _ in range(4):
+        length.found_nothing()
+    assert length.resting and length.allowed() == 0 and length.allowed() == 2
+
+
+class _Row:
+    """A DraftingRow with a history that never repeats (lookup finds nothing)."""
+
+    def __init__(self, start: int, *, constrained: bool = False, can_draft: bool = True) -> None:
+        self.generated = [start]
+        self.constrained = constrained
+        self.can_draft = can_draft
+        self.tokens_left = 100
+
+    @property
+    def context_tokens(self) -> tuple[list[int], list[int]]:
+        return [], self.generated
+
+    def forced_tokens(self, pending: Any) -> list[int]:
+        return []
+
+    def take_prompt_hidden(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("rows", "rests_at"),
+    [
+        # Rows whose lookups find nothing rest together: steps 5 (1 step), 10-11 (2) ...
+        ([_Row(0), _Row(10_000)], [5, 10, 11, 16, 17, 18, 19]),
+        # A constrained row may be forced drafts at any step: no plain step is chosen blind.
+        ([_Row(0), _Row(10_000, constrained=True)], []),
+        # A row that never drafts (logprobs) does not hold the others back.
+        ([_Row(0), _Row(10_000, can_draft=False)], [5, 10, 11, 16, 17, 18, 19]),
+        ([_Row(0, can_draft=False)], list(range(1, 21))),
+    ],
+)
+def test_a_step_is_plain_when_every_row_that_could_draft_rests(rows: list[_Row], rests_at: list[int]) -> None:
+    speculator = Speculator(max_draft=4)
+    plain = []
+    for step in range(1, 21):
+        if speculator.rests(rows):
+            plain.append(step)
+        else:
+            speculator.drafts(rows, [[] for _ in rows])
+        for row in rows:
+            row.generated.append(row.generated[-1] + 1)
+    assert plain == rests_at
+    assert speculator.counts.forwards == len(rests_at)
 
 
 @pytest.mark.parametrize(

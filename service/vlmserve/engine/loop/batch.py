@@ -78,6 +78,10 @@ class BatchRow:
         return self.draw.can_draft
 
     @property
+    def constrained(self) -> bool:
+        return self.draw.grammar is not None
+
+    @property
     def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]:
         """(prompt token ids, the tokens drawn): the history drafts are looked up in."""
         return self.draw.prompt_ids, self.draw.generated
@@ -268,13 +272,18 @@ class DecodeBatch(Generic[K]):
 
         if self._row_caches or not self.rows:
             return  # unbatchable rows run synchronously in take()
-        if self.speculator is not None and can_roll_back(self._caches):
+        speculator = self.speculator
+        if speculator is not None and can_roll_back(self._caches) and not speculator.rests(self._entries):
             self._launch_verify()
             return
         fresh = [entry.last_token for entry in self._entries[self._pending_rows :]]
         if not fresh and all(entry.tokens_left <= 0 for entry in self._entries):
             return  # every row ends with its token in flight: nothing to compute for
-        if self._pending is None:
+        if self._pending is None and self._pending_lists is not None:
+            # After a verify step its tokens are known here already; take() still hands them out.
+            lasts = mx.array([tokens[-1] for tokens in self._pending_lists], dtype=mx.int32)
+            inputs = mx.concatenate([lasts, mx.array(fresh, dtype=mx.int32)]) if fresh else lasts
+        elif self._pending is None:
             inputs = mx.array(fresh, dtype=mx.int32)
         elif fresh:
             inputs = mx.concatenate([self._pending, mx.array(fresh, dtype=mx.int32)])

@@ -37,6 +37,11 @@ class DraftingRow(Protocol):
         """Tokens the row may still be given after the pending ones."""
         ...
 
+    @property
+    def constrained(self) -> bool:
+        """Its tokens follow a grammar (which may force drafts at any step)."""
+        ...
+
     def forced_tokens(self, pending: Sequence[int]) -> list[int]: ...
 
     def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
@@ -91,6 +96,25 @@ class Speculator:
         """What the drafter model reads of a forward's `hidden_states` (there is one)."""
         assert self.model_drafter is not None
         return self.model_drafter.target_hidden(hidden_states)
+
+    def rests(self, rows: Sequence[DraftingRow]) -> bool:
+        """Whether no row can draft this step, known without the tokens in flight: every row
+        that could is resting (policy.py). Then the batch launches a plain step, double-buffered,
+        and each resting row's rest counts down; else nothing changes and `drafts()` follows."""
+        if self.model_drafter is not None:
+            return False  # its rows follow every forward's tokens and hidden states
+        resting: list[DraftLength] = []
+        for row in rows:
+            if not row.can_draft or row.tokens_left <= 1:
+                continue
+            state = self._rows.get(id(row))
+            if row.constrained or state is None or not state.length.resting:
+                return False
+            resting.append(state.length)
+        for length in resting:
+            length.rest()
+        self.counts.forwards += 1
+        return True
 
     def drafts(self, rows: Sequence[DraftingRow], pending: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each row's drafts for this step (all empty: a plain step)."""
@@ -161,7 +185,10 @@ class Speculator:
             self._feed(row, state, pending)
             proposal = state.lookup.propose(allowed)
             if proposal:
+                state.length.found()
                 return proposal, state.length.rate
+            if self.model_drafter is None:
+                state.length.found_nothing()
         # A row's drafter model is ready once it has followed one forward (its first decode step).
         if self.model_drafter is not None and self.model_drafter.ready(row):
             state.source = "draft"

@@ -2,8 +2,10 @@
 
 Per row (`DraftLength`): the draft length grows while drafts are accepted whole and shrinks to
 what was accepted when one is rejected; repeated misses stop drafting for a while (a cooldown that
-doubles each time, reset by a hit), so text with nothing to copy soon costs nothing. It also keeps
-an average acceptance rate, which the step's choice reads.
+doubles each time, reset by a hit), so text with nothing to copy soon costs nothing. Steps where
+lookup finds nothing at all rest the row too, briefly (`found_nothing`): while every row rests,
+the batch runs plain steps, which stay double-buffered (a step that may draft must first read the
+tokens in flight). It also keeps an average acceptance rate, which the step's choice reads.
 
 Per step (`verify_width`): every row of a batched forward has the same width (1 + the drafts it
 verifies; rows with fewer are padded), and a forward over more positions costs more. The cost
@@ -25,6 +27,10 @@ _PRIOR_RATE = 0.6
 _RATE_WEIGHT = 0.3
 _MISSES_BEFORE_COOLDOWN = 2
 _MAX_COOLDOWN = 64
+# Lookups that found nothing before a rest, and the longest rest: a copy that starts in such text
+# is drafted at most this many tokens late.
+_EMPTY_BEFORE_REST = 4
+_MAX_REST = 8
 
 
 class DraftLength:
@@ -38,6 +44,28 @@ class DraftLength:
         self._misses = 0
         self._cooldown = 0
         self._backoff = 1
+        self._empty = 0
+        self._rest = 1
+
+    @property
+    def resting(self) -> bool:
+        """Whether this step is one it may not draft in (`allowed()` would say 0)."""
+        return self._cooldown > 0
+
+    def rest(self) -> None:
+        """A step passed without asking `allowed()` (a plain step while it rests)."""
+        self._cooldown = max(0, self._cooldown - 1)
+
+    def found(self) -> None:
+        """Lookup proposed drafts this step."""
+        self._empty, self._rest = 0, 1
+
+    def found_nothing(self) -> None:
+        """Lookup had nothing to propose: after a few such steps, rest (1, 2, 4... steps)."""
+        self._empty += 1
+        if self._empty >= _EMPTY_BEFORE_REST:
+            self._cooldown, self._empty = max(self._cooldown, self._rest), 0
+            self._rest = min(_MAX_REST, 2 * self._rest)
 
     def allowed(self) -> int:
         """Drafts this step may propose (0 while cooling down)."""
