@@ -11,45 +11,7 @@ from vlmserve.common.wire_encode import HeldTexts, encode
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-
-def _request(text: str = "héllo 😀 漢字 " * 40) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(request_id="resp_1", model="m", partition_key="k" * 200, max_tool_calls=0)
-    request.enable_thinking = False
-    request.parallel_tool_calls = True
-    message = request.messages.add(role=pb.ROLE_USER)
-    message.parts.add().text.text = text
-    message.parts.add().image.data = bytes(range(256)) * 3
-    message.parts.add().image.data = b""
-    message.parts.add().text.text = ""
-    request.messages.add(role=pb.ROLE_ASSISTANT, reasoning_text="é").tool_calls.add(
-        id="c", name="f", arguments='{"a": 1}', kind=pb.TOOL_KIND_CUSTOM
-    )
-    tool = request.messages.add(role=pb.ROLE_TOOL).tool_output
-    tool.call_id = "c"
-    tool.parts.parts.add().json.json = '{"ü": []}'
-    request.sampling.temperature = 0.25
-    request.sampling.top_p = 1.0
-    request.sampling.max_tokens = 1 << 20
-    request.sampling.seed = 2**40
-    request.sampling.stop.extend(["\n\n", "END", ""])
-    request.tools.add()
-    return request
-
-
-CASES: list[Message] = [
-    pb.GenerateRequest(),
-    pb.Message(role=pb.ROLE_USER),
-    pb.Part(text=pb.TextPart(text="")),
-    pb.Part(text=pb.TextPart(text="x" * 300)),
-    pb.Part(text=pb.TextPart(text="\x00 NUL and \U0010ffff")),
-    pb.Part(image=pb.ImagePart(data=b"\x89PNG\r\n" + bytes(200))),
-    _request(),
-    _request("a" * 70_000),
-    # A packed repeated enum, and an enum value this version does not know (negative: ten bytes).
-    pb.GetModelInfoResponse(input_modalities=[1, 2, 2, 1], context_length=1 << 31),  # type: ignore[list-item]
-    pb.Message(role=-3),  # type: ignore[arg-type]
-    pb.SamplingParams(temperature=-0.0, top_p=float("inf"), seed=0),
-]
+from ._wire_cases import CASES, generate_request
 
 
 @pytest.mark.parametrize("message", CASES, ids=lambda message: type(message).__name__)
@@ -60,9 +22,9 @@ def test_encode_is_serialize_to_string(message: Message) -> None:
 def test_a_held_text_is_written_as_if_it_were_in_the_message() -> None:
     held = HeldTexts(min_chars=10)
     texts = ["ascii " * 10, "non-ASCII é😀漢 " * 10]
-    expected = _request(texts[0])
+    expected = generate_request(texts[0])
     expected.messages[0].parts.add().text.text = texts[1]
-    request = _request(held.hold(texts[0]))
+    request = generate_request(held.hold(texts[0]))
     request.messages[0].parts.add().text.text = held.hold(texts[1])
     assert len(held) == 2
     assert held.holds_any(request) and held.holds_any(request.messages[0])

@@ -10,31 +10,17 @@ the load with why.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shutil
-import threading
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
-from vlmserve.engine.speculation.model_drafter import DraftModelError
-from vlmserve.engine.speculation.rollback import RecurrentVerify
-from vlmserve.engine.v1 import engine_pb2 as pb
 
-from ._logits_hooks import with_hooks
-from .test_batching import AtToken
-from .test_engine_grpc import text_part
-from .test_speculation import _chi_square_critical, _chi_square_homogeneity
-from .test_speculative_decoding import _generator, _requests
-from .test_speculative_drafter import _count, _logprobs, _run, _tokens
+from . import _drafter_scenarios as scenarios
 
 pytestmark = pytest.mark.needs_model
 
@@ -48,20 +34,7 @@ def dflash(drafter_models: dict[str, tuple[Path, Path]]) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def engines(dflash: tuple[Path, Path]) -> Iterator[dict[str, Generator]]:
-    target, drafter = dflash
-    generators = {
-        mode: _generator(
-            mode,
-            target,
-            max_active=16,
-            max_queue=64,
-            draft_model=str(drafter) if mode != "off" else None,
-        )
-        for mode in ("off", *MODES)
-    }
-    yield generators
-    for generator in generators.values():
-        generator.stop()
+    yield from scenarios.started_engines(*dflash, MODES)
 
 
 def _context_positions(drafter: DFlashDrafter, row: object) -> int:
@@ -91,54 +64,35 @@ def contexts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
 def test_dflash_rows_take_the_tokens_they_take_without_speculation(
     engines: dict[str, Generator], contexts: list[tuple[int, int, int]], temperature: float
 ) -> None:
-    plain = engines["off"]
-    requests = _requests(plain, temperature)
-    before = {
-        mode: {name: _count(engines[mode], name, "draft") for name in ("drafted_tokens", "accepted_tokens")}
-        for mode in MODES
-    }
-    expected = {
-        name: _run(plain, {name: request}, f"alone-{temperature}")[name] for name, request in requests.items()
-    }
+    before = {mode: scenarios.draft_counts(engines[mode]) for mode in MODES}
+    batch = scenarios.MixedBatch.on(engines["off"], temperature)
     for mode in MODES:
         generator = engines[mode]
         contexts.clear()
-        alone = {
-            name: _run(generator, {name: request}, f"alone-{temperature}")[name]
-            for name, request in requests.items()
-        }
+        alone = batch.alone(generator)
         # A row that ran its prompt alone: its drafter's context is its prompt and every token
         # the target has taken since but the latest (the next block starts with it), no more:
         # rejected drafts never reach it, whoever drafted them (lookup too: auto).
         assert contexts, mode
         assert all(fed == prompt + drawn - 1 for prompt, drawn, fed in contexts), (mode, contexts)
         contexts.clear()
-        together = _run(generator, requests, f"mixed-{temperature}")
+        together = batch.together(generator)
         # In a batch, a prompt run in a shared forward starts its drafter at its first token.
         assert all(fed in (prompt + drawn - 1, drawn - 1) for prompt, drawn, fed in contexts), (
             mode,
             contexts,
         )
-        for name in requests:
-            want = _tokens(plain, expected[name])
-            assert _tokens(generator, alone[name]) == want, (mode, name)
-            assert _tokens(generator, together[name]) == want, (mode, name)
-            assert alone[name].result.usage == expected[name].result.usage, (mode, name)
-            assert together[name].result.usage == expected[name].result.usage, (mode, name)
-        want_logprobs = _logprobs(expected["logprobs"].result)
-        assert want_logprobs
-        got = _logprobs(together["logprobs"].result)
-        assert [entry[0] for entry in got] == [entry[0] for entry in want_logprobs], mode
-        flat = [value for entry in got for value in entry[1]]
-        assert flat == pytest.approx([value for entry in want_logprobs for value in entry[1]], abs=1e-4), mode
+        batch.check_tokens(generator, alone, together, mode)
+        for name in batch.requests:
+            assert alone[name].result.usage == batch.expected[name].result.usage, (mode, name)
+        batch.check_logprobs(together, mode)
         json.loads(together["schema"].result.text)  # the constrained row still validates
-    drafted = _count(engines["draft"], "drafted_tokens", "draft") - before["draft"]["drafted_tokens"]
-    accepted = _count(engines["draft"], "accepted_tokens", "draft") - before["draft"]["accepted_tokens"]
+    drafted, accepted = scenarios.drafted_since(engines["draft"], before["draft"])
     assert drafted > 0
     if temperature == 0.0:  # the fixture's greedy loops: drafts accepted and rejected
         assert 0 < accepted < drafted, (accepted, drafted)
-    assert _count(engines["draft"], "drafted_tokens", "lookup") == 0
-    assert _count(engines["auto"], "drafted_tokens", "lookup") > 0
+    assert scenarios.count(engines["draft"], "drafted_tokens", "lookup") == 0
+    assert scenarios.count(engines["auto"], "drafted_tokens", "lookup") > 0
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -148,26 +102,8 @@ def test_dflash_rows_leaving_mid_verify_change_no_other_row(
     """Rows with different max tokens end at different steps, while the next verify forward is in
     flight (the recurrent layers drop them at that verify's commit); every row still takes its
     plain tokens."""
-    commits: list[tuple[int, int]] = []  # (rows at launch, rows at commit)
-    original = RecurrentVerify.commit
-
-    def commit(self: RecurrentVerify, rows: Any, kept: Any) -> None:
-        commits.append((len(self._rows), len(rows)))
-        original(self, rows, kept)
-
-    monkeypatch.setattr(RecurrentVerify, "commit", commit)
-    base = _requests(engines["off"], temperature)
-    requests = {
-        f"{name}-{limit}": dataclasses.replace(
-            request, settings=dataclasses.replace(request.settings, max_tokens=limit)
-        )
-        for name, request in base.items()
-        for limit in (7, 13, 22)
-    }
-    expected = _run(engines["off"], requests, f"leaving-{temperature}")
-    drafted = _run(engines["draft"], requests, f"leaving-{temperature}")
-    for name in requests:
-        assert _tokens(engines["draft"], drafted[name]) == _tokens(engines["off"], expected[name]), name
+    commits = scenarios.record_commits(monkeypatch)
+    scenarios.check_rows_leaving_mid_verify(engines, temperature)
     assert any(at_commit < at_launch for at_launch, at_commit in commits), commits
 
 
@@ -197,50 +133,7 @@ def test_dflash_rows_join_and_leave_while_others_draft(
     monkeypatch.setattr(DFlashDrafter, "propose", recorded_propose)
     monkeypatch.setattr(DFlashDrafter, "_start", recorded_start)
     monkeypatch.setattr(DFlashDrafter, "forget", recorded_forget)
-    base = _requests(engines["off"], 0.0)
-
-    def longer(request: PreparedRequest, max_tokens: int) -> PreparedRequest:
-        return dataclasses.replace(
-            request, settings=dataclasses.replace(request.settings, max_tokens=max_tokens)
-        )
-
-    early = {"copy": longer(base["copy"], 400), "list": base["list"]}
-    late = {"short": base["short"], "copy-late": dataclasses.replace(base["copy"], request_id="copy-late")}
-    pacer = base["schema"]
-    expected = {
-        name: _tokens(engines["off"], _run(engines["off"], {name: request}, "join-alone")[name])
-        for name, request in {**early, **late, "pacer": pacer}.items()
-    }
-    drafting = engines["draft"]
-    jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"join-{name}"), None) for name, req in early.items()
-    }
-    late_jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"join-{name}"), None) for name, req in late.items()
-    }
-
-    def submit_late() -> None:
-        for job in late_jobs.values():
-            drafting.submit(job)
-
-    hooked = with_hooks(
-        pacer, AtToken(3, submit_late), AtToken(12, jobs["copy"].cancel), request_id="join-pacer"
-    )
-    jobs["pacer"] = Job(hooked, None)
-    for job in jobs.values():
-        drafting.submit(job)
-    threading.Event().wait(0.05)
-    assert drafting.wait_idle(300)
-    jobs.update(late_jobs)
-    reports = {report.request_id: report for report in drafting.reports}
-    for name, job in jobs.items():
-        report = reports[job.request_id]
-        if name == "copy":
-            assert report.finish_reason == pb.FINISH_REASON_CANCELLED
-            assert 0 < len(report.token_ids) < len(expected[name])
-            assert report.token_ids == expected[name][: len(report.token_ids)]
-        else:
-            assert report.token_ids == expected[name], name
+    scenarios.check_join_and_cancel_while_drafting(engines["off"], engines["draft"])
     assert any(count >= 2 for count in asking), asking
     assert any(count >= 1 for count in joined_into), joined_into
     assert any(count >= 2 for count in left_from), left_from
@@ -252,51 +145,7 @@ def test_seeded_sampling_through_dflash_keeps_the_target_distribution(
 ) -> None:
     """Over many seeds (different ones on each side), the third token's distribution with the
     DFlash drafter is the plain engine's (chi-square homogeneity)."""
-    check_seeded_distribution(engines)
-
-
-def check_seeded_distribution(engines: dict[str, Generator]) -> None:
-    """The third token's distribution over 400 seeds per side, `draft` against `off`."""
-    plain, drafting = engines["off"], engines["draft"]
-    assert plain.preparer is not None and drafting.preparer is not None
-    seeds = 400
-
-    def request(preparer: object, seed: int) -> PreparedRequest:
-        prepared: PreparedRequest = preparer.prepare(  # type: ignore[attr-defined]
-            pb.GenerateRequest(
-                request_id=f"seed-{seed}",
-                messages=[pb.Message(role=pb.ROLE_USER, parts=[text_part("Count: one two one two one")])],
-                sampling=pb.SamplingParams(max_tokens=4, temperature=0.7, top_k=8, seed=seed),
-            ),
-            kind=JobKind.GENERATE,
-        )
-        return prepared
-
-    def third_tokens(generator: Generator, first_seed: int) -> Counter[int]:
-        counts: Counter[int] = Counter()
-        for start in range(first_seed, first_seed + seeds, 40):
-            requests = {str(seed): request(generator.preparer, seed) for seed in range(start, start + 40)}
-            for job in _run(generator, requests, f"dist-{start}").values():
-                tokens = _tokens(generator, job)
-                if len(tokens) > 2:
-                    counts[tokens[2]] += 1
-        return counts
-
-    drafted = _count(drafting, "drafted_tokens", "draft")
-    plain_counts, drafted_counts = third_tokens(plain, 0), third_tokens(drafting, 100_000)
-    assert _count(drafting, "drafted_tokens", "draft") > drafted
-    statistic, dof = _chi_square_homogeneity(plain_counts, drafted_counts)
-    assert dof >= 1
-    assert statistic < _chi_square_critical(dof), (statistic, dof, plain_counts, drafted_counts)
-
-
-def _load_error(target: Path, drafter: Path) -> BaseException | None:
-    config = EngineConfig(model=str(target), speculative="draft", draft_model=str(drafter), warmup=False)
-    generator = Generator(config)
-    generator.start(on_ready=lambda loaded, error: None)
-    generator.join(120)  # a failed load ends the generation thread
-    assert not generator.ready.is_set()
-    return generator.load_error
+    scenarios.check_seeded_distribution(engines)
 
 
 @pytest.mark.parametrize(
@@ -310,13 +159,8 @@ def _load_error(target: Path, drafter: Path) -> BaseException | None:
 def test_a_dflash_drafter_that_does_not_fit_the_target_fails_the_load_with_why(
     dflash: tuple[Path, Path], tmp_path: Path, change: dict[str, Any], why: str
 ) -> None:
-    target, drafter = dflash
-    broken = tmp_path / "drafter"
-    shutil.copytree(drafter, broken)
-    config = json.loads((broken / "config.json").read_text(encoding="utf-8"))
-    for key, value in change.items():
-        config[key] = {**config[key], **value} if isinstance(value, dict) else value
-    (broken / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    error = _load_error(target, broken)
-    assert isinstance(error, DraftModelError)
-    assert why in str(error)
+    def edit(config: dict[str, Any]) -> None:
+        for key, value in change.items():
+            config[key] = {**config[key], **value} if isinstance(value, dict) else value
+
+    scenarios.check_load_fails(*dflash, tmp_path, edit, why)

@@ -11,10 +11,7 @@ vlm's cache transaction rolls back (speculation/rollback.py).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import threading
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,136 +19,45 @@ from typing import Any
 import pytest
 
 from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.jobs import Event, FinishedEvent, Job, JobKind, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
-from vlmserve.engine.speculation.rollback import RecurrentVerify
-from vlmserve.engine.v1 import engine_pb2 as pb
 
-from ._logits_hooks import with_hooks
-from .test_batching import AtToken
-from .test_engine_grpc import text_part
-from .test_speculation import _chi_square_critical, _chi_square_homogeneity
+from . import _drafter_scenarios as scenarios
 from .test_speculative_decoding import _generator, _requests
 
 # Engines compared with `off`: the drafter alone, lookup + drafter, lookup alone.
 MODES = ("draft", "auto", "lookup")
 
 
-@dataclasses.dataclass
-class _RecordedJob(Job):
-    """A job that keeps its events (the engine's own jobs send them nowhere)."""
-
-    seen: list[Event] = dataclasses.field(default_factory=list)
-
-    def emit(self, event: Event) -> None:
-        self.seen.append(event)
-
-    @property
-    def result(self) -> pb.GenerateResult:
-        finished = [event for event in self.seen if isinstance(event, FinishedEvent)]
-        assert len(finished) == 1, self.seen
-        return finished[0].result
-
-
 @pytest.fixture(scope="module")
 def engines(drafter_models: dict[str, tuple[Path, Path]]) -> Iterator[dict[str, Generator]]:
-    target, drafter = drafter_models["qwen3_5"]
-    generators = {
-        mode: _generator(
-            mode,
-            target,
-            max_active=16,
-            max_queue=64,
-            draft_model=str(drafter) if mode in ("draft", "auto") else None,
-        )
-        for mode in ("off", *MODES)
-    }
-    yield generators
-    for generator in generators.values():
-        generator.stop()
-
-
-def _run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, _RecordedJob]:
-    jobs = {
-        name: _RecordedJob(dataclasses.replace(request, request_id=f"{tag}-{name}"), None)
-        for name, request in requests.items()
-    }
-    for job in jobs.values():
-        generator.submit(job)
-    assert generator.wait_idle(300)
-    return jobs
-
-
-def _tokens(generator: Generator, job: Job) -> tuple[int, ...]:
-    reports = {report.request_id: report for report in generator.reports}
-    return reports[job.request_id].token_ids
-
-
-def _logprobs(result: pb.GenerateResult) -> list[tuple[tuple[str, ...], list[float]]]:
-    """Per token: (its text and its alternatives', their logprobs)."""
-    return [
-        (
-            (entry.token, *(alternative.token for alternative in entry.top_logprobs)),
-            [entry.logprob, *(alternative.logprob for alternative in entry.top_logprobs)],
-        )
-        for entry in result.logprobs
-    ]
-
-
-def _count(generator: Generator, name: str, source: str) -> float:
-    value = generator.metrics.registry.get_sample_value(
-        f"vlmserve_engine_speculative_{name}_total", {"source": source}
-    )
-    return value or 0.0
+    yield from scenarios.started_engines(*drafter_models["qwen3_5"], MODES)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_drafter_rows_take_the_tokens_they_take_without_speculation(
     engines: dict[str, Generator], temperature: float
 ) -> None:
-    plain = engines["off"]
-    requests = _requests(plain, temperature)
-    before = {
-        mode: {name: _count(engines[mode], name, "draft") for name in ("drafted_tokens", "accepted_tokens")}
-        for mode in MODES
-    }
-    expected = {
-        name: _run(plain, {name: request}, f"alone-{temperature}")[name] for name, request in requests.items()
-    }
+    before = {mode: scenarios.draft_counts(engines[mode]) for mode in MODES}
+    batch = scenarios.MixedBatch.on(engines["off"], temperature)
     for mode in MODES:
         generator = engines[mode]
-        alone = {
-            name: _run(generator, {name: request}, f"alone-{temperature}")[name]
-            for name, request in requests.items()
-        }
-        together = _run(generator, requests, f"mixed-{temperature}")
-        for name in requests:
-            want = _tokens(plain, expected[name])
-            assert _tokens(generator, alone[name]) == want, (mode, name)
-            assert _tokens(generator, together[name]) == want, (mode, name)
-            assert together[name].result.usage == expected[name].result.usage, (mode, name)
-        # Logprobs are the target's: the same tokens and alternatives, the same numbers (to float
-        # rounding: a batch of other rows and widths sums in another order).
-        want_logprobs = _logprobs(expected["logprobs"].result)
-        assert want_logprobs
-        got = _logprobs(together["logprobs"].result)
-        assert [entry[0] for entry in got] == [entry[0] for entry in want_logprobs], mode
-        flat = [value for entry in got for value in entry[1]]
-        assert flat == pytest.approx([value for entry in want_logprobs for value in entry[1]], abs=1e-4), mode
+        alone = batch.alone(generator)
+        together = batch.together(generator)
+        batch.check_tokens(generator, alone, together, mode)
+        batch.check_logprobs(together, mode)
         json.loads(together["schema"].result.text)  # the constrained row still validates
     for mode in ("draft", "auto"):
-        drafted = _count(engines[mode], "drafted_tokens", "draft") - before[mode]["drafted_tokens"]
-        accepted = _count(engines[mode], "accepted_tokens", "draft") - before[mode]["accepted_tokens"]
+        drafted, accepted = scenarios.drafted_since(engines[mode], before[mode])
         assert drafted > 0, mode
         if mode == "draft":  # every source but the grammar's is the drafter: accepted and rejected
             assert 0 < accepted < drafted
     # Per source: lookup drafts nothing in draft mode; the drafter nothing in lookup mode.
-    assert _count(engines["draft"], "drafted_tokens", "lookup") == 0
-    assert _count(engines["lookup"], "drafted_tokens", "draft") == 0
-    assert _count(engines["auto"], "drafted_tokens", "lookup") > 0
-    assert _count(engines["draft"], "drafted_tokens", "grammar") > 0
+    assert scenarios.count(engines["draft"], "drafted_tokens", "lookup") == 0
+    assert scenarios.count(engines["lookup"], "drafted_tokens", "draft") == 0
+    assert scenarios.count(engines["auto"], "drafted_tokens", "lookup") > 0
+    assert scenarios.count(engines["draft"], "drafted_tokens", "grammar") > 0
 
 
 def test_a_row_drafter_starts_over_the_prompt(
@@ -169,7 +75,7 @@ def test_a_row_drafter_starts_over_the_prompt(
 
     monkeypatch.setattr(ModelDrafter, "_start", start)
     requests = _requests(engines["draft"], 0.0)
-    _run(engines["draft"], {"copy": requests["copy"], "short": requests["short"]}, "prompt-start")
+    scenarios.run(engines["draft"], {"copy": requests["copy"], "short": requests["short"]}, "prompt-start")
     assert len(started) == 2
     assert all(prompt > 1 and offset == prompt for prompt, offset in started), started
 
@@ -181,26 +87,8 @@ def test_rows_leaving_mid_verify_change_no_other_row(
     """Rows with different max tokens end at different steps, each while the next verify
     forward is in flight: the recurrent layers drop them only at that verify's commit
     (RecurrentVerify), and every row still takes its plain tokens."""
-    commits: list[tuple[int, int]] = []  # (rows at launch, rows at commit)
-    original = RecurrentVerify.commit
-
-    def commit(self: RecurrentVerify, rows: Any, kept: Any) -> None:
-        commits.append((len(self._rows), len(rows)))
-        original(self, rows, kept)
-
-    monkeypatch.setattr(RecurrentVerify, "commit", commit)
-    base = _requests(engines["off"], temperature)
-    requests = {
-        f"{name}-{limit}": dataclasses.replace(
-            request, settings=dataclasses.replace(request.settings, max_tokens=limit)
-        )
-        for name, request in base.items()
-        for limit in (7, 13, 22)
-    }
-    expected = _run(engines["off"], requests, f"leaving-{temperature}")
-    drafted = _run(engines["draft"], requests, f"leaving-{temperature}")
-    for name in requests:
-        assert _tokens(engines["draft"], drafted[name]) == _tokens(engines["off"], expected[name]), name
+    commits = scenarios.record_commits(monkeypatch)
+    scenarios.check_rows_leaving_mid_verify(engines, temperature)
     assert any(at_commit < at_launch for at_launch, at_commit in commits), commits
 
 
@@ -236,50 +124,8 @@ def test_one_batched_drafter_serves_rows_that_join_and_leave(
     monkeypatch.setattr(ModelDrafter, "propose", recorded_propose)
     monkeypatch.setattr(ModelDrafter, "_join", recorded_join)
     monkeypatch.setattr(ModelDrafter, "forget", recorded_forget)
-    base = _requests(engines["off"], 0.0)
-
-    def longer(request: PreparedRequest, max_tokens: int) -> PreparedRequest:
-        return dataclasses.replace(
-            request, settings=dataclasses.replace(request.settings, max_tokens=max_tokens)
-        )
-
-    early = {"copy": longer(base["copy"], 400), "list": base["list"]}
-    late = {"short": base["short"], "copy-late": dataclasses.replace(base["copy"], request_id="copy-late")}
-    pacer = base["schema"]  # a constrained row (one token a step, hooked: no drafts)
-    expected = {
-        name: _tokens(engines["off"], _run(engines["off"], {name: request}, "join-alone")[name])
-        for name, request in {**early, **late, "pacer": pacer}.items()
-    }
     drafting = engines["draft"]
-    jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"join-{name}"), None) for name, req in early.items()
-    }
-    late_jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"join-{name}"), None) for name, req in late.items()
-    }
-
-    def submit_late() -> None:
-        for job in late_jobs.values():
-            drafting.submit(job)
-
-    hooked = with_hooks(
-        pacer, AtToken(3, submit_late), AtToken(12, jobs["copy"].cancel), request_id="join-pacer"
-    )
-    jobs["pacer"] = Job(hooked, None)
-    for job in jobs.values():
-        drafting.submit(job)
-    threading.Event().wait(0.05)
-    assert drafting.wait_idle(300)
-    jobs.update(late_jobs)
-    reports = {report.request_id: report for report in drafting.reports}
-    for name, job in jobs.items():
-        report = reports[job.request_id]
-        if name == "copy":  # cancelled mid-decode: what it took is its plain output's beginning
-            assert report.finish_reason == pb.FINISH_REASON_CANCELLED
-            assert 0 < len(report.token_ids) < len(expected[name])
-            assert report.token_ids == expected[name][: len(report.token_ids)]
-        else:
-            assert report.token_ids == expected[name], name
+    scenarios.check_join_and_cancel_while_drafting(engines["off"], drafting)
     assert drafting._runner is not None
     model_drafter = drafting._runner.batch.speculator.model_drafter  # type: ignore[union-attr]
     assert isinstance(model_drafter, ModelDrafter) and model_drafter._shared  # qwen3_5's MTP head: one batch
@@ -311,11 +157,8 @@ def test_a_drafter_without_ragged_batches_keeps_a_state_per_row(
         assert speculator is not None and isinstance(speculator.model_drafter, ModelDrafter)
         speculator.model_drafter._shared = False  # as for a drafter without ragged acceptance
         requests = _requests(engines["off"], 0.0)
-        expected = _run(engines["off"], requests, "per-row")
-        drafted = _run(per_row, requests, "per-row")
-        for name in requests:
-            assert _tokens(per_row, drafted[name]) == _tokens(engines["off"], expected[name]), name
-        assert _count(per_row, "accepted_tokens", "draft") > 0
+        scenarios.check_same_tokens(engines["off"], per_row, requests, "per-row")
+        assert scenarios.count(per_row, "accepted_tokens", "draft") > 0
         assert max(states) >= 2, states
     finally:
         per_row.stop()
@@ -327,37 +170,7 @@ def test_seeded_sampling_through_the_drafter_keeps_the_target_distribution(
 ) -> None:
     """Over many seeds (different ones on each side), the third token's distribution with the
     drafter is the plain engine's (chi-square homogeneity; the first tokens steer the drafts)."""
-    plain, drafting = engines["off"], engines["draft"]
-    assert plain.preparer is not None and drafting.preparer is not None
-    seeds = 400
-
-    def request(preparer: object, seed: int) -> PreparedRequest:
-        prepared: PreparedRequest = preparer.prepare(  # type: ignore[attr-defined]
-            pb.GenerateRequest(
-                request_id=f"seed-{seed}",
-                messages=[pb.Message(role=pb.ROLE_USER, parts=[text_part("Count: one two one two one")])],
-                sampling=pb.SamplingParams(max_tokens=4, temperature=0.7, top_k=8, seed=seed),
-            ),
-            kind=JobKind.GENERATE,
-        )
-        return prepared
-
-    def third_tokens(generator: Generator, first_seed: int) -> Counter[int]:
-        counts: Counter[int] = Counter()
-        for start in range(first_seed, first_seed + seeds, 40):  # within the engine's queue
-            requests = {str(seed): request(generator.preparer, seed) for seed in range(start, start + 40)}
-            for job in _run(generator, requests, f"dist-{start}").values():
-                tokens = _tokens(generator, job)
-                if len(tokens) > 2:
-                    counts[tokens[2]] += 1
-        return counts
-
-    drafted = _count(drafting, "drafted_tokens", "draft")
-    plain_counts, drafted_counts = third_tokens(plain, 0), third_tokens(drafting, 100_000)
-    assert _count(drafting, "drafted_tokens", "draft") > drafted
-    statistic, dof = _chi_square_homogeneity(plain_counts, drafted_counts)
-    assert dof >= 1
-    assert statistic < _chi_square_critical(dof), (statistic, dof, plain_counts, drafted_counts)
+    scenarios.check_seeded_distribution(engines)
 
 
 def test_the_target_checkpoints_own_mtp_head_is_the_same_drafter(
@@ -369,11 +182,8 @@ def test_the_target_checkpoints_own_mtp_head_is_the_same_drafter(
     native = _generator("draft", target, draft_model=str(target))
     try:
         requests = _requests(engines["off"], 0.0)
-        split = _run(engines["draft"], requests, "split-head")
-        own = _run(native, requests, "own-head")
-        for name in requests:
-            assert _tokens(native, own[name]) == _tokens(engines["draft"], split[name]), name
-        assert _count(native, "accepted_tokens", "draft") > 0
+        scenarios.check_same_tokens(engines["draft"], native, requests, "own-head")
+        assert scenarios.count(native, "accepted_tokens", "draft") > 0
     finally:
         native.stop()
 

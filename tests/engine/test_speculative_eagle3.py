@@ -9,9 +9,7 @@ the target cannot give fails the load with why.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +17,10 @@ from typing import Any
 import pytest
 
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
+from vlmserve.engine.speculation.model_drafter import ModelDrafter
 
+from . import _drafter_scenarios as scenarios
 from .test_speculative_decoding import _generator, _requests
-from .test_speculative_dflash import _load_error, check_seeded_distribution
-from .test_speculative_drafter import _count, _logprobs, _run, _tokens
 
 pytestmark = pytest.mark.needs_model
 
@@ -35,50 +32,31 @@ def eagle3(drafter_models: dict[str, tuple[Path, Path]]) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def engines(eagle3: tuple[Path, Path]) -> Iterator[dict[str, Generator]]:
-    target, drafter = eagle3
-    generators = {
-        mode: _generator(
-            mode, target, max_active=16, max_queue=64, draft_model=str(drafter) if mode != "off" else None
-        )
-        for mode in ("off", "draft", "auto")
-    }
-    yield generators
-    for generator in generators.values():
-        generator.stop()
+    yield from scenarios.started_engines(*eagle3, ("draft", "auto"))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_eagle3_rows_take_the_tokens_they_take_without_speculation(
     engines: dict[str, Generator], temperature: float
 ) -> None:
-    plain = engines["off"]
-    requests = _requests(plain, temperature)
-    drafted_before = _count(engines["draft"], "drafted_tokens", "draft")
-    accepted_before = _count(engines["draft"], "accepted_tokens", "draft")
-    expected = {
-        name: _run(plain, {name: request}, f"alone-{temperature}")[name] for name, request in requests.items()
-    }
+    before = scenarios.draft_counts(engines["draft"])
+    batch = scenarios.MixedBatch.on(engines["off"], temperature)
     for mode in ("draft", "auto"):
         generator = engines[mode]
-        alone = {
-            name: _run(generator, {name: request}, f"alone-{temperature}")[name]
-            for name, request in requests.items()
-        }
-        together = _run(generator, requests, f"mixed-{temperature}")
-        for name in requests:
-            want = _tokens(plain, expected[name])
-            assert _tokens(generator, alone[name]) == want, (mode, name)
-            assert _tokens(generator, together[name]) == want, (mode, name)
-            assert together[name].result.usage == expected[name].result.usage, (mode, name)
-        got, want_logprobs = _logprobs(together["logprobs"].result), _logprobs(expected["logprobs"].result)
+        alone = batch.alone(generator)
+        together = batch.together(generator)
+        batch.check_tokens(generator, alone, together, mode)
+        got, want_logprobs = (
+            scenarios.logprobs(together["logprobs"].result),
+            scenarios.logprobs(batch.expected["logprobs"].result),
+        )
         assert [entry[0] for entry in got] == [entry[0] for entry in want_logprobs], mode
         json.loads(together["schema"].result.text)
     assert generator._runner is not None
     drafter = generator._runner.batch.speculator.model_drafter  # type: ignore[union-attr]
     assert isinstance(drafter, ModelDrafter) and drafter.kind == "eagle3" and drafter._shared
     assert drafter.capture_layer_ids == (1, 2, 3)
-    drafted = _count(engines["draft"], "drafted_tokens", "draft") - drafted_before
-    accepted = _count(engines["draft"], "accepted_tokens", "draft") - accepted_before
+    drafted, accepted = scenarios.drafted_since(engines["draft"], before)
     assert drafted > 0
     if temperature == 0.0:  # the fixture's greedy loops: drafts accepted and rejected
         assert 0 < accepted < drafted, (accepted, drafted)
@@ -88,18 +66,7 @@ def test_eagle3_rows_take_the_tokens_they_take_without_speculation(
 def test_eagle3_rows_leaving_mid_verify_change_no_other_row(
     engines: dict[str, Generator], temperature: float
 ) -> None:
-    base = _requests(engines["off"], temperature)
-    requests = {
-        f"{name}-{limit}": dataclasses.replace(
-            request, settings=dataclasses.replace(request.settings, max_tokens=limit)
-        )
-        for name, request in base.items()
-        for limit in (7, 13, 22)
-    }
-    expected = _run(engines["off"], requests, f"leaving-{temperature}")
-    drafted = _run(engines["draft"], requests, f"leaving-{temperature}")
-    for name in requests:
-        assert _tokens(engines["draft"], drafted[name]) == _tokens(engines["off"], expected[name]), name
+    scenarios.check_rows_leaving_mid_verify(engines, temperature)
 
 
 def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
@@ -116,14 +83,7 @@ def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
 
     monkeypatch.setattr(ModelDrafter, "propose", recorded)
     target, drafter = eagle3
-    base = _requests(engines["off"], 0.0)
-    requests = {
-        f"{name}-{limit}": dataclasses.replace(
-            request, settings=dataclasses.replace(request.settings, max_tokens=limit)
-        )
-        for name, request in base.items()
-        for limit in (7, 13, 40)
-    }
+    requests = scenarios.with_max_tokens(_requests(engines["off"], 0.0), (7, 13, 40))
     per_row = _generator("draft", target, max_active=16, max_queue=64, draft_model=str(drafter))
     try:
         assert per_row._runner is not None and per_row._runner.batch.speculator is not None
@@ -132,12 +92,12 @@ def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
         alone._shared = False
         counts = {}
         for name, generator in (("shared", engines["draft"]), ("per-row", per_row)):
-            before = [_count(generator, metric, "draft") for metric in ("drafted_tokens", "accepted_tokens")]
-            jobs = _run(generator, requests, f"batched-{name}")
-            after = [_count(generator, metric, "draft") for metric in ("drafted_tokens", "accepted_tokens")]
+            before = list(scenarios.draft_counts(generator).values())
+            jobs = scenarios.run(generator, requests, f"batched-{name}")
+            after = list(scenarios.draft_counts(generator).values())
             counts[name] = (
                 [b - a for a, b in zip(before, after, strict=True)],
-                {n: _tokens(generator, job) for n, job in jobs.items()},
+                {n: scenarios.tokens(generator, job) for n, job in jobs.items()},
             )
             if name == "shared":
                 assert max(held) >= 2, held
@@ -149,7 +109,7 @@ def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
 
 @pytest.mark.slow
 def test_seeded_sampling_through_eagle3_keeps_the_target_distribution(engines: dict[str, Generator]) -> None:
-    check_seeded_distribution(engines)
+    scenarios.check_seeded_distribution(engines)
 
 
 @pytest.mark.parametrize(
@@ -162,12 +122,4 @@ def test_seeded_sampling_through_eagle3_keeps_the_target_distribution(engines: d
 def test_an_eagle3_drafter_that_does_not_fit_the_target_fails_the_load_with_why(
     eagle3: tuple[Path, Path], tmp_path: Path, change: dict[str, Any], why: str
 ) -> None:
-    target, drafter = eagle3
-    broken = tmp_path / "drafter"
-    shutil.copytree(drafter, broken)
-    config = json.loads((broken / "config.json").read_text(encoding="utf-8"))
-    config.update(change)
-    (broken / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    error = _load_error(target, broken)
-    assert isinstance(error, DraftModelError)
-    assert why in str(error)
+    scenarios.check_load_fails(*eagle3, tmp_path, lambda config: config.update(change), why)
