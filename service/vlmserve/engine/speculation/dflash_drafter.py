@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.engine.speculation.model_drafter import DrafterRow, DraftModelError
+from vlmserve.engine.speculation.drafter_row import DrafterRow, DraftModelError
 
 __all__ = ["DFlashDrafter", "check_dflash_drafter"]
 

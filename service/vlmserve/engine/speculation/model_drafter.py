@@ -47,7 +47,9 @@ import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from vlmserve.engine.speculation.drafter_row import DrafterRow, DraftModelError
 
 if TYPE_CHECKING:
     from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
@@ -57,17 +59,6 @@ __all__ = ["AnyDrafter", "DraftModelError", "ModelDrafter", "load_model_drafter"
 log = logging.getLogger(__name__)
 
 SUPPORTED_KINDS = ("mtp", "dflash", "eagle3")
-
-
-class DraftModelError(ValueError):
-    """The draft model cannot serve this target (unknown kind, mismatched sizes, no weights)."""
-
-
-class DrafterRow(Protocol):
-    @property
-    def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]: ...
-
-    def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
 
 
 @dataclass
