@@ -23,7 +23,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from vlmserve.common.wire_size import utf8_length, wire_size
+from vlmserve.common.wire_size import NO_TEXTS, ZIGZAG, utf8_length, wire_size
 
 __all__ = ["HOLD_MIN_CHARS", "HeldTexts", "encode"]
 
@@ -41,7 +41,6 @@ _FIXED = {
     _TYPE.TYPE_SFIXED64: (struct.Struct("<q"), _WIRE_FIXED64),
     _TYPE.TYPE_DOUBLE: (struct.Struct("<d"), _WIRE_FIXED64),
 }
-_ZIGZAG = frozenset({_TYPE.TYPE_SINT32, _TYPE.TYPE_SINT64})
 
 
 class HeldTexts(Mapping[str, str]):
@@ -81,10 +80,7 @@ class HeldTexts(Mapping[str, str]):
         return len(self._texts)
 
 
-_NO_TEXTS: Mapping[str, str] = {}
-
-
-def encode(message: Message, held: Mapping[str, str] = _NO_TEXTS) -> bytes:
+def encode(message: Message, held: Mapping[str, str] = NO_TEXTS) -> bytes:
     """`message.SerializeToString()`, held texts written in place of their markers. One buffer,
     grown in place (a large block grows by remapping), handed out without a copy."""
     buffer = io.BytesIO()
@@ -139,7 +135,7 @@ def _write_scalar(out: io.BytesIO, kind: int, value: object) -> None:
         out.write(_FIXED[kind][0].pack(value))
         return
     assert isinstance(value, int)  # bool and enums too
-    if kind in _ZIGZAG:
+    if kind in ZIGZAG:
         out.write(_varint((value << 1) ^ (value >> 63)))
     else:
         # Negative int32, int64 and enum values are sign-extended to ten bytes.

@@ -15,24 +15,25 @@ from collections.abc import Mapping
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-__all__ = ["utf8_length", "wire_size"]
+__all__ = ["NO_TEXTS", "ZIGZAG", "utf8_length", "wire_size"]
 
 _TYPE = FieldDescriptor
 _VARINT = frozenset(
     {_TYPE.TYPE_INT32, _TYPE.TYPE_INT64, _TYPE.TYPE_UINT32, _TYPE.TYPE_UINT64}
     | {_TYPE.TYPE_ENUM, _TYPE.TYPE_BOOL}
 )
-_ZIGZAG = frozenset({_TYPE.TYPE_SINT32, _TYPE.TYPE_SINT64})
+ZIGZAG = frozenset({_TYPE.TYPE_SINT32, _TYPE.TYPE_SINT64})
 _FIXED32 = frozenset({_TYPE.TYPE_FIXED32, _TYPE.TYPE_SFIXED32, _TYPE.TYPE_FLOAT})
 _FIXED64 = frozenset({_TYPE.TYPE_FIXED64, _TYPE.TYPE_SFIXED64, _TYPE.TYPE_DOUBLE})
 # Non-ASCII strings are encoded a slice at a time to count their UTF-8 bytes.
 _SLICE_CHARS = 1 << 20
 
 
-_NO_TEXTS: Mapping[str, str] = {}
+# No held texts (wire_encode.HeldTexts): every string is its own text.
+NO_TEXTS: Mapping[str, str] = {}
 
 
-def wire_size(message: Message, held: Mapping[str, str] = _NO_TEXTS) -> int:
+def wire_size(message: Message, held: Mapping[str, str] = NO_TEXTS) -> int:
     """`message.ByteSize()`, without encoding the message; each marker of `held` counts as its text."""
     size = 0
     for field, value in message.ListFields():
@@ -74,7 +75,7 @@ def _scalar_size(kind: int, value: object) -> int:
     if kind in _FIXED64:
         return 8
     assert isinstance(value, int)  # bool and enums too
-    if kind in _ZIGZAG:
+    if kind in ZIGZAG:
         return _varint_size((value << 1) ^ (value >> 63))
     if kind in _VARINT:
         # Negative int32, int64 and enum values are sign-extended to ten bytes.
