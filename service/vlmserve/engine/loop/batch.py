@@ -279,16 +279,16 @@ class DecodeBatch(Generic[K]):
         fresh = [entry.last_token for entry in self._entries[self._pending_rows :]]
         if not fresh and all(entry.tokens_left <= 0 for entry in self._entries):
             return  # every row ends with its token in flight: nothing to compute for
-        if self._pending is None and self._pending_lists is not None:
+        pending = self._pending
+        if pending is None and self._pending_lists is not None:
             # After a verify step its tokens are known here already; take() still hands them out.
-            lasts = mx.array([tokens[-1] for tokens in self._pending_lists], dtype=mx.int32)
-            inputs = mx.concatenate([lasts, mx.array(fresh, dtype=mx.int32)]) if fresh else lasts
-        elif self._pending is None:
+            pending = mx.array([tokens[-1] for tokens in self._pending_lists], dtype=mx.int32)
+        if pending is None:
             inputs = mx.array(fresh, dtype=mx.int32)
         elif fresh:
-            inputs = mx.concatenate([self._pending, mx.array(fresh, dtype=mx.int32)])
+            inputs = mx.concatenate([pending, mx.array(fresh, dtype=mx.int32)])
         else:
-            inputs = self._pending
+            inputs = pending
         kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
         output = self._language_model(inputs.reshape(-1, 1), cache=self._caches, **kwargs)
         self._logits = output.logits[:, -1, :]
