@@ -14,6 +14,7 @@ layers' hidden states: `build_dflash_drafter` writes one, laid out as those chec
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,22 +84,48 @@ def _qwen3_5(tokenizer: Tokenizer) -> FamilyFiles:
     return files
 
 
+def _fresh_drafter(
+    out_dir: Path, config: dict[str, Any], build: Callable[[], Any], seed: int
+) -> dict[str, Any]:
+    """Write `config` as `out_dir`'s config.json; the weights of the model `build()` makes, seeded."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    mx.random.seed(seed)
+    flat: list[tuple[str, Any]] = tree_flatten(build().parameters())  # type: ignore[assignment]
+    return dict(flat)
+
+
+def _quiet_layer(weights: dict[str, Any]) -> None:
+    """Scale the drafter layer's output projections down, so it adds little to what fc passes."""
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * 0.05
+
+
+def _save_weights(out_dir: Path, weights: dict[str, Any]) -> dict[str, Any]:
+    """`weights` as float16 in `out_dir`/model.safetensors; returns them."""
+    import mlx.core as mx
+
+    saved = {name: value.astype(mx.float16) for name, value in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), saved, metadata={"format": "mlx"})
+    return saved
+
+
 def build_mtp_drafter(target_dir: Path, *, seed: int = 1) -> Path:
     """Write the target's MTP head (random weights) as a drafter directory next to its weights
     (`target_dir/mtp-drafter`), and into the target's weights as `mtp.*`; returns the directory."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_vlm.speculative.drafters.qwen3_5_mtp import ModelConfig, Qwen3_5MTPDraftModel
 
     target = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
     config = {"model_type": "qwen3_5_mtp", "text_config": target["text_config"]}
     out_dir = target_dir / MTP_DRAFTER_DIR
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    mx.random.seed(seed)
-    model = Qwen3_5MTPDraftModel(ModelConfig.from_dict(config))
-    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    weights = dict(flat)
+    weights = _fresh_drafter(
+        out_dir, config, lambda: Qwen3_5MTPDraftModel(ModelConfig.from_dict(config)), seed
+    )
     # Random weights would never propose what the random target writes, and a test of the drafter
     # path needs drafts accepted as well as rejected. So the head passes the target's hidden state
     # through (fc: [0 | I]) and its layer adds little (small output projections): it proposes the
@@ -106,11 +133,8 @@ def build_mtp_drafter(target_dir: Path, *, seed: int = 1) -> Path:
     # elsewhere, while its attention still reads and writes the drafter's KV cache.
     hidden = weights["fc.weight"].shape[0]
     weights["fc.weight"] = mx.concatenate([mx.zeros((hidden, hidden)), mx.eye(hidden)], axis=1)
-    for name in weights:
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            weights[name] = weights[name] * 0.05
-    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    _quiet_layer(weights)
+    weights = _save_weights(out_dir, weights)
     # Real Qwen3.5 checkpoints carry the head inside (`mtp.*`, which the target's load drops):
     # the same tensors go there too, so `--draft-model` on the target's own directory (mlx-vlm's
     # native-checkpoint splitter) is the same drafter.
@@ -125,7 +149,6 @@ def build_dflash_drafter(target_dir: Path, *, seed: int = 2) -> Path:
     """Write a DFlash drafter (random weights, shaped as mlx-vlm's `qwen3_dflash`) for the target
     at `target_dir` into `target_dir/dflash-drafter`; returns the directory."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_vlm.speculative.drafters.qwen3_dflash import DFlashDraftModel, ModelConfig
 
     target = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))["text_config"]
@@ -153,12 +176,7 @@ def build_dflash_drafter(target_dir: Path, *, seed: int = 2) -> Path:
         "dflash_config": {"mask_token_id": mask, "target_layer_ids": list(range(layers))},
     }
     out_dir = target_dir / DFLASH_DRAFTER_DIR
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    mx.random.seed(seed)
-    model = DFlashDraftModel(ModelConfig.from_dict(config))
-    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    weights = dict(flat)
+    weights = _fresh_drafter(out_dir, config, lambda: DFlashDraftModel(ModelConfig.from_dict(config)), seed)
     # Random weights would never propose what the random target writes. So the drafter averages
     # its context: no queries (uniform attention), the block's own tokens silenced (a zero input
     # norm: they add nothing to the keys and values), values the identity, fc picking the last
@@ -177,8 +195,7 @@ def build_dflash_drafter(target_dir: Path, *, seed: int = 2) -> Path:
             weights[name] = mx.eye(hidden)
         elif name.endswith("o_proj.weight"):
             weights[name] = mx.eye(hidden) * 100.0
-    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    _save_weights(out_dir, weights)
     return out_dir
 
 
@@ -187,7 +204,6 @@ def build_eagle3_drafter(target_dir: Path, *, seed: int = 3) -> Path:
     loads it) for the (4-layer, `DEEP_FAMILY`) target at `target_dir` into
     `target_dir/eagle3-drafter`; returns the directory."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel, ModelConfig
 
     target = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))["text_config"]
@@ -218,21 +234,13 @@ def build_eagle3_drafter(target_dir: Path, *, seed: int = 3) -> Path:
         "block_size": 5,
     }
     out_dir = target_dir / EAGLE3_DRAFTER_DIR
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    mx.random.seed(seed)
-    model = Eagle3DraftModel(ModelConfig.from_dict(config))
-    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    weights = dict(flat)
+    weights = _fresh_drafter(out_dir, config, lambda: Eagle3DraftModel(ModelConfig.from_dict(config)), seed)
     # As the MTP head above: fc passes the last target layer's hidden state through and the
     # layer adds little, so it proposes the target's own last prediction again (right on the
     # fixture's greedy loops, wrong elsewhere), while its attention reads and writes its KV cache.
     weights["fc.weight"] = mx.concatenate([mx.zeros((hidden, 2 * hidden)), mx.eye(hidden)], axis=1)
-    for name in weights:
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            weights[name] = weights[name] * 0.05
-    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    _quiet_layer(weights)
+    _save_weights(out_dir, weights)
     return out_dir
 
 
