@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client import generate_latest
+from safetensors import SafetensorError
 
 from vlmserve.client import channel_options
 from vlmserve.engine.config import EngineConfig
@@ -28,7 +29,9 @@ pytestmark = pytest.mark.needs_model
 
 
 @contextmanager
-def engine_on(folder: Path | None) -> Iterator[tuple[EngineServer, pb_grpc.EngineServiceStub]]:
+def engine_on(
+    folder: Path | None, **settings: object
+) -> Iterator[tuple[EngineServer, pb_grpc.EngineServiceStub]]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -36,6 +39,7 @@ def engine_on(folder: Path | None) -> Iterator[tuple[EngineServer, pb_grpc.Engin
         model=str(RANDOM_MODEL_PATH),
         warmup=False,
         prefix_cache_dir=str(folder) if folder is not None else None,
+        **settings,  # type: ignore[arg-type]
     )
 
     def run(coroutine: object, timeout: float = 60) -> object:
@@ -115,3 +119,32 @@ def test_a_damaged_entry_is_recomputed_not_served(tmp_path: Path, damage: str) -
         assert cache is not None and cache.hits["disk"] == 0
     assert again.usage.cached_tokens == 0
     assert again.text == cold.text
+
+
+def test_a_full_disk_turns_the_tier_off_and_the_engine_serves_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39: safetensors' full-disk error (a SafetensorError, not an OSError) killed the writer
+    thread while the tier stayed on, so every later eviction waited in memory for it."""
+    import safetensors.numpy
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full)
+    # Each entry is about 1.9 MiB: the 4 MiB cache keeps two and evicts the rest to the (full) disk.
+    with engine_on(tmp_path, prefix_cache_mib=4) as (server, stub):
+        cache = server.generator.prefix_cache
+        assert cache is not None and cache.disk is not None
+        for turn in range(6):
+            unary(stub, conversation(f"Question number {turn} " * 40, partition="agent"))
+        assert cache.disk.flush(timeout=10)
+        scraped = generate_latest(server.generator.metrics.registry).decode()
+        assert not cache.disk.enabled
+        assert cache.disk.pending_bytes == 0
+        assert 'vlmserve_engine_prefix_cache_disk_errors_total{kind="disabled"} 1.0' in scraped
+        assert "vlmserve_engine_prefix_cache_disk_enabled 0.0" in scraped
+        assert "vlmserve_engine_prefix_cache_disk_pending_bytes 0.0" in scraped
+        again = unary(stub, conversation("Question number 5 " * 40, "An answer.", "More?", partition="agent"))
+        assert again.usage.cached_tokens > 0  # memory goes on serving
+    assert not list(tmp_path.rglob("*.safetensors"))

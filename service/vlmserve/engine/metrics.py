@@ -45,6 +45,9 @@ class EngineState:
     memory_reserved: int = 0  # estimates of the requests in flight (memory_budget.py)
     memory_budget: int = 0
     memory_refused: int = 0
+    # The prefix cache's disk tier (loop/prefix_disk.py): None when there is none.
+    prefix_disk_enabled: bool | None = None
+    prefix_disk_pending_bytes: int = 0
 
 
 class _StateCollector(Collector):
@@ -102,6 +105,18 @@ class _StateCollector(Collector):
         for tier, count in sorted(state.prefix_cache_bytes.items()):
             stored.add_metric([tier], count)
         yield stored
+        if state.prefix_disk_enabled is not None:
+            yield GaugeMetricFamily(
+                "vlmserve_engine_prefix_cache_disk_enabled",
+                "1 while the prefix cache's disk tier is on; 0 once a write or folder error (a full disk) "
+                "turned it off (memory only until the engine restarts)",
+                value=int(state.prefix_disk_enabled),
+            )
+            yield GaugeMetricFamily(
+                "vlmserve_engine_prefix_cache_disk_pending_bytes",
+                "bytes of evicted prefix-cache entries held in memory until the disk tier's writer is done",
+                value=state.prefix_disk_pending_bytes,
+            )
 
 
 class EngineMetrics:

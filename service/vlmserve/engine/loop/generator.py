@@ -107,6 +107,8 @@ class Generator:
             memory_reserved=self.admission.memory_in_use,
             memory_budget=self.admission.memory.budget_bytes if self.admission.memory is not None else 0,
             memory_refused=self.admission.memory_refused,
+            prefix_disk_enabled=disk.enabled if disk is not None else None,
+            prefix_disk_pending_bytes=disk.pending_bytes if disk is not None else 0,
         )
 
     @property

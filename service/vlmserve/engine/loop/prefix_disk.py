@@ -26,12 +26,12 @@ their own so eviction never waits for the disk; loads are synchronous (they repl
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import hashlib
 import json
 import logging
 import os
-import queue
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -85,10 +85,13 @@ class PrefixDiskTier:
         self.enabled = max_bytes > 0
         self._on_error = on_error
         self._index: dict[str, DiskEntry] = {}
-        self._lock = threading.Lock()  # the index, shared with the writer thread
+        # The index, the write queue and `enabled`, shared with the writer thread.
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a job queued or done, or closing
         self._seen_mtime_ns = -1
-        self._pending: queue.Queue[tuple[str, DiskEntry, dict[str, np.ndarray], dict[str, str]] | None]
-        self._pending = queue.Queue()
+        self._jobs: collections.deque[_WriteJob] = collections.deque()
+        self._writing: _WriteJob | None = None
+        self._closing = False
         self._writer: threading.Thread | None = None
         if self.enabled:
             try:
@@ -218,55 +221,75 @@ class PrefixDiskTier:
             "sha256": _checksum(tensors),
         }
         entry = DiskEntry(self.folder / name, partition, ids, dict(images), nbytes, dict(dtypes or {}))
-        if self._writer is None:
-            self._writer = threading.Thread(target=self._write_loop, name="prefix-disk-writer", daemon=True)
-            self._writer.start()
-        self._pending.put((name, entry, tensors, meta))
+        with self._changed:
+            if not self.enabled or self._closing:
+                return  # turned off meanwhile (by the writer): nothing may wait in memory
+            self._jobs.append(_WriteJob(name, entry, tensors, meta))
+            self._changed.notify_all()
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_loop, name="prefix-disk-writer", daemon=True
+                )
+                self._writer.start()
 
-    def flush(self) -> None:
-        """Wait until every queued entry is on disk (or given up)."""
-        if self._writer is not None:
-            self._pending.join()
+    @property
+    def pending_bytes(self) -> int:
+        """Tensor bytes queued or being written (held in memory until the writer is done)."""
+        with self._lock:
+            jobs = [*self._jobs, *([self._writing] if self._writing is not None else [])]
+            return sum(job.entry.nbytes for job in jobs)
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._pending.put(None)
-            self._writer.join()
-            self._writer = None
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued entry is on disk or given up (True), at most `timeout` s."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._jobs and self._writing is None, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join(timeout)
 
     def _write_loop(self) -> None:
-        while (job := self._pending.get()) is not None:
+        """The writer thread: one job at a time until closed. It never dies of a failed write:
+        any error turns the tier off (and drops the queue), and the loop goes on to its end."""
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._jobs or self._closing)
+                if not self._jobs:
+                    return
+                job = self._writing = self._jobs.popleft()
             try:
                 if self.enabled:
-                    self._write(*job)
+                    self._write(job)
+            except Exception as error:  # safetensors raises SafetensorError on a full disk, not OSError
+                self._disable(f"prefix cache disk tier off, memory only from now on: {error}")
             finally:
-                self._pending.task_done()
-        self._pending.task_done()
+                with self._changed:
+                    self._writing = None
+                    self._changed.notify_all()
 
-    def _write(
-        self, name: str, entry: DiskEntry, tensors: dict[str, np.ndarray], meta: dict[str, str]
-    ) -> None:
+    def _write(self, job: _WriteJob) -> None:
         from safetensors.numpy import save_file
 
         tmp = None
         try:
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=SUFFIX)
             os.close(fd)
-            save_file(tensors, tmp, metadata=meta)
+            save_file(job.tensors, tmp, metadata=job.meta)
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
-            os.replace(tmp, entry.path)
+            os.replace(tmp, job.entry.path)
             tmp = None
-            entry.nbytes = entry.path.stat().st_size
-        except OSError as error:
-            self._disable(f"prefix cache disk tier off, memory only from now on: {error}")
-            return
+            job.entry.nbytes = job.entry.path.stat().st_size
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
         with self._lock:
-            self._index[name] = entry
+            self._index[job.name] = job.entry
         self._evict()
 
     def _evict(self) -> None:
@@ -299,11 +322,24 @@ class PrefixDiskTier:
             self._index.pop(name, None)
 
     def _disable(self, why: str) -> None:
-        if self.enabled:
+        """Turn the tier off (once: one warning, one count) and drop the entries waiting to be
+        written, so nothing evicted waits in memory for a disk that will not take it."""
+        with self._changed:
+            was, self.enabled = self.enabled, False
+            self._jobs.clear()
+            self._changed.notify_all()
+        if was:
             log.warning("%s", why)
             if self._on_error is not None:
                 self._on_error("disabled")
-        self.enabled = False
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteJob:
+    name: str
+    entry: DiskEntry
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, str]
 
 
 def disk_namespace(model: str, loaded: Any) -> str:
