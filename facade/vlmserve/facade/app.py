@@ -43,6 +43,7 @@ from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileRepository
 from vlmserve.facade.store.repositories import Store
 from vlmserve.facade.store.upkeep import INTERRUPTED_ERROR, fail_interrupted, run_lease, run_upkeep
+from vlmserve.server.version import version
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -231,7 +232,7 @@ def create_app(
     app = FastAPI(
         title="vlmserve facade",
         summary="OpenAI Responses API over a vlmserve engine",
-        version="0.1.0",
+        version=version(),
         lifespan=lifespan,
         # With keys, the schema is served behind the key below and the browser UIs are off
         # (they fetch the schema without a key).

@@ -27,9 +27,9 @@ from vlmserve.server.settings import SettingsError, add_arguments, load
 _REQUEST_LINE_BYTES = 8 * 1024
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "vlmserve-facade") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vlmserve-facade",
+        prog=prog,
         description="OpenAI Responses API over a vlmserve engine. Every option can also be set with the "
         "environment variable named in its help; the command line wins.",
         allow_abbrev=False,
@@ -39,10 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    prog: str = "vlmserve-facade",
 ) -> FacadeSettings:
     """Declared defaults, then the environment, then command-line options."""
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         settings = load(FacadeSettings, environ=os.environ if environ is None else environ, args=args)
@@ -67,8 +70,9 @@ def server_shutdown_timeout_s(settings: FacadeSettings) -> int:
     return math.ceil(settings.shutdown_grace_s + STREAM_CUTOFF_AFTER_GRACE_S) + 2
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    settings = settings_from_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "vlmserve-facade") -> int:
+    """`prog`: the name `--help` shows (`vlmserve facade` when run as a subcommand)."""
+    settings = settings_from_args(argv, prog=prog)
     configure_logging(settings.log_level, settings.log_format)
     logger = logging.getLogger("vlmserve.facade")
     if settings.otlp_endpoint is not None:

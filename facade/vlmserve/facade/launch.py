@@ -80,23 +80,56 @@ class LaunchSettings(DeclaredSettings):
     facade: FacadeSettings = Field(default_factory=FacadeSettings, description="the facade's settings")
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "python -m vlmserve.facade.launch"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m vlmserve.facade.launch", description=__doc__, allow_abbrev=False
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    # `vlmserve serve MODEL` / `vlmserve serve ID=MODEL ID2=MODEL2`: --model / --models, positionally.
+    parser.add_argument(
+        "positional_models",
+        nargs="*",
+        metavar="MODEL | ID=MODEL",
+        help="the model to serve (as --model), or several as ID=MODEL (as --models)",
     )
     add_arguments(parser, LaunchSettings)
     return parser
 
 
+def with_positional_models(settings: LaunchSettings, given: Sequence[str]) -> LaunchSettings:
+    """MODEL alone is --model; ID=MODEL values are --models. Mixing them, or naming a model both
+    ways, is refused (ValueError) rather than one silently winning."""
+    if not given:
+        return settings
+    several = [value for value in given if "=" in value]
+    if several and len(several) != len(given):
+        raise ValueError("give one MODEL, or ID=MODEL for each of several")
+    if not several and len(given) > 1:
+        raise ValueError("several models need ids: ID=MODEL ID2=MODEL2")
+    if several:
+        if settings.models:
+            raise ValueError("models given both positionally and with --models")
+        return settings.model_copy(update={"models": tuple(several)})
+    if settings.model is not None and settings.model != given[0]:
+        raise ValueError("the model given both positionally and with --model")
+    return settings.model_copy(update={"model": given[0]})
+
+
 def parse_args(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, *, prog: str = PROG
 ) -> tuple[LaunchSettings, list[str]]:
     """The launcher's settings, and the facade flags given (to pass on to the facade)."""
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         settings = load(LaunchSettings, environ=os.environ if environ is None else environ, args=args)
-    except SettingsError as error:
+        settings = with_positional_models(settings, args.positional_models)
+    except (SettingsError, ValueError) as error:
         parser.error(str(error))
     return settings, to_argv(LaunchSettings, args, under="facade")
 
@@ -354,8 +387,9 @@ def _ready(url: str, key: str | None) -> bool:
         return False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    settings, facade_flags = parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """`prog`: the name `--help` shows (`vlmserve serve` when run as a subcommand)."""
+    settings, facade_flags = parse_args(argv, prog=prog)
     configure_logging(settings.facade.log_level, settings.facade.log_format)
     launcher = Launcher(settings, facade_flags)
     signal.signal(signal.SIGTERM, launcher.handle_signal)

@@ -80,9 +80,11 @@ class EngineCommand(DeclaredSettings):
         return self.address
 
 
-def _parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> EngineCommand:
+def _parse_args(
+    argv: Sequence[str] | None, environ: Mapping[str, str] | None = None, *, prog: str = "vlmserve-engine"
+) -> EngineCommand:
     parser = argparse.ArgumentParser(
-        prog="vlmserve-engine",
+        prog=prog,
         description="Serve an mlx-vlm model over gRPC. Every option can also be set with the environment "
         "variable named in its help; the command line wins.",
         allow_abbrev=False,
@@ -155,8 +157,9 @@ async def _serve(command: EngineCommand) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    command = _parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "vlmserve-engine") -> None:
+    """`prog`: the name `--help` shows (`vlmserve engine` when run as a subcommand)."""
+    command = _parse_args(argv, prog=prog)
     configure_logging(command.log_level, command.log_format)
     # Never reach for the Hugging Face Hub unless the model is a hub id that is not cached.
     if Path(command.engine.model).exists():
