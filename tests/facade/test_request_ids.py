@@ -21,6 +21,25 @@ async def test_every_answer_has_its_own_request_id(http: httpx.AsyncClient) -> N
     assert len(set(ids)) == 3
 
 
+async def test_anthropic_answers_carry_request_id_too(http: httpx.AsyncClient) -> None:
+    """Anthropic names the header `request-id` (the anthropic SDK's `_request_id` reads it)."""
+    body = {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    answered = await http.post("/v1/messages", json=body)
+    streamed = await http.post("/v1/messages", json={**body, "stream": True})
+    refused = await http.post("/v1/messages", json={"model": "default"})
+    counted = await http.post(
+        "/v1/messages/count_tokens", json={"model": "default", "messages": body["messages"]}
+    )
+    listed = await http.get("/v1/models", headers={"anthropic-version": "2023-06-01"})
+    for answer in (answered, streamed, refused, counted, listed):
+        assert answer.headers.get_list("request-id") == [answer.headers["x-request-id"]], answer.headers
+        assert answer.headers["request-id"].startswith("req_")
+    assert (answered.status_code, streamed.status_code, refused.status_code) == (200, 200, 400)
+    # An OpenAI client's answer has only OpenAI's name.
+    openai_answer = await http.post("/v1/responses", json={"model": "default", "input": "hi"})
+    assert "request-id" not in openai_answer.headers
+
+
 async def test_a_clients_request_id_is_not_taken_into_the_logs(http: httpx.AsyncClient) -> None:
     answer = await http.post(
         "/v1/responses", json={"model": "default", "input": "hi"}, headers={"x-request-id": "forged\nline"}

@@ -67,7 +67,6 @@ async def test_unknown_ids_are_404(http: httpx.AsyncClient, path: str, param: st
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("previous_response_id", "resp_unknown"),
         ("conversation", "conv_unknown"),
         ("conversation", {"id": "conv_x"}),
     ],

@@ -5,6 +5,7 @@ inside of is `incomplete`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import openai
 import pytest
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import SEED_000_TOOL
+from tests.facade.helpers import SEED_000_TOOL, parse_sse
 from tests.facade.test_streaming import check_events, stream
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -125,3 +126,97 @@ async def test_a_call_cut_off_alone_is_the_only_item(
     [item] = resource["output"]
     assert item["type"] == "function_call" and item["status"] == "incomplete"
     assert item["arguments"] == ARGUMENTS
+
+
+CHAT_TOOL: Any = {"type": "function", "function": {"name": "screenshot", "parameters": {"type": "object"}}}
+
+
+async def _chat(http: httpx.AsyncClient, *, stream: bool) -> httpx.Response:
+    body = {"model": "default", "messages": [{"role": "user", "content": "look"}], "tools": [CHAT_TOOL]}
+    return await http.post("/v1/chat/completions", json={**body, "stream": stream})
+
+
+def _calls(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        call
+        for chunk in chunks
+        for choice in chunk["choices"]
+        for call in choice["delta"].get("tool_calls") or []
+    ]
+
+
+def _chat_chunks(reply: httpx.Response) -> list[dict[str, Any]]:
+    datas = [event.data for event in parse_sse(reply.text)]
+    assert datas[-1] == "[DONE]"
+    return [json.loads(data) for data in datas[:-1]]
+
+
+@pytest.mark.parametrize("written", [[], PIECES[:1]])
+async def test_a_chat_call_cut_off_is_left_out_of_the_completion(
+    http: httpx.AsyncClient, engine: FakeEngine, written: list[str]
+) -> None:
+    """Consistent with Messages: a call the token limit cut off (no arguments yet, or part of
+    them) is not a call the client could run; `finish_reason` says why the turn ended."""
+    _script_streamed_call(engine, finished=False)
+    engine.script.text_chunks = []
+    engine.script.tool_call_deltas = engine.script.tool_call_deltas[: 1 + len(written)]
+    reply = await _chat(http, stream=False)
+    assert reply.status_code == 200, reply.text
+    (choice,) = reply.json()["choices"]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"] == {"role": "assistant", "content": "", "refusal": None, "tool_calls": None}
+
+
+async def test_a_chat_stream_never_sends_a_call_without_arguments(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """Cut off before its first piece: the call never appears in the stream."""
+    _script_streamed_call(engine, finished=False)
+    engine.script.text_chunks = []
+    engine.script.tool_call_deltas = engine.script.tool_call_deltas[:1]
+    chunks = _chat_chunks(await _chat(http, stream=True))
+    assert not any(choice["delta"].get("tool_calls") for chunk in chunks for choice in chunk["choices"])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_chat_calls_first_chunk_carries_its_first_arguments(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    _script_streamed_call(engine)
+    chunks = _chat_chunks(await _chat(http, stream=True))
+    calls = [
+        call
+        for chunk in chunks
+        for choice in chunk["choices"]
+        for call in choice["delta"].get("tool_calls") or []
+    ]
+    assert calls[0] == {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "screenshot", "arguments": PIECES[0]},
+    }
+    assert [call["function"] for call in calls[1:]] == [{"arguments": piece} for piece in PIECES[1:]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_a_whole_call_without_streamed_arguments_still_goes_out(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.script.text_chunks = []
+    engine.script.tool_calls = [pb.ToolCall(id="call_2", name="screenshot", arguments="{}")]
+    chunks = _chat_chunks(await _chat(http, stream=True))
+    calls = [
+        call
+        for chunk in chunks
+        for choice in chunk["choices"]
+        for call in choice["delta"].get("tool_calls") or []
+    ]
+    assert calls == [
+        {
+            "index": 0,
+            "id": "call_2",
+            "type": "function",
+            "function": {"name": "screenshot", "arguments": "{}"},
+        }
+    ]

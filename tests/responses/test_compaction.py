@@ -59,5 +59,7 @@ def test_the_output_types_kept_messages() -> None:
         "role": "user",
         "content": [{"type": "input_text", "text": "hi"}],
     }
-    assert output[2]["content"] == [{"type": "output_text", "text": "hello"}]
+    assert output[2]["content"] == [
+        {"type": "output_text", "text": "hello", "annotations": [], "logprobs": []}
+    ]
     assert output[3] == CALL

@@ -92,7 +92,7 @@ class ChatCompletion(OutboundModel):
 
 
 class FunctionCallDelta(OutboundModel):
-    # The name on a call's first chunk only; the arguments' text on every chunk ("" on the first).
+    # The name on a call's first chunk only, which carries the first piece of its arguments too.
     name: str | None = _UNSET
     arguments: str
 
@@ -158,13 +158,15 @@ def finish_reason(resource: ResponseResource) -> FinishReason:
 
 
 def chat_completion(resource: ResponseResource, *, logprobs: bool = False) -> ChatCompletion:
-    """A finished response as the chat completion it answers (with `logprobs`: its tokens)."""
+    """A finished response as the chat completion it answers (with `logprobs`: its tokens).
+    A call the token limit cut off is left out, as on Messages (its arguments are unfinished:
+    `""` or part of an object, which a client would run); `finish_reason` is then `length`."""
     parts = [part for item in resource.output if isinstance(item, OutputMessage) for part in item.content]
     text = "".join(part.text for part in parts)
     calls = [
         ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
         for item in resource.output
-        if isinstance(item, FunctionCallItem)
+        if isinstance(item, FunctionCallItem) and item.status == "completed"
     ]
     reasoning = "".join(
         part.text for item in resource.output if isinstance(item, ReasoningItem) for part in item.content
@@ -194,7 +196,12 @@ def chat_completion(resource: ResponseResource, *, logprobs: bool = False) -> Ch
 
 
 class ChunkWriter:
-    """Turns one response's stream events into chat completion chunks, in order."""
+    """Turns one response's stream events into chat completion chunks, in order.
+
+    A call's first chunk (its id, type and name) waits for the first piece of its arguments and
+    carries it: a call the token limit cuts off before it wrote any is never sent, so no client
+    is left holding a call whose `arguments` is `""` (one cut off later has `finish_reason`
+    `length`, and its arguments as far as written, as OpenAI streams them)."""
 
     def __init__(
         self, response_id: str, created: int, model: str, *, include_usage: bool, logprobs: bool = False
@@ -203,6 +210,8 @@ class ChunkWriter:
         self._include_usage = include_usage
         self._logprobs = logprobs
         self._tool_index: dict[str, int] = {}
+        # Calls announced (output_item.added) whose first chunk waits for their first arguments.
+        self._waiting_calls: dict[str, FunctionCallItem] = {}
         self._role_sent = False
 
     def _chunk(self, delta: ChunkDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
@@ -235,23 +244,37 @@ class ChunkWriter:
             return [self._chunk(ChunkDelta(content=event.delta))] if event.delta else []
         if isinstance(event, ReasoningTextDeltaEvent):
             return [self._chunk(ChunkDelta(reasoning_content=event.delta))] if event.delta else []
-        if isinstance(event, OutputItemEvent) and event.type == "response.output_item.added":
+        if isinstance(event, OutputItemEvent) and isinstance(event.item, FunctionCallItem):
             item = event.item
-            if isinstance(item, FunctionCallItem):
-                index = self._tool_index.setdefault(item.id, len(self._tool_index))
-                call = ToolCallDelta(
-                    index=index,
-                    id=item.call_id,
-                    type="function",
-                    function=FunctionCallDelta(name=item.name, arguments=""),
-                )
-                return [self._chunk(ChunkDelta(tool_calls=[call]))]
+            if event.type == "response.output_item.added":
+                self._waiting_calls[item.id] = item
+                return []
+            # Done: a whole call that never had arguments still goes out (with what it has); a
+            # call cut off before its first piece does not.
+            if item.id in self._waiting_calls and item.status == "completed":
+                return [self._first_call_chunk(item.id, item.arguments)]
+            self._waiting_calls.pop(item.id, None)
             return []
         if isinstance(event, FunctionCallArgumentsDeltaEvent):
+            if not event.delta:
+                return []
+            if event.item_id in self._waiting_calls:
+                return [self._first_call_chunk(event.item_id, event.delta)]
             index = self._tool_index.setdefault(event.item_id, len(self._tool_index))
             call = ToolCallDelta(index=index, function=FunctionCallDelta(arguments=event.delta))
             return [self._chunk(ChunkDelta(tool_calls=[call]))]
         return []
+
+    def _first_call_chunk(self, item_id: str, arguments: str) -> ChatCompletionChunk:
+        item = self._waiting_calls.pop(item_id)
+        index = self._tool_index.setdefault(item_id, len(self._tool_index))
+        call = ToolCallDelta(
+            index=index,
+            id=item.call_id,
+            type="function",
+            function=FunctionCallDelta(name=item.name, arguments=arguments),
+        )
+        return self._chunk(ChunkDelta(tool_calls=[call]))
 
     def last(self, resource: ResponseResource) -> list[ChatCompletionChunk]:
         """The finish chunk, then (when asked for) the usage chunk with no choices."""

@@ -75,6 +75,7 @@ def compacted_output(summary: str, kept: Sequence[Any], new_id: Any) -> list[dic
             if isinstance(content, str):
                 kind = "output_text" if item.get("role") == "assistant" else "input_text"
                 content = [{"type": kind, "text": content}]
+            content = [_as_output_part(part) for part in content]
             output.append(
                 {
                     "type": "message",
@@ -87,3 +88,11 @@ def compacted_output(summary: str, kept: Sequence[Any], new_id: Any) -> list[dic
         else:
             output.append(dict(item))
     return output
+
+
+def _as_output_part(part: Any) -> Any:
+    """An `output_text` part as `/v1/responses` writes one: with `annotations` and `logprobs`
+    (the SDKs' output models and OpenAI's compact endpoint have them; a client's part may not)."""
+    if isinstance(part, dict) and part.get("type") == "output_text":
+        return {"annotations": [], "logprobs": [], **part}
+    return part

@@ -101,6 +101,17 @@ def not_found(kind: str, identifier: str, *, param: str | None = None) -> APIErr
     )
 
 
+def previous_response_not_found(identifier: str) -> APIError:
+    """A `previous_response_id` that names nothing this owner (or this WebSocket connection) has:
+    OpenAI's 400 and code, which Codex and the SDKs look for to start the chain over."""
+    return APIError(
+        400,
+        f"Previous response with id {json.dumps(identifier)[:200]} not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
 def model_not_found(model: str, *, served: Sequence[str] = ()) -> APIError:
     names = ", ".join(json.dumps(name) for name in served)
     return APIError(

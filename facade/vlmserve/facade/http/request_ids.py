@@ -1,5 +1,8 @@
 """An id for every HTTP request: in the `x-request-id` answer header (as OpenAI sends one, which
-the openai SDK exposes as `_request_id`) and on every log line written while serving it."""
+the openai SDK exposes as `_request_id`) and on every log line written while serving it. An
+Anthropic answer (`/v1/messages…`, or any request from an Anthropic client, which sends
+`anthropic-version`) also carries it as `request-id`, Anthropic's name for it (the anthropic SDK's
+`_request_id`)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vlmserve.server.logs import bind
 
 HEADER = b"x-request-id"
+ANTHROPIC_HEADER = b"request-id"
+_ANTHROPIC_PATH = "/v1/messages"
+
+
+def _anthropic(scope: Scope) -> bool:
+    path: str = scope.get("path", "")
+    if path == _ANTHROPIC_PATH or path.startswith(_ANTHROPIC_PATH + "/"):
+        return True
+    return any(name == b"anthropic-version" for name, _ in scope.get("headers", ()))
 
 
 def new_request_id() -> str:
@@ -27,10 +39,12 @@ class RequestIds:
             await self.app(scope, receive, send)
             return
         request_id = new_request_id()
+        names = (HEADER, ANTHROPIC_HEADER) if _anthropic(scope) else (HEADER,)
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (HEADER, request_id.encode())]
+                ids = [(name, request_id.encode()) for name in names]
+                message["headers"] = [*message.get("headers", []), *ids]
             await send(message)
 
         with bind(request_id=request_id):

@@ -25,10 +25,17 @@ from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_f
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
 from vlmserve.facade.engines.catalog import image_limits, images_per_request
 from vlmserve.facade.engines.pools import ModelRouter, ResolvedModel
-from vlmserve.facade.http.errors import APIError, from_engine_error, not_found, request_too_large_for_engine
+from vlmserve.facade.http.errors import (
+    APIError,
+    from_engine_error,
+    not_found,
+    previous_response_not_found,
+    request_too_large_for_engine,
+)
 from vlmserve.facade.http.limits import check_tools
 from vlmserve.facade.http.metrics import FacadeMetrics
 from vlmserve.facade.responses import ids
+from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.engine_call import EngineCall
 from vlmserve.facade.responses.events import ResponseEvents
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
@@ -80,6 +87,8 @@ class Translation:
     info: pb.GetModelInfoResponse
     # `input` as it is stored: references replaced by what they resolved to.
     input_items: list[StoredItem]
+    # The earlier turns it continues (previous_response_id, conversation), as replayed.
+    replay: Replay = field(default_factory=Replay)
 
 
 @dataclass
@@ -130,11 +139,19 @@ class ResponsesService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._translators, functools.partial(function, *args, **kwargs))
 
-    async def translate(self, body: object, *, owner: str = "", hold_texts: bool = False) -> Translation:
+    async def translate(
+        self,
+        body: object,
+        *,
+        owner: str = "",
+        hold_texts: bool = False,
+        memory: ConnectionMemory | None = None,
+    ) -> Translation:
         """Validate and translate a request body, with its replayed history, for its model's
         engines (the history is rendered by the new model's template, whichever model made it).
         `hold_texts`: the input's long texts stay the client's strings (`TranslatedRequest.held`),
-        for a request sent by `generate` and stored by this store, which write them in place."""
+        for a request sent by `generate` and stored by this store, which write them in place.
+        `memory`: a WebSocket connection's last response, continued without the store."""
         if not isinstance(body, Mapping | CreateResponseBody):
             raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
         model = await self._model(body, owner)
@@ -143,7 +160,7 @@ class ResponsesService:
         check_reference_count(_field(body, "input"), limits.max_item_references, param="input")
         info = model.info
         allowed_images = images_per_request(info, limits)
-        replay = await self._replay(body, owner, max_depth=limits.max_chain_depth)
+        replay = await self._replay(body, owner, max_depth=limits.max_chain_depth, memory=memory)
         references = ItemReferences(
             lambda item_id: self.store.responses.find_item(item_id, owner=owner),
             param="input",
@@ -175,7 +192,7 @@ class ResponsesService:
         # The engine checks it names its model (its own id, not the facade's).
         request.model = info.model_id
         self._apply_output_limit(request, limits)
-        return Translation(translated, model, info, references.stored_items(translated.input_items))
+        return Translation(translated, model, info, references.stored_items(translated.input_items), replay)
 
     async def _model(self, body: Body, owner: str) -> ResolvedModel:
         """The request's `model`; without one, the model of the response or conversation it
@@ -211,8 +228,10 @@ class ResponsesService:
         self._translators.shutdown(wait=False, cancel_futures=True)
         self._documents.close()
 
-    async def prepare(self, body: object, *, owner: str = "") -> Generation:
-        translation = await self.translate(body, owner=owner, hold_texts=True)
+    async def prepare(
+        self, body: object, *, owner: str = "", memory: ConnectionMemory | None = None
+    ) -> Generation:
+        translation = await self.translate(body, owner=owner, hold_texts=True, memory=memory)
         translated, info, model = translation.translated, translation.info, translation.model
         if translated.store or translated.conversation_id is not None:
             if self.disk is not None:
@@ -267,6 +286,8 @@ class ResponsesService:
             max_stored_bytes=self.settings.storage.max_stored_bytes_per_key,
         )
         generation = Generation(response_id, translated, builder, call, recorder, on_finish=self._forget)
+        if memory is not None:
+            memory.started(response_id, translation.replay, translated)
         self.running[response_id] = generation
         return generation
 
@@ -312,12 +333,17 @@ class ResponsesService:
         if call.first_output_at is not None:
             metrics.time_to_first_output.observe(call.first_output_at - call.created_at)
 
-    async def _replay(self, body: Body, owner: str, *, max_depth: int) -> Replay:
+    async def _replay(
+        self, body: Body, owner: str, *, max_depth: int, memory: ConnectionMemory | None = None
+    ) -> Replay:
         """The stored turns a request continues from (previous_response_id, at most `max_depth`
-        responses of it, or conversation)."""
+        responses of it, or conversation); a WebSocket connection's last response from `memory`."""
         previous = _field(body, "previous_response_id")
         conversation_id = _conversation_id(body)
         if isinstance(previous, str) and _field(body, "conversation") is None:
+            remembered = memory.lookup(previous) if memory is not None else None
+            if remembered is not None:
+                return remembered
             try:
                 replay = await self.store.responses.replay(
                     previous,
@@ -325,9 +351,9 @@ class ResponsesService:
                     max_depth=max_depth,
                 )
             except MissingChainLinkError as error:
-                raise not_found("response", error.response_id, param="previous_response_id") from None
+                raise previous_response_not_found(error.response_id) from None
             if replay is None:
-                raise not_found("response", previous, param="previous_response_id")
+                raise previous_response_not_found(previous)
             return replay
         if isinstance(conversation_id, str) and previous is None:
             replay = await self.store.conversations.replay(conversation_id, owner=owner)

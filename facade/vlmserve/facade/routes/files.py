@@ -8,15 +8,23 @@ The file's kind is sniffed from its bytes (`vlmserve.common.documents`), never t
 client's content type or name: PDFs, images (PNG, JPEG, WebP, GIF) and UTF-8 text are kept;
 `vision` takes images only; anything else is a 400 naming `file`. Requests then name a file by
 its id (`input_file.file_id`, `input_image.file_id`; `_files.py` in the translation).
+
+Anthropic's Files API is the same routes: a request with an `anthropic-beta: files-api-…` header
+or `anthropic-version` (the anthropic SDK's `beta.files`) uploads without `purpose` (kept as
+`user_data`) and gets Anthropic's shapes back: `{"id", "type": "file", "filename", "mime_type", "size_bytes",
+"created_at" (RFC 3339), "downloadable"}`, lists of them, and `{"id", "type": "file_deleted"}`.
+Its files are the same files: a Messages `document` or `image` block names one by `file_id`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import urllib.parse
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
@@ -69,6 +77,29 @@ class FileDeleted(BaseModel):
     deleted: bool
 
 
+def anthropic_files(request: Request) -> bool:
+    """Whether the client speaks Anthropic's Files API: its beta header names `files-api-…`, or
+    it is an Anthropic client (the anthropic SDK sends `anthropic-version` on every request, and
+    `beta.files.upload` sends the beta header only when asked to)."""
+    betas = ",".join(request.headers.getlist("anthropic-beta"))
+    named = any(beta.strip().startswith("files-api-") for beta in betas.split(","))
+    return named or "anthropic-version" in request.headers
+
+
+def anthropic_file(record: FileRecord) -> dict[str, Any]:
+    """Anthropic's `FileMetadata` for a stored file (every upload here can be downloaded)."""
+    created = datetime.datetime.fromtimestamp(record.created_at, datetime.UTC)
+    return {
+        "id": record.id,
+        "type": "file",
+        "filename": record.filename,
+        "mime_type": record.media_type,
+        "size_bytes": record.bytes,
+        "created_at": created.isoformat().replace("+00:00", "Z"),
+        "downloadable": True,
+    }
+
+
 def _files(state: FacadeState) -> FileRepository:
     store = state.files
     if store is None:  # pragma: no cover - create_app always sets one
@@ -98,7 +129,7 @@ def _files(state: FacadeState) -> FileRepository:
         }
     },
 )
-async def create_file(request: Request, state: State) -> dict[str, Any]:
+async def create_file(request: Request, state: State) -> dict[str, Any] | Response:
     files = _files(state)
     settings = state.settings
     max_bytes = settings.files.max_file_bytes
@@ -119,7 +150,16 @@ async def create_file(request: Request, state: State) -> dict[str, Any]:
         ) as body:
             form = await body.form(max_files=1, max_fields=16)
         try:
-            purpose = _purpose(form.get("purpose"))
+            given = form.get("purpose")
+            purpose = "user_data" if given is None and anthropic_files(request) else _purpose(given)
+            if form.get("expires_in_seconds") is not None:
+                # Files here last until deleted: a promised expiry would not be kept.
+                raise APIError(
+                    400,
+                    "'expires_in_seconds' is not supported: files are kept until deleted.",
+                    param="expires_in_seconds",
+                    code="unsupported",
+                )
             upload = form.get("file")
             if not isinstance(upload, UploadFile):
                 raise APIError(
@@ -149,7 +189,7 @@ async def create_file(request: Request, state: State) -> dict[str, Any]:
             if is_out_of_space(error):
                 raise out_of_space("the file") from None
             raise
-    return record.resource()
+    return JSONResponse(anthropic_file(record)) if anthropic_files(request) else record.resource()
 
 
 @router.get("", operation_id="listFiles", response_model=FileList)
@@ -160,10 +200,28 @@ async def list_files(
     limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
-) -> dict[str, Any]:
+    after_id: str | None = None,
+    before_id: str | None = None,
+) -> dict[str, Any] | Response:
+    if before_id is not None:
+        raise APIError(
+            400,
+            "'before_id' is not supported here; page with 'after_id'.",
+            param="before_id",
+            code="unsupported",
+        )
     records, has_more = await _files(state).list(
-        owner_of(request), purpose=purpose, after=after, limit=limit, order=order
+        owner_of(request), purpose=purpose, after=after or after_id, limit=limit, order=order
     )
+    if anthropic_files(request):
+        return JSONResponse(
+            {
+                "data": [anthropic_file(record) for record in records],
+                "first_id": records[0].id if records else None,
+                "last_id": records[-1].id if records else None,
+                "has_more": has_more,
+            }
+        )
     return {
         "object": "list",
         "data": [record.resource() for record in records],
@@ -174,15 +232,18 @@ async def list_files(
 
 
 @router.get("/{file_id}", operation_id="retrieveFile", response_model=FileObject)
-async def retrieve_file(file_id: str, request: Request, state: State) -> dict[str, Any]:
-    return (await _record(file_id, request, state)).resource()
+async def retrieve_file(file_id: str, request: Request, state: State) -> dict[str, Any] | Response:
+    record = await _record(file_id, request, state)
+    return JSONResponse(anthropic_file(record)) if anthropic_files(request) else record.resource()
 
 
 @router.delete("/{file_id}", operation_id="deleteFile", response_model=FileDeleted)
-async def delete_file(file_id: str, request: Request, state: State) -> dict[str, Any]:
+async def delete_file(file_id: str, request: Request, state: State) -> dict[str, Any] | Response:
     deleted = await _files(state).delete(owner_of(request), file_id)
     if not deleted:
         raise not_found("file", file_id, param="file_id")
+    if anthropic_files(request):
+        return JSONResponse({"id": file_id, "type": "file_deleted"})
     return {"id": file_id, "object": "file", "deleted": True}
 
 

@@ -8,6 +8,10 @@ connection carries any number of responses, one after another (a create sent whi
 waits its turn). A failed create is an `error` message (`status`, `error`) and the connection
 stays open. The same API keys as HTTP, checked at the handshake. Closing the connection cancels
 the response in progress, as a client leaving an HTTP stream does.
+
+The connection remembers its last response (responses/connection_memory.py): a `store: false`
+response is continued by `previous_response_id` on the same connection, as in OpenAI's
+WebSocket mode; an id neither remembered nor stored is `previous_response_not_found`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from vlmserve.facade.http.api_keys import authenticate
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError, from_invalid_request
+from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.delivery import finisher
 from vlmserve.facade.state import FacadeState
 from vlmserve.responses import InvalidRequestError
@@ -76,6 +81,7 @@ async def responses_websocket(websocket: WebSocket) -> None:
     await websocket.accept()
     state: FacadeState = websocket.app.state.facade
     messages: asyncio.Queue[str | None] = asyncio.Queue()
+    memory = ConnectionMemory()
 
     async def read() -> None:
         try:
@@ -87,7 +93,7 @@ async def responses_websocket(websocket: WebSocket) -> None:
     reader = asyncio.ensure_future(read())
     try:
         while (text := await messages.get()) is not None:
-            running = asyncio.ensure_future(_respond(websocket, state, text, owner))
+            running = asyncio.ensure_future(_respond(websocket, state, text, owner, memory))
             # The client leaving cancels the response in progress (and so its engine call).
             await asyncio.wait({running, reader}, return_when=asyncio.FIRST_COMPLETED)
             if not running.done():
@@ -102,7 +108,9 @@ async def responses_websocket(websocket: WebSocket) -> None:
             await reader
 
 
-async def _respond(websocket: WebSocket, state: FacadeState, text: str, owner: str) -> None:
+async def _respond(
+    websocket: WebSocket, state: FacadeState, text: str, owner: str, memory: ConnectionMemory
+) -> None:
     """One `response.create`: its events, or an error message."""
     limits = state.settings.limits
     hold = BodyHold(state.body_budget, owner)
@@ -116,7 +124,7 @@ async def _respond(websocket: WebSocket, state: FacadeState, text: str, owner: s
             message = json.loads(text)
         except ValueError:
             raise APIError(400, "The message is not valid JSON.", code="invalid_json") from None
-        generation = await state.responses.prepare(create_body(message), owner=owner)
+        generation = await state.responses.prepare(create_body(message), owner=owner, memory=memory)
     except (APIError, InvalidRequestError) as failure:
         hold.release()
         error = from_invalid_request(failure) if isinstance(failure, InvalidRequestError) else failure
@@ -133,5 +141,6 @@ async def _respond(websocket: WebSocket, state: FacadeState, text: str, owner: s
             return
         async for event in generation.events():
             await websocket.send_text(json.dumps(event.to_json(), separators=(",", ":")))
+        memory.ended(generation.builder.snapshot())
     finally:
         await finisher(generation, hold.release)()
