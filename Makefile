@@ -17,7 +17,7 @@ FACADE_HOST ?= 127.0.0.1
 FACADE_PORT ?= 8000
 MODEL ?=
 
-.PHONY: install system-deps run engine facade demo test test-fast lint proto proto-check buf-lint buf-breaking contract-release node-deps clean
+.PHONY: install system-deps run engine facade demo test test-fast lint proto proto-check buf-lint buf-breaking contract-release node-deps dist clean
 
 install: $(STAMP)
 
@@ -98,10 +98,14 @@ contract-release: node-deps
 		npx --no-install buf build "$$tmp" --exclude-source-info -o protos/released/engine-v1.binpb
 	@echo "protos/released/engine-v1.binpb is now the contract at $(REF); empty accepted-breaks.json's list"
 
+# The wheel and sdist, by the build backend, into dist/ (pip install 'dist/vlmserve-*.whl[cpu]').
+dist: install
+	$(BIN)/python -m hatchling build -d dist
+
 lint: install buf-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache dist
