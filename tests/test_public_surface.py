@@ -17,9 +17,9 @@ from vlmserve.engine.v1 import engine_pb2
 
 RESPONSES = {
     # request: translation of a Responses body into a contract request
-    "CreateResponseBody", "IncludeValue", "InputItemParam", "ItemResolver", "OfferedTool",
+    "CreateRequest", "CreateResponseBody", "EngineExtras", "IncludeValue", "InputItemParam", "ItemResolver", "OfferedTool",
     "RequestModel", "TranslatedRequest", "build_generate_request", "input_to_messages",
-    "is_item_reference", "parse_as", "parse_body", "parse_metadata", "InvalidRequestError",
+    "is_item_reference", "parse_as", "parse_body", "parse_create_request", "parse_metadata", "InvalidRequestError",
     # media the translation reads through the caller's sources
     "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
     # output: items, the response resource and its parts

@@ -130,10 +130,10 @@ def test_its_full_default_request_translates() -> None:
     refused, every tool is offered, its mid-conversation system message stays a system turn."""
     body = load("claude_code_default_tools_turn1.json")["body"]
     translated = messages_request(body)
-    items = translated.body.input
+    items = translated.request.body.input
     assert [getattr(item, "role", None) for item in items] == ["system", "user", "system"]
-    assert len(translated.body.tools or []) == len(body["tools"]) > 10
-    assert translated.enable_thinking is True  # thinking: adaptive
+    assert len(translated.request.body.tools or []) == len(body["tools"]) > 10
+    assert translated.request.extras.enable_thinking is True  # thinking: adaptive
     assert translated.stream
 
 

@@ -128,7 +128,7 @@ def test_a_bad_image_in_a_tool_result_is_renamed_in_param_and_message() -> None:
         }
     )
     with pytest.raises(InvalidRequestError) as caught:
-        build_generate_request(translated.body)
+        build_generate_request(translated.request)
     error = caught.value.renamed(translated.anthropic_param)
     assert error.param == "messages[1].content[0].content[1].source"
     assert "'messages[1].content[0].content[1].source'" in error.message

@@ -11,7 +11,7 @@ import pytest
 from vlmserve.anthropic import EventWriter, anthropic_message, error_body, messages_request
 from vlmserve.anthropic._errors import anthropic_status
 from vlmserve.anthropic._to_responses import MessagesRequest
-from vlmserve.responses import InvalidRequestError, ResponseResource
+from vlmserve.responses import InvalidRequestError, ResponseResource, build_generate_request
 
 USER = {"role": "user", "content": "Hi"}
 
@@ -163,9 +163,7 @@ def test_body_fields(name: str, fields: dict[str, Any], expected: dict[str, Any]
     assert {key: translated[key] for key in expected} == expected
 
 
-def test_apply_sets_what_responses_cannot_say() -> None:
-    from vlmserve.engine.v1 import engine_pb2 as pb
-
+def test_the_engine_request_has_what_responses_cannot_say() -> None:
     translated = messages_request(
         body(
             stop_sequences=["X"],
@@ -174,8 +172,7 @@ def test_apply_sets_what_responses_cannot_say() -> None:
             max_tokens=2048,
         )
     )
-    request = pb.GenerateRequest()
-    translated.apply(request)
+    request = build_generate_request(translated.request).request
     assert (list(request.sampling.stop), request.sampling.top_k, request.enable_thinking) == (["X"], 5, True)
 
 
@@ -277,4 +274,4 @@ def test_a_message_from_a_response() -> None:
 
 def _as_json(translated: MessagesRequest) -> dict[str, Any]:
     """The typed Responses body as the JSON it stands for (the fields the translation set)."""
-    return translated.body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
+    return translated.request.body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)

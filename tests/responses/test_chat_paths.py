@@ -87,7 +87,7 @@ def _translation_error(messages: list[Any]) -> InvalidRequestError:
     chat = None
     with pytest.raises(InvalidRequestError) as caught:
         chat = chat_request({"model": "m", "messages": messages})
-        build_generate_request(chat.body)
+        build_generate_request(chat.request)
     return caught.value if chat is None else caught.value.renamed(chat.chat_param)
 
 
@@ -203,7 +203,7 @@ def test_an_error_names_the_chat_field_at_its_depth(case: str, fields: dict[str,
     with pytest.raises(InvalidRequestError) as caught:
         chat = chat_request({"model": "m", **fields})
         try:
-            build_generate_request(chat.body)
+            build_generate_request(chat.request)
         except InvalidRequestError as error:
             raise error.renamed(chat.chat_param) from None
     assert caught.value.param == param, caught.value.message
@@ -212,7 +212,7 @@ def test_an_error_names_the_chat_field_at_its_depth(case: str, fields: dict[str,
 
 
 def test_the_typed_body_is_translated_without_a_second_parse(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vlmserve.responses import _request
+    from vlmserve.responses import _create_request
 
     messages = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
     chat = chat_request({"model": "m", "messages": messages, "tools": [TOOL]})
@@ -220,8 +220,8 @@ def test_the_typed_body_is_translated_without_a_second_parse(monkeypatch: pytest
     def parse_again(body: object) -> Any:
         raise AssertionError("the typed body was parsed again")
 
-    monkeypatch.setattr(_request, "parse_body", parse_again)
-    translated = build_generate_request(chat.body)
+    monkeypatch.setattr(_create_request, "parse_body", parse_again)
+    translated = build_generate_request(chat.request)
     # What is kept for storage is the JSON the typed input stands for (only the fields set).
     assert translated.input_items == [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}

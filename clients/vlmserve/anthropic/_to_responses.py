@@ -6,7 +6,7 @@ Every Anthropic field maps onto a Responses field whose handling already exists:
 `tool_result` -> `function_call_output` with the same part lists and image lowering, thinking ->
 reasoning items, tools / tool_choice -> the grammar-enforced function tools; or onto engine
 settings the Responses API has no field for (`stop_sequences`, `top_k`, the thinking switch:
-`MessagesRequest.apply`). What neither can carry is a 400 naming the Anthropic field.
+the request's `extras`). What neither can carry is a 400 naming the Anthropic field.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.responses import CreateResponseBody, InvalidRequestError
+from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError
 from vlmserve.responses._paths import PathMap, translated_body
 
 from ._request_models import (
@@ -71,23 +70,13 @@ _BODY_FIELDS = (
 
 @dataclass
 class MessagesRequest:
-    """A parsed Messages request: its Responses body (typed), and what goes straight to the engine."""
+    """A parsed Messages request: the create request it means (its Responses body, typed, and the
+    engine settings that body has no field for), and whether it streams."""
 
-    body: CreateResponseBody
+    request: CreateRequest
     stream: bool = False
-    stop_sequences: list[str] = field(default_factory=list)
-    top_k: int | None = None
-    enable_thinking: bool | None = None
     # Each Responses field written -> the Anthropic path it came from (`input[3]` -> `messages[1]`).
     paths: PathMap = field(default_factory=PathMap)
-
-    def apply(self, request: pb.GenerateRequest) -> None:
-        """Set on the engine request what the Responses body cannot say."""
-        request.sampling.stop.extend(self.stop_sequences)
-        if self.top_k:
-            request.sampling.top_k = self.top_k
-        if self.enable_thinking is not None:
-            request.enable_thinking = self.enable_thinking
 
     def anthropic_param(self, param: str) -> str:
         """A Responses field path (from the shared translation) as the Anthropic field it came
@@ -416,11 +405,11 @@ def messages_request(raw: object, *, count_tokens: bool = False) -> MessagesRequ
         "top_p": body.top_p,
     }
     responses_body.update({key: value for key, value in optional.items() if value is not None})
+    extras = EngineExtras(
+        stop=tuple(body.stop_sequences or ()), top_k=body.top_k, enable_thinking=_thinking(body)
+    )
     return MessagesRequest(
-        body=translated_body(responses_body, paths),
+        request=CreateRequest(translated_body(responses_body, paths), extras),
         stream=stream,
-        stop_sequences=list(body.stop_sequences or []),
-        top_k=body.top_k,
-        enable_thinking=_thinking(body),
         paths=paths,
     )

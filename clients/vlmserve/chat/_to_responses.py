@@ -3,7 +3,7 @@
 Every chat field maps onto a Responses field whose handling already exists (messages -> input
 items, tool messages -> function_call_output with the same part lists and image lowering, tools,
 tool_choice, response_format -> text.format, max_tokens -> max_output_tokens), or onto engine
-sampling settings the Responses API has no field for (`seed`, `stop`: `ChatRequest.sampling`).
+sampling settings the Responses API has no field for (`seed`, `stop`: the request's `extras`).
 What neither can carry is a 400 naming the chat field. Each Responses field written records the
 chat path it came from (`PathMap`), so the shared translation's errors name chat fields by lookup.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.responses import CreateResponseBody, InvalidRequestError
+from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError
 from vlmserve.responses._paths import PathMap, translated_body
 
 from ._request_models import (
@@ -34,15 +34,14 @@ from ._request_models import (
 
 @dataclass
 class ChatRequest:
-    """A parsed chat request: its Responses body (typed), and what goes straight to the engine."""
+    """A parsed chat request: the create request it means (its Responses body, typed, and the
+    engine settings that body has no field for), and how the answer is written."""
 
-    body: CreateResponseBody
+    request: CreateRequest
     stream: bool
     include_usage: bool
     # `logprobs: true`: choices carry `logprobs.content`.
     logprobs: bool = False
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
     # Each Responses field written -> the chat path it came from (`input[3]` -> `messages[2]`).
     paths: PathMap = field(default_factory=PathMap)
 
@@ -304,13 +303,13 @@ def chat_request(raw: object) -> ChatRequest:
         "top_logprobs": body.top_logprobs if body.logprobs else None,
     }
     responses_body.update({key: value for key, value in optional.items() if value is not None})
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return ChatRequest(
-        body=translated_body(responses_body, paths),
+        request=CreateRequest(
+            translated_body(responses_body, paths), EngineExtras(stop=stop, seed=body.seed)
+        ),
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         logprobs=bool(body.logprobs),
-        seed=body.seed,
-        stop=stop,
         paths=paths,
     )

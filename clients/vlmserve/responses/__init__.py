@@ -18,6 +18,7 @@ Every client error is an `InvalidRequestError` carrying the JSON path of the bad
 """
 
 from ._compaction import SUMMARY_INSTRUCTION, compacted_output, kept_items
+from ._create_request import CreateRequest, EngineExtras, parse_create_request
 from ._errors import InvalidRequestError
 from ._events import (
     ContentPartEvent,
@@ -86,11 +87,13 @@ __all__ = [
     "ContentPartEvent",
     "ConversationRef",
     "ConversationResource",
+    "CreateRequest",
     "CreateResponseBody",
     "CustomToolCallInputDeltaEvent",
     "CustomToolCallInputDoneEvent",
     "CustomToolCallItem",
     "DeletedObject",
+    "EngineExtras",
     "ErrorEvent",
     "ErrorPayload",
     "FileContent",
@@ -145,6 +148,7 @@ __all__ = [
     "output_text_part",
     "parse_as",
     "parse_body",
+    "parse_create_request",
     "parse_metadata",
     "reasoning_output_item",
     "result_to_output_items",

@@ -8,14 +8,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
-
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import contract_image_count
+from ._create_request import CreateRequest, parse_create_request
 from ._errors import InvalidRequestError
 from ._items import (
     CallNamer,
@@ -33,7 +32,7 @@ from ._json import (
 )
 from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
 from ._output_models import OutputItem, RequestEcho
-from ._request_models import ConversationParam, CreateResponseBody, parse_body
+from ._request_models import ConversationParam, CreateResponseBody
 from ._text_format import parse_text
 from ._tools import OfferedTool, parse_tool_choice, parse_tools
 
@@ -142,7 +141,7 @@ def _reasoning_echo(reasoning: Mapping[str, Any] | None) -> dict[str, Any] | Non
 
 
 def build_generate_request(
-    body: CreateResponseBody | Mapping[str, Any],
+    body: CreateRequest | CreateResponseBody | Mapping[str, Any],
     *,
     resolve_item: ItemResolver | None = None,
     image_source: ImageSource | None = None,
@@ -169,9 +168,11 @@ def build_generate_request(
     images of the whole conversation, earlier turns and PDF pages included (None: no bound).
     `held`: the input's long texts are held there, their markers in the request (for a caller
     that sends it with `vlmserve.common.wire_encode.encode`; the result's `held`).
-    A typed `body` (another API's request translated to Responses models) is not parsed again.
+    A parsed `body` (`CreateRequest`, or a typed body) is not parsed again; a `CreateRequest`'s
+    engine extras are set last.
     """
-    parsed = body if isinstance(body, CreateResponseBody) else parse_body(body)
+    create = _create_request(body)
+    parsed = create.body
     tools = parse_tools(parsed.tools)
     choice = parse_tool_choice(parsed.tool_choice, tools)
     instructions = parsed.instructions
@@ -237,10 +238,11 @@ def build_generate_request(
         request.enable_thinking = False
     if parsed.parallel_tool_calls is not None:
         request.parallel_tool_calls = parsed.parallel_tool_calls
+    create.extras.apply(request)
 
     return TranslatedRequest(
         request=request,
-        input_items=_raw_items(body["input"] if isinstance(body, Mapping) else _input_json(parsed)),
+        input_items=_raw_items(create.stored_input()),
         input_messages=input_messages,
         held=held,
         call_name=tools.call_name,
@@ -273,17 +275,12 @@ def build_generate_request(
     )
 
 
-def _input_json(body: CreateResponseBody) -> Any:
-    """A typed body's `input` as JSON (what is stored), dumped once, with only the fields set
-    (`serialize_as_any`: by each value's own model, as the tagged unions hold them)."""
-    if isinstance(body.input, str):
-        return body.input
-    return [
-        item.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
-        if isinstance(item, BaseModel)
-        else item
-        for item in body.input
-    ]
+def _create_request(body: CreateRequest | CreateResponseBody | Mapping[str, Any]) -> CreateRequest:
+    if isinstance(body, CreateRequest):
+        return body
+    if isinstance(body, CreateResponseBody):
+        return CreateRequest(body)
+    return parse_create_request(body)
 
 
 def _raw_items(value: Any) -> list[Any]:

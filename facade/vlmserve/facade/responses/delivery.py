@@ -23,7 +23,7 @@ from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.facade.responses.running import Generation
 from vlmserve.facade.settings import FacadeSettings
-from vlmserve.responses import ErrorEvent
+from vlmserve.responses import CreateRequest, ErrorEvent
 from vlmserve.server.logs import bind_response
 
 T = TypeVar("T")
@@ -158,10 +158,10 @@ async def collect(generation: Generation, first_message_s: float) -> dict[str, A
 
 
 async def prepare_unless_disconnected(
-    request: Request, service: ResponsesService, body: object
+    request: Request, service: ResponsesService, create: CreateRequest
 ) -> Generation:
     """`prepare`, stopped when the client goes away (its PDFs' worker processes are killed)."""
-    generation = await unless_disconnected(request, service.prepare(body, owner=owner_of(request)))
+    generation = await unless_disconnected(request, service.prepare(create, owner=owner_of(request)))
     if generation is None:
         raise client_closed()
     # `prepare` ran in a task of its own: its context (the bound response id) ended with it, and

@@ -12,7 +12,7 @@ import concurrent.futures
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -50,6 +50,7 @@ from vlmserve.facade.store.quotas import check_room, stored_size
 from vlmserve.facade.store.records import MissingChainLinkError, Replay, StoredItem
 from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import (
+    CreateRequest,
     CreateResponseBody,
     ImageSource,
     TranslatedRequest,
@@ -60,23 +61,13 @@ from vlmserve.server.logs import bind_response
 logger = logging.getLogger("vlmserve.facade")
 
 ImageSourceFactory = Callable[[], ImageSource | None]
-# A body as sent (JSON), or as another API's request was translated (typed, parsed already).
-Body = Mapping[str, Any] | CreateResponseBody
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def _field(body: Body, name: str) -> Any:
-    """A top-level field of either kind of body (typed: its model, as parsed)."""
-    return body.get(name) if isinstance(body, Mapping) else getattr(body, name)
-
-
-def _conversation_id(body: Body) -> object:
-    conversation = _field(body, "conversation")
-    if isinstance(conversation, Mapping):
-        return conversation.get("id")
-    # A typed one is a string or a model with `id`.
-    return getattr(conversation, "id", conversation)
+def _conversation_id(body: CreateResponseBody) -> str | None:
+    conversation = body.conversation
+    return conversation if conversation is None or isinstance(conversation, str) else conversation.id
 
 
 @dataclass
@@ -141,23 +132,22 @@ class ResponsesService:
 
     async def translate(
         self,
-        body: object,
+        create: CreateRequest,
         *,
         owner: str = "",
         hold_texts: bool = False,
         memory: ConnectionMemory | None = None,
     ) -> Translation:
-        """Validate and translate a request body, with its replayed history, for its model's
-        engines (the history is rendered by the new model's template, whichever model made it).
+        """Translate a parsed request, with its replayed history, for its model's engines (the
+        history is rendered by the new model's template, whichever model made it).
         `hold_texts`: the input's long texts stay the client's strings (`TranslatedRequest.held`),
         for a request sent by `generate` and stored by this store, which write them in place.
         `memory`: a WebSocket connection's last response, continued without the store."""
-        if not isinstance(body, Mapping | CreateResponseBody):
-            raise APIError(400, "The request body must be a JSON object.", code="invalid_type")
+        body = create.body
         model = await self._model(body, owner)
         limits = model.limits
-        check_tools(_field(body, "tools"), limits)
-        check_reference_count(_field(body, "input"), limits.max_item_references, param="input")
+        check_tools(body.tools, limits)
+        check_reference_count(body.input, limits.max_item_references, param="input")
         info = model.info
         allowed_images = images_per_request(info, limits)
         replay = await self._replay(body, owner, max_depth=limits.max_chain_depth, memory=memory)
@@ -166,12 +156,12 @@ class ResponsesService:
             param="input",
             max_bytes=limits.max_request_bytes,
         )
-        await references.resolve_all(_field(body, "input"), replayed=replay.items)
+        await references.resolve_all(body.input, replayed=replay.items)
         # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets
         # (the translation's own budget of images and pages too, `vlmserve.responses._budget`).
         translated = await self._documents.run(
             lambda renderer: build_generate_request(
-                body,
+                create,
                 resolve_item=references,
                 image_source=self.image_source(),
                 image_limits=image_limits(info, limits),
@@ -183,7 +173,7 @@ class ResponsesService:
                 max_images=allowed_images,
                 held=HeldTexts() if hold_texts else None,
             ),
-            with_files=has_file_parts(_field(body, "input")) or has_file_parts(replay.items),
+            with_files=has_file_parts(body.input) or has_file_parts(replay.items),
         )
         # Measured where it is: ByteSize() would encode the request (twice its size, for a moment).
         if wire_size(translated.request, translated.held or {}) > MAX_MESSAGE_BYTES:
@@ -194,28 +184,25 @@ class ResponsesService:
         self._apply_output_limit(request, limits)
         return Translation(translated, model, info, references.stored_items(translated.input_items), replay)
 
-    async def _model(self, body: Body, owner: str) -> ResolvedModel:
+    async def _model(self, body: CreateResponseBody, owner: str) -> ResolvedModel:
         """The request's `model`; without one, the model of the response or conversation it
         continues (if that is still served), else the default."""
-        requested = _field(body, "model")
-        if isinstance(requested, str):
-            return await self.models.resolve(requested)
-        if requested is None:
-            remembered = await self._remembered_model(body, owner)
-            if remembered is not None and self.models.pool_named(remembered) is not None:
-                return await self.models.resolve(remembered)
-        # Anything but a string is for the translation to refuse, naming `model`.
+        if body.model is not None:
+            return await self.models.resolve(body.model)
+        remembered = await self._remembered_model(body, owner)
+        if remembered is not None and self.models.pool_named(remembered) is not None:
+            return await self.models.resolve(remembered)
         return await self.models.resolve(None)
 
-    async def _remembered_model(self, body: Body, owner: str) -> str | None:
+    async def _remembered_model(self, body: CreateResponseBody, owner: str) -> str | None:
         """The model of the stored response (`previous_response_id`) or conversation a request
         continues; None when it names neither (or what it names is gone: a 404 later)."""
-        previous = _field(body, "previous_response_id")
+        previous = body.previous_response_id
         conversation_id = _conversation_id(body)
         stored: dict[str, Any] | None = None
-        if isinstance(previous, str):
+        if previous is not None:
             stored = await self.store.responses.get(previous, owner=owner)
-        elif isinstance(conversation_id, str):
+        elif conversation_id is not None:
             stored = await self.store.conversations.get(conversation_id, owner=owner)
         remembered = stored.get("model") if stored is not None else None
         return remembered if isinstance(remembered, str) else None
@@ -229,9 +216,11 @@ class ResponsesService:
         self._documents.close()
 
     async def prepare(
-        self, body: object, *, owner: str = "", memory: ConnectionMemory | None = None
+        self, create: CreateRequest, *, owner: str = "", memory: ConnectionMemory | None = None
     ) -> Generation:
-        translation = await self.translate(body, owner=owner, hold_texts=True, memory=memory)
+        """The generation of a parsed request: translated, checked, admitted, ready to open. The
+        engine request is final here: nothing is set on it after."""
+        translation = await self.translate(create, owner=owner, hold_texts=True, memory=memory)
         translated, info, model = translation.translated, translation.info, translation.model
         if translated.store or translated.conversation_id is not None:
             if self.disk is not None:
@@ -334,13 +323,13 @@ class ResponsesService:
             metrics.time_to_first_output.observe(call.first_output_at - call.created_at)
 
     async def _replay(
-        self, body: Body, owner: str, *, max_depth: int, memory: ConnectionMemory | None = None
+        self, body: CreateResponseBody, owner: str, *, max_depth: int, memory: ConnectionMemory | None = None
     ) -> Replay:
         """The stored turns a request continues from (previous_response_id, at most `max_depth`
         responses of it, or conversation); a WebSocket connection's last response from `memory`."""
-        previous = _field(body, "previous_response_id")
+        previous = body.previous_response_id
         conversation_id = _conversation_id(body)
-        if isinstance(previous, str) and _field(body, "conversation") is None:
+        if previous is not None and body.conversation is None:
             remembered = memory.lookup(previous) if memory is not None else None
             if remembered is not None:
                 return remembered
@@ -355,7 +344,7 @@ class ResponsesService:
             if replay is None:
                 raise previous_response_not_found(previous)
             return replay
-        if isinstance(conversation_id, str) and previous is None:
+        if conversation_id is not None and previous is None:
             replay = await self.store.conversations.replay(conversation_id, owner=owner)
             if replay is None:
                 raise not_found("conversation", conversation_id, param="conversation")
@@ -380,13 +369,9 @@ class ResponsesService:
                 code="invalid_value",
             )
 
-    async def count_tokens(
-        self, body: object, *, owner: str = "", adjust: Callable[[pb.GenerateRequest], None] | None = None
-    ) -> int:
-        """The prompt's tokens; `adjust` sets what another API's request adds to the engine's."""
-        translation = await self.translate(body, owner=owner)
-        if adjust is not None:
-            adjust(translation.translated.request)
+    async def count_tokens(self, create: CreateRequest, *, owner: str = "") -> int:
+        """The prompt's tokens, as `prepare` would send it."""
+        translation = await self.translate(create, owner=owner)
         try:
             counted = await translation.model.engine.count_tokens(
                 translation.translated.request, timeout=self.settings.timeouts.control

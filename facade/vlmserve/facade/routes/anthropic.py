@@ -37,8 +37,7 @@ async def create_message(request: Request, state: State) -> Response:
         translated = await state.responses.run_translation(messages_request, body)
         del body
         with fields_renamed(translated.anthropic_param):
-            generation = await prepare_unless_disconnected(request, state.responses, translated.body)
-        translated.apply(generation.request)
+            generation = await prepare_unless_disconnected(request, state.responses, translated.request)
     except BaseException:
         hold.release()
         raise
@@ -70,9 +69,7 @@ async def count_message_tokens(request: Request, state: State) -> dict[str, Any]
         body = await read_json(request, limits=state.settings.limits, hold=hold)
         translated = await state.responses.run_translation(messages_request, body, count_tokens=True)
         with fields_renamed(translated.anthropic_param):
-            tokens = await state.responses.count_tokens(
-                translated.body, owner=owner_of(request), adjust=translated.apply
-            )
+            tokens = await state.responses.count_tokens(translated.request, owner=owner_of(request))
     return {"input_tokens": tokens}
 
 

@@ -43,11 +43,7 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         chat = await state.responses.run_translation(chat_request, body)
         del body
         with fields_renamed(chat.chat_param):
-            generation = await prepare_unless_disconnected(request, state.responses, chat.body)
-        # Engine settings the Responses API has no field for.
-        if chat.seed is not None:
-            generation.request.sampling.seed = chat.seed
-        generation.request.sampling.stop.extend(chat.stop)
+            generation = await prepare_unless_disconnected(request, state.responses, chat.request)
     except BaseException:
         hold.release()
         raise

@@ -21,7 +21,7 @@ from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses import ids
 from vlmserve.facade.responses.delivery import CLIENT_CLOSED_REQUEST, collect, finisher, unless_disconnected
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import SUMMARY_INSTRUCTION, compacted_output, kept_items
+from vlmserve.responses import SUMMARY_INSTRUCTION, compacted_output, kept_items, parse_create_request
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 State = Annotated[FacadeState, Depends(facade_state)]
@@ -70,7 +70,8 @@ async def compact_response(request: Request, state: State) -> Response:
         if not isinstance(body, dict):
             raise APIError(400, "The body must be a JSON object.")
         create, items = summary_request(body)
-        generation = await state.responses.prepare(create, owner=owner_of(request))
+        parsed = await state.responses.run_translation(parse_create_request, create)
+        generation = await state.responses.prepare(parsed, owner=owner_of(request))
     except BaseException:
         hold.release()
         raise

@@ -39,7 +39,7 @@ from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.item_lists import PageQuery, item_page, page_query
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import DeletedObject, InputTokensCount, ItemList
+from vlmserve.responses import DeletedObject, InputTokensCount, ItemList, parse_create_request
 
 # The largest sequence number the stores can compare with (SQLite INTEGER, PostgreSQL BIGINT).
 MAX_SEQUENCE_NUMBER = 2**63 - 1
@@ -55,8 +55,10 @@ async def create_response(request: Request, state: State) -> Response:
     hold = BodyHold(state.body_budget)
     try:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        generation = await prepare_unless_disconnected(request, state.responses, body)
+        create = await state.responses.run_translation(parse_create_request, body)
         del body
+        generation = await prepare_unless_disconnected(request, state.responses, create)
+        del create
     except BaseException:
         hold.release()
         raise
@@ -90,8 +92,10 @@ async def create_response(request: Request, state: State) -> Response:
 async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
     with state.body_budget.hold() as hold:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
+        create = await state.responses.run_translation(parse_create_request, body)
+        del body
         tokens = await unless_disconnected(
-            request, state.responses.count_tokens(body, owner=owner_of(request))
+            request, state.responses.count_tokens(create, owner=owner_of(request))
         )
         if tokens is None:
             raise client_closed()

@@ -29,7 +29,7 @@ from vlmserve.facade.http.errors import APIError, from_invalid_request
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.delivery import finisher
 from vlmserve.facade.state import FacadeState
-from vlmserve.responses import InvalidRequestError
+from vlmserve.responses import InvalidRequestError, parse_create_request
 
 router = APIRouter(tags=["responses"])
 
@@ -124,7 +124,8 @@ async def _respond(
             message = json.loads(text)
         except ValueError:
             raise APIError(400, "The message is not valid JSON.", code="invalid_json") from None
-        generation = await state.responses.prepare(create_body(message), owner=owner, memory=memory)
+        create = await state.responses.run_translation(parse_create_request, create_body(message))
+        generation = await state.responses.prepare(create, owner=owner, memory=memory)
     except (APIError, InvalidRequestError) as failure:
         hold.release()
         error = from_invalid_request(failure) if isinstance(failure, InvalidRequestError) else failure
