@@ -305,3 +305,6 @@ class ResponseResource(RequestEcho):
     usage: Usage | None = None
     conversation: ConversationRef | None = optional()
     user: str | None = optional()
+    # An extension: how many earlier messages `truncation: "auto"` left out to fit the context
+    # (absent when none were).
+    truncated_items: int | None = optional()

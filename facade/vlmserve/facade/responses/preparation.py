@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, EngineError
 from vlmserve.common.documents import DocumentLimits
-from vlmserve.common.wire_encode import HeldTexts
+from vlmserve.common.wire_encode import HeldTexts, encode
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
@@ -43,9 +43,11 @@ from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.recorder import ResponseRecorder
 from vlmserve.facade.responses.resource import new_resource
 from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.responses.truncation import truncate_to_fit
 from vlmserve.facade.settings import FacadeSettings, Files, Limits
 from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileRepository, RequestFiles
+from vlmserve.facade.store.message_codec import detached
 from vlmserve.facade.store.quotas import check_room, stored_size
 from vlmserve.facade.store.records import MissingChainLinkError, Replay, StoredItem
 from vlmserve.facade.store.repositories import Store
@@ -222,6 +224,7 @@ class ResponsesService:
         engine request is final here: nothing is set on it after."""
         translation = await self.translate(create, owner=owner, hold_texts=True, memory=memory)
         translated, info, model = translation.translated, translation.info, translation.model
+        truncated = await self._truncate(translation) if translated.truncation == "auto" else 0
         if translated.store or translated.conversation_id is not None:
             if self.disk is not None:
                 self.disk.check("the response")
@@ -253,6 +256,8 @@ class ResponsesService:
         resource = new_resource(
             translated, response_id=response_id, model_id=model.id, conversation_id=translated.conversation_id
         )
+        if truncated:
+            resource.truncated_items = truncated
         builder = ResponseEvents(resource, offered_tools=translated.offered_tools)
         call = EngineCall(
             translated.request,
@@ -279,6 +284,36 @@ class ResponsesService:
             memory.started(response_id, translation.replay, translated)
         self.running[response_id] = generation
         return generation
+
+    async def _truncate(self, translation: Translation) -> int:
+        """`truncation: "auto"`: the oldest turns left out until the prompt fits (truncation.py),
+        room kept for the output (its `max_output_tokens`, at most a quarter of the context)."""
+        context = translation.info.context_length
+        if not context:
+            return 0
+        translated = translation.translated
+        request = translated.request
+        reserve = (
+            min(request.sampling.max_tokens, context // 4) if request.sampling.HasField("max_tokens") else 0
+        )
+        held = translated.held
+
+        async def count(candidate: pb.GenerateRequest) -> int:
+            # Measured with its long texts in place (markers would count as a few tokens).
+            whole = pb.GenerateRequest.FromString(encode(candidate, held)) if held else candidate
+            try:
+                counted = await translation.model.engine.count_tokens(
+                    whole, timeout=self.settings.timeouts.control
+                )
+            except EngineError as error:
+                raise from_engine_error(
+                    error, context_length=context, retry_after_s=self.settings.retry_after_s
+                ) from None
+            return int(counted.input_tokens)
+
+        # The input's stored messages are views into the request: kept whole, whatever goes.
+        translated.input_messages[:] = detached(translated.input_messages)
+        return await truncate_to_fit(request, count=count, budget=max(1, context - max(1, reserve)))
 
     def image_source(self) -> ImageSource | None:
         """A fresh image source for one request (per-request byte budgets live in it)."""

@@ -1,0 +1,104 @@
+"""`truncation: "auto"`: the oldest turns are left out until the prompt fits the model's context.
+
+What is dropped is whole turns of the conversation (the contract messages the items became),
+oldest first: never a system or developer message (the instructions stay wherever they are),
+never a tool call without the outputs that answer it (an assistant turn that calls tools and the
+tool turns after it go together), and never the last turn (the input that is being answered).
+How many messages went is the response's `truncated_items` (an extension field; absent when
+nothing was dropped or truncation is off). A prompt that does not fit even then is the engine's
+usual 400 `context_length_exceeded`.
+
+The prompt is measured by the engine (`CountTokens`: the model's own template, tokens and image
+tokens), first whole, then by bisection over how many turns to drop (about log2(turns) counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+Count = Callable[[pb.GenerateRequest], Awaitable[int]]
+_INSTRUCTIONS = (pb.ROLE_SYSTEM, pb.ROLE_DEVELOPER)
+
+
+def turn_groups(messages: Sequence[pb.Message]) -> list[list[int]]:
+    """The message indexes that may go, in droppable units, oldest first: each message but the
+    instructions, an assistant turn with tool calls together with the tool turns after it."""
+    groups: list[list[int]] = []
+    for index, message in enumerate(messages):
+        if message.role in _INSTRUCTIONS:
+            continue
+        answering = (
+            message.role == pb.ROLE_TOOL
+            and groups
+            and messages[groups[-1][0]].role == pb.ROLE_ASSISTANT
+            and len(messages[groups[-1][0]].tool_calls) > 0
+            and all(messages[i].role in (pb.ROLE_ASSISTANT, pb.ROLE_TOOL) for i in groups[-1])
+            and groups[-1][-1] == _previous_turn(messages, index)
+        )
+        if answering:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def _previous_turn(messages: Sequence[pb.Message], index: int) -> int:
+    """The index of the last message before `index` that is not an instruction."""
+    for earlier in range(index - 1, -1, -1):
+        if messages[earlier].role not in _INSTRUCTIONS:
+            return earlier
+    return -1
+
+
+def without_groups(
+    messages: Sequence[pb.Message], groups: Sequence[list[int]], dropped: int
+) -> list[pb.Message]:
+    """The messages with the first `dropped` groups left out."""
+    gone = {index for group in groups[:dropped] for index in group}
+    return [message for index, message in enumerate(messages) if index not in gone]
+
+
+def _with_messages(request: pb.GenerateRequest, messages: Sequence[pb.Message]) -> pb.GenerateRequest:
+    trimmed = pb.GenerateRequest()
+    trimmed.CopyFrom(request)
+    del trimmed.messages[:]
+    for message in messages:
+        trimmed.messages.add().CopyFrom(message)
+    return trimmed
+
+
+async def truncate_to_fit(request: pb.GenerateRequest, *, count: Count, budget: int) -> int:
+    """Leave out the fewest oldest turns that make the prompt at most `budget` tokens (the
+    request's messages are replaced); how many messages went. Nothing goes when it fits already,
+    or when even dropping all but the last turn would not make it fit (the engine then refuses
+    it with the usual error)."""
+    if await count(request) <= budget:
+        return 0
+    messages = list(request.messages)
+    groups = turn_groups(messages)
+    # The last turn is what is being answered: never dropped.
+    low, high = 1, len(groups) - 1
+    if high < low:
+        return 0
+    if await count(_with_messages(request, without_groups(messages, groups, high))) > budget:
+        return 0
+    # The fewest groups dropped that fit: fits(high) is known true.
+    while low < high:
+        middle = (low + high) // 2
+        if await count(_with_messages(request, without_groups(messages, groups, middle))) <= budget:
+            high = middle
+        else:
+            low = middle + 1
+    kept = [_detached(message) for message in without_groups(messages, groups, high)]
+    del request.messages[:]
+    for message in kept:
+        request.messages.add().CopyFrom(message)
+    return len(messages) - len(kept)
+
+
+def _detached(message: pb.Message) -> pb.Message:
+    copy = pb.Message()
+    copy.CopyFrom(message)
+    return copy
