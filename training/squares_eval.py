@@ -27,10 +27,10 @@ from training.squares_conversations import (
     user_image,
 )
 from vlmserve.common.images import decode_image
-from vlmserve.engine.output.tool_parsers import TextPiece, ToolCallPiece
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
-from vlmserve.engine.tool_formats import HERMES_FORMAT, make_parser
+from vlmserve.engine.toolcalls.parsers import TextPiece, ToolCallPiece
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "qwen2-vl-squares"

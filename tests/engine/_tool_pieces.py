@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vlmserve.engine.output.tool_parsers import Piece, TextPiece, ToolCallParser
+from vlmserve.engine.toolcalls.parsers import Piece, TextPiece, ToolCallParser
 
 
 def collect(parser: ToolCallParser, chunks: Sequence[str]) -> list[Piece]:

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.output.assembler import OutputAssembler
-from vlmserve.engine.tool_formats import tool_format
+from vlmserve.engine.toolcalls.registry import tool_format
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WEATHER = {

@@ -3,39 +3,7 @@ the layers can be read bottom-up, and a function-level import is no way around i
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-ENGINE = Path(__file__).resolve().parents[2] / "service" / "vlmserve" / "engine"
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ENGINE).with_suffix("").parts
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(("vlmserve", "engine", *parts))
-
-
-def engine_imports() -> dict[str, set[str]]:
-    modules = {module_name(path): path for path in ENGINE.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):  # every level, functions too
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                candidates = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-            elif isinstance(node, ast.Import):
-                candidates = [alias.name for alias in node.names]
-            else:
-                continue
-            found.update(c for c in candidates if c in modules and c != name)
-        graph[name] = found
-    return graph
+from tests.engine._engine_graph import engine_imports
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -15,8 +15,8 @@ import pytest
 
 from tests.engine._family_engine import FamilyEngine, family, text, user
 from tests.engine._tool_pieces import collect
-from vlmserve.engine.output.tool_parsers import ToolCallPiece
-from vlmserve.engine.tool_formats import HERMES_FORMAT, LLAMA_JSON_FORMAT, make_parser
+from vlmserve.engine.toolcalls.parsers import ToolCallPiece
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT, LLAMA_JSON_FORMAT, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 pytestmark = pytest.mark.needs_model

@@ -13,9 +13,9 @@ from transformers import AutoTokenizer
 from tests.engine._tool_pieces import collect
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.output.tool_parsers import ToolCallPiece
 from vlmserve.engine.request_errors import RequestError
-from vlmserve.engine.tool_formats import HERMES_FORMAT, LLAMA_JSON_FORMAT, make_parser
+from vlmserve.engine.toolcalls.parsers import ToolCallPiece
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT, LLAMA_JSON_FORMAT, make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WEATHER = {

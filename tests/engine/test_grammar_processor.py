@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.grammar.processor import GrammarLogitsProcessor
 from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.tool_formats import HERMES_FORMAT
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 EOS = 8178

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from vlmserve.engine.output.assembler import OutputAssembler, Reasoning, ThinkingSplitter
-from vlmserve.engine.output.harmony import HarmonySplitter, starts_harmony
-from vlmserve.engine.tool_formats import tool_format
+from vlmserve.engine.toolcalls.harmony import HarmonySplitter, starts_harmony
+from vlmserve.engine.toolcalls.registry import tool_format
 
 ANALYSIS = "<|channel|>analysis<|message|>The user greets; answer briefly.<|end|>"
 FINAL = "<|start|>assistant<|channel|>final<|message|>Hello there."

@@ -18,8 +18,10 @@ import pytest
 
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import PreparedRequest
+from vlmserve.engine.kv.layout import KVLayout, layout_for
+from vlmserve.engine.kv.merge import merge_rows
+from vlmserve.engine.kv.sizing import bytes_per_token
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.loop.kv_cache import KVLayout, bytes_per_token, layout_for, merge_rows
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 
 from .test_batching import (

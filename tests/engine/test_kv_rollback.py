@@ -1,4 +1,4 @@
-"""Rolling back rejected draft positions (speculation/rollback.py, kv_cache.py `roll_back_batch`)
+"""Rolling back rejected draft positions (speculation/rollback.py, kv/rollback.py `roll_back_batch`)
 in every batch layout a verify step runs on: full precision (`BatchKVCache`), uniform quantized
 (`BatchQuantizedKVCache`, 8 and 4 bits) and turboquant (4 and 8 bits).
 
@@ -18,14 +18,9 @@ import numpy as np
 import pytest
 
 from tests._family_models import family_models  # noqa: F401  (fixture)
-from vlmserve.engine.loop.kv_cache import (
-    TURBOQUANT,
-    KVLayout,
-    merge_rows,
-    new_prompt_cache,
-    trimmable_batch,
-    verify_forward,
-)
+from vlmserve.engine.kv.layout import TURBOQUANT, KVLayout, new_prompt_cache
+from vlmserve.engine.kv.merge import merge_rows
+from vlmserve.engine.kv.rollback import trimmable_batch, verify_forward
 from vlmserve.engine.speculation.rollback import begin_verify, can_roll_back, roll_back_rows
 
 HEADS, HEAD_DIM = 2, 64

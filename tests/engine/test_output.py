@@ -6,7 +6,7 @@ import pytest
 
 from vlmserve.engine.output.assembler import OutputAssembler
 from vlmserve.engine.output.stop_sequences import StopSequenceMatcher
-from vlmserve.engine.tool_formats import HERMES_FORMAT
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 STOP_CASES = [

@@ -7,8 +7,8 @@ from typing import Any
 import grpc
 import pytest
 
-from vlmserve.engine.loop.sampling import SamplingSettings, settings_from_proto
 from vlmserve.engine.request_errors import RequestError
+from vlmserve.engine.sampling import SamplingSettings, settings_from_proto
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from vlmserve.engine.loop.sampling import SamplingSettings, TokenSampler
+from vlmserve.engine.sampling import SamplingSettings, TokenSampler
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.lookup import PromptLookup

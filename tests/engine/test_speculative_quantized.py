@@ -4,7 +4,7 @@ generates with `--speculative off` at the same precision — greedy and seeded s
 in a mixed batch (lookup rows, a plain row, a json_schema row, a logprobs row, two rows on one
 prompt sharing its KV in flight, a row that joins mid-decode and one cancelled mid-decode) — and
 the drafts really were verified on the quantized cache (the speculation metrics grew; rejected
-drafts were rolled back: kv_cache.py `roll_back_batch`, unit-tested in test_kv_rollback.py).
+drafts were rolled back: kv/rollback.py `roll_back_batch`, unit-tested in test_kv_rollback.py).
 
 One limit, and it is the batch's, not speculation's: a mixed batch rounds a row's forward a
 little differently from the row alone (~3e-6 in the logits here), and turboquant stores one
@@ -14,7 +14,7 @@ token is computed beside, so a seeded turboquant row in a mixed batch may part f
 at a near tie of its sampled distribution. Those rows are held to: the same tokens up to where
 they part, and every logits row up to there within that rounding. Everything else is exact:
 greedy rows, seeded rows alone (a verify forward's logits are bitwise the steps' it replaces:
-kv_cache.py `verify_forward`), uniform quantization."""
+kv/rollback.py `verify_forward`), uniform quantization."""
 
 from __future__ import annotations
 

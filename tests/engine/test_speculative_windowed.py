@@ -4,7 +4,7 @@ window, mlx-vlm's `BatchRotatingKVCache`, between full-attention layers) is loss
 `--speculative off` — greedy and seeded sampling, alone and in a mixed batch (lookup rows, a plain
 row, a json_schema row, a logprobs row). The prompts are longer than the window (or pass it
 while they generate), so drafts are
-verified and rolled back on wrapped windows (kv_cache.py `_roll_back_windowed`; unit-tested
+verified and rolled back on wrapped windows (kv/rollback.py `_roll_back_windowed`; unit-tested
 against each row alone in test_kv_rollback.py)."""
 
 from __future__ import annotations

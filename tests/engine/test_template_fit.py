@@ -19,8 +19,8 @@ from transformers import AutoTokenizer
 from tests._family_models import FAMILY_NAMES
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.prep.prompt import render_prompt
-from vlmserve.engine.prep.template_fit import TemplateTraits, fit_messages, probe
-from vlmserve.engine.tool_formats import HERMES_FORMAT
+from vlmserve.engine.template_fit import TemplateTraits, fit_messages, probe
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "family_prompts"

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from tests.engine._tool_pieces import collect
-from vlmserve.engine.output.tool_parsers import (
+from vlmserve.engine.toolcalls.parsers import (
     HermesToolCallParser,
     LlamaJsonToolCallParser,
     MarkupToolCallParser,
     PlainTextParser,
     ToolCallPiece,
 )
-from vlmserve.engine.tool_formats import (
+from vlmserve.engine.toolcalls.registry import (
     FORMATS,
     HERMES_FORMAT,
     LLAMA_JSON_FORMAT,

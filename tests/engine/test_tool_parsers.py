@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.engine._tool_pieces import collect
-from vlmserve.engine.output.tool_parsers import (
+from vlmserve.engine.toolcalls.parsers import (
     HermesToolCallParser,
     Piece,
     PlainTextParser,
@@ -16,7 +16,7 @@ from vlmserve.engine.output.tool_parsers import (
     ToolCallDeltaPiece,
     ToolCallPiece,
 )
-from vlmserve.engine.tool_formats import HERMES_FORMAT, format_for_model, make_parser
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT, format_for_model, make_parser
 
 CALL_LS = '<tool_call>\n{"name": "shell", "arguments": {"cmd": ["ls", "-l"]}}\n</tool_call>'
 CALL_READ = '<tool_call>\n{"name": "read", "arguments": {"path": "a.txt"}}\n</tool_call>'

@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
-from vlmserve.engine.loop.kv_cache import KV_QUANT_SCHEMES, UNIFORM
+from vlmserve.engine.kv.layout import KV_QUANT_SCHEMES, UNIFORM
 from vlmserve.engine.model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE_CHOICES
 from vlmserve.engine.model_lifecycle import LOAD_CHOICES
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
@@ -75,7 +75,7 @@ class EngineConfig(DeclaredSettings):
         "cache's precision, and images); a request waits while it would not fit and is refused when it never "
         "can (0: three quarters of the device's memory less the model's weights)",
     )
-    # See loop/kv_cache.py.
+    # See kv/layout.py.
     kv_bits: Annotated[int | None, Option(metavar="{4,8}")] = Field(
         None,
         description="store the KV cache quantized to this many bits (mlx-vlm's quantized caches: the batch, "

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from vlmserve.engine.grammar.compiler import OutputConstraint
-from vlmserve.engine.loop.sampling import SamplingSettings
 from vlmserve.engine.request_errors import RequestError
+from vlmserve.engine.sampling import SamplingSettings
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = [

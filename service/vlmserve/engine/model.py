@@ -16,10 +16,9 @@ from typing import Any
 
 from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 from vlmserve.engine.grammar.compiler import GrammarCompiler
-from vlmserve.engine.loop.kv_cache import KVLayout
-from vlmserve.engine.prep.prompt import ChatTemplate
-from vlmserve.engine.prep.template_fit import probe
-from vlmserve.engine.tool_formats import TEXT_TOOLS_FORMAT, format_for_model, tool_format
+from vlmserve.engine.kv.layout import KVLayout
+from vlmserve.engine.template_fit import ChatTemplate, probe
+from vlmserve.engine.toolcalls.registry import TEXT_TOOLS_FORMAT, format_for_model, tool_format
 
 __all__ = [
     "DEFAULT_MODEL_PATH",

@@ -25,9 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vlmserve.engine.grammar.call_grammars import LENIENT, FunctionSpec, schema_rule
 from vlmserve.engine.request_errors import invalid_argument
-from vlmserve.engine.tool_formats import FORMATS
+from vlmserve.engine.toolcalls.call_grammars import LENIENT, FunctionSpec, schema_rule
+from vlmserve.engine.toolcalls.registry import FORMATS
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = [

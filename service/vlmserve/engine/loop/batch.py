@@ -18,7 +18,7 @@ The batch decides every row's tokens and returns them (`RowTokens`: one per plai
 after a speculative verify); the runner hands each row its tokens. Rows are opaque keys here
 (`K`): the batch never calls a row, it reads what the row handed over (`BatchRow`).
 
-Quantized KV (`--kv-bits`) uses mlx-vlm's `BatchQuantizedKVCache` the same way; kv_cache.py
+Quantized KV (`--kv-bits`) uses mlx-vlm's `BatchQuantizedKVCache` the same way; kv/merge.py
 has the one-row → batch merge mlx-vlm lacks for it.
 
 A model with a cache layer mlx-vlm cannot batch (no `merge`, e.g. Llama 4's chunked attention
@@ -42,8 +42,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from vlmserve.engine.kv.merge import merge_rows, mergeable
+from vlmserve.engine.kv.rollback import verify_forward
+from vlmserve.engine.kv.views import row_views
 from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
-from vlmserve.engine.loop.kv_cache import merge_rows, mergeable, row_views, verify_forward
 from vlmserve.engine.loop.prefill import prefill_group
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator

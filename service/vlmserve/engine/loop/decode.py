@@ -26,8 +26,9 @@ import grpc
 import numpy as np
 
 from vlmserve.engine.jobs import Job, JobKind, JobReport
+from vlmserve.engine.kv.layout import new_prompt_cache
+from vlmserve.engine.kv.views import own_copy, views
 from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
-from vlmserve.engine.loop.kv_cache import new_prompt_cache, own_copy, views
 from vlmserve.engine.loop.model_inputs import ImageSpan, ModelInputs, build_model_inputs, prompt_image_spans
 from vlmserve.engine.loop.prefill import HiddenReader, groupable, prefill_chunk, prompt_rest
 from vlmserve.engine.loop.prefix_cache import (

@@ -20,8 +20,8 @@ from typing import Any
 from vlmserve.engine.grammar.processor import GrammarLogitsProcessor
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.logprobs import StepScores, score_rows
-from vlmserve.engine.loop.sampling import REPETITION_CONTEXT_TOKENS, TokenSampler
 from vlmserve.engine.model import LoadedModel
+from vlmserve.engine.sampling import REPETITION_CONTEXT_TOKENS, TokenSampler
 
 __all__ = ["LogitsProcessor", "Score", "TokenDraw", "score_chosen"]
 

@@ -24,10 +24,11 @@ from typing import Any
 from vlmserve.common.tracing import record_span
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, JobReport
+from vlmserve.engine.kv.layout import KVLayout, layout_for
+from vlmserve.engine.kv.sizing import bytes_per_token, kv_shape
 from vlmserve.engine.loop.admission import Admission
 from vlmserve.engine.loop.decode import ActiveGeneration
 from vlmserve.engine.loop.intake import IntakeSource, LocalIntake
-from vlmserve.engine.loop.kv_cache import KVLayout, bytes_per_token, kv_shape, layout_for
 from vlmserve.engine.loop.memory_budget import MemoryBudget, default_budget_bytes, device_memory_bytes
 from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace

@@ -2,7 +2,7 @@
 
 A queue bounded by length says nothing about memory: sixteen 30k-token agent turns fit the queue
 and not a 16 GB Mac. Each prepared request is given an estimate — its KV cache at the cache's
-precision for the whole prompt plus every token it may generate (`kv_cache.bytes_per_token`),
+precision for the whole prompt plus every token it may generate (kv/sizing.py `bytes_per_token`),
 plus its images' processor arrays — and the generation thread starts a waiting request only
 while the estimates of the requests in flight, with it, stay under the budget (FIFO, the
 scheduler's `admit_count`: the oldest waiting request goes first, so a large one is not starved

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vlmserve.engine.loop.kv_cache import merge_rows
+from vlmserve.engine.kv.merge import merge_rows
 from vlmserve.engine.loop.model_inputs import ModelInputs
 from vlmserve.engine.speculation.rollback import verify_forward_kwargs
 

@@ -29,16 +29,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vlmserve.engine.loop.kv_cache import (
-    KVLayout,
-    is_plain,
-    kv_nbytes,
-    layer_arrays,
-    restore,
-    snapshot,
-    snapshot_nbytes,
-    views,
-)
+from vlmserve.engine.kv.layout import KVLayout
+from vlmserve.engine.kv.sizing import kv_nbytes
+from vlmserve.engine.kv.snapshots import restore, snapshot, snapshot_nbytes
+from vlmserve.engine.kv.views import is_plain, layer_arrays, views
 from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
 
 __all__ = ["PrefixCache", "PromptImages", "prompt_images", "shared_prefix_length"]

@@ -1,1 +1,1 @@
-"""Generated tokens -> text, reasoning and tool calls: detokenizer, parsers, stop sequences."""
+"""Generated tokens -> text, reasoning and tool calls: detokenizer, stop sequences, the assembler."""

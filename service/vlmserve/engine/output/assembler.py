@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.engine.output.harmony import HarmonySplitter, starts_harmony
 from vlmserve.engine.output.stop_sequences import StopSequenceMatcher
-from vlmserve.engine.output.tool_parsers import Piece, TextPiece, ToolCallDeltaPiece, ToolCallPiece
-from vlmserve.engine.tool_formats import make_parser
+from vlmserve.engine.toolcalls.harmony import HarmonySplitter, starts_harmony
+from vlmserve.engine.toolcalls.parsers import Piece, TextPiece, ToolCallDeltaPiece, ToolCallPiece
+from vlmserve.engine.toolcalls.registry import make_parser
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["OutputAssembler", "OutputPiece", "Reasoning", "ThinkingSplitter", "prompt_leaves_thinking"]

@@ -34,7 +34,6 @@ from PIL import Image
 from vlmserve.common.images import ImageError, ImageInfo, decode_image, inspect_image
 from vlmserve.engine.grammar.compiler import GrammarCompiler, after_thinking, constraint_for
 from vlmserve.engine.jobs import JobKind, PreparedImage, PreparedRequest
-from vlmserve.engine.loop.sampling import settings_from_proto
 from vlmserve.engine.model import LoadedModel, ModelInfo, prompt_needs_special_tokens
 from vlmserve.engine.output.assembler import prompt_leaves_thinking
 from vlmserve.engine.prep.image_inputs import (
@@ -51,6 +50,7 @@ from vlmserve.engine.prep.prompt import (
 )
 from vlmserve.engine.prep.prompt_tokens import PromptTokenizer, Protection
 from vlmserve.engine.request_errors import RequestError, context_too_long, invalid_argument
+from vlmserve.engine.sampling import settings_from_proto
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["DEFAULT_MAX_REQUEST_PIXELS", "RequestPreparer", "check_model_name"]

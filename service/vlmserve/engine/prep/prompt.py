@@ -35,18 +35,17 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from jinja2 import TemplateError
 
 from vlmserve.engine.prep.lowering import LoweredMessage, lower_conversation
-from vlmserve.engine.prep.template_fit import fit_messages, probe
 from vlmserve.engine.request_errors import invalid_argument
-from vlmserve.engine.tool_formats import HERMES_FORMAT
+from vlmserve.engine.template_fit import ChatTemplate, fit_messages, probe
+from vlmserve.engine.toolcalls.registry import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = [
-    "ChatTemplate",
     "PromptImage",
     "RenderedPrompt",
     "TemplateConversation",
@@ -70,12 +69,6 @@ _ROLE_NAMES: Mapping[int, str] = {
 }
 
 ToolMode = str  # "none" | "auto" | "required" | "function"
-
-
-class ChatTemplate(Protocol):
-    """What renders a conversation: a transformers tokenizer or processor."""
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,12 @@ fewer drafts) must go.
   `trim`), then move each row's kept positions to the end, as mlx-vlm's own right-padded prefill
   does (`prepare(right_padding=...)` + `finalize()`: a roll, and the rolled-over positions become
   left padding, which the mask hides), and drop padding columns every row has
-  (kv_cache.py `roll_back_batch`, the one place that knows the layouts). Exact for quantized
+  (kv/rollback.py `roll_back_batch`, the one place that knows the layouts). Exact for quantized
   layouts too: each vector is quantized on its own (groups along the head dimension, turboquant's
   per-vector norm and codes), so the kept positions' stored values do not depend on the dropped.
   Sliding-window layers (`BatchRotatingKVCache`) too, wrapped or not: a forward of several
   positions leaves them in temporal order with every position the next token can see
-  (kv_cache.py `_roll_back_windowed`).
+  (kv/rollback.py `_roll_back_windowed`).
 - Recurrent layers (Qwen3.5's Gated DeltaNet state and its convolution window, mlx-vlm's
   `ArraysCache`) cannot be trimmed: their state after a position is not recoverable from the
   state after the last one. mlx-vlm's speculative cache transaction (`speculative/cache_state.py`)
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vlmserve.engine.loop.kv_cache import roll_back_batch, trimmable_batch
+from vlmserve.engine.kv.rollback import roll_back_batch, trimmable_batch
 
 __all__ = ["RecurrentVerify", "begin_verify", "can_roll_back", "roll_back_rows", "verify_forward_kwargs"]
 

@@ -9,7 +9,7 @@ rewrites only what that template cannot take:
 
 - a first system turn becomes one text part (Gemma, Mistral and Llama 4 read only its first);
 - tools a template does not render are described in the system turn as prompt text, in the
-  format the registry names for that (`tool_formats.TEXT_TOOLS_FORMAT`, Hermes: Qwen2.5's
+  format the registry names for that (`toolcalls/registry.py` `TEXT_TOOLS_FORMAT`, Hermes: Qwen2.5's
   ``# Tools`` block; the engine then parses ``<tool_call>`` output), and with them earlier tool
   calls become call text and tool results result text in a user turn, as Qwen2.5 renders them;
 - tool turns a template refuses become that user-turn text too;
@@ -28,13 +28,20 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
-from vlmserve.engine.tool_formats import TEXT_TOOLS_FORMAT, ToolPrompt, tool_format
+from vlmserve.engine.toolcalls.registry import TEXT_TOOLS_FORMAT, ToolPrompt, tool_format
 
-__all__ = ["TemplateTraits", "fit_messages", "probe"]
+__all__ = ["ChatTemplate", "TemplateTraits", "fit_messages", "probe"]
+
+
+class ChatTemplate(Protocol):
+    """What renders a conversation: a transformers tokenizer or processor."""
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
 
 _PROBE_TOOL = "vlmserve_probe_tool"
 _PROBE_CALL = "vlmserve_probe_call"

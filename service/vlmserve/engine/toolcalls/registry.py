@@ -5,7 +5,7 @@ with (the detokenizer keeps those tokens as text, model.py), a fresh streaming p
 (output/assembler.py), the grammar of its calls for an enforced `tool_choice`
 (grammar/compiler.py), whether an AUTO choice is left unconstrained, and whether the format's
 output always may carry reasoning, and how its tools, calls and results are written as plain
-prompt text where a chat template renders none of them (prep/template_fit.py). Everything else
+prompt text where a chat template renders none of them (template_fit.py). Everything else
 names a format by its `name` and looks it up here (`tool_format`).
 
 The family is chosen the way mlx-vlm's server chooses it (`mlx_vlm.tools` registry: the chat
@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vlmserve.engine.grammar import call_grammars as grammars
-from vlmserve.engine.grammar.call_grammars import CallRules
-from vlmserve.engine.output import harmony
-from vlmserve.engine.output.tool_parsers import (
+from vlmserve.engine.toolcalls import call_grammars as grammars
+from vlmserve.engine.toolcalls import harmony
+from vlmserve.engine.toolcalls.call_grammars import CallRules
+from vlmserve.engine.toolcalls.parsers import (
     DEFAULT_MAX_CALL_CHARS,
     LLAMA_PYTHON_END,
     LLAMA_PYTHON_START,
@@ -71,7 +71,7 @@ ParserFactory = Callable[[int, Sequence[dict[str, Any]]], ToolCallParser]
 @dataclass(frozen=True, slots=True)
 class CallGrammar:
     """How a format's calls are enforced: the call-start marker ("" when the calls are the
-    whole answer) and the `calls` rules that follow it (grammar/call_grammars.py)."""
+    whole answer) and the `calls` rules that follow it (toolcalls/call_grammars.py)."""
 
     start: str
     rules: CallRules
@@ -238,7 +238,7 @@ FORMATS: dict[str, ToolFormat] = {
             "harmony",
             "<|channel|>commentary to=",
             "<|call|>",
-            harmony.HARMONY_MARKERS,  # its message framing, which output/harmony.py reads
+            harmony.HARMONY_MARKERS,  # its message framing, which toolcalls/harmony.py reads
             CallGrammar("", grammars.harmony_calls),
             auto_unconstrained=True,
             reasons=True,

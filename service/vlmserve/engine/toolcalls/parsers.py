@@ -1,4 +1,4 @@
-"""Streaming tool-call parsers, one kind per model family (the registry, tool_formats.py,
+"""Streaming tool-call parsers, one kind per model family (the registry, toolcalls/registry.py,
 says which family gets which).
 
 A parser turns the model's raw text, fed in arbitrary pieces, into visible text and whole tool

@@ -1,6 +1,6 @@
 """Each tool-call format's grammar (llguidance Lark): the `calls` rule after its call-start
 marker. Pure text building; `compiler.py` decides when a request gets one and checks it, and
-the tool-format registry (tool_formats.py) says which rules and marker a format has.
+the tool-format registry (toolcalls/registry.py) says which rules and marker a format has.
 
 Formats: Hermes / Qwen `<tool_call>{json}</tool_call>`,
 Mistral's `[TOOL_CALLS][{...}]`, Llama's bare `{"name", "parameters"}` answer, Qwen3-Coder's
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vlmserve.engine.grammar.call_literals import GEMMA, PYTHON, LiteralRules
+from vlmserve.engine.toolcalls.call_literals import GEMMA, PYTHON, LiteralRules
 
 __all__ = [
     "LENIENT",
@@ -58,7 +58,7 @@ class FunctionSpec:
     where: str
 
 
-# A format's `calls` rules (tool_formats.py `CallGrammar`): Lark lines for the given tools, at
+# A format's `calls` rules (toolcalls/registry.py `CallGrammar`): Lark lines for the given tools, at
 # most max_calls calls (None: any number).
 CallRules = Callable[[MarkerSource, Sequence[FunctionSpec], "int | None"], list[str]]
 

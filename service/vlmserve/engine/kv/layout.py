@@ -1,0 +1,80 @@
+"""How a model's KV is stored (`--kv-bits`, `--kv-quant-scheme`) and a request's empty cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "KV_BITS_CHOICES",
+    "KV_QUANT_SCHEMES",
+    "TURBOQUANT",
+    "UNIFORM",
+    "KVLayout",
+    "layout_for",
+    "new_prompt_cache",
+]
+
+KV_BITS_CHOICES = (4, 8)
+
+
+UNIFORM = "uniform"
+TURBOQUANT = "turboquant"
+KV_QUANT_SCHEMES = (UNIFORM, TURBOQUANT)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How a model's KV is stored: full precision (`bits` None), quantized in groups
+    (`uniform`, mx.quantize) or turboquant (codebook indices and a norm per vector)."""
+
+    bits: int | None = None
+    group_size: int = 64
+    scheme: str = UNIFORM
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    @property
+    def turbo(self) -> bool:
+        return self.bits is not None and self.scheme == TURBOQUANT
+
+    @property
+    def describe(self) -> str:
+        if self.bits is None:
+            return "full precision"
+        if self.turbo:
+            return f"{self.bits}-bit turboquant"
+        return f"{self.bits}-bit, groups of {self.group_size}"
+
+
+def layout_for(bits: int | None, group_size: int, head_dim: int, scheme: str = UNIFORM) -> KVLayout:
+    """The layout `--kv-bits` asks for on a model with `head_dim`: quantization groups must
+    divide the head dimension, so a model with small heads uses the largest group that does
+    (turboquant has no groups)."""
+    if bits is None:
+        return KVLayout()
+    if bits not in KV_BITS_CHOICES:
+        raise ValueError(f"--kv-bits must be one of {KV_BITS_CHOICES}, not {bits}")
+    if scheme not in KV_QUANT_SCHEMES:
+        raise ValueError(f"--kv-quant-scheme must be one of {KV_QUANT_SCHEMES}, not {scheme!r}")
+    if scheme == TURBOQUANT:
+        return KVLayout(bits, group_size, TURBOQUANT)
+    for size in (group_size, 64, 32):
+        if size <= head_dim and head_dim % size == 0:
+            return KVLayout(bits, size)
+    raise ValueError(f"KV quantization needs a head dimension divisible by 32; this model's is {head_dim}")
+
+
+def new_prompt_cache(language_model: Any, layout: KVLayout) -> list[Any]:
+    """An empty cache for one request (mlx-vlm's own layers; quantized ones when asked)."""
+    from mlx_vlm.models.cache import QuantizedKVCache, make_prompt_cache
+
+    if layout.bits is None:
+        return make_prompt_cache(language_model)
+    if layout.turbo:
+        from mlx_vlm.turboquant import TurboQuantKVCache
+
+        return [TurboQuantKVCache(bits=layout.bits) for _ in language_model.layers]
+    return [QuantizedKVCache(group_size=layout.group_size, bits=layout.bits) for _ in language_model.layers]
