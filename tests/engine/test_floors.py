@@ -42,7 +42,7 @@ def upward(module: str, imported: str) -> str | None:
     if own == target:
         return None
     if FLOOR[target] > FLOOR[own]:
-        return f"{module} (floor {FLOOR[own]}, {own}) imports up: {imported} (floor {FLOOR[target]}, {target})"
+        return f"{module} ({own}, floor {FLOOR[own]}) imports up: {imported} ({target}, {FLOOR[target]})"
     if FLOOR[target] == FLOOR[own]:
         return f"{module} ({own}) imports {imported} ({target}), a unit on its own floor"
     return None

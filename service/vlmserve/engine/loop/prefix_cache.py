@@ -56,7 +56,7 @@ class _Entry:
     nbytes: int
     from_disk: bool = False  # loaded from the disk tier and not yet taken (counts a disk hit)
     on_disk: bool = False  # the disk tier has it already: evicting it writes nothing
-    # Sliding-window / chunked layers (kv_cache.snapshot): the whole cache's exact state, which
+    # Sliding-window / chunked layers (kv/snapshots.py `snapshot`): the whole cache's exact state, which
     # only a prompt that extends *all* of `token_ids` can continue from. Memory only.
     state: list[Any] | None = None
 
@@ -99,7 +99,7 @@ class PrefixCache:
         self.min_tokens = min_tokens
         self.max_bytes = max_bytes
         self.disk = disk
-        # The KV's precision (kv_cache.py): entries keep the layout the batch has.
+        # The KV's precision (kv/layout.py): entries keep the layout the batch has.
         self.layout = layout or KVLayout()
         self.bytes = 0
         # Hits by tier (metrics, tests).
