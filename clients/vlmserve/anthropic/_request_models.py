@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import Field, Tag, TypeAdapter
 
 from vlmserve.responses import RequestModel, parse_as
-from vlmserve.responses._request_models import Count
+from vlmserve.responses._request_models import MAX_COUNT, Count
 from vlmserve.responses._validation import OTHER, by_json_type, by_type
 
 # ---- sources ------------------------------------------------------------------------------------
@@ -249,9 +249,14 @@ ToolChoiceParam: TypeAlias = Annotated[
 # ---- the rest -----------------------------------------------------------------------------------
 
 
+# The contract's `top_k` is an int32: a larger value could not be sent (it was a 500 once the
+# response had been admitted).
+MAX_TOP_K = 2**31 - 1
+
+
 class ThinkingEnabledParam(RequestModel):
     type: Literal["enabled"]
-    budget_tokens: Annotated[int, Field(ge=1024)]
+    budget_tokens: Annotated[int, Field(ge=1024, le=MAX_COUNT)]
 
 
 class ThinkingDisabledParam(RequestModel):
@@ -314,7 +319,7 @@ class MessagesBody(RequestModel):
     stop_sequences: list[str] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=MAX_TOP_K)] | None = None
     thinking: ThinkingParam | None = None
     metadata: MetadataParam | None = None
     stream: bool | None = None

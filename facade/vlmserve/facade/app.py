@@ -27,6 +27,7 @@ from vlmserve.facade.http.openapi import install_openapi
 from vlmserve.facade.http.request_ids import RequestIds
 from vlmserve.facade.remote_images.fetcher import image_fetcher_from_settings
 from vlmserve.facade.responses.background import BackgroundRuns
+from vlmserve.facade.responses.delivery import AbandonUnclaimed
 from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.preparation import ImageSourceFactory, ResponsesService
 from vlmserve.facade.routes import anthropic as anthropic_routes
@@ -250,6 +251,8 @@ def create_app(
     install_api_keys(app, settings.api_keys, settings.operator_keys)
     limits = settings.limits
     app.add_middleware(HeaderLimits, max_headers=limits.max_headers, max_header_bytes=limits.max_header_bytes)
+    # Whatever fails after a response was admitted, what it took is given back when its request ends.
+    app.add_middleware(AbandonUnclaimed)
     # A dependency on each route (not path matching): a route added later is guarded too.
     guarded: dict[str, Any] = {"dependencies": [Depends(require_owner), *dependencies]}
     app.include_router(compact_routes.router, **guarded)

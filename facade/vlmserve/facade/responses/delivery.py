@@ -16,12 +16,13 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.preparation import ResponsesService
-from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.responses.running import Generation, unclaimed_generations
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.responses import CreateRequest, ErrorEvent
 from vlmserve.server.logs import bind_response
@@ -107,7 +108,9 @@ async def respond(
 
 
 def finisher(generation: Generation, release: Callable[[], None]) -> Callable[[], Awaitable[None]]:
-    """What ends a request's part in a generation: abandon it (if still running), then `release`."""
+    """What ends a request's part in a generation: abandon it (if still running), then `release`.
+    Made by whatever takes a prepared generation over, which claims it."""
+    generation.claim()
 
     async def finish() -> None:
         try:
@@ -116,6 +119,32 @@ def finisher(generation: Generation, release: Callable[[], None]) -> Callable[[]
             release()
 
     return finish
+
+
+class AbandonUnclaimed:
+    """ASGI middleware: a generation admitted while serving a request (or a WebSocket
+    connection) that nothing took over (`finisher`) is abandoned when the request ends: its
+    key's place, its engine slot and everything it holds are given back, whatever failed after
+    the admission (issue 39: a 500 there kept all of it, and 32 of them locked the key out)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        with unclaimed_generations() as unclaimed:
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                await asyncio.shield(_abandon_all(unclaimed))
+
+
+async def _abandon_all(unclaimed: dict[str, Generation]) -> None:
+    # A frame of its own: an exception passing through the middleware keeps no generation.
+    while unclaimed:
+        await unclaimed.popitem()[1].abandon_unclaimed()
 
 
 async def _frames(
@@ -158,10 +187,14 @@ async def collect(generation: Generation, first_message_s: float) -> dict[str, A
 
 
 async def prepare_unless_disconnected(
-    request: Request, service: ResponsesService, create: CreateRequest
+    request: Request, service: ResponsesService, create: CreateRequest, *, release: Callable[[], None]
 ) -> Generation:
-    """`prepare`, stopped when the client goes away (its PDFs' worker processes are killed)."""
-    generation = await unless_disconnected(request, service.prepare(create, owner=owner_of(request)))
+    """`prepare`, stopped when the client goes away (its PDFs' worker processes are killed).
+    `release` gives back what the request holds (its body's bytes): run when the generation ends
+    (`finisher`), or when the request ends with the generation unclaimed."""
+    generation = await unless_disconnected(
+        request, service.prepare(create, owner=owner_of(request), release=release)
+    )
     if generation is None:
         raise client_closed()
     # `prepare` ran in a task of its own: its context (the bound response id) ended with it, and

@@ -42,7 +42,7 @@ from vlmserve.facade.responses.item_references import ItemReferences, check_refe
 from vlmserve.facade.responses.key_admission import EngineSlots, KeyAdmission
 from vlmserve.facade.responses.recorder import ResponseRecorder
 from vlmserve.facade.responses.resource import new_resource
-from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.responses.running import Generation, track_unclaimed
 from vlmserve.facade.responses.truncation import truncate_to_fit
 from vlmserve.facade.settings import FacadeSettings, Files, Limits
 from vlmserve.facade.store.disk_space import DiskSpace
@@ -218,10 +218,21 @@ class ResponsesService:
         self._documents.close()
 
     async def prepare(
-        self, create: CreateRequest, *, owner: str = "", memory: ConnectionMemory | None = None
+        self,
+        create: CreateRequest,
+        *,
+        owner: str = "",
+        memory: ConnectionMemory | None = None,
+        release: Callable[[], None] | None = None,
     ) -> Generation:
         """The generation of a parsed request: translated, checked, admitted, ready to open. The
-        engine request is final here: nothing is set on it after."""
+        engine request is final here: nothing is set on it after.
+
+        The admission is the last step: what follows it is the caller's, and a generation no
+        caller takes over (`Generation.claim`, by `delivery.finisher`) is abandoned when its
+        request ends (`delivery.AbandonUnclaimed`), with `release` (what the request holds for
+        it): no failure after the admission keeps the key's place or the body's bytes.
+        """
         translation = await self.translate(create, owner=owner, hold_texts=True, memory=memory)
         translated, info, model = translation.translated, translation.info, translation.model
         truncated = await self._truncate(translation) if translated.truncation == "auto" else 0
@@ -236,23 +247,13 @@ class ResponsesService:
                 conversation_id=translated.conversation_id,
                 param="input",
             )
-        # Counted until the generation is forgotten (`_forget`): 429 past the key's limit.
         logprobs = translated.request.sampling.logprobs
-        self.admission.admit(owner, logprobs=logprobs)
         response_id = ids.new_id(ids.RESPONSE)
-        if logprobs:
-            self._with_logprobs.add(response_id)
         # The rest of this request's log lines (and a background run's, started from here) name it.
         bind_response(response_id)
         translated.request.request_id = response_id
         # The engine's prefix cache is partitioned by this (the owner id is a hash of the key).
         translated.request.partition_key = owner
-        if translated.ignored_tools:
-            logger.info(
-                "response %s: hosted tools left out of the prompt: %s",
-                response_id,
-                ", ".join(sorted(set(translated.ignored_tools))),
-            )
         resource = new_resource(
             translated, response_id=response_id, model_id=model.id, conversation_id=translated.conversation_id
         )
@@ -280,9 +281,20 @@ class ResponsesService:
             max_stored_bytes=self.settings.storage.max_stored_bytes_per_key,
         )
         generation = Generation(response_id, translated, builder, call, recorder, on_finish=self._forget)
+        # Counted until the generation is forgotten (`_forget`): 429 past the key's limit.
+        self.admission.admit(owner, logprobs=logprobs)
+        if logprobs:
+            self._with_logprobs.add(response_id)
+        self.running[response_id] = generation
+        track_unclaimed(generation, release)
         if memory is not None:
             memory.started(response_id, translation.replay, translated)
-        self.running[response_id] = generation
+        if translated.ignored_tools:
+            logger.info(
+                "response %s: hosted tools left out of the prompt: %s",
+                response_id,
+                ", ".join(sorted(set(translated.ignored_tools))),
+            )
         return generation
 
     async def _truncate(self, translation: Translation) -> int:

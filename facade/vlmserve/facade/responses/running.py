@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
@@ -37,6 +38,10 @@ class Generation:
     # Set by `stop()`: the response ends `failed` with this error instead of `cancelled`.
     _stop_error: APIError | None = None
     _reported: bool = False
+    # The request's unclaimed generations this one is in, until something takes it over, and
+    # what abandoning it unclaimed also gives back (the request body's hold).
+    _unclaimed: dict[str, Generation] | None = field(default=None, repr=False)
+    _release_unclaimed: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def request(self) -> pb.GenerateRequest:
@@ -49,6 +54,24 @@ class Generation:
     @property
     def resource(self) -> ResponseResource:
         return self.builder.resource
+
+    def claim(self) -> None:
+        """Taken over by what runs it to its end (a response, a background run, a WebSocket):
+        no longer abandoned with its request (`unclaimed_generations`)."""
+        if self._unclaimed is not None:
+            self._unclaimed.pop(self.response_id, None)
+            self._unclaimed = None
+        self._release_unclaimed = None
+
+    async def abandon_unclaimed(self) -> None:
+        """What nothing took over: abandoned, and what its request held given back."""
+        release = self._release_unclaimed
+        self.claim()
+        try:
+            await self.abandon()
+        finally:
+            if release is not None:
+                release()
 
     @property
     def done(self) -> asyncio.Event:
@@ -183,3 +206,31 @@ class Generation:
             self._reported = True
             if self.on_finish is not None:
                 self.on_finish(self)
+
+
+# The generations admitted while serving one request (or WebSocket connection) and not yet
+# claimed: whatever fails between the admission and the hand-over, they are abandoned when the
+# request ends (the one place that releases them: `delivery.AbandonUnclaimed`).
+_UNCLAIMED: ContextVar[dict[str, Generation] | None] = ContextVar("unclaimed_generations", default=None)
+
+
+def track_unclaimed(generation: Generation, release: Callable[[], None] | None = None) -> None:
+    """Note a just admitted generation in its request's unclaimed ones (if it is in a request);
+    `release`: what its request holds for it (the body's bytes), given back with it."""
+    unclaimed = _UNCLAIMED.get()
+    if unclaimed is not None:
+        unclaimed[generation.response_id] = generation
+        generation._unclaimed = unclaimed
+        generation._release_unclaimed = release
+
+
+@contextlib.contextmanager
+def unclaimed_generations() -> Iterator[dict[str, Generation]]:
+    """The generations admitted within this block (tasks started in it included) and not
+    claimed; the caller abandons what is left in it."""
+    unclaimed: dict[str, Generation] = {}
+    token = _UNCLAIMED.set(unclaimed)
+    try:
+        yield unclaimed
+    finally:
+        _UNCLAIMED.reset(token)

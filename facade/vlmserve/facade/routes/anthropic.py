@@ -37,7 +37,9 @@ async def create_message(request: Request, state: State) -> Response:
         translated = await state.responses.run_translation(messages_request, body)
         del body
         with fields_renamed(translated.anthropic_param):
-            generation = await prepare_unless_disconnected(request, state.responses, translated.request)
+            generation = await prepare_unless_disconnected(
+                request, state.responses, translated.request, release=hold.release
+            )
     except BaseException:
         hold.release()
         raise

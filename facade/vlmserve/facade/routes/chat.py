@@ -43,7 +43,9 @@ async def create_chat_completion(request: Request, state: State) -> Response:
         chat = await state.responses.run_translation(chat_request, body)
         del body
         with fields_renamed(chat.chat_param):
-            generation = await prepare_unless_disconnected(request, state.responses, chat.request)
+            generation = await prepare_unless_disconnected(
+                request, state.responses, chat.request, release=hold.release
+            )
     except BaseException:
         hold.release()
         raise

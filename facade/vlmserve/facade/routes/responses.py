@@ -57,7 +57,7 @@ async def create_response(request: Request, state: State) -> Response:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
         create = await state.responses.run_translation(parse_create_request, body)
         del body
-        generation = await prepare_unless_disconnected(request, state.responses, create)
+        generation = await prepare_unless_disconnected(request, state.responses, create, release=hold.release)
         del create
     except BaseException:
         hold.release()
