@@ -38,6 +38,7 @@ from vlmserve.facade.routes import files as files_routes
 from vlmserve.facade.routes import models as models_routes
 from vlmserve.facade.routes import responses as responses_routes
 from vlmserve.facade.routes import responses_ws as responses_ws_routes
+from vlmserve.facade.routes import ui as ui_routes
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.state import FacadeState
 from vlmserve.facade.store.disk_space import DiskSpace
@@ -264,6 +265,8 @@ def create_app(
     app.include_router(models_routes.models_router, **guarded)
     app.include_router(models_routes.readiness_router, **guarded)
     app.include_router(models_routes.health_router)
+    # The page to try it (GET /ui): static, no data; its API calls carry the key (routes/ui.py).
+    app.include_router(ui_routes.router)
     # Checks the same keys itself, at the handshake (the HTTP dependency needs a Request).
     app.include_router(responses_ws_routes.router)
     # The operator's: its figures count every key's traffic (none is labelled by owner).
