@@ -125,6 +125,10 @@ class _Row:
         self.tokens_left = 100
 
     @property
+    def key(self) -> _Row:
+        return self
+
+    @property
     def context_tokens(self) -> tuple[list[int], list[int]]:
         return [], self.generated
 

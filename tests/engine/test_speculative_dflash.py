@@ -37,9 +37,9 @@ def engines(dflash: tuple[Path, Path]) -> Iterator[dict[str, Generator]]:
     yield from scenarios.started_engines(*dflash, MODES)
 
 
-def _context_positions(drafter: DFlashDrafter, row: object) -> int:
+def _context_positions(drafter: DFlashDrafter, row: Any) -> int:
     """Positions a row's drafter has been fed or holds to feed."""
-    state = drafter._rows[id(row)]
+    state = drafter._rows[row.key]
     return int(state.cache[0].offset) + state.pending_positions
 
 

@@ -127,7 +127,7 @@ def test_one_batched_drafter_serves_rows_that_join_and_leave(
     drafting = engines["draft"]
     scenarios.check_join_and_cancel_while_drafting(engines["off"], drafting)
     assert drafting._runner is not None
-    model_drafter = drafting._runner.batch.speculator.model_drafter  # type: ignore[union-attr]
+    model_drafter = drafting._runner.batch.verifier.model_drafter  # type: ignore[union-attr]
     assert isinstance(model_drafter, ModelDrafter) and model_drafter._shared  # qwen3_5's MTP head: one batch
     assert any(asking >= 2 for asking, _ in held), held  # one drafter forward, several rows' drafts
     assert any(count >= 1 for count in joined_into), joined_into  # joined a drafting batch
@@ -153,9 +153,9 @@ def test_a_drafter_without_ragged_batches_keeps_a_state_per_row(
     per_row = _generator("draft", target, max_active=16, max_queue=64, draft_model=str(drafter))
     try:
         assert per_row._runner is not None
-        speculator = per_row._runner.batch.speculator
-        assert speculator is not None and isinstance(speculator.model_drafter, ModelDrafter)
-        speculator.model_drafter._shared = False  # as for a drafter without ragged acceptance
+        verifier = per_row._runner.batch.verifier
+        assert verifier is not None and isinstance(verifier.model_drafter, ModelDrafter)
+        verifier.model_drafter._shared = False  # as for a drafter without ragged acceptance
         requests = _requests(engines["off"], 0.0)
         scenarios.check_same_tokens(engines["off"], per_row, requests, "per-row")
         assert scenarios.count(per_row, "accepted_tokens", "draft") > 0

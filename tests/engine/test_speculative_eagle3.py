@@ -53,7 +53,7 @@ def test_eagle3_rows_take_the_tokens_they_take_without_speculation(
         assert [entry[0] for entry in got] == [entry[0] for entry in want_logprobs], mode
         json.loads(together["schema"].result.text)
     assert generator._runner is not None
-    drafter = generator._runner.batch.speculator.model_drafter  # type: ignore[union-attr]
+    drafter = generator._runner.batch.verifier.model_drafter  # type: ignore[union-attr]
     assert isinstance(drafter, ModelDrafter) and drafter.kind == "eagle3" and drafter._shared
     assert drafter.capture_layer_ids == (1, 2, 3)
     drafted, accepted = scenarios.drafted_since(engines["draft"], before)
@@ -86,8 +86,8 @@ def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
     requests = scenarios.with_max_tokens(_requests(engines["off"], 0.0), (7, 13, 40))
     per_row = _generator("draft", target, max_active=16, max_queue=64, draft_model=str(drafter))
     try:
-        assert per_row._runner is not None and per_row._runner.batch.speculator is not None
-        alone = per_row._runner.batch.speculator.model_drafter
+        assert per_row._runner is not None and per_row._runner.batch.verifier is not None
+        alone = per_row._runner.batch.verifier.model_drafter
         assert isinstance(alone, ModelDrafter)
         alone._shared = False
         counts = {}

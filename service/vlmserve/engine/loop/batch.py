@@ -16,7 +16,11 @@ forward pass, caches and masks are mlx-vlm's.
 
 The batch decides every row's tokens and returns them (`RowTokens`: one per plain step, several
 after a speculative verify); the runner hands each row its tokens. Rows are opaque keys here
-(`K`): the batch never calls a row, it reads what the row handed over (`BatchRow`).
+(`K`): the batch never calls a row, it reads what the row handed over (batch_row.py `BatchRow`).
+
+Speculative decoding is its verifier's (verifier.py; None: off): the batch asks it at `launch`
+whether the step is a verify and lets it plan and run that forward, and at `sample` has it settle
+the verify's tokens; it tells it when a row leaves. The batch knows nothing of drafts.
 
 Quantized KV (`--kv-bits`) uses mlx-vlm's `BatchQuantizedKVCache` the same way; kv/merge.py
 has the one-row → batch merge mlx-vlm lacks for it.
@@ -37,68 +41,20 @@ evaluates synchronously this is the plain step, in a different order.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from vlmserve.engine.kv.merge import merge_rows, mergeable
-from vlmserve.engine.kv.rollback import verify_forward
 from vlmserve.engine.kv.views import row_views
-from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
+from vlmserve.engine.loop.batch_row import BatchRow
+from vlmserve.engine.loop.draw import Score, score_chosen
 from vlmserve.engine.loop.prefill import prefill_group
-from vlmserve.engine.speculation.acceptance import accept_drafts
-from vlmserve.engine.speculation.drafter import Speculator
-from vlmserve.engine.speculation.rollback import (
-    RecurrentVerify,
-    begin_verify,
-    can_roll_back,
-    roll_back_rows,
-    verify_forward_kwargs,
-)
+from vlmserve.engine.loop.verifier import Verifier
 
 __all__ = ["BatchRow", "DecodeBatch", "RowTokens"]
 
-K = TypeVar("K")
-
-
-@dataclass(eq=False, slots=True)
-class BatchRow:
-    """What the batch keeps for a row beside its KV row: how its tokens are drawn, its latest
-    token, how many it may still be given after those drawn, its M-RoPE deltas, and the prompt's
-    hidden states until a drafter model takes them. The speculator reads rows through it
-    (speculation/drafter.py `DraftingRow`)."""
-
-    draw: TokenDraw
-    tokens_left: int
-    last_token: int = 0
-    rope_deltas: Any = None
-    prompt_hidden: tuple[int, Any] | None = None
-
-    @property
-    def can_draft(self) -> bool:
-        return self.draw.can_draft
-
-    @property
-    def constrained(self) -> bool:
-        return self.draw.grammar is not None
-
-    @property
-    def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]:
-        """(prompt token ids, the tokens drawn): the history drafts are looked up in."""
-        return self.draw.prompt_ids, self.draw.generated
-
-    def forced_tokens(self, pending: Sequence[int]) -> list[int]:
-        return self.draw.forced_tokens(pending)
-
-    def take_prompt_hidden(self) -> tuple[int, Any] | None:
-        hidden, self.prompt_hidden = self.prompt_hidden, None
-        return hidden
-
-    def drew(self, tokens: Sequence[int]) -> None:
-        """The step decided these tokens for the row."""
-        self.draw.took(tokens)
-        self.last_token = tokens[-1]
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,51 +68,48 @@ class RowTokens(Generic[K]):
 
 
 class DecodeBatch(Generic[K]):
-    def __init__(self, language_model: Any, speculator: Speculator | None = None) -> None:
+    def __init__(self, language_model: Any, verifier: Verifier[K] | None = None) -> None:
         self._language_model = language_model
-        # Speculative decoding (None: off): see verify steps below.
-        self.speculator = speculator
-        # A launched verify forward's drafts per row (None: the launched forward is plain), and
-        # the last verify's tokens per row for rows[:_pending_rows] (host ints), not yet taken.
-        self._drafts: list[list[int]] | None = None
-        self._pending_lists: list[list[int]] | None = None
-        # The launched verify's recurrent-state transaction (rollback.py) and last hidden states
-        # [rows, width, hidden] (for a drafter model), until its tokens are sampled.
-        self._transaction: RecurrentVerify | None = None
-        self._hidden: Any = None
-        # The rows (keys, in batch order) and what the batch keeps for each.
-        self.rows: list[K] = []
-        self._entries: list[BatchRow] = []
+        # Speculative decoding (None: off): verifier.py.
+        self.verifier = verifier
+        # What the batch keeps for each row (its key first), in batch order.
+        self._entries: list[BatchRow[K]] = []
         self._caches: list[Any] = []
         self._rope_deltas: Any = None
         # Per-row caches, for models whose cache layers cannot be batched.
         self._row_caches: list[list[Any]] = []
         # The last sample()'s tokens (lazy, int32 [n]) for rows[:n], not yet taken; rows that
-        # joined since are fed their own (first) token.
+        # joined since are fed their own (first) token. After a verify step, its tokens per row
+        # (host ints) instead.
         self._pending: Any = None
         self._pending_rows = 0
-        # The launched forward's last logits [rows, vocab] (lazy), until sample().
+        self._pending_lists: list[list[int]] | None = None
+        # The launched plain forward's last logits [rows, vocab] (lazy), until sample().
         self._logits: Any = None
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._entries)
+
+    @property
+    def rows(self) -> list[K]:
+        """The rows' keys, in batch order."""
+        return [entry.key for entry in self._entries]
 
     @property
     def has_unbatchable_rows(self) -> bool:
         return bool(self._row_caches)
 
-    def add(self, row: K, entry: BatchRow, cache: list[Any]) -> None:
+    def add(self, entry: BatchRow[K], cache: list[Any]) -> None:
         """A row whose prompt is prefilled (and first token taken) joins with its KV cache."""
         import mlx.core as mx
 
         if not all(mergeable(layer) for layer in cache):
             self._row_caches.append(cache)
-            self.rows.append(row)
             self._entries.append(entry)
             return
         merged = [merge_rows([layer]) for layer in cache]
         deltas = entry.rope_deltas
-        if not self.rows:
+        if not self._entries:
             self._caches, self._rope_deltas = merged, deltas
         else:
             for mine, theirs in zip(self._caches, merged, strict=True):
@@ -166,14 +119,12 @@ class DecodeBatch(Generic[K]):
             if deltas is not None:
                 self._rope_deltas = mx.concatenate([self._rope_deltas, deltas.reshape(1, -1)], axis=0)
         if self._rope_deltas is not None:
-            self._rope_deltas = self._rope_deltas.reshape(len(self.rows) + 1, -1)
-        self.rows.append(row)
+            self._rope_deltas = self._rope_deltas.reshape(len(self._entries) + 1, -1)
         self._entries.append(entry)
 
     def add_prefilled_together(
         self,
-        rows: Sequence[K],
-        entries: Sequence[BatchRow],
+        entries: Sequence[BatchRow[K]],
         prompts: Sequence[tuple[Any, Any, Any]],
         caches: Sequence[list[Any]],
     ) -> list[RowTokens[K]]:
@@ -185,14 +136,13 @@ class DecodeBatch(Generic[K]):
         group = prefill_group(
             self._language_model, list(prompts), list(caches), [entry.rope_deltas for entry in entries]
         )
-        if not self.rows:
+        if not self._entries:
             self._caches, self._rope_deltas = group.caches, group.rope_deltas
         else:
             for mine, theirs in zip(self._caches, group.caches, strict=True):
                 mine.extend(theirs)
             if group.rope_deltas is not None:
                 self._rope_deltas = mx.concatenate([self._rope_deltas, group.rope_deltas], axis=0)
-        self.rows.extend(rows)
         self._entries.extend(entries)
         logits = group.last_logits
         drawn = [entry.draw.sample(logits[i : i + 1]).reshape(-1) for i, entry in enumerate(entries)]
@@ -203,8 +153,8 @@ class DecodeBatch(Generic[K]):
             entry.drew([value])
             entry.tokens_left -= 1
         return [
-            RowTokens(row, (value,), entry.draw.take_score())
-            for row, entry, value in zip(rows, entries, values, strict=True)
+            RowTokens(entry.key, (value,), entry.draw.take_score())
+            for entry, value in zip(entries, values, strict=True)
         ]
 
     def remove(self, row: K, *, extract: bool) -> list[Any] | None:
@@ -215,20 +165,14 @@ class DecodeBatch(Generic[K]):
         index = self.rows.index(row)
         entry = self._entries.pop(index)
         if self._row_caches:
-            del self.rows[index]
             own = self._row_caches.pop(index)
             return own if extract else None
-        # Mid-verify, a recurrent layer's row holds the state after every position of the forward:
-        # no prefix to offer; the transaction drops the row at its commit (rollback.py).
-        transaction = self._transaction
-        extract = extract and transaction is None
+        # Layers a verify in flight holds until it settles (mid-verify, a recurrent layer's row
+        # holds the state after every position of the forward: no prefix to offer).
+        held = self.verifier.row_left(entry, last=not self._entries) if self.verifier is not None else []
+        extract = extract and not held
         extracted = [layer.extract(index) for layer in self._caches] if extract else None
-        keep = [i for i in range(len(self.rows)) if i != index]
-        del self.rows[index]
-        if self.speculator is not None:
-            self.speculator.forget(entry)
-        if self._drafts is not None:
-            del self._drafts[index]
+        keep = [i for i in range(len(self._entries) + 1) if i != index]
         if index < self._pending_rows:
             self._pending_rows -= 1
             if self._pending_lists is not None:
@@ -236,22 +180,18 @@ class DecodeBatch(Generic[K]):
             else:
                 self._pending = self._pending[mx.array(keep[: self._pending_rows], dtype=mx.int32)]
         if not keep:
-            if transaction is not None:
-                transaction.abort()
             self._caches, self._rope_deltas, self._logits = [], None, None
-            self._pending, self._pending_rows, self._pending_lists, self._drafts = None, 0, None, None
-            self._transaction = self._hidden = None
+            self._pending, self._pending_rows, self._pending_lists = None, 0, None
             return extracted
         kept = mx.array(keep, dtype=mx.int32)
+        held_ids = {id(layer) for layer in held}
         for layer in self._caches:
-            if transaction is None or not transaction.holds(layer):
+            if id(layer) not in held_ids:
                 layer.filter(kept)
         if self._rope_deltas is not None:
             self._rope_deltas = self._rope_deltas[kept]
         if self._logits is not None:
             self._logits = self._logits[kept]
-        if self._hidden is not None:
-            self._hidden = self._hidden[kept]
         return extracted
 
     def row_prefix(self, row: K, tokens: int) -> list[tuple[Any, Any]] | None:
@@ -268,15 +208,18 @@ class DecodeBatch(Generic[K]):
         return row_views(self._caches, index, pad, tokens)
 
     def launch(self) -> None:
-        """Build one forward for every row on its latest token (and its drafts, in a verify
-        step) and start evaluating it."""
+        """Build one forward for every row on its latest token (or the verifier's, which puts
+        drafts after it) and start evaluating it."""
         import mlx.core as mx
 
-        if self._row_caches or not self.rows:
+        if self._row_caches or not self._entries:
             return  # unbatchable rows run synchronously in take()
-        speculator = self.speculator
-        if speculator is not None and can_roll_back(self._caches) and not speculator.rests(self._entries):
-            self._launch_verify()
+        verifier = self.verifier
+        if verifier is not None and verifier.verifies(self._entries, self._caches):
+            # Its drafts follow the tokens in flight: read them now (take() still hands them out).
+            waiting = self._pending_rows_tokens()
+            self._pending, self._pending_lists = None, waiting
+            self._logits = verifier.launch(self._entries, waiting, self._caches, self._forward)
             return
         fresh = [entry.last_token for entry in self._entries[self._pending_rows :]]
         if not fresh and all(entry.tokens_left <= 0 for entry in self._entries):
@@ -291,10 +234,14 @@ class DecodeBatch(Generic[K]):
             inputs = mx.concatenate([pending, mx.array(fresh, dtype=mx.int32)])
         else:
             inputs = pending
-        kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
-        output = self._language_model(inputs.reshape(-1, 1), cache=self._caches, **kwargs)
+        output = self._forward(inputs.reshape(-1, 1))
         self._logits = output.logits[:, -1, :]
         mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
+
+    def _forward(self, inputs: Any, **extra: Any) -> Any:
+        """The language model on every row's `inputs` [rows, width], on the batch's caches."""
+        kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
+        return self._language_model(inputs, cache=self._caches, **kwargs, **extra)
 
     def take(self) -> list[RowTokens[K]]:
         """The tokens of the last sample() (waits for them), each row's in order, for the caller
@@ -307,21 +254,25 @@ class DecodeBatch(Generic[K]):
             lists = self._pending_rows_tokens()
             self._pending, self._pending_rows, self._pending_lists = None, 0, None
         taken = []
-        for row, entry, tokens in zip(self.rows, self._entries, lists, strict=False):
+        for entry, tokens in zip(self._entries, lists, strict=False):
             entry.drew(tokens)
-            taken.append(RowTokens(row, tuple(tokens), entry.draw.take_score()))
+            taken.append(RowTokens(entry.key, tuple(tokens), entry.draw.take_score()))
         return taken
 
     def sample(self) -> None:
         """Each remaining row's next token from the launched forward (started, taken next step);
-        after a verify forward, each row's accepted drafts and its next token (read now)."""
+        after a verify forward, the verifier's tokens for each row (read now)."""
         import mlx.core as mx
 
-        logits, self._logits = self._logits, None
-        if logits is None or not self.rows:
+        if not self._entries:
+            self._logits = None
             return
-        if self._drafts is not None:
-            self._sample_verified(logits)
+        if self.verifier is not None and self.verifier.in_flight:
+            self._pending_lists = self.verifier.settle(self._entries, self._caches)
+            self._pending_rows = len(self._entries)
+            return
+        logits, self._logits = self._logits, None
+        if logits is None:
             return
         entries = self._entries
         tokens = [entry.draw.sample(logits[i : i + 1]).reshape(-1) for i, entry in enumerate(entries)]
@@ -330,17 +281,8 @@ class DecodeBatch(Generic[K]):
         score_chosen([entry.draw for entry in entries], chosen)
         for entry in entries:
             entry.tokens_left -= 1
-        self._pending, self._pending_rows = chosen.astype(mx.int32), len(self.rows)
+        self._pending, self._pending_rows = chosen.astype(mx.int32), len(self._entries)
         mx.async_eval(self._pending)  # type: ignore[no-untyped-call]
-
-    # -- verify steps (speculative decoding) ----------------------------------------------------
-    #
-    # With a speculator, each step first reads the tokens in flight (drafts are looked up after
-    # them), then asks every row for drafts. None: the plain step. Otherwise one forward runs
-    # every row on [its latest token, its drafts, padding] (width 1 + the longest drafts); each
-    # row judges its drafts with its own sampler (speculation/acceptance.py) and takes the
-    # accepted ones plus one token; the positions it does not keep are rolled back
-    # (speculation/rollback.py). Rows without drafts take their one token as in a plain step.
 
     def _pending_rows_tokens(self) -> list[list[int]]:
         """The tokens not yet taken, per row of rows[:_pending_rows] (waits for them)."""
@@ -350,85 +292,6 @@ class DecodeBatch(Generic[K]):
             return []
         values: list[int] = self._pending.tolist()
         return [[value] for value in values]
-
-    def _launch_verify(self) -> None:
-        import mlx.core as mx
-
-        assert self.speculator is not None
-        pending = self._pending_rows_tokens()
-        self._pending, self._pending_lists = None, pending
-        entries = self._entries
-        waiting = [*pending, *([] for _ in entries[len(pending) :])]
-        if all(entry.tokens_left <= 0 for entry in entries):
-            return  # every row ends with the tokens it has: nothing to compute for
-        drafts = self.speculator.drafts(entries, waiting)
-        width = 1 + max(len(d) for d in drafts)
-        inputs = [
-            [tokens[-1] if tokens else entry.last_token, *row_drafts, *([0] * (width - 1 - len(row_drafts)))]
-            for entry, tokens, row_drafts in zip(entries, waiting, drafts, strict=True)
-        ]
-        kwargs = {"rope_deltas": self._rope_deltas} if self._rope_deltas is not None else {}
-        kwargs.update(verify_forward_kwargs(self._language_model, self.speculator.capture_layer_ids))
-        self._transaction = begin_verify(self._caches, width, entries)
-        with verify_forward(self._caches):
-            output = self._language_model(mx.array(inputs, dtype=mx.int32), cache=self._caches, **kwargs)
-        self.speculator.counts.forwards += 1
-        if width == 1 and not self.speculator.reads_hidden_states:
-            self._logits = output.logits[:, -1, :]
-        else:
-            # A drafter model follows every row's tokens with the target's hidden states, so
-            # its rows read their tokens now even in a step without drafts.
-            self._logits, self._drafts = output.logits, drafts
-            self._hidden = (
-                self.speculator.target_hidden(output.hidden_states)
-                if self.speculator.reads_hidden_states
-                else None
-            )
-        mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
-
-    def _sample_verified(self, logits: Any) -> None:
-        import mlx.core as mx
-
-        assert self.speculator is not None and self._drafts is not None
-        drafts, self._drafts = self._drafts, None
-        entries = self._entries
-        width = int(logits.shape[1])
-        taken: list[list[int] | None] = []
-        plain: list[Any] = []
-        for index, (entry, row_drafts) in enumerate(zip(entries, drafts, strict=True)):
-            draw = entry.draw
-            if not row_drafts:
-                taken.append(None)
-                plain.append(draw.sample(logits[index : index + 1, 0]).reshape(-1))
-                continue
-            at_position = functools.partial(_verified_logits, draw, logits[index : index + 1], row_drafts)
-            tokens = accept_drafts(at_position, row_drafts, draw.sampler)
-            self.speculator.record(entry, len(row_drafts), len(tokens) - 1)
-            taken.append(tokens)
-            plain.append(mx.array(tokens[:1], dtype=mx.int32))
-        chosen = mx.concatenate(plain) if len(plain) > 1 else plain[0]
-        score_chosen([entry.draw for entry in entries], chosen)
-        values: list[int] = chosen.astype(mx.int32).tolist()  # type: ignore[assignment]
-        # Each row's accepted drafts and the target's token after them (`full`); it takes at
-        # most what it may still be given.
-        full = [
-            tokens if tokens is not None else [value] for tokens, value in zip(taken, values, strict=True)
-        ]
-        lists = [tokens[: max(1, entry.tokens_left)] for tokens, entry in zip(full, entries, strict=True)]
-        for entry, tokens in zip(entries, lists, strict=True):
-            entry.tokens_left -= len(tokens)
-        # Kept positions per row: its latest token and its accepted drafts.
-        rejected = [width - len(tokens) for tokens in lists]
-        roll_back_rows(self._caches, rejected)
-        transaction, self._transaction = self._transaction, None
-        if transaction is not None:
-            transaction.commit(entries, [width - count for count in rejected])
-        hidden, self._hidden = self._hidden, None
-        if hidden is not None:
-            self.speculator.follow(entries, drafts, full, hidden)
-        if width > 1:
-            self.speculator.counts.verifies += 1
-        self._pending_lists, self._pending_rows = lists, len(self.rows)
 
     def _step_rows_alone(self) -> list[int]:
         import mlx.core as mx
@@ -445,9 +308,3 @@ class DecodeBatch(Generic[K]):
         score_chosen([entry.draw for entry in self._entries], chosen)
         values: list[int] = chosen.tolist()  # type: ignore[assignment]
         return values
-
-
-def _verified_logits(draw: TokenDraw, logits: Any, drafts: Sequence[int], position: int) -> Any:
-    """A row's processed logits at one position of its verify forward (logits [1, width, vocab]),
-    as if it had drawn the drafts before that position itself."""
-    return draw.processed_logits(logits[:, position], drafts[:position])

@@ -33,6 +33,7 @@ from vlmserve.engine.loop.memory_budget import MemoryBudget, default_budget_byte
 from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
 from vlmserve.engine.loop.runner import StepRunner
+from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.metrics import EngineMetrics, EngineState
 from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
@@ -310,23 +311,24 @@ class Generator:
             group_prefill=_plain_kv_layers(loaded),
             prefix_cache=self.prefix_cache,
             vision_cache=self.vision_cache,
-            new_speculator=self._new_speculator,
+            new_verifier=self._new_verifier,
         )
 
-    def _new_speculator(self) -> Speculator | None:
-        """Speculative decoding's drafts for a decode batch, unless it is off (or the ranks of a
+    def _new_verifier(self, language_model: Any) -> Verifier[ActiveGeneration] | None:
+        """Speculative decoding for a decode batch, unless it is off (or the ranks of a
         distributed model would have to agree on every row's drafts: not built)."""
         config = self.config
         if config.speculative == "off" or config.distributed != "off":
             return None
         if self._model_drafter is not None and self.loaded is not None:
             self._model_drafter.bind(self.loaded.model)
-        return Speculator(
+        speculator = Speculator(
             max_draft=config.speculative_max_draft,
             position_cost=config.speculative_position_cost,
             lookup=config.speculative != "draft",
             model_drafter=self._model_drafter if config.speculative != "lookup" else None,
         )
+        return Verifier(language_model, speculator)
 
     def _load_model_drafter(self, loaded: LoadedModel) -> None:
         """`--draft-model` for this load of the model (bound to its weights); a drafter that
@@ -411,8 +413,8 @@ class Generator:
                 advance.row.clock.token_gaps.clear()
             for generation in result.left:
                 self._retire(generation)
-            if runner.batch.speculator is not None:
-                self._count_speculation(runner.batch.speculator.take_counts())
+            if runner.batch.verifier is not None:
+                self._count_speculation(runner.batch.verifier.take_counts())
 
     def _resident(self, loaded: LoadedModel, job: Job) -> bool:
         """Before a job starts, its weights must be in memory: True when they were read now

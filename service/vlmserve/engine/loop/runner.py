@@ -22,16 +22,17 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from vlmserve.engine.jobs import Job
 from vlmserve.engine.loop.batch import BatchRow, DecodeBatch, RowTokens
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase
 from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.scheduler import Budget, PrefillRow, chunks, prefill_group, preparations
+from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.request_errors import RequestError, internal_error
-from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["RowAdvance", "StepResult", "StepRunner"]
@@ -78,11 +79,12 @@ class StepRunner:
         group_prefill: bool,
         prefix_cache: PrefixCache | None,
         vision_cache: VisionFeatureCache | None,
-        new_speculator: Callable[[], Speculator | None] = lambda: None,
+        new_verifier: Callable[[Any], Verifier[ActiveGeneration] | None] = lambda language_model: None,
     ) -> None:
         self._loaded = loaded
-        # A fresh speculator for each decode batch (None: speculation off; speculation/).
-        self._new_speculator = new_speculator
+        # A fresh verifier for each decode batch, on its language model (None: speculation off;
+        # verifier.py).
+        self._new_verifier = new_verifier
         self._step_tokens = step_tokens
         self._chunk = prefill_chunk_tokens
         self._shared_minimum = shared_prefix_min_tokens
@@ -90,7 +92,7 @@ class StepRunner:
         self._share_prefixes = group_prefill and shared_prefix_min_tokens > 0
         self._prefix_cache = prefix_cache
         self._vision_cache = vision_cache
-        self.batch: DecodeBatch[ActiveGeneration] = DecodeBatch(loaded.model.language_model, new_speculator())
+        self.batch: DecodeBatch[ActiveGeneration] = self._new_batch()
         # Admitted, preparing or prefilling, in arrival order.
         self.starting: list[ActiveGeneration] = []
         # Requests whose prompts were prefilled in a shared forward (tests, metrics).
@@ -111,12 +113,11 @@ class StepRunner:
         assert not self.batch, "weights swapped under rows in flight"
         del self.batch
         before()
-        self.batch = DecodeBatch(self._loaded.model.language_model, self._new_speculator())
+        self.batch = self._new_batch()
 
-    @property
-    def _reads_hidden_states(self) -> bool:
-        """Whether the batch's speculator has a drafter model (which starts from the prompt's)."""
-        return self.batch.speculator is not None and self.batch.speculator.reads_hidden_states
+    def _new_batch(self) -> DecodeBatch[ActiveGeneration]:
+        language_model = self._loaded.model.language_model
+        return DecodeBatch(language_model, self._new_verifier(language_model))
 
     def new_row(self, job: Job) -> ActiveGeneration:
         return ActiveGeneration(
@@ -125,7 +126,7 @@ class StepRunner:
             prefill_chunk_tokens=self._chunk,
             prefix_cache=self._prefix_cache,
             vision_cache=self._vision_cache,
-            keep_prompt_hidden=self.batch.speculator if self._reads_hidden_states else None,
+            keep_prompt_hidden=self.batch.verifier.hidden_reader if self.batch.verifier is not None else None,
         )
 
     def run_step(self, joined: Iterable[Job] = ()) -> StepResult:
@@ -235,7 +236,7 @@ class StepRunner:
             self._guarded(generation, generation.prefill)
             if generation.phase is Phase.DECODE:
                 self.starting.remove(generation)
-                self.batch.add(generation, self._joining(generation), generation.hand_over_cache())
+                self.batch.add(self._joining(generation), generation.hand_over_cache())
                 self._result.joined += 1
                 release_buffers()
             elif generation.done:
@@ -274,7 +275,6 @@ class StepRunner:
             self.starting.remove(generation)
         try:
             firsts = self.batch.add_prefilled_together(
-                group,
                 [self._joining(g) for g in group],
                 [g.remaining_prompt_arrays for g in group],
                 [g.hand_over_cache() for g in group],
@@ -297,12 +297,13 @@ class StepRunner:
         release_buffers()
 
     @staticmethod
-    def _joining(generation: ActiveGeneration) -> BatchRow:
-        """What a row hands the batch when it joins (with its KV cache): its token draw, its
-        latest token, how many it may still be given and, for a drafter model, the prompt's
-        hidden states."""
+    def _joining(generation: ActiveGeneration) -> BatchRow[ActiveGeneration]:
+        """What a row hands the batch when it joins (with its KV cache): itself as its key, its
+        token draw, its latest token, how many it may still be given and, for a drafter model,
+        the prompt's hidden states."""
         assert generation.draw is not None
         return BatchRow(
+            generation,
             generation.draw,
             tokens_left=generation.tokens_left,
             last_token=generation.last_token,

@@ -34,7 +34,7 @@ the acceptance rule's draft distribution is one-hot for every row, greedy or sam
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +125,7 @@ class DFlashDrafter:
         model.bind(target)
         self.capture_layer_ids = tuple(sorted(int(i) for i in model.config.target_layer_ids))
         self.block_size = int(getattr(model.config, "runtime_block_size", None) or model.config.block_size)
-        self._rows: dict[int, _RowState] = {}
+        self._rows: dict[Hashable, _RowState] = {}
 
     def bind(self, target: Any) -> None:
         """Draft with `target`'s embeddings and head (the weights may have been read again since:
@@ -146,14 +146,14 @@ class DFlashDrafter:
         captured = list(hidden_states[: len(self.capture_layer_ids)])
         return captured[0] if len(captured) == 1 else mx.concatenate(captured, axis=-1)
 
-    def forget(self, row: object) -> None:
-        self._rows.pop(id(row), None)
+    def forget(self, row: DrafterRow) -> None:
+        self._rows.pop(row.key, None)
 
-    def ready(self, row: object) -> bool:
+    def ready(self, row: DrafterRow) -> bool:
         """Whether the row has a drafter state (it followed at least one forward)."""
-        return id(row) in self._rows
+        return row.key in self._rows
 
-    def propose(self, rows: Sequence[object], counts: Sequence[int]) -> list[list[int]]:
+    def propose(self, rows: Sequence[DrafterRow], counts: Sequence[int]) -> list[list[int]]:
         """Up to `counts[i]` drafts for each ready row: one `draft_block` each (its latest token,
         then masks, over its context), all evaluated together."""
         import mlx.core as mx
@@ -162,14 +162,14 @@ class DFlashDrafter:
         draft = getattr(model, "draft_block_greedy", model.draft_block)
         blocks: list[Any] = []
         for row, count in zip(rows, counts, strict=True):
-            state = self._rows[id(row)]
+            state = self._rows[row.key]
             size = min(count, self.block_size - 1) + 1
             # Every forward feeds a row its latest token's position, so a ready row has context
             # to draft from; none (never seen): no drafts.
             fresh = state.take_pending() if state.pending else None
             blocks.append(None if fresh is None else draft(state.token, fresh, state.cache, size, _argmax))
         drafted = [block for block in blocks if block is not None]
-        mx.eval(drafted, [layer.state for row in rows for layer in self._rows[id(row)].cache])
+        mx.eval(drafted, [layer.state for row in rows for layer in self._rows[row.key].cache])
         return [[] if block is None else block.reshape(-1).tolist() for block in blocks]
 
     def follow(
@@ -184,7 +184,7 @@ class DFlashDrafter:
         feed = []
         for index, row, _drafts, tokens in verified:
             committed = hidden[index : index + 1, : len(tokens)]
-            state = self._rows.get(id(row))
+            state = self._rows.get(row.key)
             if state is None:
                 state = self._start(row)
             state.pending.append(committed)
@@ -201,7 +201,7 @@ class DFlashDrafter:
     def _start(self, row: DrafterRow) -> _RowState:
         """A joining row's drafter state, over the prompt's hidden states where the row kept them."""
         state = _RowState(self._model.make_cache(), 0)
-        self._rows[id(row)] = state
+        self._rows[row.key] = state
         _prompt, generated = row.context_tokens
         kept = row.take_prompt_hidden()
         if kept is not None and len(generated) == 1:  # its first decode step: the token after the prompt

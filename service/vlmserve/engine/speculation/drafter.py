@@ -1,7 +1,7 @@
 """Each decoding row's drafts for a step: grammar fast-forward first, then prompt lookup, then a
 drafter model (`--draft-model`, model_drafter.py, dflash_drafter.py).
 
-The batch (loop/batch.py) asks `Speculator.drafts()` once per step for every row, with the
+The batch's verifier (loop/verifier.py) asks `Speculator.drafts()` once per step for every row, with the
 tokens the row has that are not accepted yet (`pending`: the previous step's, whose values the
 batch knows). A constrained row drafts the tokens its grammar forces (field names, braces, a
 forced call's opening: accepted unless the model writes the same text with other tokens); any
@@ -14,7 +14,7 @@ custom logits processors) draft nothing and run as in a plain step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,11 @@ __all__ = ["DraftingRow", "SpeculationCounts", "Speculator"]
 
 
 class DraftingRow(Protocol):
+    @property
+    def key(self) -> Hashable:
+        """The row's key in its batch (its speculation state is kept under it)."""
+        ...
+
     @property
     def can_draft(self) -> bool: ...
 
@@ -80,7 +85,7 @@ class Speculator:
     # mlx-vlm's drafter for rows lookup has nothing for (None: no drafter model).
     model_drafter: AnyDrafter | None = None
     counts: SpeculationCounts = field(default_factory=SpeculationCounts)
-    _rows: dict[int, _RowState] = field(default_factory=dict)
+    _rows: dict[Hashable, _RowState] = field(default_factory=dict)
 
     @property
     def reads_hidden_states(self) -> bool:
@@ -107,7 +112,7 @@ class Speculator:
         for row in rows:
             if not row.can_draft or row.tokens_left <= 1:
                 continue
-            state = self._rows.get(id(row))
+            state = self._rows.get(row.key)
             if row.constrained or state is None or not state.length.resting:
                 return False
             resting.append(state.length)
@@ -132,7 +137,7 @@ class Speculator:
             offers.append(RowDrafts(len(drafts), rate))
         if wanting:
             assert self.model_drafter is not None
-            rates = [self._rows[id(rows[i])].length.rate for i in wanting]
+            rates = [self._rows[rows[i].key].length.rate for i in wanting]
             # The widest step the drafter's rows could make worth it, if it drafted all they ask:
             # when that is the plain step, the drafter is not run (its drafts would be cut).
             hoped = list(offers)
@@ -207,15 +212,15 @@ class Speculator:
             state.fed = known
 
     def _state(self, row: DraftingRow) -> _RowState:
-        state = self._rows.get(id(row))
+        state = self._rows.get(row.key)
         if state is None:
             state = _RowState(PromptLookup(), DraftLength(self.max_draft))
-            self._rows[id(row)] = state
+            self._rows[row.key] = state
         return state
 
     def record(self, row: DraftingRow, drafted: int, accepted: int) -> None:
         """A row's verify: `drafted` drafts, `accepted` of them kept."""
-        state = self._rows.get(id(row))
+        state = self._rows.get(row.key)
         source = state.source if state is not None else "lookup"
         self.counts.drafted[source] += drafted
         self.counts.accepted[source] += accepted
@@ -224,7 +229,7 @@ class Speculator:
             state.length.record(drafted, accepted)
 
     def forget(self, row: DraftingRow) -> None:
-        self._rows.pop(id(row), None)
+        self._rows.pop(row.key, None)
         if self.model_drafter is not None:
             self.model_drafter.forget(row)
 

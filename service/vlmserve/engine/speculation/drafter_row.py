@@ -3,7 +3,7 @@ drafts for and the load error. A module of its own so neither wrapper imports th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["DraftModelError", "DrafterRow"]
@@ -14,6 +14,11 @@ class DraftModelError(ValueError):
 
 
 class DrafterRow(Protocol):
+    @property
+    def key(self) -> Hashable:
+        """The row's key in its batch (its drafter state is kept under it)."""
+        ...
+
     @property
     def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]: ...
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -63,12 +63,12 @@ SUPPORTED_KINDS = ("mtp", "dflash", "eagle3")
 
 @dataclass
 class _DraftBatch:
-    """One drafter state (a copy of the module) and its rows in batch order (by id)."""
+    """One drafter state (a copy of the module) and its rows in batch order (by row key)."""
 
     model: Any
-    order: list[int] = field(default_factory=list)
-    # The rows that took this round's draft_block drafts as their own (by id).
-    asked: set[int] = field(default_factory=set)
+    order: list[Hashable] = field(default_factory=list)
+    # The rows that took this round's draft_block drafts as their own (by row key).
+    asked: set[Hashable] = field(default_factory=set)
 
 
 class ModelDrafter:
@@ -110,16 +110,16 @@ class ModelDrafter:
             return hidden_states[-1]
         return mx.concatenate(list(hidden_states[: len(self.capture_layer_ids)]), axis=-1)
 
-    def _batch_of(self, row: object) -> _DraftBatch | None:
-        return next((batch for batch in self._batches if id(row) in batch.order), None)
+    def _batch_of(self, row: DrafterRow) -> _DraftBatch | None:
+        return next((batch for batch in self._batches if row.key in batch.order), None)
 
-    def forget(self, row: object) -> None:
+    def forget(self, row: DrafterRow) -> None:
         batch = self._batch_of(row)
         if batch is None:
             return
-        index = batch.order.index(id(row))
+        index = batch.order.index(row.key)
         del batch.order[index]
-        batch.asked.discard(id(row))
+        batch.asked.discard(row.key)
         if not batch.order:
             self._batches.remove(batch)
             return
@@ -128,19 +128,19 @@ class ModelDrafter:
         keep = [i for i in range(len(batch.order) + 1) if i != index]
         batch.model.filter_batch(mx.array(keep, dtype=mx.int32))
 
-    def ready(self, row: object) -> bool:
+    def ready(self, row: DrafterRow) -> bool:
         """Whether the row's drafter has a seed (it followed at least one forward)."""
         return self._batch_of(row) is not None
 
-    def propose(self, rows: Sequence[object], counts: Sequence[int]) -> list[list[int]]:
+    def propose(self, rows: Sequence[DrafterRow], counts: Sequence[int]) -> list[list[int]]:
         """Up to `counts[i]` drafts for each ready row: one `draft_block` per drafter state with
         a row asking (the shared batch: every row it holds drafts the longest count asked, each
         asking row takes its own first ones), all evaluated together."""
         import mlx.core as mx
 
-        wanted: dict[int, int] = {}
+        wanted: dict[Hashable, int] = {}
         for row, count in zip(rows, counts, strict=True):
-            wanted[id(row)] = count
+            wanted[row.key] = count
         blocks = []
         for batch in self._batches:
             asked = [key for key in batch.order if key in wanted]
@@ -152,10 +152,10 @@ class ModelDrafter:
             size = max(wanted[key] for key in asked) + 1
             blocks.append((batch, batch.model.draft_block(0, None, None, size, None, greedy=True)))
         mx.eval([block for _, block in blocks])
-        drafted: dict[int, list[int]] = {}
+        drafted: dict[Hashable, list[int]] = {}
         for batch, block in blocks:
             drafted.update(zip(batch.order, block.tolist(), strict=True))
-        return [drafted[id(row)][:count] for row, count in zip(rows, counts, strict=True)]
+        return [drafted[row.key][:count] for row, count in zip(rows, counts, strict=True)]
 
     def follow(
         self, verified: Sequence[tuple[int, DrafterRow, Sequence[int], Sequence[int]]], hidden: Any
@@ -164,9 +164,9 @@ class ModelDrafter:
         it took: accepted drafts + the target's next), with the target's last hidden states
         [rows, width, hidden]. A row follows every forward it is in, whatever proposed its drafts:
         each drafter state's rows in one batched accept, joining rows alone (then they join)."""
-        by_id = {id(entry[1]): (entry[0], entry[2], entry[3]) for entry in verified}
+        by_key = {entry[1].key: (entry[0], entry[2], entry[3]) for entry in verified}
         for batch in self._batches:
-            self._accept_batch(batch, [by_id[key] for key in batch.order], hidden)
+            self._accept_batch(batch, [by_key[key] for key in batch.order], hidden)
         for index, row, row_drafts, row_tokens in verified:
             if self._batch_of(row) is None:
                 model = self._start(row)
@@ -220,19 +220,19 @@ class ModelDrafter:
             greedy=True,
         )
 
-    def _join(self, row: object, model: Any) -> None:
+    def _join(self, row: DrafterRow, model: Any) -> None:
         """A row's own drafter state (one row, seeded) becomes a batch, or joins the shared one."""
         import mlx.core as mx
         from mlx_vlm.models.cache import BatchKVCache
 
         if not self._shared:
-            self._batches.append(_DraftBatch(model, [id(row)]))
+            self._batches.append(_DraftBatch(model, [row.key]))
             return
         caches = [BatchKVCache.merge([layer]) for layer in model._cache]  # type: ignore[no-untyped-call]
         position = mx.array([model._next_position], dtype=mx.int32).reshape(1)
         if not self._batches:
             model._cache, model._next_position = caches, position
-            self._batches.append(_DraftBatch(model, [id(row)]))
+            self._batches.append(_DraftBatch(model, [row.key]))
             return
         batch = self._batches[0]
         shared = batch.model
@@ -241,7 +241,7 @@ class ModelDrafter:
         shared._next_position = mx.concatenate([shared._next_position, position])
         shared._seed_token = mx.concatenate([shared._seed_token, model._seed_token])
         shared._seed_hidden = mx.concatenate([shared._seed_hidden, model._seed_hidden])
-        batch.order.append(id(row))
+        batch.order.append(row.key)
 
     def _start(self, row: DrafterRow) -> Any:
         """A joining row's drafter, over the prompt's hidden states where the row kept them."""

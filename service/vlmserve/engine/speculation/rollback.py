@@ -24,7 +24,7 @@ fewer drafts) must go.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from vlmserve.engine.kv.rollback import roll_back_batch, trimmable_batch
@@ -60,13 +60,13 @@ def verify_forward_kwargs(language_model: Any, capture_layer_ids: Sequence[int] 
 
 class RecurrentVerify:
     """mlx-vlm's speculative transaction over a batch's recurrent layers for one verify forward
-    of `width` positions, and the rows it was started with.
+    of `width` positions, and the rows (their batch keys) it was started with.
 
     Rows that leave before their tokens are judged (they finished on an earlier token) leave the
     attention layers at once, but the recurrent layers only at `commit`: the recorded states are
     per batch row, so the transaction must end on the rows it began with."""
 
-    def __init__(self, caches: Sequence[Any], width: int, rows: Sequence[object]) -> None:
+    def __init__(self, caches: Sequence[Any], width: int, rows: Sequence[Hashable]) -> None:
         from mlx_vlm.speculative.cache_state import start_speculative_cache
 
         self.layers = [layer for layer in caches if not trimmable_batch(layer)]
@@ -78,14 +78,14 @@ class RecurrentVerify:
     def holds(self, layer: Any) -> bool:
         return id(layer) in self._ids
 
-    def commit(self, rows: Sequence[object], kept: Sequence[int]) -> None:
+    def commit(self, rows: Sequence[Hashable], kept: Sequence[int]) -> None:
         """Keep each remaining row's first `kept[i]` positions; drop the rows that left."""
         import mlx.core as mx
 
-        by_row = {id(row): count for row, count in zip(rows, kept, strict=True)}
-        self._transaction.commit([by_row.get(id(row), 1) for row in self._rows])
+        by_row = dict(zip(rows, kept, strict=True))
+        self._transaction.commit([by_row.get(row, 1) for row in self._rows])
         if len(rows) < len(self._rows):
-            survivors = mx.array([i for i, row in enumerate(self._rows) if id(row) in by_row], dtype=mx.int32)
+            survivors = mx.array([i for i, row in enumerate(self._rows) if row in by_row], dtype=mx.int32)
             for layer in self.layers:
                 layer.filter(survivors)
 
@@ -93,7 +93,7 @@ class RecurrentVerify:
         self._transaction.abort()
 
 
-def begin_verify(caches: Sequence[Any], width: int, rows: Sequence[object]) -> RecurrentVerify | None:
+def begin_verify(caches: Sequence[Any], width: int, rows: Sequence[Hashable]) -> RecurrentVerify | None:
     """Start recording the recurrent layers' states for a forward of `width` positions (None when
     every layer is plain attention, or nothing can be rejected)."""
     if width <= 1 or all(trimmable_batch(layer) for layer in caches):
