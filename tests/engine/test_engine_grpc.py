@@ -385,7 +385,10 @@ def test_full_queue_is_resource_exhausted(
         stub.Generate(request(max_tokens=400, request_id=f"wait-{i}"), timeout=60) for i in range(MAX_QUEUE)
     ]
     deadline = time.monotonic() + 10
-    while idle_engine.server.generator.in_flight < MAX_ACTIVE + MAX_QUEUE and time.monotonic() < deadline:
+    while (
+        idle_engine.server.generator.admission.in_flight < MAX_ACTIVE + MAX_QUEUE
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     code, details = status_of(lambda: list(stub.Generate(request(max_tokens=1), timeout=30)))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -228,7 +228,7 @@ def test_full_queue_refuses_before_decoding_anything(
     ]
     generator = idle_engine.server.generator
     for _ in range(500):
-        if generator.in_flight >= MAX_ACTIVE + MAX_QUEUE:
+        if generator.admission.in_flight >= MAX_ACTIVE + MAX_QUEUE:
             break
         threading.Event().wait(0.02)
     try:

@@ -33,6 +33,7 @@ from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.request_errors import RequestError, internal_error
+from vlmserve.engine.speculation.drafter import SpeculationCounts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = ["RowAdvance", "StepResult", "StepRunner"]
@@ -114,6 +115,11 @@ class StepRunner:
         del self.batch
         before()
         self.batch = self._new_batch()
+
+    def take_speculation_counts(self) -> SpeculationCounts | None:
+        """Speculative decoding's counts since the last call (metrics; None: it is off)."""
+        verifier = self.batch.verifier
+        return verifier.take_counts() if verifier is not None else None
 
     def _new_batch(self) -> DecodeBatch[ActiveGeneration]:
         language_model = self._loaded.model.language_model

@@ -176,12 +176,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def _admit(self, request: pb.GenerateRequest, trace_context: Context) -> Job:
         self._preparer()
         # A queue place first: a full engine refuses before decoding or tokenizing anything.
-        self._generator.reserve()
+        self._generator.admission.reserve()
         started = time.perf_counter()
         try:
             prepared = await self._prepare(request, JobKind.GENERATE)
         except BaseException:
-            self._generator.release()
+            self._generator.admission.release()
             raise
         finally:
             record_span("engine.prepare", trace_context, started, time.perf_counter())
@@ -304,7 +304,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     ) -> pb.AbortResponse:
         if not request.request_id:
             raise invalid_argument("request_id must not be empty", field="request_id")
-        return pb.AbortResponse(found=self._generator.abort(request.request_id))
+        return pb.AbortResponse(found=self._generator.admission.abort(request.request_id))
 
 
 class EngineServer:
@@ -386,10 +386,10 @@ class EngineServer:
 
     async def shutdown(self, grace_seconds: float = 30.0) -> None:
         """NOT_SERVING, refuse new work, let in-flight requests finish for up to the grace, then stop."""
-        self.generator.stop_accepting()
+        self.generator.admission.stop_accepting()
         await self.health.enter_graceful_shutdown()
         if not await asyncio.to_thread(self.generator.wait_idle, grace_seconds):
-            log.warning("grace period over: cancelling %d requests", self.generator.in_flight)
+            log.warning("grace period over: cancelling %d requests", self.generator.admission.in_flight)
         await asyncio.to_thread(self.generator.stop)
         # A moment for handlers to send the final messages of cancelled jobs.
         await self._server.stop(grace=1.0)
