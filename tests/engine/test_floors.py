@@ -5,9 +5,13 @@ not one to list. The graph counts every import, function-level ones too (tests/e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.engine._engine_graph import engine_imports
+from tests.engine._engine_graph import ENGINE, engine_imports
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 # Lowest first.
 FLOORS: list[tuple[str, ...]] = [
@@ -80,3 +84,17 @@ def test_the_check_refuses_what_it_should(module: str, imported: str, refused: b
 def test_the_graph_sees_function_level_imports() -> None:
     # model.py imports the assembler inside a function: the floors count it all the same.
     assert "vlmserve.engine.output.assembler" in GRAPH["vlmserve.engine.model"]
+
+
+def rendered_floors() -> str:
+    """The floors as docs/architecture.md writes them: `kv/` for a package, `jobs.py` for a module."""
+
+    def name(unit: str) -> str:
+        return f"`{unit}/`" if (ENGINE / unit).is_dir() else f"`{unit}.py`"
+
+    return " → ".join(", ".join(name(unit) for unit in floor) for floor in FLOORS)
+
+
+def test_the_architecture_doc_lists_these_floors() -> None:
+    doc = " ".join(DOC.read_text(encoding="utf-8").split())
+    assert rendered_floors() in doc, f"list the engine's floors in docs/architecture.md: {rendered_floors()}"

@@ -3,17 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 __all__ = [
     "KV_BITS_CHOICES",
     "KV_QUANT_SCHEMES",
     "TURBOQUANT",
     "UNIFORM",
+    "CacheLayer",
     "KVLayout",
+    "KVPart",
+    "PromptCache",
     "layout_for",
     "new_prompt_cache",
 ]
+
+# One layer's keys (or values), [rows, kv heads, tokens, ...]: one array at full precision;
+# quantized, a tuple of arrays (uniform: packed data, scales and biases; turboquant: its state
+# NamedTuple of norms and codebook indices).
+KVPart: TypeAlias = "mx.array | tuple[mx.array, ...]"
+# One layer of a cache: one of mlx-vlm's cache classes (full precision, quantized, turboquant,
+# sliding-window, chunked, recurrent; a request's or a batch's). They share no typed interface
+# (their keys, values and offsets are set in untyped constructors), so a layer stays untyped.
+CacheLayer: TypeAlias = Any
+# A request's (or a batch's) cache: one layer per language-model layer.
+PromptCache: TypeAlias = list[CacheLayer]
 
 KV_BITS_CHOICES = (4, 8)
 
@@ -67,7 +84,7 @@ def layout_for(bits: int | None, group_size: int, head_dim: int, scheme: str = U
     raise ValueError(f"KV quantization needs a head dimension divisible by 32; this model's is {head_dim}")
 
 
-def new_prompt_cache(language_model: Any, layout: KVLayout) -> list[Any]:
+def new_prompt_cache(language_model: Any, layout: KVLayout) -> PromptCache:
     """An empty cache for one request (mlx-vlm's own layers; quantized ones when asked)."""
     from mlx_vlm.models.cache import QuantizedKVCache, make_prompt_cache
 

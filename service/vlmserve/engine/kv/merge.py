@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from vlmserve.engine.kv.layout import CacheLayer, KVPart
 from vlmserve.engine.kv.turboquant import turbo_batch_class, turboquant_module
 
 __all__ = ["merge_rows", "mergeable"]
 
 
-def mergeable(layer: Any) -> bool:
+def mergeable(layer: CacheLayer) -> bool:
     """Whether a one-row cache layer can join a batch cache (mlx-vlm's `merge`, or ours)."""
     from mlx_vlm.models.cache import QuantizedKVCache
     from mlx_vlm.turboquant import TurboQuantKVCache
@@ -21,7 +21,7 @@ def mergeable(layer: Any) -> bool:
     )
 
 
-def merge_rows(rows: Sequence[Any]) -> Any:
+def merge_rows(rows: Sequence[CacheLayer]) -> CacheLayer:
     """One layer's batch cache from several requests' one-row caches (left-padded to one length)."""
     from mlx_vlm.models.cache import QuantizedKVCache
     from mlx_vlm.turboquant import TurboQuantKVCache
@@ -33,7 +33,7 @@ def merge_rows(rows: Sequence[Any]) -> Any:
     return _merge_quantized(rows)
 
 
-def _merge_turbo(rows: Sequence[Any]) -> Any:
+def _merge_turbo(rows: Sequence[CacheLayer]) -> CacheLayer:
     import mlx.core as mx
 
     tq = turboquant_module()
@@ -43,13 +43,13 @@ def _merge_turbo(rows: Sequence[Any]) -> Any:
     lengths = [int(row.offset) for row in rows]
     longest = max(lengths)
     first = rows[0]
-    batch: Any = turbo_batch_class()([longest - n for n in lengths], bits=first.bits, seed=first.seed)
+    batch: CacheLayer = turbo_batch_class()([longest - n for n in lengths], bits=first.bits, seed=first.seed)
     template = next((row for row in rows if row.keys is not None and row.offset > 0), None)
     if template is None:
         return batch  # nothing stored yet: the first update allocates
     batch.key_codec, batch.value_codec = template.key_codec, template.value_codec
-    keys: Any = None
-    values: Any = None
+    keys: KVPart | None = None
+    values: KVPart | None = None
     for row, n in zip(rows, lengths, strict=True):
         source, m = (template, int(template.offset)) if n == 0 else (row, n)
         row_keys = _pad_state_tokens(_slice_state(source.keys, m), longest - m, 0)
@@ -66,14 +66,14 @@ def _merge_turbo(rows: Sequence[Any]) -> Any:
     return batch
 
 
-def _merge_quantized(rows: Sequence[Any]) -> Any:
+def _merge_quantized(rows: Sequence[CacheLayer]) -> CacheLayer:
     import mlx.core as mx
     from mlx_vlm.models.cache import BatchQuantizedKVCache
 
     lengths = [int(row.offset) for row in rows]
     longest = max(lengths)
     first = rows[0]
-    batch: Any = BatchQuantizedKVCache(
+    batch: CacheLayer = BatchQuantizedKVCache(
         [longest - n for n in lengths], group_size=first.group_size, bits=first.bits
     )
     template = next((row for row in rows if row.keys is not None and row.offset > 0), None)

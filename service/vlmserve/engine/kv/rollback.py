@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from vlmserve.engine.kv.layout import CacheLayer
 from vlmserve.engine.kv.turboquant import turbo_batch_class
 from vlmserve.engine.kv.views import map_parts
 
@@ -20,7 +21,7 @@ __all__ = ["roll_back_batch", "trimmable_batch", "verify_forward"]
 
 
 @contextlib.contextmanager
-def verify_forward(caches: Sequence[Any]) -> Iterator[None]:
+def verify_forward(caches: Sequence[CacheLayer]) -> Iterator[None]:
     """While a speculative verify forward (several positions per row) is built on `caches`:
 
     - turboquant batch layers attend each query position as a one-position decode step
@@ -33,11 +34,11 @@ def verify_forward(caches: Sequence[Any]) -> Iterator[None]:
       padding left in its window read a stale position, 5e-2 in its logits)."""
     from mlx_vlm.models.cache import BatchRotatingKVCache
 
-    windowed: list[Any] = [layer for layer in caches if isinstance(layer, BatchRotatingKVCache)]
+    windowed: list[CacheLayer] = [layer for layer in caches if isinstance(layer, BatchRotatingKVCache)]
     for layer in windowed:
         if layer.rotated:
             layer._temporal_order()
-    turbo: list[Any] = [layer for layer in caches if type(layer) is turbo_batch_class()]
+    turbo: list[CacheLayer] = [layer for layer in caches if type(layer) is turbo_batch_class()]
     for layer in turbo:
         layer._one_position_queries = True
     try:
@@ -47,7 +48,7 @@ def verify_forward(caches: Sequence[Any]) -> Iterator[None]:
             layer._one_position_queries = False
 
 
-def trimmable_batch(layer: Any) -> bool:
+def trimmable_batch(layer: CacheLayer) -> bool:
     """A batch attention layer whose last positions a speculative verify can drop again
     (`roll_back_batch`): one whose rows' positions are its columns up to one write index, each
     vector stored on its own (full precision, uniform groups along the head dimension,
@@ -60,7 +61,7 @@ def trimmable_batch(layer: Any) -> bool:
     )
 
 
-def roll_back_batch(layer: Any, common: int, rest: Sequence[int]) -> None:
+def roll_back_batch(layer: CacheLayer, common: int, rest: Sequence[int]) -> None:
     """Drop the last `common + rest[i]` positions of each row i of a `trimmable_batch` layer,
     after a verify forward of more than one position.
 
@@ -94,7 +95,7 @@ def roll_back_batch(layer: Any, common: int, rest: Sequence[int]) -> None:
         refresh()
 
 
-def _roll_back_windowed(layer: Any, common: int, rest: Sequence[int]) -> None:
+def _roll_back_windowed(layer: CacheLayer, common: int, rest: Sequence[int]) -> None:
     """The rollback of a sliding-window batch layer (window W = `max_size`), also once it has
     wrapped — which mlx-vlm's `is_trimmable` refuses, as a rotated buffer's tail is not its
     last positions. A forward of several positions takes mlx-vlm's concatenating update, which

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmserve.engine.kv.layout import KVLayout
+from vlmserve.engine.kv.layout import KVLayout, KVPart
 
 __all__ = ["bytes_per_token", "kv_nbytes", "kv_shape"]
 
 
-def kv_nbytes(part: Any) -> int:
+def kv_nbytes(part: KVPart) -> int:
     """Bytes of one layer's keys or values (all parts of a quantized tuple)."""
     if isinstance(part, tuple):
         return sum(int(p.nbytes) for p in part)

@@ -4,12 +4,17 @@ for the prefix cache to keep where no prefix of a cache is a shorter prompt's ca
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+from vlmserve.engine.kv.layout import CacheLayer, PromptCache
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 __all__ = ["restore", "snapshot", "snapshot_nbytes"]
 
 
-def snapshot(cache: Sequence[Any]) -> list[Any] | None:
+def snapshot(cache: Sequence[CacheLayer]) -> PromptCache | None:
     """Own copies of a one-row cache's layers in their exact state, whatever their kind
     (sliding-window `RotatingKVCache`, chunked `ChunkedKVCache`, ...): such a state continues
     exactly from where it is, but no prefix of it is a shorter prompt's state. None when a
@@ -27,7 +32,7 @@ def snapshot(cache: Sequence[Any]) -> list[Any] | None:
     return copies
 
 
-def restore(saved: Sequence[Any]) -> list[Any]:
+def restore(saved: Sequence[CacheLayer]) -> PromptCache:
     """A live cache from a snapshot (new array objects: a layer that writes in place never
     writes into the snapshot)."""
     restored = [_copy_layer(layer) for layer in saved]
@@ -35,11 +40,11 @@ def restore(saved: Sequence[Any]) -> list[Any]:
     return restored
 
 
-def snapshot_nbytes(saved: Sequence[Any]) -> int:
+def snapshot_nbytes(saved: Sequence[CacheLayer]) -> int:
     return sum(int(array.nbytes) for layer in saved for array in _arrays_of(layer))
 
 
-def _copy_layer(layer: Any) -> Any | None:
+def _copy_layer(layer: CacheLayer) -> CacheLayer | None:
     import copy
 
     import mlx.core as mx
@@ -55,10 +60,10 @@ def _copy_layer(layer: Any) -> Any | None:
     return copied
 
 
-def _arrays_of(layer: Any) -> list[Any]:
+def _arrays_of(layer: CacheLayer) -> list[mx.array]:
     import mlx.core as mx
 
-    out: list[Any] = []
+    out: list[mx.array] = []
     for value in vars(layer).values():
         if isinstance(value, mx.array):
             out.append(value)

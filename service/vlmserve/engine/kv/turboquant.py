@@ -36,18 +36,18 @@ def turbo_batch_class() -> type:
     tq = turboquant_module()
 
     class _TurboBatch(BatchTurboQuantKVCache):
-        _right_padding: Any = None
+        _right_padding: mx.array | None = None
         # Set around a speculative verify forward (`verify_forward`).
         _one_position_queries = False
 
         def prefill_attention(
             self,
-            queries: Any,
-            keys_state: Any = None,
-            values_state: Any = None,
+            queries: mx.array,
+            keys_state: tuple[mx.array, ...] | None = None,
+            values_state: tuple[mx.array, ...] | None = None,
             scale: float = 1.0,
-            mask: Any = None,
-        ) -> Any:
+            mask: mx.array | None = None,
+        ) -> mx.array | None:
             """Several query positions on a single unpadded row (mlx-vlm's fused-kernel case;
             any other batch dequantizes for every query length alike). In a verify forward,
             each position is attended as the one-position decode step it stands for would
@@ -86,7 +86,7 @@ def turbo_batch_class() -> type:
                 return
             shifts = padding[:, None]
 
-            def roll(array: Any, ndim: int) -> Any:
+            def roll(array: mx.array, ndim: int) -> mx.array:
                 return dynamic_roll(array, shifts, axis=2)
 
             self.keys = tq._map_state(tq._slice_state(self.keys, self._idx), roll)

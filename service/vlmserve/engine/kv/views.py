@@ -6,15 +6,18 @@ into buffers of its own, so the source is never written through it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from vlmserve.engine.kv.layout import KVLayout
+from vlmserve.engine.kv.layout import CacheLayer, KVLayout, KVPart, PromptCache
 from vlmserve.engine.kv.turboquant import turboquant_module
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 __all__ = ["is_plain", "layer_arrays", "map_parts", "own_copy", "row_views", "views"]
 
 
-def map_parts(part: Any, fn: Callable[[Any], Any]) -> Any:
+def map_parts(part: KVPart, fn: Callable[[mx.array], mx.array]) -> KVPart:
     """`fn` over one layer's keys (or values): one array, or each array of a quantized tuple,
     keeping the tuple's type (turboquant's state is a NamedTuple its attention dispatches on)."""
     if isinstance(part, tuple):
@@ -23,12 +26,14 @@ def map_parts(part: Any, fn: Callable[[Any], Any]) -> Any:
     return fn(part)
 
 
-def _slice(part: Any, rows: slice, start: int, stop: int) -> Any:
+def _slice(part: KVPart, rows: slice, start: int, stop: int) -> KVPart:
     # The token axis is 2 in every array of every layout (turboquant's norms are 3-D).
     return map_parts(part, lambda p: p[rows, :, start:stop])
 
 
-def row_views(batch_caches: Sequence[Any], index: int, pad: int, tokens: int) -> list[tuple[Any, Any]]:
+def row_views(
+    batch_caches: Sequence[CacheLayer], index: int, pad: int, tokens: int
+) -> list[tuple[KVPart, KVPart]]:
     """The first `tokens` positions of batch row `index` (after its `pad` left padding), per
     layer (keys, values), as lazy views."""
     rows = slice(index, index + 1)
@@ -38,15 +43,15 @@ def row_views(batch_caches: Sequence[Any], index: int, pad: int, tokens: int) ->
     ]
 
 
-def views(layers: Sequence[tuple[Any, Any]], tokens: int, layout: KVLayout) -> list[Any]:
+def views(layers: Sequence[tuple[KVPart, KVPart]], tokens: int, layout: KVLayout) -> PromptCache:
     """A one-row prompt cache holding the first `tokens` positions of `layers`' (keys, values),
     sharing their arrays: MLX arrays are immutable, and the new cache grows into buffers of its
     own, so the source is never written through it."""
     from mlx_vlm.models.cache import KVCache, QuantizedKVCache
 
-    cache = []
+    cache: PromptCache = []
     for keys, values in layers:
-        layer: Any
+        layer: CacheLayer
         if layout.turbo:
             layer = _turbo_layer(keys, values, tokens, layout)
             cache.append(layer)
@@ -63,7 +68,7 @@ def views(layers: Sequence[tuple[Any, Any]], tokens: int, layout: KVLayout) -> l
     return cache
 
 
-def _turbo_layer(keys: Any, values: Any, tokens: int, layout: KVLayout) -> Any:
+def _turbo_layer(keys: KVPart, values: KVPart, tokens: int, layout: KVLayout) -> CacheLayer:
     """A one-row turboquant layer over stored state (a NamedTuple, or the plain tuple the disk
     tier gives back); its codecs are rebuilt on the first update, identical (same seed)."""
     tq = turboquant_module()
@@ -75,7 +80,7 @@ def _turbo_layer(keys: Any, values: Any, tokens: int, layout: KVLayout) -> Any:
     return layer
 
 
-def is_plain(layer: Any) -> bool:
+def is_plain(layer: CacheLayer) -> bool:
     """A layer whose keys and values are exactly its positions so far (full or quantized), so
     any prefix of them is the cache of a prefix of the prompt."""
     from mlx_vlm.models.cache import KVCache, QuantizedKVCache
@@ -88,7 +93,7 @@ def is_plain(layer: Any) -> bool:
     )
 
 
-def layer_arrays(layer: Any, tokens: int) -> tuple[Any, Any] | None:
+def layer_arrays(layer: CacheLayer, tokens: int) -> tuple[KVPart, KVPart] | None:
     """A one-row cache layer's (keys, values) for its first `tokens` positions; None when the
     layer is not the plain (or quantized) per-layer KV this module knows."""
     if not is_plain(layer):
@@ -100,7 +105,7 @@ def layer_arrays(layer: Any, tokens: int) -> tuple[Any, Any] | None:
     return _slice(keys, everything, 0, tokens), _slice(values, everything, 0, tokens)
 
 
-def own_copy(cache: list[Any], tokens: int) -> None:
+def own_copy(cache: PromptCache, tokens: int) -> None:
     """Make each layer's keys and values its own evaluated arrays of exactly `tokens` positions.
 
     A row extracted from the batch is a lazy slice of the batch's KV arrays, and a row's own
@@ -108,7 +113,7 @@ def own_copy(cache: list[Any], tokens: int) -> None:
     (every row of the batch, every allocated position) alive for as long as the entry lives."""
     import mlx.core as mx
 
-    arrays: list[Any] = []
+    arrays: list[mx.array] = []
     for layer in cache:
         pair = layer_arrays(layer, tokens)
         if pair is None:
