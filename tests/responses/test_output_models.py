@@ -71,7 +71,7 @@ HELD: list[tuple[type[BaseModel], str, set[str]]] = [
     (FunctionToolEcho, "FunctionTool", set()),
     (ReasoningEcho, "Reasoning", set()),
     (TextEcho, "TextField", set()),
-    (ResponseResource, "ResponseResource", {"conversation", "user"}),
+    (ResponseResource, "ResponseResource", {"conversation", "user", "truncated_items"}),
     (ErrorPayload, "ErrorPayload", set()),
     (ResponseLifecycleEvent, "ResponseCompletedStreamingEvent", set()),
     (OutputItemEvent, "ResponseOutputItemDoneStreamingEvent", set()),
