@@ -17,9 +17,10 @@ from vlmserve.engine.v1 import engine_pb2
 
 RESPONSES = {
     # request: translation of a Responses body into a contract request
-    "CreateRequest", "CreateResponseBody", "EngineExtras", "IncludeValue", "InputItemParam", "ItemResolver", "OfferedTool",
-    "RequestModel", "TranslatedRequest", "build_generate_request", "input_to_messages",
-    "is_item_reference", "parse_as", "parse_body", "parse_create_request", "parse_metadata", "InvalidRequestError",
+    "CreateRequest", "CreateResponseBody", "EngineExtras", "IncludeValue", "InputItemParam", "ItemResolver",
+    "OfferedTool", "RequestModel", "TranslatedRequest", "build_generate_request", "input_to_messages",
+    "is_item_reference", "parse_as", "parse_body", "parse_create_request", "parse_metadata",
+    "InvalidRequestError",
     # media the translation reads through the caller's sources
     "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
     # output: items, the response resource and its parts
@@ -30,8 +31,10 @@ RESPONSES = {
     "ResponseStatus", "ToolCallItem", "Usage", "logprobs_from_contract", "message_output_item",
     "messages_to_items", "output_text_part", "reasoning_output_item", "result_to_output_items",
     "tool_call_output_item", "usage_from_contract",
-    # compaction (POST /v1/responses/compact): the summarising turn and the compacted list
-    "SUMMARY_INSTRUCTION", "compacted_output", "kept_items",
+    # compaction (POST /v1/responses/compact, compaction_trigger): the summarising turn, the
+    # compacted list, the sealed state and who opens it
+    "SUMMARY_INSTRUCTION", "compacted_output", "kept_items", "CompactionState", "KeptImage",
+    "clean_summary", "compaction_item", "opening_compactions", "summary_body",
     # streaming events
     "ContentPartEvent", "CustomToolCallInputDeltaEvent", "CustomToolCallInputDoneEvent", "ErrorEvent",
     "FunctionCallArgumentsDeltaEvent", "FunctionCallArgumentsDoneEvent", "LifecycleEventType",

@@ -17,7 +17,17 @@ Files (`input_file`, `input_image.file_id`): `file_data` is read here; a `file_i
 Every client error is an `InvalidRequestError` carrying the JSON path of the bad field.
 """
 
-from ._compaction import SUMMARY_INSTRUCTION, compacted_output, kept_items
+from ._compaction import (
+    SUMMARY_INSTRUCTION,
+    CompactionState,
+    KeptImage,
+    clean_summary,
+    compacted_output,
+    compaction_item,
+    kept_items,
+    opening_compactions,
+)
+from ._compaction_trigger import summary_body
 from ._create_request import CreateRequest, EngineExtras, parse_create_request
 from ._errors import InvalidRequestError
 from ._events import (
@@ -84,6 +94,7 @@ from ._validation import RequestModel, parse_as
 __all__ = [
     "IMAGE_PART_TYPES",
     "SUMMARY_INSTRUCTION",
+    "CompactionState",
     "ContentPartEvent",
     "ConversationRef",
     "ConversationResource",
@@ -112,6 +123,7 @@ __all__ = [
     "ItemList",
     "ItemResolver",
     "ItemStatus",
+    "KeptImage",
     "LifecycleEventType",
     "LogProb",
     "OfferedTool",
@@ -138,13 +150,16 @@ __all__ = [
     "TranslatedRequest",
     "Usage",
     "build_generate_request",
+    "clean_summary",
     "compacted_output",
+    "compaction_item",
     "input_to_messages",
     "is_item_reference",
     "kept_items",
     "logprobs_from_contract",
     "message_output_item",
     "messages_to_items",
+    "opening_compactions",
     "output_text_part",
     "parse_as",
     "parse_body",
@@ -152,6 +167,7 @@ __all__ = [
     "parse_metadata",
     "reasoning_output_item",
     "result_to_output_items",
+    "summary_body",
     "tool_call_output_item",
     "usage_from_contract",
 ]

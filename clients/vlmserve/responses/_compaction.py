@@ -1,56 +1,122 @@
-"""Compaction (`POST /v1/responses/compact`): the pure parts.
+"""Compaction (`POST /v1/responses/compact`, and a `compaction_trigger` input item): the pure parts.
 
 A compacted conversation is a `compaction` item, which carries the model's summary of what came
-before, followed by the recent items kept as they were (the last user turn and what follows it,
-images included). A later request sends that list as its `input`; the `compaction` item reaches
-the model as an assistant turn holding the summary.
+before and the latest screenshots kept as images (`CompactionState`), followed by the recent
+items kept as they were. A later request sends that list as its `input`; the `compaction` item
+reaches the model as an assistant turn holding the summary, then a user turn with the kept
+images.
 
-`encrypted_content` has OpenAI's item shape but is not secret: it is the summary text, encoded
-(base64url JSON under a version prefix), so any vlmserve process reads it back without shared
-keys. What a client could write in it, it could as well send as a message.
+`encrypted_content` is sealed by the facade (vlmserve/facade/responses/compaction_seal.py:
+authenticated encryption, bound to the API key's owner): this package cannot read it alone.
+Whoever translates a request that may hold one opens it with `opening_compactions(opener)`
+around the parse; without an opener, every compaction item is refused as unreadable.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
+import contextlib
+import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
-CONTENT_PREFIX = "vlmserve.compaction.v1."
 # What the summarising turn asks of the model (after the conversation it summarises).
 SUMMARY_INSTRUCTION = (
     "Summarise the conversation above for another assistant who continues it. Do not answer "
     "or continue the task, and call no tools. Keep the goal, the user's requirements and "
     "corrections, decisions, work done, open questions, exact names and numbers, and next "
-    "steps. Write only the summary."
+    "steps. Describe what the earlier images showed that still matters (the latest ones are "
+    "kept as images). Write only the summary."
 )
 # How the summary opens the compacted conversation, for the model.
 SUMMARY_HEADING = "Summary of the conversation so far:\n"
+# What introduces the screenshots a compaction kept, for the model.
+KEPT_IMAGES_HEADING = "The latest images of the conversation so far:"
+# Markup a summary must not carry back to the model (a template's tool calls, thinking,
+# special tokens): the summary is plain text.
+_MARKUP = re.compile(
+    r"<(tool_call|function_call|think|thinking)>.*?(</\1>|$)|<\|[^|>]{0,64}\|>|</?(tool_call|function_call)>",
+    re.DOTALL,
+)
 
 
-def compaction_item(summary: str) -> dict[str, Any]:
-    payload = json.dumps({"summary": summary}, ensure_ascii=False, separators=(",", ":"))
-    encoded = base64.urlsafe_b64encode(payload.encode()).decode("ascii")
+@dataclass(frozen=True)
+class KeptImage:
+    data: bytes
+    media_type: str
+
+
+@dataclass(frozen=True)
+class CompactionState:
+    """What a compaction item carries: the summary and the screenshots kept as images."""
+
+    summary: str
+    images: tuple[KeptImage, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "summary": self.summary,
+            "images": [
+                {"media_type": image.media_type, "data": base64.b64encode(image.data).decode("ascii")}
+                for image in self.images
+            ],
+        }
+
+    @staticmethod
+    def from_json(data: Any) -> CompactionState | None:
+        if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("summary"), str):
+            return None
+        images = data.get("images", [])
+        if not isinstance(images, list):
+            return None
+        kept: list[KeptImage] = []
+        for image in images:
+            if not isinstance(image, dict) or not isinstance(image.get("data"), str):
+                return None
+            try:
+                kept.append(KeptImage(base64.b64decode(image["data"]), str(image.get("media_type", ""))))
+            except (binascii.Error, ValueError):
+                return None
+        return CompactionState(data["summary"], tuple(kept))
+
+
+CompactionOpener = Callable[[str], "CompactionState | None"]
+_OPENER: ContextVar[CompactionOpener | None] = ContextVar("compaction_opener", default=None)
+
+
+@contextlib.contextmanager
+def opening_compactions(opener: CompactionOpener | None) -> Iterator[None]:
+    """Compaction items parsed inside are opened with `opener` (the facade's seal, for the
+    request's owner)."""
+    token = _OPENER.set(opener)
+    try:
+        yield
+    finally:
+        _OPENER.reset(token)
+
+
+def open_compaction(encrypted_content: str) -> CompactionState | None:
+    """The state a compaction item carries; None when it cannot be opened here."""
+    opener = _OPENER.get()
+    return opener(encrypted_content) if opener is not None else None
+
+
+def clean_summary(text: str) -> str:
+    """The model's summary as plain text: tool-call and thinking markup and special tokens out."""
+    return _MARKUP.sub("", text).strip()
+
+
+def compaction_item(encrypted_content: str) -> dict[str, Any]:
     return {
         "id": f"cmp_{secrets.token_hex(24)}",
         "type": "compaction",
-        "encrypted_content": CONTENT_PREFIX + encoded,
+        "encrypted_content": encrypted_content,
     }
-
-
-def compaction_summary(encrypted_content: str) -> str | None:
-    """The summary a `compaction` item carries; None when it is not one this server wrote."""
-    if not encrypted_content.startswith(CONTENT_PREFIX):
-        return None
-    try:
-        payload = json.loads(base64.urlsafe_b64decode(encrypted_content[len(CONTENT_PREFIX) :]))
-    except (binascii.Error, ValueError):
-        return None
-    summary = payload.get("summary") if isinstance(payload, dict) else None
-    return summary if isinstance(summary, str) else None
 
 
 def _is_user_message(item: object) -> bool:
@@ -65,10 +131,10 @@ def kept_items(items: Sequence[Any]) -> list[Any]:
     return []
 
 
-def compacted_output(summary: str, kept: Sequence[Any], new_id: Any) -> list[dict[str, Any]]:
+def compacted_output(encrypted_content: str, kept: Sequence[Any], new_id: Any) -> list[dict[str, Any]]:
     """The compacted item list: the summary's item, then the kept items as output items (easy
     messages get their `type`, `id`, `status` and a content part list)."""
-    output = [compaction_item(summary)]
+    output = [compaction_item(encrypted_content)]
     for item in kept:
         if isinstance(item, dict) and "role" in item and item.get("type", "message") == "message":
             content = item["content"]

@@ -7,13 +7,14 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     Field,
+    PrivateAttr,
     Tag,
     TypeAdapter,
     WithJsonSchema,
     field_validator,
 )
 
-from ._compaction import compaction_summary
+from ._compaction import CompactionState, open_compaction
 from ._validation import OTHER, UNDOCUMENTED, RequestModel, by_json_type, by_type, parse_as, refuse
 
 # ---- content parts -----------------------------------------------------------------------------
@@ -153,6 +154,7 @@ INPUT_ITEM_TYPES = (
     "reasoning",
     "item_reference",
     "compaction",
+    "compaction_trigger",
 )
 
 
@@ -222,28 +224,46 @@ class ReasoningParam(RequestModel):
 
 
 class CompactionParam(RequestModel):
-    """A compacted conversation's summary (`POST /v1/responses/compact`); it reaches the model
-    as an assistant turn. Only this server's items can be read (`_compaction.py`)."""
+    """A compacted conversation (`POST /v1/responses/compact`, a `compaction_trigger`'s answer):
+    it reaches the model as an assistant turn with the summary, and the screenshots it kept.
+    Only this server's items, sealed for the request's owner, can be opened (`_compaction.py`)."""
 
     type: Literal["compaction"]
     encrypted_content: str
     id: str | None = None
     created_by: str | None = None
+    _state: CompactionState | None = PrivateAttr(default=None)
 
     @field_validator("encrypted_content")
     @classmethod
     def _readable(cls, value: str) -> str:
-        if compaction_summary(value) is None:
+        if open_compaction(value) is None:
             raise refuse(
                 "invalid_value",
-                "Invalid value for '{param}': not a compaction item from this server "
-                "(POST /v1/responses/compact makes them).",
+                "Invalid value for '{param}': not a compaction item this server made for this API key "
+                "(POST /v1/responses/compact and compaction_trigger make them; they cannot be edited).",
             )
         return value
 
+    def model_post_init(self, context: Any, /) -> None:
+        # Opened once, where the request is parsed (the facade's opener is set there).
+        self._state = open_compaction(self.encrypted_content)
+
+    @property
+    def state(self) -> CompactionState:
+        return self._state or CompactionState("")
+
     @property
     def summary(self) -> str:
-        return compaction_summary(self.encrypted_content) or ""
+        return self.state.summary
+
+
+class CompactionTriggerParam(RequestModel):
+    """Compact the conversation before it: only as the last input item (the facade answers it
+    with a `compaction` item; anywhere else the translation refuses it)."""
+
+    type: Literal["compaction_trigger"]
+    id: str | None = None
 
 
 class ItemReferenceParam(RequestModel):
@@ -282,6 +302,7 @@ InputItemParam: TypeAlias = Annotated[
     | Annotated[ReasoningParam, Tag("#reasoning")]
     | Annotated[ItemReferenceParam, Tag("#item_reference")]
     | Annotated[CompactionParam, Tag("#compaction")]
+    | Annotated[CompactionTriggerParam, Tag("#compaction_trigger")]
     | Annotated[UnknownItemParam, Tag(OTHER), UNDOCUMENTED],
     by_type({kind: f"#{kind}" for kind in INPUT_ITEM_TYPES}, implicit=_implicit_item_type),
 ]

@@ -17,11 +17,12 @@ from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import item_image_count
-from ._compaction import SUMMARY_HEADING
+from ._compaction import KEPT_IMAGES_HEADING, SUMMARY_HEADING
 from ._errors import InvalidRequestError
 from ._input_models import (
     INPUT_ITEM_TYPES,
     CompactionParam,
+    CompactionTriggerParam,
     CustomToolCallOutputParam,
     CustomToolCallParam,
     FunctionCallOutputParam,
@@ -151,6 +152,24 @@ def typed_items(
     return typed
 
 
+def after_latest_compaction(typed: Sequence[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], bool]:
+    """The items a prompt holds when the input carries a compaction item: the latest one covers
+    everything before it (and the turns an earlier response or conversation would replay), so
+    only system and developer messages before it stay. Whether there was one."""
+    latest = next(
+        (index for index in range(len(typed) - 1, -1, -1) if isinstance(typed[index][1], CompactionParam)),
+        None,
+    )
+    if latest is None:
+        return list(typed), False
+    kept = [
+        entry
+        for entry in typed[:latest]
+        if isinstance(entry[1], MessageParam) and entry[1].role in ("system", "developer")
+    ]
+    return [*kept, *typed[latest:]], True
+
+
 def typed_items_to_messages(
     typed: Iterable[tuple[str, Any]],
     *,
@@ -214,12 +233,27 @@ class _ItemConverter:
             if item.text:
                 self._reasoning.append(item.text)
             return
+        if isinstance(item, CompactionTriggerParam):
+            raise InvalidRequestError(
+                f"Invalid value for '{path}': a compaction_trigger item must be the last input item.",
+                param=path,
+                code="invalid_value",
+            )
         if isinstance(item, CompactionParam):
-            # The summary of what came before: the model reads it as its own earlier turn.
+            # The summary of what came before: the model reads it as its own earlier turn; the
+            # screenshots it kept, as a user turn (where templates render images).
             text = SUMMARY_HEADING + item.summary
             self.messages.append(
                 pb.Message(role=pb.ROLE_ASSISTANT, parts=[pb.Part(text=pb.TextPart(text=text))])
             )
+            images = item.state.images
+            if images:
+                parts = [pb.Part(text=pb.TextPart(text=KEPT_IMAGES_HEADING))]
+                parts += [
+                    pb.Part(image=pb.ImagePart(data=image.data, media_type=image.media_type))
+                    for image in images
+                ]
+                self.messages.append(pb.Message(role=pb.ROLE_USER, parts=parts))
         elif isinstance(item, MessageParam):
             self._add_message(item, path)
         elif isinstance(item, FunctionCallParam):

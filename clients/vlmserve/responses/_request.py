@@ -19,6 +19,7 @@ from ._errors import InvalidRequestError
 from ._items import (
     CallNamer,
     ItemResolver,
+    after_latest_compaction,
     bare_call_name,
     input_entries,
     output_items_to_messages,
@@ -184,6 +185,11 @@ def build_generate_request(
         pdf_renderer=pdf_renderer,
         max_images=max_images,
     )
+    input_items = typed_items(input_entries(parsed.input), media=media, resolve_item=resolve_item)
+    # A compaction item covers what came before it, earlier turns included: they are not sent.
+    input_items, compacted = after_latest_compaction(input_items)
+    if compacted:
+        history, replay = (), ()
     # Every image the turns hold is counted before the first is decoded or fetched.
     media.budget.count_images(contract_image_count(history))
     replay_items = typed_items(
@@ -191,7 +197,6 @@ def build_generate_request(
         media=media,
         resolve_item=resolve_item,
     )
-    input_items = typed_items(input_entries(parsed.input), media=media, resolve_item=resolve_item)
     media.budget.check_images()
     replayed = typed_items_to_messages(replay_items, media=media, call_name=tools.call_name)
     current = typed_items_to_messages(input_items, media=media, call_name=tools.call_name, held=held)

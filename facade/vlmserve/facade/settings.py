@@ -326,6 +326,20 @@ class FacadeSettings(DeclaredSettings):
         description="PostgreSQL database for stored responses, shared by every facade given it "
         "(postgresql://user:password@host:port/db); none: the SQLite file at store-path",
     )
+    # docs/context-management.md: compaction items are sealed with this key, bound to the API key.
+    compaction_key_file: Annotated[Path | None, Option(default_text="compaction.key beside --store-path")] = (
+        Field(
+            None,
+            description="file of the 32-byte key that seals compaction items (made on first use, mode 0600); "
+            "facades that share one response store must share this file too",
+        )
+    )
+    compaction_keep_images: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="screenshots a compaction keeps as images (the latest); the summary describes older ones",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="log level"
     )
@@ -391,6 +405,10 @@ class FacadeSettings(DeclaredSettings):
             aliases=self.model_alias,
             models_file=read_models_file(self.models_file) if self.models_file is not None else None,
         )
+
+    def compaction_key_path(self) -> Path:
+        """The compaction key's file: --compaction-key-file, else beside the SQLite store."""
+        return self.compaction_key_file or self.store_path.parent / "compaction.key"
 
     def files_directory(self) -> Path:
         """Where uploaded files live: --files-dir, else `files/` beside the SQLite store."""

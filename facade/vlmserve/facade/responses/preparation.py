@@ -35,6 +35,7 @@ from vlmserve.facade.http.errors import (
 from vlmserve.facade.http.limits import check_tools
 from vlmserve.facade.http.metrics import FacadeMetrics
 from vlmserve.facade.responses import ids
+from vlmserve.facade.responses.compaction_seal import CompactionSeal, read_or_create_key
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.engine_call import EngineCall
 from vlmserve.facade.responses.events import ResponseEvents
@@ -52,17 +53,22 @@ from vlmserve.facade.store.quotas import check_room, stored_size
 from vlmserve.facade.store.records import MissingChainLinkError, Replay, StoredItem
 from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import (
+    CompactionState,
     CreateRequest,
     CreateResponseBody,
     ImageSource,
+    PdfRenderer,
     TranslatedRequest,
     build_generate_request,
+    opening_compactions,
+    parse_create_request,
 )
 from vlmserve.server.logs import bind_response
 
 logger = logging.getLogger("vlmserve.facade")
 
 ImageSourceFactory = Callable[[], ImageSource | None]
+CompactionOpener = Callable[[str], CompactionState | None]
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -111,6 +117,9 @@ class ResponsesService:
     # processes (documents/).
     _documents: DocumentTranslation = field(init=False, repr=False)
 
+    # Seals and opens compaction items (compaction_seal.py): made on first use (its key file too).
+    _seal: CompactionSeal | None = field(default=None, init=False, repr=False)
+
     def __post_init__(self) -> None:
         self._translators = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.settings.limits.translation_workers, thread_name_prefix="translate"
@@ -131,6 +140,28 @@ class ResponsesService:
         """Run blocking translation work on the translation pool, off the event loop."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._translators, functools.partial(function, *args, **kwargs))
+
+    @property
+    def seal(self) -> CompactionSeal:
+        if self._seal is None:
+            self._seal = CompactionSeal(read_or_create_key(self.settings.compaction_key_path()))
+        return self._seal
+
+    def compaction_opener(self, owner: str) -> CompactionOpener:
+        """Opens the compaction items of `owner`'s requests (and only theirs)."""
+        seal = self.seal
+        return lambda content: seal.open(content, owner=owner)
+
+    async def parse(self, body: object, *, owner: str = "") -> CreateRequest:
+        """A `POST /v1/responses` body (or a WebSocket create) parsed, on the translation pool; its
+        compaction items opened for `owner`."""
+        opener = self.compaction_opener(owner)
+
+        def parse() -> CreateRequest:
+            with opening_compactions(opener):
+                return parse_create_request(body)
+
+        return await self.run_translation(parse)
 
     async def translate(
         self,
@@ -161,21 +192,27 @@ class ResponsesService:
         await references.resolve_all(body.input, replayed=replay.items)
         # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets
         # (the translation's own budget of images and pages too, `vlmserve.responses._budget`).
+        opener = self.compaction_opener(owner)
+
+        def build(renderer: PdfRenderer) -> TranslatedRequest:
+            # Replayed and referenced items are parsed here: their compaction items open too.
+            with opening_compactions(opener):
+                return build_generate_request(
+                    create,
+                    resolve_item=references,
+                    image_source=self.image_source(),
+                    image_limits=image_limits(info, limits),
+                    replay=replay.items,
+                    history=replay.messages,
+                    file_source=self.file_source(owner),
+                    document_limits=self.document_limits(allowed_images, model.files),
+                    pdf_renderer=renderer,
+                    max_images=allowed_images,
+                    held=HeldTexts() if hold_texts else None,
+                )
+
         translated = await self._documents.run(
-            lambda renderer: build_generate_request(
-                create,
-                resolve_item=references,
-                image_source=self.image_source(),
-                image_limits=image_limits(info, limits),
-                replay=replay.items,
-                history=replay.messages,
-                file_source=self.file_source(owner),
-                document_limits=self.document_limits(allowed_images, model.files),
-                pdf_renderer=renderer,
-                max_images=allowed_images,
-                held=HeldTexts() if hold_texts else None,
-            ),
-            with_files=has_file_parts(body.input) or has_file_parts(replay.items),
+            build, with_files=has_file_parts(body.input) or has_file_parts(replay.items)
         )
         # Measured where it is: ByteSize() would encode the request (twice its size, for a moment).
         if wire_size(translated.request, translated.held or {}) > MAX_MESSAGE_BYTES:

@@ -19,15 +19,14 @@ from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses import ids
+from vlmserve.facade.responses.compaction_turn import SUMMARY_MAX_OUTPUT_TOKENS, summary_text
 from vlmserve.facade.responses.delivery import CLIENT_CLOSED_REQUEST, collect, finisher, unless_disconnected
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import SUMMARY_INSTRUCTION, compacted_output, kept_items, parse_create_request
+from vlmserve.responses import SUMMARY_INSTRUCTION, CompactionState, compacted_output, kept_items
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 State = Annotated[FacadeState, Depends(facade_state)]
 
-# The summary's budget: a summary longer than this would not compact much.
-SUMMARY_MAX_OUTPUT_TOKENS = 1024
 _FIELDS = ("model", "input", "previous_response_id", "instructions", "prompt_cache_key")
 
 
@@ -70,7 +69,7 @@ async def compact_response(request: Request, state: State) -> Response:
         if not isinstance(body, dict):
             raise APIError(400, "The body must be a JSON object.")
         create, items = summary_request(body)
-        parsed = await state.responses.run_translation(parse_create_request, create)
+        parsed = await state.responses.parse(create, owner=owner_of(request))
         generation = await state.responses.prepare(parsed, owner=owner_of(request))
     except BaseException:
         hold.release()
@@ -82,20 +81,17 @@ async def compact_response(request: Request, state: State) -> Response:
         await finisher(generation, hold.release)()
     if resource is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    summary = "".join(
-        part.get("text", "")
-        for item in resource["output"]
-        if item["type"] == "message"
-        for part in item["content"]
-    ).strip()
+    summary = summary_text(resource)
     if not summary:
         raise APIError(502, "The model wrote no summary; nothing was compacted.", code="compaction_failed")
+    # The kept items carry the recent images themselves: the sealed state holds the summary.
+    sealed = state.responses.seal.seal(CompactionState(summary), owner=owner_of(request))
     return JSONResponse(
         {
             "id": generation.response_id,
             "object": "response.compaction",
             "created_at": resource["created_at"],
-            "output": compacted_output(summary, kept_items(items), ids.new_id),
+            "output": compacted_output(sealed, kept_items(items), ids.new_id),
             "usage": resource["usage"],
         }
     )

@@ -24,6 +24,7 @@ from vlmserve.facade.http.openapi import (
     RETRIEVE_RESPONSE,
 )
 from vlmserve.facade.http.request_body import read_json
+from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
 from vlmserve.facade.responses.delivery import (
     SSE_SEPARATOR,
     Wire,
@@ -39,7 +40,7 @@ from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.item_lists import PageQuery, item_page, page_query
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.responses import DeletedObject, InputTokensCount, ItemList, parse_create_request
+from vlmserve.responses import DeletedObject, InputTokensCount, ItemList
 
 # The largest sequence number the stores can compare with (SQLite INTEGER, PostgreSQL BIGINT).
 MAX_SEQUENCE_NUMBER = 2**63 - 1
@@ -55,15 +56,35 @@ async def create_response(request: Request, state: State) -> Response:
     hold = BodyHold(state.body_budget)
     try:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        create = await state.responses.run_translation(parse_create_request, body)
+        create = await state.responses.parse(body, owner=owner_of(request))
         del body
-        generation = await prepare_unless_disconnected(request, state.responses, create, release=hold.release)
+        # A `compaction_trigger` as the last item: the turn summarises (compaction_turn.py).
+        summary = trigger_request(create)
+        generation = await prepare_unless_disconnected(
+            request, state.responses, summary or create, release=hold.release
+        )
         del create
     except BaseException:
         hold.release()
         raise
 
     headers = ignored_tools_header(generation)
+    if summary is not None:
+        images = latest_images(generation.request, state.settings.compaction_keep_images)
+        compaction = CompactionEvents(state.responses.seal, owner=generation.owner, images=images)
+        return await respond(
+            request,
+            generation,
+            Wire(
+                frames=lambda event: _json_frames(compaction.events(event)),
+                closing=_done,
+                answer=compaction.answer,
+            ),
+            stream=generation.translated.stream,
+            settings=state.settings,
+            release=hold.release,
+            headers=headers,
+        )
     if generation.translated.background:
         # Answered at once (`queued`); the run goes on without this request.
         created = await state.background.start(generation, finisher(generation, hold.release))
@@ -92,7 +113,7 @@ async def create_response(request: Request, state: State) -> Response:
 async def count_input_tokens(request: Request, state: State) -> dict[str, Any]:
     with state.body_budget.hold() as hold:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        create = await state.responses.run_translation(parse_create_request, body)
+        create = await state.responses.parse(body, owner=owner_of(request))
         del body
         tokens = await unless_disconnected(
             request, state.responses.count_tokens(create, owner=owner_of(request))
@@ -203,6 +224,10 @@ def _frames(event: Event) -> list[ServerSentEvent]:
     # One line of ASCII JSON per event: every newline and every non-ASCII character is escaped
     # (U+2028 too, which some line readers split on).
     return [sse_event(event.to_json_text(), event.type)]
+
+
+def _json_frames(events: list[dict[str, Any]]) -> list[ServerSentEvent]:
+    return [sse_event(json.dumps(event, separators=(",", ":")), event["type"]) for event in events]
 
 
 def _done() -> list[ServerSentEvent]:

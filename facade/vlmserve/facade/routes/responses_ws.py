@@ -26,10 +26,11 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from vlmserve.facade.http.api_keys import authenticate
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError, from_invalid_request
+from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.delivery import finisher
 from vlmserve.facade.state import FacadeState
-from vlmserve.responses import InvalidRequestError, parse_create_request
+from vlmserve.responses import InvalidRequestError
 
 router = APIRouter(tags=["responses"])
 
@@ -124,8 +125,9 @@ async def _respond(
             message = json.loads(text)
         except ValueError:
             raise APIError(400, "The message is not valid JSON.", code="invalid_json") from None
-        create = await state.responses.run_translation(parse_create_request, create_body(message))
-        generation = await state.responses.prepare(create, owner=owner, memory=memory)
+        create = await state.responses.parse(create_body(message), owner=owner)
+        summary = trigger_request(create)
+        generation = await state.responses.prepare(summary or create, owner=owner, memory=memory)
     except (APIError, InvalidRequestError) as failure:
         hold.release()
         error = from_invalid_request(failure) if isinstance(failure, InvalidRequestError) else failure
@@ -140,8 +142,13 @@ async def _respond(
         except APIError as error:
             await websocket.send_text(json.dumps(error_message(error)))
             return
+        compaction = None
+        if summary is not None:
+            images = latest_images(generation.request, state.settings.compaction_keep_images)
+            compaction = CompactionEvents(state.responses.seal, owner=owner, images=images)
         async for event in generation.events():
-            await websocket.send_text(json.dumps(event.to_json(), separators=(",", ":")))
+            for sent in compaction.events(event) if compaction is not None else [event.to_json()]:
+                await websocket.send_text(json.dumps(sent, separators=(",", ":")))
         memory.ended(generation.builder.snapshot())
     finally:
         await finisher(generation, hold.release)()

@@ -1,0 +1,35 @@
+"""A `compaction_trigger` input item: the summarising request it stands for (pure)."""
+
+from __future__ import annotations
+
+from ._compaction import SUMMARY_INSTRUCTION
+from ._errors import InvalidRequestError
+from ._input_models import CompactionTriggerParam, MessageParam
+from ._request_models import CreateResponseBody
+
+
+def summary_body(body: CreateResponseBody, *, max_output_tokens: int) -> CreateResponseBody | None:
+    """When `input` ends with a `compaction_trigger`: the body that asks the model to summarise
+    the conversation before it (the summary instruction as the last user turn; not stored, no
+    tool calls, no structured format, at most `max_output_tokens`). None otherwise (a trigger
+    anywhere else is refused by the translation)."""
+    items = body.input
+    if isinstance(items, str) or not items or not isinstance(items[-1], CompactionTriggerParam):
+        return None
+    if body.background:
+        raise InvalidRequestError(
+            "Invalid value for 'background': a compaction_trigger cannot run in the background.",
+            param="background",
+        )
+    return body.model_copy(
+        update={
+            "input": [*items[:-1], MessageParam(role="user", content=SUMMARY_INSTRUCTION)],
+            "store": False,
+            "max_output_tokens": max_output_tokens,
+            "tool_choice": "none" if body.tools else None,
+            "max_tool_calls": None,
+            "text": None,
+            "include": None,
+            "top_logprobs": None,
+        }
+    )
