@@ -17,7 +17,7 @@ FACADE_HOST ?= 127.0.0.1
 FACADE_PORT ?= 8000
 MODEL ?=
 
-.PHONY: install system-deps run engine facade demo test test-fast lint proto proto-check buf-lint buf-breaking contract-release node-deps dist clean
+.PHONY: install system-deps run engine facade demo test test-fast lint proto proto-ts proto-check buf-lint buf-breaking contract-release node-deps dist clean
 
 install: $(STAMP)
 
@@ -68,12 +68,17 @@ proto: install
 		--mypy_out=clients --mypy_grpc_out=clients \
 		$(PROTO_SRC)
 
-# Fails when the committed generated code differs from what `make proto` writes.
-proto-check: proto
-	@git diff --exit-code --stat -- clients/vlmserve/engine || \
-		(echo "generated code is stale: run 'make proto' and commit" >&2; exit 1)
-	@test -z "$$(git status --porcelain -- clients/vlmserve/engine)" || \
-		(echo "untracked generated files: run 'make proto' and commit" >&2; exit 1)
+# The contract's TypeScript stubs (protoc-gen-es, pinned in package.json) for clients/typescript.
+proto-ts: node-deps
+	npx --no-install buf generate --template clients/typescript/buf.gen.yaml
+
+# Fails when the committed generated code (Python and TypeScript) differs from what
+# `make proto` and `make proto-ts` write.
+proto-check: proto proto-ts
+	@git diff --exit-code --stat -- clients/vlmserve/engine clients/typescript/src/gen || \
+		(echo "generated code is stale: run 'make proto proto-ts' and commit" >&2; exit 1)
+	@test -z "$$(git status --porcelain -- clients/vlmserve/engine clients/typescript/src/gen)" || \
+		(echo "untracked generated files: run 'make proto proto-ts' and commit" >&2; exit 1)
 
 node-deps: node_modules/.stamp
 
