@@ -7,6 +7,7 @@ stream events come back as a `Message` or Anthropic's stream events (`anthropic_
 `EventWriter`); errors in Anthropic's shape (`error_body`).
 """
 
+from ._context_edits import EditedBody, apply_edits, needs_count, parse_edits
 from ._errors import OVERLOADED_STATUS, anthropic_error_type, anthropic_status, error_body
 from ._message import (
     ContentBlock,
@@ -28,6 +29,7 @@ __all__ = [
     "TOOL_ERROR_PREFIX",
     "ContentBlock",
     "CountTokensBody",
+    "EditedBody",
     "EventWriter",
     "Message",
     "MessageUsage",
@@ -41,9 +43,12 @@ __all__ = [
     "anthropic_error_type",
     "anthropic_message",
     "anthropic_status",
+    "apply_edits",
     "error_body",
     "error_event",
     "message_id",
     "messages_request",
+    "needs_count",
+    "parse_edits",
     "parse_messages_body",
 ]

@@ -14,7 +14,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response
 from sse_starlette import ServerSentEvent
 
-from vlmserve.anthropic import EventWriter, anthropic_message, messages_request
+from vlmserve.anthropic import (
+    EventWriter,
+    MessagesRequest,
+    anthropic_message,
+    apply_edits,
+    messages_request,
+    needs_count,
+    parse_edits,
+)
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import fields_renamed
@@ -34,7 +42,7 @@ async def create_message(request: Request, state: State) -> Response:
     hold = BodyHold(state.body_budget)
     try:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        translated = await state.responses.run_translation(messages_request, body)
+        translated, edits = await _edited(body, state, owner_of(request))
         del body
         with fields_renamed(translated.anthropic_param):
             generation = await prepare_unless_disconnected(
@@ -51,11 +59,18 @@ async def create_message(request: Request, state: State) -> Response:
 
     def closing() -> list[ServerSentEvent]:
         last = writer.last(generation.builder.snapshot(), stop_sequence=_stop_sequence(generation))
+        if edits is not None:
+            # What the context edits did rides on `message_delta`, as Anthropic sends it.
+            last = [
+                (kind, {**data, "context_management": edits}) if kind == "message_delta" else (kind, data)
+                for kind, data in last
+            ]
         return [_sse(kind, data) for kind, data in last]
 
     def answer(resource: dict[str, Any]) -> dict[str, Any]:
         validated = ResponseResource.model_validate(resource)
-        return anthropic_message(validated, stop_sequence=_stop_sequence(generation)).to_json()
+        message = anthropic_message(validated, stop_sequence=_stop_sequence(generation)).to_json()
+        return message if edits is None else {**message, "context_management": edits}
 
     # Anthropic's streams end at an `error` event.
     errors = functools.partial(fields_renamed, translated.anthropic_param)
@@ -73,6 +88,30 @@ async def count_message_tokens(request: Request, state: State) -> dict[str, Any]
         with fields_renamed(translated.anthropic_param):
             tokens = await state.responses.count_tokens(translated.request, owner=owner_of(request))
     return {"input_tokens": tokens}
+
+
+async def _edited(body: Any, state: FacadeState, owner: str) -> tuple[MessagesRequest, dict[str, Any] | None]:
+    """The request with its `context_management.edits` applied (docs/context-management.md), and
+    what to report of them (None: it asked for none). A trigger is checked against the prompt's
+    tokens as the engine counts them (one more engine call, only for edits that have one)."""
+    if not isinstance(body, dict):
+        return await state.responses.run_translation(messages_request, body), None
+    edits = parse_edits(body.get("context_management"))
+    # Replayed compaction blocks first: the translation does not know them.
+    edited = apply_edits(body, [edit for edit in edits if not needs_count([edit])])
+    translated = await state.responses.run_translation(messages_request, edited.body)
+    applied = edited.applied
+    counted = [edit for edit in edits if needs_count([edit])]
+    if counted:
+        with fields_renamed(translated.anthropic_param):
+            tokens = await state.responses.count_tokens(translated.request, owner=owner)
+        trimmed = apply_edits(edited.body, counted, tokens)
+        if trimmed.applied:
+            translated = await state.responses.run_translation(messages_request, trimmed.body)
+            applied += trimmed.applied
+    if "context_management" not in body:
+        return translated, None
+    return translated, {"applied_edits": applied}
 
 
 def _stop_sequence(generation: Generation) -> str | None:

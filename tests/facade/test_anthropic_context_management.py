@@ -1,0 +1,108 @@
+"""`/v1/messages` applies `context_management.edits` and says what it applied (issue 36.2), on
+the wire: the response's `context_management`, the stream's `message_delta`, and what the model
+was sent. A replayed `compaction` block is accepted and covers what came before it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from tests.facade.fake_engine import FakeEngine
+from tests.facade.helpers import parse_sse
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+CLEAR = {
+    "type": "clear_tool_uses_20250919",
+    "trigger": {"type": "input_tokens", "value": 1},
+    "keep": {"type": "tool_uses", "value": 1},
+}
+TOOLS = [{"name": "Read", "input_schema": {"type": "object"}}]
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the files."}]
+    for n in range(3):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"t{n}", "name": "Read", "input": {}}],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": f"t{n}", "content": f"contents of file {n}"}
+                ],
+            }
+        )
+    return {"model": "default", "max_tokens": 16, "tools": TOOLS, "messages": messages, **extra}
+
+
+def tool_outputs(request: pb.GenerateRequest) -> list[str]:
+    return [m.tool_output.text for m in request.messages if m.role == pb.ROLE_TOOL]
+
+
+async def test_cleared_tool_results_and_the_report(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    reply = await http.post("/v1/messages", json=body(context_management={"edits": [CLEAR]}))
+    assert reply.status_code == 200, reply.text
+    message = reply.json()
+    assert message["context_management"] == {
+        "applied_edits": [
+            {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2, "cleared_input_tokens": 8}
+        ]
+    }
+    (sent,) = engine.requests
+    assert tool_outputs(sent) == ["[Tool result cleared to save context]"] * 2 + ["contents of file 2"]
+    # The trigger was checked against the engine's count of the prompt.
+    assert len(engine.count_requests) == 1
+
+
+async def test_the_stream_reports_on_message_delta(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    reply = await http.post("/v1/messages", json=body(context_management={"edits": [CLEAR]}, stream=True))
+    events = {event.event: json.loads(event.data) for event in parse_sse(reply.text)}
+    assert events["message_delta"]["context_management"]["applied_edits"][0]["cleared_tool_uses"] == 2
+
+
+async def test_below_the_trigger_nothing_is_cleared(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    high = {**CLEAR, "trigger": {"type": "input_tokens", "value": 100_000}}
+    reply = await http.post("/v1/messages", json=body(context_management={"edits": [high]}))
+    assert reply.json()["context_management"] == {"applied_edits": []}
+    assert tool_outputs(engine.requests[0]) == [f"contents of file {n}" for n in range(3)]
+
+
+async def test_without_context_management_the_answer_has_none(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    reply = await http.post("/v1/messages", json=body())
+    assert "context_management" not in reply.json() and engine.count_requests == []
+
+
+async def test_a_replayed_compaction_block_is_accepted(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    messages = [
+        {"role": "user", "content": "A long task."},
+        {
+            "role": "assistant",
+            "content": [{"type": "compaction", "content": "Goal: read three files; two done."}],
+        },
+        {"role": "user", "content": "Continue."},
+    ]
+    reply = await http.post("/v1/messages", json={"model": "default", "max_tokens": 16, "messages": messages})
+    assert reply.status_code == 200, reply.text
+    (sent,) = engine.requests
+    texts = [(m.role, p.text.text) for m in sent.messages for p in m.parts if p.HasField("text")]
+    assert texts == [
+        (pb.ROLE_ASSISTANT, "Summary of the conversation so far:\nGoal: read three files; two done."),
+        (pb.ROLE_USER, "Continue."),
+    ]
+
+
+async def test_a_bad_edit_is_an_anthropic_400_naming_it(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    reply = await http.post("/v1/messages", json=body(context_management={"edits": [{"type": "clear_all"}]}))
+    assert reply.status_code == 400
+    assert (
+        reply.json()["type"] == "error"
+        and "context_management.edits[0].type" in reply.json()["error"]["message"]
+    )
