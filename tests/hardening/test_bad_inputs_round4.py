@@ -6,6 +6,7 @@ bounded where it was parsed."""
 from __future__ import annotations
 
 import gc
+import json
 import logging
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.running import Generation
 
 KEY = "sk-round4"
@@ -176,3 +178,80 @@ async def test_failing_requests_after_admission_do_not_lock_the_key_out(
                 path, json={**body, "background": False} if path == "/v1/responses" else body, headers=HEADERS
             )
             assert reply.status_code == 200, reply.text
+
+
+# ---- many tiny parts (finding 2) ---------------------------------------------------------------
+
+
+def _tiny_parts(path: str, parts: int) -> tuple[dict[str, Any], str]:
+    """A body of `parts` one-character text parts in one user message, and the array it names."""
+    kind = "input_text" if path.startswith("/v1/responses") else "text"
+    message = {"role": "user", "content": [{"type": kind, "text": "a"}] * parts}
+    if path.startswith("/v1/responses"):
+        return {"input": [message]}, "input[0].content"
+    return {"model": "default", "max_tokens": 4, "messages": [message]}, "messages[0].content"
+
+
+PARTS_ROUTES = [
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/responses/input_tokens",
+]
+
+
+@pytest.mark.parametrize("path", PARTS_ROUTES)
+async def test_parts_per_request_are_bounded_before_translating(
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, path: str
+) -> None:
+    limited = settings.replace(limits=Limits(max_request_parts=50))
+    app = create_app(limited, engine=engine_client, store=store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        body, where = _tiny_parts(path, 49)  # + the message: 50
+        assert (await http.post(path, json=body)).status_code == 200
+        body, where = _tiny_parts(path, 50)
+        reply = await http.post(path, json=body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert where in error["message"]
+    assert "at most 50 messages, items, content parts and blocks" in error["message"]
+    if path.startswith("/v1/responses") or path.startswith("/v1/chat"):
+        assert (error["param"], error["code"]) == (where, "too_many_parts")
+
+
+async def test_objects_past_the_bound_are_refused_and_dropped_while_parsing(
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
+) -> None:
+    """Objects outside arrays count too (a 400 without a field to name); past the bound a part
+    is dropped as it is parsed, so the walk that names the array never holds them all."""
+    from vlmserve.facade.http import request_body
+
+    bounds = request_body.JsonBounds(max_objects=10, max_parts=1_000_000)
+    nested: dict[str, Any] = {}
+    for _ in range(20):
+        nested = {"a": nested}
+    with pytest.raises(APIError) as refused:
+        request_body.parse_text(
+            json.dumps({"input": "hi", "metadata": nested}), check_strings=False, bounds=bounds
+        )
+    assert refused.value.status == 400 and refused.value.code == "request_too_complex"
+    # 1,000 parts under a bound of 10 objects: the parts bound names the array, and at most 10 of
+    # the parts were ever kept (the rest are one shared stand-in).
+    seen: list[Any] = []
+    real_check = request_body._check_structure
+
+    def spying(value: Any, **kwargs: Any) -> None:
+        seen.append(value)
+        real_check(value, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(request_body, "_check_structure", spying)
+        body = json.dumps(
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}] * 1000}]}
+        )
+        with pytest.raises(APIError) as refused:
+            request_body.parse_text(body, check_strings=False, bounds=request_body.JsonBounds(10, 100))
+    assert (refused.value.param, refused.value.code) == ("input[0].content", "too_many_parts")
+    content = seen[0]["input"][0]["content"]
+    assert len(content) == 1000 and sum(isinstance(part, dict) for part in content) == 10

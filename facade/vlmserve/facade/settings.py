@@ -74,6 +74,21 @@ class Limits(DeclaredSettings):
         100, ge=1, description="item_reference items per request (or per conversation items list)"
     )
     max_tools: int = Field(128, ge=1, description="entries in `tools`")
+    # 400k one-character text blocks (12 MB) took 1.2 GB and 14 s of CPU to translate: each part
+    # costs far more than its bytes. Both are checked while the body is parsed, before any
+    # translation (http/request_body.py).
+    max_request_parts: int = Field(
+        10_000,
+        ge=1,
+        description="messages, input items, content parts and blocks in one request, together "
+        "(every JSON object in an array); a 400 naming the array past it",
+    )
+    max_json_objects: int = Field(
+        32_768,
+        ge=1,
+        description="JSON objects in one request body (tool schemas included), counted while it is "
+        "parsed; a 400 past it",
+    )
     max_tool_bytes: int = Field(64 * 1024, ge=1, description="size of one tool as JSON (its schema, mostly)")
     max_headers: int = Field(100, ge=1, description="request headers per request; 431 above it")
     max_header_bytes: int = Field(

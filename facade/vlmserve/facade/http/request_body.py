@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -23,6 +24,7 @@ MAX_JSON_DEPTH = 100
 # A `\uD800`-`\uDFFF` escape: JSON allows a lone surrogate, UTF-8 (protobuf, SQLite, our own
 # JSON answers) does not. Only bodies containing one are searched for the bad string.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
 # Bodies below this are parsed on the event loop; larger ones (base64 images) in a thread.
 _INLINE_PARSE_BYTES = 256 * 1024
 
@@ -58,9 +60,10 @@ async def read_json(request: Request, *, limits: Limits, hold: BodyHold | None =
     # (its text, then the parsed value), never three times (bytes, text, value).
     text, check_strings = decode_body(raw)
     del raw
+    bounds = JsonBounds.of(limits)
     if size < _INLINE_PARSE_BYTES:
-        return parse_text(text, check_strings=check_strings)
-    return await asyncio.to_thread(parse_text, text, check_strings=check_strings)
+        return parse_text(text, check_strings=check_strings, bounds=bounds)
+    return await asyncio.to_thread(parse_text, text, check_strings=check_strings, bounds=bounds)
 
 
 @asynccontextmanager
@@ -116,10 +119,40 @@ async def metered_body(
         raise APIError(408, message, code="request_timeout", headers={"Connection": "close"}) from None
 
 
-def parse_json(raw: bytes | bytearray) -> Any:
-    """Strict JSON (no NaN/Infinity), nested at most MAX_JSON_DEPTH deep, strings valid Unicode."""
+@dataclass(frozen=True)
+class JsonBounds:
+    """What one body may hold: JSON objects in all (counted while parsing, so a body of many
+    tiny objects is refused before they are all made) and parts (objects in arrays: messages,
+    items, content parts and blocks, whatever the API), counted before any translation."""
+
+    max_objects: int
+    max_parts: int
+
+    @classmethod
+    def of(cls, limits: Limits) -> JsonBounds:
+        return cls(limits.max_json_objects, limits.max_request_parts)
+
+
+class _Dropped:
+    """What an object past `max_objects` is parsed as: the body is refused, and until the parser
+    is done each further object costs a reference, not a dict."""
+
+
+_DROPPED = _Dropped()
+
+
+def parse_json(raw: bytes | bytearray, *, bounds: JsonBounds) -> Any:
+    """Strict JSON (no NaN/Infinity), nested at most MAX_JSON_DEPTH deep, strings valid Unicode,
+    within `bounds`."""
     text, check_strings = decode_body(raw)
-    return parse_text(text, check_strings=check_strings)
+    return parse_text(text, check_strings=check_strings, bounds=bounds)
+
+
+def parse_message(text: str, *, limits: Limits) -> Any:
+    """A JSON text that arrived as text (a WebSocket message) under the same rules and bounds as
+    a request body."""
+    check_strings = _SURROGATE_ESCAPE_TEXT.search(text) is not None
+    return parse_text(text, check_strings=check_strings, bounds=JsonBounds.of(limits))
 
 
 def decode_body(raw: bytes | bytearray) -> tuple[str, bool]:
@@ -132,44 +165,118 @@ def decode_body(raw: bytes | bytearray) -> tuple[str, bool]:
         raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
 
 
-def parse_text(text: str, *, check_strings: bool) -> Any:
+class _TooManyObjects(Exception):
+    pass
+
+
+def parse_text(text: str, *, check_strings: bool, bounds: JsonBounds) -> Any:
+    kept = 0
+    dropped = 0
+
+    def counted(value: dict[str, Any]) -> object:
+        # Called by the C parser for each object it has made (inner ones first). Past
+        # `max_objects`, an object holding no other object or array (a text part, a block) is
+        # dropped at once, so a body of many tiny parts (each ~200 bytes made from ~30 sent)
+        # never has more than `max_objects` of them in memory; the objects holding them are
+        # kept (up to as many again), so the walk below still finds the array that holds too
+        # many parts and names it.
+        nonlocal kept, dropped
+        if kept >= bounds.max_objects and _is_leaf(value):
+            dropped += 1
+            return _DROPPED
+        kept += 1
+        if kept > 2 * bounds.max_objects:
+            raise _TooManyObjects
+        return value
+
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, object_hook=counted)
+    except _TooManyObjects:
+        raise _too_many_objects(bounds.max_objects) from None
     except (ValueError, RecursionError):
         # JSONDecodeError is a ValueError; its text is not echoed.
         raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
-    _check_structure(value, check_strings=check_strings)
+    _check_structure(value, check_strings=check_strings, max_parts=bounds.max_parts)
+    if kept + dropped > bounds.max_objects:
+        raise _too_many_objects(bounds.max_objects)
     return value
 
 
-def _check_structure(value: Any, *, check_strings: bool) -> None:
-    """Depth and (when asked) lone surrogates, walked without recursion; `param` is the path."""
-    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+def _is_leaf(value: dict[str, Any]) -> bool:
+    return all(not isinstance(item, dict | list | _Dropped) for item in value.values())
+
+
+def _too_many_objects(max_objects: int) -> APIError:
+    return APIError(
+        400,
+        f"The request body holds more than {max_objects} JSON objects (this server's limit).",
+        code="request_too_complex",
+    )
+
+
+# A node's place, made into a path only for an error: (parent place, key or index).
+_Place = tuple[Any, str | int] | None
+
+
+def _path(place: _Place) -> str:
+    keys: list[str | int] = []
+    while place is not None:
+        place, key = place
+        keys.append(key)
+    path = ""
+    for key in reversed(keys):
+        path = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+    return path
+
+
+def _check_structure(value: Any, *, check_strings: bool, max_parts: int) -> None:
+    """Depth, parts (objects in arrays) and (when asked) lone surrogates, walked without
+    recursion; `param` is the path. Paths are made only for an error: a body of many small
+    parts costs a tuple per container here, not a string per node."""
+    parts = 0
+    stack: list[tuple[Any, _Place, int]] = [(value, None, 0)]
     while stack:
-        current, path, depth = stack.pop()
+        current, place, depth = stack.pop()
         if isinstance(current, dict):
-            entries: Any = current.items()
-        elif isinstance(current, list):
-            entries = ((f"[{index}]", item) for index, item in enumerate(current))
-        else:
-            if check_strings and isinstance(current, str) and not _is_utf8_safe(current):
-                raise _lone_surrogate(path)
-            continue
-        if depth >= MAX_JSON_DEPTH:
-            raise APIError(
-                400,
-                f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.",
-                param=_shown(path) or None,
-                code="invalid_json",
-            )
-        for key, item in entries:
-            if isinstance(current, dict):
+            if depth >= MAX_JSON_DEPTH:
+                raise _too_deep(place)
+            for key, item in current.items():
                 if check_strings and not _is_utf8_safe(key):
-                    raise _lone_surrogate(path or None)
-                child = f"{path}.{key}" if path else key
-            else:
-                child = f"{path}{key}"
-            stack.append((item, child, depth + 1))
+                    raise _lone_surrogate(_path(place) or None)
+                if isinstance(item, dict | list) or (check_strings and isinstance(item, str)):
+                    stack.append((item, (place, key), depth + 1))
+        elif isinstance(current, list):
+            if depth >= MAX_JSON_DEPTH:
+                raise _too_deep(place)
+            for index, item in enumerate(current):
+                if isinstance(item, dict | _Dropped):
+                    parts += 1
+                    if parts > max_parts:
+                        raise _too_many_parts(_path(place), max_parts)
+                if isinstance(item, dict | list) or (check_strings and isinstance(item, str)):
+                    stack.append((item, (place, index), depth + 1))
+        elif check_strings and isinstance(current, str) and not _is_utf8_safe(current):
+            raise _lone_surrogate(_path(place))
+
+
+def _too_deep(place: _Place) -> APIError:
+    return APIError(
+        400,
+        f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.",
+        param=_shown(_path(place)) or None,
+        code="invalid_json",
+    )
+
+
+def _too_many_parts(path: str, max_parts: int) -> APIError:
+    where = _shown(path) or "the request body"
+    return APIError(
+        400,
+        f"Invalid value for '{where}': a request holds at most {max_parts} messages, items, "
+        "content parts and blocks together (this server's limit).",
+        param=_shown(path) or None,
+        code="too_many_parts",
+    )
 
 
 def _is_utf8_safe(text: str) -> bool:

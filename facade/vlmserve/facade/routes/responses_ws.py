@@ -26,6 +26,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from vlmserve.facade.http.api_keys import authenticate
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError, from_invalid_request
+from vlmserve.facade.http.request_body import parse_message
 from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.delivery import finisher
@@ -121,10 +122,7 @@ async def _respond(
                 413, f"The message is larger than {limits.max_request_bytes} bytes.", code="request_too_large"
             )
         hold.reserve(len(text.encode()))
-        try:
-            message = json.loads(text)
-        except ValueError:
-            raise APIError(400, "The message is not valid JSON.", code="invalid_json") from None
+        message = parse_message(text, limits=limits)
         create = await state.responses.parse(create_body(message), owner=owner)
         summary = trigger_request(create)
         generation = await state.responses.prepare(summary or create, owner=owner, memory=memory)
