@@ -12,7 +12,7 @@ style with every special token the processor needs (training/families/vocab.py),
 random float16 weights from mlx-vlm's own model class (``model.safetensors``).
 
 Each model is under 2 MB and builds in about a second, so tests build them into a session
-temporary directory instead of committing them (tests/families/conftest.py). Image sizes are
+temporary directory instead of committing them (tests/_family_models.py). Image sizes are
 shrunk with the model: every family turns an image into a few dozen tokens at most.
 
 Families (directory name: what it stands for):

@@ -4,7 +4,8 @@
 Each builder returns the conversation *as a client sends it* (before lowering): contract
 messages plus the tools offered. Passing ``image=None`` gives the same conversation with the
 image missing — the controls the model must answer with ``no image``. Training renders these
-through ``vlmserve.responses.lower_messages`` and the engine's prompt renderer, and the tests
+through the engine's prompt renderer (``prep/prompt.py`` ``render_prompt``, which lowers them
+first: ``prep/lowering.py``), and the tests
 send the same shapes through the engine, so what the model learned is what it is asked.
 """
 

@@ -17,7 +17,7 @@ Where each comes from (see docs/models.md):
   llama.cpp's models/templates/ (``[SYSTEM_PROMPT]``, ``[AVAILABLE_TOOLS]``, ``[TOOL_CALLS]``,
   ``[TOOL_RESULTS]``; the date comes from ``strftime_now``).
 - LLAMA4: meta-llama/Llama-4-Scout-17B-16E-Instruct (the same text is the default template in
-  transformers' processing_llama4.py): ``<|header_start|>``/``<|eot|>`` turns, tools as JSON in
+  transformers' models/llama4/processing_llama4.py): ``<|header_start|>``/``<|eot|>`` turns, tools as JSON in
   the first user turn, tool results as an ``ipython`` turn.
 - LLAVA: llava-hf/llava-1.5-7b-hf chat_template.json (``USER:`` / ``ASSISTANT:``, images first
   in each turn, system text without a role prefix).

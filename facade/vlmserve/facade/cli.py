@@ -109,7 +109,7 @@ def server_config(app: FastAPI, settings: FacadeSettings) -> uvicorn.Config:
         timeout_graceful_shutdown=server_shutdown_timeout_s(settings),
         # uvicorn's h11 protocol (not httptools, if installed) so the header buffer is bounded:
         # request line and headers together; HeaderLimits then checks the headers themselves.
-        # Slow and numerous clients: a connection cap and a header deadline (http_protocol.py).
+        # Slow and numerous clients: a connection cap and a header deadline (http/protocol.py).
         http=bounded_protocol(
             max_connections=settings.limits.max_connections,
             header_timeout_s=settings.limits.header_timeout_s,

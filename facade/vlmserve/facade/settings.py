@@ -119,7 +119,7 @@ class Limits(DeclaredSettings):
     body_rate_grace_s: float = Field(
         5.0, gt=0, description="seconds a request body may take before the minimum body rate applies"
     )
-    # uvicorn alone times out only idle keep-alive connections (see http_protocol.py).
+    # uvicorn alone times out only idle keep-alive connections (see http/protocol.py).
     max_connections: int = Field(
         1000, ge=1, description="open client connections; a new one past it is answered 503 and closed"
     )

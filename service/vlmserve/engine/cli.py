@@ -6,7 +6,7 @@
 SIGTERM/SIGINT: health turns NOT_SERVING, new requests are refused, in-flight requests get
 `--drain-seconds` to finish, then the rest are cancelled and the process exits.
 
-Authentication (see grpc_auth.py): loopback and unix sockets may run open; any other address needs
+Authentication (see rpc/auth.py): loopback and unix sockets may run open; any other address needs
 `--auth-token-file` / $VLMSERVE_ENGINE_TOKEN or `--tls-client-ca`, else the engine refuses to start.
 """
 

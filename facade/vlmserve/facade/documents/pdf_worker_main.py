@@ -1,6 +1,6 @@
 """The PDF rendering worker: one process, one PDF, under memory and CPU limits, then it exits.
 
-Started by `pdf_workers.PdfWorkers` as a script (`python -P this_file.py MEMORY_BYTES CPU_S`), so
+Started by `pdf_workers.PdfWorkers` as a script (`python -P pdf_worker_main.py MEMORY_BYTES CPU_S`), so
 that it imports only PDFium, Pillow and `vlmserve.common.documents`, never the facade. Its
 limits are set before it reads a byte of the PDF: RLIMIT_AS (address space: PDFium's allocations
 fail, or it aborts, and only this process dies), RLIMIT_CPU (SIGXCPU, then SIGKILL), no core

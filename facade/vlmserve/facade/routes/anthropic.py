@@ -1,7 +1,7 @@
 """`POST /v1/messages` and `/v1/messages/count_tokens`: the Responses path (same translation,
 engine, limits) answered as Anthropic's Messages API, streamed or not. Nothing is stored.
 
-Errors on these routes are Anthropic-shaped (http_errors.py chooses the shape by path); the
+Errors on these routes are Anthropic-shaped (http/errors.py chooses the shape by path); the
 fields they name are the Anthropic request's (`messages[1].content[0].source`).
 """
 

@@ -199,7 +199,7 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
         raise _synchronous()
     if resource["status"] in ("in_progress", "queued", "cancelled"):
         # Not running in this process: in another facade process sharing the store, whose run
-        # reads this and stops (background_runs.py), or in none (start-up marks those of a
+        # reads this and stops (responses/background.py), or in none (start-up marks those of a
         # previous process failed).
         resource["status"] = "cancelled"
         await state.store.responses.update(resource, owner=owner)

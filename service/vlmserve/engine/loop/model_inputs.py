@@ -80,7 +80,7 @@ def build_model_inputs(
     vision_cache: VisionFeatureCache | None,
     covered_tokens: int = 0,
 ) -> ModelInputs:
-    """Token ids and image arrays (prepared off this thread, `request_prep.py`) -> MLX arrays,
+    """Token ids and image arrays (prepared off this thread, `prep/preparer.py`) -> MLX arrays,
     the input embeddings with the vision features; `spans` (`prompt_image_spans`) says where each
     image's tokens sit.
 

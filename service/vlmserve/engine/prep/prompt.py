@@ -23,7 +23,7 @@ path in the request as sent):
 - an assistant turn's `reasoning_text` is passed as its `reasoning_content`, the variable
   thinking templates (Qwen3's) render; a template without it drops the text;
 - tool choice: NONE renders no tools and parses no calls; AUTO, REQUIRED and a named function
-  render the tools (a named function must be one of them); the grammar (`grammar.py`) enforces
+  render the tools (a named function must be one of them); the grammar (`grammar/compiler.py`) enforces
   the choice while decoding;
 - response_format json_object/json_schema adds an instruction to the system turn (the grammar
   enforces it; the instruction tells the model what it is writing).

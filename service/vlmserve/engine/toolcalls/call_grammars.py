@@ -50,7 +50,7 @@ class MarkerSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FunctionSpec:
-    """An offered function tool, its arguments' schema already chosen (grammar.py)."""
+    """An offered function tool, its arguments' schema already chosen (grammar/compiler.py)."""
 
     name: str
     parameters: Any
