@@ -117,7 +117,7 @@ class Tokens:
         return (*self.tokenizer.encode(text, add_special_tokens=False), self.im_end_id)
 
     def positions(self, ids: np.ndarray, n_images: int) -> np.ndarray:
-        """M-RoPE positions (3, len) computed by the model's own code."""
+        """M-RoPE positions (3, len) computed by the model's own code (every image 112x112)."""
         grid = mx.array([[1, 8, 8]] * n_images) if n_images else None
         model_lm = self.model.language_model
         positions, _ = model_lm.get_rope_index(mx.array(ids[None, :]), grid, None, None)
@@ -242,8 +242,8 @@ def _batch(
     positions = template.positions
     pixel_values = grid = embed_index = rotary = None
     if images:
-        if template.n_images != 1:
-            raise ValueError("training rows carry exactly one image")
+        if len(images) != rows * template.n_images:
+            raise ValueError(f"{template.shape}: {template.n_images} images per row, in row order")
         processed = tokens.processor.image_processor(images=list(images))
         pixel_values = mx.array(np.asarray(processed["pixel_values"]))
         grid = mx.array(np.asarray(processed["image_grid_thw"]))

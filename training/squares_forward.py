@@ -129,7 +129,9 @@ def answer_logits(model: Any, batch: Batch) -> mx.array:
     embeds = text_model.embed_tokens(batch.suffix_ids)
     if batch.pixel_values is not None and batch.embed_index is not None:
         assert batch.vision_rotary is not None
-        features = vision_features(model, batch.pixel_values, batch.vision_rotary, rows)
+        assert batch.image_grid_thw is not None
+        images = int(batch.image_grid_thw.shape[0])  # same-size images, one or more per row
+        features = vision_features(model, batch.pixel_values, batch.vision_rotary, images)
         width = embeds.shape[-1]
         table = mx.concatenate([embeds.reshape(-1, width), features.astype(embeds.dtype)], axis=0)
         embeds = table[batch.embed_index].reshape(rows, suffix_len, width)
@@ -184,14 +186,15 @@ def check_against_model(model: Any, batch: Batch, full_ids: np.ndarray, atol: fl
     loss_row = np.array(batch.loss_row)
     real = np.array(batch.loss_weight) > 0
     worst = 0.0
-    patches_per_row = 0
-    if batch.pixel_values is not None:
+    patches_per_row = images_per_row = 0
+    if batch.pixel_values is not None and batch.image_grid_thw is not None:
         patches_per_row = batch.pixel_values.shape[0] // rows
+        images_per_row = batch.image_grid_thw.shape[0] // rows
     for row in range(rows):
         kwargs: dict[str, Any] = {}
         if batch.pixel_values is not None and batch.image_grid_thw is not None:
             kwargs["pixel_values"] = batch.pixel_values[row * patches_per_row : (row + 1) * patches_per_row]
-            kwargs["image_grid_thw"] = batch.image_grid_thw[row : row + 1]
+            kwargs["image_grid_thw"] = batch.image_grid_thw[row * images_per_row : (row + 1) * images_per_row]
         model.language_model._position_ids = None  # mlx-vlm caches prefill positions between calls
         model.language_model._rope_deltas = None
         reference = model(mx.array(full_ids[row : row + 1]), **kwargs).logits[0]

@@ -38,9 +38,15 @@ ERRORS: list[tuple[str, Any, str, str | None]] = [
     ("item type not a string", [{"type": 3}], "input[0].type", "invalid_type"),
     (
         "unknown item type",
-        [message("user", "ok"), {"type": "computer_call"}],
+        [message("user", "ok"), {"type": "local_shell_call"}],
         "input[1].type",
         "invalid_value",
+    ),
+    (
+        "computer call without its call id",
+        [message("user", "ok"), {"type": "computer_call"}],
+        "input[1].call_id",
+        "missing_required_parameter",
     ),
     ("unknown role", [message("tool", "x")], "input[0].role", "invalid_value"),
     (

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._computer import ComputerCallOutputParam
 from ._errors import InvalidRequestError
 from ._input_models import (
     ChatImagePartParam,
@@ -100,6 +101,8 @@ def item_image_count(item: object) -> int:
         parts: object = item.content
     elif isinstance(item, FunctionCallOutputParam | CustomToolCallOutputParam):
         parts = item.output
+    elif isinstance(item, ComputerCallOutputParam):
+        return 1  # its screenshot
     else:
         return 0
     if not isinstance(parts, list):

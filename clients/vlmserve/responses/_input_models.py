@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from ._compaction import CompactionState, open_compaction
+from ._computer import ComputerCallOutputParam, ComputerCallParam
 from ._validation import OTHER, UNDOCUMENTED, RequestModel, by_json_type, by_type, parse_as, refuse
 
 # ---- content parts -----------------------------------------------------------------------------
@@ -151,6 +152,8 @@ INPUT_ITEM_TYPES = (
     "function_call_output",
     "custom_tool_call",
     "custom_tool_call_output",
+    "computer_call",
+    "computer_call_output",
     "reasoning",
     "item_reference",
     "compaction",
@@ -299,6 +302,8 @@ InputItemParam: TypeAlias = Annotated[
     | Annotated[FunctionCallOutputParam, Tag("#function_call_output")]
     | Annotated[CustomToolCallParam, Tag("#custom_tool_call")]
     | Annotated[CustomToolCallOutputParam, Tag("#custom_tool_call_output")]
+    | Annotated[ComputerCallParam, Tag("#computer_call")]
+    | Annotated[ComputerCallOutputParam, Tag("#computer_call_output")]
     | Annotated[ReasoningParam, Tag("#reasoning")]
     | Annotated[ItemReferenceParam, Tag("#item_reference")]
     | Annotated[CompactionParam, Tag("#compaction")]

@@ -8,6 +8,7 @@ are validated here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import item_image_count
 from ._compaction import KEPT_IMAGES_HEADING, SUMMARY_HEADING
+from ._computer import COMPUTER_CALL_NAME, ComputerCallOutputParam, ComputerCallParam, call_actions
 from ._errors import InvalidRequestError
 from ._input_models import (
     INPUT_ITEM_TYPES,
@@ -27,6 +29,7 @@ from ._input_models import (
     CustomToolCallParam,
     FunctionCallOutputParam,
     FunctionCallParam,
+    InputImagePartParam,
     ItemReferenceParam,
     MessageParam,
     ReasoningParam,
@@ -35,7 +38,14 @@ from ._input_models import (
 )
 from ._json import join
 from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
-from ._output_models import CustomToolCallItem, FunctionCallItem, OutputItem, OutputMessage, ReasoningItem
+from ._output_models import (
+    ComputerCallItem,
+    CustomToolCallItem,
+    FunctionCallItem,
+    OutputItem,
+    OutputMessage,
+    ReasoningItem,
+)
 from ._parts import add_message_part, add_tool_output_part, hold
 from ._validation import RequestModel
 
@@ -266,6 +276,11 @@ class _ItemConverter:
             self._add_output(item.call_id, item.output, path, pb.TOOL_KIND_FUNCTION)
         elif isinstance(item, CustomToolCallOutputParam):
             self._add_output(item.call_id, item.output, path, pb.TOOL_KIND_CUSTOM)
+        elif isinstance(item, ComputerCallParam):
+            for arguments in call_actions(item, path):
+                self._add_call(item.call_id, COMPUTER_CALL_NAME, arguments, pb.TOOL_KIND_COMPUTER)
+        elif isinstance(item, ComputerCallOutputParam):
+            self._add_screenshot(item, path)
         # Thinking not followed by an assistant turn has nothing to belong to: dropped.
         self._reasoning.clear()
 
@@ -291,6 +306,9 @@ class _ItemConverter:
         elif isinstance(item, CustomToolCallItem):
             name = self._call_name(item.namespace, item.name)
             self._add_call(item.call_id, name, item.input, pb.TOOL_KIND_CUSTOM)
+        elif isinstance(item, ComputerCallItem):
+            for action in item.actions or ([item.action] if item.action is not None else []):
+                self._add_call(item.call_id, COMPUTER_CALL_NAME, json.dumps(action), pb.TOOL_KIND_COMPUTER)
         self._reasoning.clear()
 
     def _take_reasoning(self) -> str:
@@ -328,6 +346,22 @@ class _ItemConverter:
             self.messages.append(
                 pb.Message(role=pb.ROLE_ASSISTANT, tool_calls=[call], reasoning_text=reasoning)
             )
+
+    def _add_screenshot(self, item: ComputerCallOutputParam, path: str) -> None:
+        """The screenshot is the call's output: one image, read (data: URL, file, fetch policy)
+        and lowered exactly as an image in a function call's output."""
+        screenshot = item.output
+        part = InputImagePartParam(
+            type="input_image", image_url=screenshot.image_url, file_id=screenshot.file_id
+        )
+        message = pb.Message(
+            role=pb.ROLE_TOOL, tool_output=pb.ToolOutput(call_id=item.call_id, kind=pb.TOOL_KIND_COMPUTER)
+        )
+        message.tool_output.parts.SetInParent()
+        add_tool_output_part(
+            message.tool_output.parts.parts, part, join(path, "output"), self._media, self._held
+        )
+        self.messages.append(message)
 
     def _add_output(
         self, call_id: str, output: str | list[Any], path: str, kind: pb.ToolKind.ValueType

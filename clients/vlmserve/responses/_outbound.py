@@ -15,6 +15,7 @@ from typing import Any
 from vlmserve.common.images import sniff_media_type
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._computer import computer_call_item
 from ._media import DETAIL_NAMES
 from ._output_models import (
     CustomToolCallItem,
@@ -78,7 +79,7 @@ def result_to_output_items(
     """A GenerateResult as Responses `output` items: the reasoning (if any), the message (if any
     text), then tool calls.
 
-    `new_id(prefix)` makes item ids; prefixes used: "rs", "msg", "fc", "ctc" and "call" (a call id,
+    `new_id(prefix)` makes item ids; prefixes used: "rs", "msg", "fc", "ctc", "cu" and "call" (a call id,
     only when the engine gave none).
     """
     items: list[OutputMessage | ToolCallItem | ReasoningItem] = []
@@ -148,6 +149,13 @@ def tool_call_output_item(
     call: pb.ToolCall, *, new_id: NewId, offered_tools: Mapping[str, OfferedTool] | None = None
 ) -> ToolCallItem:
     """A model's tool call as a `function_call` (or `custom_tool_call`) output item."""
+    if call.kind == pb.TOOL_KIND_COMPUTER:
+        computer = (offered_tools or {}).get(call.name)
+        # The `computer` tool's clients read the batched `actions`; computer_use_preview's `action`.
+        batched = computer is None or computer.computer is None or computer.computer.type == "computer"
+        return computer_call_item(
+            call, item_id=new_id("cu"), call_id=call.id or new_id("call"), batched=batched
+        )
     item = _call_item(call, offered_tools)
     if item["type"] == "custom_tool_call":
         return CustomToolCallItem.model_validate(
@@ -177,6 +185,12 @@ def image_part_to_json(image: pb.ImagePart) -> dict[str, Any]:
 
 
 def _call_item(call: pb.ToolCall, offered_tools: Mapping[str, OfferedTool] | None) -> dict[str, Any]:
+    if call.kind == pb.TOOL_KIND_COMPUTER:
+        computer = (offered_tools or {}).get(call.name)
+        batched = computer is None or computer.computer is None or computer.computer.type == "computer"
+        item = computer_call_item(call, item_id="", call_id=call.id, batched=batched).to_json()
+        del item["id"]  # an input item (a listing, a replay) needs none
+        return item
     offered = (offered_tools or {}).get(call.name)
     name = offered.name if offered is not None else call.name
     namespace = {"namespace": offered.namespace} if offered is not None and offered.namespace else {}
@@ -218,6 +232,12 @@ def _custom_input(arguments: str) -> str:
 
 
 def _tool_output_item(output: pb.ToolOutput) -> dict[str, Any]:
+    if output.kind == pb.TOOL_KIND_COMPUTER:
+        images = [part.image for part in output.parts.parts if part.WhichOneof("kind") == "image"]
+        screenshot: dict[str, Any] = {"type": "computer_screenshot"}
+        if images:
+            screenshot["image_url"] = image_part_to_json(images[0])["image_url"]
+        return {"type": "computer_call_output", "call_id": output.call_id, "output": screenshot}
     item_type = "custom_tool_call_output" if output.kind == pb.TOOL_KIND_CUSTOM else "function_call_output"
     value: str | list[dict[str, Any]]
     if output.WhichOneof("output") == "parts":

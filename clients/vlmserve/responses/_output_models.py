@@ -129,9 +129,23 @@ class ReasoningItem(OutboundModel):
     content: list[ReasoningTextContent] = Field(default_factory=list)
 
 
-ToolCallItem = FunctionCallItem | CustomToolCallItem
+class ComputerCallItem(OutboundModel):
+    """A computer action the model asks for (docs/computer-use.md); `actions` for the `computer`
+    tool (its batched form, `action` being the first), `action` alone for `computer_use_preview`."""
+
+    type: Literal["computer_call"] = "computer_call"
+    id: str
+    call_id: str
+    action: dict[str, Any] | None = optional()
+    actions: list[dict[str, Any]] | None = optional()
+    pending_safety_checks: list[dict[str, Any]] = Field(default_factory=list)
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+ToolCallItem = FunctionCallItem | CustomToolCallItem | ComputerCallItem
 OutputItem = Annotated[
-    OutputMessage | FunctionCallItem | CustomToolCallItem | ReasoningItem, Field(discriminator="type")
+    OutputMessage | FunctionCallItem | CustomToolCallItem | ComputerCallItem | ReasoningItem,
+    Field(discriminator="type"),
 ]
 
 
@@ -180,6 +194,15 @@ class FunctionToolEcho(OutboundModel):
     strict: bool | None
 
 
+class ComputerToolEcho(OutboundModel):
+    """The computer tool as declared (`computer`, or `computer_use_preview` with its display)."""
+
+    type: Literal["computer", "computer_use_preview"]
+    display_width: int | None = optional()
+    display_height: int | None = optional()
+    environment: str | None = optional()
+
+
 class FunctionChoice(OutboundModel):
     type: Literal["function"] = "function"
     name: str
@@ -191,7 +214,11 @@ class AllowedToolsChoice(OutboundModel):
     tools: list[FunctionChoice]
 
 
-ToolChoiceEcho = Literal["none", "auto", "required"] | FunctionChoice | AllowedToolsChoice
+class ComputerChoice(OutboundModel):
+    type: Literal["computer", "computer_use_preview"]
+
+
+ToolChoiceEcho = Literal["none", "auto", "required"] | FunctionChoice | AllowedToolsChoice | ComputerChoice
 
 
 class TextFormatEcho(OutboundModel):
@@ -236,7 +263,7 @@ class RequestEcho(OutboundModel):
 
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[FunctionToolEcho] = Field(default_factory=list)
+    tools: list[FunctionToolEcho | ComputerToolEcho] = Field(default_factory=list)
     tool_choice: ToolChoiceEcho = "auto"
     truncation: Literal["auto", "disabled"] = "disabled"
     parallel_tool_calls: bool = True

@@ -14,6 +14,7 @@ from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import contract_image_count
+from ._computer import check_call_outputs
 from ._create_request import CreateRequest, parse_create_request
 from ._errors import InvalidRequestError
 from ._items import (
@@ -199,6 +200,7 @@ def build_generate_request(
     )
     media.budget.check_images()
     replayed = typed_items_to_messages(replay_items, media=media, call_name=tools.call_name)
+    check_call_outputs([*history, *replayed], input_items)
     current = typed_items_to_messages(input_items, media=media, call_name=tools.call_name, held=held)
     require_content(current)
     conversation = with_instructions(instructions, [*history, *replayed, *current])

@@ -10,6 +10,7 @@ from pydantic import (
     field_validator,
 )
 
+from ._computer import ComputerToolParam, ComputerUsePreviewToolParam
 from ._validation import OTHER, UNDOCUMENTED, RequestModel, by_json_type, by_type, refuse
 
 # ---- tools -------------------------------------------------------------------------------------
@@ -21,8 +22,6 @@ HOSTED_TOOL_TYPES = frozenset(
     {
         "apply_patch",
         "code_interpreter",
-        "computer",
-        "computer_use_preview",
         "file_search",
         "image_generation",
         "local_shell",
@@ -107,8 +106,18 @@ ToolParam: TypeAlias = Annotated[
     Annotated[FunctionToolParam, Tag("#function")]
     | Annotated[CustomToolParam, Tag("#custom")]
     | Annotated[NamespaceToolParam, Tag("#namespace")]
+    | Annotated[ComputerToolParam, Tag("#computer")]
+    | Annotated[ComputerUsePreviewToolParam, Tag("#computer_use_preview")]
     | Annotated[HostedToolParam, Tag(OTHER)],
-    by_type({"function": "#function", "custom": "#custom", "namespace": "#namespace"}),
+    by_type(
+        {
+            "function": "#function",
+            "custom": "#custom",
+            "namespace": "#namespace",
+            "computer": "#computer",
+            "computer_use_preview": "#computer_use_preview",
+        }
+    ),
 ]
 
 
@@ -130,6 +139,12 @@ class AllowedToolsChoiceParam(RequestModel):
     tools: list[AllowedToolParam]
 
 
+class ComputerToolChoiceParam(RequestModel):
+    """Forces a computer call (the request must offer a computer tool)."""
+
+    type: Literal["computer", "computer_use_preview"]
+
+
 class HostedToolChoiceParam(RequestModel):
     type: str
 
@@ -147,8 +162,17 @@ ToolChoiceMode = Literal["none", "auto", "required"]
 ToolChoiceObject: TypeAlias = Annotated[
     Annotated[NamedToolChoiceParam, Tag("#named")]
     | Annotated[AllowedToolsChoiceParam, Tag("#allowed_tools")]
+    | Annotated[ComputerToolChoiceParam, Tag("#computer")]
     | Annotated[HostedToolChoiceParam, Tag(OTHER), UNDOCUMENTED],
-    by_type({"function": "#named", "custom": "#named", "allowed_tools": "#allowed_tools"}),
+    by_type(
+        {
+            "function": "#named",
+            "custom": "#named",
+            "allowed_tools": "#allowed_tools",
+            "computer": "#computer",
+            "computer_use_preview": "#computer",
+        }
+    ),
 ]
 ToolChoiceParam: TypeAlias = Annotated[
     Annotated[ToolChoiceMode, Tag("#string")] | Annotated[ToolChoiceObject, Tag("#object")],

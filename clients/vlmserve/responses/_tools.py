@@ -5,6 +5,9 @@
   their own name, or `<namespace>__<name>` when that name is already taken.
 * Custom (free-form) tools are offered as function tools taking `{"input": string}`; a call
   goes back out as a `custom_tool_call` whose `input` is that string.
+* The computer tool (`computer`, `computer_use_preview`; one per request) is offered as the
+  contract's ComputerTool under the name `computer` (kind "computer"); its calls
+  go back out as `computer_call` items (`_computer.py`).
 * OpenAI's hosted tools (web_search, file_search, ...; `HOSTED_TOOL_TYPES`) cannot run here:
   they are left out of the prompt and reported in `ignored`, never a 400. Any other tool type
   is a 400 naming it by path: it would be dropped unseen, and its text is the client's own (it
@@ -20,17 +23,25 @@ from typing import Any, Literal
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._computer import (
+    COMPUTER_CALL_NAME,
+    AnyComputerTool,
+    ComputerToolParam,
+    ComputerUsePreviewToolParam,
+    contract_computer_tool,
+)
 from ._errors import InvalidRequestError
 from ._json import join, missing
 from ._tool_models import (
     AllowedToolsChoiceParam,
+    ComputerToolChoiceParam,
     CustomToolParam,
     FunctionToolParam,
     NamedToolChoiceParam,
     NamespaceToolParam,
 )
 
-ToolKindName = Literal["function", "custom"]
+ToolKindName = Literal["function", "custom", "computer"]
 
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -46,6 +57,8 @@ class OfferedTool:
     description: str | None
     parameters: Mapping[str, Any]
     strict: bool | None
+    # kind "computer" only: the tool as declared.
+    computer: AnyComputerTool | None = None
 
 
 @dataclass(frozen=True)
@@ -64,15 +77,20 @@ class ToolSet:
 
     def contract_tools(self, allowed: frozenset[str] | None = None) -> list[pb.Tool]:
         return [
-            pb.Tool(function=_function_tool(tool))
+            contract_computer_tool(tool.computer)
+            if tool.computer is not None
+            else pb.Tool(function=_function_tool(tool))
             for tool in self.offered.values()
             if allowed is None or tool.offered_name in allowed
         ]
 
     def echo(self, allowed: frozenset[str] | None = None) -> list[dict[str, Any]]:
-        """The offered tools as Responses function tools, for the response body."""
+        """The offered tools as Responses tools (function tools; the computer tool as declared),
+        for the response body."""
         return [
-            {
+            tool.computer.model_dump(mode="json", exclude_none=True)
+            if tool.computer is not None
+            else {
                 "type": "function",
                 "name": tool.offered_name,
                 "description": tool.description,
@@ -104,6 +122,16 @@ def parse_tools(value: Sequence[Any] | None, path: str = "tools") -> ToolSet:
             declared.extend(_namespace_tools(tool, tool_path, ignored))
         elif isinstance(tool, FunctionToolParam | CustomToolParam):
             declared.append(_declared(tool, tool_path, None))
+        elif isinstance(tool, ComputerToolParam | ComputerUsePreviewToolParam):
+            if any(entry.tool.kind == "computer" for entry in declared):
+                raise InvalidRequestError(
+                    f"Invalid value for '{join(tool_path, 'type')}': only one computer tool per request.",
+                    param=join(tool_path, "type"),
+                )
+            offered = OfferedTool(
+                COMPUTER_CALL_NAME, COMPUTER_CALL_NAME, None, "computer", None, {}, None, tool
+            )
+            declared.append(_Declared(offered, tool_path))
         else:
             # A hosted tool (validation refused every other type). By type only: the rest of
             # the tool, like a namespace's name, is the client's text.
@@ -168,8 +196,13 @@ def _offer(declared: list[_Declared]) -> dict[str, OfferedTool]:
         if counts[name] > 1 and tool.namespace is not None:
             name = f"{tool.namespace}__{tool.name}"
         if name in offered:
+            clash = (
+                "the computer tool's name"
+                if name == COMPUTER_CALL_NAME and any(other.tool.kind == "computer" for other in declared)
+                else "duplicate tool name"
+            )
             raise InvalidRequestError(
-                f"Invalid value for '{join(entry.path, 'name')}': duplicate tool name.",
+                f"Invalid value for '{join(entry.path, 'name')}': {clash}.",
                 param=join(entry.path, "name"),
             )
         offered[name] = replace(tool, offered_name=name)
@@ -212,6 +245,14 @@ def parse_tool_choice(value: object, tools: ToolSet, path: str = "tool_choice") 
                 param=path,
             )
         return ParsedToolChoice(pb.ToolChoice(mode=_MODES[value]), value)
+    if isinstance(value, ComputerToolChoiceParam):
+        computer = tools.offered.get(COMPUTER_CALL_NAME)
+        if computer is None or computer.kind != "computer":
+            raise InvalidRequestError(
+                f"Invalid value for '{join(path, 'type')}': the request offers no computer tool.",
+                param=join(path, "type"),
+            )
+        return ParsedToolChoice(pb.ToolChoice(function_name=COMPUTER_CALL_NAME), {"type": value.type})
     if isinstance(value, NamedToolChoiceParam):
         name = _offered_name(value.name, path, tools, value.type)
         return ParsedToolChoice(pb.ToolChoice(function_name=name), {"type": "function", "name": name})
@@ -228,6 +269,8 @@ def _allowed_tools(value: AllowedToolsChoiceParam, path: str, tools: ToolSet) ->
             if entry.name is None:
                 raise missing(join(entry_path, "name"))
             allowed.add(_offered_name(entry.name, entry_path, tools, entry.type))
+        elif entry.type in ("computer", "computer_use_preview") and COMPUTER_CALL_NAME in tools.offered:
+            allowed.add(COMPUTER_CALL_NAME)
     if not allowed and value.mode == "required":
         raise InvalidRequestError(
             f"Invalid value for '{tools_path}': 'required' needs at least one function or custom tool.",

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from vlmserve.engine.computer.adapter import ComputerCalls
 from vlmserve.engine.grammar.compiler import OutputConstraint
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.sampling import SamplingSettings
@@ -95,6 +96,8 @@ class PreparedRequest:
     # The contract request this was prepared from (distributed.py sends it to the other ranks,
     # which prepare it again); None when built some other way.
     source: pb.GenerateRequest | None = None
+    # Maps the model's `computer` calls back to the contract (a request with a computer tool).
+    computer: ComputerCalls | None = None
 
     @property
     def image_count(self) -> int:

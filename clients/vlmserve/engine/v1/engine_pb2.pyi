@@ -90,6 +90,11 @@ class _ToolKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolKind.Val
     TOOL_KIND_FUNCTION: _ToolKind.ValueType  # 1
     TOOL_KIND_CUSTOM: _ToolKind.ValueType  # 2
     """free-form input instead of JSON arguments"""
+    TOOL_KIND_COMPUTER: _ToolKind.ValueType  # 3
+    """A computer-use action (docs/computer-use.md): `name` is "computer", `arguments` one action
+    as JSON in the Responses shape ({"type": "click", "button": "left", "x": 10, "y": 20}), its
+    coordinates in the pixels of the screenshot before the call (or the display, before any).
+    """
 
 class ToolKind(_ToolKind, metaclass=_ToolKindEnumTypeWrapper): ...
 
@@ -98,6 +103,11 @@ TOOL_KIND_UNSPECIFIED: ToolKind.ValueType  # 0
 TOOL_KIND_FUNCTION: ToolKind.ValueType  # 1
 TOOL_KIND_CUSTOM: ToolKind.ValueType  # 2
 """free-form input instead of JSON arguments"""
+TOOL_KIND_COMPUTER: ToolKind.ValueType  # 3
+"""A computer-use action (docs/computer-use.md): `name` is "computer", `arguments` one action
+as JSON in the Responses shape ({"type": "click", "button": "left", "x": 10, "y": 20}), its
+coordinates in the pixels of the screenshot before the call (or the display, before any).
+"""
 Global___ToolKind: _TypeAlias = ToolKind  # noqa: Y015
 
 class _ToolChoiceMode:
@@ -494,22 +504,58 @@ class FunctionTool(_message.Message):
 Global___FunctionTool: _TypeAlias = FunctionTool  # noqa: Y015
 
 @_typing.final
+class ComputerTool(_message.Message):
+    """A computer the model operates with mouse and keyboard actions (docs/computer-use.md). The
+    engine offers it in the model family's own action format and coordinate convention, holds the
+    model's actions to a grammar, and gives calls back as TOOL_KIND_COMPUTER calls.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPLAY_WIDTH_FIELD_NUMBER: _builtins.int
+    DISPLAY_HEIGHT_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    display_width: _builtins.int
+    """The display, in pixels; 0 = unknown (coordinates follow the screenshots alone)."""
+    display_height: _builtins.int
+    environment: _builtins.str
+    """"mac", "windows", "linux", "ubuntu", "browser", or empty."""
+    def __init__(
+        self,
+        *,
+        display_width: _builtins.int = ...,
+        display_height: _builtins.int = ...,
+        environment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["display_height", b"display_height", "display_width", b"display_width", "environment", b"environment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ComputerTool: _TypeAlias = ComputerTool  # noqa: Y015
+
+@_typing.final
 class Tool(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FUNCTION_FIELD_NUMBER: _builtins.int
+    COMPUTER_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def function(self) -> Global___FunctionTool: ...
+    @_builtins.property
+    def computer(self) -> Global___ComputerTool: ...
     def __init__(
         self,
         *,
         function: Global___FunctionTool | None = ...,
+        computer: Global___ComputerTool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["function", b"function", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["computer", b"computer", "function", b"function", "kind", b"kind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["function", b"function", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["computer", b"computer", "function", b"function", "kind", b"kind"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["function"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["function", "computer"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

@@ -377,6 +377,22 @@ class ResponseEvents:
         self._output.append(item)
         self._calls_sent += 1
         where: dict[str, Any] = {"item_id": item.id, "output_index": index}
+        if item.type == "computer_call":
+            # As OpenAI streams one: added (in progress) and done, nothing in between.
+            return [
+                OutputItemEvent(
+                    type="response.output_item.added",
+                    sequence_number=self._next(),
+                    output_index=index,
+                    item=item.model_copy(update={"status": "in_progress"}),
+                ),
+                OutputItemEvent(
+                    type="response.output_item.done",
+                    sequence_number=self._next(),
+                    output_index=index,
+                    item=item,
+                ),
+            ]
         added = OutputItemEvent(
             type="response.output_item.added",
             sequence_number=self._next(),

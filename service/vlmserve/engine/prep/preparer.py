@@ -32,6 +32,8 @@ import grpc
 from PIL import Image
 
 from vlmserve.common.images import ImageError, ImageInfo, decode_image, inspect_image
+from vlmserve.engine.computer.adapter import adapt_request
+from vlmserve.engine.computer.conventions import convention_for
 from vlmserve.engine.grammar.compiler import GrammarCompiler, after_thinking, constraint_for
 from vlmserve.engine.jobs import JobKind, PreparedImage, PreparedRequest
 from vlmserve.engine.model import LoadedModel, ModelInfo, prompt_needs_special_tokens
@@ -107,6 +109,7 @@ class RequestPreparer:
         self._tokens = PromptTokenizer(loaded.tokenizer)
         self._images: ImageInputs | None = image_inputs_for(loaded.processor, loaded.tokenizer)
         self._max_request_pixels = max_request_pixels
+        self._computer = convention_for(loaded.info.architecture, loaded.processor)
         _return_freed_pixels_to_the_os()
         # Bounds the full-size decodes alive at once (a PNG cannot be decoded at a reduced scale).
         self._decode_slots = threading.BoundedSemaphore(max(1, decode_slots))
@@ -140,6 +143,8 @@ class RequestPreparer:
                 f"model {info.model_id!r} has no chat template, so it cannot take a conversation",
             )
         settings = settings_from_proto(request.sampling, max_tokens_cap=info.max_output_tokens)
+        # First: from here on the computer tool is the model's `computer` function.
+        request, computer = adapt_request(request, self._computer, self._image_size)
         conversation = to_template_conversation(
             request.messages,
             tools=request.tools,
@@ -231,9 +236,20 @@ class RequestPreparer:
             # tier may be shared by engines).
             partition_key=f"{info.cache_namespace}\0{request.partition_key}",
             source=request,
+            computer=computer,
         )
 
     # -- steps ------------------------------------------------------------------------------
+
+    def _image_size(self, part: pb.ImagePart) -> tuple[int, int] | None:
+        """A screenshot's size from its header (one that fails is refused later, by field)."""
+        try:
+            header = inspect_image(
+                part.data, declared_media_type=part.media_type or None, limits=self.info.image_limits
+            )
+        except ImageError:
+            return None
+        return header.width, header.height
 
     def _check_images(self, images: Sequence[PromptImage]) -> list[_CheckedImage]:
         """Headers only: nothing is decoded before every image of the request passed."""

@@ -224,6 +224,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         span = _server_span(method, request, context)
         try:
             job = await self._admit(request, trace.set_span_in_context(span))
+            # The model's `computer` calls go out as computer calls (engine/computer/adapter.py).
+            computer = job.request.computer
             async for event in self._events(job):
                 if isinstance(event, TextEvent):
                     yield pb.GenerateResponse(
@@ -232,11 +234,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 elif isinstance(event, ReasoningEvent):
                     yield pb.GenerateResponse(chunk=pb.GenerateChunk(reasoning_text=event.text))
                 elif isinstance(event, ToolCallEvent):
-                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call=event.call))
+                    call = computer.call(event.call) if computer else event.call
+                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call=call))
                 elif isinstance(event, ToolCallDeltaEvent):
-                    yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call_delta=event.delta))
+                    delta = computer.delta(event.delta) if computer else event.delta
+                    if delta is not None:
+                        yield pb.GenerateResponse(chunk=pb.GenerateChunk(tool_call_delta=delta))
                 elif isinstance(event, FinishedEvent):
-                    yield pb.GenerateResponse(complete=event.result)
+                    result = computer.result(event.result) if computer else event.result
+                    yield pb.GenerateResponse(complete=result)
                 elif isinstance(event, FailedEvent):
                     span.set_status(StatusCode.ERROR, event.error.code.name)
                     await _abort(context, event.error)

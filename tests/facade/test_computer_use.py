@@ -1,0 +1,236 @@
+"""Computer use on the Responses API (issue 35, docs/computer-use.md), against the fake engine:
+the tools reach the engine as its ComputerTool, computer calls go out as `computer_call` items
+(whole and streamed), screenshots come back as `computer_call_output` items lowered exactly as a
+function call's image, and replays keep them. Bad input is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.facade.fake_engine import FakeEngine, Script
+from tests.facade.helpers import png_data_url, stream_events
+from vlmserve.engine.prep.lowering import lower_messages
+from vlmserve.engine.v1 import engine_pb2 as pb
+
+CLICK = {"type": "click", "button": "left", "x": 40, "y": 30}
+PREVIEW = {
+    "type": "computer_use_preview",
+    "display_width": 1024,
+    "display_height": 768,
+    "environment": "linux",
+}
+
+
+def computer_call(action: dict[str, Any], call_id: str = "call_cu_1") -> pb.ToolCall:
+    return pb.ToolCall(id=call_id, name="computer", arguments=json.dumps(action), kind=pb.TOOL_KIND_COMPUTER)
+
+
+def screenshot_item(call_id: str = "call_cu_1", image_url: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "computer_call_output",
+        "call_id": call_id,
+        "output": {
+            "type": "computer_screenshot",
+            "image_url": image_url or png_data_url((0, 0, 255), (64, 48)),
+        },
+        "acknowledged_safety_checks": [],
+    }
+
+
+def replayed_call(action: dict[str, Any], call_id: str = "call_cu_1") -> dict[str, Any]:
+    return {
+        "type": "computer_call",
+        "call_id": call_id,
+        "action": action,
+        "pending_safety_checks": [],
+        "status": "completed",
+    }
+
+
+@pytest.mark.parametrize("tool", [{"type": "computer"}, PREVIEW])
+async def test_the_tool_reaches_the_engine_and_a_call_comes_back_as_a_computer_call(
+    http: httpx.AsyncClient, engine: FakeEngine, tool: dict[str, Any]
+) -> None:
+    engine.script = Script(
+        text_chunks=[], tool_calls=[computer_call(CLICK)], finish_reason=pb.FINISH_REASON_TOOL_CALLS
+    )
+    reply = await http.post("/v1/responses", json={"model": "default", "input": "Click it.", "tools": [tool]})
+    assert reply.status_code == 200, reply.text
+    sent = engine.requests[-1].tools
+    assert [t.WhichOneof("kind") for t in sent] == ["computer"]
+    if tool["type"] == "computer_use_preview":
+        assert (sent[0].computer.display_width, sent[0].computer.display_height) == (1024, 768)
+        assert sent[0].computer.environment == "linux"
+    body = reply.json()
+    assert body["tools"] == [tool]
+    [item] = body["output"]
+    assert item["type"] == "computer_call"
+    assert item["id"].startswith("cu")
+    assert item["call_id"] == "call_cu_1"
+    assert item["action"] == CLICK
+    assert item["pending_safety_checks"] == []
+    assert item["status"] == "completed"
+    # The batched list for the `computer` tool; the preview tool's clients read `action` alone.
+    assert item.get("actions") == ([CLICK] if tool["type"] == "computer" else None)
+
+
+async def test_a_streamed_computer_call_is_added_then_done(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.script = Script(text_chunks=[], tool_calls=[computer_call({"type": "screenshot"})])
+    reply = await http.post(
+        "/v1/responses",
+        json={"model": "default", "input": "Look.", "tools": [{"type": "computer"}], "stream": True},
+    )
+    events = stream_events(reply.text)
+    item_events = [e for e in events if e["type"].startswith("response.output_item")]
+    assert [e["type"] for e in item_events] == ["response.output_item.added", "response.output_item.done"]
+    assert item_events[0]["item"]["status"] == "in_progress"
+    assert item_events[1]["item"]["action"] == {"type": "screenshot"}
+    assert not [e for e in events if "arguments" in e["type"]]
+    assert events[-1]["response"]["output"][0]["type"] == "computer_call"
+
+
+async def test_the_screenshot_is_lowered_as_a_function_calls_image(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    image = png_data_url((0, 0, 255), (64, 48))
+    computer = [
+        {"role": "user", "content": "Click the blue square."},
+        replayed_call({"type": "screenshot"}),
+        screenshot_item(image_url=image),
+    ]
+    function = [
+        {"role": "user", "content": "Click the blue square."},
+        {"type": "function_call", "call_id": "call_cu_1", "name": "computer", "arguments": "{}"},
+        {
+            "type": "function_call_output",
+            "call_id": "call_cu_1",
+            "output": [{"type": "input_image", "image_url": image}],
+        },
+    ]
+    for input in (computer, function):
+        reply = await http.post(
+            "/v1/responses", json={"model": "default", "input": input, "tools": [{"type": "computer"}]}
+        )
+        assert reply.status_code == 200, reply.text
+    computer_request, function_request = engine.requests[-2:]
+    call = computer_request.messages[1].tool_calls[0]
+    assert (call.kind, json.loads(call.arguments)) == (pb.TOOL_KIND_COMPUTER, {"type": "screenshot"})
+    assert computer_request.messages[2].tool_output.kind == pb.TOOL_KIND_COMPUTER
+    lowered, expected = lower_messages(computer_request.messages), lower_messages(function_request.messages)
+    assert (
+        [m.role for m in lowered]
+        == [m.role for m in expected]
+        == [pb.ROLE_USER, pb.ROLE_ASSISTANT, pb.ROLE_TOOL, pb.ROLE_USER]
+    )
+    assert (
+        lowered[2].tool_output.text
+        == expected[2].tool_output.text
+        == "[Image output attached in the next message]"
+    )
+    assert lowered[3].parts[0].image.data == expected[3].parts[0].image.data
+
+
+async def test_replays_keep_the_calls_and_the_screenshots(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.script = Script(text_chunks=[], tool_calls=[computer_call({"type": "screenshot"})])
+    first = (
+        await http.post(
+            "/v1/responses", json={"model": "default", "input": "Click red.", "tools": [{"type": "computer"}]}
+        )
+    ).json()
+    engine.script = Script(text_chunks=[], tool_calls=[computer_call(CLICK, "call_cu_2")])
+    image = png_data_url((255, 0, 0), (64, 48))
+    second = await http.post(
+        "/v1/responses",
+        json={
+            "model": "default",
+            "previous_response_id": first["id"],
+            "input": [screenshot_item(image_url=image)],
+            "tools": [{"type": "computer"}],
+        },
+    )
+    assert second.status_code == 200, second.text
+    engine.script = Script(text_chunks=["Done."])
+    third = await http.post(
+        "/v1/responses",
+        json={
+            "model": "default",
+            "previous_response_id": second.json()["id"],
+            "input": [screenshot_item("call_cu_2")],
+            "tools": [{"type": "computer"}],
+        },
+    )
+    assert third.status_code == 200, third.text
+    messages = engine.requests[-1].messages
+    calls = [
+        json.loads(c.arguments) for m in messages for c in m.tool_calls if c.kind == pb.TOOL_KIND_COMPUTER
+    ]
+    assert calls == [{"type": "screenshot"}, CLICK]
+    images = [
+        p.image.data for m in lower_messages(messages) for p in m.parts if p.WhichOneof("kind") == "image"
+    ]
+    assert len(images) == 2
+    listed = (
+        await http.get(f"/v1/responses/{second.json()['id']}/input_items", params={"order": "asc"})
+    ).json()["data"]
+    outputs = [item for item in listed if item["type"] == "computer_call_output"]
+    assert outputs and outputs[-1]["output"]["image_url"] == image
+
+
+@pytest.mark.parametrize(
+    ("input", "param"),
+    [
+        (
+            [{"role": "user", "content": "x"}, replayed_call({"type": "fly", "x": 1, "y": 2})],
+            "input[1].action.type",
+        ),
+        (
+            [{"role": "user", "content": "x"}, replayed_call({"type": "click", "x": "a", "y": 2})],
+            "input[1].action.x",
+        ),
+        ([{"role": "user", "content": "x"}, screenshot_item("call_nobody")], "input[1].call_id"),
+        (
+            [
+                replayed_call({"type": "screenshot"}),
+                screenshot_item(image_url="data:image/png;base64,aGVsbG8="),
+            ],
+            "input[1].output.image_url",
+        ),
+        ([{"type": "computer_call", "call_id": "c"}], "input[0].action"),
+    ],
+)
+async def test_bad_computer_input_is_a_400_naming_the_field(
+    http: httpx.AsyncClient, input: list[dict[str, Any]], param: str
+) -> None:
+    reply = await http.post(
+        "/v1/responses", json={"model": "default", "input": input, "tools": [{"type": "computer"}]}
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+async def test_tool_choice_forces_the_computer(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    engine.script = Script(text_chunks=[], tool_calls=[computer_call({"type": "screenshot"})])
+    reply = await http.post(
+        "/v1/responses",
+        json={
+            "model": "default",
+            "input": "Look.",
+            "tools": [PREVIEW],
+            "tool_choice": {"type": "computer_use_preview"},
+        },
+    )
+    assert reply.status_code == 200, reply.text
+    assert engine.requests[-1].tool_choice.function_name == "computer"
+    refused = await http.post(
+        "/v1/responses", json={"model": "default", "input": "Look.", "tool_choice": {"type": "computer"}}
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "tool_choice.type"
