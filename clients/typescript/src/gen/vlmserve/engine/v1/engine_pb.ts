@@ -15,7 +15,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file vlmserve/engine/v1/engine.proto.
  */
 export const file_vlmserve_engine_v1_engine: GenFile = /*@__PURE__*/
-  fileDesc("Ch92bG1zZXJ2ZS9lbmdpbmUvdjEvZW5naW5lLnByb3RvEhJ2bG1zZXJ2ZS5lbmdpbmUudjEiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSJeCglJbWFnZVBhcnQSDAoEZGF0YRgBIAEoDBISCgptZWRpYV90eXBlGAIgASgJEi8KBmRldGFpbBgDIAEoDjIfLnZsbXNlcnZlLmVuZ2luZS52MS5JbWFnZURldGFpbCJdCghGaWxlUGFydBIOCgRkYXRhGAEgASgMSAASEQoHZmlsZV9pZBgCIAEoCUgAEhAKCGZpbGVuYW1lGAMgASgJEhIKCm1lZGlhX3R5cGUYBCABKAlCCAoGc291cmNlIhgKCEpzb25QYXJ0EgwKBGpzb24YASABKAkiyAEKBFBhcnQSLAoEdGV4dBgBIAEoCzIcLnZsbXNlcnZlLmVuZ2luZS52MS5UZXh0UGFydEgAEi4KBWltYWdlGAIgASgLMh0udmxtc2VydmUuZW5naW5lLnYxLkltYWdlUGFydEgAEiwKBGZpbGUYAyABKAsyHC52bG1zZXJ2ZS5lbmdpbmUudjEuRmlsZVBhcnRIABIsCgRqc29uGAQgASgLMhwudmxtc2VydmUuZW5naW5lLnYxLkpzb25QYXJ0SABCBgoEa2luZCJjCghUb29sQ2FsbBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCRIqCgRraW5kGAQgASgOMhwudmxtc2VydmUuZW5naW5lLnYxLlRvb2xLaW5kIjMKCFBhcnRMaXN0EicKBXBhcnRzGAEgAygLMhgudmxtc2VydmUuZW5naW5lLnYxLlBhcnQikgEKClRvb2xPdXRwdXQSDwoHY2FsbF9pZBgBIAEoCRIqCgRraW5kGAIgASgOMhwudmxtc2VydmUuZW5naW5lLnYxLlRvb2xLaW5kEg4KBHRleHQYAyABKAlIABItCgVwYXJ0cxgEIAEoCzIcLnZsbXNlcnZlLmVuZ2luZS52MS5QYXJ0TGlzdEgAQggKBm91dHB1dCLZAQoHTWVzc2FnZRImCgRyb2xlGAEgASgOMhgudmxtc2VydmUuZW5naW5lLnYxLlJvbGUSJwoFcGFydHMYAiADKAsyGC52bG1zZXJ2ZS5lbmdpbmUudjEuUGFydBIwCgp0b29sX2NhbGxzGAMgAygLMhwudmxtc2VydmUuZW5naW5lLnYxLlRvb2xDYWxsEjMKC3Rvb2xfb3V0cHV0GAQgASgLMh4udmxtc2VydmUuZW5naW5lLnYxLlRvb2xPdXRwdXQSFgoOcmVhc29uaW5nX3RleHQYBSABKAkiWgoMRnVuY3Rpb25Ub29sEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEg4KBnN0cmljdBgEIAEoCCJECgRUb29sEjQKCGZ1bmN0aW9uGAEgASgLMiAudmxtc2VydmUuZW5naW5lLnYxLkZ1bmN0aW9uVG9vbEgAQgYKBGtpbmQiYwoKVG9vbENob2ljZRIyCgRtb2RlGAEgASgOMiIudmxtc2VydmUuZW5naW5lLnYxLlRvb2xDaG9pY2VNb2RlSAASFwoNZnVuY3Rpb25fbmFtZRgCIAEoCUgAQggKBmNob2ljZSKoAgoOU2FtcGxpbmdQYXJhbXMSFwoKbWF4X3Rva2VucxgBIAEoDUgAiAEBEhgKC3RlbXBlcmF0dXJlGAIgASgCSAGIAQESEgoFdG9wX3AYAyABKAJIAogBARISCgV0b3BfaxgEIAEoBUgDiAEBEhEKBHNlZWQYBSABKARIBIgBARIMCgRzdG9wGAYgAygJEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgHIAEoAkgFiAEBEhAKCGxvZ3Byb2JzGAggASgIEhQKDHRvcF9sb2dwcm9icxgJIAEoDUINCgtfbWF4X3Rva2Vuc0IOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQggKBl90b3Bfa0IHCgVfc2VlZEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5IgwKClRleHRGb3JtYXQiEgoQSnNvbk9iamVjdEZvcm1hdCJaChBKc29uU2NoZW1hRm9ybWF0EgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSEwoLc2NoZW1hX2pzb24YAyABKAkSDgoGc3RyaWN0GAQgASgIIsQBCg5SZXNwb25zZUZvcm1hdBIuCgR0ZXh0GAEgASgLMh4udmxtc2VydmUuZW5naW5lLnYxLlRleHRGb3JtYXRIABI7Cgtqc29uX29iamVjdBgCIAEoCzIkLnZsbXNlcnZlLmVuZ2luZS52MS5Kc29uT2JqZWN0Rm9ybWF0SAASOwoLanNvbl9zY2hlbWEYAyABKAsyJC52bG1zZXJ2ZS5lbmdpbmUudjEuSnNvblNjaGVtYUZvcm1hdEgAQggKBmZvcm1hdCLnAwoPR2VuZXJhdGVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLQoIbWVzc2FnZXMYAyADKAsyGy52bG1zZXJ2ZS5lbmdpbmUudjEuTWVzc2FnZRInCgV0b29scxgEIAMoCzIYLnZsbXNlcnZlLmVuZ2luZS52MS5Ub29sEjMKC3Rvb2xfY2hvaWNlGAUgASgLMh4udmxtc2VydmUuZW5naW5lLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgGIAEoCEgAiAEBEjQKCHNhbXBsaW5nGAcgASgLMiIudmxtc2VydmUuZW5naW5lLnYxLlNhbXBsaW5nUGFyYW1zEjsKD3Jlc3BvbnNlX2Zvcm1hdBgIIAEoCzIiLnZsbXNlcnZlLmVuZ2luZS52MS5SZXNwb25zZUZvcm1hdBIbCg5tYXhfdG9vbF9jYWxscxgJIAEoDUgBiAEBEhUKDXBhcnRpdGlvbl9rZXkYCiABKAkSHAoPZW5hYmxlX3RoaW5raW5nGAsgASgISAKIAQFCFgoUX3BhcmFsbGVsX3Rvb2xfY2FsbHNCEQoPX21heF90b29sX2NhbGxzQhIKEF9lbmFibGVfdGhpbmtpbmciegoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgNEhUKDW91dHB1dF90b2tlbnMYAiABKA0SFQoNY2FjaGVkX3Rva2VucxgDIAEoDRITCgtpbWFnZV9jb3VudBgEIAEoDRIYChByZWFzb25pbmdfdG9rZW5zGAUgASgNIqEBCgdUaW1pbmdzEhUKDXF1ZXVlX3NlY29uZHMYASABKAESIwobdGltZV90b19maXJzdF90b2tlbl9zZWNvbmRzGAIgASgBEhUKDXRvdGFsX3NlY29uZHMYAyABKAESIQoZcHJlZmlsbF90b2tlbnNfcGVyX3NlY29uZBgEIAEoARIgChhkZWNvZGVfdG9rZW5zX3Blcl9zZWNvbmQYBSABKAEiLAoKVG9wTG9ncHJvYhINCgV0b2tlbhgBIAEoCRIPCgdsb2dwcm9iGAIgASgCImQKDFRva2VuTG9ncHJvYhINCgV0b2tlbhgBIAEoCRIPCgdsb2dwcm9iGAIgASgCEjQKDHRvcF9sb2dwcm9icxgDIAMoCzIeLnZsbXNlcnZlLmVuZ2luZS52MS5Ub3BMb2dwcm9iIjwKDVRvb2xDYWxsRGVsdGESCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIRCglhcmd1bWVudHMYAyABKAki5gEKDUdlbmVyYXRlQ2h1bmsSDgoEdGV4dBgBIAEoCUgAEjEKCXRvb2xfY2FsbBgCIAEoCzIcLnZsbXNlcnZlLmVuZ2luZS52MS5Ub29sQ2FsbEgAEhgKDnJlYXNvbmluZ190ZXh0GAMgASgJSAASPAoPdG9vbF9jYWxsX2RlbHRhGAUgASgLMiEudmxtc2VydmUuZW5naW5lLnYxLlRvb2xDYWxsRGVsdGFIABIyCghsb2dwcm9icxgEIAMoCzIgLnZsbXNlcnZlLmVuZ2luZS52MS5Ub2tlbkxvZ3Byb2JCBgoEa2luZCLnAgoOR2VuZXJhdGVSZXN1bHQSEgoKcmVxdWVzdF9pZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIMCgR0ZXh0GAMgASgJEjAKCnRvb2xfY2FsbHMYBCADKAsyHC52bG1zZXJ2ZS5lbmdpbmUudjEuVG9vbENhbGwSNwoNZmluaXNoX3JlYXNvbhgFIAEoDjIgLnZsbXNlcnZlLmVuZ2luZS52MS5GaW5pc2hSZWFzb24SKAoFdXNhZ2UYBiABKAsyGS52bG1zZXJ2ZS5lbmdpbmUudjEuVXNhZ2USLAoHdGltaW5ncxgHIAEoCzIbLnZsbXNlcnZlLmVuZ2luZS52MS5UaW1pbmdzEhYKDnJlYXNvbmluZ190ZXh0GAggASgJEjIKCGxvZ3Byb2JzGAkgAygLMiAudmxtc2VydmUuZW5naW5lLnYxLlRva2VuTG9ncHJvYhIVCg1zdG9wX3NlcXVlbmNlGAogASgJIocBChBHZW5lcmF0ZVJlc3BvbnNlEjIKBWNodW5rGAEgASgLMiEudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlQ2h1bmtIABI2Cghjb21wbGV0ZRgCIAEoCzIiLnZsbXNlcnZlLmVuZ2luZS52MS5HZW5lcmF0ZVJlc3VsdEgAQgcKBWV2ZW50IkwKFEdlbmVyYXRlVW5hcnlSZXF1ZXN0EjQKB3JlcXVlc3QYASABKAsyIy52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXF1ZXN0IksKFUdlbmVyYXRlVW5hcnlSZXNwb25zZRIyCgZyZXN1bHQYASABKAsyIi52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXN1bHQiSgoSQ291bnRUb2tlbnNSZXF1ZXN0EjQKB3JlcXVlc3QYASABKAsyIy52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXF1ZXN0IkAKE0NvdW50VG9rZW5zUmVzcG9uc2USFAoMaW5wdXRfdG9rZW5zGAEgASgNEhMKC2ltYWdlX2NvdW50GAIgASgNInUKC0ltYWdlTGltaXRzEh4KFm1heF9pbWFnZXNfcGVyX3JlcXVlc3QYASABKA0SFwoPbWF4X2ltYWdlX2J5dGVzGAIgASgEEhgKEG1heF9pbWFnZV9waXhlbHMYAyABKAQSEwoLbWVkaWFfdHlwZXMYBCADKAkiFQoTR2V0TW9kZWxJbmZvUmVxdWVzdCLtAgoUR2V0TW9kZWxJbmZvUmVzcG9uc2USEAoIbW9kZWxfaWQYASABKAkSFAoMYXJjaGl0ZWN0dXJlGAIgASgJEhYKDmNvbnRleHRfbGVuZ3RoGAMgASgNEjYKEGlucHV0X21vZGFsaXRpZXMYBCADKA4yHC52bG1zZXJ2ZS5lbmdpbmUudjEuTW9kYWxpdHkSNQoMaW1hZ2VfbGltaXRzGAUgASgLMh8udmxtc2VydmUuZW5naW5lLnYxLkltYWdlTGltaXRzEhkKEWhhc19jaGF0X3RlbXBsYXRlGAYgASgIEhkKEW1heF9vdXRwdXRfdG9rZW5zGAcgASgNEhgKEHRvb2xfY2FsbF9mb3JtYXQYCCABKAkSEQoJbG9hZGVkX2F0GAkgASgDEjEKB3dlaWdodHMYCiABKA4yIC52bG1zZXJ2ZS5lbmdpbmUudjEuV2VpZ2h0c1N0YXRlEhAKCHRoaW5raW5nGAsgASgIIiIKDEFib3J0UmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJIh4KDUFib3J0UmVzcG9uc2USDQoFZm91bmQYASABKAgqigEKC0ltYWdlRGV0YWlsEhwKGElNQUdFX0RFVEFJTF9VTlNQRUNJRklFRBAAEhUKEUlNQUdFX0RFVEFJTF9BVVRPEAESFAoQSU1BR0VfREVUQUlMX0xPVxACEhUKEUlNQUdFX0RFVEFJTF9ISUdIEAMSGQoVSU1BR0VfREVUQUlMX09SSUdJTkFMEAQqcwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDwoLUk9MRV9TWVNURU0QARISCg5ST0xFX0RFVkVMT1BFUhACEg0KCVJPTEVfVVNFUhADEhIKDlJPTEVfQVNTSVNUQU5UEAQSDQoJUk9MRV9UT09MEAUqUwoIVG9vbEtpbmQSGQoVVE9PTF9LSU5EX1VOU1BFQ0lGSUVEEAASFgoSVE9PTF9LSU5EX0ZVTkNUSU9OEAESFAoQVE9PTF9LSU5EX0NVU1RPTRACKocBCg5Ub29sQ2hvaWNlTW9kZRIgChxUT09MX0NIT0lDRV9NT0RFX1VOU1BFQ0lGSUVEEAASGQoVVE9PTF9DSE9JQ0VfTU9ERV9OT05FEAESGQoVVE9PTF9DSE9JQ0VfTU9ERV9BVVRPEAISHQoZVE9PTF9DSE9JQ0VfTU9ERV9SRVFVSVJFRBADKpoBCgxGaW5pc2hSZWFzb24SHQoZRklOSVNIX1JFQVNPTl9VTlNQRUNJRklFRBAAEhYKEkZJTklTSF9SRUFTT05fU1RPUBABEhgKFEZJTklTSF9SRUFTT05fTEVOR1RIEAISHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEAMSGwoXRklOSVNIX1JFQVNPTl9DQU5DRUxMRUQQBCpLCghNb2RhbGl0eRIYChRNT0RBTElUWV9VTlNQRUNJRklFRBAAEhEKDU1PREFMSVRZX1RFWFQQARISCg5NT0RBTElUWV9JTUFHRRACKn4KDFdlaWdodHNTdGF0ZRIdChlXRUlHSFRTX1NUQVRFX1VOU1BFQ0lGSUVEEAASGAoUV0VJR0hUU19TVEFURV9MT0FERUQQARIZChVXRUlHSFRTX1NUQVRFX0xPQURJTkcQAhIaChZXRUlHSFRTX1NUQVRFX1VOTE9BREVEEAMy3wMKDUVuZ2luZVNlcnZpY2USVwoIR2VuZXJhdGUSIy52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXF1ZXN0GiQudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlUmVzcG9uc2UwARJkCg1HZW5lcmF0ZVVuYXJ5Eigudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlVW5hcnlSZXF1ZXN0Gikudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlVW5hcnlSZXNwb25zZRJeCgtDb3VudFRva2VucxImLnZsbXNlcnZlLmVuZ2luZS52MS5Db3VudFRva2Vuc1JlcXVlc3QaJy52bG1zZXJ2ZS5lbmdpbmUudjEuQ291bnRUb2tlbnNSZXNwb25zZRJhCgxHZXRNb2RlbEluZm8SJy52bG1zZXJ2ZS5lbmdpbmUudjEuR2V0TW9kZWxJbmZvUmVxdWVzdBooLnZsbXNlcnZlLmVuZ2luZS52MS5HZXRNb2RlbEluZm9SZXNwb25zZRJMCgVBYm9ydBIgLnZsbXNlcnZlLmVuZ2luZS52MS5BYm9ydFJlcXVlc3QaIS52bG1zZXJ2ZS5lbmdpbmUudjEuQWJvcnRSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("Ch92bG1zZXJ2ZS9lbmdpbmUvdjEvZW5naW5lLnByb3RvEhJ2bG1zZXJ2ZS5lbmdpbmUudjEiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSJeCglJbWFnZVBhcnQSDAoEZGF0YRgBIAEoDBISCgptZWRpYV90eXBlGAIgASgJEi8KBmRldGFpbBgDIAEoDjIfLnZsbXNlcnZlLmVuZ2luZS52MS5JbWFnZURldGFpbCJdCghGaWxlUGFydBIOCgRkYXRhGAEgASgMSAASEQoHZmlsZV9pZBgCIAEoCUgAEhAKCGZpbGVuYW1lGAMgASgJEhIKCm1lZGlhX3R5cGUYBCABKAlCCAoGc291cmNlIhgKCEpzb25QYXJ0EgwKBGpzb24YASABKAkiyAEKBFBhcnQSLAoEdGV4dBgBIAEoCzIcLnZsbXNlcnZlLmVuZ2luZS52MS5UZXh0UGFydEgAEi4KBWltYWdlGAIgASgLMh0udmxtc2VydmUuZW5naW5lLnYxLkltYWdlUGFydEgAEiwKBGZpbGUYAyABKAsyHC52bG1zZXJ2ZS5lbmdpbmUudjEuRmlsZVBhcnRIABIsCgRqc29uGAQgASgLMhwudmxtc2VydmUuZW5naW5lLnYxLkpzb25QYXJ0SABCBgoEa2luZCJjCghUb29sQ2FsbBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCRIqCgRraW5kGAQgASgOMhwudmxtc2VydmUuZW5naW5lLnYxLlRvb2xLaW5kIjMKCFBhcnRMaXN0EicKBXBhcnRzGAEgAygLMhgudmxtc2VydmUuZW5naW5lLnYxLlBhcnQikgEKClRvb2xPdXRwdXQSDwoHY2FsbF9pZBgBIAEoCRIqCgRraW5kGAIgASgOMhwudmxtc2VydmUuZW5naW5lLnYxLlRvb2xLaW5kEg4KBHRleHQYAyABKAlIABItCgVwYXJ0cxgEIAEoCzIcLnZsbXNlcnZlLmVuZ2luZS52MS5QYXJ0TGlzdEgAQggKBm91dHB1dCLZAQoHTWVzc2FnZRImCgRyb2xlGAEgASgOMhgudmxtc2VydmUuZW5naW5lLnYxLlJvbGUSJwoFcGFydHMYAiADKAsyGC52bG1zZXJ2ZS5lbmdpbmUudjEuUGFydBIwCgp0b29sX2NhbGxzGAMgAygLMhwudmxtc2VydmUuZW5naW5lLnYxLlRvb2xDYWxsEjMKC3Rvb2xfb3V0cHV0GAQgASgLMh4udmxtc2VydmUuZW5naW5lLnYxLlRvb2xPdXRwdXQSFgoOcmVhc29uaW5nX3RleHQYBSABKAkiWgoMRnVuY3Rpb25Ub29sEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEg4KBnN0cmljdBgEIAEoCCJSCgxDb21wdXRlclRvb2wSFQoNZGlzcGxheV93aWR0aBgBIAEoDRIWCg5kaXNwbGF5X2hlaWdodBgCIAEoDRITCgtlbnZpcm9ubWVudBgDIAEoCSJ6CgRUb29sEjQKCGZ1bmN0aW9uGAEgASgLMiAudmxtc2VydmUuZW5naW5lLnYxLkZ1bmN0aW9uVG9vbEgAEjQKCGNvbXB1dGVyGAIgASgLMiAudmxtc2VydmUuZW5naW5lLnYxLkNvbXB1dGVyVG9vbEgAQgYKBGtpbmQiYwoKVG9vbENob2ljZRIyCgRtb2RlGAEgASgOMiIudmxtc2VydmUuZW5naW5lLnYxLlRvb2xDaG9pY2VNb2RlSAASFwoNZnVuY3Rpb25fbmFtZRgCIAEoCUgAQggKBmNob2ljZSKoAgoOU2FtcGxpbmdQYXJhbXMSFwoKbWF4X3Rva2VucxgBIAEoDUgAiAEBEhgKC3RlbXBlcmF0dXJlGAIgASgCSAGIAQESEgoFdG9wX3AYAyABKAJIAogBARISCgV0b3BfaxgEIAEoBUgDiAEBEhEKBHNlZWQYBSABKARIBIgBARIMCgRzdG9wGAYgAygJEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgHIAEoAkgFiAEBEhAKCGxvZ3Byb2JzGAggASgIEhQKDHRvcF9sb2dwcm9icxgJIAEoDUINCgtfbWF4X3Rva2Vuc0IOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQggKBl90b3Bfa0IHCgVfc2VlZEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5IgwKClRleHRGb3JtYXQiEgoQSnNvbk9iamVjdEZvcm1hdCJaChBKc29uU2NoZW1hRm9ybWF0EgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSEwoLc2NoZW1hX2pzb24YAyABKAkSDgoGc3RyaWN0GAQgASgIIsQBCg5SZXNwb25zZUZvcm1hdBIuCgR0ZXh0GAEgASgLMh4udmxtc2VydmUuZW5naW5lLnYxLlRleHRGb3JtYXRIABI7Cgtqc29uX29iamVjdBgCIAEoCzIkLnZsbXNlcnZlLmVuZ2luZS52MS5Kc29uT2JqZWN0Rm9ybWF0SAASOwoLanNvbl9zY2hlbWEYAyABKAsyJC52bG1zZXJ2ZS5lbmdpbmUudjEuSnNvblNjaGVtYUZvcm1hdEgAQggKBmZvcm1hdCLnAwoPR2VuZXJhdGVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSLQoIbWVzc2FnZXMYAyADKAsyGy52bG1zZXJ2ZS5lbmdpbmUudjEuTWVzc2FnZRInCgV0b29scxgEIAMoCzIYLnZsbXNlcnZlLmVuZ2luZS52MS5Ub29sEjMKC3Rvb2xfY2hvaWNlGAUgASgLMh4udmxtc2VydmUuZW5naW5lLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgGIAEoCEgAiAEBEjQKCHNhbXBsaW5nGAcgASgLMiIudmxtc2VydmUuZW5naW5lLnYxLlNhbXBsaW5nUGFyYW1zEjsKD3Jlc3BvbnNlX2Zvcm1hdBgIIAEoCzIiLnZsbXNlcnZlLmVuZ2luZS52MS5SZXNwb25zZUZvcm1hdBIbCg5tYXhfdG9vbF9jYWxscxgJIAEoDUgBiAEBEhUKDXBhcnRpdGlvbl9rZXkYCiABKAkSHAoPZW5hYmxlX3RoaW5raW5nGAsgASgISAKIAQFCFgoUX3BhcmFsbGVsX3Rvb2xfY2FsbHNCEQoPX21heF90b29sX2NhbGxzQhIKEF9lbmFibGVfdGhpbmtpbmciegoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgNEhUKDW91dHB1dF90b2tlbnMYAiABKA0SFQoNY2FjaGVkX3Rva2VucxgDIAEoDRITCgtpbWFnZV9jb3VudBgEIAEoDRIYChByZWFzb25pbmdfdG9rZW5zGAUgASgNIqEBCgdUaW1pbmdzEhUKDXF1ZXVlX3NlY29uZHMYASABKAESIwobdGltZV90b19maXJzdF90b2tlbl9zZWNvbmRzGAIgASgBEhUKDXRvdGFsX3NlY29uZHMYAyABKAESIQoZcHJlZmlsbF90b2tlbnNfcGVyX3NlY29uZBgEIAEoARIgChhkZWNvZGVfdG9rZW5zX3Blcl9zZWNvbmQYBSABKAEiLAoKVG9wTG9ncHJvYhINCgV0b2tlbhgBIAEoCRIPCgdsb2dwcm9iGAIgASgCImQKDFRva2VuTG9ncHJvYhINCgV0b2tlbhgBIAEoCRIPCgdsb2dwcm9iGAIgASgCEjQKDHRvcF9sb2dwcm9icxgDIAMoCzIeLnZsbXNlcnZlLmVuZ2luZS52MS5Ub3BMb2dwcm9iIjwKDVRvb2xDYWxsRGVsdGESCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIRCglhcmd1bWVudHMYAyABKAki5gEKDUdlbmVyYXRlQ2h1bmsSDgoEdGV4dBgBIAEoCUgAEjEKCXRvb2xfY2FsbBgCIAEoCzIcLnZsbXNlcnZlLmVuZ2luZS52MS5Ub29sQ2FsbEgAEhgKDnJlYXNvbmluZ190ZXh0GAMgASgJSAASPAoPdG9vbF9jYWxsX2RlbHRhGAUgASgLMiEudmxtc2VydmUuZW5naW5lLnYxLlRvb2xDYWxsRGVsdGFIABIyCghsb2dwcm9icxgEIAMoCzIgLnZsbXNlcnZlLmVuZ2luZS52MS5Ub2tlbkxvZ3Byb2JCBgoEa2luZCLnAgoOR2VuZXJhdGVSZXN1bHQSEgoKcmVxdWVzdF9pZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIMCgR0ZXh0GAMgASgJEjAKCnRvb2xfY2FsbHMYBCADKAsyHC52bG1zZXJ2ZS5lbmdpbmUudjEuVG9vbENhbGwSNwoNZmluaXNoX3JlYXNvbhgFIAEoDjIgLnZsbXNlcnZlLmVuZ2luZS52MS5GaW5pc2hSZWFzb24SKAoFdXNhZ2UYBiABKAsyGS52bG1zZXJ2ZS5lbmdpbmUudjEuVXNhZ2USLAoHdGltaW5ncxgHIAEoCzIbLnZsbXNlcnZlLmVuZ2luZS52MS5UaW1pbmdzEhYKDnJlYXNvbmluZ190ZXh0GAggASgJEjIKCGxvZ3Byb2JzGAkgAygLMiAudmxtc2VydmUuZW5naW5lLnYxLlRva2VuTG9ncHJvYhIVCg1zdG9wX3NlcXVlbmNlGAogASgJIocBChBHZW5lcmF0ZVJlc3BvbnNlEjIKBWNodW5rGAEgASgLMiEudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlQ2h1bmtIABI2Cghjb21wbGV0ZRgCIAEoCzIiLnZsbXNlcnZlLmVuZ2luZS52MS5HZW5lcmF0ZVJlc3VsdEgAQgcKBWV2ZW50IkwKFEdlbmVyYXRlVW5hcnlSZXF1ZXN0EjQKB3JlcXVlc3QYASABKAsyIy52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXF1ZXN0IksKFUdlbmVyYXRlVW5hcnlSZXNwb25zZRIyCgZyZXN1bHQYASABKAsyIi52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXN1bHQiSgoSQ291bnRUb2tlbnNSZXF1ZXN0EjQKB3JlcXVlc3QYASABKAsyIy52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXF1ZXN0IkAKE0NvdW50VG9rZW5zUmVzcG9uc2USFAoMaW5wdXRfdG9rZW5zGAEgASgNEhMKC2ltYWdlX2NvdW50GAIgASgNInUKC0ltYWdlTGltaXRzEh4KFm1heF9pbWFnZXNfcGVyX3JlcXVlc3QYASABKA0SFwoPbWF4X2ltYWdlX2J5dGVzGAIgASgEEhgKEG1heF9pbWFnZV9waXhlbHMYAyABKAQSEwoLbWVkaWFfdHlwZXMYBCADKAkiFQoTR2V0TW9kZWxJbmZvUmVxdWVzdCLtAgoUR2V0TW9kZWxJbmZvUmVzcG9uc2USEAoIbW9kZWxfaWQYASABKAkSFAoMYXJjaGl0ZWN0dXJlGAIgASgJEhYKDmNvbnRleHRfbGVuZ3RoGAMgASgNEjYKEGlucHV0X21vZGFsaXRpZXMYBCADKA4yHC52bG1zZXJ2ZS5lbmdpbmUudjEuTW9kYWxpdHkSNQoMaW1hZ2VfbGltaXRzGAUgASgLMh8udmxtc2VydmUuZW5naW5lLnYxLkltYWdlTGltaXRzEhkKEWhhc19jaGF0X3RlbXBsYXRlGAYgASgIEhkKEW1heF9vdXRwdXRfdG9rZW5zGAcgASgNEhgKEHRvb2xfY2FsbF9mb3JtYXQYCCABKAkSEQoJbG9hZGVkX2F0GAkgASgDEjEKB3dlaWdodHMYCiABKA4yIC52bG1zZXJ2ZS5lbmdpbmUudjEuV2VpZ2h0c1N0YXRlEhAKCHRoaW5raW5nGAsgASgIIiIKDEFib3J0UmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJIh4KDUFib3J0UmVzcG9uc2USDQoFZm91bmQYASABKAgqigEKC0ltYWdlRGV0YWlsEhwKGElNQUdFX0RFVEFJTF9VTlNQRUNJRklFRBAAEhUKEUlNQUdFX0RFVEFJTF9BVVRPEAESFAoQSU1BR0VfREVUQUlMX0xPVxACEhUKEUlNQUdFX0RFVEFJTF9ISUdIEAMSGQoVSU1BR0VfREVUQUlMX09SSUdJTkFMEAQqcwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDwoLUk9MRV9TWVNURU0QARISCg5ST0xFX0RFVkVMT1BFUhACEg0KCVJPTEVfVVNFUhADEhIKDlJPTEVfQVNTSVNUQU5UEAQSDQoJUk9MRV9UT09MEAUqawoIVG9vbEtpbmQSGQoVVE9PTF9LSU5EX1VOU1BFQ0lGSUVEEAASFgoSVE9PTF9LSU5EX0ZVTkNUSU9OEAESFAoQVE9PTF9LSU5EX0NVU1RPTRACEhYKElRPT0xfS0lORF9DT01QVVRFUhADKocBCg5Ub29sQ2hvaWNlTW9kZRIgChxUT09MX0NIT0lDRV9NT0RFX1VOU1BFQ0lGSUVEEAASGQoVVE9PTF9DSE9JQ0VfTU9ERV9OT05FEAESGQoVVE9PTF9DSE9JQ0VfTU9ERV9BVVRPEAISHQoZVE9PTF9DSE9JQ0VfTU9ERV9SRVFVSVJFRBADKpoBCgxGaW5pc2hSZWFzb24SHQoZRklOSVNIX1JFQVNPTl9VTlNQRUNJRklFRBAAEhYKEkZJTklTSF9SRUFTT05fU1RPUBABEhgKFEZJTklTSF9SRUFTT05fTEVOR1RIEAISHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEAMSGwoXRklOSVNIX1JFQVNPTl9DQU5DRUxMRUQQBCpLCghNb2RhbGl0eRIYChRNT0RBTElUWV9VTlNQRUNJRklFRBAAEhEKDU1PREFMSVRZX1RFWFQQARISCg5NT0RBTElUWV9JTUFHRRACKn4KDFdlaWdodHNTdGF0ZRIdChlXRUlHSFRTX1NUQVRFX1VOU1BFQ0lGSUVEEAASGAoUV0VJR0hUU19TVEFURV9MT0FERUQQARIZChVXRUlHSFRTX1NUQVRFX0xPQURJTkcQAhIaChZXRUlHSFRTX1NUQVRFX1VOTE9BREVEEAMy3wMKDUVuZ2luZVNlcnZpY2USVwoIR2VuZXJhdGUSIy52bG1zZXJ2ZS5lbmdpbmUudjEuR2VuZXJhdGVSZXF1ZXN0GiQudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlUmVzcG9uc2UwARJkCg1HZW5lcmF0ZVVuYXJ5Eigudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlVW5hcnlSZXF1ZXN0Gikudmxtc2VydmUuZW5naW5lLnYxLkdlbmVyYXRlVW5hcnlSZXNwb25zZRJeCgtDb3VudFRva2VucxImLnZsbXNlcnZlLmVuZ2luZS52MS5Db3VudFRva2Vuc1JlcXVlc3QaJy52bG1zZXJ2ZS5lbmdpbmUudjEuQ291bnRUb2tlbnNSZXNwb25zZRJhCgxHZXRNb2RlbEluZm8SJy52bG1zZXJ2ZS5lbmdpbmUudjEuR2V0TW9kZWxJbmZvUmVxdWVzdBooLnZsbXNlcnZlLmVuZ2luZS52MS5HZXRNb2RlbEluZm9SZXNwb25zZRJMCgVBYm9ydBIgLnZsbXNlcnZlLmVuZ2luZS52MS5BYm9ydFJlcXVlc3QaIS52bG1zZXJ2ZS5lbmdpbmUudjEuQWJvcnRSZXNwb25zZWIGcHJvdG8z");
 
 /**
  * @generated from message vlmserve.engine.v1.TextPart
@@ -350,6 +350,41 @@ export const FunctionToolSchema: GenMessage<FunctionTool> = /*@__PURE__*/
   messageDesc(file_vlmserve_engine_v1_engine, 9);
 
 /**
+ * A computer the model operates with mouse and keyboard actions (docs/computer-use.md). The
+ * engine offers it in the model family's own action format and coordinate convention, holds the
+ * model's actions to a grammar, and gives calls back as TOOL_KIND_COMPUTER calls.
+ *
+ * @generated from message vlmserve.engine.v1.ComputerTool
+ */
+export type ComputerTool = Message$1<"vlmserve.engine.v1.ComputerTool"> & {
+  /**
+   * The display, in pixels; 0 = unknown (coordinates follow the screenshots alone).
+   *
+   * @generated from field: uint32 display_width = 1;
+   */
+  displayWidth: number;
+
+  /**
+   * @generated from field: uint32 display_height = 2;
+   */
+  displayHeight: number;
+
+  /**
+   * "mac", "windows", "linux", "ubuntu", "browser", or empty.
+   *
+   * @generated from field: string environment = 3;
+   */
+  environment: string;
+};
+
+/**
+ * Describes the message vlmserve.engine.v1.ComputerTool.
+ * Use `create(ComputerToolSchema)` to create a new message.
+ */
+export const ComputerToolSchema: GenMessage<ComputerTool> = /*@__PURE__*/
+  messageDesc(file_vlmserve_engine_v1_engine, 10);
+
+/**
  * @generated from message vlmserve.engine.v1.Tool
  */
 export type Tool = Message$1<"vlmserve.engine.v1.Tool"> & {
@@ -362,6 +397,12 @@ export type Tool = Message$1<"vlmserve.engine.v1.Tool"> & {
      */
     value: FunctionTool;
     case: "function";
+  } | {
+    /**
+     * @generated from field: vlmserve.engine.v1.ComputerTool computer = 2;
+     */
+    value: ComputerTool;
+    case: "computer";
   } | { case: undefined; value?: undefined };
 };
 
@@ -370,7 +411,7 @@ export type Tool = Message$1<"vlmserve.engine.v1.Tool"> & {
  * Use `create(ToolSchema)` to create a new message.
  */
 export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 10);
+  messageDesc(file_vlmserve_engine_v1_engine, 11);
 
 /**
  * @generated from message vlmserve.engine.v1.ToolChoice
@@ -401,7 +442,7 @@ export type ToolChoice = Message$1<"vlmserve.engine.v1.ToolChoice"> & {
  * Use `create(ToolChoiceSchema)` to create a new message.
  */
 export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 11);
+  messageDesc(file_vlmserve_engine_v1_engine, 12);
 
 /**
  * `optional` wherever zero is meaningful, so that "unset" differs from 0.
@@ -466,7 +507,7 @@ export type SamplingParams = Message$1<"vlmserve.engine.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 12);
+  messageDesc(file_vlmserve_engine_v1_engine, 13);
 
 /**
  * @generated from message vlmserve.engine.v1.TextFormat
@@ -479,7 +520,7 @@ export type TextFormat = Message$1<"vlmserve.engine.v1.TextFormat"> & {
  * Use `create(TextFormatSchema)` to create a new message.
  */
 export const TextFormatSchema: GenMessage<TextFormat> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 13);
+  messageDesc(file_vlmserve_engine_v1_engine, 14);
 
 /**
  * @generated from message vlmserve.engine.v1.JsonObjectFormat
@@ -492,7 +533,7 @@ export type JsonObjectFormat = Message$1<"vlmserve.engine.v1.JsonObjectFormat"> 
  * Use `create(JsonObjectFormatSchema)` to create a new message.
  */
 export const JsonObjectFormatSchema: GenMessage<JsonObjectFormat> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 14);
+  messageDesc(file_vlmserve_engine_v1_engine, 15);
 
 /**
  * @generated from message vlmserve.engine.v1.JsonSchemaFormat
@@ -529,7 +570,7 @@ export type JsonSchemaFormat = Message$1<"vlmserve.engine.v1.JsonSchemaFormat"> 
  * Use `create(JsonSchemaFormatSchema)` to create a new message.
  */
 export const JsonSchemaFormatSchema: GenMessage<JsonSchemaFormat> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 15);
+  messageDesc(file_vlmserve_engine_v1_engine, 16);
 
 /**
  * @generated from message vlmserve.engine.v1.ResponseFormat
@@ -564,7 +605,7 @@ export type ResponseFormat = Message$1<"vlmserve.engine.v1.ResponseFormat"> & {
  * Use `create(ResponseFormatSchema)` to create a new message.
  */
 export const ResponseFormatSchema: GenMessage<ResponseFormat> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 16);
+  messageDesc(file_vlmserve_engine_v1_engine, 17);
 
 /**
  * @generated from message vlmserve.engine.v1.GenerateRequest
@@ -651,7 +692,7 @@ export type GenerateRequest = Message$1<"vlmserve.engine.v1.GenerateRequest"> & 
  * Use `create(GenerateRequestSchema)` to create a new message.
  */
 export const GenerateRequestSchema: GenMessage<GenerateRequest> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 17);
+  messageDesc(file_vlmserve_engine_v1_engine, 18);
 
 /**
  * @generated from message vlmserve.engine.v1.Usage
@@ -690,7 +731,7 @@ export type Usage = Message$1<"vlmserve.engine.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 18);
+  messageDesc(file_vlmserve_engine_v1_engine, 19);
 
 /**
  * @generated from message vlmserve.engine.v1.Timings
@@ -731,7 +772,7 @@ export type Timings = Message$1<"vlmserve.engine.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 19);
+  messageDesc(file_vlmserve_engine_v1_engine, 20);
 
 /**
  * An alternative the model could have produced at a token's position.
@@ -758,7 +799,7 @@ export type TopLogprob = Message$1<"vlmserve.engine.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 20);
+  messageDesc(file_vlmserve_engine_v1_engine, 21);
 
 /**
  * One generated token of the visible text (`text`), and its log probability.
@@ -800,7 +841,7 @@ export type TokenLogprob = Message$1<"vlmserve.engine.v1.TokenLogprob"> & {
  * Use `create(TokenLogprobSchema)` to create a new message.
  */
 export const TokenLogprobSchema: GenMessage<TokenLogprob> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 21);
+  messageDesc(file_vlmserve_engine_v1_engine, 22);
 
 /**
  * A tool call while the model writes it: the first delta of a call names it, later ones add
@@ -833,7 +874,7 @@ export type ToolCallDelta = Message$1<"vlmserve.engine.v1.ToolCallDelta"> & {
  * Use `create(ToolCallDeltaSchema)` to create a new message.
  */
 export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 22);
+  messageDesc(file_vlmserve_engine_v1_engine, 23);
 
 /**
  * Incremental output: exactly one of text or a tool call. Tool-call markup is never streamed
@@ -890,7 +931,7 @@ export type GenerateChunk = Message$1<"vlmserve.engine.v1.GenerateChunk"> & {
  * Use `create(GenerateChunkSchema)` to create a new message.
  */
 export const GenerateChunkSchema: GenMessage<GenerateChunk> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 23);
+  messageDesc(file_vlmserve_engine_v1_engine, 24);
 
 /**
  * @generated from message vlmserve.engine.v1.GenerateResult
@@ -960,7 +1001,7 @@ export type GenerateResult = Message$1<"vlmserve.engine.v1.GenerateResult"> & {
  * Use `create(GenerateResultSchema)` to create a new message.
  */
 export const GenerateResultSchema: GenMessage<GenerateResult> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 24);
+  messageDesc(file_vlmserve_engine_v1_engine, 25);
 
 /**
  * Each Generate stream is zero or more chunks, then exactly one `complete`.
@@ -991,7 +1032,7 @@ export type GenerateResponse = Message$1<"vlmserve.engine.v1.GenerateResponse"> 
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 25);
+  messageDesc(file_vlmserve_engine_v1_engine, 26);
 
 /**
  * @generated from message vlmserve.engine.v1.GenerateUnaryRequest
@@ -1008,7 +1049,7 @@ export type GenerateUnaryRequest = Message$1<"vlmserve.engine.v1.GenerateUnaryRe
  * Use `create(GenerateUnaryRequestSchema)` to create a new message.
  */
 export const GenerateUnaryRequestSchema: GenMessage<GenerateUnaryRequest> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 26);
+  messageDesc(file_vlmserve_engine_v1_engine, 27);
 
 /**
  * @generated from message vlmserve.engine.v1.GenerateUnaryResponse
@@ -1025,7 +1066,7 @@ export type GenerateUnaryResponse = Message$1<"vlmserve.engine.v1.GenerateUnaryR
  * Use `create(GenerateUnaryResponseSchema)` to create a new message.
  */
 export const GenerateUnaryResponseSchema: GenMessage<GenerateUnaryResponse> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 27);
+  messageDesc(file_vlmserve_engine_v1_engine, 28);
 
 /**
  * @generated from message vlmserve.engine.v1.CountTokensRequest
@@ -1042,7 +1083,7 @@ export type CountTokensRequest = Message$1<"vlmserve.engine.v1.CountTokensReques
  * Use `create(CountTokensRequestSchema)` to create a new message.
  */
 export const CountTokensRequestSchema: GenMessage<CountTokensRequest> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 28);
+  messageDesc(file_vlmserve_engine_v1_engine, 29);
 
 /**
  * @generated from message vlmserve.engine.v1.CountTokensResponse
@@ -1064,7 +1105,7 @@ export type CountTokensResponse = Message$1<"vlmserve.engine.v1.CountTokensRespo
  * Use `create(CountTokensResponseSchema)` to create a new message.
  */
 export const CountTokensResponseSchema: GenMessage<CountTokensResponse> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 29);
+  messageDesc(file_vlmserve_engine_v1_engine, 30);
 
 /**
  * @generated from message vlmserve.engine.v1.ImageLimits
@@ -1096,7 +1137,7 @@ export type ImageLimits = Message$1<"vlmserve.engine.v1.ImageLimits"> & {
  * Use `create(ImageLimitsSchema)` to create a new message.
  */
 export const ImageLimitsSchema: GenMessage<ImageLimits> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 30);
+  messageDesc(file_vlmserve_engine_v1_engine, 31);
 
 /**
  * @generated from message vlmserve.engine.v1.GetModelInfoRequest
@@ -1109,7 +1150,7 @@ export type GetModelInfoRequest = Message$1<"vlmserve.engine.v1.GetModelInfoRequ
  * Use `create(GetModelInfoRequestSchema)` to create a new message.
  */
 export const GetModelInfoRequestSchema: GenMessage<GetModelInfoRequest> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 31);
+  messageDesc(file_vlmserve_engine_v1_engine, 32);
 
 /**
  * @generated from message vlmserve.engine.v1.GetModelInfoResponse
@@ -1190,7 +1231,7 @@ export type GetModelInfoResponse = Message$1<"vlmserve.engine.v1.GetModelInfoRes
  * Use `create(GetModelInfoResponseSchema)` to create a new message.
  */
 export const GetModelInfoResponseSchema: GenMessage<GetModelInfoResponse> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 32);
+  messageDesc(file_vlmserve_engine_v1_engine, 33);
 
 /**
  * @generated from message vlmserve.engine.v1.AbortRequest
@@ -1207,7 +1248,7 @@ export type AbortRequest = Message$1<"vlmserve.engine.v1.AbortRequest"> & {
  * Use `create(AbortRequestSchema)` to create a new message.
  */
 export const AbortRequestSchema: GenMessage<AbortRequest> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 33);
+  messageDesc(file_vlmserve_engine_v1_engine, 34);
 
 /**
  * @generated from message vlmserve.engine.v1.AbortResponse
@@ -1226,7 +1267,7 @@ export type AbortResponse = Message$1<"vlmserve.engine.v1.AbortResponse"> & {
  * Use `create(AbortResponseSchema)` to create a new message.
  */
 export const AbortResponseSchema: GenMessage<AbortResponse> = /*@__PURE__*/
-  messageDesc(file_vlmserve_engine_v1_engine, 34);
+  messageDesc(file_vlmserve_engine_v1_engine, 35);
 
 /**
  * How much of an image the model should look at (OpenAI's `detail`).
@@ -1331,6 +1372,15 @@ export enum ToolKind {
    * @generated from enum value: TOOL_KIND_CUSTOM = 2;
    */
   CUSTOM = 2,
+
+  /**
+   * A computer-use action (docs/computer-use.md): `name` is "computer", `arguments` one action
+   * as JSON in the Responses shape ({"type": "click", "button": "left", "x": 10, "y": 20}), its
+   * coordinates in the pixels of the screenshot before the call (or the display, before any).
+   *
+   * @generated from enum value: TOOL_KIND_COMPUTER = 3;
+   */
+  COMPUTER = 3,
 }
 
 /**
