@@ -1,4 +1,4 @@
-"""Seed 000's unit cases: Responses-native parts and image-bearing tool outputs."""
+"""Responses input lowered to the contract: Responses-native parts and image-bearing tool outputs."""
 
 from __future__ import annotations
 

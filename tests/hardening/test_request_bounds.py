@@ -1,4 +1,5 @@
-"""Reliability round 4 (issue 39), the facade's findings: a failure after admission released
+"""Bounds on what a request may carry, checked where it is parsed, and what a failure after
+admission releases (issue 39, the facade's findings): a failure after admission released
 nothing (Anthropic `top_k` 2^63 passed validation and was a 500 after the response was admitted:
 32 such requests locked the key out, each kept its request in memory), and numbers no field
 bounded where it was parsed."""
