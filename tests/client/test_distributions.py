@@ -216,6 +216,14 @@ def test_the_installed_wheel_serves_the_squares_demo(built_wheel: Path, tmp_path
     text = (tmp_path / "serve.log").read_text()
     # It ran from the fresh environment, with OpenBLAS preloaded where Debian has it.
     assert str(venv / "bin" / "vlmserve-engine") in text, text[-3000:]
+    # The engine's start, phase by phase (engine/load_progress.py).
+    for phase in (
+        "reading weights (step 1 of 3",
+        "building the engine (step 2 of 3",
+        "warming up (step 3 of 3",
+    ):
+        assert phase in text, text[-3000:]
+    assert re.search(r"loading \S+qwen2-vl-squares: done in [\d.]+ s \(reading weights", text), text[-3000:]
     if openblas_library() is not None:
         assert "OpenBLAS is not preloaded" not in text, text[-3000:]
     assert serve.returncode == 0, text[-3000:]

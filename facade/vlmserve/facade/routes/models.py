@@ -7,6 +7,7 @@ Anthropic's (`type`, `display_name`, `created_at`; the list's `has_more`, `first
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -14,8 +15,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
+from vlmserve.client import EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.engines.catalog import model_object
+from vlmserve.facade.engines.pools import PoolStatus
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.state import FacadeState, facade_state
 
@@ -73,6 +76,14 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+async def _why_not(status: PoolStatus, state: FacadeState) -> str:
+    try:
+        await status.pool.engine.model_info(timeout=state.settings.timeouts.control)
+    except EngineError as error:
+        return error.details
+    return "not serving"
+
+
 @readiness_router.get("/readyz")
 async def readyz(state: State) -> JSONResponse:
     """Ready while some model's engines are reachable and SERVING and describe their model, and
@@ -80,7 +91,10 @@ async def readyz(state: State) -> JSONResponse:
     listing = await state.models.listing(timeout_s=state.settings.timeouts.control)
     models = {status.id: "serving" if status.serving else "unavailable" for status in listing}
     if not any(status.serving for status in listing):
-        raise APIError(503, "No engine is serving.", code="engine_unavailable")
+        # What each engine says it is doing (a loading one: its phase and times, load_progress.py).
+        reasons = await asyncio.gather(*(_why_not(status, state) for status in listing))
+        detail = "; ".join(f"{status.id}: {reason}" for status, reason in zip(listing, reasons, strict=True))
+        raise APIError(503, f"No engine is serving ({detail}).", code="engine_unavailable")
     low = state.disk.low() if state.disk is not None else None
     if low is not None:
         # Nothing could be stored: not ready (disk_space.py).

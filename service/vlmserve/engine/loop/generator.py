@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, JobReport
+from vlmserve.engine.load_progress import LoadProgress
 from vlmserve.engine.loop.admission import Admission
 from vlmserve.engine.loop.decode import ActiveGeneration
 from vlmserve.engine.loop.intake import IntakeSource, LocalIntake
@@ -63,6 +64,8 @@ class Generator:
         self._runner: StepRunner | None = None
         # Whether the weights are in memory: --load lazy, --idle-unload-seconds (generation thread).
         self.lifecycle = model_lifecycle(config, self.metrics, drop_caches=self._drop_caches)
+        # The start's phases, logged as they go and told to callers while loading (load_progress.py).
+        self.load_progress = LoadProgress(config.model)
 
     @property
     def reports(self) -> collections.deque[JobReport]:
@@ -124,19 +127,25 @@ class Generator:
             self._parts.drop_caches()
 
     def _run(self, on_ready: ReadyCallback | None) -> None:
+        progress = self.load_progress
         try:
+            progress.enter("reading weights")
             loaded = self.lifecycle.open()
+            progress.enter("building the engine")
             parts = build_parts(self.config, loaded, self.metrics)
             self._parts = parts
             self.observer.watch_caches(parts.prefix_cache, parts.vision_cache)
             self.admission.memory = parts.memory
             # A lazy start leaves the warm-up to the first request (it would read the weights).
             if self.config.warmup and self.lifecycle.resident:
+                progress.enter("warming up")
                 warm_up(loaded, parts)
             self._runner = runner = parts.new_runner()
             self.intake.start(parts.preparer)
+            progress.done()
         except BaseException as error:  # reported to the server, which exits
             log.exception("model load failed")
+            progress.fail(error)
             self.load_error = error
             if on_ready is not None:
                 on_ready(None, error)

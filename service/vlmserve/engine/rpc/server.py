@@ -157,7 +157,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         preparer = self._generator.preparer
         if preparer is None or not self._generator.ready.is_set():
             raise RequestError(
-                grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry shortly", retry_after_s=1.0
+                grpc.StatusCode.UNAVAILABLE,
+                f"the model is still loading: {self._generator.load_progress.describe()}; retry shortly",
+                retry_after_s=1.0,
             )
         return preparer
 
