@@ -181,6 +181,13 @@ def test_the_installed_wheel_serves_the_squares_demo(built_wheel: Path, tmp_path
     )
     assert version.stdout.strip() == f"vlmserve {PROJECT['version']}"
 
+    # An installed package has no fixture model: without one named, it says to name one.
+    nameless = subprocess.run(
+        [str(venv / "bin" / "vlmserve"), "engine", "--address", f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert nameless.returncode == 2 and "no model given" in nameless.stderr, nameless.stderr[-2000:]
+
     port, engine_port = free_port(), free_port()
     log = (tmp_path / "serve.log").open("wb")
     serve = subprocess.Popen(

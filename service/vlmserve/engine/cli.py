@@ -28,6 +28,7 @@ from pydantic import Field, model_validator
 from vlmserve.common.tracing import configure_tracing
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.metrics import serve_metrics
+from vlmserve.engine.model import DEFAULT_MODEL_PATH
 from vlmserve.engine.rpc.auth import EngineSecurity
 from vlmserve.engine.rpc.server import EngineServer
 from vlmserve.server.lifeline import watch_lifeline
@@ -161,6 +162,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmserve-engine") -> No
     """`prog`: the name `--help` shows (`vlmserve engine` when run as a subcommand)."""
     command = _parse_args(argv, prog=prog)
     configure_logging(command.log_level, command.log_format)
+    if command.engine.model == str(DEFAULT_MODEL_PATH) and not DEFAULT_MODEL_PATH.exists():
+        # An installed package has no fixture models (they live in a source checkout).
+        log.error("no model given: name one (vlmserve serve MODEL, or --model: a folder or a hub id)")
+        sys.exit(2)
     # Never reach for the Hugging Face Hub unless the model is a hub id that is not cached.
     if Path(command.engine.model).exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
