@@ -5,6 +5,7 @@ without it, and never another tenant's."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -148,3 +149,22 @@ def test_a_full_disk_turns_the_tier_off_and_the_engine_serves_from_memory(
         again = unary(stub, conversation("Question number 5 " * 40, "An answer.", "More?", partition="agent"))
         assert again.usage.cached_tokens > 0  # memory goes on serving
     assert not list(tmp_path.rglob("*.safetensors"))
+
+
+def test_a_fifo_named_like_an_entry_does_not_hang_the_engine(tmp_path: Path) -> None:
+    """Issue 39: a FIFO in the (shared) folder, named like an entry, blocked the disk tier's open
+    forever with the GIL held: every request timed out and SIGTERM was ignored."""
+    fifo_name = "0" * 64 + ".safetensors"
+    with engine_on(tmp_path) as (server, stub):
+        cache = server.generator.prefix_cache
+        assert cache is not None and cache.disk is not None
+        first = unary(stub, conversation(*TURN_1, partition="agent"))
+        os.mkfifo(cache.disk.folder / fifo_name)  # the next lookup scans the folder
+        taken = unary(stub, conversation(*TURN_2, partition="agent"))
+        assert cache.disk.enabled
+    assert taken.usage.cached_tokens > first.usage.input_tokens - 8
+    with engine_on(tmp_path) as (server, stub):  # there at start-up too
+        again = unary(stub, conversation(*TURN_2, partition="agent"))
+        cache = server.generator.prefix_cache
+        assert cache is not None and cache.hits["disk"] == 1
+    assert again.usage.cached_tokens > first.usage.input_tokens - 8

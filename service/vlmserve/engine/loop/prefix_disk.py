@@ -15,12 +15,19 @@ Safety rules, each tested:
 - every entry carries a SHA-256 of its tensor bytes, checked on load; a corrupt, truncated or
   foreign file is skipped with a warning (and removed), never served;
 - the folder is bounded in bytes (least recently used first; a hit touches the file);
-- a full disk (or any write error) turns the tier off with one warning: the engine goes on with
-  memory only.
+- a full disk (or any write error of any type: safetensors raises its own `SafetensorError`)
+  turns the tier off with one warning and drops what waits to be written: the engine goes on
+  with memory only, and the writer thread never dies of it;
+- only regular files are read, opened without blocking or following links (a FIFO named like an
+  entry never hangs the engine: `prefix_disk_io.py`), and each load checks that the file still
+  holds the indexed partition, token ids and images (a file swapped under the name is not served);
+- scans and loads run on a thread of their own, waited for at most `io_timeout_s`: a folder that
+  does not answer turns the tier off instead of hanging the generation thread.
 
 Arrays cross this module as numpy (bfloat16 as its uint16 bit pattern, named in the metadata):
 converting to and from MLX is the caller's, on the generation thread. Writes run on a thread of
-their own so eviction never waits for the disk; loads are synchronous (they replace a prefill).
+their own so eviction never waits for the disk; loads are synchronous for the caller (they
+replace a prefill).
 """
 
 from __future__ import annotations
@@ -37,9 +44,20 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+from vlmserve.engine.loop.prefix_disk_io import (
+    IoThread,
+    LayerArrays,
+    checksum,
+    flatten,
+    open_regular,
+    read_metadata,
+    read_tensors,
+    unflatten,
+)
 
 __all__ = ["DiskEntry", "LayerArrays", "PrefixDiskTier", "disk_namespace", "entry_name"]
 
@@ -47,8 +65,10 @@ log = logging.getLogger(__name__)
 
 FORMAT = "vlmserve-prefix-kv-1"
 SUFFIX = ".safetensors"
-# A layer is (keys, values), each one array or, for a quantized cache, a tuple of arrays.
-LayerArrays = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+# Seconds a scan of the folder or one entry's load may take before the tier is turned off (a hung
+# filesystem); generous: a real model's entry is hundreds of MiB.
+IO_TIMEOUT_S = 30.0
+T = TypeVar("T")
 PromptImages = dict[int, tuple[int, str]]  # start -> (length, content hash), as in prefix_cache
 
 
@@ -77,9 +97,17 @@ class PrefixDiskTier:
     """A folder of KV entries for one namespace. Generation thread, plus its own writer thread."""
 
     def __init__(
-        self, folder: Path, *, namespace: str, max_bytes: int, on_error: Callable[[str], None] | None = None
+        self,
+        folder: Path,
+        *,
+        namespace: str,
+        max_bytes: int,
+        on_error: Callable[[str], None] | None = None,
+        io_timeout_s: float = IO_TIMEOUT_S,
     ) -> None:
         self.namespace = namespace
+        self.io_timeout_s = io_timeout_s
+        self._io = IoThread("prefix-disk-reader")
         self.max_bytes = max_bytes
         self.folder = Path(folder) / hashlib.sha256(namespace.encode()).hexdigest()[:32]
         self.enabled = max_bytes > 0
@@ -104,6 +132,8 @@ class PrefixDiskTier:
 
     def entries(self, partition: str) -> list[DiskEntry]:
         self.refresh()
+        if not self.enabled:
+            return []
         with self._lock:
             return [entry for entry in self._index.values() if entry.partition == partition]
 
@@ -122,14 +152,21 @@ class PrefixDiskTier:
 
     def refresh(self) -> None:
         """Index files written since the last look (by this process or another one)."""
-        if not self.enabled:
-            return
+        self._off_thread(self._refresh, "scan")
+
+    def _refresh(self) -> None:
         try:
             mtime = self.folder.stat().st_mtime_ns
             if mtime == self._seen_mtime_ns:
                 return
             self._seen_mtime_ns = mtime
-            names = {p.name for p in self.folder.iterdir() if p.name.endswith(SUFFIX)}
+            # Regular files only: a FIFO, device or symlink named like an entry is never opened.
+            with os.scandir(self.folder) as listing:
+                names = {
+                    item.name
+                    for item in listing
+                    if item.name.endswith(SUFFIX) and item.is_file(follow_symlinks=False)
+                }
         except OSError as error:
             self._disable(f"prefix cache folder {self.folder} unreadable: {error}")
             return
@@ -144,41 +181,46 @@ class PrefixDiskTier:
                     self._index[name] = entry
 
     def _read_header(self, path: Path) -> DiskEntry | None:
-        from safetensors import safe_open
-
         try:
-            with safe_open(str(path), framework="numpy") as handle:  # reads the header only
-                meta = handle.metadata() or {}
-            if meta.get("format") != FORMAT or meta.get("namespace") != self.namespace:
-                raise ValueError("written by another model, precision or format")
-            token_ids = np.frombuffer(base64.b64decode(meta["token_ids"]), dtype=np.int32).astype(np.int64)
-            images = {int(k): (int(v[0]), str(v[1])) for k, v in json.loads(meta["images"]).items()}
-            entry = DiskEntry(
-                path, meta["partition"], token_ids, images, path.stat().st_size, json.loads(meta["dtypes"])
-            )
-            if path.name != entry_name(self.namespace, entry.partition, token_ids, images):
-                raise ValueError("its name does not match its contents")
-            return entry
+            with open_regular(path) as (fd, size):
+                meta, _, _ = read_metadata(fd, size)
+            return self._described(path, meta, size)
         except FileNotFoundError:
             return None
         except Exception as error:  # any unreadable file: skipped, never served
             self._reject(path, f"unreadable header ({error})")
             return None
 
+    def _described(self, path: Path, meta: dict[str, str], size: int) -> DiskEntry:
+        """The entry a file's metadata describes, checked to be this namespace's, under its name."""
+        if meta.get("format") != FORMAT or meta.get("namespace") != self.namespace:
+            raise ValueError("written by another model, precision or format")
+        token_ids = np.frombuffer(base64.b64decode(meta["token_ids"]), dtype=np.int32).astype(np.int64)
+        images = {int(k): (int(v[0]), str(v[1])) for k, v in json.loads(meta["images"]).items()}
+        entry = DiskEntry(path, meta["partition"], token_ids, images, size, json.loads(meta["dtypes"]))
+        if path.name != entry_name(self.namespace, entry.partition, token_ids, images):
+            raise ValueError("its name does not match its contents")
+        return entry
+
     # -- loading -----------------------------------------------------------------------------
 
     def load(self, entry: DiskEntry) -> list[LayerArrays] | None:
-        """The entry's layers, after checking its checksum; None (and the file gone) if it fails."""
-        from safetensors import safe_open
+        """The entry's layers, after checking that the file is still the one indexed (partition,
+        token ids, images) and its checksum; None (and the file gone) if it fails."""
+        return self._off_thread(lambda: self._load(entry), "load")
 
+    def _load(self, entry: DiskEntry) -> list[LayerArrays] | None:
         try:
-            # One open: the metadata and the tensors from the same read of the header.
-            with safe_open(str(entry.path), framework="numpy") as handle:
-                meta = handle.metadata() or {}
-                tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-            if _checksum(tensors) != meta.get("sha256"):
+            # One open: the metadata and the tensors from the same descriptor.
+            with open_regular(entry.path) as (fd, size):
+                meta, specs, start = read_metadata(fd, size)
+                found = self._described(entry.path, meta, size)
+                if not _same_prompt(found, entry):
+                    raise ValueError("it was replaced since it was indexed")
+                tensors = read_tensors(fd, size, specs, start)
+            if checksum(tensors) != meta.get("sha256"):
                 raise ValueError("checksum mismatch")
-            layers = _unflatten(tensors, int(meta["layers"]))
+            layers = unflatten(tensors, int(meta["layers"]))
         except FileNotFoundError:
             self._forget(entry.path.name)
             return None
@@ -188,6 +230,20 @@ class PrefixDiskTier:
         with contextlib.suppress(OSError):
             os.utime(entry.path)  # least recently used goes first
         return layers
+
+    def _off_thread(self, work: Callable[[], T], what: str) -> T | None:
+        """`work()` on the tier's I/O thread, waited for at most `io_timeout_s`: a folder that
+        does not answer turns the tier off (memory only) instead of hanging the caller."""
+        if not self.enabled:
+            return None
+        try:
+            return self._io.run(work, self.io_timeout_s)
+        except TimeoutError:
+            self._disable(
+                f"prefix cache folder {self.folder} did not answer a {what} in {self.io_timeout_s:g}s: "
+                "disk tier off, memory only from now on"
+            )
+            return None
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -206,7 +262,7 @@ class PrefixDiskTier:
         name = entry_name(self.namespace, partition, ids, images)
         if name in self:
             return
-        tensors = _flatten(layers)
+        tensors = flatten(layers)
         nbytes = sum(int(array.nbytes) for array in tensors.values())
         if nbytes > self.max_bytes:
             return
@@ -218,7 +274,7 @@ class PrefixDiskTier:
             "images": _images_json(images),
             "layers": str(len(layers)),
             "dtypes": json.dumps(dtypes or {}),
-            "sha256": _checksum(tensors),
+            "sha256": checksum(tensors),
         }
         entry = DiskEntry(self.folder / name, partition, ids, dict(images), nbytes, dict(dtypes or {}))
         with self._changed:
@@ -245,6 +301,7 @@ class PrefixDiskTier:
             return self._changed.wait_for(lambda: not self._jobs and self._writing is None, timeout)
 
     def close(self, timeout: float | None = None) -> None:
+        self._io.stop()
         with self._changed:
             self._closing = True
             self._changed.notify_all()
@@ -370,40 +427,13 @@ def disk_namespace(model: str, loaded: Any) -> str:
     )
 
 
-def _flatten(layers: Sequence[LayerArrays]) -> dict[str, np.ndarray]:
-    tensors: dict[str, np.ndarray] = {}
-    for i, (keys, values) in enumerate(layers):
-        for kind, parts in (("k", keys), ("v", values)):
-            for j, part in enumerate(parts):
-                tensors[f"{i}.{kind}.{j}"] = np.ascontiguousarray(part)
-    return tensors
-
-
-def _unflatten(tensors: dict[str, np.ndarray], count: int) -> list[LayerArrays]:
-    layers: list[LayerArrays] = []
-    for i in range(count):
-        parts = []
-        for kind in ("k", "v"):
-            j, pieces = 0, []
-            while (name := f"{i}.{kind}.{j}") in tensors:
-                pieces.append(tensors[name])
-                j += 1
-            if not pieces:
-                raise ValueError(f"layer {i} has no {kind} arrays")
-            parts.append(tuple(pieces))
-        layers.append((parts[0], parts[1]))
-    if len(tensors) != sum(len(k) + len(v) for k, v in layers):
-        raise ValueError("arrays beyond the layers it names")
-    return layers
-
-
-def _checksum(tensors: dict[str, np.ndarray]) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        array = np.ascontiguousarray(tensors[name])
-        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
+def _same_prompt(found: DiskEntry, indexed: DiskEntry) -> bool:
+    return (
+        found.partition == indexed.partition
+        and np.array_equal(found.token_ids, indexed.token_ids)
+        and found.images == indexed.images
+        and found.dtypes == indexed.dtypes
+    )
 
 
 def _images_json(images: PromptImages) -> str:
