@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tqdm import tqdm
 
 from vlmserve.server.netaddr import is_loopback_host
 
@@ -332,7 +333,10 @@ async def run_load(config: LoadConfig, *, transport: httpx.AsyncBaseTransport | 
             except asyncio.QueueEmpty:
                 return
             outcomes.append(await one_request(client, body))
+            bar.update(1)
 
+    # A bar on a terminal (none when the output is a log or a file: disable=None).
+    bar = tqdm(total=config.requests, desc="requests", unit="req", disable=None, dynamic_ncols=True)
     started = time.perf_counter()
     async with httpx.AsyncClient(
         base_url=config.base_url,
@@ -348,6 +352,7 @@ async def run_load(config: LoadConfig, *, transport: httpx.AsyncBaseTransport | 
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     wall = time.perf_counter() - started
+    bar.close()
     stop_sampling.set()
     await sampler
     return summarize(config, outcomes, wall, tracks)

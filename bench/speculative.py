@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from bench.bench_model import DEFAULT_DIR, build_bench_model
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
@@ -224,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, generator in engines.items():  # warm up both (first forwards of each shape)
         run(generator, next(iter(work.values())), f"warm-{name}")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {w: {e: [] for e in engines} for w in work}
-    for round_index in range(args.rounds):
+    for round_index in tqdm(range(args.rounds), desc="rounds", disable=None, dynamic_ncols=True):
         order = list(engines) if round_index % 2 == 0 else list(reversed(engines))
         for workload, requests in work.items():
             for name in order:

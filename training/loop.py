@@ -20,6 +20,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.nn.utils import value_and_grad
 from mlx.utils import tree_flatten, tree_map
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_DIR = REPO_ROOT / "models" / "qwen2-vl-tiny"
@@ -148,7 +149,10 @@ def train_loop(model: Any, task: Task, args: argparse.Namespace) -> list[dict[st
     started = time.time()
     history: list[dict[str, Any]] = []
     losses: list[float] = []
+    # A bar on a terminal (none in logs: disable=None); the step lines go through it.
+    bar = tqdm(total=args.steps, desc="training", unit="step", disable=None, dynamic_ncols=True)
     for step in range(1, args.steps + 1):
+        bar.update(1)
         loss, grads = loss_and_grad(model, *task.batch(step))
         grads, _ = clip_grad_norm(grads, args.clip)
         optimizer.update(model, grads)
@@ -156,19 +160,20 @@ def train_loop(model: Any, task: Task, args: argparse.Namespace) -> list[dict[st
         losses.append(loss.item())
         if step % args.log_every == 0:
             elapsed = time.time() - started
-            print(
+            bar.set_postfix(loss=f"{np.mean(losses[-args.log_every :]):.4f}", refresh=False)
+            tqdm.write(
                 f"step {step} loss {np.mean(losses[-args.log_every :]):.4f} "
-                f"lr {optimizer.learning_rate.item():.2e} {elapsed / step:.2f}s/step {elapsed / 60:.1f}min",
-                flush=True,
+                f"lr {optimizer.learning_rate.item():.2e} {elapsed / step:.2f}s/step {elapsed / 60:.1f}min"
             )
         if step % args.eval_every == 0 or step == args.steps:
             accuracy = task.evaluate()
             history.append(
                 {"step": step, "minutes": round((time.time() - started) / 60, 2), "accuracy": accuracy}
             )
-            print(f"eval step {step}: {format_accuracy(accuracy)}", flush=True)
+            tqdm.write(f"eval step {step}: {format_accuracy(accuracy)}")
             card = task.card(step, time.time() - started, history)
             size = save_model(model, args.out, args.fixture, card, getattr(args, "overrides", None))
+    bar.close()
     print(f"saved {args.out} ({size / 1e6:.2f} MB) after {(time.time() - started) / 60:.1f} min", flush=True)
     return history
 
