@@ -33,9 +33,9 @@ system-deps:
 
 # Engine + facade together, on the committed fixture model unless MODEL is set. Several models,
 # one engine each: MODELS=id=path,id2=path2 (or MODELS_FILE=models.toml; docs/deployment.md).
-# RUN_ARGS: more launcher/facade flags (python -m vlmserve.facade.launch --help).
+# RUN_ARGS: more launcher/facade flags (vlmserve serve --help). `vlmserve serve` is this, installed.
 run: install
-	$(BIN)/python -m vlmserve.facade.launch --engine-address $(ENGINE_ADDR) \
+	$(BIN)/python -m vlmserve.cli serve --engine-address $(ENGINE_ADDR) \
 		--host $(FACADE_HOST) --port $(FACADE_PORT) $(if $(MODEL),--model $(MODEL)) \
 		$(if $(MODELS),--models $(MODELS)) $(if $(MODELS_FILE),--models-file $(MODELS_FILE)) $(RUN_ARGS)
 
