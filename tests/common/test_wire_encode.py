@@ -7,7 +7,7 @@ import pytest
 from google.protobuf.message import Message
 
 from vlmserve.common import wire_encode
-from vlmserve.common.wire_encode import HeldTexts, encode
+from vlmserve.common.wire_encode import HeldTexts, OutgoingRequest, encode
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -49,3 +49,24 @@ def test_long_texts_are_written_in_slices(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(wire_encode, "_SLICE_CHARS", 3)
     part = pb.Part(text=pb.TextPart(text="a😀é" * 10 + "z"))
     assert encode(part) == part.SerializeToString()
+
+
+def test_an_outgoing_request_is_measured_encoded_and_handed_out_only_with_its_texts() -> None:
+    held = HeldTexts(min_chars=10)
+    text = "non-ASCII é😀漢 " * 10
+    expected = generate_request(text)
+    expected.model, expected.request_id, expected.partition_key = "m", "resp_1", "owner"
+    expected.sampling.max_tokens = 7
+    outgoing = OutgoingRequest(generate_request(held.hold(text)), held)
+    outgoing.model, outgoing.request_id, outgoing.partition_key = "m", "resp_1", "owner"
+    outgoing.sampling.max_tokens = 7
+    assert outgoing.encode() == expected.SerializeToString()
+    assert outgoing.wire_size() == expected.ByteSize()
+    assert list(outgoing.images()) == [
+        part.image for message in expected.messages for part in message.parts if part.HasField("image")
+    ]
+    # Its message holds a marker: it is not handed out to be serialized by protobuf.
+    with pytest.raises(ValueError, match="holds texts apart"):
+        outgoing.plain()
+    plain = OutgoingRequest(expected)
+    assert plain.plain() is expected and plain.encode() == expected.SerializeToString()

@@ -274,4 +274,5 @@ def test_a_message_from_a_response() -> None:
 
 def _as_json(translated: MessagesRequest) -> dict[str, Any]:
     """The typed Responses body as the JSON it stands for (the fields the translation set)."""
-    return translated.request.body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
+    body = translated.request.body
+    return body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)

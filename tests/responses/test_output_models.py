@@ -160,7 +160,7 @@ def streamed(
     counter = itertools.count()
     resource = new_resource(translated, response_id="resp_1", model_id="m", conversation_id="conv_1")
     return ResponseEvents(
-        resource, offered_tools=translated.offered_tools, new_id=lambda prefix: f"{prefix}_{next(counter)}"
+        resource, offered_tools=translated.tools.offered, new_id=lambda prefix: f"{prefix}_{next(counter)}"
     )
 
 

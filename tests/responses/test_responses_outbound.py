@@ -227,7 +227,7 @@ def test_calls_go_back_out_under_the_clients_names() -> None:
             pb.ToolCall(id="c2", name="apply_patch", arguments=json.dumps({"input": "*** Begin Patch"})),
         ]
     )
-    spawn, patch = output_items(result, new_id=ids(), offered_tools=translated.offered_tools)
+    spawn, patch = output_items(result, new_id=ids(), offered_tools=translated.tools.offered)
     assert (spawn["type"], spawn["name"], spawn["namespace"]) == ("function_call", "spawn", "agents")
     assert (patch["type"], patch["name"], patch["input"], patch["call_id"]) == (
         "custom_tool_call",
@@ -289,7 +289,7 @@ def test_tool_output_items_validate_against_open_responses() -> None:
 )
 def test_echo_fields_validate_against_response_resource(extra: dict[str, Any]) -> None:
     tools = [{"type": "function", "name": "f"}, {"type": "web_search"}, {"type": "custom", "name": "c"}]
-    echo = build_generate_request({"input": "hi", "tools": tools, **extra}).echo_fields().to_json()
+    echo = build_generate_request({"input": "hi", "tools": tools, **extra}).echo.to_json()
     components = spec()["components"]
     properties = components["schemas"]["ResponseResource"]["properties"]
     for name, value in echo.items():

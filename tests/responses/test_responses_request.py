@@ -55,7 +55,6 @@ def test_seed_000_request_reaches_the_engine_as_sent_and_renders_lowered() -> No
     assert messages[2].tool_output.text == f"captured\n{IMAGE_FOLLOW_UP_MARKER}"
     assert images_of(messages[3]) == [RED]
     assert [t.function.name for t in translated.request.tools] == ["screenshot"]
-    assert translated.model == "q"
 
 
 def test_sampling_fields_map() -> None:
@@ -74,7 +73,7 @@ def test_unset_sampling_fields_stay_unset() -> None:
 
 def test_defaults_and_echo_fields() -> None:
     translated = build_generate_request(body())
-    echo = translated.echo_fields().to_json()
+    echo = translated.echo.to_json()
     assert echo["tool_choice"] == "auto"
     assert echo["store"] is True
     assert echo["truncation"] == "disabled"
@@ -90,7 +89,7 @@ def test_instructions_lead_and_are_echoed() -> None:
     assert translated.request.messages[0] == pb.Message(
         role=pb.ROLE_SYSTEM, parts=[pb.Part(text=pb.TextPart(text="Be brief."))]
     )
-    assert translated.echo_fields().to_json()["instructions"] == "Be brief."
+    assert translated.echo.to_json()["instructions"] == "Be brief."
 
 
 def test_string_input_is_stored_as_one_message_item() -> None:
@@ -121,7 +120,7 @@ def test_namespace_tools_are_offered_like_top_level_ones() -> None:
     }
     translated = build_generate_request(body(tools=[fn("exec"), namespace]))
     assert [t.function.name for t in translated.request.tools] == ["exec", "spawn", "wait"]
-    assert translated.offered_tools["spawn"].namespace == "agents"
+    assert translated.tools.offered["spawn"].namespace == "agents"
 
 
 def test_colliding_namespaced_names_are_qualified() -> None:
@@ -152,9 +151,9 @@ def test_hosted_tools_are_ignored_and_reported() -> None:
         {"type": "file_search", "vector_store_ids": []},
     ]
     translated = build_generate_request(body(tools=tools))
-    assert translated.ignored_tools == ["web_search", "file_search"]
+    assert translated.tools.ignored == ["web_search", "file_search"]
     assert [t.function.name for t in translated.request.tools] == ["f"]
-    assert [t["name"] for t in translated.tools] == ["f"]
+    assert [t["name"] for t in translated.echo.to_json()["tools"]] == ["f"]
 
 
 def test_custom_tools_are_offered_as_functions_taking_input() -> None:
@@ -170,7 +169,7 @@ def test_custom_tools_are_offered_as_functions_taking_input() -> None:
     assert json.loads(tool.function.parameters_json)["required"] == ["input"]
     assert "Edit files." in tool.function.description
     assert "start: 'x'" in tool.function.description
-    assert translated.offered_tools["apply_patch"].kind == "custom"
+    assert translated.tools.offered["apply_patch"].kind == "custom"
 
 
 def test_custom_calls_in_history_are_shown_as_function_calls() -> None:
@@ -207,7 +206,7 @@ def test_tool_choice(tool_choice: Any, expected: pb.ToolChoice | None, echo: Any
         assert not translated.request.HasField("tool_choice")
     else:
         assert translated.request.tool_choice == expected
-    assert translated.tool_choice == echo
+    assert translated.echo.to_json()["tool_choice"] == echo
 
 
 def test_allowed_tools_restricts_the_offer() -> None:
@@ -220,7 +219,7 @@ def test_allowed_tools_restricts_the_offer() -> None:
 def test_parallel_tool_calls_is_carried() -> None:
     translated = build_generate_request(body(parallel_tool_calls=False))
     assert translated.request.parallel_tool_calls is False
-    assert translated.parallel_tool_calls is False
+    assert translated.echo.to_json()["parallel_tool_calls"] is False
 
 
 def test_codex_only_fields_are_accepted() -> None:
@@ -240,23 +239,23 @@ def test_codex_only_fields_are_accepted() -> None:
         )
     )
     assert translated.stream is True
-    assert translated.store is False
-    assert translated.prompt_cache_key == "k"
-    assert translated.text == {"format": {"type": "text"}, "verbosity": "low"}
-    assert translated.truncation == "auto"
-    assert translated.echo_fields().to_json()["reasoning"] == {"effort": None, "summary": "auto"}
+    assert translated.echo.to_json()["store"] is False
+    assert translated.echo.to_json()["prompt_cache_key"] == "k"
+    assert translated.echo.to_json()["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+    assert translated.echo.to_json()["truncation"] == "auto"
+    assert translated.echo.to_json()["reasoning"] == {"effort": None, "summary": "auto"}
 
 
 def test_conversation_and_previous_response_id_are_parsed() -> None:
     assert build_generate_request(body(conversation={"id": "conv_1"})).conversation_id == "conv_1"
     assert build_generate_request(body(conversation="conv_2")).conversation_id == "conv_2"
-    assert build_generate_request(body(previous_response_id="resp_1")).previous_response_id == "resp_1"
+    assert build_generate_request(body(previous_response_id="resp_1")).echo.previous_response_id == "resp_1"
 
 
 def test_metadata_within_limits_is_kept() -> None:
     metadata = {f"k{i}": "v" * 512 for i in range(16)} | {}
     metadata["x" * 64] = metadata.pop("k0")
-    assert build_generate_request(body(metadata=metadata)).metadata == metadata
+    assert build_generate_request(body(metadata=metadata)).echo.metadata == metadata
 
 
 BODY_ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
@@ -423,7 +422,7 @@ def test_recorded_codex_requests_are_accepted(name: str) -> None:
     assert path.exists(), f"the committed recording {path} is missing"
     recorded = json.loads(path.read_text())
     translated = build_generate_request(recorded)
-    assert "web_search" in translated.ignored_tools
+    assert "web_search" in translated.tools.ignored
     assert {t.function.name for t in translated.request.tools} >= {"exec_command", "view_image"}
     image_turns = [m for m in lower_messages(translated.request.messages) if images_of(m)]
     expected_images = sum(
@@ -438,7 +437,7 @@ def test_recorded_codex_requests_are_accepted(name: str) -> None:
     for tool in recorded["tools"]:
         if tool["type"] == "namespace":
             for inner in tool["tools"]:
-                assert translated.offered_tools[inner["name"]].namespace == tool["name"]
+                assert translated.tools.offered[inner["name"]].namespace == tool["name"]
 
 
 @pytest.mark.parametrize(
@@ -465,7 +464,7 @@ def test_text_format_reaches_the_engine(text: Any, kind: str, echo: dict[str, An
     translated = build_generate_request(body(text=text) if text is not None else body())
     response_format = translated.request.response_format
     assert response_format.WhichOneof("format") == kind
-    assert translated.text == echo
+    assert translated.echo.to_json()["text"] == echo
     if kind == "json_schema":
         schema = response_format.json_schema
         assert (schema.name, json.loads(schema.schema_json), schema.strict) == ("p", {"type": "object"}, True)
@@ -473,7 +472,7 @@ def test_text_format_reaches_the_engine(text: Any, kind: str, echo: dict[str, An
 
 def test_max_tool_calls_reaches_the_engine() -> None:
     translated = build_generate_request(body(tools=[fn("f")], max_tool_calls=2))
-    assert translated.request.max_tool_calls == 2 and translated.max_tool_calls == 2
+    assert translated.request.max_tool_calls == 2 and translated.echo.to_json()["max_tool_calls"] == 2
     assert not build_generate_request(body()).request.HasField("max_tool_calls")
 
 
@@ -490,7 +489,8 @@ def test_reasoning_effort_none_or_minimal_turns_thinking_off(
 
 @pytest.mark.parametrize("value", sorted(get_args(IncludeValue)))
 def test_documented_include_values_are_accepted(value: str) -> None:
-    assert build_generate_request(body(include=[value])).include == [value]
+    sampling = build_generate_request(body(include=[value])).request.sampling
+    assert sampling.logprobs is (value == "message.output_text.logprobs")
 
 
 @pytest.mark.parametrize(
@@ -506,12 +506,12 @@ def test_documented_include_values_are_accepted(value: str) -> None:
 def test_logprobs_are_asked_of_the_engine(fields: dict[str, Any], logprobs: bool, top: int) -> None:
     translated = build_generate_request(body(**fields))
     assert (translated.request.sampling.logprobs, translated.request.sampling.top_logprobs) == (logprobs, top)
-    assert translated.echo_fields().top_logprobs == top
+    assert translated.echo.top_logprobs == top
 
 
 @pytest.mark.parametrize("tier", ["auto", "default", "flex", "priority"])
 def test_every_service_tier_is_accepted(tier: str) -> None:
-    assert build_generate_request(body(service_tier=tier)).service_tier == tier
+    assert build_generate_request(body(service_tier=tier)).echo.service_tier == tier
 
 
 def test_media_in_an_unknown_top_level_field_is_refused_by_name() -> None:

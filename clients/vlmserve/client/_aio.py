@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import TypeVar
 
 import grpc
 
+from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._base import EngineClientBase, Transport, UnaryCall
@@ -33,14 +34,13 @@ class AsyncEngineClient(EngineClientBase[grpc.aio.Channel]):
 
     async def generate(
         self,
-        request: pb.GenerateRequest,
+        request: pb.GenerateRequest | OutgoingRequest,
         *,
         timeout: float | None = None,
-        held: Mapping[str, str] | None = None,
     ) -> AsyncIterator[pb.GenerateResponse]:
         """Stream chunks, then one `complete`. Leaving the loop early cancels the call.
-        `held`: the texts a request holds apart (`vlmserve.common.wire_encode.HeldTexts`)."""
-        stream = self._start_generate(request, timeout, held)
+        An `OutgoingRequest` (`vlmserve.common.wire_encode`) is sent with the texts it holds apart."""
+        stream = self._start_generate(request, timeout)
         try:
             async for response in stream.call:
                 yield response

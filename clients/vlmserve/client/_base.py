@@ -4,7 +4,7 @@ its failure is mapped. The two clients differ only in how they wait for the tran
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.trace import Span, StatusCode
 
 from vlmserve.common.tracing import client_span, inject_metadata
-from vlmserve.common.wire_encode import encode
+from vlmserve.common.wire_encode import OutgoingRequest, encode
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -175,11 +175,12 @@ class EngineClientBase(Generic[ChannelT]):
         return channel
 
     def _start_generate(
-        self, request: pb.GenerateRequest, timeout: float | None, held: Mapping[str, str] | None
+        self, request: pb.GenerateRequest | OutgoingRequest, timeout: float | None
     ) -> StreamCall:
         span = client_span("Generate")
+        encoded = request.encode() if isinstance(request, OutgoingRequest) else encode(request)
         call = self._generate(
-            _Encoded(encode(request, held or {})),
+            _Encoded(encoded),
             timeout=timeout or self.deadlines.generate,
             metadata=inject_metadata(self._metadata, span),
         )

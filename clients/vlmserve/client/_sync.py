@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from types import TracebackType
 from typing import TypeVar
 
 import grpc
 
+from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._base import EngineClientBase, Transport, UnaryCall
@@ -32,14 +33,13 @@ class EngineClient(EngineClientBase[grpc.Channel]):
 
     def generate(
         self,
-        request: pb.GenerateRequest,
+        request: pb.GenerateRequest | OutgoingRequest,
         *,
         timeout: float | None = None,
-        held: Mapping[str, str] | None = None,
     ) -> Iterator[pb.GenerateResponse]:
         """Stream chunks, then one `complete`. Closing the iterator early cancels the call.
-        `held`: the texts a request holds apart (`vlmserve.common.wire_encode.HeldTexts`)."""
-        stream = self._start_generate(request, timeout, held)
+        An `OutgoingRequest` (`vlmserve.common.wire_encode`) is sent with the texts it holds apart."""
+        stream = self._start_generate(request, timeout)
         try:
             yield from stream.call
         except grpc.RpcError as error:

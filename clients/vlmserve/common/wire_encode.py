@@ -9,7 +9,9 @@ every marker of `held` written as the text it stands for.
 
 `HeldTexts.hold(text)` keeps a long text apart and gives a short marker to put in the message in
 its place: such a message must then only be measured (`wire_size(message, held)`) and written
-(`encode(message, held)`) with its `held`, never serialized by protobuf or read for its text.
+(`encode(message, held)`) with its `held`, never serialized by protobuf or read for its text. A
+GenerateRequest holding markers travels as an `OutgoingRequest`, which hands its messages to no
+one: measuring, encoding and sending it all go through it.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import io
 import secrets
 import struct
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from vlmserve.common.wire_size import NO_TEXTS, ZIGZAG, utf8_length, wire_size
+from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["HOLD_MIN_CHARS", "HeldTexts", "encode"]
+__all__ = ["HOLD_MIN_CHARS", "HeldTexts", "OutgoingRequest", "encode"]
 
 _TYPE = FieldDescriptor
 # Texts shorter than this go into the message as they are: holding them saves nothing.
@@ -78,6 +81,84 @@ class HeldTexts(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._texts)
+
+
+class OutgoingRequest:
+    """A GenerateRequest on its way to the engine, with the texts it holds apart (`HeldTexts`):
+    the only way to measure (`wire_size`), encode (`encode`) and send it
+    (`AsyncEngineClient.generate` takes one). Its messages are not handed out, so a marker cannot
+    meet protobuf's serializer; the fields outside them (which never hold markers) are read and
+    set here. `plain()` gives the message itself to a caller that sends it its own way, only when
+    it holds no texts apart."""
+
+    __slots__ = ("_held", "_message")
+
+    def __init__(self, message: pb.GenerateRequest, held: HeldTexts | None = None) -> None:
+        self._message: Final = message
+        self._held: Final = held
+
+    @property
+    def held(self) -> HeldTexts | None:
+        """The texts held apart (None: none): also those of the input messages taken from this
+        request (`TranslatedRequest.input_messages`), stored with them."""
+        return self._held
+
+    @property
+    def sampling(self) -> pb.SamplingParams:
+        return self._message.sampling
+
+    @property
+    def model(self) -> str:
+        return self._message.model
+
+    @model.setter
+    def model(self, value: str) -> None:
+        self._message.model = value
+
+    @property
+    def request_id(self) -> str:
+        return self._message.request_id
+
+    @request_id.setter
+    def request_id(self, value: str) -> None:
+        self._message.request_id = value
+
+    @property
+    def partition_key(self) -> str:
+        return self._message.partition_key
+
+    @partition_key.setter
+    def partition_key(self, value: str) -> None:
+        self._message.partition_key = value
+
+    def images(self) -> Iterator[pb.ImagePart]:
+        """Every image of its messages, tool outputs' included (metrics)."""
+        for message in self._message.messages:
+            parts = list(message.parts)
+            if message.HasField("tool_output") and message.tool_output.WhichOneof("output") == "parts":
+                parts += message.tool_output.parts.parts
+            for part in parts:
+                if part.WhichOneof("kind") == "image":
+                    yield part.image
+
+    def wire_size(self) -> int:
+        """Its serialized size, held texts counted as themselves."""
+        return wire_size(self._message, self._held or NO_TEXTS)
+
+    def encode(self) -> bytes:
+        """Its bytes, exactly `SerializeToString()`'s had the texts been in the message."""
+        return encode(self._message, self._held or NO_TEXTS)
+
+    def editable(self) -> pb.GenerateRequest:
+        """The message itself, markers and all, for editing its turns in place (truncation):
+        never serialized by protobuf; measured and encoded with `held` only."""
+        return self._message
+
+    def plain(self) -> pb.GenerateRequest:
+        """The message itself, for a request that holds no texts apart (ValueError otherwise)."""
+        if self._held:
+            raise ValueError("this request holds texts apart: send it as it is (encode())")
+        return self._message
 
 
 def encode(message: Message, held: Mapping[str, str] = NO_TEXTS) -> bytes:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
-from vlmserve.common.wire_encode import HeldTexts
+from vlmserve.common.wire_encode import HeldTexts, OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import contract_image_count
@@ -18,10 +18,8 @@ from ._computer import check_call_outputs
 from ._create_request import CreateRequest, parse_create_request
 from ._errors import InvalidRequestError
 from ._items import (
-    CallNamer,
     ItemResolver,
     after_latest_compaction,
-    bare_call_name,
     input_entries,
     output_items_to_messages,
     require_content,
@@ -36,7 +34,7 @@ from ._media import FileSource, ImageSource, MediaPolicy, PdfRenderer
 from ._output_models import OutputItem, RequestEcho
 from ._request_models import ConversationParam, CreateResponseBody
 from ._text_format import parse_text
-from ._tools import OfferedTool, parse_tool_choice, parse_tools
+from ._tools import ParsedToolChoice, ToolSet, parse_tool_choice, parse_tools
 
 METADATA_MAX_PAIRS = 16
 # The include value that asks for output_text parts' token logprobs.
@@ -50,80 +48,35 @@ class TranslatedRequest:
     """A validated Responses request, ready for the engine, plus what the response echoes."""
 
     # For the engine: the one conversation (instructions, replayed turns, input), images where
-    # the client put them; the engine lowers it. `model` is left for the caller to set.
-    request: pb.GenerateRequest
+    # the client put them; the engine lowers it. `model` is left for the caller to set. With the
+    # texts it holds apart, when the caller asked for them held (`build_generate_request`'s
+    # `held`): measured, encoded and sent only through it.
+    outgoing: OutgoingRequest
     # `input` as a list of items (a string input becomes one user message item): what to store.
     input_items: list[Any]
     # `input` as contract messages, its tool calls under their own kinds (the request's show
     # custom calls as functions): what a later turn replays instead of translating the items again.
-    input_messages: list[pb.Message] = field(default_factory=list)
-    # The input's long texts, when the caller asked for them held (`build_generate_request`'s
-    # `held`): `request` and `input_messages` hold their markers, and are measured, sent and
-    # stored with these (`wire_size`, `encode`, `AsyncEngineClient.generate(held=)`).
-    held: HeldTexts | None = None
-    # Hosted tools we cannot run, left out of the prompt (types, e.g. "web_search").
-    ignored_tools: list[str] = field(default_factory=list)
-    # Offered tool name -> the tool as the client declared it (namespace, custom); pass this
-    # to result_to_output_items so calls go back out under the client's names.
-    offered_tools: Mapping[str, OfferedTool] = field(default_factory=dict)
-    model: str | None = None
-    instructions: str | None = None
-    previous_response_id: str | None = None
+    # They hold the request's markers: stored with `outgoing.held`.
+    input_messages: list[pb.Message]
+    # The request fields a ResponseResource echoes (`store` and `background` among them).
+    echo: RequestEcho
+    # The tools offered (name -> the tool as declared, for result_to_output_items to give calls
+    # back under the client's names), and the hosted ones left out of the prompt.
+    tools: ToolSet
     conversation_id: str | None = None
     stream: bool = False
-    store: bool = True
-    # Run detached from the connection; polled, cancelled and resumed by id (needs `store`).
-    background: bool = False
-    truncation: str = "disabled"
-    metadata: dict[str, str] = field(default_factory=dict)
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: str | dict[str, Any] = "auto"
-    parallel_tool_calls: bool = True
-    max_output_tokens: int | None = None
-    max_tool_calls: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_logprobs: int = 0
-    text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
-    reasoning: dict[str, Any] | None = None
-    include: list[str] = field(default_factory=list)
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
-    service_tier: str | None = None
     user: str | None = None
-    # (namespace, name) -> the tool name the model was offered (see _tools).
-    call_name: CallNamer = field(default=bare_call_name, repr=False, compare=False)
+
+    @property
+    def request(self) -> pb.GenerateRequest:
+        """The contract message, for a caller that sends it itself: only when no texts are held
+        (`build_generate_request` without `held`; else ValueError)."""
+        return self.outgoing.plain()
 
     def output_messages(self, items: Sequence[OutputItem]) -> list[pb.Message]:
         """A response's output items as raw contract messages, tool calls under the names this
         request offered them: what a later turn replays."""
-        return output_items_to_messages(items, call_name=self.call_name)
-
-    def echo_fields(self) -> RequestEcho:
-        """The request fields a ResponseResource echoes, with schema-valid defaults."""
-        return RequestEcho.model_validate(
-            {
-                "instructions": self.instructions,
-                "previous_response_id": self.previous_response_id,
-                "tools": self.tools,
-                "tool_choice": self.tool_choice,
-                "truncation": self.truncation,
-                "parallel_tool_calls": self.parallel_tool_calls,
-                "text": self.text,
-                "temperature": 1.0 if self.temperature is None else self.temperature,
-                "top_p": 1.0 if self.top_p is None else self.top_p,
-                "top_logprobs": self.top_logprobs,
-                "reasoning": _reasoning_echo(self.reasoning),
-                "max_output_tokens": self.max_output_tokens,
-                "max_tool_calls": self.max_tool_calls,
-                "store": self.store,
-                "background": self.background,
-                "service_tier": self.service_tier or "default",
-                "metadata": self.metadata,
-                "safety_identifier": self.safety_identifier,
-                "prompt_cache_key": self.prompt_cache_key,
-            }
-        )
+        return output_items_to_messages(items, call_name=self.tools.call_name)
 
 
 _REASONING_EFFORTS = ("none", "low", "medium", "high", "xhigh")
@@ -248,37 +201,44 @@ def build_generate_request(
     create.extras.apply(request)
 
     return TranslatedRequest(
-        request=request,
+        outgoing=OutgoingRequest(request, held),
         input_items=_raw_items(create.stored_input()),
         input_messages=input_messages,
-        held=held,
-        call_name=tools.call_name,
-        ignored_tools=tools.ignored,
-        offered_tools=tools.offered,
-        model=parsed.model,
-        instructions=instructions,
-        previous_response_id=parsed.previous_response_id,
+        echo=_echo(parsed, tools, choice, text),
+        tools=tools,
         conversation_id=conversation_id,
         stream=bool(parsed.stream),
-        store=parsed.store is not False,
-        background=bool(parsed.background),
-        truncation=parsed.truncation or "disabled",
-        metadata=parse_metadata(parsed.metadata),
-        tools=tools.echo(choice.allowed),
-        tool_choice=choice.echo,
-        parallel_tool_calls=parsed.parallel_tool_calls is not False,
-        max_output_tokens=parsed.max_output_tokens,
-        max_tool_calls=parsed.max_tool_calls,
-        temperature=parsed.temperature,
-        top_p=parsed.top_p,
-        top_logprobs=parsed.top_logprobs or 0,
-        text=text,
-        reasoning=None if parsed.reasoning is None else parsed.reasoning.model_dump(),
-        include=list(parsed.include or ()),
-        prompt_cache_key=parsed.prompt_cache_key,
-        safety_identifier=parsed.safety_identifier,
-        service_tier=parsed.service_tier,
         user=parsed.user,
+    )
+
+
+def _echo(
+    parsed: CreateResponseBody, tools: ToolSet, choice: ParsedToolChoice, text: dict[str, Any]
+) -> RequestEcho:
+    """The request fields a ResponseResource echoes, with schema-valid defaults."""
+    reasoning = None if parsed.reasoning is None else parsed.reasoning.model_dump()
+    return RequestEcho.model_validate(
+        {
+            "instructions": parsed.instructions,
+            "previous_response_id": parsed.previous_response_id,
+            "tools": tools.echo(choice.allowed),
+            "tool_choice": choice.echo,
+            "truncation": parsed.truncation or "disabled",
+            "parallel_tool_calls": parsed.parallel_tool_calls is not False,
+            "text": text,
+            "temperature": 1.0 if parsed.temperature is None else parsed.temperature,
+            "top_p": 1.0 if parsed.top_p is None else parsed.top_p,
+            "top_logprobs": parsed.top_logprobs or 0,
+            "reasoning": _reasoning_echo(reasoning),
+            "max_output_tokens": parsed.max_output_tokens,
+            "max_tool_calls": parsed.max_tool_calls,
+            "store": parsed.store is not False,
+            "background": bool(parsed.background),
+            "service_tier": parsed.service_tier or "default",
+            "metadata": parse_metadata(parsed.metadata),
+            "safety_identifier": parsed.safety_identifier,
+            "prompt_cache_key": parsed.prompt_cache_key,
+        }
     )
 
 

@@ -11,7 +11,7 @@ build many apps in one process). `/metrics` sits behind the API keys like every 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
 
-from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.common.wire_encode import OutgoingRequest
 
 __all__ = ["FacadeMetrics", "HttpMetrics", "metrics_endpoint"]
 
@@ -79,8 +79,8 @@ class FacadeMetrics:
     def watch_running(self, running: Callable[[], int]) -> None:
         self.registry.register(_RunningCollector(running))
 
-    def count_request(self, request: pb.GenerateRequest) -> None:
-        images = list(contract_images(request.messages))
+    def count_request(self, request: OutgoingRequest) -> None:
+        images = list(request.images())
         self.images.inc(len(images))
         self.image_bytes.inc(sum(len(image.data) for image in images))
 
@@ -130,14 +130,3 @@ def metrics_endpoint(metrics: FacadeMetrics) -> Callable[[Request], Any]:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return serve_metrics
-
-
-def contract_images(messages: Iterable[pb.Message]) -> Iterator[pb.ImagePart]:
-    """Images in contract messages (in tool outputs too): what a request's metrics count."""
-    for message in messages:
-        parts = list(message.parts)
-        if message.HasField("tool_output") and message.tool_output.WhichOneof("output") == "parts":
-            parts += message.tool_output.parts.parts
-        for part in parts:
-            if part.WhichOneof("kind") == "image":
-                yield part.image

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses import ids
 from vlmserve.facade.responses.compaction_seal import CompactionSeal
@@ -52,16 +52,9 @@ def summary_text(resource: dict[str, Any]) -> str:
     return clean_summary(text)
 
 
-def latest_images(request: pb.GenerateRequest, count: int) -> tuple[KeptImage, ...]:
+def latest_images(request: OutgoingRequest, count: int) -> tuple[KeptImage, ...]:
     """The last `count` images of the conversation (tool outputs included), oldest first."""
-    found: list[KeptImage] = []
-    for message in request.messages:
-        parts = list(message.parts) + list(message.tool_output.parts.parts)
-        found += [
-            KeptImage(part.image.data, part.image.media_type)
-            for part in parts
-            if part.WhichOneof("kind") == "image"
-        ]
+    found = [KeptImage(image.data, image.media_type) for image in request.images()]
     return tuple(found[-count:]) if count else ()
 
 

@@ -58,7 +58,7 @@ class ConnectionMemory:
         translated = pending.translated
         messages = [
             *pending.earlier.messages,
-            *_owned(translated.input_messages, translated.held),
+            *_owned(translated.input_messages, translated.outgoing.held),
             *detached(translated.output_messages(resource.output)),
         ]
         self._last_id, self._last = resource.id, Replay(messages=messages)

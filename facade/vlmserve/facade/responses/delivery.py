@@ -164,7 +164,7 @@ async def _frames(
 
 
 def ignored_tools_header(generation: Generation) -> dict[str, str]:
-    ignored = sorted(set(generation.translated.ignored_tools))
+    ignored = sorted(set(generation.translated.tools.ignored))
     return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
 
 

@@ -14,13 +14,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
 from vlmserve.client import AsyncEngineClient, EngineError
+from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError, from_engine_error
 from vlmserve.facade.responses.key_admission import EngineSlots
@@ -35,7 +36,8 @@ class CallStopped(Exception):
 
 @dataclass
 class EngineCall:
-    request: pb.GenerateRequest
+    # Sent with the texts it holds apart (`TranslatedRequest.outgoing`).
+    request: OutgoingRequest
     engine: AsyncEngineClient
     timeout_s: float
     # A `None` message from `messages()` whenever this passes without one from the engine.
@@ -46,8 +48,6 @@ class EngineCall:
     # This facade's engine calls, handed out fairly by owner (key_admission.py); None: unbounded.
     slots: EngineSlots | None = None
     owner: str = ""
-    # The texts `request` holds apart (`TranslatedRequest.held`), written into it as it is sent.
-    held: Mapping[str, str] | None = None
     # Set by `close()`: the call is over (and, as its reader closes it last, the response too).
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     # perf_counter times (metrics): made, and the first output chunk from the engine.
@@ -190,7 +190,7 @@ class EngineCall:
         if self.slots is not None and not self._slot_held:
             await self.slots.acquire(self.owner)
             self._slot_held = True
-        self._stream = self.engine.generate(self.request, timeout=self.timeout_s, held=self.held)
+        self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
         return await anext(self._stream)
 
     def _release(self) -> None:

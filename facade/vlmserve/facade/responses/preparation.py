@@ -19,7 +19,6 @@ from typing import Any, ParamSpec, TypeVar
 from vlmserve.client import MAX_MESSAGE_BYTES, EngineError
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.wire_encode import HeldTexts, encode
-from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
@@ -214,13 +213,13 @@ class ResponsesService:
         translated = await self._documents.run(
             build, with_files=has_file_parts(body.input) or has_file_parts(replay.items)
         )
+        outgoing = translated.outgoing
         # Measured where it is: ByteSize() would encode the request (twice its size, for a moment).
-        if wire_size(translated.request, translated.held or {}) > MAX_MESSAGE_BYTES:
+        if outgoing.wire_size() > MAX_MESSAGE_BYTES:
             raise request_too_large_for_engine()
-        request = translated.request
         # The engine checks it names its model (its own id, not the facade's).
-        request.model = info.model_id
-        self._apply_output_limit(request, limits)
+        outgoing.model = info.model_id
+        self._apply_output_limit(outgoing.sampling, limits)
         return Translation(translated, model, info, references.stored_items(translated.input_items), replay)
 
     async def _model(self, body: CreateResponseBody, owner: str) -> ResolvedModel:
@@ -272,33 +271,34 @@ class ResponsesService:
         """
         translation = await self.translate(create, owner=owner, hold_texts=True, memory=memory)
         translated, info, model = translation.translated, translation.info, translation.model
-        truncated = await self._truncate(translation) if translated.truncation == "auto" else 0
-        if translated.store or translated.conversation_id is not None:
+        outgoing = translated.outgoing
+        truncated = await self._truncate(translation) if translated.echo.truncation == "auto" else 0
+        if translated.echo.store or translated.conversation_id is not None:
             if self.disk is not None:
                 self.disk.check("the response")
             await check_room(
                 self.store,
                 self.settings.storage,
                 owner=owner,
-                adding=stored_size(translation.input_items, translated.input_messages, translated.held),
+                adding=stored_size(translation.input_items, translated.input_messages, outgoing.held),
                 conversation_id=translated.conversation_id,
                 param="input",
             )
-        logprobs = translated.request.sampling.logprobs
+        logprobs = outgoing.sampling.logprobs
         response_id = ids.new_id(ids.RESPONSE)
         # The rest of this request's log lines (and a background run's, started from here) name it.
         bind_response(response_id)
-        translated.request.request_id = response_id
+        outgoing.request_id = response_id
         # The engine's prefix cache is partitioned by this (the owner id is a hash of the key).
-        translated.request.partition_key = owner
+        outgoing.partition_key = owner
         resource = new_resource(
             translated, response_id=response_id, model_id=model.id, conversation_id=translated.conversation_id
         )
         if truncated:
             resource.truncated_items = truncated
-        builder = ResponseEvents(resource, offered_tools=translated.offered_tools)
+        builder = ResponseEvents(resource, offered_tools=translated.tools.offered)
         call = EngineCall(
-            translated.request,
+            outgoing,
             model.engine,
             timeout_s=model.generate_timeout_s,
             heartbeat_s=self.settings.timeouts.heartbeat,
@@ -306,7 +306,6 @@ class ResponsesService:
             retry_after_s=self.settings.retry_after_s,
             slots=self.slots,
             owner=owner,
-            held=translated.held,
         )
         recorder = ResponseRecorder(
             self.store,
@@ -326,11 +325,11 @@ class ResponsesService:
         track_unclaimed(generation, release)
         if memory is not None:
             memory.started(response_id, translation.replay, translated)
-        if translated.ignored_tools:
+        if translated.tools.ignored:
             logger.info(
                 "response %s: hosted tools left out of the prompt: %s",
                 response_id,
-                ", ".join(sorted(set(translated.ignored_tools))),
+                ", ".join(sorted(set(translated.tools.ignored))),
             )
         return generation
 
@@ -341,11 +340,12 @@ class ResponsesService:
         if not context:
             return 0
         translated = translation.translated
-        request = translated.request
+        held = translated.outgoing.held
+        # Its turns are edited in place; it is only ever encoded with `held` (count, below).
+        request = translated.outgoing.editable()
         reserve = (
             min(request.sampling.max_tokens, context // 4) if request.sampling.HasField("max_tokens") else 0
         )
-        held = translated.held
 
         async def count(candidate: pb.GenerateRequest) -> int:
             # Measured with its long texts in place (markers would count as a few tokens).
@@ -437,8 +437,7 @@ class ResponsesService:
         return Replay()
 
     @staticmethod
-    def _apply_output_limit(request: pb.GenerateRequest, limits: Limits) -> None:
-        sampling = request.sampling
+    def _apply_output_limit(sampling: pb.SamplingParams, limits: Limits) -> None:
         if not sampling.HasField("max_tokens"):
             default = limits.default_max_output_tokens
             if limits.max_output_tokens is not None:

@@ -49,7 +49,7 @@ class ResponseRecorder:
     @property
     def enabled(self) -> bool:
         """The response itself is stored (`store: true`, and its first write was not refused)."""
-        return self.translated.store and not self._refused
+        return self.translated.echo.store and not self._refused
 
     @property
     def start_written(self) -> bool:
@@ -68,7 +68,7 @@ class ResponseRecorder:
                 conversation_id=self.conversation_id,
                 input_messages=self.translated.input_messages,
                 max_stored_bytes=self.max_stored_bytes,
-                held=self.translated.held,
+                held=self.translated.outgoing.held,
             )
         )
         try:
@@ -130,5 +130,5 @@ class ResponseRecorder:
             events=[event.to_json() for event in final] if self.on_events is not None else (),
             # The conversation continues with the model that answered last.
             conversation_model=resource.model,
-            held=self.translated.held,
+            held=self.translated.outgoing.held,
         )

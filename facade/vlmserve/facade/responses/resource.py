@@ -32,14 +32,14 @@ def new_resource(
     """The response as it starts: in progress (queued in the background), no output yet, the
     request's fields echoed."""
     return ResponseResource(
-        **dict(translated.echo_fields()),
+        **dict(translated.echo),
         id=response_id,
         created_at=int(time.time()),
         model=model_id,
         conversation=None if conversation_id is None else ConversationRef(id=conversation_id),
         user=translated.user,
         # A background response waits for its run; a foreground one starts at once.
-        status="queued" if translated.background else "in_progress",
+        status="queued" if translated.echo.background else "in_progress",
     )
 
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.engine_call import CallStopped, EngineCall
@@ -44,7 +45,7 @@ class Generation:
     _release_unclaimed: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
-    def request(self) -> pb.GenerateRequest:
+    def request(self) -> OutgoingRequest:
         return self.call.request
 
     @property

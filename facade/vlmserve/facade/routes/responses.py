@@ -85,7 +85,7 @@ async def create_response(request: Request, state: State) -> Response:
             release=hold.release,
             headers=headers,
         )
-    if generation.translated.background:
+    if generation.translated.echo.background:
         # Answered at once (`queued`); the run goes on without this request.
         created = await state.background.start(generation, finisher(generation, hold.release))
         if generation.translated.stream:
@@ -183,7 +183,7 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
     owner = owner_of(request)
     generation = state.responses.running.get(response_id)
     if generation is not None and generation.owner == owner:
-        if not generation.translated.background:
+        if not generation.translated.echo.background:
             raise _synchronous()
         control_s = state.settings.timeouts.control
         await generation.cancel(control_s)
