@@ -344,7 +344,8 @@ class Launcher:
         ):
             return self._fail()
         logger.info(
-            "ready: Responses API at %s/v1 (%s)",
+            "ready: Responses API at %s/v1, a page to try it at %s/ui (%s)",
+            url,
             url,
             ", ".join(f"{engine.model_id or 'engine'} at {engine.address}" for engine in engines),
         )
