@@ -17,7 +17,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from vlmserve.engine.loop import decode as decode_module
+from vlmserve.engine.loop import prompt_batch as prompt_batch_module
 from vlmserve.engine.prep.prompt import MAX_JSON_DEPTH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -230,7 +230,7 @@ def test_a_failure_on_the_generation_thread_is_internal_without_its_text(
     def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError("/srv/secret/kernel.metal: out of something")
 
-    monkeypatch.setattr(decode_module.ActiveGeneration, "prefill", broken)
+    monkeypatch.setattr(prompt_batch_module.PromptBatch, "_run_chunk", broken)
     code, message, _ = failure(stub, request())
     assert (code, message) == (grpc.StatusCode.INTERNAL, "the engine failed to process the request")
     monkeypatch.undo()

@@ -105,7 +105,7 @@ class EngineConfig(DeclaredSettings):
         ge=0,
         description="MiB of the disk tier's folder (this model's entries); least recently used go first",
     )
-    # See decode.py (ActiveGeneration.follow) and docs/performance.md.
+    # See loop/prompt_batch.py (PromptBatch.follow_leaders) and docs/performance.md.
     shared_prefix_min_tokens: int = Field(
         16,
         ge=0,

@@ -49,7 +49,6 @@ from vlmserve.engine.kv.merge import merge_rows, mergeable
 from vlmserve.engine.kv.views import row_views
 from vlmserve.engine.loop.batch_row import BatchRow
 from vlmserve.engine.loop.draw import Score, score_chosen
-from vlmserve.engine.loop.prefill import prefill_group
 from vlmserve.engine.loop.verifier import Verifier
 
 __all__ = ["BatchRow", "DecodeBatch", "RowTokens"]
@@ -122,40 +121,19 @@ class DecodeBatch(Generic[K]):
             self._rope_deltas = self._rope_deltas.reshape(len(self._entries) + 1, -1)
         self._entries.append(entry)
 
-    def add_prefilled_together(
-        self,
-        entries: Sequence[BatchRow[K]],
-        prompts: Sequence[tuple[Any, Any, Any]],
-        caches: Sequence[list[Any]],
-    ) -> list[RowTokens[K]]:
-        """Prefill the rest of several prompts (prefill.py `prompt_rest` each, after its cache)
-        in one forward (prefill.py `prefill_group`), straight into batch rows, and draw each
-        row's first token; returns them, for the caller to hand to the rows."""
+    def extend(self, entries: Sequence[BatchRow[K]], caches: list[Any], rope_deltas: Any) -> None:
+        """Rows whose prompts ran together (prompt_batch.py, first tokens drawn) join with their
+        batch cache (one per layer, a row each) and M-RoPE deltas [rows, 1] (None: plain RoPE)."""
         import mlx.core as mx
 
-        group = prefill_group(
-            self._language_model, list(prompts), list(caches), [entry.rope_deltas for entry in entries]
-        )
         if not self._entries:
-            self._caches, self._rope_deltas = group.caches, group.rope_deltas
+            self._caches, self._rope_deltas = caches, rope_deltas
         else:
-            for mine, theirs in zip(self._caches, group.caches, strict=True):
+            for mine, theirs in zip(self._caches, caches, strict=True):
                 mine.extend(theirs)
-            if group.rope_deltas is not None:
-                self._rope_deltas = mx.concatenate([self._rope_deltas, group.rope_deltas], axis=0)
+            if rope_deltas is not None:
+                self._rope_deltas = mx.concatenate([self._rope_deltas, rope_deltas], axis=0)
         self._entries.extend(entries)
-        logits = group.last_logits
-        drawn = [entry.draw.sample(logits[i : i + 1]).reshape(-1) for i, entry in enumerate(entries)]
-        chosen = mx.concatenate(drawn) if len(drawn) > 1 else drawn[0]
-        score_chosen([entry.draw for entry in entries], chosen)
-        values: list[int] = chosen.tolist()  # type: ignore[assignment]
-        for entry, value in zip(entries, values, strict=True):
-            entry.drew([value])
-            entry.tokens_left -= 1
-        return [
-            RowTokens(entry.key, (value,), entry.draw.take_score())
-            for entry, value in zip(entries, values, strict=True)
-        ]
 
     def remove(self, row: K, *, extract: bool) -> list[Any] | None:
         """Drop a request's row (its untaken token too); with `extract`, return its cache (one row

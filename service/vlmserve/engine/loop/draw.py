@@ -1,11 +1,11 @@
 """A row's token draw: how its next tokens are chosen from the target's logits (generation thread
 only).
 
-A row (decode.py) makes its draw when it is prepared and draws its first token with it after its
-own prefill; then it hands the draw to the decode batch with its KV cache (batch.py `BatchRow`),
-which draws every later token. So a decode step flows one way: the batch decides each row's
-tokens (the step's result, several per row after a speculative verify) and the runner hands them
-to the rows; the batch never calls a row.
+A row (decode.py) gets its draw when the prompt batch (prompt_batch.py) prepares it, which draws
+its first token with it after its prompt ran; then the row hands the draw to the decode batch
+with its KV cache (batch.py `BatchRow`), which draws every later token. So a decode step flows
+one way: the batch decides each row's tokens (the step's result, several per row after a
+speculative verify) and the runner hands them to the rows; the batch never calls a row.
 
 The draw holds the sampler (its own seeded key), the logits processors (the grammar's), the ids
 they and the repetition penalty look back on (the prompt, then the tokens drawn), and the logprob

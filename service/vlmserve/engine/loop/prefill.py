@@ -2,8 +2,9 @@
 
 Two ways, both written here: one row's next chunk on its own cache (`prefill_chunk`; its KV
 cache and first token are then exactly what it gets alone), and several rows' whole rests in one
-forward (`prefill_group`), straight into a batch cache. The rows decide when (decode.py), the
-scheduler how much (scheduler.py), the batch where the KV goes (batch.py).
+forward (`prefill_group`), straight into a batch cache. The prompt batch runs them
+(prompt_batch.py), the scheduler decides how much (scheduler.py), the decode batch takes the KV
+(batch.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A row's output side and its clocks (generation thread only).
 
-A row (decode.py `ActiveGeneration`) is its sequence state (phase, token ids, KV cache, prefix
-sharing) plus what this module holds for it: `RowOutput`, the request's side of each token taken
+A row (decode.py `ActiveGeneration`) is its sequence state (phase, prompt state, token ids, KV
+cache, prefix sharing) plus what this module holds for it: `RowOutput`, the request's side of each token taken
 (the detokenizer, the output assembler, the logprob trace, the events sent to the caller and the
 usage counted), and `RowClock`, when its tokens came. How its tokens are drawn (sampler, logits
 processors) is draw.py's: the decode batch holds that part.

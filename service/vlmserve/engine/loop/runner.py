@@ -1,15 +1,19 @@
 """One engine step, for serving and warm-up alike: `StepRunner.run_step` (generation thread only).
 
-A step, given the jobs that joined (the intake, intake.py):
+Two batches act on the rows (mlx-lm's prompt batch and generation batch): the prompt batch
+(prompt_batch.py) prepares new rows and runs their prompts; the decode batch (batch.py) advances
+every decoding row in one batched forward. The runner moves rows between them. A step, given the
+jobs that joined (the intake, intake.py):
 
-1. new jobs become rows; starting rows whose caller cancelled leave;
+1. new jobs become rows in the prompt batch; rows there whose caller cancelled leave;
 2. every decoding row advances in one batched forward (batch.py, double-buffered): the batch
    draws every row's tokens and returns them (`RowTokens`: one for a plain decode step; a
    speculative verify or a grammar fast-forward may decide several in one forward), and the
    runner hands each row its own (`RowAdvance.tokens`: those it accepted before it ended). The
    batch never calls a row: a row hands it its KV cache and its token draw when it joins;
-3. new rows are prepared and prompt chunks run within the step's token budget, in the stages
-   scheduler.py decides; a row whose last chunk ran has its first token and joins the batch.
+3. the prompt batch prepares rows and runs prompt chunks within the step's token budget, in the
+   stages scheduler.py decides; a row whose prompt is in has its first token and the runner
+   moves it to the decode batch (a group run together joins with its batch cache).
 
 Any failure of one row becomes that row's error; a failed batched forward fails its rows. Rows
 that are done leave at once (their KV row offered to the prefix cache) and are listed in the
@@ -25,14 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.engine.jobs import Job
-from vlmserve.engine.loop.batch import BatchRow, DecodeBatch, RowTokens
-from vlmserve.engine.loop.decode import ActiveGeneration, Phase
+from vlmserve.engine.kv.views import own_copy
+from vlmserve.engine.loop.batch import DecodeBatch, RowTokens
+from vlmserve.engine.loop.decode import ActiveGeneration, Phase, guarded
 from vlmserve.engine.loop.prefix_cache import PrefixCache
-from vlmserve.engine.loop.scheduler import Budget, PrefillRow, chunks, prefill_group, preparations
+from vlmserve.engine.loop.prompt_batch import PromptBatch, PromptGroup
+from vlmserve.engine.loop.scheduler import Budget
 from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.model import LoadedModel
-from vlmserve.engine.request_errors import RequestError, internal_error
+from vlmserve.engine.request_errors import internal_error
 from vlmserve.engine.speculation.drafter import SpeculationCounts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -87,26 +93,28 @@ class StepRunner:
         # verifier.py).
         self._new_verifier = new_verifier
         self._step_tokens = step_tokens
-        self._chunk = prefill_chunk_tokens
         self._shared_minimum = shared_prefix_min_tokens
         self._group_prefill = group_prefill
         self._share_prefixes = group_prefill and shared_prefix_min_tokens > 0
         self._prefix_cache = prefix_cache
-        self._vision_cache = vision_cache
+        self.prompts = PromptBatch(
+            loaded,
+            prefill_chunk_tokens=prefill_chunk_tokens,
+            prefix_cache=prefix_cache,
+            vision_cache=vision_cache,
+        )
         self.batch: DecodeBatch[ActiveGeneration] = self._new_batch()
-        # Admitted, preparing or prefilling, in arrival order.
-        self.starting: list[ActiveGeneration] = []
         # Requests whose prompts were prefilled in a shared forward (tests, metrics).
         self.prefilled_together = 0
         self._result = StepResult()
 
     def __len__(self) -> int:
         """Rows in flight: starting or decoding."""
-        return len(self.starting) + len(self.batch)
+        return len(self.prompts) + len(self.batch)
 
     @property
     def rows(self) -> list[ActiveGeneration]:
-        return [*self.batch.rows, *self.starting]
+        return [*self.batch.rows, *self.prompts.rows]
 
     def renew_batch(self, before: Callable[[], object] = lambda: None) -> None:
         """A batch on the model's current weights (nothing in flight): the old batch, which holds
@@ -123,23 +131,19 @@ class StepRunner:
 
     def _new_batch(self) -> DecodeBatch[ActiveGeneration]:
         language_model = self._loaded.model.language_model
-        return DecodeBatch(language_model, self._new_verifier(language_model))
+        batch = DecodeBatch(language_model, self._new_verifier(language_model))
+        self.prompts.hidden_reader = batch.verifier.hidden_reader if batch.verifier is not None else None
+        return batch
 
     def new_row(self, job: Job) -> ActiveGeneration:
-        return ActiveGeneration(
-            job,
-            self._loaded,
-            prefill_chunk_tokens=self._chunk,
-            prefix_cache=self._prefix_cache,
-            vision_cache=self._vision_cache,
-            keep_prompt_hidden=self.batch.verifier.hidden_reader if self.batch.verifier is not None else None,
-        )
+        return ActiveGeneration(job, self._loaded)
 
     def run_step(self, joined: Iterable[Job] = ()) -> StepResult:
         self._result = result = StepResult()
-        self.starting.extend(self.new_row(job) for job in joined)
+        for job in joined:
+            self.prompts.add(self.new_row(job))
         # (Cancelled decoding rows leave in the decode step, once its token in flight is taken.)
-        for generation in list(self.starting):
+        for generation in list(self.prompts.rows):
             if generation.job.cancelled:
                 generation.finish(pb.FINISH_REASON_CANCELLED)
                 self._leave(generation)
@@ -187,7 +191,7 @@ class StepRunner:
         generation, accepted = decided.row, []
         for index, token in enumerate(decided.tokens):
             score = decided.score if index == 0 else None
-            self._guarded(generation, functools.partial(generation.accept, token, score))
+            guarded(generation, functools.partial(generation.accept, token, score))
             accepted.append(token)
             if generation.done:
                 break
@@ -199,144 +203,58 @@ class StepRunner:
             generation.fail(internal_error())
             self._leave(generation)
 
-    # -- preparation and prefill -----------------------------------------------------------
+    # -- prompts, and rows moving to the decode batch ----------------------------------------
 
     def _start(self, budget: Budget) -> None:
-        """Prepare new arrivals, then prefill chunks: leaders of a shared prefix first, then
-        prompts that fit one shared forward, then the rest, shortest remaining prompt first."""
-        waiting = [g for g in self.starting if g.phase is Phase.PREPARE]
-        image_tokens = [sum(image.token_count for image in g.job.request.images) for g in waiting]
-        for generation in waiting[: preparations(image_tokens, budget)]:
-            self._guarded(generation, generation.prepare)
-            if generation.done:
-                self._leave(generation)
+        """The prompt batch's stages: prepare new arrivals, then prefill chunks: leaders of a
+        shared prefix first, then prompts that fit one shared forward, then the rest, shortest
+        remaining prompt first. Rows whose prompt is in move to the decode batch."""
+        prompts = self.prompts
+        for generation in prompts.prepare(budget):
+            self._leave(generation)
         if self._share_prefixes:
-            self._follow_leaders()
-        leaders = [g for g in self.starting if g.followers]
-        self._run_chunks(leaders, chunks(self._prefill_rows(leaders), budget))
+            prompts.follow_leaders(self.batch, self._shared_minimum)
+        for generation in prompts.run_chunks(prompts.leaders(), budget):
+            self._ran_chunk(generation)
         if self._group_prefill and not self.batch.has_unbatchable_rows:
-            candidates = [g for g in self.starting if g.phase is Phase.PREFILL]
-            self._prefill_together(candidates, prefill_group(self._prefill_rows(candidates), budget))
-        rest = sorted(
-            (g for g in self.starting if g.phase is Phase.PREFILL and g.leader is None),
-            key=lambda g: g.prefill_remaining,
-        )
-        self._run_chunks(rest, chunks(self._prefill_rows(rest), budget))
+            group = prompts.prefill_together(budget)
+            if group is not None:
+                self._join_group(group)
+        for generation in prompts.run_chunks(prompts.rest(), budget):
+            self._ran_chunk(generation)
 
-    @staticmethod
-    def _prefill_rows(generations: list[ActiveGeneration]) -> list[PrefillRow]:
-        return [
-            PrefillRow(
-                key=index,
-                remaining=g.prefill_remaining,
-                next_chunk=g.next_chunk_tokens if g.phase is Phase.PREFILL else 0,
-                groupable=g.can_prefill_together,
-            )
-            for index, g in enumerate(generations)
-        ]
+    def _ran_chunk(self, generation: ActiveGeneration) -> None:
+        """After its last chunk a row joins the decode batch with its KV cache."""
+        if generation.phase is Phase.DECODE:
+            self.prompts.remove(generation)
+            self.batch.add(self.prompts.joining(generation), generation.hand_over_cache())
+            self._result.joined += 1
+            release_buffers()
+        elif generation.done:
+            self._leave(generation)
 
-    def _run_chunks(self, generations: list[ActiveGeneration], chosen: list[int]) -> None:
-        """Each chosen request's next prompt chunk; after its last one a request joins the batch."""
-        for index in chosen:
-            generation = generations[index]
-            self._guarded(generation, generation.prefill)
-            if generation.phase is Phase.DECODE:
-                self.starting.remove(generation)
-                self.batch.add(self._joining(generation), generation.hand_over_cache())
-                self._result.joined += 1
-                release_buffers()
-            elif generation.done:
-                self._leave(generation)
-
-    def _follow_leaders(self) -> None:
-        """A prepared request that shares at least `shared_prefix_min_tokens` first prompt tokens
-        with another request in flight (same partition) starts from that request's KV for them.
-        From a decoding request's batch row at once; from an earlier one still prefilling once
-        its chunks get there (it follows it: waits, and its leader's chunks run first). Leaders
-        are earlier in arrival order and never followers themselves, so nobody waits in a circle."""
-        starting = self.starting
-        for index, generation in enumerate(starting):
-            if not generation.can_follow:
-                continue
-            best, shared = None, 0
-            for other in [*self.batch.rows, *(g for g in starting[:index] if g.can_lead)]:
-                length = generation.shared_prefix_with(other)
-                if length > shared:
-                    best, shared = other, length
-            if best is None or shared < self._shared_minimum:
-                continue
-            if best.phase is Phase.DECODE:
-                layers = self.batch.row_prefix(best, shared)
-                if layers is not None:
-                    generation.start_from(layers, shared)
-            else:
-                generation.follow(best, shared)
-
-    def _prefill_together(self, candidates: list[ActiveGeneration], chosen: list[int]) -> None:
-        """The chosen prompts' rests in one shared prefill forward, straight into batch rows."""
-        if not chosen:
-            return
-        group = [candidates[index] for index in chosen]
-        for generation in group:
-            self.starting.remove(generation)
-        try:
-            firsts = self.batch.add_prefilled_together(
-                [self._joining(g) for g in group],
-                [g.remaining_prompt_arrays for g in group],
-                [g.hand_over_cache() for g in group],
-            )
-        except Exception:
-            log.exception("shared prefill failed")
-            for generation in group:
-                generation.fail(internal_error())  # the text and traceback are in the log
+    def _join_group(self, group: PromptGroup) -> None:
+        """Prompts run together join the decode batch with their batch cache, then take their
+        first tokens."""
+        if not group.entries:  # the shared forward failed: its rows failed
+            for generation in group.rows:
                 self._leave(generation)
             return
-        self.prefilled_together += len(group)
-        self._result.joined += len(group)
-        for first in firsts:
-            generation = first.row
-            self._guarded(
-                generation, functools.partial(generation.prefilled_elsewhere, first.tokens[0], first.score)
-            )
+        self.batch.extend(group.entries, group.caches, group.rope_deltas)
+        self.prefilled_together += len(group.rows)
+        self._result.joined += len(group.rows)
+        for generation, (token, score) in zip(group.rows, group.firsts, strict=True):
+            guarded(generation, functools.partial(generation.prompt_ran, token, score))
             if generation.done:
                 self._leave(generation)
         release_buffers()
 
-    @staticmethod
-    def _joining(generation: ActiveGeneration) -> BatchRow[ActiveGeneration]:
-        """What a row hands the batch when it joins (with its KV cache): itself as its key, its
-        token draw, its latest token, how many it may still be given and, for a drafter model,
-        the prompt's hidden states."""
-        assert generation.draw is not None
-        return BatchRow(
-            generation,
-            generation.draw,
-            tokens_left=generation.tokens_left,
-            last_token=generation.last_token,
-            rope_deltas=generation.rope_deltas,
-            prompt_hidden=generation.take_prompt_hidden(),
-        )
-
     # -- rows leaving ----------------------------------------------------------------------
-
-    def _guarded(self, generation: ActiveGeneration, work: Callable[[], object]) -> None:
-        """Run one piece of a request's work; its failure is its own error."""
-        try:
-            work()
-        except RequestError as error:
-            generation.fail(error)
-        except Exception:
-            log.exception(
-                "request %s failed",
-                generation.job.request_id,
-                extra={"request_id": generation.job.request_id},
-            )
-            generation.fail(internal_error())  # its text and traceback are in the log, not the status
 
     def _leave(self, generation: ActiveGeneration) -> None:
         """A done request leaves at once (its KV row goes to the prefix cache)."""
-        if generation in self.starting:
-            self.starting.remove(generation)
+        if generation in self.prompts.rows:
+            self.prompts.remove(generation)
         elif generation in self.batch.rows:
             keep = self._prefix_cache is not None and self._prefix_cache.enabled
             # A failed request (no finish reason) leaves nothing behind.
@@ -344,6 +262,23 @@ class StepRunner:
                 generation, extract=keep and generation.finish_reason != pb.FINISH_REASON_UNSPECIFIED
             )
             if row is not None:
-                generation.keep_prefix(row)
+                self._keep_prefix(generation, row)
             release_buffers()
         self._result.left.append(generation)
+
+    def _keep_prefix(self, generation: ActiveGeneration, cache: list[Any]) -> None:
+        """Offer a finished request's KV cache (one row) to the prefix cache."""
+        inputs = generation.inputs
+        if self._prefix_cache is None or inputs is None or not generation.generated or not cache:
+            return
+        # The cache holds the prompt and the generated tokens fed back so far: all of them when
+        # the row left after its last token went into a (double-buffered) forward, all but the
+        # last when it left before.
+        # After a verify step it may also hold accepted drafts past the token the row stopped at
+        # (EOS, a stop sequence): those positions are cut, and the offsets say so.
+        covered = [*inputs.token_ids, *generation.generated][: getattr(cache[0], "offset", 0)]
+        own_copy(cache, len(covered))
+        for layer in cache:
+            if isinstance(getattr(layer, "offset", None), int) and layer.offset > len(covered):
+                layer.offset = len(covered)
+        self._prefix_cache.store(generation.partition_key, covered, inputs.image_spans, cache)

@@ -46,7 +46,7 @@ class PrefillRow:
     # Prompt tokens still to run, and the size of its next (whole) chunk.
     remaining: int
     next_chunk: int
-    # Its rest is one chunk and it can share a left-padded forward (decode.py).
+    # Its rest is one chunk and it can share a left-padded forward (prompt_batch.py).
     groupable: bool = False
 
 
