@@ -1,9 +1,8 @@
-"""What the drafter tests (MTP heads, DFlash, EAGLE-3: test_speculative_drafter.py,
-test_speculative_dflash.py, test_speculative_eagle3.py) run alike on each kind of drafter: jobs
-that keep their events, the mixed batch run alone and together against `--speculative off`, rows
-leaving mid-verify, rows joining and a cancelled row leaving while others draft, and the
-seeded-distribution check. Each test adds what is particular to its drafter (what it records and
-asserts of the drafter itself).
+"""What the drafter suite (MTP heads, DFlash, EAGLE-3: test_speculative_drafters.py) runs alike on
+each kind of drafter: jobs that keep their events, the mixed batch run alone and together against
+`--speculative off`, rows leaving mid-verify, rows joining and a cancelled row leaving while
+others draft, and the seeded-distribution check. The suite adds what is particular to a drafter
+(what it records and asserts of the drafter itself).
 """
 
 from __future__ import annotations
