@@ -118,6 +118,11 @@ def server_config(app: FastAPI, settings: FacadeSettings) -> uvicorn.Config:
         h11_max_incomplete_event_size=settings.limits.max_header_bytes + _REQUEST_LINE_BYTES,
         # Client addresses come from the socket, never from X-Forwarded-* headers.
         proxy_headers=False,
+        # The app reads a socket's next message only when it has room for it
+        # (routes/responses_ws.py); uvicorn's sans-I/O WebSocket protocol (auto's choice) stops
+        # reading the socket while a message waits for the app, the legacy one queues up to this
+        # many (default 32, each up to ws_max_size): one, so what waits beyond is the client's.
+        ws_max_queue=1,
     )
 
 

@@ -139,6 +139,14 @@ class Limits(DeclaredSettings):
         "background ones included; 429 rate_limit_exceeded + Retry-After above it; none: no limit. "
         "Applies with API keys on",
     )
+    # One socket queued 150 x 15 MiB of response.create messages (facade 94 -> 2,030 MiB); each
+    # socket now reads one message ahead at most (routes/responses_ws.py), so sockets are the bound.
+    max_websockets_per_key: int = Field(
+        16,
+        ge=1,
+        description="WebSocket connections (/v1/responses) one API key may have open at once (with "
+        "API keys off: all clients together); the handshake past it is answered 429 + Retry-After",
+    )
     # top_logprobs=20 on 16 streams: facade CPU 7.9x, bytes per token 33x.
     max_logprob_responses_per_key: int | None = Field(
         4,

@@ -3,7 +3,8 @@ background runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -37,6 +38,8 @@ class FacadeState:
     files: FileRepository | None = None
     # Free space where the store and the files are (store/disk_space.py).
     disk: DiskSpace | None = None
+    # Open WebSocket connections by owner (routes/responses_ws.py bounds them per key).
+    websockets: Counter[str] = field(default_factory=Counter)
 
 
 def facade_state(request: Request) -> FacadeState:

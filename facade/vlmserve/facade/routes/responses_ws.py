@@ -5,9 +5,10 @@ Each `response.create` message is a create body (without `stream`, `stream_optio
 `background`, which the spec disallows here); its events go out as they do on the HTTP stream,
 one JSON text message each, through the same preparation, limits, engine call and storage. One
 connection carries any number of responses, one after another (a create sent while one runs
-waits its turn). A failed create is an `error` message (`status`, `error`) and the connection
-stays open. The same API keys as HTTP, checked at the handshake. Closing the connection cancels
-the response in progress, as a client leaving an HTTP stream does.
+waits its turn; a connection reads one message ahead and holds it in the body budget, no more,
+and one key's connections are bounded). A failed create is an `error` message (`status`,
+`error`) and the connection stays open. The same API keys as HTTP, checked at the handshake.
+Closing the connection cancels the response in progress, as a client leaving an HTTP stream does.
 
 The connection remembers its last response (responses/connection_memory.py): a `store: false`
 response is continued by `previous_response_id` on the same connection, as in OpenAI's
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -69,33 +71,79 @@ def create_body(message: object) -> dict[str, Any]:
     return body
 
 
+# A connection reads its client's messages only while it has room for them: the response
+# running and the next `response.create`, each held in the body budget (under the key's share)
+# from the moment it is read. Before, every message was read into a queue outside the budget
+# (one socket: 150 x 15 MiB, facade 94 -> 2,030 MiB). What the client sends beyond waits in the
+# server's WebSocket buffer (`ws_max_queue`, cli.py) and in the socket: TCP pushes back.
+_MESSAGES_HELD = 2
+_TRY_AGAIN_LATER = 1013
+
+
+@dataclass
+class _Received:
+    """A message as read: its text and the bytes it holds, or why it was refused on receipt."""
+
+    text: str
+    hold: BodyHold
+    refused: APIError | None = None
+
+
 @router.websocket("/v1/responses")
 async def responses_websocket(websocket: WebSocket) -> None:
     try:
         owner = authenticate(websocket)
     except APIError as error:
-        if "websocket.http.response" in websocket.scope.get("extensions", {}):
-            # The same 401 (and body) as over HTTP, as the handshake's answer.
-            await websocket.send_denial_response(error.to_response())
-        else:
-            await websocket.close(code=_POLICY_VIOLATION, reason=error.message[:120])
+        await _deny(websocket, error, _POLICY_VIOLATION)
         return
-    await websocket.accept()
     state: FacadeState = websocket.app.state.facade
-    messages: asyncio.Queue[str | None] = asyncio.Queue()
+    # Each open socket may hold two messages (above): the sockets of one key are bounded too.
+    limit = state.settings.limits.max_websockets_per_key
+    if state.websockets[owner] >= limit:
+        refused = APIError(
+            429,
+            f"This API key has {limit} WebSocket connections open, this server's limit; close one first.",
+            code="rate_limit_exceeded",
+            type="requests",
+            headers={"Retry-After": str(state.settings.retry_after_s)},
+        )
+        await _deny(websocket, refused, _TRY_AGAIN_LATER)
+        return
+    state.websockets[owner] += 1
+    try:
+        await websocket.accept()
+        await _serve(websocket, state, owner)
+    finally:
+        state.websockets[owner] -= 1
+        if state.websockets[owner] <= 0:
+            del state.websockets[owner]
+
+
+async def _deny(websocket: WebSocket, error: APIError, close_code: int) -> None:
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        # The same answer (status and body) as over HTTP, as the handshake's answer.
+        await websocket.send_denial_response(error.to_response())
+    else:
+        await websocket.close(code=close_code, reason=error.message[:120])
+
+
+async def _serve(websocket: WebSocket, state: FacadeState, owner: str) -> None:
+    room = asyncio.Semaphore(_MESSAGES_HELD)
+    messages: asyncio.Queue[_Received | None] = asyncio.Queue()
     memory = ConnectionMemory()
 
     async def read() -> None:
         try:
             while True:
-                await messages.put(await websocket.receive_text())
+                await room.acquire()
+                messages.put_nowait(_receipt(state, owner, await websocket.receive_text()))
         except WebSocketDisconnect:
-            await messages.put(None)
+            messages.put_nowait(None)
 
     reader = asyncio.ensure_future(read())
     try:
-        while (text := await messages.get()) is not None:
-            running = asyncio.ensure_future(_respond(websocket, state, text, owner, memory))
+        while (received := await messages.get()) is not None:
+            running = asyncio.ensure_future(_respond(websocket, state, received, owner, memory))
             # The client leaving cancels the response in progress (and so its engine call).
             await asyncio.wait({running, reader}, return_when=asyncio.FIRST_COMPLETED)
             if not running.done():
@@ -103,26 +151,45 @@ async def responses_websocket(websocket: WebSocket) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await running
                 break
+            room.release()
             running.result()
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
+        while not messages.empty():
+            left = messages.get_nowait()
+            if left is not None:
+                left.hold.release()
 
 
-async def _respond(
-    websocket: WebSocket, state: FacadeState, text: str, owner: str, memory: ConnectionMemory
-) -> None:
-    """One `response.create`: its events, or an error message."""
+def _receipt(state: FacadeState, owner: str, text: str) -> _Received:
+    """A message just read, its bytes held from now on (or refused: 413, or 503 when the body
+    budget or the key's share has no room); refusals are answered in turn, as its response."""
     limits = state.settings.limits
     hold = BodyHold(state.body_budget, owner)
+    size = len(text.encode())
     try:
-        if len(text.encode()) > limits.max_request_bytes:
+        if size > limits.max_request_bytes:
             raise APIError(
                 413, f"The message is larger than {limits.max_request_bytes} bytes.", code="request_too_large"
             )
-        hold.reserve(len(text.encode()))
-        message = parse_message(text, limits=limits)
+        hold.reserve(size)
+    except APIError as error:
+        return _Received(text, hold, refused=error)
+    return _Received(text, hold)
+
+
+async def _respond(
+    websocket: WebSocket, state: FacadeState, received: _Received, owner: str, memory: ConnectionMemory
+) -> None:
+    """One `response.create`: its events, or an error message."""
+    hold = received.hold
+    try:
+        if received.refused is not None:
+            raise received.refused
+        message = parse_message(received.text, limits=state.settings.limits)
+        del received
         create = await state.responses.parse(create_body(message), owner=owner)
         summary = trigger_request(create)
         generation = await state.responses.prepare(summary or create, owner=owner, memory=memory)
