@@ -1,9 +1,9 @@
 """The /ui page in a real browser: Debian's headless Chromium, driven over WebDriver (chromedriver's
 HTTP API, no client library), against the engine + facade on the squares model. The page lists
 the model, shows readiness, takes the typed question and an attached squares image, streams the
-answer with usage and timing — and the answer counts the squares. The screenshot must show the
-page as a person would see it: the attached image's colour in its preview and the green
-readiness pill.
+answer with usage and timing — and the answer counts the squares; then the same with a PDF
+page. The screenshot must show the page as a person would see it: the attached image's colour in
+its preview and the green readiness pill.
 
 Chromium and chromedriver come from scripts/install-system-deps.sh (apt: chromium,
 chromium-driver); without them the test skips.
@@ -24,6 +24,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from tests._pdfs import squares_pdf
 from tests._services import free_port
 from training.squares import PALETTE, QUESTION, make_samples
 
@@ -159,3 +160,17 @@ def test_ask_about_an_image_in_the_page(browser: Browser, squares_facade_url: st
     # The preview shows the attached image (its squares' colour), and readiness is green.
     assert _has_colour(shot, PALETTE[sample.colour], at_least=200), tmp_path / "ui.png"
     assert _has_colour(shot, READY_GREEN, at_least=100), tmp_path / "ui.png"
+
+    # A PDF: its page reaches the model as an image (the same question, another sample).
+    (page_sample,) = make_samples(4343, 1)
+    document = tmp_path / "squares.pdf"
+    document.write_bytes(squares_pdf([page_sample]))
+    browser.script("delete document.body.dataset.answered")
+    browser.call("POST", f"/element/{browser.find('#file')}/value", {"text": str(document)})
+    browser.wait_for("return document.getElementById('attached').textContent.startsWith('squares.pdf')")
+    assert browser.script("return document.getElementById('preview').hidden")
+    browser.call("POST", f"/element/{browser.find('#send')}/click", {})
+    browser.wait_for("return document.body.dataset.answered === '1'")
+    assert not browser.script("return document.getElementById('error').textContent")
+    answer = browser.script("return document.getElementById('answer').textContent")
+    assert answer.strip() == page_sample.answer, (answer, page_sample.answer)
