@@ -59,7 +59,10 @@ def test_a_plain_and_a_quantized_model(tmp_path: Path) -> None:
     assert models.find_models(plain) == [("plain", plain)]
 
 
-def test_a_models_file_and_a_broken_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_models_file_and_a_broken_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative models are the current folder's, as serve takes them
     write_model(tmp_path / "m", {"model_type": "qwen2_vl"}, {"x": ("F32", [3])})
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json", encoding="utf-8")

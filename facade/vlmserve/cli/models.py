@@ -115,20 +115,17 @@ def describe(folder: Path, name: str | None = None) -> ModelSummary:
 
 def find_models(path: Path) -> list[tuple[str, Path]]:
     """(name, folder) of each model `path` names: a model folder (it has config.json), a folder
-    of model folders, or a models file (TOML/JSON, `[[models]]` with `id` and `model`; entries
-    without a local `model` folder are listed by id with the problem said)."""
+    of model folders, or a models file (TOML/JSON, `[[models]]` with `id` and `model`; an entry
+    whose `model` is no local folder, a hub id, is listed with the problem said)."""
     if path.is_dir():
         if (path / "config.json").is_file():
             return [(path.name, path)]
         return [(child.name, child) for child in sorted(path.iterdir()) if (child / "config.json").is_file()]
     from vlmserve.facade.engines.config import read_models_file
 
-    entries = read_models_file(path).models
-    base = path.parent
+    # A relative `model` is taken from the current folder, as `vlmserve serve --models-file` does.
     return [
-        (entry.id, (base / entry.model) if not Path(entry.model).is_absolute() else Path(entry.model))
-        for entry in entries
-        if entry.model is not None
+        (entry.id, Path(entry.model)) for entry in read_models_file(path).models if entry.model is not None
     ]
 
 
