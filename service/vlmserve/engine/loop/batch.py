@@ -186,15 +186,15 @@ class DecodeBatch(Generic[K]):
         return row_views(self._caches, index, pad, tokens)
 
     def launch(self) -> None:
-        """Build one forward for every row on its latest token (or the verifier's, which puts
-        drafts after it) and start evaluating it."""
+        """Build one forward for every row on its latest token (or let the verifier build its
+        own) and start evaluating it."""
         import mlx.core as mx
 
         if self._row_caches or not self._entries:
             return  # unbatchable rows run synchronously in take()
         verifier = self.verifier
         if verifier is not None and verifier.verifies(self._entries, self._caches):
-            # Its drafts follow the tokens in flight: read them now (take() still hands them out).
+            # Its step follows the tokens in flight: read them now (take() still hands them out).
             waiting = self._pending_rows_tokens()
             self._pending, self._pending_lists = None, waiting
             self._logits = verifier.launch(self._entries, waiting, self._caches, self._forward)
