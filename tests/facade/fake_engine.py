@@ -82,6 +82,9 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
         self.script = Script()
         # What GetModelInfo answers (a test may serve another model).
         self.info = model_info()
+        # Refuse requests that name another model than `info`'s, as the engine does (NOT_FOUND
+        # naming `model`: "not served here").
+        self.checks_model = False
         self.requests: list[pb.GenerateRequest] = []
         self.count_requests: list[pb.GenerateRequest] = []
         self.aborts: list[str] = []
@@ -94,6 +97,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         self.requests.append(request)
+        await self._check_model(request, context)
         script = self.script
         aborted = self._abort_events.setdefault(request.request_id, asyncio.Event())
         self.started.set()
@@ -154,6 +158,7 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
         self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext
     ) -> pb.CountTokensResponse:
         self.count_requests.append(request.request)
+        await self._check_model(request.request, context)
         if self.script.error is not None:
             await _abort(context, self.script.error)
         images = sum(
@@ -169,6 +174,16 @@ class FakeEngine(pb_grpc.EngineServiceServicer):
             if part.WhichOneof("kind") == "text"
         )
         return pb.CountTokensResponse(input_tokens=words + 10 * images, image_count=images)
+
+    async def _check_model(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
+        if self.checks_model and request.model and request.model != self.info.model_id:
+            served = self.info.model_id
+            error = RequestError(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {request.model!r} is not served here; this engine serves {served!r}",
+                field="model",
+            )
+            await _abort(context, error)
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

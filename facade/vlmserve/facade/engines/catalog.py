@@ -36,6 +36,10 @@ class ModelCatalog:
     def cached(self) -> pb.GetModelInfoResponse | None:
         return self._info
 
+    def forget(self) -> None:
+        """The next `info()` asks the engine (it said it no longer serves what we cached)."""
+        self._info = None
+
 
 def image_limits(info: pb.GetModelInfoResponse, limits: Limits | None = None) -> ImageLimits:
     """Bounds per image, applied by the translation before any bytes are sent: the facade's own

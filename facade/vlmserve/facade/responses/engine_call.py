@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from vlmserve.client import AsyncEngineClient, EngineError
+from vlmserve.client import AsyncEngineClient, EngineError, NotFoundError
 from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError, from_engine_error
@@ -48,6 +48,10 @@ class EngineCall:
     # This facade's engine calls, handed out fairly by owner (key_admission.py); None: unbounded.
     slots: EngineSlots | None = None
     owner: str = ""
+    # When the engine says the request's model is not served there (restarted on another
+    # model): the model id it serves now, under which the request is sent once more (or the
+    # APIError that refuses it); None: no retry.
+    refresh_model: Callable[[], Awaitable[str]] | None = None
     # Set by `close()`: the call is over (and, as its reader closes it last, the response too).
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     # perf_counter times (metrics): made, and the first output chunk from the engine.
@@ -81,11 +85,10 @@ class EngineCall:
         self.start()
         assert self._first is not None
         done, _ = await asyncio.wait({self._first}, timeout=wait_s)
-        if done and isinstance(self._first.exception(), EngineError):
-            error = self._first.exception()
-            assert isinstance(error, EngineError)
+        error = self._first.exception() if done else None
+        if isinstance(error, EngineError | APIError):
             self._release()
-            raise self.api_error(error)
+            raise self.api_error(error) if isinstance(error, EngineError) else error
 
     def read_here(self) -> None:
         """The current task is this call's reader: `cancel()` cancels it if it stops reading."""
@@ -191,7 +194,16 @@ class EngineCall:
             await self.slots.acquire(self.owner)
             self._slot_held = True
         self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
-        return await anext(self._stream)
+        try:
+            return await anext(self._stream)
+        except NotFoundError as error:
+            refresh, self.refresh_model = self.refresh_model, None
+            if error.field != "model" or refresh is None:
+                raise
+            # Its model info was cached before the engine changed models: asked again, once.
+            self.request.model = await refresh()
+            self._stream = self.engine.generate(self.request, timeout=self.timeout_s)
+            return await anext(self._stream)
 
     def _release(self) -> None:
         if self._slot_held and self.slots is not None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
-from vlmserve.client import MAX_MESSAGE_BYTES, EngineError
+from vlmserve.client import MAX_MESSAGE_BYTES, EngineError, NotFoundError
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.wire_encode import HeldTexts, encode
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -27,6 +27,7 @@ from vlmserve.facade.engines.pools import ModelRouter, ResolvedModel
 from vlmserve.facade.http.errors import (
     APIError,
     from_engine_error,
+    model_not_found,
     not_found,
     previous_response_not_found,
     request_too_large_for_engine,
@@ -222,6 +223,17 @@ class ResponsesService:
         self._apply_output_limit(outgoing.sampling, limits)
         return Translation(translated, model, info, references.stored_items(translated.input_items), replay)
 
+    async def _served_model_id(self, body: CreateResponseBody, owner: str, model: ResolvedModel) -> str:
+        """After the engine said it no longer serves the model the request was sent for (it was
+        restarted on another one, and the cached info is stale): the info asked again, and the
+        id its engine serves now, when the request's `model` still names that engine (the
+        default, an alias, a configured id). A request for the old engine id is its 404."""
+        model.pool.catalog.forget()
+        again = await self._model(body, owner)
+        if again.pool is not model.pool:
+            raise model_not_found(body.model or "", served=self.models.served_names())
+        return again.info.model_id
+
     async def _model(self, body: CreateResponseBody, owner: str) -> ResolvedModel:
         """The request's `model`; without one, the model of the response or conversation it
         continues (if that is still served), else the default."""
@@ -306,6 +318,7 @@ class ResponsesService:
             retry_after_s=self.settings.retry_after_s,
             slots=self.slots,
             owner=owner,
+            refresh_model=functools.partial(self._served_model_id, create.body, owner, model),
         )
         recorder = ResponseRecorder(
             self.store,
@@ -455,10 +468,17 @@ class ResponsesService:
     async def count_tokens(self, create: CreateRequest, *, owner: str = "") -> int:
         """The prompt's tokens, as `prepare` would send it."""
         translation = await self.translate(create, owner=owner)
+        request = translation.translated.request
+        engine, timeout = translation.model.engine, self.settings.timeouts.control
         try:
-            counted = await translation.model.engine.count_tokens(
-                translation.translated.request, timeout=self.settings.timeouts.control
-            )
+            try:
+                counted = await engine.count_tokens(request, timeout=timeout)
+            except NotFoundError as error:
+                if error.field != "model":
+                    raise
+                # As for Generate (`EngineCall`): the engine changed models; asked again, once.
+                request.model = await self._served_model_id(create.body, owner, translation.model)
+                counted = await engine.count_tokens(request, timeout=timeout)
         except EngineError as error:
             raise from_engine_error(
                 error,
