@@ -21,6 +21,9 @@ RESPONSES = {
     "OfferedTool", "RequestModel", "TranslatedRequest", "build_generate_request", "input_to_messages",
     "is_item_reference", "parse_as", "parse_body", "parse_create_request", "parse_metadata",
     "InvalidRequestError",
+    # for APIs translated to Responses (chat completions, Anthropic Messages): where each field of
+    # the body came from, and the validation pieces their request models share
+    "PathMap", "translated_body", "Count", "MAX_COUNT", "ServiceTier", "OTHER", "by_json_type", "by_type",
     # media the translation reads through the caller's sources
     "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
     # output: items, the response resource and its parts

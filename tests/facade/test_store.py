@@ -100,6 +100,29 @@ async def test_update_replaces_outputs_and_delete_cascades(store: Store) -> None
     assert not await store.responses.update(resource("resp_1"))
 
 
+@pytest.mark.parametrize(
+    ("background", "status", "after"),
+    [
+        (True, "queued", "cancelled"),
+        (True, "in_progress", "cancelled"),
+        (True, "cancelled", "cancelled"),
+        (True, "completed", "completed"),
+        (True, "failed", "failed"),
+        (False, "in_progress", "in_progress"),
+    ],
+)
+async def test_cancel_marks_only_an_unfinished_background_response(
+    store: Store, background: bool, status: str, after: str
+) -> None:
+    await store.responses.put({**resource("resp_a"), "background": background, "status": status}, [])
+    assert await store.responses.cancel("resp_a", owner="bob") is None
+    cancelled = await store.responses.cancel("resp_a")
+    assert cancelled is not None and cancelled["status"] == after
+    stored = await store.responses.get("resp_a")
+    assert stored is not None and stored["status"] == after
+    assert await store.responses.cancel("resp_missing") is None
+
+
 async def test_paging_errors_on_unknown_cursor(store: Store) -> None:
     await store.responses.put(resource("resp_1"), [message("m1", "one")])
     with pytest.raises(UnknownCursorError):

@@ -13,9 +13,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Field, Tag, TypeAdapter
 
-from vlmserve.responses import RequestModel, parse_as
-from vlmserve.responses._request_models import MAX_COUNT, Count
-from vlmserve.responses._validation import OTHER, by_json_type, by_type
+from vlmserve.responses import MAX_COUNT, OTHER, Count, RequestModel, by_json_type, by_type, parse_as
 
 # ---- sources ------------------------------------------------------------------------------------
 

@@ -16,8 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError
-from vlmserve.responses._paths import PathMap, translated_body
+from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError, PathMap, translated_body
 
 from ._request_models import (
     Base64SourceParam,

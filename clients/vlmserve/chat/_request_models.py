@@ -11,9 +11,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter
 
-from vlmserve.responses import RequestModel, parse_as
-from vlmserve.responses._request_models import Count, ServiceTier
-from vlmserve.responses._validation import OTHER, by_json_type, by_type
+from vlmserve.responses import OTHER, Count, RequestModel, ServiceTier, by_json_type, by_type, parse_as
 
 # ---- message content parts ----------------------------------------------------------------------
 

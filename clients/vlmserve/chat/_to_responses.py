@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError
-from vlmserve.responses._paths import PathMap, translated_body
+from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError, PathMap, translated_body
 
 from ._request_models import (
     AssistantMessageParam,

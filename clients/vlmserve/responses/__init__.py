@@ -86,18 +86,22 @@ from ._output_models import (
     Usage,
 )
 from ._parts import IMAGE_PART_TYPES
+from ._paths import PathMap, translated_body
 from ._request import TranslatedRequest, build_generate_request, parse_metadata
-from ._request_models import CreateResponseBody, IncludeValue, parse_body
+from ._request_models import MAX_COUNT, Count, CreateResponseBody, IncludeValue, ServiceTier, parse_body
 from ._tools import OfferedTool
-from ._validation import RequestModel, parse_as
+from ._validation import OTHER, RequestModel, by_json_type, by_type, parse_as
 
 __all__ = [
     "IMAGE_PART_TYPES",
+    "MAX_COUNT",
+    "OTHER",
     "SUMMARY_INSTRUCTION",
     "CompactionState",
     "ContentPartEvent",
     "ConversationRef",
     "ConversationResource",
+    "Count",
     "CreateRequest",
     "CreateResponseBody",
     "CustomToolCallInputDeltaEvent",
@@ -134,6 +138,7 @@ __all__ = [
     "OutputTextContent",
     "OutputTextDeltaEvent",
     "OutputTextDoneEvent",
+    "PathMap",
     "PdfRenderer",
     "ReasoningItem",
     "ReasoningTextContent",
@@ -146,10 +151,13 @@ __all__ = [
     "ResponseResource",
     "ResponseStatus",
     "ResponseStreamEvent",
+    "ServiceTier",
     "ToolCallItem",
     "TranslatedRequest",
     "Usage",
     "build_generate_request",
+    "by_json_type",
+    "by_type",
     "clean_summary",
     "compacted_output",
     "compaction_item",
@@ -169,5 +177,6 @@ __all__ = [
     "result_to_output_items",
     "summary_body",
     "tool_call_output_item",
+    "translated_body",
     "usage_from_contract",
 ]

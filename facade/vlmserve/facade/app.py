@@ -20,7 +20,7 @@ from vlmserve.facade.engines.config import ModelRoute
 from vlmserve.facade.engines.pools import ModelRouter
 from vlmserve.facade.http.api_keys import install_api_keys, require_operator, require_owner
 from vlmserve.facade.http.body_budget import BodyBudget
-from vlmserve.facade.http.errors import install_error_handlers
+from vlmserve.facade.http.errors import APIError, install_error_handlers, insufficient_storage, map_error
 from vlmserve.facade.http.limits import HeaderLimits
 from vlmserve.facade.http.metrics import FacadeMetrics, HttpMetrics, metrics_endpoint
 from vlmserve.facade.http.openapi import install_openapi
@@ -41,7 +41,7 @@ from vlmserve.facade.routes import responses_ws as responses_ws_routes
 from vlmserve.facade.routes import ui as ui_routes
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.facade.state import FacadeState
-from vlmserve.facade.store.disk_space import DiskSpace
+from vlmserve.facade.store.disk_space import DiskSpace, OutOfSpaceError, is_out_of_space
 from vlmserve.facade.store.files import FileRepository
 from vlmserve.facade.store.repositories import Store
 from vlmserve.facade.store.upkeep import INTERRUPTED_ERROR, fail_interrupted, run_lease, run_upkeep
@@ -247,7 +247,8 @@ def create_app(
         app.state.facade = build_state(
             given_clients(engine), store if store is not None else open_store(settings)
         )
-    install_error_handlers(app)
+    install_error_handlers(app, classify=_storage_error)
+    map_error(app, OutOfSpaceError, lambda error: insufficient_storage(error.what))
     install_openapi(app, settings.limits)
     install_api_keys(app, settings.api_keys, settings.operator_keys)
     limits = settings.limits
@@ -288,3 +289,8 @@ def create_app(
             return JSONResponse(app.openapi())
 
     return app
+
+
+def _storage_error(error: Exception) -> APIError | None:
+    """A write the disk had no room for, raised as it was (ENOSPC, SQLite's full database): 507."""
+    return insufficient_storage() if is_out_of_space(error) else None

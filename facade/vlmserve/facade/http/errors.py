@@ -11,8 +11,8 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from fastapi import FastAPI, Request
@@ -25,6 +25,7 @@ from vlmserve.client import EngineError
 from vlmserve.responses import ErrorPayload, InvalidRequestError
 
 logger = logging.getLogger("vlmserve.facade")
+E = TypeVar("E", bound=Exception)
 
 # Engine details are our own engine's words, but bound them so nothing unexpected is echoed at length.
 _MAX_DETAILS_CHARS = 500
@@ -301,24 +302,53 @@ async def _engine_error_handler(request: Request, exc: Exception) -> JSONRespons
     return respond(request, from_engine_error(exc, retry_after_s=retry_after_s))
 
 
-async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
-
-    if is_out_of_space(exc):
-        # A full disk is the operator's to fix, not a bug: 507, one warning line.
-        logger.warning("a write found no space left: %s", type(exc).__name__)
-        return respond(request, out_of_space())
-    # Logged with its traceback for us; the client gets no internal text.
-    logger.exception("unhandled error", exc_info=exc)
-    return respond(
-        request, APIError(500, "The server had an error while processing the request.", code="server_error")
+def insufficient_storage(what: str = "this request") -> APIError:
+    """507: the server is out of storage space (the store's `OutOfSpaceError`, a full disk)."""
+    return APIError(
+        507,
+        f"The server is out of storage space; {what} was not stored. Retry later.",
+        code="insufficient_storage",
+        type="server_error",
     )
 
 
-def install_error_handlers(app: FastAPI) -> None:
+# An error the handlers do not know that the app does (a full disk: 507): its APIError, else None.
+ErrorClassifier = Callable[[Exception], "APIError | None"]
+
+
+def _unexpected_error_handler(
+    classify: ErrorClassifier,
+) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        known = classify(exc)
+        if known is not None:
+            # The operator's to fix (a full disk), not a bug: its status, one warning line.
+            logger.warning("%s: %s", known.code, type(exc).__name__)
+            return respond(request, known)
+        # Logged with its traceback for us; the client gets no internal text.
+        logger.exception("unhandled error", exc_info=exc)
+        return respond(
+            request,
+            APIError(500, "The server had an error while processing the request.", code="server_error"),
+        )
+
+    return handle
+
+
+def map_error(app: FastAPI, kind: type[E], to_api_error: Callable[[E], APIError]) -> None:
+    """Answer a lower floor's exception (`kind`, which knows no HTTP) as `to_api_error` says."""
+
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, kind)
+        return respond(request, to_api_error(exc))
+
+    app.add_exception_handler(kind, handle)
+
+
+def install_error_handlers(app: FastAPI, *, classify: ErrorClassifier = lambda _: None) -> None:
     app.add_exception_handler(APIError, _api_error_handler)
     app.add_exception_handler(InvalidRequestError, _invalid_request_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(EngineError, _engine_error_handler)
-    app.add_exception_handler(Exception, _unexpected_error_handler)
+    app.add_exception_handler(Exception, _unexpected_error_handler(classify))

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.http.errors import APIError, insufficient_storage
 from vlmserve.facade.responses.events import Event, ResponseEvents
-from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
+from vlmserve.facade.store.disk_space import is_out_of_space
 from vlmserve.facade.store.quotas import quota_exceeded
 from vlmserve.facade.store.records import StorageQuotaExceededError, StoredItem
 from vlmserve.facade.store.repositories import Store
@@ -81,7 +81,7 @@ class ResponseRecorder:
                 raise
             # A full disk: the response fails with a clear 507 (its transaction rolled back).
             self._refused = True
-            return out_of_space("the response")
+            return insufficient_storage("the response")
         return None
 
     async def events(self, events: list[Event]) -> list[Event]:

@@ -17,7 +17,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.engines.catalog import image_limits, images_per_request
 from vlmserve.facade.engines.pools import ResolvedModel
 from vlmserve.facade.http.api_keys import owner_of
-from vlmserve.facade.http.errors import APIError, not_found
+from vlmserve.facade.http.errors import APIError, insufficient_storage, not_found
 from vlmserve.facade.http.openapi import (
     ADD_CONVERSATION_ITEMS,
     ADD_CONVERSATION_ITEMS_BODY,
@@ -36,7 +36,7 @@ from vlmserve.facade.responses.item_lists import PageQuery, item_list, item_page
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.facade.store.disk_space import is_out_of_space, out_of_space
+from vlmserve.facade.store.disk_space import is_out_of_space
 from vlmserve.facade.store.quotas import check_room, quota_exceeded, stored_size
 from vlmserve.facade.store.records import ItemPage, StorageQuotaExceededError, StoredItem
 from vlmserve.responses import (
@@ -246,7 +246,7 @@ async def _write(what: str, write: Awaitable[T]) -> T:
         raise quota_exceeded(error.used, error.quota, error.adding) from None
     except Exception as error:
         if is_out_of_space(error):
-            raise out_of_space(what) from None
+            raise insufficient_storage(what) from None
         raise
 
 

@@ -192,17 +192,15 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
             await asyncio.wait_for(generation.done.wait(), control_s)
         resource = await state.store.responses.get(response_id, owner=owner)
         return resource if resource is not None else generation.builder.snapshot().to_json()
-    resource = await state.store.responses.get(response_id, owner=owner)
+    # Not running in this process: in another facade process sharing the store, whose run reads
+    # this and stops (responses/background.py), or in none (start-up marks those of a previous
+    # process failed).
+    resource = await state.store.responses.cancel(response_id, owner=owner)
     if resource is None:
         raise not_found("response", response_id)
     if not resource.get("background"):
         raise _synchronous()
-    if resource["status"] in ("in_progress", "queued", "cancelled"):
-        # Not running in this process: in another facade process sharing the store, whose run
-        # reads this and stops (responses/background.py), or in none (start-up marks those of a
-        # previous process failed).
-        resource["status"] = "cancelled"
-        await state.store.responses.update(resource, owner=owner)
+    if resource["status"] == "cancelled":
         return resource
     raise APIError(
         400,

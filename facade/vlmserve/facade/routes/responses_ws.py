@@ -27,12 +27,13 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from vlmserve.facade.http.api_keys import authenticate
 from vlmserve.facade.http.body_budget import BodyHold
-from vlmserve.facade.http.errors import APIError, from_invalid_request
+from vlmserve.facade.http.errors import APIError, from_invalid_request, insufficient_storage
 from vlmserve.facade.http.request_body import parse_message
 from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.delivery import finisher
 from vlmserve.facade.state import FacadeState
+from vlmserve.facade.store.disk_space import OutOfSpaceError
 from vlmserve.responses import InvalidRequestError
 
 router = APIRouter(tags=["responses"])
@@ -193,10 +194,9 @@ async def _respond(
         create = await state.responses.parse(create_body(message), owner=owner)
         summary = trigger_request(create)
         generation = await state.responses.prepare(summary or create, owner=owner, memory=memory)
-    except (APIError, InvalidRequestError) as failure:
+    except (APIError, InvalidRequestError, OutOfSpaceError) as failure:
         hold.release()
-        error = from_invalid_request(failure) if isinstance(failure, InvalidRequestError) else failure
-        await websocket.send_text(json.dumps(error_message(error)))
+        await websocket.send_text(json.dumps(error_message(_api_error(failure))))
         return
     except BaseException:
         hold.release()
@@ -217,3 +217,12 @@ async def _respond(
         memory.ended(generation.builder.snapshot())
     finally:
         await finisher(generation, hold.release)()
+
+
+def _api_error(failure: APIError | InvalidRequestError | OutOfSpaceError) -> APIError:
+    """A refused create as the error message's APIError (the app's handlers do this over HTTP)."""
+    if isinstance(failure, InvalidRequestError):
+        return from_invalid_request(failure)
+    if isinstance(failure, OutOfSpaceError):
+        return insufficient_storage(failure.what)
+    return failure

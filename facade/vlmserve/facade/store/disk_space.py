@@ -6,11 +6,14 @@ was cut before any event, and `/readyz` said 200 throughout. Now:
 
 * `DiskSpace.low()` names a filesystem (the store's, the files') with less than `min_free_bytes`
   free; `/readyz` is then 503 `insufficient_storage`, and requests that would write (uploads,
-  stored responses and conversations) are refused up front with 507 `insufficient_storage`,
-  before the engine is called or anything is written;
+  stored responses and conversations) are refused up front (`DiskSpace.check` raises
+  `OutOfSpaceError`), before the engine is called or anything is written;
 * a write that still finds the disk full (`is_out_of_space`: ENOSPC, EDQUOT, SQLite's "database
-  or disk is full", PostgreSQL's disk-full) is the same 507, wherever it is raised; the file store
-  removes what it had begun, and the store's transactions roll back.
+  or disk is full", PostgreSQL's disk-full) is the same error, wherever it is raised; the file
+  store removes what it had begun, and the store's transactions roll back.
+
+The store knows no HTTP: the app answers both with 507 `insufficient_storage`
+(`http/errors.py` `insufficient_storage`, wired in `app.py`).
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vlmserve.facade.http.errors import APIError
-
-__all__ = ["DiskSpace", "is_out_of_space", "out_of_space"]
+__all__ = ["DiskSpace", "OutOfSpaceError", "is_out_of_space"]
 
 logger = logging.getLogger("vlmserve.facade")
 
@@ -36,10 +37,20 @@ _DISK_FULL_SQLSTATE = "53100"
 _CHECK_S = 1.0
 
 
+class OutOfSpaceError(Exception):
+    """What would be written was refused for lack of space: `what` was not stored."""
+
+    def __init__(self, what: str = "this request") -> None:
+        super().__init__(f"out of storage space: {what} was not stored")
+        self.what = what
+
+
 def is_out_of_space(error: BaseException) -> bool:
     """Whether `error` (or what caused it) is a write refused for lack of space."""
     seen: BaseException | None = error
     while seen is not None:
+        if isinstance(seen, OutOfSpaceError):
+            return True
         if isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS:
             return True
         if isinstance(seen, sqlite3.OperationalError) and "full" in str(seen).lower():
@@ -48,15 +59,6 @@ def is_out_of_space(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def out_of_space(what: str = "this request") -> APIError:
-    return APIError(
-        507,
-        f"The server is out of storage space; {what} was not stored. Retry later.",
-        code="insufficient_storage",
-        type="server_error",
-    )
 
 
 class DiskSpace:
@@ -88,9 +90,9 @@ class DiskSpace:
         return self._low
 
     def check(self, what: str = "this request") -> None:
-        """507 `insufficient_storage` when a filesystem is short of space."""
+        """OutOfSpaceError when a filesystem is short of space."""
         if self.low() is not None:
-            raise out_of_space(what)
+            raise OutOfSpaceError(what)
 
 
 def _existing(path: Path) -> Path:

@@ -38,6 +38,8 @@ from vlmserve.facade.store.records import ItemPage, MissingChainLinkError, Order
 
 Resource = dict[str, Any]
 Item = dict[str, Any]
+# A stored background response not yet over (queued, or running here or in another facade).
+CANCELLABLE_STATUSES = ("in_progress", "queued")
 
 
 class ResponseRepository:
@@ -70,6 +72,13 @@ class ResponseRepository:
         """Replace a stored response's resource (its status, output, usage); False if it is gone.
         Its output messages are dropped: replays then translate its output items."""
         return await self._db.run(self._update, resource, owner)
+
+    async def cancel(self, response_id: str, *, owner: str = "") -> Resource | None:
+        """Mark a stored background response `cancelled` if it is not over yet (the facade running
+        it reads that and stops: responses/background.py), in one transaction, so an end written
+        meanwhile is never overwritten; the resource as stored after. None: no such response.
+        A response that is not a background one, or already over, is returned unchanged."""
+        return await self._db.run(self._cancel, response_id, owner)
 
     async def finish(
         self,
@@ -260,6 +269,22 @@ class ResponseRepository:
         tx.execute("UPDATE responses SET size = ? WHERE id = ?", (size, response_id))
         tx.add_usage(owner, size - int(old_size))
         return True
+
+    def _cancel(self, response_id: str, owner: str) -> Resource | None:
+        with self._db.transaction() as tx:
+            rows = tx.execute(
+                f"SELECT resource FROM responses WHERE id = ? AND owner = ?{self._db.FOR_UPDATE}",
+                (response_id, owner),
+            ).fetchall()
+            if not rows:
+                return None
+            resource: Resource = json.loads(rows[0][0])
+            if not resource.get("background") or resource.get("status") not in CANCELLABLE_STATUSES:
+                return resource
+            resource["status"] = "cancelled"
+            self._write_end(tx, resource, owner, None)
+        self._db.cache.drop((response_id, "output"))
+        return resource
 
     def _get(self, response_id: str, owner: str) -> Resource | None:
         rows = self._db.query(
