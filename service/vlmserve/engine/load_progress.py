@@ -62,17 +62,17 @@ class LoadProgress:
                 self._started = now
             self._close(now)
             self.phase, self._phase_started = phase, now
+            self._changed.set()  # the last phase's reminders stop (under the lock: none after this)
+            self._changed = changed = threading.Event()
         step = PHASES.index(phase) + 1 if phase in PHASES else 0
         extra = ""
         if phase == "reading weights":
             size = weights_bytes(self.model)
             extra = f", {_size(size)}" if size is not None else ""
         log.info("loading %s: %s (step %d of %d%s)", self.model, phase, step, len(PHASES), extra)
-        self._changed.set()
-        self._changed = threading.Event()
         if self.log_every_s > 0:
             threading.Thread(
-                target=self._remind, args=(phase, self._changed), name="vlmserve-load-progress", daemon=True
+                target=self._remind, args=(phase, changed), name="vlmserve-load-progress", daemon=True
             ).start()
 
     def done(self) -> None:
@@ -81,7 +81,7 @@ class LoadProgress:
             self._close(now)
             self.phase, self.ready = None, True
             total = now - (self._started if self._started is not None else now)
-        self._changed.set()
+            self._changed.set()
         log.info(
             "loading %s: done in %.1f s (%s)",
             self.model,
@@ -92,7 +92,7 @@ class LoadProgress:
     def fail(self, error: BaseException) -> None:
         with self._lock:
             self.failed = f"{self.phase or 'loading'} failed: {error}"
-        self._changed.set()
+            self._changed.set()
 
     def describe(self) -> str:
         """E.g. `warming up (step 3 of 3, 2.1 s; reading weights took 5.0 s, ...)`."""
@@ -114,6 +114,9 @@ class LoadProgress:
 
     def _remind(self, phase: str, changed: threading.Event) -> None:
         while not changed.wait(self.log_every_s):
-            with self._lock:
-                elapsed = self.clock() - self._phase_started
-            log.info("loading %s: still %s after %.0f s", self.model, phase, elapsed)
+            with self._lock:  # the phase cannot end while this is said
+                if changed.is_set():
+                    return
+                log.info(
+                    "loading %s: still %s after %.0f s", self.model, phase, self.clock() - self._phase_started
+                )
