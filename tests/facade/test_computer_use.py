@@ -234,3 +234,183 @@ async def test_tool_choice_forces_the_computer(http: httpx.AsyncClient, engine: 
     )
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "tool_choice.type"
+
+
+# ---- Anthropic Messages: the computer tool ------------------------------------------------------
+
+ANTHROPIC_TOOL = {
+    "type": "computer_20250124",
+    "name": "computer",
+    "display_width_px": 1024,
+    "display_height_px": 768,
+}
+
+
+def png_base64(color: tuple[int, int, int] = (0, 0, 255)) -> str:
+    return png_data_url(color, (64, 48)).split(",", 1)[1]
+
+
+@pytest.mark.parametrize("tool_type", ["computer_20250124", "computer_20251124"])
+async def test_anthropic_computer_tool_calls_are_tool_use_with_its_actions(
+    http: httpx.AsyncClient, engine: FakeEngine, tool_type: str
+) -> None:
+    engine.script = Script(
+        text_chunks=[],
+        tool_calls=[computer_call(CLICK, "toolu_1")],
+        finish_reason=pb.FINISH_REASON_TOOL_CALLS,
+    )
+    body = {
+        "model": "default",
+        "max_tokens": 64,
+        "tools": [{**ANTHROPIC_TOOL, "type": tool_type}],
+        "messages": [
+            {"role": "user", "content": "Click the blue square."},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_0",
+                        "name": "computer",
+                        "input": {"action": "screenshot"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_0",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": png_base64()},
+                            }
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
+    reply = await http.post("/v1/messages", json=body)
+    assert reply.status_code == 200, reply.text
+    request = engine.requests[-1]
+    assert [t.WhichOneof("kind") for t in request.tools] == ["computer"]
+    assert (request.tools[0].computer.display_width, request.tools[0].computer.display_height) == (1024, 768)
+    replayed = request.messages[1].tool_calls[0]
+    assert (replayed.kind, json.loads(replayed.arguments)) == (pb.TOOL_KIND_COMPUTER, {"type": "screenshot"})
+    lowered = lower_messages(request.messages)
+    assert lowered[-1].parts[0].WhichOneof("kind") == "image"
+    message = reply.json()
+    assert message["stop_reason"] == "tool_use"
+    assert message["content"] == [
+        {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "computer",
+            "input": {"action": "left_click", "coordinate": [40, 30]},
+        }
+    ]
+
+
+async def test_anthropic_computer_call_streams_as_one_tool_use_block(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.script = Script(
+        text_chunks=[], tool_calls=[computer_call({"type": "keypress", "keys": ["ctrl", "s"]}, "toolu_2")]
+    )
+    body = {
+        "model": "default",
+        "max_tokens": 64,
+        "stream": True,
+        "tools": [ANTHROPIC_TOOL],
+        "messages": [{"role": "user", "content": "Save."}],
+    }
+    reply = await http.post("/v1/messages", json=body)
+    events = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
+    blocks = [e for e in events if e["type"].startswith("content_block")]
+    assert [e["type"] for e in blocks] == ["content_block_start", "content_block_delta", "content_block_stop"]
+    assert blocks[0]["content_block"]["name"] == "computer"
+    assert json.loads(blocks[1]["delta"]["partial_json"]) == {"action": "key", "text": "ctrl+s"}
+    assert [e for e in events if e["type"] == "message_delta"][0]["delta"]["stop_reason"] == "tool_use"
+
+
+@pytest.mark.parametrize(
+    ("input", "expected"),
+    [
+        (
+            {"action": "left_click_drag", "start_coordinate": [1, 2], "coordinate": [30, 40]},
+            {"type": "drag", "path": [{"x": 1, "y": 2}, {"x": 30, "y": 40}]},
+        ),
+        (
+            {"action": "scroll", "coordinate": [5, 6], "scroll_direction": "up", "scroll_amount": 3},
+            {"type": "scroll", "x": 5, "y": 6, "scroll_x": 0, "scroll_y": -3},
+        ),
+        (
+            {"action": "right_click", "coordinate": [5, 6]},
+            {"type": "click", "x": 5, "y": 6, "button": "right"},
+        ),
+        ({"action": "type", "text": "hello"}, {"type": "type", "text": "hello"}),
+        ({"action": "key", "text": "ctrl+c"}, {"type": "keypress", "keys": ["ctrl", "c"]}),
+        ({"action": "mouse_move", "coordinate": [5, 6]}, {"type": "move", "x": 5, "y": 6}),
+        ({"action": "wait", "duration": 1}, {"type": "wait"}),
+    ],
+)
+async def test_anthropic_replayed_actions_reach_the_engine_as_responses_actions(
+    http: httpx.AsyncClient, engine: FakeEngine, input: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    engine.script = Script(text_chunks=["ok"])
+    body = {
+        "model": "default",
+        "max_tokens": 16,
+        "tools": [ANTHROPIC_TOOL],
+        "messages": [
+            {"role": "user", "content": "Go."},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_9", "name": "computer", "input": input}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "done"}],
+            },
+        ],
+    }
+    reply = await http.post("/v1/messages", json=body)
+    assert reply.status_code == 200, reply.text
+    assert json.loads(engine.requests[-1].messages[1].tool_calls[0].arguments) == expected
+
+
+@pytest.mark.parametrize(
+    ("input", "param"),
+    [
+        ({"action": "triple_click", "coordinate": [1, 2]}, "messages[1].content[0].input.action"),
+        ({"action": "fly"}, "messages[1].content[0].input.action"),
+        ({"action": "left_click", "coordinate": [1]}, "messages[1].content[0].input.coordinate"),
+    ],
+)
+async def test_anthropic_bad_computer_actions_are_400s_naming_them(
+    http: httpx.AsyncClient, input: dict[str, Any], param: str
+) -> None:
+    body = {
+        "model": "default",
+        "max_tokens": 16,
+        "tools": [ANTHROPIC_TOOL],
+        "messages": [
+            {"role": "user", "content": "Go."},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_9", "name": "computer", "input": input}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "done"}],
+            },
+        ],
+    }
+    reply = await http.post("/v1/messages", json=body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert param in error["message"]

@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic import Field
 
 from vlmserve.responses import (
+    ComputerCallItem,
     FunctionCallItem,
     OutboundModel,
     OutputMessage,
@@ -19,6 +20,8 @@ from vlmserve.responses import (
     ResponseResource,
     Usage,
 )
+
+from ._computer import from_responses_action
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
@@ -100,10 +103,18 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"arguments": parsed}
 
 
+def computer_tool_use(item: ComputerCallItem) -> ToolUseBlock:
+    """A computer call as the computer tool's `tool_use` (Anthropic's actions)."""
+    return ToolUseBlock(id=item.call_id, name="computer", input=from_responses_action(item.action or {}))
+
+
 def stop_reason(resource: ResponseResource, stop_sequence: str | None) -> StopReason:
     if resource.incomplete_details is not None and resource.incomplete_details.reason == "max_output_tokens":
         return "max_tokens"
-    if any(isinstance(item, FunctionCallItem) and item.status == "completed" for item in resource.output):
+    if any(
+        isinstance(item, FunctionCallItem | ComputerCallItem) and item.status == "completed"
+        for item in resource.output
+    ):
         return "tool_use"
     if stop_sequence:
         return "stop_sequence"
@@ -125,6 +136,8 @@ def content_blocks(resource: ResponseResource) -> list[ContentBlock]:
                 blocks.append(TextBlock(text=text))
         elif isinstance(item, FunctionCallItem) and item.status == "completed":
             blocks.append(ToolUseBlock(id=item.call_id, name=item.name, input=tool_input(item.arguments)))
+        elif isinstance(item, ComputerCallItem) and item.status == "completed" and item.action is not None:
+            blocks.append(computer_tool_use(item))
     return blocks
 
 

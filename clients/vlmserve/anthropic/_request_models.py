@@ -15,6 +15,8 @@ from pydantic import Field, Tag, TypeAdapter
 
 from vlmserve.responses import MAX_COUNT, OTHER, Count, RequestModel, by_json_type, by_type, parse_as
 
+from ._computer import COMPUTER_TOOL_TYPES, ComputerToolParam
+
 # ---- sources ------------------------------------------------------------------------------------
 
 
@@ -206,8 +208,13 @@ class OtherToolParam(RequestModel):
 
 
 ToolParam: TypeAlias = Annotated[
-    Annotated[CustomToolParam, Tag("#custom")] | Annotated[OtherToolParam, Tag(OTHER)],
-    by_type({"custom": "#custom"}, implicit=lambda value: "custom"),
+    Annotated[CustomToolParam, Tag("#custom")]
+    | Annotated[ComputerToolParam, Tag("#computer")]
+    | Annotated[OtherToolParam, Tag(OTHER)],
+    by_type(
+        {"custom": "#custom", **dict.fromkeys(COMPUTER_TOOL_TYPES, "#computer")},
+        implicit=lambda value: "custom",
+    ),
 ]
 
 

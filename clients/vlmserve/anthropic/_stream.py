@@ -10,10 +10,12 @@ off ends its block where it stopped (`stop_reason: max_tokens`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.responses import (
+    ComputerCallItem,
     ErrorEvent,
     FunctionCallArgumentsDeltaEvent,
     FunctionCallItem,
@@ -27,7 +29,7 @@ from vlmserve.responses import (
 )
 
 from ._errors import anthropic_error_type
-from ._message import Message, MessageUsage, message_id, message_usage, stop_reason
+from ._message import Message, MessageUsage, computer_tool_use, message_id, message_usage, stop_reason
 
 StreamEvent = tuple[str, dict[str, Any]]
 
@@ -65,6 +67,19 @@ class EventWriter:
                     block = self._open(item.id, "tool_use")
                     start = {"type": "tool_use", "id": item.call_id, "name": item.name, "input": {}}
                     return [self._start(block, start)]
+                if isinstance(item, ComputerCallItem):
+                    # A computer call comes whole: its input in one delta.
+                    block = self._open(item.id, "tool_use")
+                    use = computer_tool_use(item)
+                    start = {"type": "tool_use", "id": use.id, "name": use.name, "input": {}}
+                    delta = {"type": "input_json_delta", "partial_json": json.dumps(use.input)}
+                    return [
+                        self._start(block, start),
+                        (
+                            "content_block_delta",
+                            {"type": "content_block_delta", "index": block.index, "delta": delta},
+                        ),
+                    ]
                 if isinstance(item, ReasoningItem):
                     self._open(item.id, "thinking")
                 elif isinstance(item, OutputMessage):

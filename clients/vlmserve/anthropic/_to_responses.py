@@ -18,6 +18,7 @@ from typing import Any
 
 from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError, PathMap, translated_body
 
+from ._computer import ComputerToolParam, responses_tool, to_responses_action
 from ._request_models import (
     Base64SourceParam,
     ContentBlock,
@@ -234,7 +235,9 @@ def _tool_output(block: ToolResultBlockParam, at: str) -> tuple[str | list[dict[
     return [part for part, _ in parts], [origin for _, origin in parts]
 
 
-def _add_blocks(items: _Items, role: str, blocks: list[ContentBlock], where: str) -> None:
+def _add_blocks(
+    items: _Items, role: str, blocks: list[ContentBlock], where: str, computer: frozenset[str]
+) -> None:
     text_type = "output_text" if role == "assistant" else "input_text"
     for index, block in enumerate(blocks):
         at = f"{where}.content[{index}]"
@@ -245,6 +248,9 @@ def _add_blocks(items: _Items, role: str, blocks: list[ContentBlock], where: str
             output, origins = _tool_output(block, at)
             item = {"type": "function_call_output", "call_id": block.tool_use_id, "output": output}
             items.add(item, at, origins)
+        elif isinstance(block, ToolUseBlockParam) and role == "assistant" and block.name in computer:
+            action = to_responses_action(block.input, f"{at}.input")
+            items.add({"type": "computer_call", "call_id": block.id, "action": action}, at)
         elif isinstance(block, ToolUseBlockParam) and role == "assistant":
             arguments = json.dumps(block.input, ensure_ascii=False)
             items.add(
@@ -295,8 +301,14 @@ def _input_items(body: MessagesBody, paths: PathMap) -> list[dict[str, Any]]:
             )
             items.flush()
         else:
-            _add_blocks(items, message.role, message.content, where)
+            _add_blocks(items, message.role, message.content, where, _computer_names(body))
     return items.items
+
+
+def _computer_names(body: MessagesBody) -> frozenset[str]:
+    """The computer tool's name, when the request declares one: its `tool_use` blocks are
+    computer calls."""
+    return frozenset(tool.name for tool in body.tools or () if isinstance(tool, ComputerToolParam))
 
 
 def _tools(body: MessagesBody, paths: PathMap) -> list[dict[str, Any]] | None:
@@ -311,6 +323,9 @@ def _tools(body: MessagesBody, paths: PathMap) -> list[dict[str, Any]] | None:
                 f"'{tool.type}' is a server tool, which this server cannot run; "
                 "declare a custom tool (name, description, input_schema) and run it in the client.",
             )
+        if isinstance(tool, ComputerToolParam):
+            tools.append(responses_tool(tool))
+            continue
         assert isinstance(tool, CustomToolParam)
         tools.append(
             {
@@ -335,6 +350,8 @@ def _tool_choice(body: MessagesBody) -> tuple[Any, bool | None]:
     if isinstance(choice, ToolChoiceAnyParam):
         return "required", parallel
     if isinstance(choice, ToolChoiceToolParam):
+        if choice.name in _computer_names(body):
+            return {"type": "computer_use_preview"}, parallel
         return {"type": "function", "name": choice.name}, parallel
     return "auto", parallel
 

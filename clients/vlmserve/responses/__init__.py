@@ -61,6 +61,7 @@ from ._outbound import (
     usage_from_contract,
 )
 from ._output_models import (
+    ComputerCallItem,
     ConversationRef,
     ConversationResource,
     CustomToolCallItem,
@@ -98,6 +99,7 @@ __all__ = [
     "OTHER",
     "SUMMARY_INSTRUCTION",
     "CompactionState",
+    "ComputerCallItem",
     "ContentPartEvent",
     "ConversationRef",
     "ConversationResource",
