@@ -19,7 +19,7 @@ import grpc
 
 from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
 from vlmserve.engine.loop.memory_budget import MemoryBudget
-from vlmserve.engine.loop.scheduler import admit_count
+from vlmserve.engine.loop.scheduler import fair_admission
 from vlmserve.engine.request_errors import RequestError
 
 __all__ = ["Admission", "Taken"]
@@ -54,6 +54,13 @@ class Admission:
         self._taken_costs: dict[str, int] = {}
         self.memory_in_use = 0
         self.memory_refused = 0
+        # Fair admission across partitions (scheduler.fair_admission): each taken job's
+        # partition, how many each partition holds, and when each was last admitted (a sequence
+        # number; kept only for partitions with jobs held or waiting).
+        self._taken_partitions: dict[str, str] = {}
+        self._held: collections.Counter[str] = collections.Counter()
+        self._last_admitted: dict[str, int] = {}
+        self._admissions = 0
 
     # -- counts -----------------------------------------------------------------------------
 
@@ -183,26 +190,37 @@ class Admission:
     # -- the generation thread --------------------------------------------------------------
 
     def take(self, room: int, *, block: bool, timeout: float | None = None) -> Taken:
-        """Up to `room` waiting jobs, oldest first, while their memory estimates fit the budget
-        beside those in flight; with `block`, wait for at least one (or close), at most
-        `timeout` seconds (None: no limit)."""
+        """Up to `room` waiting jobs, in round robin over partitions (each one's oldest first),
+        while their memory estimates fit the budget beside those in flight; with `block`, wait
+        for at least one (or close), at most `timeout` seconds (None: no limit)."""
         with self._changed:
             if block:
                 self._changed.wait_for(lambda: self._waiting or self._closed, timeout)
             if self._closed:
                 return Taken(stop=True)
-            costs = [self._costs.get(job.request_id, 0) for job in self._waiting]
-            count = admit_count(
-                costs,
+            waiting = list(self._waiting)
+            chosen = fair_admission(
+                [(job.request.partition_key, self._costs.get(job.request_id, 0)) for job in waiting],
+                held=self._held,
+                last_admitted=self._last_admitted,
                 room=room,
                 in_use=self.memory_in_use,
                 budget=self.memory.budget_bytes if self.memory is not None else None,
             )
-            jobs = [self._waiting.popleft() for _ in range(count)]
-            for job, cost in zip(jobs, costs, strict=False):
+            for job in (waiting[i] for i in chosen):
+                cost = self._costs.get(job.request_id, 0)
+                partition = job.request.partition_key
                 self._taken_costs[job.request_id] = cost
                 self.memory_in_use += cost
-        return Taken(tuple(jobs))
+                self._taken_partitions[job.request_id] = partition
+                self._held[partition] += 1
+                self._admissions += 1
+                self._last_admitted[partition] = self._admissions
+            if chosen:
+                taken = set(chosen)
+                self._waiting = collections.deque(job for i, job in enumerate(waiting) if i not in taken)
+        # In arrival order, as the runner prepares them.
+        return Taken(tuple(waiting[i] for i in sorted(chosen)))
 
     def drop_cancelled(self) -> list[Job]:
         """Waiting jobs whose caller cancelled, out of the queue (the caller ends them)."""
@@ -222,7 +240,19 @@ class Admission:
     def finished(self, request_id: str) -> None:
         """A job left the engine (its place is free; a drain may be waiting for this)."""
         with self._changed:
-            self._jobs.pop(request_id, None)
+            job = self._jobs.pop(request_id, None)
             self._costs.pop(request_id, None)
             self.memory_in_use -= self._taken_costs.pop(request_id, 0)
+            if self._taken_partitions.pop(request_id, None) is not None and job is not None:
+                self._held[job.request.partition_key] -= 1
+            if job is not None:
+                self._forget_partition_if_idle(job.request.partition_key)
             self._changed.notify_all()
+
+    def _forget_partition_if_idle(self, partition: str) -> None:
+        """Drop a partition's fairness record once it holds and awaits nothing (bounded state)."""
+        if self._held[partition] > 0:
+            return
+        del self._held[partition]
+        if not any(job.request.partition_key == partition for job in self._waiting):
+            self._last_admitted.pop(partition, None)

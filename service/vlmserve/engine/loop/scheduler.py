@@ -5,7 +5,8 @@ prefill chunks. The runner (runner.py) asks in stages, with a fresh snapshot eac
 each stage's work changes the rows the next one sees (a prepared row knows its prompt; a
 leader's chunk hands its followers their prefix):
 
-1. `admit_count`: how many waiting jobs join (room, and an optional cost budget: memory);
+1. `fair_admission`: which waiting jobs join (room, and an optional cost budget: memory), in
+   round robin over partitions (tenants), by `admit_count` over that order;
 2. `preparations`: which new rows are prepared (arrival order, charged their image tokens);
 3. `chunks` over the leaders of a shared prefix (others wait on them), then `prefill_group`
    (rows whose whole rest fits one chunk share one forward), then `chunks` over the rest,
@@ -17,10 +18,11 @@ request's KV cache and first token never depend on the company it keeps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import collections
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Budget", "PrefillRow", "admit_count", "chunks", "prefill_group", "preparations"]
+__all__ = ["Budget", "PrefillRow", "admit_count", "chunks", "fair_admission", "prefill_group", "preparations"]
 
 
 @dataclass(slots=True)
@@ -98,3 +100,41 @@ def prefill_group(rows: Sequence[PrefillRow], budget: Budget) -> list[int]:
         return []
     budget.spend(sum(r.remaining for r in group))
     return [r.key for r in group]
+
+
+def fair_admission(
+    waiting: Sequence[tuple[str, int]],
+    *,
+    held: Mapping[str, int],
+    last_admitted: Mapping[str, int],
+    room: int,
+    in_use: int = 0,
+    budget: int | None = None,
+) -> list[int]:
+    """Which waiting jobs (arrival order, each as (partition, cost)) join now, as indices in the
+    order they join: `admit_count` over the jobs in fair order, so one partition's backlog of
+    large requests never holds another partition's request behind it.
+
+    Fair order is round robin over partitions, each one's own jobs oldest first: the next turn
+    goes to the partition holding the fewest jobs in flight (`held`, counting the turns given
+    here), then to the one admitted least recently (`last_admitted`: a sequence number; never
+    admitted first), then to the one whose oldest job waited longest. As with arrival order, the
+    first job in that order that does not fit stops the rest, so a large request at its turn is
+    not starved by smaller ones."""
+    queues: dict[str, collections.deque[int]] = {}
+    for index, (partition, _) in enumerate(waiting):
+        queues.setdefault(partition, collections.deque()).append(index)
+    holding = dict(held)
+    recency = {partition: last_admitted.get(partition, -1) for partition in queues}
+    tick = max([*last_admitted.values(), 0]) + 1
+    order: list[int] = []
+    while queues and len(order) < max(0, room):
+        turn = min(queues, key=lambda p: (holding.get(p, 0), recency[p], queues[p][0]))
+        order.append(queues[turn].popleft())
+        if not queues[turn]:
+            del queues[turn]
+        holding[turn] = holding.get(turn, 0) + 1
+        recency[turn] = tick
+        tick += 1
+    count = admit_count([waiting[i][1] for i in order], room=room, in_use=in_use, budget=budget)
+    return order[:count]
