@@ -3,7 +3,7 @@ only).
 
 A row (decode.py) gets its draw when the prompt batch (prompt_batch.py) prepares it, which draws
 its first token with it after its prompt ran; then the row hands the draw to the decode batch
-with its KV cache (batch.py `BatchRow`), which draws every later token. So a decode step flows
+with its KV cache (batch_row.py `BatchRow`), which draws every later token. So a decode step flows
 one way: the batch decides each row's tokens (the step's result, several per row after a
 speculative verify) and the runner hands them to the rows; the batch never calls a row.
 
