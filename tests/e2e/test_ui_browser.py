@@ -25,7 +25,7 @@ import pytest
 from PIL import Image
 
 from tests._pdfs import squares_pdf
-from tests._services import free_port
+from tests._services import BIN, REPO, free_port, process_env
 from training.squares import PALETTE, QUESTION, make_samples
 
 pytestmark = [
@@ -174,3 +174,70 @@ def test_ask_about_an_image_in_the_page(browser: Browser, squares_facade_url: st
     assert not browser.script("return document.getElementById('error').textContent")
     answer = browser.script("return document.getElementById('answer').textContent")
     assert answer.strip() == page_sample.answer, (answer, page_sample.answer)
+
+
+KEY = "sk-ui-browser-key-0000000000"
+
+
+@pytest.fixture
+def keyed_facade(squares_engine_address: str, tmp_path: Path) -> Iterator[str]:
+    """A facade with API keys on, in front of the squares engine."""
+    keys = tmp_path / "keys"
+    keys.write_text(KEY + "\n", encoding="utf-8")
+    port = free_port()
+    log = (tmp_path / "facade.log").open("wb")
+    process = subprocess.Popen(
+        [str(BIN / "vlmserve-facade"), "--engine-address", squares_engine_address, "--port", str(port),
+         "--store-path", str(tmp_path / "store.sqlite3"), "--files-dir", str(tmp_path / "files"),
+         "--api-keys-file", str(keys)],
+        stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (tmp_path / "facade.log").read_text()[-3000:]
+            try:
+                if httpx.get(
+                    f"{url}/readyz", headers={"Authorization": f"Bearer {KEY}"}, timeout=2
+                ).is_success:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "facade.log").read_text()[-3000:]
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_with_api_keys_the_page_asks_for_one(browser: Browser, keyed_facade: str, tmp_path: Path) -> None:
+    """The page is served without a key; its API calls are refused until the key is typed, then
+    they carry it like any client's."""
+    (sample,) = make_samples(4444, 1)
+    picture = tmp_path / "squares.png"
+    picture.write_bytes(sample.png_bytes())
+    browser.call("POST", "/url", {"url": f"{keyed_facade}/ui"})
+    browser.wait_for("return !document.getElementById('key-row').hidden")
+    assert "API key" in browser.wait_for("return document.getElementById('error').textContent")
+    assert browser.script("return document.querySelectorAll('#model option').length") == 0
+
+    browser.call("POST", f"/element/{browser.find('#key')}/value", {"text": KEY})
+    browser.call("POST", f"/element/{browser.find('#prompt')}/click", {})  # the key field's change
+    browser.wait_for("return document.querySelectorAll('#model option').length > 0")
+    browser.wait_for("return document.getElementById('health').textContent === 'ready'")
+    browser.call("POST", f"/element/{browser.find('#prompt')}/value", {"text": QUESTION})
+    browser.call("POST", f"/element/{browser.find('#file')}/value", {"text": str(picture)})
+    browser.wait_for("return !document.getElementById('preview').hidden")
+    browser.script("document.getElementById('error').textContent = ''")
+    browser.call("POST", f"/element/{browser.find('#send')}/click", {})
+    browser.wait_for("return document.body.dataset.answered === '1'")
+    assert not browser.script("return document.getElementById('error').textContent")
+    answer = browser.script("return document.getElementById('answer').textContent")
+    assert answer.strip() == sample.answer, (answer, sample.answer)
