@@ -5,19 +5,19 @@ Declared once (vlmserve.server.settings): flags, environment and docs/configurat
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
-from vlmserve.engine.kv.layout import KV_QUANT_SCHEMES, UNIFORM
-from vlmserve.engine.model import DEFAULT_MODEL_PATH, DISTRIBUTED_CHOICES, DTYPE_CHOICES
-from vlmserve.engine.model_lifecycle import LOAD_CHOICES
+from vlmserve.engine.kv.layout import UNIFORM, KVQuantScheme
+from vlmserve.engine.model import DEFAULT_MODEL_PATH, Distribution, Dtype
+from vlmserve.engine.model_lifecycle import LoadWhen
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
 from vlmserve.server.settings import DeclaredSettings, Option
 
 # Speculative decoding's draft sources (speculation/).
-SPECULATIVE_CHOICES = ("off", "lookup", "draft", "auto")
+Speculation = Literal["off", "lookup", "draft", "auto"]
 
 __all__ = ["EngineConfig"]
 
@@ -31,7 +31,7 @@ class EngineConfig(DeclaredSettings):
         str(DEFAULT_MODEL_PATH), description="local model directory or Hugging Face id"
     )
     trust_remote_code: bool = Field(False, description="allow code shipped with the checkpoint")
-    dtype: Annotated[str, Option(metavar="{" + ",".join(DTYPE_CHOICES) + "}")] = Field(
+    dtype: Dtype = Field(
         "auto",
         description="weight dtype; auto = float32 on the CPU backend (much faster there), as stored on a GPU",
     )
@@ -81,7 +81,7 @@ class EngineConfig(DeclaredSettings):
         description="store the KV cache quantized to this many bits (mlx-vlm's quantized caches: the batch, "
         "prompts shared in flight and the prefix cache and its disk tier); unset: the model's own precision",
     )
-    kv_quant_scheme: Annotated[str, Option(metavar="{" + ",".join(KV_QUANT_SCHEMES) + "}")] = Field(
+    kv_quant_scheme: KVQuantScheme = Field(
         UNIFORM,
         description="how --kv-bits quantizes: uniform (mx.quantize in groups, mlx-vlm's quantized caches) or "
         "turboquant (mlx-vlm's TurboQuant: rotated vectors, codebook indices and one norm per vector; "
@@ -113,7 +113,7 @@ class EngineConfig(DeclaredSettings):
         "flight (same partition) takes that one's KV for them instead of computing them (0: off)",
     )
     # See speculation/ and docs/performance.md.
-    speculative: Annotated[str, Option(metavar="{" + ",".join(SPECULATIVE_CHOICES) + "}")] = Field(
+    speculative: Speculation = Field(
         "auto",
         description="several tokens per forward: drafts verified in the batched step, output unchanged "
         "(greedy and seeded sampling take the very tokens they take without it); lookup = prompt "
@@ -159,13 +159,13 @@ class EngineConfig(DeclaredSettings):
     )
     warmup: bool = Field(True, description="run one tiny generation after loading, before serving")
     # See distributed.py and docs/deployment.md.
-    distributed: Annotated[str, Option(metavar="{" + ",".join(DISTRIBUTED_CHOICES) + "}")] = Field(
+    distributed: Distribution = Field(
         "off",
         description="one model across the processes of an mx.distributed group (started by mlx.launch): "
         "tensor or pipeline parallel; rank 0 serves, the other ranks follow its batches",
     )
     # See model_lifecycle.py and docs/deployment.md ("Load on demand, free when idle").
-    load: Annotated[str, Option(metavar="{" + ",".join(LOAD_CHOICES) + "}")] = Field(
+    load: LoadWhen = Field(
         "eager",
         description="eager: read the weights before serving; lazy: serve at once (health SERVING, model "
         "info answered) and read them for the first generation, which waits meanwhile",
@@ -177,13 +177,6 @@ class EngineConfig(DeclaredSettings):
         "one reads them again (none: never)",
     )
 
-    @field_validator("load")
-    @classmethod
-    def _known_load(cls, load: str) -> str:
-        if load not in LOAD_CHOICES:
-            raise ValueError(f"must be one of {', '.join(LOAD_CHOICES)}")
-        return load
-
     @model_validator(mode="after")
     def _lifecycle_not_distributed(self) -> EngineConfig:
         if self.distributed != "off" and (self.load != "eager" or self.idle_unload_seconds is not None):
@@ -191,39 +184,11 @@ class EngineConfig(DeclaredSettings):
             raise ValueError("--load lazy and --idle-unload-seconds cannot be used with --distributed")
         return self
 
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, dtype: str) -> str:
-        if dtype not in DTYPE_CHOICES:
-            raise ValueError(f"must be one of {', '.join(DTYPE_CHOICES)}")
-        return dtype
-
-    @field_validator("kv_quant_scheme")
-    @classmethod
-    def _known_kv_scheme(cls, scheme: str) -> str:
-        if scheme not in KV_QUANT_SCHEMES:
-            raise ValueError(f"must be one of {', '.join(KV_QUANT_SCHEMES)}")
-        return scheme
-
-    @field_validator("speculative")
-    @classmethod
-    def _known_speculation(cls, speculative: str) -> str:
-        if speculative not in SPECULATIVE_CHOICES:
-            raise ValueError(f"must be one of {', '.join(SPECULATIVE_CHOICES)}")
-        return speculative
-
     @model_validator(mode="after")
     def _draft_needs_a_model(self) -> EngineConfig:
         if self.speculative == "draft" and self.draft_model is None:
             raise ValueError("--speculative draft needs --draft-model")
         return self
-
-    @field_validator("distributed")
-    @classmethod
-    def _known_distribution(cls, distributed: str) -> str:
-        if distributed not in DISTRIBUTED_CHOICES:
-            raise ValueError(f"must be one of {', '.join(DISTRIBUTED_CHOICES)}")
-        return distributed
 
     @property
     def image_limits(self) -> ImageLimits:

@@ -22,17 +22,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["LOAD_CHOICES", "MemoryUse", "ModelLifecycle", "memory_use"]
+__all__ = ["LOAD_CHOICES", "LoadWhen", "MemoryUse", "ModelLifecycle", "memory_use"]
 
 log = logging.getLogger(__name__)
 
 # --load choices.
-LOAD_CHOICES = ("eager", "lazy")
+LoadWhen = Literal["eager", "lazy"]
+LOAD_CHOICES: tuple[LoadWhen, ...] = get_args(LoadWhen)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -16,6 +16,7 @@ __all__ = [
     "CacheLayer",
     "KVLayout",
     "KVPart",
+    "KVQuantScheme",
     "PromptCache",
     "layout_for",
     "new_prompt_cache",
@@ -35,9 +36,10 @@ PromptCache: TypeAlias = list[CacheLayer]
 KV_BITS_CHOICES = (4, 8)
 
 
-UNIFORM = "uniform"
-TURBOQUANT = "turboquant"
-KV_QUANT_SCHEMES = (UNIFORM, TURBOQUANT)
+KVQuantScheme: TypeAlias = Literal["uniform", "turboquant"]
+UNIFORM: KVQuantScheme = "uniform"
+TURBOQUANT: KVQuantScheme = "turboquant"
+KV_QUANT_SCHEMES: tuple[KVQuantScheme, ...] = get_args(KVQuantScheme)
 
 
 @dataclass(frozen=True)
