@@ -46,9 +46,20 @@ async def test_owner_dependency_separates_stored_objects(
             await http.get(path, headers=bob),
             await http.get(f"{path}/input_items", headers=bob),
             await http.delete(path, headers=bob),
-            await http.post(
-                "/v1/responses", json={"input": "x", "previous_response_id": created["id"]}, headers=bob
-            ),
         ):
             assert response.status_code == 404
+        # Continuing another owner's response reads exactly as continuing an unknown one: OpenAI's
+        # 400 previous_response_not_found, so the answer reveals nothing of alice's response.
+        foreign = await http.post(
+            "/v1/responses", json={"input": "x", "previous_response_id": created["id"]}, headers=bob
+        )
+        unknown = await http.post(
+            "/v1/responses", json={"input": "x", "previous_response_id": "resp_unknown"}, headers=bob
+        )
+        assert foreign.status_code == unknown.status_code == 400
+        assert (
+            foreign.json()["error"]["code"]
+            == unknown.json()["error"]["code"]
+            == "previous_response_not_found"
+        )
         assert (await http.get("/healthz")).status_code == 200
