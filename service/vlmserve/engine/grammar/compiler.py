@@ -146,14 +146,122 @@ def _tool_grammar(
     return "\n".join(lines) + "\n"
 
 
+def endless_reference(schema: Any) -> str | None:
+    """The local `$ref` a schema can never stop following, or None.
+
+    A schema that requires itself (`{"properties": {"child": {"$ref": "#"}}, "required":
+    ["child"]}`: a required property, an item of a non-empty array, every branch of an `anyOf`,
+    any of an `allOf`) has no finite instance. llguidance compiles it, then gives up at the
+    first token of the output after about a second ("Too many items"): a failed response where
+    the request could have been refused. Recursion that can end (an optional property, an
+    `anyOf` with another branch) is fine. References this cannot follow count as ending.
+    """
+    refs: set[str] = set()
+    _collect_refs(schema, refs)
+    if not refs:
+        return None
+    # Least fixpoint: a reference ends once what it points to can end with what is known.
+    ending: dict[str, bool] = dict.fromkeys(refs, False)
+    try:
+        changed = True
+        while changed:
+            changed = False
+            for ref in refs:
+                if not ending[ref] and _can_end(_resolve(schema, ref), ending):
+                    ending[ref] = changed = True
+        if _can_end(schema, ending):
+            return None
+    except RecursionError:
+        return None
+    return sorted(ref for ref, ends in ending.items() if not ends)[0]
+
+
+def _collect_refs(node: Any, refs: set[str]) -> None:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            refs.add(ref)
+        for value in node.values():
+            _collect_refs(value, refs)
+    elif isinstance(node, list):
+        for value in node:
+            _collect_refs(value, refs)
+
+
+_UNRESOLVED: dict[str, Any] = {}
+
+
+def _resolve(schema: Any, ref: str) -> Any:
+    """What a local reference ("#", "#/$defs/node") points to; an empty schema if nothing."""
+    node = schema
+    for token in ref[1:].split("/")[1:] if ref != "#" else []:
+        key = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return _UNRESOLVED
+    return node
+
+
+def _can_end(node: Any, ending: dict[str, bool]) -> bool:
+    """Whether `node` has a finite instance, given which references are known to end."""
+    if not isinstance(node, dict):
+        return node is not False
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ending.get(ref, True):
+        return False
+    if any(not _can_end(branch, ending) for branch in _branches(node, "allOf")):
+        return False
+    for key in ("anyOf", "oneOf"):
+        branches = _branches(node, key)
+        if branches and not any(_can_end(branch, ending) for branch in branches):
+            return False
+    properties = node.get("properties")
+    required = node.get("required")
+    if isinstance(properties, dict) and isinstance(required, list):
+        for name in required:
+            if isinstance(name, str) and name in properties and not _can_end(properties[name], ending):
+                return False
+    min_items = node.get("minItems")
+    if isinstance(min_items, int) and min_items > 0:
+        prefix = _branches(node, "prefixItems")
+        firsts = prefix[:min_items]
+        if any(not _can_end(item, ending) for item in firsts):
+            return False
+        items = node.get("items")
+        if len(firsts) < min_items and isinstance(items, dict) and not _can_end(items, ending):
+            return False
+    return True
+
+
+def _branches(node: dict[str, Any], key: str) -> list[Any]:
+    value = node.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _refuse_endless(schema: Any, where: str, what: str) -> None:
+    ref = endless_reference(schema)
+    if ref is not None:
+        raise invalid_argument(
+            f"{what} cannot be enforced (strict): it requires itself without end through "
+            f"$ref {ref!r} (no finite JSON matches it); make the recursion optional",
+            field=where,
+        )
+
+
 def _arguments_schema(compiler: GrammarCompiler, tool: FunctionSpec) -> FunctionSpec:
     """The tool with the schema its arguments will be held to (see the module docstring)."""
     if tool.strict:
+        _refuse_endless(tool.parameters, tool.where, f"{tool.where} (tool {tool.name!r})")
         reason = compiler.error(_json_grammar(tool.parameters))
         if reason:
             raise invalid_argument(f"{tool.where} cannot be enforced (strict): {reason}", field=tool.where)
         return tool
-    if not isinstance(tool.parameters, dict):
+    # Not strict: a schema that cannot be kept to (one that requires itself without end, one
+    # llguidance cannot compile even leniently) holds the arguments to any object.
+    if not isinstance(tool.parameters, dict) or endless_reference(tool.parameters) is not None:
         return replace(tool, parameters=_ANY_OBJECT)
     if compiler.error(_json_grammar({**tool.parameters, "x-guidance": LENIENT})):
         return replace(tool, parameters=_ANY_OBJECT)
@@ -214,6 +322,12 @@ def constraint_for(
 ) -> OutputConstraint | None:
     """The request's grammar, or None when nothing is enforced. `tool_mode`: none|auto|required|function."""
     answer_schema, format_name = _answer_schema(response_format)
+    if answer_schema is not None and endless_reference(answer_schema) is not None:
+        where = "response_format.json_schema.schema_json"
+        if response_format is not None and response_format.json_schema.strict:
+            _refuse_endless(answer_schema, where, where)
+        # Not strict: best effort, as for a schema llguidance cannot compile (below).
+        answer_schema = {}
     if answer_schema is not None:
         reason = compiler.error(_json_grammar(answer_schema))
         if reason and response_format is not None and not response_format.json_schema.strict:
