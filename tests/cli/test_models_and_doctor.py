@@ -74,6 +74,29 @@ def test_a_models_file_and_a_broken_folder(
     assert "mine" in out and "qwen2_vl" in out and "bad" in out and "? (" in out
 
 
+def test_a_hugging_face_hub_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = tmp_path / "hub"
+    model = cache / "models--mlx-community--Tiny-VL-4bit"
+    write_model(model / "blobs", {"model_type": "qwen2_vl"}, {"x": ("F32", [7])})
+    snapshot = model / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):  # the hub's layout: links into blobs/
+        (snapshot / name).symlink_to(model / "blobs" / name)
+    (cache / "datasets--x--y").mkdir()
+    assert models.find_models(cache) == [("mlx-community/Tiny-VL-4bit", snapshot)]
+    assert models.describe(snapshot).parameters == 7
+    assert models.main([str(cache), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "mlx-community/Tiny-VL-4bit"
+
+
+def test_the_default_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert models.default_path({"HF_HOME": "/hf"}) == Path("/hf/hub")
+    assert models.default_path({"HF_HUB_CACHE": "/c", "HF_HOME": "/hf"}) == Path("/c")
+    (tmp_path / "models").mkdir()
+    assert models.default_path({"HF_HOME": "/hf"}) == Path("models")
+
+
 def test_the_committed_fixtures(capsys: pytest.CaptureFixture[str]) -> None:
     assert models.main([str(ROOT / "models"), "--json"]) == 0
     rows = {row["name"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}

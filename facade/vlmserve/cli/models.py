@@ -1,7 +1,7 @@
-"""`vlmserve models PATH`: what a models folder, one model's folder, or a models file holds —
-each model's family (config `model_type`), size (parameters counted from the safetensors
-headers, and bytes on disk), context length and modalities — read from the files alone: no
-weights are loaded and nothing is imported from MLX, so it runs anywhere in a second.
+"""`vlmserve models PATH`: what a models folder (a Hugging Face hub cache too), one model's folder,
+or a models file holds — each model's family (config `model_type`), size (parameters counted from
+the safetensors headers, and bytes on disk), context length and modalities — read from the files
+alone: no weights are loaded and nothing is imported from MLX, so it runs anywhere in a second.
 
 The context length is read as the engine reads it once loaded (text_config, then the top level:
 max_position_embeddings, max_sequence_length, seq_length; engine/model.py `_context_length`).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -120,13 +121,36 @@ def find_models(path: Path) -> list[tuple[str, Path]]:
     if path.is_dir():
         if (path / "config.json").is_file():
             return [(path.name, path)]
-        return [(child.name, child) for child in sorted(path.iterdir()) if (child / "config.json").is_file()]
+        found = [(child.name, child) for child in sorted(path.iterdir()) if (child / "config.json").is_file()]
+        return found + _hub_cache_models(path)
     from vlmserve.facade.engines.config import read_models_file
 
     # A relative `model` is taken from the current folder, as `vlmserve serve --models-file` does.
     return [
         (entry.id, Path(entry.model)) for entry in read_models_file(path).models if entry.model is not None
     ]
+
+
+def _hub_cache_models(path: Path) -> list[tuple[str, Path]]:
+    """A Hugging Face hub cache (`models--ORG--NAME/snapshots/REVISION/`): each model by its hub
+    id, at its newest snapshot that has a config.json (what `vlmserve serve ORG/NAME` loads)."""
+    found = []
+    for child in sorted(path.glob("models--*")):
+        snapshots = [s for s in (child / "snapshots").glob("*") if (s / "config.json").is_file()]
+        if snapshots:
+            newest = max(snapshots, key=lambda snapshot: snapshot.stat().st_mtime)
+            found.append((child.name.removeprefix("models--").replace("--", "/"), newest))
+    return found
+
+
+def default_path(environ: Mapping[str, str]) -> Path:
+    """`models` (a checkout's fixtures) when it exists, else the Hugging Face hub cache."""
+    if Path("models").is_dir():
+        return Path("models")
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"])
+    home = Path(environ["HF_HOME"]) if environ.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
+    return home / "hub"
 
 
 def _count(value: int | None) -> str:
@@ -172,11 +196,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmserve models") -> in
         "path",
         type=Path,
         nargs="?",
-        default=Path("models"),
-        help="models folder, model folder or models file",
+        default=None,
+        help="a folder of models (or a Hugging Face hub cache), one model's folder, or a models file "
+        "(default: ./models if it exists, else the hub cache)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per model instead of a table")
     args = parser.parse_args(argv)
+    if args.path is None:
+        args.path = default_path(os.environ)
     if not args.path.exists():
         parser.error(f"{args.path}: no such file or folder")
     try:
