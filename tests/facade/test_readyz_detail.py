@@ -41,3 +41,29 @@ async def test_not_serving_and_unreachable(http: httpx.AsyncClient, fake_engine:
     assert reply.status_code == 503
     message = reply.json()["error"]["message"]
     assert message.startswith("No engine is serving (") and not message.endswith(": not serving).")
+
+
+async def test_probed_without_a_key_it_says_only_ready_or_not(
+    settings: Any, engine_client: Any, store: Any, fake_engine: RunningFakeEngine
+) -> None:
+    """Orchestrators probe without credentials (issue 39, finding 8: with keys on /readyz was a
+    401): with keys on, no key (or a wrong one) gets the status and nothing else; the key gets
+    the models and the reasons."""
+    from vlmserve.facade import create_app
+    from vlmserve.facade.http.api_keys import ApiKeys
+
+    app = create_app(
+        settings.replace(api_keys=ApiKeys.from_keys(["sk-probe"])), engine=engine_client, store=store
+    )
+    keyed = {"Authorization": "Bearer sk-probe"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
+            assert (await http.get("/readyz", headers=headers)).json() == {"status": "ready"}
+        assert (await http.get("/readyz", headers=keyed)).json()["models"] == {MODEL_ID: "serving"}
+        await fake_engine.set_serving(False)
+        bare = await http.get("/readyz")
+        assert bare.status_code == 503
+        assert bare.json()["error"]["message"] == "The server is not ready."
+        assert MODEL_ID not in bare.text and "serving" not in bare.text
+        detailed = await http.get("/readyz", headers=keyed)
+        assert detailed.status_code == 503 and "not serving" in detailed.json()["error"]["message"]

@@ -181,7 +181,7 @@ def test_an_empty_key_file_is_refused(tmp_path: Path) -> None:
         FacadeSettings.from_env({auth.API_KEYS_FILE_ENV: str(key_file)})
 
 
-def test_every_facade_route_but_healthz_needs_a_key(tmp_path: Path) -> None:
+def test_every_facade_route_but_the_probes_needs_a_key(tmp_path: Path) -> None:
     """The real app with keys configured; routes enumerated from its OpenAPI schema, so a route
     added later without the dependency fails here. No engine is needed: auth answers first."""
     settings = FacadeSettings(
@@ -198,6 +198,15 @@ def test_every_facade_route_but_healthz_needs_a_key(tmp_path: Path) -> None:
                 reply = client.request(method.upper(), concrete, json={})
                 if path == "/healthz":
                     assert reply.status_code == 200, path
+                elif path == "/readyz":
+                    # Probed without a key; it says only that it is not ready (no engine here).
+                    assert reply.status_code == 503, path
+                    assert reply.json()["error"] == {
+                        "message": "The server is not ready.",
+                        "type": "server_error",
+                        "code": "not_ready",
+                        "param": None,
+                    }
                 elif path.startswith("/v1/messages"):
                     # Anthropic's routes answer in Anthropic's shape.
                     error = reply.json()

@@ -264,7 +264,8 @@ def create_app(
     app.include_router(chat_routes.router, **guarded)
     app.include_router(anthropic_routes.router, **guarded)
     app.include_router(models_routes.models_router, **guarded)
-    app.include_router(models_routes.readiness_router, **guarded)
+    # Probed without credentials; it tells a caller without a key only ready or not (models.py).
+    app.include_router(models_routes.readiness_router, dependencies=list(dependencies))
     app.include_router(models_routes.health_router)
     # The page to try it (GET /ui): static, no data; its API calls carry the key (routes/ui.py).
     app.include_router(ui_routes.router)

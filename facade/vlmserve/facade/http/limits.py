@@ -20,7 +20,8 @@ REQUEST_HEADER_FIELDS_TOO_LARGE = 431
 
 
 class HeaderLimits:
-    """Refuses requests with too many headers, or too many header bytes, before any route runs.
+    """Refuses requests with too many headers, or too many header bytes, before any route runs
+    (and paths holding control characters: 404).
 
     The HTTP server bounds what it buffers too (uvicorn's h11 `h11_max_incomplete_event_size`,
     set from `max_header_bytes` by the CLI); this check also holds behind other servers.
@@ -33,7 +34,7 @@ class HeaderLimits:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            error = self._check(scope["headers"])
+            error = self._check(scope["headers"]) or _check_path(scope["path"])
             if error is not None:
                 await error.to_response()(scope, receive, send)
                 return
@@ -53,6 +54,16 @@ class HeaderLimits:
                 code="request_header_fields_too_large",
             )
         return None
+
+
+def _check_path(path: str) -> APIError | None:
+    """A path whose decoded form holds a control character names nothing here: 404. Starlette
+    matches routes with `^...$`, and `$` also matches before a final newline, so
+    `/v1/models/tiny%0A` reached the route as `tiny` (200) where the same name in a body is a 404:
+    a name is found by one rule, wherever it is given."""
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in path):
+        return APIError(404, "Not found: the path holds a control character.", code="not_found")
+    return None
 
 
 def check_tools(tools: object, limits: Limits) -> None:

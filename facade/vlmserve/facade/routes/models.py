@@ -12,13 +12,14 @@ import datetime
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from vlmserve.client import EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.engines.catalog import model_object
 from vlmserve.facade.engines.pools import PoolStatus
+from vlmserve.facade.http.api_keys import authenticate
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.state import FacadeState, facade_state
 
@@ -26,8 +27,9 @@ models_router = APIRouter(prefix="/v1/models", tags=["models"])
 # Liveness stays outside authentication (docs/responses-api.md, "Authentication"): it says
 # only that the process is up.
 health_router = APIRouter(tags=["health"])
-# Readiness names the model and reaches the engine: behind the key like every other route
-# (probes that need it send the key; docs/responses-api.md, Authentication).
+# Readiness answers without a key (orchestrators probe without credentials), but only with the
+# key (or with keys off) does it say which models serve and why not: without one it reveals
+# nothing but ready or not (docs/responses-api.md, Authentication).
 readiness_router = APIRouter(tags=["health"])
 State = Annotated[FacadeState, Depends(facade_state)]
 
@@ -85,17 +87,25 @@ async def _why_not(status: PoolStatus, state: FacadeState) -> str:
 
 
 @readiness_router.get("/readyz")
-async def readyz(state: State) -> JSONResponse:
+async def readyz(request: Request, state: State) -> JSONResponse:
     """Ready while some model's engines are reachable and SERVING and describe their model, and
-    there is room to store; the body says which models serve (`models`). 503 when none does."""
+    there is room to store; the body says which models serve (`models`). 503 when none does.
+    Without a valid key (keys on): the same status, and a body that says only that."""
     listing = await state.models.listing(timeout_s=state.settings.timeouts.control)
+    ready = any(status.serving for status in listing)
+    low = state.disk.low() if state.disk is not None else None
+    try:
+        authenticate(request)
+    except APIError:
+        if ready and low is None:
+            return JSONResponse({"status": "ready"})
+        raise APIError(503, "The server is not ready.", code="not_ready") from None
     models = {status.id: "serving" if status.serving else "unavailable" for status in listing}
-    if not any(status.serving for status in listing):
+    if not ready:
         # What each engine says it is doing (a loading one: its phase and times, load_progress.py).
         reasons = await asyncio.gather(*(_why_not(status, state) for status in listing))
         detail = "; ".join(f"{status.id}: {reason}" for status, reason in zip(listing, reasons, strict=True))
         raise APIError(503, f"No engine is serving ({detail}).", code="engine_unavailable")
-    low = state.disk.low() if state.disk is not None else None
     if low is not None:
         # Nothing could be stored: not ready (disk_space.py).
         raise APIError(503, f"The server is out of storage space: {low}.", code="insufficient_storage")
