@@ -211,18 +211,19 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     print("training forward checked against mlx-vlm's", flush=True)
     rng = random.Random(args.seed)
 
-    def step_loss(model: Any, click: Batch, done: Batch, first: Batch) -> mx.array:
-        return (
-            loss_fn(model, click)
-            + args.done_weight * loss_fn(model, done)
-            + args.first_weight * loss_fn(model, first)
-        )
+    def step_loss(model: Any, click: Batch, done: Batch | None = None, first: Batch | None = None) -> mx.array:
+        loss = loss_fn(model, click)
+        if done is not None and first is not None:
+            loss = loss + args.done_weight * loss_fn(model, done) + args.first_weight * loss_fn(model, first)
+        return loss
 
-    def next_batch(step: int) -> tuple[Batch, Batch, Batch]:
+    def next_batch(step: int) -> tuple[Batch, ...]:
         colour = rng.choice(COLOURS)
         variant = rng.choice(DISPLAYS)
         screens = [draw_screen(rng, None, colour) for _ in range(args.batch)]
         click, _ = click_batch(templates, templates.second(colour, variant), screens)
+        if step % args.aux_every:
+            return (click,)  # the click is what is hard to learn; the other turns now and then
         done_colour = rng.choice(COLOURS)
         done_screens = [draw_screen(rng, None, done_colour) for _ in range(args.done_rows)]
         template = templates.third(done_colour, rng.choice(DISPLAYS), rng.randrange(GRID * GRID))
@@ -249,6 +250,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_loop_arguments(parser, out=OUTPUT_DIR, steps=1500, batch=24, lr=1e-3, eval_seed=353_001)
     parser.set_defaults(init=INIT_DIR)
     parser.add_argument("--done-rows", type=int, default=4)
+    parser.add_argument("--aux-every", type=int, default=1, help="train the other turns every Nth step")
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)
     return parser.parse_args(argv)
