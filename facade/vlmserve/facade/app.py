@@ -7,11 +7,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi import params as fastapi_params
 from fastapi.responses import JSONResponse
 
@@ -112,6 +113,142 @@ def model_router(settings: FacadeSettings, clients: Callable[[ModelRoute], Async
     )
 
 
+@dataclass
+class AppServices:
+    """What one app is built from, made once by `create_app`; `state` is the one builder of what
+    the routes share (`FacadeState`), called when the app is made (engine clients given) or by
+    the lifespan (clients opened for it)."""
+
+    settings: FacadeSettings
+    metrics: FacadeMetrics
+    files: FileRepository
+    disk: DiskSpace
+    image_sources: ImageSourceFactory | None
+    # Given by the caller, left open for it to close; None: the lifespan opens (and closes) them.
+    engine: AsyncEngineClient | Mapping[str, AsyncEngineClient] | None = None
+    store: Store | None = None
+
+    @classmethod
+    def build(
+        cls,
+        settings: FacadeSettings,
+        *,
+        engine: AsyncEngineClient | Mapping[str, AsyncEngineClient] | None,
+        store: Store | None,
+        image_sources: ImageSourceFactory | None,
+    ) -> AppServices:
+        if image_sources is None:
+            fetcher = image_fetcher_from_settings(settings.remote_images)
+            image_sources = fetcher.for_request if fetcher is not None else None
+        disk = DiskSpace(
+            [settings.files_directory(), *([settings.store_path] if settings.store is None else [])],
+            min_free_bytes=settings.storage.min_free_disk_bytes,
+        )
+        return cls(
+            settings=settings,
+            metrics=FacadeMetrics(),
+            files=FileRepository(settings.files_directory()),
+            disk=disk,
+            image_sources=image_sources,
+            engine=engine,
+            store=store,
+        )
+
+    def opened_store(self) -> Store:
+        """The store given, else the one of the settings (`open_store`)."""
+        return self.store if self.store is not None else open_store(self.settings)
+
+    def router(self) -> ModelRouter:
+        """Every model's engines: the clients given, else a new client per model."""
+        settings, given = self.settings, self.engine
+        if given is None:
+            return model_router(settings, lambda route: engine_client(settings, route.target))
+        if isinstance(given, AsyncEngineClient):
+            return model_router(settings, lambda route: given)
+        return model_router(settings, lambda route: given[route.id or ""])
+
+    def state(self, router: ModelRouter, store: Store) -> FacadeState:
+        """What the routes share, for these engines and this store."""
+        settings = self.settings
+        limits = settings.limits
+        per_key = settings.api_keys.enabled
+        service = ResponsesService(
+            settings=settings,
+            models=router,
+            store=store,
+            image_sources=self.image_sources,
+            metrics=self.metrics,
+            files=self.files,
+            admission=KeyAdmission(
+                limits.max_responses_per_key if per_key else None,
+                max_logprobs_per_key=limits.max_logprob_responses_per_key if per_key else None,
+                retry_after_s=settings.retry_after_s,
+            ),
+            slots=EngineSlots(limits.max_engine_calls),
+            disk=self.disk,
+        )
+        self.metrics.watch_running(lambda: len(service.running))
+        return FacadeState(
+            settings=settings,
+            engine=router.default.engine,
+            store=store,
+            catalog=router.default.catalog,
+            responses=service,
+            body_budget=BodyBudget(
+                limits.max_body_bytes_in_flight,
+                per_owner_bytes=settings.body_bytes_per_key(),
+                retry_after_s=settings.retry_after_s,
+            ),
+            background=BackgroundRuns(
+                store,
+                max_event_bytes=settings.storage.max_response_event_bytes,
+                control_s=settings.timeouts.control,
+            ),
+            files=self.files,
+            disk=self.disk,
+            models=router,
+        )
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """One run of the app: what it opens, it closes; a later run (a test client's) opens its own."""
+    services: AppServices = app.state.services
+    settings = services.settings
+    opened: ModelRouter | None = None
+    if services.engine is None:
+        opened = services.router()
+        app.state.facade = services.state(opened, services.opened_store())
+    state: FacadeState = app.state.facade
+    the_store = state.store
+    upkeep: asyncio.Task[None] | None = None
+    lease: asyncio.Task[None] | None = None
+    try:
+        # This run is a new facade instance: what it starts is its own while its lease lives.
+        # Responses of instances whose lease expired (a previous run killed, another facade
+        # that died) are marked failed now and then every renewal.
+        await the_store.leases.start(settings.storage.lease_ttl_s)
+        await fail_interrupted(the_store)
+        await services.files.remove_orphans()
+        lease = asyncio.create_task(run_lease(the_store, settings.storage))
+        upkeep = asyncio.create_task(run_upkeep(the_store, settings.storage))
+        yield
+    finally:
+        await _cancelled(upkeep)
+        await state.background.stop_all()
+        await state.responses.cancel_all()
+        # The lease held while the running responses were ended; now this instance is gone.
+        await _cancelled(lease)
+        with contextlib.suppress(Exception):
+            await the_store.leases.release()
+        if opened is not None:
+            state.responses.close()
+            await opened.close()
+        if services.store is None:
+            # Ours (opened above, or with the state when `engine` was given): close it.
+            state.store.close()
+
+
 def create_app(
     settings: FacadeSettings | None = None,
     *,
@@ -136,100 +273,7 @@ def create_app(
     expires old responses and gives freed space back.
     """
     settings = settings or FacadeSettings.from_env()
-    if image_sources is None:
-        fetcher = image_fetcher_from_settings(settings.remote_images)
-        image_sources = fetcher.for_request if fetcher is not None else None
-
-    metrics = FacadeMetrics()
-    files = FileRepository(settings.files_directory())
-    disk = DiskSpace(
-        [settings.files_directory(), *([settings.store_path] if settings.store is None else [])],
-        min_free_bytes=settings.storage.min_free_disk_bytes,
-    )
-
-    def given_clients(given: AsyncEngineClient | Mapping[str, AsyncEngineClient]) -> ModelRouter:
-        if isinstance(given, AsyncEngineClient):
-            return model_router(settings, lambda route: given)
-        return model_router(settings, lambda route: given[route.id or ""])
-
-    def build_state(router: ModelRouter, the_store: Store) -> FacadeState:
-        client, catalog = router.default.engine, router.default.catalog
-        service = ResponsesService(
-            settings=settings,
-            models=router,
-            store=the_store,
-            image_sources=image_sources,
-            metrics=metrics,
-            files=files,
-            admission=KeyAdmission(
-                settings.limits.max_responses_per_key if settings.api_keys.enabled else None,
-                max_logprobs_per_key=settings.limits.max_logprob_responses_per_key
-                if settings.api_keys.enabled
-                else None,
-                retry_after_s=settings.retry_after_s,
-            ),
-            slots=EngineSlots(settings.limits.max_engine_calls),
-            disk=disk,
-        )
-        metrics.watch_running(lambda: len(service.running))
-        return FacadeState(
-            settings=settings,
-            engine=client,
-            store=the_store,
-            catalog=catalog,
-            responses=service,
-            body_budget=BodyBudget(
-                settings.limits.max_body_bytes_in_flight,
-                per_owner_bytes=settings.body_bytes_per_key(),
-                retry_after_s=settings.retry_after_s,
-            ),
-            background=BackgroundRuns(
-                the_store,
-                max_event_bytes=settings.storage.max_response_event_bytes,
-                control_s=settings.timeouts.control,
-            ),
-            files=files,
-            disk=disk,
-            models=router,
-        )
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # What this run opens, it closes; a later run (a test client's) opens its own again.
-        opened: ModelRouter | None = None
-        if engine is None:
-            opened = model_router(settings, lambda route: engine_client(settings, route.target))
-            the_store: Store = store if store is not None else open_store(settings)
-            app.state.facade = build_state(opened, the_store)
-        upkeep: asyncio.Task[None] | None = None
-        lease: asyncio.Task[None] | None = None
-        the_store = app.state.facade.store
-        try:
-            # This run is a new facade instance: what it starts is its own while its lease lives.
-            # Responses of instances whose lease expired (a previous run killed, another facade
-            # that died) are marked failed now and then every renewal.
-            await the_store.leases.start(settings.storage.lease_ttl_s)
-            await fail_interrupted(the_store)
-            await files.remove_orphans()
-            lease = asyncio.create_task(run_lease(the_store, settings.storage))
-            upkeep = asyncio.create_task(run_upkeep(the_store, settings.storage))
-            yield
-        finally:
-            await _cancelled(upkeep)
-            state: FacadeState = app.state.facade
-            await state.background.stop_all()
-            await state.responses.cancel_all()
-            # The lease held while the running responses were ended; now this instance is gone.
-            await _cancelled(lease)
-            with contextlib.suppress(Exception):
-                await the_store.leases.release()
-            if opened is not None:
-                state.responses.close()
-                await opened.close()
-            if store is None:
-                # Ours (opened above, or with the state when `engine` was given): close it.
-                state.store.close()
-
+    services = AppServices.build(settings, engine=engine, store=store, image_sources=image_sources)
     keys_required = settings.api_keys.enabled
     app = FastAPI(
         title="vlmserve facade",
@@ -242,10 +286,11 @@ def create_app(
         docs_url=None if keys_required else "/docs",
         redoc_url=None if keys_required else "/redoc",
     )
+    app.state.services = services
     if engine is not None:
         # Ready without a lifespan run (in-process tests drive the app over ASGI directly).
-        app.state.facade = build_state(
-            given_clients(engine), store if store is not None else open_store(settings)
+        app.state.facade = services.state(
+            services.router(), store if store is not None else open_store(settings)
         )
     install_error_handlers(app, classify=_storage_error)
     map_error(app, OutOfSpaceError, lambda error: insufficient_storage(error.what))
@@ -255,15 +300,21 @@ def create_app(
     app.add_middleware(HeaderLimits, max_headers=limits.max_headers, max_header_bytes=limits.max_header_bytes)
     # Whatever fails after a response was admitted, what it took is given back when its request ends.
     app.add_middleware(AbandonUnclaimed)
+    _include_routes(app, services.metrics, dependencies)
+    # Outermost: every answer is counted, a refusal by the limits or the keys too.
+    app.add_middleware(HttpMetrics, metrics=services.metrics)
+    # Around everything else, so every line logged while serving a request carries its id.
+    app.add_middleware(RequestIds)
+    return app
+
+
+def _include_routes(
+    app: FastAPI, metrics: FacadeMetrics, dependencies: Sequence[fastapi_params.Depends]
+) -> None:
     # A dependency on each route (not path matching): a route added later is guarded too.
     guarded: dict[str, Any] = {"dependencies": [Depends(require_owner), *dependencies]}
-    app.include_router(compact_routes.router, **guarded)
-    app.include_router(responses_routes.router, **guarded)
-    app.include_router(conversations_routes.router, **guarded)
-    app.include_router(files_routes.router, **guarded)
-    app.include_router(chat_routes.router, **guarded)
-    app.include_router(anthropic_routes.router, **guarded)
-    app.include_router(models_routes.models_router, **guarded)
+    for router in _GUARDED_ROUTERS:
+        app.include_router(router, **guarded)
     # Probed without credentials; it tells a caller without a key only ready or not (models.py).
     app.include_router(models_routes.readiness_router, dependencies=list(dependencies))
     app.include_router(models_routes.health_router)
@@ -279,17 +330,30 @@ def create_app(
         include_in_schema=False,
         dependencies=[Depends(require_operator), *dependencies],
     )
-    # Outermost: every answer is counted, a refusal by the limits or the keys too.
-    app.add_middleware(HttpMetrics, metrics=metrics)
-    # Around everything else, so every line logged while serving a request carries its id.
-    app.add_middleware(RequestIds)
-    if keys_required:
+    if app.openapi_url is None:
+        # Keys required: the schema is served behind one.
+        app.add_api_route(
+            "/openapi.json",
+            _openapi_schema,
+            methods=["GET"],
+            include_in_schema=False,
+            dependencies=[Depends(require_owner)],
+        )
 
-        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_owner)])
-        async def openapi_schema() -> JSONResponse:
-            return JSONResponse(app.openapi())
 
-    return app
+_GUARDED_ROUTERS = (
+    compact_routes.router,
+    responses_routes.router,
+    conversations_routes.router,
+    files_routes.router,
+    chat_routes.router,
+    anthropic_routes.router,
+    models_routes.models_router,
+)
+
+
+async def _openapi_schema(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
 
 
 def _storage_error(error: Exception) -> APIError | None:
