@@ -9,6 +9,7 @@ import time
 import pytest
 from PIL import Image
 
+from tests._data_urls import data_url
 from tests.hardening import _image_corpus as corpus
 from vlmserve.common.images import (
     DEFAULT_MAX_JPEG_SCANS,
@@ -26,10 +27,6 @@ def encode(mode: str = "RGB", size: tuple[int, int] = (8, 6), fmt: str = "PNG", 
     buffer = io.BytesIO()
     Image.new(mode, size, color=None if mode in ("P", "1") else 0).save(buffer, fmt, **save)
     return buffer.getvalue()
-
-
-def data_url(data: bytes, media_type: str = "image/png") -> str:
-    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
 
 
 @pytest.mark.parametrize(

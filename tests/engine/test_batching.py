@@ -32,6 +32,7 @@ from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._logits_hooks import with_hooks
+from ._runs import run, run_each_alone
 from .test_engine_grpc import image_part, png, text_part
 
 pytestmark = pytest.mark.needs_model
@@ -136,19 +137,6 @@ def recorded(requests: dict[str, PreparedRequest]) -> tuple[dict[str, PreparedRe
     return {name: with_hooks(req, recorders[name]) for name, req in requests.items()}, recorders
 
 
-def run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
-    """Submit every request at once and wait; returns their reports by name."""
-    jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"{tag}-{name}"), None)
-        for name, req in requests.items()
-    }
-    for job in jobs.values():
-        generator.submit(job)
-    assert generator.wait_idle(300)
-    reports = {report.request_id: report for report in generator.reports}
-    return {name: reports[job.request_id] for name, job in jobs.items()}
-
-
 def run_mixed(
     generator: Generator, requests: dict[str, PreparedRequest]
 ) -> tuple[dict[str, JobReport], AtToken]:
@@ -214,7 +202,7 @@ def assert_equal_to_alone(
 
 
 def alone(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
-    return {name: run(generator, {name: req}, f"{tag}-alone")[name] for name, req in requests.items()}
+    return run_each_alone(generator, requests, f"{tag}-alone")
 
 
 def check_mixed_equals_alone(

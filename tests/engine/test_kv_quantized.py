@@ -24,13 +24,13 @@ from vlmserve.engine.kv.sizing import bytes_per_token
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 
+from ._runs import run
 from .test_batching import (
     alone,
     assert_equal_to_alone,
     check_mixed_equals_alone,
     prepared,
     recorded,
-    run,
     submitted_in_one_step,
 )
 from .test_engine_grpc import text_part

@@ -19,7 +19,8 @@ from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 
-from .test_batching import prepared, run
+from ._runs import run
+from .test_batching import prepared
 from .test_engine_grpc import text_part
 
 WINDOWED = ["gemma3", "llama4"]

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.jobs import Job, JobKind, JobReport, PreparedRequest
+from vlmserve.engine.jobs import JobKind, JobReport, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.speculation.drafter import SOURCES
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._runs import run, run_each_alone
 from .test_engine_grpc import text_part
 
 MAX_TOKENS = 40
@@ -96,18 +97,6 @@ def _requests(generator: Generator, temperature: float) -> dict[str, PreparedReq
     }
 
 
-def _run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
-    jobs = {
-        name: Job(dataclasses.replace(req, request_id=f"{tag}-{name}"), None)
-        for name, req in requests.items()
-    }
-    for job in jobs.values():
-        generator.submit(job)
-    assert generator.wait_idle(300)
-    reports = {report.request_id: report for report in generator.reports}
-    return {name: reports[job.request_id] for name, job in jobs.items()}
-
-
 def _counter(generator: Generator, name: str) -> float:
     """A speculation counter summed over its draft sources."""
     registry = generator.metrics.registry
@@ -125,13 +114,9 @@ def test_speculation_changes_no_token_alone_or_in_a_mixed_batch(
     requests = _requests(plain, temperature)
     drafted = _counter(speculative, "speculative_drafted_tokens")
     accepted = _counter(speculative, "speculative_accepted_tokens")
-    expected = {
-        name: _run(plain, {name: req}, f"alone-{temperature}")[name] for name, req in requests.items()
-    }
-    alone = {
-        name: _run(speculative, {name: req}, f"alone-{temperature}")[name] for name, req in requests.items()
-    }
-    together = _run(speculative, requests, f"mixed-{temperature}")
+    expected = run_each_alone(plain, requests, f"alone-{temperature}")
+    alone = run_each_alone(speculative, requests, f"alone-{temperature}")
+    together = run(speculative, requests, f"mixed-{temperature}")
     for name in requests:
         assert alone[name].token_ids == expected[name].token_ids, name
         assert together[name].token_ids == expected[name].token_ids, name
@@ -154,7 +139,7 @@ def test_speculation_verifies_several_tokens_per_forward(generators: tuple[Gener
     rows = _counter(speculative, "speculative_verified_rows")
     accepted = _counter(speculative, "speculative_accepted_tokens")
     requests = _requests(speculative, 0.0)
-    _run(speculative, {"copy": requests["copy"]}, "per-forward")
+    run(speculative, {"copy": requests["copy"]}, "per-forward")
     rows = _counter(speculative, "speculative_verified_rows") - rows
     accepted = _counter(speculative, "speculative_accepted_tokens") - accepted
     assert rows > 0 and accepted / rows > 1.0  # more than two tokens per verify on average

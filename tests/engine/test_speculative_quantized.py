@@ -33,10 +33,11 @@ from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._logits_hooks import with_hooks
+from ._runs import run, run_each_alone
 from .test_batching import AtToken
 from .test_engine_grpc import text_part
 from .test_kv_quantized import TURBO_4_ATOL
-from .test_speculative_decoding import MAX_TOKENS, _counter, _generator, _requests, _run, bytes_text
+from .test_speculative_decoding import MAX_TOKENS, _counter, _generator, _requests, bytes_text
 
 pytestmark = pytest.mark.needs_model
 
@@ -111,10 +112,6 @@ def _prepared(generator: Generator, text: str, temperature: float, seed: int) ->
     return generator.preparer.prepare(request, kind=JobKind.GENERATE)
 
 
-def _alone(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, JobReport]:
-    return {name: _run(generator, {name: req}, tag)[name] for name, req in requests.items()}
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_speculation_on_quantized_kv_changes_no_token(
     generators: tuple[Generator, Generator], temperature: float, seen: Seen
@@ -123,9 +120,9 @@ def test_speculation_on_quantized_kv_changes_no_token(
     requests = _requests(plain, temperature)
     drafted = _counter(speculative, "speculative_drafted_tokens")
     accepted = _counter(speculative, "speculative_accepted_tokens")
-    expected = _alone(plain, requests, f"q-alone-{temperature}")
-    alone = _alone(speculative, requests, f"q-spec-alone-{temperature}")
-    together = _run(speculative, requests, f"q-mixed-{temperature}")
+    expected = run_each_alone(plain, requests, f"q-alone-{temperature}")
+    alone = run_each_alone(speculative, requests, f"q-spec-alone-{temperature}")
+    together = run(speculative, requests, f"q-mixed-{temperature}")
     parting = temperature > 0 and _turbo(speculative)
     for name in requests:
         _assert_same_tokens(alone[name], expected[name], seen, parting_allowed=False)
@@ -175,7 +172,7 @@ def test_a_join_and_a_cancel_on_quantized_kv_change_no_token(
     requests = _requests(plain, temperature)
     requests["cancelled"] = _prepared(plain, "Cancel me " * 5, temperature, seed=6)
     late = dataclasses.replace(requests["copy"], request_id="late")
-    expected = _alone(plain, {**requests, "late": late}, f"q-join-alone-{temperature}")
+    expected = run_each_alone(plain, {**requests, "late": late}, f"q-join-alone-{temperature}")
     rows = _counter(speculative, "speculative_verified_rows")
     mixed, joined, trigger = _run_with_join_and_cancel(speculative, requests, late, f"q-join-{temperature}")
     assert _counter(speculative, "speculative_verified_rows") > rows

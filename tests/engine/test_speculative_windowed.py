@@ -18,7 +18,8 @@ import pytest
 from tests._family_models import family_models  # noqa: F401  (fixture)
 from vlmserve.engine.loop.generator import Generator
 
-from .test_speculative_decoding import _counter, _generator, _requests, _run, bytes_text
+from ._runs import run, run_each_alone
+from .test_speculative_decoding import _counter, _generator, _requests, bytes_text
 
 pytestmark = pytest.mark.needs_model
 
@@ -45,14 +46,9 @@ def test_speculation_on_a_windowed_family_changes_no_token(
     assert all(len(req.prompt_ids) > 32 for name, req in requests.items() if name != "short")
     rows = _counter(speculative, "speculative_verified_rows")
     accepted = _counter(speculative, "speculative_accepted_tokens")
-    expected = {
-        name: _run(plain, {name: req}, f"w-alone-{temperature}")[name] for name, req in requests.items()
-    }
-    alone = {
-        name: _run(speculative, {name: req}, f"w-spec-alone-{temperature}")[name]
-        for name, req in requests.items()
-    }
-    together = _run(speculative, requests, f"w-mixed-{temperature}")
+    expected = run_each_alone(plain, requests, f"w-alone-{temperature}")
+    alone = run_each_alone(speculative, requests, f"w-spec-alone-{temperature}")
+    together = run(speculative, requests, f"w-mixed-{temperature}")
     for name in requests:
         assert alone[name].token_ids == expected[name].token_ids, name
         assert together[name].token_ids == expected[name].token_ids, name

@@ -1,18 +1,34 @@
 """Fixtures shared by the facade and hardening tests: the scripted engine on a real gRPC
-server, a client for it, settings and a store. conftest.py files import them from here."""
+server, a client for it, settings and a store, clients of apps with other limits, an app on a
+real loopback server. conftest.py files import them from here."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from fastapi import FastAPI
 
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
+from tests.facade.helpers import AppClients, MakeClient, loopback, serving, with_fields
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, Timeouts
 
-__all__ = ["another_store", "engine", "engine_client", "fake_engine", "settings", "store", "store_backend"]
+__all__ = [
+    "another_store",
+    "client_for",
+    "engine",
+    "engine_client",
+    "fake_engine",
+    "server_lifespan",
+    "server_url",
+    "settings",
+    "store",
+    "store_backend",
+]
 
 
 @pytest.fixture
@@ -70,3 +86,31 @@ def another_store(
 @pytest.fixture
 def store(another_store: Callable[[], Store]) -> Store:
     return another_store()
+
+
+@pytest.fixture
+async def client_for(
+    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
+) -> AsyncIterator[MakeClient]:
+    """`client_for(max_tools=2, max_conversation_bytes=...)`: an in-process client of an app
+    whose `Limits` and `Storage` have those fields (the rest of `settings` as it is)."""
+    clients = AppClients(engine_client, store)
+
+    def make(**fields: Any) -> httpx.AsyncClient:
+        return clients.open(with_fields(settings, **fields))
+
+    yield make
+    await clients.aclose()
+
+
+@pytest.fixture
+def server_lifespan() -> str:
+    """Whether `server_url`'s server runs the app's lifespan: "off", unless a module needs it."""
+    return "off"
+
+
+@pytest.fixture
+async def server_url(app: FastAPI, server_lifespan: str) -> AsyncIterator[str]:
+    """The module's `app` behind a real uvicorn server on loopback (disconnects, real clients)."""
+    async with serving(loopback(app, lifespan=server_lifespan), stop_timeout_s=10) as port:
+        yield f"http://127.0.0.1:{port}"

@@ -1,21 +1,27 @@
-"""Shared helpers for the facade tests: images, schema validation, SSE parsing."""
+"""Shared helpers for the facade tests: images, schema validation, SSE parsing, apps served
+in-process or on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from PIL import Image
 
 from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common import images as common_images
-from vlmserve.facade import FacadeSettings, Store, create_app
+from vlmserve.facade import FacadeSettings, Limits, Store, create_app
+from vlmserve.facade.settings import Storage
 
 __all__ = ["EVENT_SCHEMAS", "assert_valid", "validator"]  # re-exported for the facade tests
 
@@ -112,6 +118,45 @@ class AppClients:
     async def aclose(self) -> None:
         for client in self.opened:
             await client.aclose()
+
+
+# `client_for(max_tools=2)`: a client of an app with those settings (tests/facade/fixtures.py).
+MakeClient = Callable[..., httpx.AsyncClient]
+
+
+def with_fields(settings: FacadeSettings, **fields: Any) -> FacadeSettings:
+    """`settings` with these `Limits` and `Storage` fields (each name belongs to one of them);
+    the rest as it is."""
+    limits = {name: value for name, value in fields.items() if name in Limits.model_fields}
+    storage = {name: value for name, value in fields.items() if name in Storage.model_fields}
+    unknown = set(fields) - set(limits) - set(storage)
+    assert not unknown, f"neither a Limits nor a Storage field: {sorted(unknown)}"
+    if limits:
+        settings = settings.replace(limits=settings.limits.model_copy(update=limits))
+    if storage:
+        settings = settings.replace(storage=settings.storage.model_copy(update=storage))
+    return settings
+
+
+def loopback(app: Any, *, lifespan: str = "off") -> uvicorn.Config:
+    """A uvicorn configuration serving `app` on a free loopback port."""
+    return uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan)
+
+
+@asynccontextmanager
+async def serving(config: uvicorn.Config, stop_timeout_s: float = 20) -> AsyncIterator[int]:
+    """A real uvicorn server on `config` while the block runs; yields its port."""
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # it failed to start: raise why
+        await asyncio.sleep(0.01)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, stop_timeout_s)
 
 
 def count_image_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -10,7 +10,7 @@ import contextlib
 import io
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +20,13 @@ from PIL import Image
 
 from tests._sse import aiter_lines
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
-from tests.facade.helpers import AppClients, png_data_url
-from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Store
+from tests.facade.helpers import MakeClient, png_data_url
+from vlmserve.facade import Store
 from vlmserve.facade.settings import Storage
 from vlmserve.facade.store.records import StoredItem
 from vlmserve.facade.store.sqlite import SQLiteDatabase
 from vlmserve.facade.store.upkeep import run_upkeep, upkeep_once
 from vlmserve.responses import input_to_messages
-
-MakeClient = Callable[..., httpx.AsyncClient]
-
-
-@pytest.fixture
-async def client_for(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
-) -> AsyncIterator[MakeClient]:
-    """`client_for(max_conversation_bytes=...)`: a client of an app with those storage settings."""
-    clients = AppClients(engine_client, store)
-
-    def make(**storage: Any) -> httpx.AsyncClient:
-        return clients.open(settings.replace(storage=Storage(**storage)))
-
-    yield make
-    await clients.aclose()
 
 
 def noise_png(side: int) -> str:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import struct
 import zlib
 
 from PIL import Image
-
-
-def data_url(data: bytes, media_type: str | None = "image/png") -> str:
-    return f"data:{media_type or ''};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def _save(image: Image.Image, fmt: str, **options: object) -> bytes:

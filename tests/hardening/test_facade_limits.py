@@ -5,37 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from starlette.types import Message
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import AppClients, png_data_url
+from tests.facade.helpers import MakeClient, png_data_url, serving
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.cli import server_config, settings_from_args
 from vlmserve.facade.http.request_body import MAX_JSON_DEPTH
-
-MakeClient = Callable[..., Awaitable[httpx.AsyncClient]]
-
-
-@pytest.fixture
-async def client_for(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
-) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
-    """`client_for(max_tools=2, ...)`: an in-process client of an app with those limits."""
-    clients = AppClients(engine_client, store)
-
-    def make(**limits: Any) -> httpx.AsyncClient:
-        return clients.open(settings.replace(limits=Limits(**limits)))
-
-    yield make
-    await clients.aclose()
 
 
 def error_of(reply: httpx.Response, status: int = 400) -> dict[str, Any]:
@@ -118,7 +100,7 @@ async def test_oversize_body_is_refused_while_it_is_read(
 
 
 async def test_declared_oversize_body_is_refused_before_reading(
-    client_for: Callable[..., httpx.AsyncClient],
+    client_for: MakeClient,
 ) -> None:
     http = client_for(max_request_bytes=100)
     error = error_of(await http.post("/v1/responses", json={"input": "x" * 200}), 413)
@@ -129,7 +111,7 @@ async def test_declared_oversize_body_is_refused_before_reading(
 
 
 async def test_images_per_request_are_counted_with_replayed_turns(
-    client_for: Callable[..., httpx.AsyncClient], engine: FakeEngine
+    client_for: MakeClient, engine: FakeEngine
 ) -> None:
     http = client_for(max_images_per_request=2)
     error = error_of(await http.post("/v1/responses", json=images(3)))
@@ -145,7 +127,7 @@ async def test_images_per_request_are_counted_with_replayed_turns(
 
 
 async def test_image_bytes_and_pixels_are_bounded_by_settings(
-    client_for: Callable[..., httpx.AsyncClient],
+    client_for: MakeClient,
 ) -> None:
     http = client_for(max_image_pixels=100)
     error = error_of(await http.post("/v1/responses", json=images(1, size=(11, 10))))
@@ -160,18 +142,14 @@ async def test_image_bytes_and_pixels_are_bounded_by_settings(
 
 
 @pytest.mark.parametrize("value", [32769, 2**31, 2**40])
-async def test_max_output_tokens_over_the_cap_is_a_named_400(
-    client_for: Callable[..., httpx.AsyncClient], value: int
-) -> None:
+async def test_max_output_tokens_over_the_cap_is_a_named_400(client_for: MakeClient, value: int) -> None:
     error = error_of(
         await client_for().post("/v1/responses", json={"input": "x", "max_output_tokens": value})
     )
     assert error["param"] == "max_output_tokens"
 
 
-async def test_max_output_tokens_at_the_cap_is_sent(
-    client_for: Callable[..., httpx.AsyncClient], engine: FakeEngine
-) -> None:
+async def test_max_output_tokens_at_the_cap_is_sent(client_for: MakeClient, engine: FakeEngine) -> None:
     reply = await client_for().post("/v1/responses", json={"input": "x", "max_output_tokens": 32768})
     assert reply.status_code == 200
     assert engine.requests[0].sampling.max_tokens == 32768
@@ -185,7 +163,7 @@ def function_tool(name: str, **extra: Any) -> dict[str, Any]:
 
 
 async def test_tool_count_is_bounded_namespaces_included(
-    client_for: Callable[..., httpx.AsyncClient],
+    client_for: MakeClient,
 ) -> None:
     http = client_for(max_tools=2)
     ok = await http.post(
@@ -202,7 +180,7 @@ async def test_tool_count_is_bounded_namespaces_included(
     )
 
 
-async def test_tool_size_is_bounded(client_for: Callable[..., httpx.AsyncClient]) -> None:
+async def test_tool_size_is_bounded(client_for: MakeClient) -> None:
     http = client_for(max_tool_bytes=2000)
     big = function_tool("big", description="d" * 3000)
     error = error_of(
@@ -216,7 +194,7 @@ async def test_tool_size_is_bounded(client_for: Callable[..., httpx.AsyncClient]
 # --- JSON shape: depth and lone surrogates ----------------------------------------------------
 
 
-async def test_deeply_nested_json_is_a_named_400(client_for: Callable[..., httpx.AsyncClient]) -> None:
+async def test_deeply_nested_json_is_a_named_400(client_for: MakeClient) -> None:
     nested: Any = {}
     for _ in range(MAX_JSON_DEPTH + 5):
         nested = {"a": nested}
@@ -241,23 +219,19 @@ async def test_deeply_nested_json_is_a_named_400(client_for: Callable[..., httpx
         ),
     ],
 )
-async def test_unpaired_surrogates_are_a_named_400(
-    client_for: Callable[..., httpx.AsyncClient], raw: str, param: str
-) -> None:
+async def test_unpaired_surrogates_are_a_named_400(client_for: MakeClient, raw: str, param: str) -> None:
     error = error_of(await client_for().post("/v1/responses", content=raw))
     assert (error["param"], error["code"]) == (param, "invalid_value")
 
 
-async def test_paired_surrogates_and_raw_utf8_are_fine(
-    client_for: Callable[..., httpx.AsyncClient], engine: FakeEngine
-) -> None:
+async def test_paired_surrogates_and_raw_utf8_are_fine(client_for: MakeClient, engine: FakeEngine) -> None:
     raw = '{"input": "\\ud83d\\ude00 and 😀 and \\u00e9"}'
     assert (await client_for().post("/v1/responses", content=raw)).status_code == 200
     assert engine.requests[0].messages[-1].parts[0].text.text == "😀 and 😀 and é"
 
 
 async def test_encoded_surrogates_and_non_utf8_bodies_are_not_json(
-    client_for: Callable[..., httpx.AsyncClient],
+    client_for: MakeClient,
 ) -> None:
     for raw in (b'{"input": "\xed\xa0\x80"}', '{"input": "x"}'.encode("utf-16")):
         assert error_of(await client_for().post("/v1/responses", content=raw))["code"] == "invalid_json"
@@ -266,7 +240,7 @@ async def test_encoded_surrogates_and_non_utf8_bodies_are_not_json(
 # --- headers: 431 ---------------------------------------------------------------------------------
 
 
-async def test_too_many_headers_is_a_431(client_for: Callable[..., httpx.AsyncClient]) -> None:
+async def test_too_many_headers_is_a_431(client_for: MakeClient) -> None:
     http = client_for(max_headers=20)
     headers = [(f"x-h{index}", "v") for index in range(25)]
     error = error_of(await http.get("/healthz", headers=headers), 431)
@@ -274,7 +248,7 @@ async def test_too_many_headers_is_a_431(client_for: Callable[..., httpx.AsyncCl
     assert (await http.get("/healthz", headers=headers[:10])).status_code == 200
 
 
-async def test_oversize_headers_are_a_431(client_for: Callable[..., httpx.AsyncClient]) -> None:
+async def test_oversize_headers_are_a_431(client_for: MakeClient) -> None:
     http = client_for(max_header_bytes=1000)
     assert error_of(await http.get("/healthz", headers={"x-big": "v" * 1200}), 431)["param"] is None
 
@@ -289,20 +263,12 @@ async def test_the_server_bounds_what_it_buffers_for_headers(
     config = server_config(app, limited)
     config.lifespan = "off"
     config.log_level = "warning"
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 (uvicorn offers no event for it)
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
+    async with serving(config, stop_timeout_s=10) as port:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             assert (await http.get("/healthz")).status_code == 200
             assert (await http.get("/healthz", headers={"x-big": "v" * 6000})).status_code == 431
         status = await asyncio.to_thread(_raw_request_status, port, b"x-huge: " + b"v" * 64_000)
         assert status in (400, 431)
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
 
 
 def _raw_request_status(port: int, header: bytes) -> int:

@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import resource
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from tests._hostile_pdfs import jpeg_pdf, nested_forms_pdf, page_pdf, unloadable_page_pdf
@@ -63,18 +61,8 @@ def workers_of(app: FastAPI) -> PdfWorkers:
 
 
 @pytest.fixture
-async def server_url(app: FastAPI) -> AsyncIterator[str]:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await asyncio.wait_for(task, 10)
+def server_lifespan() -> str:
+    return "on"  # the PDF workers start and stop with the app
 
 
 HOSTILE = [

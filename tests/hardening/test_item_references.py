@@ -10,31 +10,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import AppClients, count_image_checks, png_data_url
-from vlmserve.client import AsyncEngineClient
-from vlmserve.facade import FacadeSettings, Limits, Store
-
-MakeClient = Callable[..., httpx.AsyncClient]
-
-
-@pytest.fixture
-async def client_for(
-    settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
-) -> AsyncIterator[MakeClient]:
-    clients = AppClients(engine_client, store)
-
-    def make(**limits: Any) -> httpx.AsyncClient:
-        return clients.open(settings.replace(limits=Limits(**limits)))
-
-    yield make
-    await clients.aclose()
+from tests.facade.helpers import MakeClient, count_image_checks, png_data_url
+from vlmserve.facade import Store
 
 
 @pytest.fixture

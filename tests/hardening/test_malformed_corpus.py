@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._data_urls import data_url
 from tests.facade.fake_engine import FakeEngine
 from tests.hardening import _image_corpus as corpus
 from vlmserve.client import AsyncEngineClient
@@ -29,7 +30,7 @@ from vlmserve.facade import FacadeSettings, Store, create_app
 
 Path = tuple[str | int, ...]
 
-PNG_URL = corpus.data_url(corpus.png())
+PNG_URL = data_url(corpus.png())
 IMAGE_PATH = "input[0].content[1].image_url"
 
 
@@ -262,30 +263,30 @@ async def test_huge_strings_everywhere(http: httpx.AsyncClient, valid: dict[str,
 
 # (label, image_url, accepted) -- refused ones must name the image part.
 IMAGE_CASES: list[tuple[str, str, bool]] = [
-    ("1x1 png", corpus.data_url(corpus.one_by_one()), True),
-    ("animated gif", corpus.data_url(corpus.animated_gif(), "image/gif"), True),
-    ("cmyk jpeg", corpus.data_url(corpus.cmyk_jpeg(), "image/jpeg"), True),
-    ("16-bit png", corpus.data_url(corpus.png_16_bit()), True),
-    ("exif-rotated jpeg", corpus.data_url(corpus.exif_rotated_jpeg(), "image/jpeg"), True),
-    ("webp", corpus.data_url(corpus.webp(), "image/webp"), True),
-    ("palette png with transparency", corpus.data_url(corpus.palette_png_with_transparency()), True),
-    ("rgba png", corpus.data_url(corpus.png(mode="RGBA")), True),
-    ("no declared type", corpus.data_url(corpus.png(), None), True),
-    ("image/jpg alias", corpus.data_url(corpus.cmyk_jpeg(), "image/jpg"), True),
-    ("upper-case type", corpus.data_url(corpus.png(), "IMAGE/PNG"), True),
-    ("20000x20000 png bomb", corpus.data_url(corpus.png_bomb()), False),
-    ("jpeg claiming 65500x65500", corpus.data_url(corpus.jpeg_claiming(65500, 65500), "image/jpeg"), False),
-    ("progressive jpeg with 2000 scans", corpus.data_url(corpus.jpeg_scan_bomb(), "image/jpeg"), False),
-    ("gif claiming 65535x65535", corpus.data_url(corpus.gif_claiming(65535, 65535), "image/gif"), False),
-    ("bmp", corpus.data_url(corpus.bmp(), "image/bmp"), False),
-    ("tiff", corpus.data_url(corpus.tiff(), "image/tiff"), False),
-    ("svg", corpus.data_url(corpus.SVG, "image/svg+xml"), False),
-    ("png labelled text/plain", corpus.data_url(corpus.png(), "text/plain"), False),
-    ("png labelled jpeg", corpus.data_url(corpus.png(), "image/jpeg"), False),
-    ("png labelled octet-stream", corpus.data_url(corpus.png(), "application/octet-stream"), False),
-    ("html", corpus.data_url(b"<html><body>hi</body></html>", "text/html"), False),
-    ("png signature only", corpus.data_url(b"\x89PNG\r\n\x1a\n"), False),
-    ("truncated png", corpus.data_url(corpus.png()[:40]), False),
+    ("1x1 png", data_url(corpus.one_by_one()), True),
+    ("animated gif", data_url(corpus.animated_gif(), "image/gif"), True),
+    ("cmyk jpeg", data_url(corpus.cmyk_jpeg(), "image/jpeg"), True),
+    ("16-bit png", data_url(corpus.png_16_bit()), True),
+    ("exif-rotated jpeg", data_url(corpus.exif_rotated_jpeg(), "image/jpeg"), True),
+    ("webp", data_url(corpus.webp(), "image/webp"), True),
+    ("palette png with transparency", data_url(corpus.palette_png_with_transparency()), True),
+    ("rgba png", data_url(corpus.png(mode="RGBA")), True),
+    ("no declared type", data_url(corpus.png(), None), True),
+    ("image/jpg alias", data_url(corpus.cmyk_jpeg(), "image/jpg"), True),
+    ("upper-case type", data_url(corpus.png(), "IMAGE/PNG"), True),
+    ("20000x20000 png bomb", data_url(corpus.png_bomb()), False),
+    ("jpeg claiming 65500x65500", data_url(corpus.jpeg_claiming(65500, 65500), "image/jpeg"), False),
+    ("progressive jpeg with 2000 scans", data_url(corpus.jpeg_scan_bomb(), "image/jpeg"), False),
+    ("gif claiming 65535x65535", data_url(corpus.gif_claiming(65535, 65535), "image/gif"), False),
+    ("bmp", data_url(corpus.bmp(), "image/bmp"), False),
+    ("tiff", data_url(corpus.tiff(), "image/tiff"), False),
+    ("svg", data_url(corpus.SVG, "image/svg+xml"), False),
+    ("png labelled text/plain", data_url(corpus.png(), "text/plain"), False),
+    ("png labelled jpeg", data_url(corpus.png(), "image/jpeg"), False),
+    ("png labelled octet-stream", data_url(corpus.png(), "application/octet-stream"), False),
+    ("html", data_url(b"<html><body>hi</body></html>", "text/html"), False),
+    ("png signature only", data_url(b"\x89PNG\r\n\x1a\n"), False),
+    ("truncated png", data_url(corpus.png()[:40]), False),
     ("empty payload", "data:image/png;base64,", False),
     ("bad base64 characters", "data:image/png;base64,iVBORw0KGgo!!!!", False),
     ("base64 of impossible length", "data:image/png;base64,iVBORw0KG", False),

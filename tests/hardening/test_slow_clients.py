@@ -13,9 +13,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 
+from tests.facade.helpers import serving as serving_on
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.cli import server_config
@@ -27,15 +27,8 @@ async def serving(app: FastAPI, settings: FacadeSettings) -> AsyncIterator[int]:
     config = server_config(app, settings.replace(host="127.0.0.1", port=0))
     config.lifespan = "off"
     config.log_level = "warning"
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 (uvicorn offers no event for it)
-        await asyncio.sleep(0.01)
-    try:
-        yield server.servers[0].sockets[0].getsockname()[1]
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 20)
+    async with serving_on(config) as port:
+        yield port
 
 
 async def read_all(reader: asyncio.StreamReader, timeout: float) -> bytes:

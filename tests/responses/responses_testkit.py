@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import io
 from typing import Any
 
 from PIL import Image
 
+from tests._data_urls import data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 
@@ -17,10 +17,6 @@ def image_bytes(
     buffer = io.BytesIO()
     Image.new("RGB", size, color).save(buffer, fmt)
     return buffer.getvalue()
-
-
-def data_url(data: bytes, media_type: str = "image/png") -> str:
-    return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 RED = image_bytes((255, 0, 0))
