@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import tomllib
 import zipfile
@@ -121,6 +122,42 @@ def test_the_wheel_s_commands(built_wheel: Path) -> None:
         "vlmserve-facade = vlmserve.facade.cli:main",
     ):
         assert line in scripts
+
+
+def test_the_sdist_builds_the_same_wheel(built_wheel: Path, tmp_path: Path) -> None:
+    """The sdist holds what the wheel is built from (and the contract), not tests or fixtures."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (sdist,) = tmp_path.glob("vlmserve-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = archive.getnames()
+        archive.extractall(tmp_path / "src", filter="data")
+    tops = {name.split("/")[1] for name in names if name.count("/") >= 1}
+    # (hatchling adds .gitignore and PKG-INFO itself)
+    expected = {
+        "clients",
+        "service",
+        "facade",
+        "protos",
+        "README.md",
+        "pyproject.toml",
+        "PKG-INFO",
+        ".gitignore",
+    }
+    assert tops == expected, tops
+    (source,) = (tmp_path / "src").iterdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path / "wheel")],
+        cwd=source, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (rebuilt,) = (tmp_path / "wheel").glob("vlmserve-*.whl")
+    with zipfile.ZipFile(rebuilt) as again, zipfile.ZipFile(built_wheel) as first:
+        assert sorted(again.namelist()) == sorted(first.namelist())
+        assert "vlmserve/facade/routes/ui_files/index.html" in first.namelist()
 
 
 CHECK_REQUIREMENTS = """
