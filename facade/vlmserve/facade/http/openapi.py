@@ -203,7 +203,123 @@ def install_openapi(app: FastAPI, limits: Limits) -> None:
                 _limit(body["max_output_tokens"], "maximum", limits.max_output_tokens)
             _limit(body["tools"], "maxItems", limits.max_tools)
             document.setdefault("components", {}).setdefault("schemas", {}).update(schemas)
+            document_answers(document)
             app.openapi_schema = document
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+# ---- what the routes answer besides 200 ---------------------------------------------------------
+
+_ERROR_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "description": "OpenAI's error shape (every route but /v1/messages).",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                },
+            }
+        },
+    },
+    "AnthropicError": {
+        "type": "object",
+        "description": "Anthropic's error shape (/v1/messages and its token count).",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+}
+_WHY: dict[int, str] = {
+    400: "Invalid request: the field is named in `param` (or the message)",
+    401: "No API key, or a wrong one (with API keys configured)",
+    404: "Not found: the object, or the `model` (`model_not_found`)",
+    408: "The request body did not arrive in time",
+    413: "The request body (or file) is larger than this server's limit",
+    429: "This API key's limit (responses at once, stored bytes, files, sockets); see Retry-After",
+    502: "The engine failed to process the request",
+    503: "Busy (body budget, connections, the engine's queue: Retry-After) or the engine is unavailable",
+    504: "The engine did not answer in time",
+    507: "The server is out of storage space",
+}
+# Routes that generate (model, admission, the engine), and those that store.
+_GENERATING = ("/v1/responses", "/v1/chat/completions", "/v1/messages", "/v1/responses/compact")
+_COUNTING = ("/v1/responses/input_tokens", "/v1/messages/count_tokens")
+_STORING_PREFIXES = ("/v1/conversations", "/v1/files")
+# Routes that read a JSON body themselves (FastAPI does not see it, so the document may not).
+_OWN_BODIES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses/compact")
+_PROBES = ("/healthz", "/readyz")
+_FILE_TYPES = ("application/pdf", "image/png", "image/jpeg", "image/webp", "image/gif", "text/plain")
+
+
+def _error_codes(method: str, path: str, operation: dict[str, Any]) -> set[int]:
+    """The error statuses a route answers with (what its code paths raise; docs/responses-api.md)."""
+    if path == "/healthz":
+        return set()
+    if path == "/readyz":
+        return {503}
+    codes = {401, 503}
+    parameters = operation.get("parameters") or []
+    has_body = "requestBody" in operation or (method == "post" and path in _OWN_BODIES)
+    if has_body or parameters:
+        codes.add(400)
+    if has_body:
+        codes |= {408, 413}
+    if any(parameter.get("in") == "path" for parameter in parameters):
+        codes.add(404)
+    if method == "post" and path in (*_GENERATING, *_COUNTING):
+        codes |= {404, 502, 504}
+    if method == "post" and path in _GENERATING:
+        codes.add(429)
+    if method == "post" and (path == "/v1/responses" or path.startswith(_STORING_PREFIXES)):
+        codes |= {429, 507}
+    if path.startswith("/v1/models"):
+        codes.add(404 if "{" in path else 503)
+    return codes
+
+
+def document_answers(document: dict[str, Any]) -> None:
+    """Each operation's documented answers as the routes give them: the error statuses they
+    really return (OpenAI- or Anthropic-shaped; never FastAPI's 422, which the app answers as a
+    400), event streams where a route streams, a file's own types for its content."""
+    document.setdefault("components", {}).setdefault("schemas", {}).update(_ERROR_SCHEMAS)
+    for path, operations in document.get("paths", {}).items():
+        anthropic = path.startswith("/v1/messages")
+        error = {
+            "application/json": {
+                "schema": {"$ref": _COMPONENTS.format(model="AnthropicError" if anthropic else "Error")}
+            }
+        }
+        for method, operation in operations.items():
+            answers: dict[str, Any] = operation.setdefault("responses", {})
+            answers.pop("422", None)
+            for code in sorted(_error_codes(method, path, operation)):
+                answers.setdefault(str(code), {"description": _WHY[code], "content": error})
+            ok = answers.setdefault("200", {"description": "Successful Response"})
+            if method == "post" and path == "/v1/messages":
+                ok.setdefault("content", {}).setdefault(
+                    "text/event-stream", {"schema": {"type": "string", "description": "with `stream: true`"}}
+                )
+            if path.endswith("/content") and path.startswith("/v1/files"):
+                ok["content"] = {
+                    kind: {"schema": {"type": "string", "format": "binary"}} for kind in _FILE_TYPES
+                }
+            if method == "post" and path in _OWN_BODIES and "requestBody" not in operation:
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
