@@ -124,3 +124,14 @@ def test_a_bad_option_fails_at_install(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(SystemExit):
         service.main(["install", "--no-start", "--port", "not-a-port"])
     assert not (tmp_path / ".config").exists()
+
+
+def test_activation_commands(tmp_path: Path) -> None:
+    the_spec = spec(tmp_path)
+    start = service._activation(the_spec, "linux", "start")
+    assert start[-1] == ["systemctl", "--user", "restart", "vlmserve"]  # a reinstall takes effect
+    assert ["systemctl", "--user", "disable", "--now", "vlmserve"] in service._activation(
+        the_spec, "linux", "stop"
+    )
+    mac = service._activation(the_spec, "macos", "start")
+    assert mac[0][:2] == ["launchctl", "bootstrap"] and mac[0][-1].endswith("dev.vlmserve.vlmserve.plist")

@@ -179,9 +179,11 @@ def _activation(spec: ServiceSpec, platform: Platform, action: Literal["start", 
             return [["launchctl", "bootstrap", domain, str(spec.path(platform))]]
         return [["launchctl", "bootout", f"{domain}/{spec.label}"]]
     if action == "start":
+        # restart, not start: a reinstall's new settings take effect
         return [
             ["systemctl", "--user", "daemon-reload"],
-            ["systemctl", "--user", "enable", "--now", spec.name],
+            ["systemctl", "--user", "enable", spec.name],
+            ["systemctl", "--user", "restart", spec.name],
         ]
     return [["systemctl", "--user", "disable", "--now", spec.name], ["systemctl", "--user", "daemon-reload"]]
 
@@ -205,6 +207,9 @@ def rendered(spec: ServiceSpec, platform: Platform) -> bytes:
 
 def install(spec: ServiceSpec, platform: Platform, *, start: bool) -> Path:
     path = spec.path(platform)
+    if start and platform == "macos" and path.exists():
+        # launchd keeps the agent it loaded: unload it, so the new file is the one that runs.
+        _run_all(_activation(spec, platform, "stop"), must=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     if platform == "macos":
         spec.log_dir.mkdir(parents=True, exist_ok=True)
