@@ -5,7 +5,14 @@ A parser turns the model's raw text, fed in arbitrary pieces, into visible text 
 calls. Markup is never emitted as text: a possible start tag at the end of the input is held
 back until it is decided, and a call is emitted once, complete, when its end tag arrives.
 Work is linear in the input (each character is scanned a bounded number of times) and a call
-body is bounded; an over-long or malformed call is given back as text so nothing is dropped.
+body is bounded; an over-long call is given back as text so nothing is dropped.
+
+Hostile output (issue 39): an end tag inside an argument (`</tool_call>` in a JSON string, a
+quote or `<arg_value>` left open) does not end the call when its body is not a whole call there:
+a later end tag may (at most 16 tried); if none does, the call ends at the last end tag before
+another call starts. A malformed call (its markup around a body that is no call) is reported as
+a call when it names one (Hermes: its arguments as written, as OpenAI reports arguments that are
+not JSON), else as its text with the format's markup taken out: markup is never visible text.
 
 The body of a call is decoded by that family's mlx-vlm parser
 (`parse_tool_call`: mistral, gemma4, pythonic, glm47, qwen3_coder, kimi_k2, harmony, ...).
@@ -43,6 +50,8 @@ __all__ = [
 
 LLAMA_PYTHON_START, LLAMA_PYTHON_END = "<|python_start|>", "<|python_end|>"
 DEFAULT_MAX_CALL_CHARS = 1 << 20  # a call body (e.g. a whole patch) may be large, but not unbounded
+# End tags tried as a call's end before its first one is taken (each try parses the body).
+_MAX_END_TAGS_TRIED = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,15 +202,26 @@ class MarkupToolCallParser:
         parse_body: BodyParser,
         *,
         max_call_chars: int = DEFAULT_MAX_CALL_CHARS,
+        inner_markers: tuple[str, ...] = (),
+        paired: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.start_tag = start_tag
         self.end_tag = end_tag
         self._parse_body = parse_body
         self._max_call_chars = max_call_chars
+        # Every marker of the format: a malformed call's text is given back without them.
+        self._markers = tuple(m for m in dict.fromkeys((start_tag, end_tag, *inner_markers)) if m)
+        # Inner markup that comes in pairs (`<arg_value>` / `</arg_value>`; a quote twice): a body
+        # where it does not pair up was cut by an end tag inside a value.
+        self._pairs = paired
         self._buffer = ""
         self._inside = False
-        # Inside a call: how far the buffer was already searched for the end tag.
+        # Inside a call: how far the buffer was already searched for the end tag, and the first
+        # end tag found there whose body was not a whole call (an end tag inside an argument,
+        # maybe: a later one may close the call).
         self._searched = 0
+        self._first_end: int | None = None
+        self._ends_tried = 0
         self._seen_call = False
         # Whitespace after a call, emitted only if real text follows.
         self._pending_space = ""
@@ -219,6 +239,13 @@ class MarkupToolCallParser:
 
     def finish(self) -> list[Piece]:
         pieces: list[Piece] = []
+        if self._inside and self._first_end is not None:
+            # No later end tag made a whole call: the call ends at its first end tag after all
+            # (malformed, or as parsed), and what follows is read again.
+            self._end_at_first_end(pieces)
+            pieces.extend(self.feed(""))
+            pieces.extend(self.finish())
+            return pieces
         if self._inside and not self.end_tag:
             self._end_call(self._buffer, pieces)  # the call ran to the end of the output
         elif self._inside:
@@ -251,6 +278,8 @@ class MarkupToolCallParser:
             self._buffer = self._buffer[index + len(self.start_tag) :]
             self._inside = True
             self._searched = 0
+            self._first_end = None
+            self._ends_tried = 0
             return True
         held = _held_prefix_length(self._buffer, self.start_tag)
         self._emit_text(self._buffer[: len(self._buffer) - held], pieces)
@@ -261,9 +290,22 @@ class MarkupToolCallParser:
         """Inside a call; True when the call ended (keep scanning the rest)."""
         start = max(0, self._searched - len(self.end_tag) + 1)
         index = self._buffer.find(self.end_tag, start) if self.end_tag else -1
+        while index >= 0 and not self._whole_call(self._buffer[:index]):
+            # An end tag inside the call's own text (an argument holding it), maybe: a later one
+            # may close it. Bounded: each try parses the body.
+            if self._first_end is None:
+                self._first_end = index
+            self._ends_tried += 1
+            if self._ends_tried >= _MAX_END_TAGS_TRIED:
+                self._end_at_first_end(pieces)
+                return True
+            index = self._buffer.find(self.end_tag, index + 1)
         if index < 0:
             self._searched = len(self._buffer)
             if len(self._buffer) > self._max_call_chars:
+                if self._first_end is not None:
+                    self._end_at_first_end(pieces)
+                    return True
                 # Too long to be a call we would accept: give it back as text, stop looking.
                 self._emit_text(self.start_tag + self._buffer, pieces)
                 self._buffer = ""
@@ -276,6 +318,32 @@ class MarkupToolCallParser:
         self._buffer = self._buffer[index + len(self.end_tag) :]
         self._end_call(body, pieces)
         return True
+
+    def _whole_call(self, body: str) -> bool:
+        """Whether `body` is a whole call: it parses, its arguments are JSON objects and its
+        inner markup pairs up (else the end tag that ended it may sit inside an argument)."""
+        if len(body) > self._max_call_chars or not all(_paired(body, a, b) for a, b in self._pairs):
+            return False
+        calls = self._parse_body(body.strip())
+        return calls is not None and all(_is_json_object(call.arguments) for call in calls)
+
+    def _end_at_first_end(self, pieces: list[Piece]) -> None:
+        """No end tag made a whole call: the call ends at the last end tag before another call
+        starts (so markup inside its arguments stays in it), as parsed or malformed."""
+        assert self._first_end is not None
+        first, self._first_end = self._first_end, None
+        next_start = self._buffer.find(self.start_tag, first)
+        index = self._buffer.rfind(self.end_tag, first, next_start if next_start >= 0 else len(self._buffer))
+        body = self._buffer[:index]
+        self._buffer = self._buffer[index + len(self.end_tag) :]
+        self._end_call(body, pieces)
+
+    def _malformed(self, body: str, pieces: list[Piece]) -> None:
+        """A call's markup around a body that is no call: its text, without the markup (markup is
+        never an answer; the text is what the model wrote, so it is not dropped)."""
+        for marker in self._markers:
+            body = body.replace(marker, "")
+        self._emit_text(body, pieces)
 
     def _stream(self, pieces: list[Piece]) -> None:
         """Inside a call, its end not seen yet: formats that can stream arguments do it here."""
@@ -292,7 +360,7 @@ class MarkupToolCallParser:
         self._inside = False
         calls = self._parse_body(body.strip()) if len(body) <= self._max_call_chars else None
         if calls is None:
-            self._emit_text(self.start_tag + body + self.end_tag, pieces)
+            self._malformed(body, pieces)
             return
         self._pending_space = ""
         self._seen_call = True
@@ -336,6 +404,8 @@ class HermesToolCallParser(MarkupToolCallParser):
             self._sent_to = match.end()
             pieces.append(ToolCallDeltaPiece(self._streaming[0], match.group(1), ""))
         end = len(buffer) - _held_prefix_length(buffer, self.end_tag)
+        if self._first_end is not None:
+            end = min(end, self._first_end)  # past an end tag it is undecided what follows is
         end = _without_closing_brace(buffer, max(self._sent_to, end - _TAIL_MAX), end)
         if end > self._sent_to:
             pieces.append(ToolCallDeltaPiece(self._streaming[0], "", buffer[self._sent_to : end]))
@@ -352,6 +422,21 @@ class HermesToolCallParser(MarkupToolCallParser):
             # Cut off before its arguments began: the call by its name, no arguments yet.
             pieces.append(ToolCallDeltaPiece(new_call_id(), named.group(1), ""))
 
+    def _malformed(self, body: str, pieces: list[Piece]) -> None:
+        """A body that is no JSON call: a call after all when it names one (its arguments as
+        written), else its text."""
+        head = _HERMES_HEAD.match(body) or _HERMES_NAME.match(body)
+        if head is None:
+            super()._malformed(body, pieces)
+            return
+        end = _without_closing_brace(body, head.end(), len(body.rstrip()))
+        arguments = body[head.end() : end] if head.re is _HERMES_HEAD else ""
+        self._pending_space = ""
+        self._seen_call = True
+        pieces.append(
+            ToolCallPiece(ParsedToolCall(id=new_call_id(), name=head.group(1), arguments=arguments))
+        )
+
     def _end_call(self, body: str, pieces: list[Piece]) -> None:
         streaming, self._streaming = self._streaming, None
         if streaming is None:
@@ -361,20 +446,29 @@ class HermesToolCallParser(MarkupToolCallParser):
         arguments_end = _without_closing_brace(body, start, len(body))
         arguments = body[start:arguments_end]
         calls = _parse_hermes_body(body.strip())
-        if (
-            calls is None
-            or [call.name for call in calls] != [name]
+        if calls is not None and (
+            [call.name for call in calls] != [name]
             or arguments_end < self._sent_to
             or not _is_json_object(arguments)
         ):
             super()._end_call(body, pieces)  # written otherwise after all: whole, as parsed
             return
+        # A whole call, or a malformed one whose deltas began it: the call with its arguments
+        # as written (as OpenAI reports arguments that are not JSON: the client validates).
+        arguments_end = max(arguments_end, self._sent_to)
+        arguments = body[start:arguments_end]
         self._inside = False
         if arguments_end > self._sent_to:
             pieces.append(ToolCallDeltaPiece(call_id, "", body[self._sent_to : arguments_end]))
         self._pending_space = ""
         self._seen_call = True
         pieces.append(ToolCallPiece(ParsedToolCall(id=call_id, name=name, arguments=arguments)))
+
+
+def _paired(body: str, opening: str, closing: str) -> bool:
+    if opening == closing:  # a quote
+        return body.count(opening) % 2 == 0
+    return body.count(opening) == body.count(closing)
 
 
 def _without_closing_brace(text: str, floor: int, end: int) -> int:

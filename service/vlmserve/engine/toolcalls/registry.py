@@ -146,7 +146,9 @@ def _mlx_vlm_module(name: str) -> Any:
     return load_tool_module(name)  # ValueError for an unknown name
 
 
-def _mlx_vlm_parser(name: str) -> ParserFactory:
+def _mlx_vlm_parser(
+    name: str, inner: tuple[str, ...] = (), paired: tuple[tuple[str, str], ...] = ()
+) -> ParserFactory:
     """mlx-vlm's family `name`: our streaming markup parser around its `parse_tool_call`."""
 
     def new_parser(max_call_chars: int, tools: Sequence[dict[str, Any]]) -> ToolCallParser:
@@ -156,6 +158,8 @@ def _mlx_vlm_parser(name: str) -> ParserFactory:
             module.tool_call_end,
             module_body_parser(module.parse_tool_call, list(tools) or None),
             max_call_chars=max_call_chars,
+            inner_markers=inner,
+            paired=paired,
         )
 
     return new_parser
@@ -170,11 +174,15 @@ def _mlx_vlm_format(
     *,
     auto_unconstrained: bool = False,
     reasons: bool = False,
+    paired: tuple[tuple[str, str], ...] = (),
 ) -> ToolFormat:
     """A family mlx-vlm parses; `start`/`end` are its module's markers (a test checks them),
-    `inner` the markup inside a call its parser reads (single tokens in their vocabularies)."""
+    `inner` the markup inside a call its parser reads (single tokens in their vocabularies),
+    `paired` the inner markup that opens and closes (a call's end tag inside an argument leaves
+    it unpaired: the parser looks for a later one)."""
     markers = tuple(dict.fromkeys(marker for marker in (start, end, *inner) if marker))
-    return ToolFormat(name, markers, _mlx_vlm_parser(name), grammar, auto_unconstrained, reasons)
+    new_parser = _mlx_vlm_parser(name, inner, paired)
+    return ToolFormat(name, markers, new_parser, grammar, auto_unconstrained, reasons)
 
 
 FORMATS: dict[str, ToolFormat] = {
@@ -206,6 +214,7 @@ FORMATS: dict[str, ToolFormat] = {
             "<tool_call>",
             "</tool_call>",
             grammar=CallGrammar("<tool_call>", grammars.qwen3_coder_calls),
+            paired=(("<function=", "</function>"),),
         ),
         _mlx_vlm_format(
             "kimi_k2",
@@ -213,6 +222,7 @@ FORMATS: dict[str, ToolFormat] = {
             "<|tool_calls_section_end|>",
             ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
             CallGrammar("<|tool_calls_section_begin|>", grammars.kimi_k2_calls),
+            paired=(("<|tool_call_begin|>", "<|tool_call_end|>"),),
         ),
         _mlx_vlm_format(
             "glm47",
@@ -220,6 +230,7 @@ FORMATS: dict[str, ToolFormat] = {
             "</tool_call>",
             ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
             CallGrammar("<tool_call>", grammars.glm47_calls),
+            paired=(("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>")),
         ),
         _mlx_vlm_format(
             "gemma4",
@@ -227,6 +238,7 @@ FORMATS: dict[str, ToolFormat] = {
             "<tool_call|>",
             ('<|"|>',),  # its string quote
             CallGrammar("<|tool_call>", grammars.gemma4_calls),
+            paired=(('<|"|>', '<|"|>'),),
         ),
         _mlx_vlm_format(
             "pythonic",
