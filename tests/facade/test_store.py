@@ -186,14 +186,28 @@ def model_resource(response_id: str, model: str, created_at: int = 1) -> dict[st
     return {**resource(response_id), "model": model, "created_at": created_at}
 
 
+async def model_of(store: Store, conversation_id: str) -> str | None:
+    conversation = await store.conversations.get(conversation_id)
+    assert conversation is not None
+    return conversation.model
+
+
 async def test_a_conversation_remembers_its_model(store: Store) -> None:
     plain = await store.conversations.create("conv_plain", metadata={})
-    assert "model" not in plain and "model" not in (await store.conversations.get("conv_plain") or {})
+    got = await store.conversations.get("conv_plain")
+    assert plain.model is None and got is not None and got.model is None
+    # As the API answers it: `model` only once it has one.
+    assert plain.resource() == {
+        "id": "conv_plain",
+        "object": "conversation",
+        "created_at": plain.created_at,
+        "metadata": {},
+    }
     created = await store.conversations.create("conv_1", metadata={}, model="a", items=[message("m1", "one")])
-    assert created["model"] == "a"
+    assert created.model == "a" and created.resource()["model"] == "a"
     # Items the client adds keep it; a response's items make the response's model the conversation's.
     assert await store.conversations.append("conv_1", [message("m2", "two")])
-    assert (await store.conversations.get("conv_1") or {})["model"] == "a"
+    assert await model_of(store, "conv_1") == "a"
     await store.responses.put(model_resource("resp_1", "b"), [], conversation_id="conv_1")
     await store.responses.finish(
         model_resource("resp_1", "b"),
@@ -201,8 +215,9 @@ async def test_a_conversation_remembers_its_model(store: Store) -> None:
         conversation_items=[message("m3", "three")],
         conversation_model="b",
     )
-    assert (await store.conversations.get("conv_1") or {})["model"] == "b"
-    assert (await store.conversations.update("conv_1", metadata={"k": "v"}) or {})["model"] == "b"
+    assert await model_of(store, "conv_1") == "b"
+    updated = await store.conversations.update("conv_1", metadata={"k": "v"})
+    assert updated is not None and updated.model == "b" and updated.metadata == {"k": "v"}
     # Another owner sees nothing of it.
     assert await store.conversations.get("conv_1", owner="bob") is None
 
@@ -222,9 +237,7 @@ async def test_a_schema_3_sqlite_store_learns_its_conversations_models(tmp_path:
         db.execute("ALTER TABLE conversations DROP COLUMN model")
         db.execute("PRAGMA user_version = 3")
     store = Store.sqlite(path)
-    models = {
-        cid: (await store.conversations.get(cid) or {}).get("model") for cid in ("conv_1", "conv_2", "conv_3")
-    }
+    models = {cid: await model_of(store, cid) for cid in ("conv_1", "conv_2", "conv_3")}
     assert models == {"conv_1": "b", "conv_2": "a", "conv_3": None}
     store.close()
     with sqlite3.connect(path) as db:
@@ -259,6 +272,6 @@ async def test_a_version_1_postgres_database_learns_its_conversations_models(
             )
     store = Store.postgres(postgres_url)
     try:
-        assert (await store.conversations.get("conv_1") or {})["model"] == "b"
+        assert await model_of(store, "conv_1") == "b"
     finally:
         store.close()

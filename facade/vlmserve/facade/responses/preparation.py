@@ -14,7 +14,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, EngineError, NotFoundError
 from vlmserve.common.documents import DocumentLimits
@@ -249,12 +249,13 @@ class ResponsesService:
         continues; None when it names neither (or what it names is gone: a 404 later)."""
         previous = body.previous_response_id
         conversation_id = _conversation_id(body)
-        stored: dict[str, Any] | None = None
+        remembered: object = None
         if previous is not None:
             stored = await self.store.responses.get(previous, owner=owner)
+            remembered = stored.get("model") if stored is not None else None
         elif conversation_id is not None:
-            stored = await self.store.conversations.get(conversation_id, owner=owner)
-        remembered = stored.get("model") if stored is not None else None
+            conversation = await self.store.conversations.get(conversation_id, owner=owner)
+            remembered = conversation.model if conversation is not None else None
         return remembered if isinstance(remembered, str) else None
 
     @property

@@ -38,7 +38,7 @@ from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.facade.store.disk_space import is_out_of_space
 from vlmserve.facade.store.quotas import check_room, quota_exceeded, stored_size
-from vlmserve.facade.store.records import ItemPage, StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.records import ConversationRecord, ItemPage, StorageQuotaExceededError, StoredItem
 from vlmserve.responses import (
     ConversationResource,
     DeletedObject,
@@ -87,7 +87,7 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
         conversation_id=None,
         param="items",
     )
-    return await _write(
+    created = await _write(
         "the conversation",
         state.store.conversations.create(
             ids.new_id(ids.CONVERSATION),
@@ -99,6 +99,7 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
             model=model.id if model is not None else None,
         ),
     )
+    return created.resource()
 
 
 @router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION, response_model=ConversationResource)
@@ -106,7 +107,7 @@ async def retrieve_conversation(conversation_id: str, request: Request, state: S
     conversation = await state.store.conversations.get(conversation_id, owner=owner_of(request))
     if conversation is None:
         raise not_found("conversation", conversation_id)
-    return conversation
+    return conversation.resource()
 
 
 @router.post(
@@ -129,7 +130,7 @@ async def update_conversation(conversation_id: str, request: Request, state: Sta
     )
     if updated is None:
         raise not_found("conversation", conversation_id)
-    return updated
+    return updated.resource()
 
 
 @router.get("/{conversation_id}/items/{item_id}", operation_id="retrieveConversationItem")
@@ -162,7 +163,7 @@ async def delete_conversation_item(
     if conversation is None:
         raise not_found("conversation", conversation_id)
     # OpenAI answers with the conversation the item was removed from.
-    return conversation
+    return conversation.resource()
 
 
 @router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION, response_model=DeletedObject)
@@ -254,10 +255,10 @@ def item_list_of(items: list[StoredItem]) -> dict[str, Any]:
     return item_list(ItemPage(items=items, has_more=False), typed_item)
 
 
-async def _model_of(conversation: dict[str, Any], state: FacadeState) -> ResolvedModel | None:
+async def _model_of(conversation: ConversationRecord, state: FacadeState) -> ResolvedModel | None:
     """The conversation's model while it is still served (None: the default's limits apply)."""
-    remembered = conversation.get("model")
-    if isinstance(remembered, str) and state.models.pool_named(remembered) is not None:
+    remembered = conversation.model
+    if remembered is not None and state.models.pool_named(remembered) is not None:
         return await state.models.resolve(remembered)
     return None
 

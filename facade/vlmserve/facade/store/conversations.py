@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -24,9 +23,7 @@ from vlmserve.facade.store.database import (
     put_images,
 )
 from vlmserve.facade.store.message_codec import cacheable, encode_messages
-from vlmserve.facade.store.records import ItemPage, Order, Replay, StoredItem
-
-Conversation = dict[str, Any]
+from vlmserve.facade.store.records import ConversationRecord, ItemPage, Order, Replay, StoredItem
 
 
 class ConversationRepository:
@@ -43,7 +40,7 @@ class ConversationRepository:
         owner: str = "",
         max_stored_bytes: int | None = None,
         model: str | None = None,
-    ) -> Conversation:
+    ) -> ConversationRecord:
         """A new conversation, with its first items (and the messages they were translated to)
         and the model its responses continue with; StorageQuotaExceededError (nothing stored)
         past `max_stored_bytes`."""
@@ -51,12 +48,12 @@ class ConversationRepository:
             self._create, conversation_id, metadata, items, messages, owner, max_stored_bytes, model
         )
 
-    async def get(self, conversation_id: str, *, owner: str = "") -> Conversation | None:
+    async def get(self, conversation_id: str, *, owner: str = "") -> ConversationRecord | None:
         return await self._db.run(self._get, conversation_id, owner)
 
     async def update(
         self, conversation_id: str, *, metadata: dict[str, str], owner: str = ""
-    ) -> Conversation | None:
+    ) -> ConversationRecord | None:
         """Replace a conversation's metadata; None when it is gone."""
         return await self._db.run(self._update, conversation_id, metadata, owner)
 
@@ -117,7 +114,7 @@ class ConversationRepository:
         owner: str,
         max_stored_bytes: int | None,
         model: str | None,
-    ) -> Conversation:
+    ) -> ConversationRecord:
         created_at = int(time.time())
         metadata_text = json.dumps(metadata)
         with self._db.transaction() as tx:
@@ -129,9 +126,9 @@ class ConversationRepository:
             tx.add_usage(owner, len(metadata_text), max_bytes=max_stored_bytes)
             if items:
                 append_items(tx, conversation_id, owner, items, messages)
-        return _conversation_object(conversation_id, created_at, metadata, model)
+        return ConversationRecord(conversation_id, int(created_at), metadata, model)
 
-    def _get(self, conversation_id: str, owner: str) -> Conversation | None:
+    def _get(self, conversation_id: str, owner: str) -> ConversationRecord | None:
         rows = self._db.query(
             "SELECT created_at, metadata, model FROM conversations WHERE id = ? AND owner = ?",
             (conversation_id, owner),
@@ -139,7 +136,7 @@ class ConversationRepository:
         if not rows:
             return None
         created_at, metadata, model = rows[0]
-        return _conversation_object(conversation_id, created_at, json.loads(metadata), model)
+        return ConversationRecord(conversation_id, int(created_at), json.loads(metadata), model)
 
     def _delete(self, conversation_id: str, owner: str) -> bool:
         with self._db.transaction(frees_images=True) as tx:
@@ -159,7 +156,9 @@ class ConversationRepository:
             self._db.vacuum()
         return bool(rows)
 
-    def _update(self, conversation_id: str, metadata: dict[str, str], owner: str) -> Conversation | None:
+    def _update(
+        self, conversation_id: str, metadata: dict[str, str], owner: str
+    ) -> ConversationRecord | None:
         metadata_text = json.dumps(metadata)
         with self._db.transaction() as tx:
             rows = tx.execute(
@@ -175,7 +174,7 @@ class ConversationRepository:
                 (metadata_text, change, conversation_id),
             )
             tx.add_usage(owner, change)
-        return _conversation_object(conversation_id, rows[0][0], metadata, rows[0][2])
+        return ConversationRecord(conversation_id, int(rows[0][0]), metadata, rows[0][2])
 
     def _get_item(self, conversation_id: str, item_id: str, owner: str) -> StoredItem | None:
         rows = self._db.query(
@@ -348,19 +347,3 @@ def append_items(
     tx.execute("UPDATE conversations SET size = size + ? WHERE id = ?", (size, conversation_id))
     tx.add_usage(owner, size, max_bytes=max_stored_bytes)
     return True
-
-
-def _conversation_object(
-    conversation_id: str, created_at: int, metadata: dict[str, str], model: str | None
-) -> Conversation:
-    conversation: Conversation = {
-        "id": conversation_id,
-        "object": "conversation",
-        "created_at": int(created_at),
-        "metadata": metadata,
-    }
-    # An extension: the model its responses continue with when they name none (the model of
-    # its latest response, else the one it was created with); absent until it has one.
-    if model is not None:
-        conversation["model"] = model
-    return conversation

@@ -20,6 +20,30 @@ class StoredItem:
 
 
 @dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    """A stored conversation (its items are listed apart)."""
+
+    id: str
+    created_at: int
+    metadata: dict[str, str]
+    # An extension: the model its responses continue with when they name none (the model of its
+    # latest response, else the one it was created with); None until it has one.
+    model: str | None = None
+
+    def resource(self) -> dict[str, Any]:
+        """As the API answers it (`ConversationResource`): `model` only once it has one."""
+        resource: dict[str, Any] = {
+            "id": self.id,
+            "object": "conversation",
+            "created_at": self.created_at,
+            "metadata": self.metadata,
+        }
+        if self.model is not None:
+            resource["model"] = self.model
+        return resource
+
+
+@dataclass(frozen=True, slots=True)
 class ItemPage:
     items: list[StoredItem]
     has_more: bool
