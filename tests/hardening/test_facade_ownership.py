@@ -44,17 +44,23 @@ async def test_another_keys_response_is_not_found_everywhere(http: httpx.AsyncCl
         await http.get(f"{path}/input_items", headers=bearer(BOB)),
         await http.post(f"{path}/cancel", headers=bearer(BOB)),
         await http.delete(path, headers=bearer(BOB)),
-        await http.post(
-            "/v1/responses", json={"input": "more", "previous_response_id": response_id}, headers=bearer(BOB)
-        ),
-        await http.post(
-            "/v1/responses/input_tokens",
-            json={"input": "more", "previous_response_id": response_id},
-            headers=bearer(BOB),
-        ),
     ):
         assert reply.status_code == 404, reply.text
         assert response_id in reply.json()["error"]["message"]
+    # Continuing Alice's response reads exactly as continuing an unknown one (OpenAI's
+    # previous_response_not_found), so Bob learns nothing of it.
+    for route in ("/v1/responses", "/v1/responses/input_tokens"):
+        foreign = await http.post(
+            route, json={"input": "more", "previous_response_id": response_id}, headers=bearer(BOB)
+        )
+        unknown = await http.post(
+            route, json={"input": "more", "previous_response_id": "resp_unknown"}, headers=bearer(BOB)
+        )
+        assert foreign.status_code == unknown.status_code, (foreign.text, unknown.text)
+        assert foreign.status_code == 400, foreign.text
+        assert foreign.json()["error"]["code"] == "previous_response_not_found"
+        assert foreign.json()["error"]["code"] == unknown.json()["error"]["code"]
+        assert response_id in foreign.json()["error"]["message"]
     # Bob's delete deleted nothing: Alice still has everything.
     assert (await http.get(path, headers=bearer(ALICE))).json()["id"] == response_id
     assert (await http.get(f"{path}/input_items", headers=bearer(ALICE))).json()["data"]
