@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from training.make_fixture_model import (
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # a script: reach training/ and tests/ without installing them
+
+from tests._fixture_models import RANDOM_MODEL_PATH  # noqa: E402
+from training.make_fixture_model import (  # noqa: E402
     FixtureArchitecture,
     copy_tokenizer_from,
     write_model_files,
     write_random_weights,
 )
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 
 DEFAULT_DIR = Path("/tmp/vlmserve-bench-qwen2-vl-144m")
 

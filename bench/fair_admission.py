@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a script: reach tests/ helpers without installing them
 
+from tests._fixture_models import RANDOM_MODEL_PATH  # noqa: E402
 from vlmserve.engine.config import EngineConfig  # noqa: E402
 from vlmserve.engine.jobs import Job, JobKind  # noqa: E402
 from vlmserve.engine.loop.generator import Generator  # noqa: E402
-from vlmserve.engine.model import RANDOM_MODEL_PATH  # noqa: E402
 from vlmserve.engine.v1 import engine_pb2 as pb  # noqa: E402
 
 

@@ -33,13 +33,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests._fixture_models import RANDOM_MODEL_PATH  # noqa: E402
 from tests.engine._logits_hooks import install, with_hooks  # noqa: E402
-from tests.engine.test_batching import Recorder, prepared, run  # noqa: E402
+from tests.engine._runs import run  # noqa: E402
+from tests.engine.test_batching import Recorder, prepared  # noqa: E402
 from tests.engine.test_engine_grpc import image_part, png, text_part  # noqa: E402
 from training.families import FAMILIES, build_family  # noqa: E402
 from vlmserve.engine.config import EngineConfig  # noqa: E402
 from vlmserve.engine.loop.generator import Generator  # noqa: E402
-from vlmserve.engine.model import RANDOM_MODEL_PATH  # noqa: E402
 
 TOKENS = 64
 PREFIX_CACHE_MIB = 1024

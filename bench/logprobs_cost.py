@@ -24,11 +24,14 @@ from typing import Any
 
 import grpc
 
-from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.model import RANDOM_MODEL_PATH
-from vlmserve.engine.rpc.server import EngineServer
-from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # a script: reach tests/ helpers without installing them
+
+from tests._fixture_models import RANDOM_MODEL_PATH  # noqa: E402
+from vlmserve.engine.config import EngineConfig  # noqa: E402
+from vlmserve.engine.rpc.server import EngineServer  # noqa: E402
+from vlmserve.engine.v1 import engine_pb2 as pb  # noqa: E402
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc  # noqa: E402
 
 # side -> (logprobs, top_logprobs)
 SIDES = {"off": (False, 0), "logprobs": (True, 0), "top20": (True, 20)}

@@ -114,7 +114,7 @@ def facade_url(facade_process: ServiceProcess) -> str:
 def random_engine_address(service_logs: Path) -> Iterator[str]:
     """An engine on the random-weight fixture model, which never ends a turn by itself:
     for tests that need a generation to still be running (cancel, abort, deadlines)."""
-    from vlmserve.engine.model import RANDOM_MODEL_PATH
+    from tests._fixture_models import RANDOM_MODEL_PATH
 
     service = start_engine(service_logs, model=str(RANDOM_MODEL_PATH))
     yield service.address

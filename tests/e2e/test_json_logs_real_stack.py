@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests._services import ServiceProcess, start_engine, start_facade
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests._services import ServiceProcess, free_port, start_engine, start_facade
 from tests._sse import iter_lines
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.client import channel_options
 from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.rpc.server import ENGINE_SERVICE_NAME, EngineServer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc

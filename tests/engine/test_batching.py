@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from tests._family_models import FAMILY_NAMES
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.common.images import decode_image
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind, JobReport, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._logits_hooks import with_hooks

@@ -14,8 +14,8 @@ import llguidance
 import pytest
 from transformers import AutoTokenizer
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.output.assembler import OutputAssembler
 from vlmserve.engine.toolcalls.registry import tool_format
 from vlmserve.engine.v1 import engine_pb2 as pb

@@ -13,11 +13,11 @@ from llguidance import LLMatcher
 from PIL import Image
 from transformers import AutoTokenizer
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.computer.actions import ActionError, model_schema, to_contract, to_model
 from vlmserve.engine.computer.adapter import adapt_request
 from vlmserve.engine.computer.conventions import Convention, convention_for
 from vlmserve.engine.grammar.compiler import GrammarCompiler, constraint_for
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 

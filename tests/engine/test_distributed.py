@@ -21,9 +21,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests._services import BIN, REPO, ServiceProcess, free_port, process_env, start_engine
 from tests.engine._family_engine import CONVERSATIONS, greedy, running_engine
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 

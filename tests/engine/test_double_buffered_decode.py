@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, JobKind
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.decode import ActiveGeneration
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._logits_hooks import with_hooks

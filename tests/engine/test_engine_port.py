@@ -11,9 +11,9 @@ import subprocess
 import pytest
 from grpc_health.v1 import health_pb2
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests._services import BIN, process_env
 from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.rpc.server import EngineServer
 
 from .conftest import InProcessEngine, _health_statuses

@@ -10,9 +10,9 @@ import llguidance
 import pytest
 from transformers import AutoTokenizer
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests.engine._tool_pieces import collect
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.toolcalls.parsers import ToolCallPiece
 from vlmserve.engine.toolcalls.registry import HERMES_FORMAT, LLAMA_JSON_FORMAT, make_parser

@@ -55,8 +55,8 @@ def test_a_runtime_limit_leaves_only_eos_and_says_why(compiler: object) -> None:
 def compiler() -> object:
     from transformers import AutoTokenizer
 
+    from tests._fixture_models import RANDOM_MODEL_PATH
     from vlmserve.engine.grammar.compiler import GrammarCompiler
-    from vlmserve.engine.model import RANDOM_MODEL_PATH
 
     return GrammarCompiler(AutoTokenizer.from_pretrained(str(RANDOM_MODEL_PATH)), [EOS])
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.grammar.processor import GrammarLogitsProcessor
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.toolcalls.registry import HERMES_FORMAT
 from vlmserve.engine.v1 import engine_pb2 as pb
 

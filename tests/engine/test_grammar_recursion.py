@@ -13,9 +13,9 @@ import grpc
 import pytest
 from transformers import AutoTokenizer
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests.engine.test_grammar import accepts, build, function
 from vlmserve.engine.grammar.compiler import GrammarCompiler, endless_reference
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 

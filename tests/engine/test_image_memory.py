@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests._services import ServiceProcess, start_engine
 from vlmserve.client import channel_options
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.kv.layout import KVLayout, layout_for
 from vlmserve.engine.kv.merge import merge_rows
 from vlmserve.engine.kv.sizing import bytes_per_token
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 
 from ._runs import run
 from .test_batching import (

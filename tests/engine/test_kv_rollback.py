@@ -193,7 +193,7 @@ def test_windowed_rows_roll_back_to_what_they_compute_alone(
 def language_model() -> Any:
     from mlx_vlm.utils import load
 
-    from vlmserve.engine.model import RANDOM_MODEL_PATH
+    from tests._fixture_models import RANDOM_MODEL_PATH
 
     model, _ = load(str(RANDOM_MODEL_PATH))
     return model.language_model

@@ -11,10 +11,10 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 

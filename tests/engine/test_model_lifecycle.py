@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from tests._prometheus import metric_samples
 from tests._services import ServiceProcess, free_port, start_engine
 from vlmserve.client import EngineClient
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 pytestmark = pytest.mark.slow

@@ -215,10 +215,10 @@ def test_a_kept_prefix_holds_its_own_rows_not_the_whole_batch_cache() -> None:
 
     import mlx.core as mx
 
+    from tests._fixture_models import RANDOM_MODEL_PATH
     from vlmserve.engine.config import EngineConfig
     from vlmserve.engine.jobs import Job, JobKind
     from vlmserve.engine.loop.generator import Generator
-    from vlmserve.engine.model import RANDOM_MODEL_PATH
 
     generator = Generator(
         EngineConfig(model=str(RANDOM_MODEL_PATH), max_active=8, prefix_cache_min_tokens=8, warmup=False)

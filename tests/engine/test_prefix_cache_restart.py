@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import generate_latest
 from safetensors import SafetensorError
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.client import channel_options
 from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.rpc.server import EngineServer
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 

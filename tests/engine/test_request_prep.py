@@ -19,9 +19,10 @@ import grpc
 import numpy as np
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.jobs import JobKind
-from vlmserve.engine.model import RANDOM_MODEL_PATH, load_model
+from vlmserve.engine.model import load_model
 from vlmserve.engine.prep import preparer as request_prep
 from vlmserve.engine.prep.preparer import RequestPreparer
 from vlmserve.engine.prep.prompt import render_prompt

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import Job, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.loop.prefix_cache import shared_prefix_length
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._logits_hooks import with_hooks

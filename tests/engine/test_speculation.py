@@ -203,7 +203,7 @@ def fixture_logits() -> tuple[Any, Any, list[int]]:
     import mlx.core as mx
     from mlx_vlm.utils import load
 
-    from vlmserve.engine.model import RANDOM_MODEL_PATH
+    from tests._fixture_models import RANDOM_MODEL_PATH
 
     model, _ = load(str(RANDOM_MODEL_PATH))
     prompt = [8176, 17, 230, 1000, 57, 4000, 91]

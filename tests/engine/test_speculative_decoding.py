@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import JobKind, JobReport, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.speculation.drafter import SOURCES
 from vlmserve.engine.v1 import engine_pb2 as pb
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
+from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.model import RANDOM_MODEL_PATH
 from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
 from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
 

@@ -25,7 +25,6 @@ __all__ = [
     "DISTRIBUTED_CHOICES",
     "DTYPE_CHOICES",
     "FIXTURE_MODELS_DIR",
-    "RANDOM_MODEL_PATH",
     "Distribution",
     "Dtype",
     "LoadedModel",
@@ -43,9 +42,6 @@ FIXTURE_MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
 # Trained to count coloured squares (models/qwen2-vl-squares/README.md): it really sees, so a
 # dropped image shows.
 DEFAULT_MODEL_PATH = FIXTURE_MODELS_DIR / "qwen2-vl-squares"
-# Same architecture and tokenizer, random weights: it never ends a turn by itself, which
-# plumbing tests (cancellation, streaming, limits) rely on.
-RANDOM_MODEL_PATH = FIXTURE_MODELS_DIR / "qwen2-vl-tiny"
 
 
 def model_id_for(model: str) -> str:
