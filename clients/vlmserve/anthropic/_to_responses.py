@@ -128,11 +128,8 @@ class _Items:
         if item["type"] == "function_call":
             self._paths.add(f"{path}.arguments", f"{where}.input", extends=False)
         parts = "output" if item["type"] == "function_call_output" else "content"
-        for index, origin in enumerate(part_origins):
-            part = f"{path}.{parts}[{index}]"
-            self._paths.add(part, origin, extends=False)
-            for name, anthropic in _PART_FIELDS:
-                self._paths.add(part + name, origin + anthropic, extends=False)
+        if part_origins:
+            self._paths.add_parts(f"{path}.{parts}", part_origins, _PART_FIELDS)
 
 
 def _data_url(media_type: str, data: str) -> str:
