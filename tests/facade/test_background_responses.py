@@ -221,8 +221,9 @@ async def test_shutdown_and_restart_fail_unfinished_runs(
         running = (await http.post("/v1/responses", json=BACKGROUND)).json()
         await poll(http, running["id"], until=("in_progress",))
     # Shutdown stopped the run: failed, its events ended.
-    stopped = await store.responses.get(running["id"], owner=ANONYMOUS_OWNER)
-    assert stopped is not None and stopped["status"] == "failed"
+    stored = await store.responses.get(running["id"], owner=ANONYMOUS_OWNER)
+    assert stored is not None and stored.status == "failed"
+    stopped = stored.resource
     assert stopped["error"]["message"] == "The server shut down before this response finished."
     # What a facade killed mid-run leaves behind: stored queued, never finished.
     left = {**stopped, "id": "resp_left", "status": "queued", "error": None}

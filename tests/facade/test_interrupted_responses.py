@@ -58,4 +58,4 @@ async def test_start_up_fails_responses_left_in_progress(
         refused = await http.post("/v1/responses/resp_interrupted/cancel")
         assert (refused.status_code, refused.json()["error"]["code"]) == (400, "response_not_cancellable")
     other = await store.responses.get("resp_other", owner=OTHER_OWNER)
-    assert other is not None and (other["status"], other["error"]) == ("failed", INTERRUPTED_ERROR)
+    assert other is not None and (other.status, other.resource["error"]) == ("failed", INTERRUPTED_ERROR)

@@ -153,7 +153,7 @@ def test_make_run_stops_cleanly_when_its_process_group_gets_sigterm(tmp_path: Pa
         stored = asyncio.run(store.responses.get(final["response"]["id"], owner="anonymous"))
     finally:
         store.close()
-    assert stored is not None and stored["status"] == final["response"]["status"] != "in_progress"
+    assert stored is not None and stored.status == final["response"]["status"] != "in_progress"
 
 
 @pytest.mark.slow

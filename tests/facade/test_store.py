@@ -117,9 +117,9 @@ async def test_cancel_marks_only_an_unfinished_background_response(
     await store.responses.put({**resource("resp_a"), "background": background, "status": status}, [])
     assert await store.responses.cancel("resp_a", owner="bob") is None
     cancelled = await store.responses.cancel("resp_a")
-    assert cancelled is not None and cancelled["status"] == after
+    assert cancelled is not None and cancelled.status == cancelled.resource["status"] == after
     stored = await store.responses.get("resp_a")
-    assert stored is not None and stored["status"] == after
+    assert stored is not None and stored.status == stored.resource["status"] == after
     assert await store.responses.cancel("resp_missing") is None
 
 

@@ -142,8 +142,8 @@ class BackgroundRuns:
                 self._signals.pop(response_id, None)
 
     async def _finished(self, response_id: str, owner: str) -> bool:
-        resource = await self.store.responses.get(response_id, owner=owner)
-        return resource is None or resource["status"] in TERMINAL_STATUSES
+        stored = await self.store.responses.get(response_id, owner=owner)
+        return stored is None or stored.status in TERMINAL_STATUSES
 
     async def stop_all(self) -> None:
         """Shutdown: end every run (`failed`, SHUTDOWN_ERROR) and wait for its final write."""
@@ -211,11 +211,11 @@ class BackgroundRuns:
         run.checked_at = now
         generation = run.generation
         try:
-            resource = await self.store.responses.get(generation.response_id, owner=generation.owner)
+            stored = await self.store.responses.get(generation.response_id, owner=generation.owner)
         except Exception:
             logger.exception("response %s: its status could not be read", generation.response_id)
             return False
-        return resource is not None and resource["status"] == "cancelled"
+        return stored is not None and stored.status == "cancelled"
 
     def _wake(self, response_id: str) -> None:
         signal = self._signals.pop(response_id, None)

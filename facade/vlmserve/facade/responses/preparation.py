@@ -252,7 +252,7 @@ class ResponsesService:
         remembered: object = None
         if previous is not None:
             stored = await self.store.responses.get(previous, owner=owner)
-            remembered = stored.get("model") if stored is not None else None
+            remembered = stored.model if stored is not None else None
         elif conversation_id is not None:
             conversation = await self.store.conversations.get(conversation_id, owner=owner)
             remembered = conversation.model if conversation is not None else None

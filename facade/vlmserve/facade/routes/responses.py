@@ -139,12 +139,12 @@ async def retrieve_response(
     starting_after: Annotated[int | None, Query(ge=0, le=MAX_SEQUENCE_NUMBER)] = None,
 ) -> Response | dict[str, Any]:
     owner = owner_of(request)
-    resource = await state.store.responses.get(response_id, owner=owner)
-    if resource is None:
+    stored = await state.store.responses.get(response_id, owner=owner)
+    if stored is None:
         raise not_found("response", response_id)
     if not stream:
-        return resource
-    if not resource.get("background"):
+        return stored.resource
+    if not stored.background:
         # As OpenAI: only a background response's events are kept.
         raise APIError(
             400,
@@ -190,21 +190,21 @@ async def cancel_response(response_id: str, request: Request, state: State) -> d
         # A run cancelled before it began reading ends when it does: answer with its end.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(generation.done.wait(), control_s)
-        resource = await state.store.responses.get(response_id, owner=owner)
-        return resource if resource is not None else generation.builder.snapshot().to_json()
+        stored = await state.store.responses.get(response_id, owner=owner)
+        return stored.resource if stored is not None else generation.builder.snapshot().to_json()
     # Not running in this process: in another facade process sharing the store, whose run reads
     # this and stops (responses/background.py), or in none (start-up marks those of a previous
     # process failed).
-    resource = await state.store.responses.cancel(response_id, owner=owner)
-    if resource is None:
+    stored = await state.store.responses.cancel(response_id, owner=owner)
+    if stored is None:
         raise not_found("response", response_id)
-    if not resource.get("background"):
+    if not stored.background:
         raise _synchronous()
-    if resource["status"] == "cancelled":
-        return resource
+    if stored.status == "cancelled":
+        return stored.resource
     raise APIError(
         400,
-        f"Cannot cancel a response whose status is {resource['status']}.",
+        f"Cannot cancel a response whose status is {stored.status}.",
         param="response_id",
         code="response_not_cancellable",
     )

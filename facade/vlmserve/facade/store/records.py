@@ -20,6 +20,30 @@ class StoredItem:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseRecord:
+    """A stored response: what the facade reads of it, and its resource (the API's JSON, as it
+    was stored: what retrieving it answers)."""
+
+    id: str
+    status: str
+    background: bool
+    # The model that answered (a later turn without `model` continues with it); None: not stored.
+    model: str | None
+    resource: dict[str, Any]
+
+    @classmethod
+    def of(cls, resource: dict[str, Any]) -> ResponseRecord:
+        model = resource.get("model")
+        return cls(
+            id=str(resource["id"]),
+            status=str(resource.get("status")),
+            background=bool(resource.get("background")),
+            model=model if isinstance(model, str) else None,
+            resource=resource,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ConversationRecord:
     """A stored conversation (its items are listed apart)."""
 

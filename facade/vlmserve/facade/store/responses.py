@@ -34,7 +34,14 @@ from vlmserve.facade.store.message_codec import (
     detached,
     encode_messages,
 )
-from vlmserve.facade.store.records import ItemPage, MissingChainLinkError, Order, Replay, StoredItem
+from vlmserve.facade.store.records import (
+    ItemPage,
+    MissingChainLinkError,
+    Order,
+    Replay,
+    ResponseRecord,
+    StoredItem,
+)
 
 Resource = dict[str, Any]
 Item = dict[str, Any]
@@ -73,7 +80,7 @@ class ResponseRepository:
         Its output messages are dropped: replays then translate its output items."""
         return await self._db.run(self._update, resource, owner)
 
-    async def cancel(self, response_id: str, *, owner: str = "") -> Resource | None:
+    async def cancel(self, response_id: str, *, owner: str = "") -> ResponseRecord | None:
         """Mark a stored background response `cancelled` if it is not over yet (the facade running
         it reads that and stops: responses/background.py), in one transaction, so an end written
         meanwhile is never overwritten; the resource as stored after. None: no such response.
@@ -111,7 +118,7 @@ class ResponseRepository:
             held,
         )
 
-    async def get(self, response_id: str, *, owner: str = "") -> Resource | None:
+    async def get(self, response_id: str, *, owner: str = "") -> ResponseRecord | None:
         return await self._db.run(self._get, response_id, owner)
 
     async def delete(self, response_id: str, *, owner: str = "") -> bool:
@@ -270,7 +277,7 @@ class ResponseRepository:
         tx.add_usage(owner, size - int(old_size))
         return True
 
-    def _cancel(self, response_id: str, owner: str) -> Resource | None:
+    def _cancel(self, response_id: str, owner: str) -> ResponseRecord | None:
         with self._db.transaction() as tx:
             rows = tx.execute(
                 f"SELECT resource FROM responses WHERE id = ? AND owner = ?{self._db.FOR_UPDATE}",
@@ -280,17 +287,17 @@ class ResponseRepository:
                 return None
             resource: Resource = json.loads(rows[0][0])
             if not resource.get("background") or resource.get("status") not in CANCELLABLE_STATUSES:
-                return resource
+                return ResponseRecord.of(resource)
             resource["status"] = "cancelled"
             self._write_end(tx, resource, owner, None)
         self._db.cache.drop((response_id, "output"))
-        return resource
+        return ResponseRecord.of(resource)
 
-    def _get(self, response_id: str, owner: str) -> Resource | None:
+    def _get(self, response_id: str, owner: str) -> ResponseRecord | None:
         rows = self._db.query(
             "SELECT resource FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
         )
-        return json.loads(rows[0][0]) if rows else None
+        return ResponseRecord.of(json.loads(rows[0][0])) if rows else None
 
     def _delete(self, response_id: str, owner: str) -> bool:
         with self._db.transaction(frees_images=True) as tx:
