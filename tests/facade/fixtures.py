@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from fastapi import FastAPI
 
@@ -23,6 +24,7 @@ __all__ = [
     "engine",
     "engine_client",
     "fake_engine",
+    "sdk",
     "server_lifespan",
     "server_url",
     "settings",
@@ -114,3 +116,11 @@ async def server_url(app: FastAPI, server_lifespan: str) -> AsyncIterator[str]:
     """The module's `app` behind a real uvicorn server on loopback (disconnects, real clients)."""
     async with serving(loopback(app, lifespan=server_lifespan), stop_timeout_s=10) as port:
         yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The OpenAI SDK on `server_url` (no retries). Anthropic's modules define their own `sdk`."""
+    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
+    yield client
+    await client.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import httpx
@@ -24,13 +23,6 @@ TOOL: Any = {
     "type": "function",
     "function": {"name": "screenshot", "parameters": {"type": "object", "properties": {}}},
 }
-
-
-@pytest.fixture
-async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
 
 
 def user(*content: Any) -> Any:

@@ -4,21 +4,12 @@ an assistant turn's `reasoning_content` is replayed to the engine as that turn's
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
-import pytest
 
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-
-@pytest.fixture
-async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
 
 
 def _thinking(engine: FakeEngine) -> None:

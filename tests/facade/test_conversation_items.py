@@ -4,7 +4,6 @@ OpenAIConversationsSession (pop_item) against the scripted engine."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,13 +13,6 @@ import pytest
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-
-@pytest.fixture
-async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
 
 
 async def new_conversation(http: httpx.AsyncClient, items: list[dict[str, Any]]) -> str:

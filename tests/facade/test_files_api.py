@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,6 @@ def settings(tmp_path: Path) -> FacadeSettings:
         timeouts=Timeouts(generate=30.0, control=5.0, stream_first_message=1.0),
         files=Files(max_file_bytes=64 * 1024, max_file_bytes_per_key=200 * 1024, max_pdf_pages=4),
     )
-
-
-@pytest.fixture
-async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
 
 
 async def upload(

@@ -5,7 +5,6 @@ types and checked against the vendored Open Responses schema."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -35,13 +34,6 @@ TOKENS = [
     [token(", ", -0.25, (", ", -0.25), ("!", -2.0))],
     [token("wor", -1.0, ("wor", -1.0), ("ear", -1.5)), token("ld.", -0.125, ("ld.", -0.125), ("ld", -3.0))],
 ]
-
-
-@pytest.fixture
-async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import openai
@@ -16,13 +15,6 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 # The SDK's TypedDicts do not cover every shape the facade accepts; the tests send plain JSON.
 TOOLS: list[Any] = [SEED_000_TOOL]
-
-
-@pytest.fixture
-async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
 
 
 async def test_create_text(sdk: openai.AsyncOpenAI) -> None:

@@ -6,7 +6,6 @@ inside of is `incomplete`."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -79,13 +78,6 @@ async def test_a_call_cut_off_by_the_token_limit_is_incomplete(
     assert done["type"] == "response.output_item.done"
     assert done["item"]["status"] == "incomplete" and done["item"]["arguments"] == ARGUMENTS
     assert not any(e["type"] == "response.function_call_arguments.done" for e in events)
-
-
-@pytest.fixture
-async def sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
 
 
 async def test_chat_completion_chunks_stream_the_arguments(
