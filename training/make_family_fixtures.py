@@ -25,8 +25,9 @@ Families (directory name: what it stands for):
   mistral3           Mistral Small 3.1 (Pixtral vision, [IMG_BREAK]/[IMG_END] rows, [TOOL_CALLS])
   llama4             Llama 4 Scout (MoE, chunked local attention + NoPE layers, image tiles)
   llava              LLaVA 1.5 (CLIP vision, USER:/ASSISTANT: template)
-  qwen3_5            Qwen3.5 (Gated DeltaNet + full attention) and its MTP drafter head in
-                     qwen3_5/mtp-drafter (speculative decoding's --draft-model)
+  qwen3_5            Qwen3.5/3.6 dense (Gated DeltaNet + full attention) and its MTP drafter
+                     head in qwen3_5/mtp-drafter (speculative decoding's --draft-model)
+  qwen3_5_moe        Qwen3.5/3.6-35B-A3B (as qwen3_5, mixture of experts + a shared expert)
   qwen3_5_dflash     the same Qwen3.5 and a DFlash drafter (mlx-vlm's qwen3_dflash) in
                      qwen3_5_dflash/dflash-drafter
   qwen3_5_eagle3     Qwen3.5 with 4 layers and an EAGLE-3 drafter (mlx-vlm's eagle3) in

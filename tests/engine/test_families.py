@@ -96,7 +96,9 @@ def test_prompt_starts_with_one_bos(family: FamilyEngine) -> None:
 # window; Llama 4's chunked layers keep only their last chunk of keys, so a shared prefix that
 # ends inside a kept state cannot be continued (such states serve only a prompt that extends all
 # of them: test_prefix_cache_windowed.py). These prompts part inside it: prefilled afresh.
-PREFIX_CACHE_UNSUPPORTED = frozenset({"gemma3", "llama4"})
+# Qwen3.5's Gated DeltaNet layers keep a recurrent state (an ArraysCache) that cannot be cut back
+# to a shared prefix: no reuse until state snapshots at turn boundaries (issue 33, item 2).
+PREFIX_CACHE_UNSUPPORTED = frozenset({"gemma3", "llama4", "qwen3_5", "qwen3_5_moe"})
 
 LONG_SYSTEM = pb.Message(
     role=pb.ROLE_SYSTEM,
@@ -192,7 +194,17 @@ def test_requests_running_together_match_each_alone(family: FamilyEngine) -> Non
 # (image_inputs.DynamicResolution), SmolVLM without tiles, Llama 4 with one tile, Pixtral at half
 # the longest edge. Gemma 3 has a fixed token count per image.
 DETAIL_CHANGES_TOKENS = frozenset(
-    {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_thinking", "qwen3_vl_moe", "idefics3", "mistral3", "llama4"}
+    {
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_thinking",
+        "qwen3_vl_moe",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "idefics3",
+        "mistral3",
+        "llama4",
+    }
 )
 
 

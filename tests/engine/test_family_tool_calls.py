@@ -28,6 +28,8 @@ WRITTEN_CALL = {
     "qwen2_5_vl": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     "qwen3_vl": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     "qwen3_vl_moe": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
+    "qwen3_5": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
+    "qwen3_5_moe": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     "qwen3_vl_thinking": "Need a look.\n</think>\n\n"
     + '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     # Gemma 3, SmolVLM and LLaVA have no format of their own: the engine describes the tools in
@@ -43,6 +45,10 @@ EXPECTED_FORMAT = {
     "qwen3_vl": HERMES_FORMAT,
     "qwen3_vl_thinking": HERMES_FORMAT,
     "qwen3_vl_moe": HERMES_FORMAT,
+    # Chosen from the fixture's (Qwen3-VL) template, not by model type: a real Qwen3.5/3.6
+    # template writes Qwen3-Coder's `<function=...>` calls, which mlx-vlm's registry names.
+    "qwen3_5": HERMES_FORMAT,
+    "qwen3_5_moe": HERMES_FORMAT,
     "gemma3": HERMES_FORMAT,
     "idefics3": HERMES_FORMAT,
     "llava": HERMES_FORMAT,

@@ -31,6 +31,8 @@ EXPECTED_TRAITS = {
     "qwen3_vl": (True, True, True, True, False, True, False),
     "qwen3_vl_thinking": (True, True, True, True, True, True, False),
     "qwen3_vl_moe": (True, True, True, True, False, True, False),
+    "qwen3_5": (True, True, True, True, False, True, False),
+    "qwen3_5_moe": (True, True, True, True, False, True, False),
     "gemma3": (False, False, False, True, False, False, False),
     "idefics3": (False, False, False, True, True, True, False),
     # Its alternation check builds its list inside a for loop, where jinja's `set` does not

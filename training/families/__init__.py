@@ -1,9 +1,9 @@
 """Tiny random-weight fixtures of the VLM families people run (docs/models.md, "Fixtures").
 
 `FAMILIES` maps a fixture name (the directory it is written to) to its `Family`; `build_family`
-writes one. `DRAFTER_FAMILIES` are targets with a drafter model (`build_drafter` writes it into the
-target's directory), for speculative decoding's `--draft-model`; they are not in `FAMILIES`, whose
-every member the per-family engine tests run. The command line is
+writes one; the per-family engine tests run every member. `DRAFTER_FAMILIES` are targets with a
+drafter model (`build_drafter` writes it into the target's directory), for speculative decoding's
+`--draft-model`; `qwen3_5` is in both (built without its drafter in `FAMILIES`). The command line is
 ``python -m training.make_family_fixtures``.
 """
 
@@ -15,8 +15,10 @@ from .build import build_family
 
 __all__ = ["DRAFTER_FAMILIES", "FAMILIES", "Family", "FamilyFiles", "build_drafter", "build_family"]
 
+_MODULES = (qwen, gemma, idefics, mistral, llama)
 FAMILIES: dict[str, Family] = {
-    family.name: family for module in (qwen, gemma, idefics, mistral, llama) for family in module.FAMILIES
+    **{family.name: family for module in _MODULES for family in module.FAMILIES},
+    **{family.name: family for family in qwen3_5.SERVED_FAMILIES},
 }
 
 # Target with a drafter (its directory name) -> the function writing the drafter into the

@@ -31,6 +31,7 @@ __all__ = [
     "EAGLE3_DRAFTER_DIR",
     "FAMILIES",
     "MTP_DRAFTER_DIR",
+    "SERVED_FAMILIES",
     "build_dflash_drafter",
     "build_eagle3_drafter",
     "build_mtp_drafter",
@@ -255,4 +256,42 @@ DEEP_FAMILY = Family(
     "qwen3_5", "qwen3_5", "Qwen/Qwen3.5-9B, 4 layers (+ an EAGLE-3 drafter)", _QWEN3_TOKENIZER, _qwen3_5_deep
 )
 
+
+def _qwen3_5_moe(tokenizer: Tokenizer) -> FamilyFiles:
+    """Qwen3.5/3.6-35B-A3B's shape: the hybrid text model with a sparse mixture of experts (top-2
+    of 4 here; 8 of 256 there) plus a gated shared expert in every layer, no MTP head."""
+    files = _qwen3_5(tokenizer)
+    config = files.config
+    config["architectures"] = ["Qwen3_5MoeForConditionalGeneration"]
+    config["model_type"] = "qwen3_5_moe"
+    config["vision_config"]["model_type"] = "qwen3_5_moe"
+    text = config["text_config"]
+    text["model_type"] = "qwen3_5_moe_text"
+    for key in ("intermediate_size", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"):
+        del text[key]
+    text.update(
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": HIDDEN // 2,
+            "shared_expert_intermediate_size": HIDDEN // 2,
+            "norm_topk_prob": True,
+            "router_aux_loss_coef": 0.001,
+        }
+    )
+    return files
+
+
 FAMILIES = (Family("qwen3_5", "qwen3_5", "Qwen/Qwen3.5-9B (+ its MTP head)", _QWEN3_TOKENIZER, _qwen3_5),)
+
+# Served rows of the family matrix (training/families FAMILIES): Qwen3.5/3.6 dense and MoE.
+SERVED_FAMILIES = (
+    Family("qwen3_5", "qwen3_5", "Qwen/Qwen3.5-9B, Qwen3.6-27B (dense)", _QWEN3_TOKENIZER, _qwen3_5),
+    Family(
+        "qwen3_5_moe",
+        "qwen3_5_moe",
+        "Qwen/Qwen3.5-35B-A3B, Qwen3.6-35B-A3B (mixture of experts)",
+        _QWEN3_TOKENIZER,
+        _qwen3_5_moe,
+    ),
+)
