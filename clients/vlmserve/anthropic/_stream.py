@@ -29,7 +29,15 @@ from vlmserve.responses import (
 )
 
 from ._errors import anthropic_error_type
-from ._message import Message, MessageUsage, computer_tool_use, message_id, message_usage, stop_reason
+from ._message import (
+    Message,
+    MessageUsage,
+    computer_tool_use,
+    message_id,
+    message_usage,
+    stop_reason,
+    tool_input,
+)
 
 StreamEvent = tuple[str, dict[str, Any]]
 
@@ -39,6 +47,59 @@ class _Block:
     index: int
     kind: str
     started: bool = False
+    # A tool_use block: how far its arguments are a JSON object (what was sent of them).
+    arguments: _ObjectPrefix | None = None
+
+
+class _ObjectPrefix:
+    """Tracks whether text fed piece by piece is still the start of one JSON object: strings,
+    escapes and nesting followed in one pass (O(n) in all), values not checked. A stream's
+    `input_json_delta`s must add up to JSON a client can parse (the Anthropic SDK raises on
+    anything else, and Anthropic streams nothing else): the arguments of a call the model wrote
+    malformed (issue 39.9) are sent only as far as they are an object's start."""
+
+    def __init__(self) -> None:
+        self.sent = 0  # characters accepted (and sent)
+        self.broken = False
+        self._depth = 0
+        self._in_string = False
+        self._escape = False
+        self._closed = False
+
+    def accept(self, text: str) -> str:
+        """The part of `text` that keeps the whole a JSON object's start (all of it, or less
+        once it stops being one; nothing after that)."""
+        if self.broken:
+            return ""
+        for index, char in enumerate(text):
+            if not self._step(char):
+                self.broken = True
+                text = text[:index]
+                break
+        self.sent += len(text)
+        return text
+
+    def _step(self, char: str) -> bool:
+        if self._in_string:
+            if self._escape:
+                self._escape = False
+            elif char == "\\":
+                self._escape = True
+            elif char == '"':
+                self._in_string = False
+            return True
+        if char.isspace():
+            return True
+        if self._closed or (self._depth == 0 and char != "{"):
+            return False  # text after the object, or one that is not an object
+        if char == '"':
+            self._in_string = True
+        elif char in "{[":
+            self._depth += 1
+        elif char in "}]":
+            self._depth -= 1
+            self._closed = self._depth == 0
+        return True
 
 
 @dataclass
@@ -65,6 +126,7 @@ class EventWriter:
             if event.type == "response.output_item.added":
                 if isinstance(item, FunctionCallItem):
                     block = self._open(item.id, "tool_use")
+                    block.arguments = _ObjectPrefix()
                     start = {"type": "tool_use", "id": item.call_id, "name": item.name, "input": {}}
                     return [self._start(block, start)]
                 if isinstance(item, ComputerCallItem):
@@ -88,15 +150,35 @@ class EventWriter:
             closed = self._blocks.pop(item.id) if item.id in self._blocks else None
             if closed is None or not closed.started:
                 return []
-            return [("content_block_stop", {"type": "content_block_stop", "index": closed.index})]
+            events: list[StreamEvent] = []
+            if (
+                isinstance(item, FunctionCallItem)
+                and item.status == "completed"
+                and closed.arguments is not None
+                and closed.arguments.sent == 0
+                and item.arguments.strip()
+            ):
+                # Arguments that never were an object's start: the input as a whole message
+                # gives it (tool_input), in one delta.
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(tool_input(item.arguments))}
+                events.append(
+                    (
+                        "content_block_delta",
+                        {"type": "content_block_delta", "index": closed.index, "delta": delta},
+                    )
+                )
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": closed.index}))
+            return events
         if isinstance(event, OutputTextDeltaEvent) and event.delta:
             return self._delta(event.item_id, "text", {"type": "text_delta", "text": event.delta})
         if isinstance(event, ReasoningTextDeltaEvent) and event.delta:
             return self._delta(event.item_id, "thinking", {"type": "thinking_delta", "thinking": event.delta})
         if isinstance(event, FunctionCallArgumentsDeltaEvent) and event.delta:
-            return self._delta(
-                event.item_id, "tool_use", {"type": "input_json_delta", "partial_json": event.delta}
-            )
+            tool_use = self._blocks.get(event.item_id)
+            piece = tool_use.arguments.accept(event.delta) if tool_use and tool_use.arguments else ""
+            if not piece:
+                return []
+            return self._delta(event.item_id, "tool_use", {"type": "input_json_delta", "partial_json": piece})
         if isinstance(event, ErrorEvent):
             return [error_event(event.error.message, event.error.code, status=None)]
         return []
