@@ -38,6 +38,7 @@ RESPONSES = {
     # compacted list, the sealed state and who opens it
     "SUMMARY_INSTRUCTION", "compacted_output", "kept_items", "CompactionState", "KeptImage",
     "clean_summary", "compaction_item", "opening_compactions", "summary_body",
+    "summarising_body",
     # streaming events
     "ContentPartEvent", "CustomToolCallInputDeltaEvent", "CustomToolCallInputDoneEvent", "ErrorEvent",
     "FunctionCallArgumentsDeltaEvent", "FunctionCallArgumentsDoneEvent", "LifecycleEventType",

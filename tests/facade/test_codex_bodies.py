@@ -1,4 +1,5 @@
-"""The request bodies Codex CLI 0.169.0 really sent (recorded in tests/codex/data), through the facade."""
+"""The request bodies Codex CLI really sent (recorded in tests/codex/data: 0.169.0, the pinned one,
+and 0.171.0, the newest on npm when recorded), through the facade."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def recorded(name: str) -> dict[str, Any]:
     [
         ("codex_request_turn2.json", 1, "web_search"),
         ("codex_request_known_model_turn1.json", 0, "tool_search,web_search"),
+        ("codex_0171_request_turn2.json", 1, "web_search"),
     ],
 )
 async def test_recorded_codex_request_streams_to_completion(
@@ -34,6 +36,9 @@ async def test_recorded_codex_request_streams_to_completion(
 ) -> None:
     body = recorded(name)
     body["model"] = "default"
+    # Codex's prompt (its instructions and tools) is longer than the fake model's 4096 tokens:
+    # a model it fits (else it is compacted first: tests/facade/test_auto_compaction.py).
+    engine.info.context_length = 262_144
     headers = {"x-codex-window-id": "w:0", "session-id": "s", "authorization": "Bearer anything"}
     response = await http.post("/v1/responses", json=body, headers=headers)
     assert response.status_code == 200, response.text[:500]

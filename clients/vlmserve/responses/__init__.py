@@ -27,7 +27,7 @@ from ._compaction import (
     kept_items,
     opening_compactions,
 )
-from ._compaction_trigger import summary_body
+from ._compaction_trigger import summarising_body, summary_body
 from ._create_request import CreateRequest, EngineExtras, parse_create_request
 from ._errors import InvalidRequestError
 from ._events import (
@@ -177,6 +177,7 @@ __all__ = [
     "parse_metadata",
     "reasoning_output_item",
     "result_to_output_items",
+    "summarising_body",
     "summary_body",
     "tool_call_output_item",
     "translated_body",

@@ -10,9 +10,8 @@ from ._request_models import CreateResponseBody
 
 def summary_body(body: CreateResponseBody, *, max_output_tokens: int) -> CreateResponseBody | None:
     """When `input` ends with a `compaction_trigger`: the body that asks the model to summarise
-    the conversation before it (the summary instruction as the last user turn; not stored, no
-    tool calls, no structured format, at most `max_output_tokens`). None otherwise (a trigger
-    anywhere else is refused by the translation)."""
+    the conversation before it (`summarising_body`). None otherwise (a trigger anywhere else is
+    refused by the translation)."""
     items = body.input
     if isinstance(items, str) or not items or not isinstance(items[-1], CompactionTriggerParam):
         return None
@@ -21,9 +20,21 @@ def summary_body(body: CreateResponseBody, *, max_output_tokens: int) -> CreateR
             "Invalid value for 'background': a compaction_trigger cannot run in the background.",
             param="background",
         )
+    return summarising_body(
+        body.model_copy(update={"input": items[:-1]}), max_output_tokens=max_output_tokens
+    )
+
+
+def summarising_body(body: CreateResponseBody, *, max_output_tokens: int) -> CreateResponseBody:
+    """The body that asks the model to summarise the conversation `body` holds: the summary
+    instruction as the last user turn; not stored, no tool calls, no structured format, at most
+    `max_output_tokens`."""
+    items = (
+        [MessageParam(role="user", content=body.input)] if isinstance(body.input, str) else list(body.input)
+    )
     return body.model_copy(
         update={
-            "input": [*items[:-1], MessageParam(role="user", content=SUMMARY_INSTRUCTION)],
+            "input": [*items, MessageParam(role="user", content=SUMMARY_INSTRUCTION)],
             "store": False,
             "max_output_tokens": max_output_tokens,
             "tool_choice": "none" if body.tools else None,

@@ -180,6 +180,21 @@ def after_latest_compaction(typed: Sequence[tuple[str, Any]]) -> tuple[list[tupl
     return [*kept, *typed[latest:]], True
 
 
+def after_latest_summary(history: Sequence[pb.Message]) -> Sequence[pb.Message]:
+    """Earlier turns from the latest compaction summary on (a compacted turn stored its input
+    compacted; what came before it is covered by its summary)."""
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if (
+            message.role == pb.ROLE_ASSISTANT
+            and message.parts
+            and message.parts[0].HasField("text")
+            and message.parts[0].text.text.startswith(SUMMARY_HEADING)
+        ):
+            return history[index:]
+    return history
+
+
 def typed_items_to_messages(
     typed: Iterable[tuple[str, Any]],
     *,

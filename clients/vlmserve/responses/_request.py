@@ -20,6 +20,7 @@ from ._errors import InvalidRequestError
 from ._items import (
     ItemResolver,
     after_latest_compaction,
+    after_latest_summary,
     input_entries,
     output_items_to_messages,
     require_content,
@@ -144,6 +145,7 @@ def build_generate_request(
     input_items, compacted = after_latest_compaction(input_items)
     if compacted:
         history, replay = (), ()
+    history = after_latest_summary(history)
     # Every image the turns hold is counted before the first is decoded or fetched.
     media.budget.count_images(contract_image_count(history))
     replay_items = typed_items(

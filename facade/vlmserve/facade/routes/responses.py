@@ -24,6 +24,7 @@ from vlmserve.facade.http.openapi import (
     RETRIEVE_RESPONSE,
 )
 from vlmserve.facade.http.request_body import read_json
+from vlmserve.facade.responses.auto_compaction import PrefixedOutput, compact_if_needed
 from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
 from vlmserve.facade.responses.delivery import (
     SSE_SEPARATOR,
@@ -58,8 +59,18 @@ async def create_response(request: Request, state: State) -> Response:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
         create = await state.responses.parse(body, owner=owner_of(request))
         del body
-        # A `compaction_trigger` as the last item: the turn summarises (compaction_turn.py).
+        # A `compaction_trigger` as the last item: the turn summarises (compaction_turn.py);
+        # else `context_management` may compact first (auto_compaction.py).
         summary = trigger_request(create)
+        compacted = None
+        if summary is None:
+            # Stopped when the client goes away, as preparation is (its PDFs' workers killed).
+            checked = await unless_disconnected(
+                request, compact_if_needed(state.responses, create, owner=owner_of(request))
+            )
+            if checked is None:
+                raise client_closed()
+            create, compacted = checked
         generation = await prepare_unless_disconnected(
             request, state.responses, summary or create, release=hold.release
         )
@@ -79,6 +90,21 @@ async def create_response(request: Request, state: State) -> Response:
                 frames=lambda event: _json_frames(compaction.events(event)),
                 closing=_done,
                 answer=compaction.answer,
+            ),
+            stream=generation.translated.stream,
+            settings=state.settings,
+            release=hold.release,
+            headers=headers,
+        )
+    if compacted is not None and not generation.translated.echo.background:
+        prefixed = PrefixedOutput(compacted)
+        return await respond(
+            request,
+            generation,
+            Wire(
+                frames=lambda event: _json_frames(prefixed.events(event.to_json())),
+                closing=_done,
+                answer=prefixed.answer,
             ),
             stream=generation.translated.stream,
             settings=state.settings,

@@ -29,6 +29,7 @@ from vlmserve.facade.http.api_keys import authenticate
 from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError, from_invalid_request, insufficient_storage
 from vlmserve.facade.http.request_body import parse_message
+from vlmserve.facade.responses.auto_compaction import PrefixedOutput, compact_if_needed
 from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.delivery import finisher
@@ -193,6 +194,9 @@ async def _respond(
         del received
         create = await state.responses.parse(create_body(message), owner=owner)
         summary = trigger_request(create)
+        compacted = None
+        if summary is None:
+            create, compacted = await compact_if_needed(state.responses, create, owner=owner)
         generation = await state.responses.prepare(summary or create, owner=owner, memory=memory)
     except (APIError, InvalidRequestError, OutOfSpaceError) as failure:
         hold.release()
@@ -211,8 +215,15 @@ async def _respond(
         if summary is not None:
             images = latest_images(generation.request, state.settings.compaction_keep_images)
             compaction = CompactionEvents(state.responses.seal, owner=owner, images=images)
+        prefixed = PrefixedOutput(compacted) if compacted is not None else None
         async for event in generation.events():
-            for sent in compaction.events(event) if compaction is not None else [event.to_json()]:
+            if compaction is not None:
+                outgoing = compaction.events(event)
+            elif prefixed is not None:
+                outgoing = prefixed.events(event.to_json())
+            else:
+                outgoing = [event.to_json()]
+            for sent in outgoing:
                 await websocket.send_text(json.dumps(sent, separators=(",", ":")))
         memory.ended(generation.builder.snapshot())
     finally:

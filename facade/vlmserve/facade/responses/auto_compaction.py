@@ -1,0 +1,250 @@
+"""Automatic compaction of a `POST /v1/responses` (`context_management`, docs/context-management.md).
+
+`context_management: [{"type": "compaction", "compact_threshold": N}]`: when the prompt (as the
+engine counts it) reaches N tokens, the conversation is first summarised into a sealed
+`compaction` item (the `compaction_trigger` turn's way: compaction_turn.py), and the response is
+generated on the compacted input instead: that item, then the last user message and the last
+tool call with its outputs. The item comes first in the response's `output` (streamed before
+the answer, as OpenAI does), so the client's next turn carries it. Without the field, the same
+happens when the prompt would not fit the model's context at all (unless the request asks for
+`truncation: "auto"`, or continues stored turns); `context_management: []` opts out. A threshold
+the instructions and tools alone reach is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vlmserve.common.wire_size import wire_size
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.responses.compaction_turn import (
+    SUMMARY_MAX_OUTPUT_TOKENS,
+    CompactionEvents,
+    latest_images,
+)
+from vlmserve.facade.responses.delivery import collect, finisher
+from vlmserve.facade.responses.preparation import ResponsesService, Translation
+from vlmserve.responses import CreateRequest, summarising_body
+
+_PARAM = "context_management"
+_CALLS = ("function_call", "custom_tool_call")
+_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+# What an image or a file counts for in the "could it not fit?" look (screenshots are a few
+# hundred to a few thousand tokens; a PDF page is an image too).
+_MEDIA_CHARACTERS = 1024
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    # None: only when the prompt would not fit the context.
+    threshold: int | None
+
+
+def compaction_policy(value: Any, *, given: bool) -> CompactionPolicy | None:
+    """The request's `context_management` (None: opted out, `[]`); 400s naming the field."""
+    if not given or value is None:
+        return CompactionPolicy(None)
+    if not isinstance(value, list):
+        raise APIError(
+            400, f"Invalid type for '{_PARAM}': expected an array.", param=_PARAM, code="invalid_type"
+        )
+    if not value:
+        return None
+    if len(value) > 1:
+        raise APIError(
+            400, f"Invalid value for '{_PARAM}': at most one entry.", param=_PARAM, code="invalid_value"
+        )
+    entry = value[0]
+    at = f"{_PARAM}[0]"
+    if not isinstance(entry, dict) or entry.get("type") != "compaction":
+        raise APIError(
+            400,
+            f"Invalid value for '{at}.type': expected 'compaction'.",
+            param=f"{at}.type",
+            code="invalid_value",
+        )
+    unknown = sorted(set(entry) - {"type", "compact_threshold"})
+    if unknown:
+        name = f"{at}.{unknown[0]}"
+        raise APIError(400, f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
+    threshold = entry.get("compact_threshold")
+    if threshold is None:
+        return CompactionPolicy(None)
+    if type(threshold) is not int or threshold <= 0:
+        name = f"{at}.compact_threshold"
+        raise APIError(
+            400, f"Invalid value for '{name}': expected a positive integer.", param=name, code="invalid_value"
+        )
+    return CompactionPolicy(threshold)
+
+
+def recent_items(items: list[Any]) -> list[Any]:
+    """What a compaction keeps as it was: the last user message, and the last tool call with its
+    outputs after it (an agent loop's one user message may be followed by hundreds of calls)."""
+    last_user = next(
+        (
+            i
+            for i in range(len(items) - 1, -1, -1)
+            if isinstance(items[i], dict) and items[i].get("role") == "user"
+        ),
+        None,
+    )
+    last_call = next(
+        (
+            i
+            for i in range(len(items) - 1, -1, -1)
+            if isinstance(items[i], dict) and items[i].get("type") in _CALLS
+        ),
+        None,
+    )
+    kept = [items[last_user]] if last_user is not None else []
+    if last_call is not None and (last_user is None or last_call > last_user):
+        return [*kept, *items[last_call:]]
+    return list(items[last_user:]) if last_user is not None else []
+
+
+async def _count(service: ResponsesService, translation: Translation, request: pb.GenerateRequest) -> int:
+    counted = await translation.model.engine.count_tokens(request, timeout=service.settings.timeouts.control)
+    return int(counted.input_tokens)
+
+
+async def compact_if_needed(
+    service: ResponsesService, create: CreateRequest, *, owner: str
+) -> tuple[CreateRequest, dict[str, Any] | None]:
+    """The request to answer (compacted when its policy says so) and the compaction item (None:
+    not compacted)."""
+    body = create.body
+    extra = body.model_extra or {}
+    policy = compaction_policy(extra.get(_PARAM), given=_PARAM in extra)
+    if policy is None:
+        return create, None
+    if policy.threshold is None and not await _may_not_fit(service, create):
+        return create, None
+    translation = await service.translate(create, owner=owner)
+    request = translation.translated.request
+    context = translation.info.context_length
+    if policy.threshold is None:
+        # Only when it would not fit; a prompt of fewer bytes than the context has tokens fits.
+        if not context or wire_size(request) < context:
+            return create, None
+        reserve = (
+            min(request.sampling.max_tokens, context // 4) if request.sampling.HasField("max_tokens") else 0
+        )
+        limit = context - max(1, reserve)
+    else:
+        limit = policy.threshold
+    tokens = await _count(service, translation, request)
+    if tokens < limit:
+        return create, None
+    if policy.threshold is not None:
+        await _check_threshold(service, translation, request, policy.threshold)
+    item = await _summarise(service, create, owner=owner)
+    raw = body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
+    given = create.stored_input()
+    items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given)
+    raw["input"] = [item, *recent_items(items)]
+    raw.pop(_PARAM, None)
+    return await service.parse(raw, owner=owner), item
+
+
+async def _may_not_fit(service: ResponsesService, create: CreateRequest) -> bool:
+    """Without `context_management`, whether the prompt could be longer than the context, told
+    without translating it (every request asks this): an input of fewer characters than the
+    context has tokens fits. A request continuing stored turns is not looked at (that would
+    translate every turn twice): it compacts with the field, or truncates (`truncation: "auto"`)."""
+    body = create.body
+    if body.previous_response_id is not None or body.conversation is not None:
+        return False
+    if body.truncation == "auto":
+        return False  # asked to be truncated instead
+    context = (await service.models.resolve(body.model)).info.context_length
+    return bool(context) and _characters(create.stored_input(), context) >= context
+
+
+def _characters(value: Any, bound: int) -> int:
+    """The characters of a JSON value's texts, counted up to `bound` (then it stops); an image or
+    a file (a data URL, `file_data`, a `file_id`) counts as `_MEDIA_CHARACTERS`, not its base64."""
+    total = 0
+    stack = [value]
+    while stack and total < bound:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += _MEDIA_CHARACTERS if item.startswith("data:") else len(item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if key in ("file_data", "file_id", "data"):
+                    total += _MEDIA_CHARACTERS
+                elif key not in ("type", "id", "call_id", "role", "detail", "media_type"):
+                    stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+async def _check_threshold(
+    service: ResponsesService, translation: Translation, request: pb.GenerateRequest, threshold: int
+) -> None:
+    """A threshold the instructions and tools alone reach would compact every turn, to no end."""
+    fixed = pb.GenerateRequest()
+    fixed.CopyFrom(request)
+    del fixed.messages[:]
+    for message in request.messages:
+        if message.role in (pb.ROLE_SYSTEM, pb.ROLE_DEVELOPER):
+            fixed.messages.add().CopyFrom(message)
+    fixed.messages.add(role=pb.ROLE_USER, parts=[pb.Part(text=pb.TextPart(text="."))])
+    instructions = await _count(service, translation, fixed)
+    if threshold <= instructions:
+        name = f"{_PARAM}[0].compact_threshold"
+        raise APIError(
+            400,
+            f"Invalid value for '{name}': {threshold} tokens is not more than the instructions and tools "
+            f"alone ({instructions} tokens); nothing could be compacted.",
+            param=name,
+            code="invalid_value",
+        )
+
+
+async def _summarise(service: ResponsesService, create: CreateRequest, *, owner: str) -> dict[str, Any]:
+    """The conversation summarised into a sealed compaction item (what does not fit even the
+    summarising call is left out, oldest first: `truncation: "auto"`)."""
+    summary = summarising_body(create.body, max_output_tokens=SUMMARY_MAX_OUTPUT_TOKENS)
+    summary = summary.model_copy(update={"stream": False, "background": False, "truncation": "auto"})
+    generation = await service.prepare(CreateRequest(summary, extras=create.extras), owner=owner)
+    try:
+        resource = await collect(generation, service.settings.timeouts.stream_first_message)
+    finally:
+        await finisher(generation, lambda: None)()
+    images = latest_images(generation.request, service.settings.compaction_keep_images)
+    return CompactionEvents(service.seal, owner=owner, images=images).item(resource)
+
+
+class PrefixedOutput:
+    """A response's events and answer with the compaction item first in its output."""
+
+    def __init__(self, item: dict[str, Any]) -> None:
+        self._item = item
+        self._sent = False
+        self._sequence = 0
+
+    def answer(self, resource: dict[str, Any]) -> dict[str, Any]:
+        return {**resource, "output": [self._item, *resource["output"]]}
+
+    def events(self, sent: dict[str, Any]) -> list[dict[str, Any]]:
+        shifted = dict(sent)
+        if "output_index" in shifted:
+            shifted["output_index"] += 1
+        if isinstance(shifted.get("response"), dict) and sent["type"] in _TERMINAL:
+            shifted["response"] = self.answer(shifted["response"])
+        out = [self._next(shifted)]
+        if not self._sent and sent["type"] == "response.in_progress":
+            self._sent = True
+            for kind in ("response.output_item.added", "response.output_item.done"):
+                out.append(self._next({"type": kind, "output_index": 0, "item": self._item}))
+        return out
+
+    def _next(self, event: dict[str, Any]) -> dict[str, Any]:
+        numbered = {**event, "sequence_number": self._sequence}
+        self._sequence += 1
+        return numbered
