@@ -44,13 +44,6 @@ def script(engine: FakeEngine, arguments: str, *, streamed: bool) -> None:
 
 
 @pytest.fixture
-async def openai_sdk(server_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=10)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
 async def anthropic_sdk(server_url: str) -> AsyncIterator[anthropic.AsyncAnthropic]:
     client = anthropic.AsyncAnthropic(base_url=server_url, api_key="unused", max_retries=0, timeout=10)
     yield client
@@ -59,18 +52,16 @@ async def anthropic_sdk(server_url: str) -> AsyncIterator[anthropic.AsyncAnthrop
 
 @pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("arguments", MALFORMED)
-async def test_responses(
-    openai_sdk: openai.AsyncOpenAI, engine: FakeEngine, arguments: str, streamed: bool
-) -> None:
+async def test_responses(sdk: openai.AsyncOpenAI, engine: FakeEngine, arguments: str, streamed: bool) -> None:
     script(engine, arguments, streamed=streamed)
     tools: Any = [SEED_000_TOOL]
     if streamed:
-        async with openai_sdk.responses.stream(model="default", input="look", tools=tools) as stream:
+        async with sdk.responses.stream(model="default", input="look", tools=tools) as stream:
             async for _ in stream:
                 pass
             response = await stream.get_final_response()
     else:
-        response = await openai_sdk.responses.create(model="default", input="look", tools=tools)
+        response = await sdk.responses.create(model="default", input="look", tools=tools)
     (call,) = response.output
     assert call.type == "function_call"
     assert (call.name, call.arguments, call.status) == ("screenshot", arguments, "completed")
@@ -79,12 +70,12 @@ async def test_responses(
 @pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("arguments", MALFORMED)
 async def test_chat_completions(
-    openai_sdk: openai.AsyncOpenAI, engine: FakeEngine, arguments: str, streamed: bool
+    sdk: openai.AsyncOpenAI, engine: FakeEngine, arguments: str, streamed: bool
 ) -> None:
     script(engine, arguments, streamed=streamed)
     messages: Any = [{"role": "user", "content": "look"}]
     if streamed:
-        chunks = await openai_sdk.chat.completions.create(
+        chunks = await sdk.chat.completions.create(
             model="default", messages=messages, tools=[TOOL], stream=True
         )
         names, pieces, finish = [], [], None
@@ -98,9 +89,7 @@ async def test_chat_completions(
                 assert not choice.delta.content
         assert names == ["screenshot"] and "".join(pieces) == arguments and finish == "tool_calls"
     else:
-        completion = await openai_sdk.chat.completions.create(
-            model="default", messages=messages, tools=[TOOL]
-        )
+        completion = await sdk.chat.completions.create(model="default", messages=messages, tools=[TOOL])
         (choice,) = completion.choices
         assert choice.finish_reason == "tool_calls" and not choice.message.content
         (call,) = choice.message.tool_calls or []
