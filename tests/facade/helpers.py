@@ -21,6 +21,7 @@ from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common import images as common_images
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
+from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.settings import Storage
 
 __all__ = ["EVENT_SCHEMAS", "assert_valid", "validator"]  # re-exported for the facade tests
@@ -170,3 +171,10 @@ def count_image_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr("vlmserve.responses._media.inspect_image", counting)
     return calls
+
+
+def owner_id(key: str) -> str:
+    """The owner an API key's stored responses are filed under, as the facade finds it."""
+    owner = ApiKeys.from_keys([key]).owner_for_key(key)
+    assert owner is not None
+    return owner

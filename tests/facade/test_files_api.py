@@ -17,11 +17,12 @@ from PIL import Image
 
 from tests._pdfs import text_pdf
 from tests.facade.fake_engine import FakeEngine
+from tests.facade.helpers import owner_id
 from tests.responses.responses_testkit import RED
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
-from vlmserve.facade.http.api_keys import ApiKeys, owner_id
+from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.settings import Files
 
 PDF = text_pdf(["Quarterly report", "Totals"])

@@ -11,10 +11,11 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine, Script
+from tests.facade.helpers import owner_id
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.cli import settings_from_args
-from vlmserve.facade.http.api_keys import ApiKeys, owner_id
+from vlmserve.facade.http.api_keys import ApiKeys
 
 ALICE = "sk-alice-0123456789abcdef"
 BOB = "sk-bob-fedcba9876543210xx"

@@ -36,7 +36,6 @@ __all__ = [
     "ApiKeys",
     "Owner",
     "install_api_keys",
-    "owner_id",
     "owner_of",
     "probe_key",
     "require_operator",
@@ -58,11 +57,6 @@ def owner_of(request: Request) -> str:
     """Whose stored objects a request may see; `require_owner` (or the Anthropic routes' own
     dependency) sets it."""
     return str(getattr(request.state, "owner", ""))
-
-
-def owner_id(key: str) -> str:
-    """The stable owner id of an API key (what stored responses are filed under)."""
-    return _owner_from_digest(digest(key))
 
 
 @dataclass(frozen=True, slots=True)
