@@ -25,10 +25,13 @@ __all__ = [
     "DISTRIBUTED_CHOICES",
     "DTYPE_CHOICES",
     "FIXTURE_MODELS_DIR",
+    "TESTED_FAMILIES",
     "Distribution",
     "Dtype",
     "LoadedModel",
     "ModelInfo",
+    "UnsupportedFamily",
+    "check_family",
     "fresh_weights",
     "load_model",
     "model_id_for",
@@ -101,6 +104,65 @@ def _check_no_checkpoint_code(model_dir: Path) -> None:
                 f"{config_path} declares model_file={config['model_file']!r} (code shipped with the "
                 "checkpoint); pass --trust-remote-code to run it"
             )
+
+
+# The families every per-family test runs on a fixture (docs/models.md, the matrix).
+TESTED_FAMILIES = (
+    "gemma3",
+    "idefics3",
+    "llama4",
+    "llava",
+    "mistral3",
+    "qwen2_5_vl",
+    "qwen2_vl",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+)
+
+
+class UnsupportedFamily(ValueError):
+    """A checkpoint whose `model_type` this engine cannot serve."""
+
+
+def _mlx_vlm_packages(subpackage: str) -> frozenset[str]:
+    """The model packages of `mlx_vlm.<subpackage>`, found without importing any of them."""
+    import importlib
+    import pkgutil
+
+    return frozenset(
+        found.name
+        for found in pkgutil.iter_modules(importlib.import_module(f"mlx_vlm.{subpackage}").__path__)
+        if found.ispkg
+    )
+
+
+def check_family(config: Mapping[str, Any], where: str) -> None:
+    """Refuse, before any weight is read, a config (`where`: its file, for the message) whose
+    model type mlx-vlm has no model for (mlx-vlm's own error comes after its ERROR log and names
+    no alternative) or which is a speculative drafter, not a model to serve."""
+    from importlib.metadata import version
+
+    from mlx_vlm.utils import get_model_type
+
+    raw = config.get("model_type") or config.get("speculators_model_type")
+    model_type = get_model_type(dict(config)) if isinstance(raw, str) else None
+    families = _mlx_vlm_packages("models")
+    if model_type in families:
+        return
+    named = f"model_type {raw!r}" if raw is not None else "no model_type"
+    if model_type in _mlx_vlm_packages("speculative.drafters"):
+        raise UnsupportedFamily(
+            f"{where} has {named}: a speculative drafter, not a model to serve; serve its target "
+            "and pass this directory as --draft-model"
+        )
+    others = sorted(families - set(TESTED_FAMILIES))
+    raise UnsupportedFamily(
+        f"{where} has {named}, a family mlx-vlm {version('mlx-vlm')} cannot load. Supported: "
+        f"{', '.join(TESTED_FAMILIES)} (tested here, docs/models.md); also loaded by mlx-vlm, "
+        f"untested here: {', '.join(others)}"
+    )
 
 
 def _context_length(model: Any, tokenizer: Any) -> int:
@@ -184,6 +246,11 @@ def load_model(
     local = Path(source)
     if local.exists() and not trust_remote_code:
         _check_no_checkpoint_code(local)
+    config_path = local / "config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if not (trust_remote_code and config.get("model_file")):
+            check_family(config, str(config_path))
     started = time.perf_counter()
     if distributed == "off":
         model, processor = load(source, lazy=lazy, trust_remote_code=trust_remote_code)
