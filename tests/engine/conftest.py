@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.client import channel_options
 from vlmserve.engine.config import EngineConfig
+from vlmserve.engine.grammar.compiler import GrammarCompiler
 from vlmserve.engine.rpc.server import ENGINE_SERVICE_NAME, EngineServer
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -131,3 +132,17 @@ def logits_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.engine._logits_hooks import install
 
     install(monkeypatch)
+
+
+# The random fixture model's tokenizer, and a grammar compiler on it (one per module: a
+# compiler keeps what it compiled). Modules on another tokenizer define their own `tokenizer`.
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(RANDOM_MODEL_PATH))
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, [tokenizer.eos_token_id])

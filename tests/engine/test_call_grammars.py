@@ -37,16 +37,6 @@ TOOLS = [
 TEMPLATE_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}}]
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(str(RANDOM_MODEL_PATH))
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer: Any) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
-
-
 def build(compiler: GrammarCompiler, tool_format: str, mode: str, **options: Any) -> OutputConstraint | None:
     settings: dict[str, Any] = {
         "tools": TOOLS,

@@ -10,7 +10,6 @@ import llguidance
 import pytest
 from transformers import AutoTokenizer
 
-from tests._fixture_models import RANDOM_MODEL_PATH
 from tests.engine._tool_pieces import collect
 from vlmserve.engine.grammar.compiler import GrammarCompiler, OutputConstraint, constraint_for
 from vlmserve.engine.request_errors import RequestError
@@ -24,16 +23,6 @@ WEATHER = {
     "required": ["city", "days"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(str(RANDOM_MODEL_PATH))
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer: Any) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
 
 
 def function(name: str, parameters: Any = None, *, strict: bool = False) -> pb.Tool:

@@ -11,24 +11,11 @@ from typing import Any
 
 import grpc
 import pytest
-from transformers import AutoTokenizer
 
-from tests._fixture_models import RANDOM_MODEL_PATH
 from tests.engine.test_grammar import accepts, build, function
 from vlmserve.engine.grammar.compiler import GrammarCompiler, endless_reference
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(str(RANDOM_MODEL_PATH))
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer: Any) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
-
 
 NODE = {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}}
 
