@@ -231,6 +231,7 @@ def main() -> None:
     model = small_context_model(args.context, folder)
     engine = start_engine(folder, model=str(model))
     facade = None
+    report: dict[str, Any] = {}
     try:
         facade = start_facade(folder, engine.address, store_path=folder / "facade.sqlite3")
         with httpx.Client(base_url=facade.address, timeout=600) as http:
@@ -244,6 +245,10 @@ def main() -> None:
         if facade is not None:
             facade.stop()
         engine.stop()
+    failed = report["codex_shaped"]["errors_4xx_5xx"] or report["claude_code_shaped"]["errors_4xx_5xx"]
+    if failed:
+        print(f"errors: logs kept in {folder}", file=sys.stderr)
+    else:
         shutil.rmtree(folder, ignore_errors=True)
     text = json.dumps(report, indent=1)
     print(text)

@@ -106,3 +106,83 @@ async def test_a_bad_edit_is_an_anthropic_400_naming_it(http: httpx.AsyncClient,
         reply.json()["type"] == "error"
         and "context_management.edits[0].type" in reply.json()["error"]["message"]
     )
+
+
+COMPACT = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 1}}
+
+
+async def test_compact_summarises_first_and_answers_on_the_summary(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.script.text_chunks = ["Goal: read files. ", "<tool_call>{}</tool_call>"]
+    edit = {**COMPACT, "instructions": "Keep file names."}
+    reply = await http.post("/v1/messages", json=body(context_management={"edits": [edit]}))
+    assert reply.status_code == 200, reply.text
+    message = reply.json()
+    assert message["content"][0] == {"type": "compaction", "content": "Goal: read files."}
+    assert message["content"][1]["type"] == "text"
+    summarising, answering = engine.requests
+    assert "Keep file names." in summarising.messages[-1].parts[0].text.text
+    texts = [(m.role, p.text.text) for m in answering.messages for p in m.parts if p.HasField("text")]
+    assert texts[0] == (pb.ROLE_ASSISTANT, "Summary of the conversation so far:\nGoal: read files.")
+    # The client sends the block back next turn: accepted, covering what came before.
+    replay = body()
+    replay["messages"] = [
+        {"role": "user", "content": "Read the files."},
+        {"role": "assistant", "content": message["content"]},
+        {"role": "user", "content": "Go on."},
+    ]
+    assert (await http.post("/v1/messages", json=replay)).status_code == 200
+
+
+async def test_pause_after_compaction_answers_the_block_alone(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    edit = {**COMPACT, "pause_after_compaction": True}
+    reply = await http.post("/v1/messages", json=body(context_management={"edits": [edit]}))
+    message = reply.json()
+    assert message["stop_reason"] == "compaction" and message["content"] == [
+        {"type": "compaction", "content": "Hello, world."}
+    ]
+    assert len(engine.requests) == 1  # the summary only
+    streamed = await http.post("/v1/messages", json=body(context_management={"edits": [edit]}, stream=True))
+    kinds = [event.event for event in parse_sse(streamed.text)]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+
+
+async def test_the_stream_puts_the_compaction_block_first(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    reply = await http.post("/v1/messages", json=body(context_management={"edits": [COMPACT]}, stream=True))
+    from anthropic.types.beta import BetaRawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    events = [json.loads(event.data) for event in parse_sse(reply.text)]
+    adapter: TypeAdapter[Any] = TypeAdapter(BetaRawMessageStreamEvent)
+    for event in events:
+        if event["type"] != "ping":
+            adapter.validate_python(event)
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    assert [(e["index"], e["content_block"]["type"]) for e in starts] == [(0, "compaction"), (1, "text")]
+
+
+async def test_a_failed_compaction_block_is_a_no_op(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    messages = [
+        {"role": "user", "content": "Earlier."},
+        {
+            "role": "assistant",
+            "content": [{"type": "compaction", "content": None}, {"type": "text", "text": "ok"}],
+        },
+        {"role": "user", "content": "Now."},
+    ]
+    reply = await http.post("/v1/messages", json={"model": "default", "max_tokens": 8, "messages": messages})
+    assert reply.status_code == 200, reply.text
+    texts = [p.text.text for m in engine.requests[0].messages for p in m.parts if p.HasField("text")]
+    assert texts == ["Earlier.", "ok", "Now."]

@@ -7,7 +7,15 @@ stream events come back as a `Message` or Anthropic's stream events (`anthropic_
 `EventWriter`); errors in Anthropic's shape (`error_body`).
 """
 
-from ._context_edits import EditedBody, apply_edits, needs_count, parse_edits
+from ._context_edits import (
+    EditedBody,
+    apply_edits,
+    compact_edit,
+    compacted_body,
+    compaction_block,
+    needs_count,
+    parse_edits,
+)
 from ._errors import OVERLOADED_STATUS, anthropic_error_type, anthropic_status, error_body
 from ._message import (
     ContentBlock,
@@ -44,6 +52,9 @@ __all__ = [
     "anthropic_message",
     "anthropic_status",
     "apply_edits",
+    "compact_edit",
+    "compacted_body",
+    "compaction_block",
     "error_body",
     "error_event",
     "message_id",

@@ -7,8 +7,10 @@
   only if it clears at least that many tokens.
 - `clear_thinking_20251015`: the thinking of all but the last `keep` assistant turns that have
   some (`{"type": "thinking_turns", "value": N}`, default 1; `"all"` keeps every one) is left out.
-- `compaction` blocks (from `compact_20260112`) replayed in a later request: everything before
-  the latest one is left out; the block reaches the model as an assistant turn with its summary.
+- `compact_20260112`: past its trigger the facade summarises first (routes/anthropic.py) and
+  answers on `compacted_body`; its `compaction` blocks replayed in a later request: everything
+  before the latest one is left out, the block reaches the model as an assistant turn with its
+  summary (a block with `content: null`, a failed compaction, is a no-op).
 
 What was applied is reported as Anthropic does, in the response's `context_management`:
 `{"applied_edits": [{"type", "cleared_tool_uses" | "cleared_thinking_turns", "cleared_input_tokens"}]}`.
@@ -281,6 +283,11 @@ def _after_latest_compaction(messages: list[Any]) -> list[Any]:
             block = blocks[b_index]
             if isinstance(block, dict) and block.get("type") == "compaction":
                 summary = block.get("content")
+                if summary is None:
+                    # A failed compaction: a no-op, as Anthropic treats it.
+                    rest = [*blocks[:b_index], *blocks[b_index + 1 :]]
+                    kept = [{**messages[m_index], "content": rest}] if rest else []
+                    return _after_latest_compaction([*messages[:m_index], *kept, *messages[m_index + 1 :]])
                 if not isinstance(summary, str):
                     raise _refuse(
                         f"messages[{m_index}].content[{b_index}].content",
@@ -289,3 +296,27 @@ def _after_latest_compaction(messages: list[Any]) -> list[Any]:
                 rest = [{"type": "text", "text": SUMMARY_HEADING + summary}, *blocks[b_index + 1 :]]
                 return [{**messages[m_index], "content": rest}, *messages[m_index + 1 :]]
     return messages
+
+
+def compact_edit(edits: Sequence[Edit]) -> Compact | None:
+    return next((edit for edit in edits if isinstance(edit, Compact)), None)
+
+
+def compaction_block(summary: str) -> dict[str, Any]:
+    return {"type": "compaction", "content": summary}
+
+
+def compacted_body(body: dict[str, Any], summary: str) -> dict[str, Any]:
+    """The body answered after a compaction: the compaction block as the assistant's turn, then
+    the last user message and what follows it (`apply_edits` expands the block)."""
+    messages = body["messages"]
+    last_user = next(
+        (
+            i
+            for i in range(len(messages) - 1, -1, -1)
+            if isinstance(messages[i], dict) and messages[i].get("role") == "user"
+        ),
+        len(messages),
+    )
+    block = {"role": "assistant", "content": [compaction_block(summary)]}
+    return {**body, "messages": [block, *messages[last_user:]]}

@@ -112,6 +112,10 @@ class EventWriter:
     _blocks: dict[str, _Block] = field(default_factory=dict)
     _count: int = 0
 
+    def reserve_blocks(self, count: int) -> None:
+        """Content blocks the caller sends itself first (a compaction block): indexes after them."""
+        self._count += count
+
     def events(self, event: Any) -> list[StreamEvent]:
         """The stream events one Responses event becomes (none for most)."""
         if isinstance(event, ResponseLifecycleEvent):

@@ -25,16 +25,19 @@ def summary_body(body: CreateResponseBody, *, max_output_tokens: int) -> CreateR
     )
 
 
-def summarising_body(body: CreateResponseBody, *, max_output_tokens: int) -> CreateResponseBody:
+def summarising_body(
+    body: CreateResponseBody, *, max_output_tokens: int, instructions: str | None = None
+) -> CreateResponseBody:
     """The body that asks the model to summarise the conversation `body` holds: the summary
-    instruction as the last user turn; not stored, no tool calls, no structured format, at most
-    `max_output_tokens`."""
+    instruction (and the client's `instructions` for it) as the last user turn; not stored, no
+    tool calls, no structured format, at most `max_output_tokens`."""
     items = (
         [MessageParam(role="user", content=body.input)] if isinstance(body.input, str) else list(body.input)
     )
+    asked = SUMMARY_INSTRUCTION + (f"\n\n{instructions}" if instructions else "")
     return body.model_copy(
         update={
-            "input": [*items, MessageParam(role="user", content=SUMMARY_INSTRUCTION)],
+            "input": [*items, MessageParam(role="user", content=asked)],
             "store": False,
             "max_output_tokens": max_output_tokens,
             "tool_choice": "none" if body.tools else None,

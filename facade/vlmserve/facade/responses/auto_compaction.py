@@ -26,6 +26,7 @@ from vlmserve.facade.responses.compaction_turn import (
 )
 from vlmserve.facade.responses.delivery import collect, finisher
 from vlmserve.facade.responses.preparation import ResponsesService, Translation
+from vlmserve.facade.responses.running import Generation
 from vlmserve.responses import CreateRequest, summarising_body
 
 _PARAM = "context_management"
@@ -206,16 +207,28 @@ async def _check_threshold(
         )
 
 
-async def _summarise(service: ResponsesService, create: CreateRequest, *, owner: str) -> dict[str, Any]:
-    """The conversation summarised into a sealed compaction item (what does not fit even the
-    summarising call is left out, oldest first: `truncation: "auto"`)."""
-    summary = summarising_body(create.body, max_output_tokens=SUMMARY_MAX_OUTPUT_TOKENS)
+async def summarise(
+    service: ResponsesService, create: CreateRequest, *, owner: str, instructions: str | None = None
+) -> tuple[dict[str, Any], Generation]:
+    """The model's summary of the conversation `create` holds (the collected response), and its
+    generation (its request holds the conversation's images). What does not fit even the
+    summarising call is left out, oldest first (`truncation: "auto"`); `instructions` are added
+    to the summary instruction (Anthropic's compact edit)."""
+    summary = summarising_body(
+        create.body, max_output_tokens=SUMMARY_MAX_OUTPUT_TOKENS, instructions=instructions
+    )
     summary = summary.model_copy(update={"stream": False, "background": False, "truncation": "auto"})
     generation = await service.prepare(CreateRequest(summary, extras=create.extras), owner=owner)
     try:
         resource = await collect(generation, service.settings.timeouts.stream_first_message)
     finally:
         await finisher(generation, lambda: None)()
+    return resource, generation
+
+
+async def _summarise(service: ResponsesService, create: CreateRequest, *, owner: str) -> dict[str, Any]:
+    """The conversation summarised into a sealed compaction item."""
+    resource, generation = await summarise(service, create, owner=owner)
     images = latest_images(generation.request, service.settings.compaction_keep_images)
     return CompactionEvents(service.seal, owner=owner, images=images).item(resource)
 
