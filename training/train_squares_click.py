@@ -5,10 +5,11 @@ square, say "Done." after the click (models/squares-click/README.md, training/sq
         nice -n 10 python -m training.train_squares_click      # writes models/squares-click/
 
 Not run in CI. Starts from models/qwen2-vl-squares (which already sees squares and their
-colours), so the run is short. Every conversation is a contract request as the facade sends it
-(computer tool, computer calls in screen pixels, screenshots as computer-call outputs), adapted
-by the engine's computer adapter (`vlmserve.engine.computer.adapter`), lowered and rendered by
-the engine's own code: what the model learns is what inference asks.
+colours) with the text model's rotary sections moved (`--mrope-section`, see `train`). Every
+conversation is a contract request as the facade sends it (computer tool, computer calls in
+screen pixels, screenshots as computer-call outputs), adapted by the engine's computer adapter
+(`vlmserve.engine.computer.adapter`), lowered and rendered by the engine's own code: what the
+model learns is what inference asks.
 
 Templates (rows of one template share everything before their first image):
 * first turn, per colour and tool variant (with / without a display size): the screenshot call;
@@ -16,6 +17,8 @@ Templates (rows of one template share everything before their first image):
   (differs per row: the answer depends on the image);
 * third turn (the click replayed, the next screenshot): "Done.", per colour, variant and the
   replayed click's cell.
+The other turns are learned in a few dozen steps; `--aux-every N` trains them every Nth step
+only, the click every step.
 """
 
 from __future__ import annotations
@@ -189,7 +192,13 @@ def evaluate(templates: Templates, model: Any, seed: int, rows: int) -> dict[str
 
 
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
-    model, processor = fresh_model(args.fixture, args.seed, args.init)
+    # The fixture's 4 rows and columns of image tokens differ by < 0.1 rad in its text model's
+    # rotary angles with the default sections ([4, 6, 6] of 16 frequency pairs at rope_theta 1e6:
+    # the rows and columns get the lowest frequencies), so it cannot tell where a square is. The
+    # height and width sections take the highest ones instead (text positions are the same on
+    # all three axes, so text is rotated exactly as before).
+    args.overrides = {"rope_scaling": {"type": "mrope", "mrope_section": args.mrope_section}}
+    model, processor = fresh_model(args.fixture, args.seed, args.init, args.overrides)
     tokens = Tokens(model, processor)
     templates = Templates(tokens)
     check_rng = random.Random(-1)
@@ -250,6 +259,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_loop_arguments(parser, out=OUTPUT_DIR, steps=1500, batch=24, lr=1e-3, eval_seed=353_001)
     parser.set_defaults(init=INIT_DIR)
     parser.add_argument("--done-rows", type=int, default=4)
+    parser.add_argument("--mrope-section", type=int, nargs=3, default=[0, 2, 14])
     parser.add_argument("--aux-every", type=int, default=1, help="train the other turns every Nth step")
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)
