@@ -20,7 +20,7 @@ import pytest
 from tests._engine_recorder import EngineRecorder
 from tests._services import ServiceProcess
 from tests.e2e import squares_requests as squares
-from tests.facade.helpers import png_data_url, seed_000_input
+from tests.facade.helpers import png_data_url, screenshot_tool_input
 from training.squares import QUESTION, draw_sample
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -207,7 +207,7 @@ def test_chat_tool_message_reaches_the_engine_as_the_responses_request_does(
             "/v1/responses",
             json={
                 "model": "default",
-                "input": seed_000_input(image),
+                "input": screenshot_tool_input(image),
                 "tools": [tool],
                 "max_output_tokens": 2,
             },

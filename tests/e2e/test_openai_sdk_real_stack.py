@@ -28,7 +28,7 @@ from openai.types.responses import Response, ResponseCompletedEvent
 from tests._engine_recorder import EngineRecorder, RecordedCall
 from tests._services import ServiceProcess
 from tests.e2e import squares_requests as squares
-from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_bytes, png_data_url, seed_000_input
+from tests.facade.helpers import SCREENSHOT_TOOL, assert_valid, png_bytes, png_data_url, screenshot_tool_input
 from training.squares import QUESTION, draw_sample
 from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -38,7 +38,7 @@ MAX_TOKENS = 8
 SQUARES_MAX_TOKENS = 16
 RED = (255, 0, 0)
 BLUE = (0, 0, 255)
-TOOLS: list[Any] = [SEED_000_TOOL]
+TOOLS: list[Any] = [SCREENSHOT_TOOL]
 
 
 def sdk_client(base_url: str) -> openai.OpenAI:
@@ -59,9 +59,9 @@ def recorded_sdk(recorded_facade: ServiceProcess) -> Iterator[openai.OpenAI]:
     client.close()
 
 
-def seed_000(image_url: str) -> Any:
+def screenshot_input(image_url: str) -> Any:
     # The SDK's TypedDicts do not name every shape the facade accepts: plain JSON, as sent.
-    return cast(Any, seed_000_input(image_url))
+    return cast(Any, screenshot_tool_input(image_url))
 
 
 def engine_call(recorder: EngineRecorder, response_id: str) -> RecordedCall:
@@ -135,14 +135,14 @@ def test_create_with_user_input_image(sdk: openai.OpenAI) -> None:
     assert with_image.usage.input_tokens > text_only.input_tokens
 
 
-def test_create_with_seed_000_tool_output(sdk: openai.OpenAI) -> None:
+def test_create_with_a_screenshot_tool_output(sdk: openai.OpenAI) -> None:
     response = sdk.responses.create(
-        model="default", input=seed_000(png_data_url(RED)), tools=TOOLS, max_output_tokens=MAX_TOKENS
+        model="default", input=screenshot_input(png_data_url(RED)), tools=TOOLS, max_output_tokens=MAX_TOKENS
     )
     assert_ended_within_the_limit(response)
     assert [tool.model_dump()["name"] for tool in response.tools] == ["screenshot"]
     counted = sdk.responses.input_tokens.count(
-        model="default", input=seed_000(png_data_url(RED)), tools=TOOLS
+        model="default", input=screenshot_input(png_data_url(RED)), tools=TOOLS
     )
     assert response.usage is not None and response.usage.input_tokens == counted.input_tokens
 
@@ -150,7 +150,7 @@ def test_create_with_seed_000_tool_output(sdk: openai.OpenAI) -> None:
 def test_create_stream_true_runs_to_its_terminal_event(sdk: openai.OpenAI) -> None:
     stream = sdk.responses.create(
         model="default",
-        input=seed_000(png_data_url(RED)),
+        input=screenshot_input(png_data_url(RED)),
         tools=TOOLS,
         max_output_tokens=MAX_TOKENS,
         stream=True,
@@ -169,7 +169,7 @@ def test_create_stream_true_runs_to_its_terminal_event(sdk: openai.OpenAI) -> No
 def test_retrieve_input_items_and_delete(sdk: openai.OpenAI) -> None:
     user_image = png_data_url(BLUE)
     tool_image = png_data_url(RED)
-    items = seed_000_input(tool_image)
+    items = screenshot_tool_input(tool_image)
     items[0]["content"].append({"type": "input_image", "image_url": user_image})
     items[2]["output"][1]["detail"] = "high"
     created = sdk.responses.create(
@@ -247,11 +247,11 @@ def test_create_stream_true_to_the_completed_response(squares_sdk: openai.OpenAI
 # -- what the engine received -------------------------------------------------------------------------
 
 
-def test_seed_000_reaches_the_engine_as_tool_text_then_one_user_image(
+def test_a_screenshot_tool_output_reaches_the_engine_as_tool_text_then_one_user_image(
     recorded_sdk: openai.OpenAI, engine_recorder: EngineRecorder, engine_process: ServiceProcess
 ) -> None:
     response = recorded_sdk.responses.create(
-        model="default", input=seed_000(png_data_url(RED)), tools=TOOLS, max_output_tokens=MAX_TOKENS
+        model="default", input=screenshot_input(png_data_url(RED)), tools=TOOLS, max_output_tokens=MAX_TOKENS
     )
     call = engine_call(engine_recorder, response.id)
     # Sent as the client gave it (the image inside the tool output); the engine lowers it.
@@ -270,7 +270,7 @@ def test_seed_000_reaches_the_engine_as_tool_text_then_one_user_image(
     # The engine's own log line agrees.
     assert re.search(r" images=1 ", engine_log_line(engine_process, response.id))
     counted = recorded_sdk.responses.input_tokens.count(
-        model="default", input=seed_000(png_data_url(RED)), tools=TOOLS
+        model="default", input=screenshot_input(png_data_url(RED)), tools=TOOLS
     )
     assert counted.input_tokens == response.usage.input_tokens
 
@@ -312,7 +312,7 @@ def test_previous_response_id_replays_the_stored_tool_image(
     recorded_sdk: openai.OpenAI, engine_recorder: EngineRecorder
 ) -> None:
     first = recorded_sdk.responses.create(
-        model="default", input=seed_000(png_data_url(RED)), tools=TOOLS, max_output_tokens=MAX_TOKENS
+        model="default", input=screenshot_input(png_data_url(RED)), tools=TOOLS, max_output_tokens=MAX_TOKENS
     )
     new_items: Any = [
         {
@@ -353,7 +353,11 @@ def test_previous_response_id_replays_the_stored_tool_image(
         model="default",
         input=cast(
             Any,
-            [*seed_000_input(png_data_url(RED)), *(item.model_dump() for item in first.output), *new_items],
+            [
+                *screenshot_tool_input(png_data_url(RED)),
+                *(item.model_dump() for item in first.output),
+                *new_items,
+            ],
         ),
         tools=TOOLS,
     )

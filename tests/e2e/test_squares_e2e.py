@@ -50,7 +50,9 @@ def test_user_input_image(facade: httpx.Client, samples: list[SquaresSample]) ->
     assert req.accuracy(answers, samples) >= MIN_ACCURACY, answers
 
 
-def test_seed_000_tool_output_with_text_and_image(facade: httpx.Client, samples: list[SquaresSample]) -> None:
+def test_screenshot_tool_output_with_text_and_image(
+    facade: httpx.Client, samples: list[SquaresSample]
+) -> None:
     answers = _answers(
         facade, samples, lambda s: req.agent_input(req.captured_with_image(s)), tools=[req.SCREENSHOT_TOOL]
     )

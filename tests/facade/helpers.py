@@ -75,15 +75,15 @@ def stream_events(text: str) -> list[dict[str, Any]]:
     return payloads
 
 
-SEED_000_TOOL = {
+SCREENSHOT_TOOL = {
     "type": "function",
     "name": "screenshot",
     "parameters": {"type": "object", "properties": {}},
 }
 
 
-def seed_000_input(image_url: str) -> list[dict[str, Any]]:
-    """Seed 000's request: a screenshot tool whose output is text plus an image."""
+def screenshot_tool_input(image_url: str) -> list[dict[str, Any]]:
+    """A screenshot tool whose output is text plus an image (the request of /work/shared/seeds/000)."""
     return [
         {
             "type": "message",

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
-from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_bytes, png_data_url, seed_000_input
+from tests.facade.helpers import SCREENSHOT_TOOL, assert_valid, png_bytes, png_data_url, screenshot_tool_input
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -52,7 +52,7 @@ async def test_request_fields_are_echoed(http: httpx.AsyncClient) -> None:
         max_output_tokens=64,
         metadata={"ticket": "42"},
         store=False,
-        tools=[SEED_000_TOOL],
+        tools=[SCREENSHOT_TOOL],
         tool_choice="auto",
         parallel_tool_calls=False,
         truncation="disabled",
@@ -110,7 +110,7 @@ async def test_tool_call_becomes_a_function_call_item(http: httpx.AsyncClient, e
     engine.script.text_chunks = ["\n"]
     engine.script.tool_calls = [pb.ToolCall(id="call_7", name="screenshot", arguments="{}")]
     engine.script.finish_reason = pb.FINISH_REASON_TOOL_CALLS
-    response = await create(http, input="Take a screenshot.", tools=[SEED_000_TOOL])
+    response = await create(http, input="Take a screenshot.", tools=[SCREENSHOT_TOOL])
     body = response.json()
     assert_valid(body, "ResponseResource")
     # A turn that only calls a tool has no message item (the newline before the call is not one).
@@ -125,11 +125,13 @@ async def test_tool_call_becomes_a_function_call_item(http: httpx.AsyncClient, e
     assert [tool.function.name for tool in engine.requests[0].tools] == ["screenshot"]
 
 
-async def test_seed_000_tool_image_reaches_the_engine_as_a_follow_up_user_turn(
+async def test_a_screenshot_tool_image_reaches_the_engine_as_a_follow_up_user_turn(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
     image = png_bytes((255, 0, 0))
-    response = await create(http, input=seed_000_input(png_data_url((255, 0, 0))), tools=[SEED_000_TOOL])
+    response = await create(
+        http, input=screenshot_tool_input(png_data_url((255, 0, 0))), tools=[SCREENSHOT_TOOL]
+    )
     assert response.status_code == 200, response.text
     messages = lower_messages(engine.requests[0].messages)  # as the engine renders them
     roles = [message.role for message in messages]
@@ -158,7 +160,7 @@ async def test_input_image_and_chat_image_url_make_the_same_engine_request(
 async def test_hosted_tools_are_left_out_and_named_in_a_header(
     http: httpx.AsyncClient, engine: FakeEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tools = [SEED_000_TOOL, {"type": "web_search", "external_web_access": False}]
+    tools = [SCREENSHOT_TOOL, {"type": "web_search", "external_web_access": False}]
     with caplog.at_level("INFO", logger="vlmserve.facade"):
         response = await create(http, input="hi", tools=tools)
     assert response.status_code == 200

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import SEED_000_TOOL
+from tests.facade.helpers import SCREENSHOT_TOOL
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 MALFORMED = ['{"q": "cut', "not json at all", "[1, 2]", "", '{"a": 1} junk']
@@ -54,7 +54,7 @@ async def anthropic_sdk(server_url: str) -> AsyncIterator[anthropic.AsyncAnthrop
 @pytest.mark.parametrize("arguments", MALFORMED)
 async def test_responses(sdk: openai.AsyncOpenAI, engine: FakeEngine, arguments: str, streamed: bool) -> None:
     script(engine, arguments, streamed=streamed)
-    tools: Any = [SEED_000_TOOL]
+    tools: Any = [SCREENSHOT_TOOL]
     if streamed:
         async with sdk.responses.stream(model="default", input="look", tools=tools) as stream:
             async for _ in stream:

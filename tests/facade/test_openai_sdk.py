@@ -9,12 +9,12 @@ import pytest
 from openai.types.responses import ResponseCompletedEvent, ResponseFunctionToolCall, ResponseUsage
 
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
-from tests.facade.helpers import SEED_000_TOOL, png_data_url, seed_000_input
+from tests.facade.helpers import SCREENSHOT_TOOL, png_data_url, screenshot_tool_input
 from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 # The SDK's TypedDicts do not cover every shape the facade accepts; the tests send plain JSON.
-TOOLS: list[Any] = [SEED_000_TOOL]
+TOOLS: list[Any] = [SCREENSHOT_TOOL]
 
 
 async def test_create_text(sdk: openai.AsyncOpenAI) -> None:
@@ -44,10 +44,10 @@ async def test_create_with_user_image(sdk: openai.AsyncOpenAI, engine: FakeEngin
     assert user.parts[1].image.detail == pb.IMAGE_DETAIL_LOW
 
 
-async def test_create_with_seed_000_tool_output(sdk: openai.AsyncOpenAI, engine: FakeEngine) -> None:
+async def test_create_with_a_screenshot_tool_output(sdk: openai.AsyncOpenAI, engine: FakeEngine) -> None:
     response = await sdk.responses.create(
         model="default",
-        input=cast(Any, seed_000_input(png_data_url((255, 0, 0)))),
+        input=cast(Any, screenshot_tool_input(png_data_url((255, 0, 0)))),
         tools=TOOLS,
     )
     assert response.status == "completed"
@@ -78,7 +78,7 @@ async def test_create_stream_true(sdk: openai.AsyncOpenAI, engine: FakeEngine) -
 async def test_retrieve_input_items_and_delete(sdk: openai.AsyncOpenAI) -> None:
     created = await sdk.responses.create(
         model="default",
-        input=cast(Any, seed_000_input(png_data_url())),
+        input=cast(Any, screenshot_tool_input(png_data_url())),
         tools=TOOLS,
     )
     retrieved = await sdk.responses.retrieve(created.id)

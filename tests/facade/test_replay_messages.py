@@ -18,7 +18,7 @@ import pytest
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import SEED_000_TOOL, count_image_checks, png_data_url
+from tests.facade.helpers import SCREENSHOT_TOOL, count_image_checks, png_data_url
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import Store
@@ -51,7 +51,7 @@ async def agent_loop(http: httpx.AsyncClient, turns: int, **continuation: Any) -
     bodies: list[dict[str, Any]] = []
     previous: str | None = None
     for turn in range(turns):
-        body: dict[str, Any] = {"model": "default", "tools": [SEED_000_TOOL], **continuation}
+        body: dict[str, Any] = {"model": "default", "tools": [SCREENSHOT_TOOL], **continuation}
         body["input"] = "Look around." if turn == 0 else [screenshot_output(turn)]
         if previous is not None and "conversation" not in continuation:
             body["previous_response_id"] = previous
@@ -91,7 +91,7 @@ async def test_replayed_request_equals_a_full_translation(
         items.extend(response["output"])
         items.append(screenshot_output(turn + 1))
     # The replay's last request, what the facade adds aside, equals the whole history translated.
-    full = build_generate_request({"input": items, "tools": [SEED_000_TOOL], "max_output_tokens": 1024})
+    full = build_generate_request({"input": items, "tools": [SCREENSHOT_TOOL], "max_output_tokens": 1024})
     replayed = pb.GenerateRequest()
     replayed.CopyFrom(engine.requests[-1])
     for facade_field in ("request_id", "model", "partition_key"):

@@ -20,7 +20,7 @@ import pytest
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import SEED_000_TOOL, png_data_url, seed_000_input
+from tests.facade.helpers import SCREENSHOT_TOOL, png_data_url, screenshot_tool_input
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
@@ -69,7 +69,7 @@ async def test_a_response_made_on_one_facade_is_continued_on_the_other(
         facade(settings, engine_client, another_store()) as first,
         facade(settings, engine_client, another_store()) as second,
     ):
-        made = await create(first, input=seed_000_input(png_data_url()), tools=[SEED_000_TOOL])
+        made = await create(first, input=screenshot_tool_input(png_data_url()), tools=[SCREENSHOT_TOOL])
         assert (await second.get(f"/v1/responses/{made['id']}")).json() == made
         items = (await second.get(f"/v1/responses/{made['id']}/input_items")).json()
         assert items == (await first.get(f"/v1/responses/{made['id']}/input_items")).json()

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import SEED_000_TOOL, assert_valid, png_data_url, seed_000_input
+from tests.facade.helpers import SCREENSHOT_TOOL, assert_valid, png_data_url, screenshot_tool_input
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -170,8 +170,10 @@ async def test_input_items_paging(http: httpx.AsyncClient) -> None:
 async def test_stored_response_with_image_tool_output_replays_identically(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    first = await create(http, input=seed_000_input(png_data_url((255, 0, 0))), tools=[SEED_000_TOOL])
-    second = await create(http, input="And now?", previous_response_id=first["id"], tools=[SEED_000_TOOL])
+    first = await create(
+        http, input=screenshot_tool_input(png_data_url((255, 0, 0))), tools=[SCREENSHOT_TOOL]
+    )
+    second = await create(http, input="And now?", previous_response_id=first["id"], tools=[SCREENSHOT_TOOL])
     assert second["previous_response_id"] == first["id"]
     original, replayed = engine.requests
     # The replayed turn starts with exactly the messages the engine saw the first time...
@@ -196,14 +198,14 @@ async def test_function_call_output_continues_a_stored_call(
 ) -> None:
     engine.script.text_chunks = []
     engine.script.tool_calls = [pb.ToolCall(id="call_9", name="screenshot", arguments="{}")]
-    first = await create(http, input="screenshot please", tools=[SEED_000_TOOL])
+    first = await create(http, input="screenshot please", tools=[SCREENSHOT_TOOL])
     engine.script.tool_calls = []
     engine.script.text_chunks = ["Red."]
     output = [{"type": "input_image", "image_url": png_data_url((255, 0, 0))}]
     second = await create(
         http,
         previous_response_id=first["id"],
-        tools=[SEED_000_TOOL],
+        tools=[SCREENSHOT_TOOL],
         input=[{"type": "function_call_output", "call_id": "call_9", "output": output}],
     )
     assert second["output"][0]["content"][0]["text"] == "Red."
@@ -283,7 +285,7 @@ async def test_stored_responses_survive_a_restart(
 
     store = another_store()
     async with await client_for(create_app(settings, engine=engine_client, store=store)) as http:
-        first = await create(http, input=seed_000_input(png_data_url()), tools=[SEED_000_TOOL])
+        first = await create(http, input=screenshot_tool_input(png_data_url()), tools=[SCREENSHOT_TOOL])
         items_before = (await http.get(f"/v1/responses/{first['id']}/input_items")).json()
     store.close()
 
@@ -291,6 +293,6 @@ async def test_stored_responses_survive_a_restart(
     async with await client_for(create_app(settings, engine=engine_client, store=reopened)) as http:
         assert (await http.get(f"/v1/responses/{first['id']}")).json() == first
         assert (await http.get(f"/v1/responses/{first['id']}/input_items")).json() == items_before
-        await create(http, input="again", previous_response_id=first["id"], tools=[SEED_000_TOOL])
+        await create(http, input="again", previous_response_id=first["id"], tools=[SCREENSHOT_TOOL])
     original, replayed = engine.requests
     assert list(replayed.messages[: len(original.messages)]) == list(original.messages)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import SEED_000_TOOL, parse_sse
+from tests.facade.helpers import SCREENSHOT_TOOL, parse_sse
 from tests.facade.test_streaming import check_events, stream
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -36,7 +36,7 @@ def _script_streamed_call(engine: FakeEngine, *, finished: bool = True) -> None:
 
 async def test_arguments_stream_piece_by_piece(http: httpx.AsyncClient, engine: FakeEngine) -> None:
     _script_streamed_call(engine)
-    _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+    _, events = await stream(http, input="look", tools=[SCREENSHOT_TOOL])
     check_events(events)
     kinds = [event["type"] for event in events]
     call_start = kinds.index("response.output_item.added", kinds.index("response.output_text.done"))
@@ -61,7 +61,7 @@ async def test_arguments_stream_piece_by_piece(http: httpx.AsyncClient, engine: 
 async def test_a_plain_response_has_the_whole_call(http: httpx.AsyncClient, engine: FakeEngine) -> None:
     _script_streamed_call(engine)
     response = await http.post(
-        "/v1/responses", json={"model": "default", "input": "look", "tools": [SEED_000_TOOL]}
+        "/v1/responses", json={"model": "default", "input": "look", "tools": [SCREENSHOT_TOOL]}
     )
     (call,) = [item for item in response.json()["output"] if item["type"] == "function_call"]
     assert (call["call_id"], call["arguments"], call["status"]) == ("call_1", ARGUMENTS, "completed")
@@ -71,7 +71,7 @@ async def test_a_call_cut_off_by_the_token_limit_is_incomplete(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
     _script_streamed_call(engine, finished=False)
-    _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+    _, events = await stream(http, input="look", tools=[SCREENSHOT_TOOL])
     check_events(events)
     assert events[-1]["type"] == "response.incomplete"
     done = events[-2]
@@ -108,10 +108,10 @@ async def test_a_call_cut_off_alone_is_the_only_item(
     _script_streamed_call(engine, finished=False)
     engine.script.text_chunks = []
     if streamed:
-        _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+        _, events = await stream(http, input="look", tools=[SCREENSHOT_TOOL])
         resource = events[-1]["response"]
     else:
-        body = {"model": "default", "input": "look", "tools": [SEED_000_TOOL]}
+        body = {"model": "default", "input": "look", "tools": [SCREENSHOT_TOOL]}
         reply = await http.post("/v1/responses", json=body)
         resource = reply.json()
     assert resource["status"] == "incomplete"

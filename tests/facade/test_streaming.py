@@ -8,7 +8,7 @@ import grpc
 import httpx
 
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import EVENT_SCHEMAS, SEED_000_TOOL, assert_valid, stream_events
+from tests.facade.helpers import EVENT_SCHEMAS, SCREENSHOT_TOOL, assert_valid, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
@@ -64,7 +64,7 @@ async def test_text_then_function_call_stream(http: httpx.AsyncClient, engine: F
     engine.script.text_chunks = ["Let me look", "."]
     engine.script.tool_calls = [pb.ToolCall(id="call_1", name="screenshot", arguments='{"zoom": 2}')]
     engine.script.finish_reason = pb.FINISH_REASON_TOOL_CALLS
-    _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+    _, events = await stream(http, input="look", tools=[SCREENSHOT_TOOL])
     types = [event["type"] for event in events]
     message_events = [t for t in TEXT_EVENTS if t != "response.output_text.delta"]
     assert [t for t in types if t != "response.output_text.delta"] == [
@@ -83,7 +83,7 @@ async def test_text_then_function_call_stream(http: httpx.AsyncClient, engine: F
 async def test_call_only_stream_has_no_message(http: httpx.AsyncClient, engine: FakeEngine) -> None:
     engine.script.text_chunks = ["\n", " "]
     engine.script.tool_calls = [pb.ToolCall(id="call_1", name="screenshot", arguments="{}")]
-    _, events = await stream(http, input="look", tools=[SEED_000_TOOL])
+    _, events = await stream(http, input="look", tools=[SCREENSHOT_TOOL])
     assert [event["type"] for event in events] == [
         "response.created",
         "response.in_progress",

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests._services import ServiceProcess, start_facade
-from tests.facade.helpers import SEED_000_TOOL, png_data_url, seed_000_input
+from tests.facade.helpers import SCREENSHOT_TOOL, png_data_url, screenshot_tool_input
 from tests.faults.conftest import SmallStack
 from tests.faults.stack import (
     WAIT_S,
@@ -111,13 +111,15 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
     first = start_facade(facade_logs, engine.address, store_path=store_path, extra=SHORT_LEASE)
     facades.append(first)
     with httpx.Client(base_url=first.address, timeout=WAIT_S) as http:
-        seed = created(http, {"input": seed_000_input(png_data_url((255, 0, 0))), "tools": [SEED_000_TOOL]})
+        seed = created(
+            http, {"input": screenshot_tool_input(png_data_url((255, 0, 0))), "tools": [SCREENSHOT_TOOL]}
+        )
         chained = streamed(
             http,
             {
                 "previous_response_id": seed["id"],
                 "input": [user_message("and now?")],
-                "tools": [SEED_000_TOOL],
+                "tools": [SCREENSHOT_TOOL],
             },
         )
         doomed = created(http, {"input": "to be deleted"})
@@ -171,7 +173,7 @@ def test_facade_killed_and_restarted_keeps_every_stored_object(
         assert events[-2]["response"] == interrupted
         # The restarted facade continues a stored chain (replay reads the recovered items).
         continued = created(
-            http, {"previous_response_id": chained["id"], "input": "go on", "tools": [SEED_000_TOOL]}
+            http, {"previous_response_id": chained["id"], "input": "go on", "tools": [SCREENSHOT_TOOL]}
         )
         assert continued["previous_response_id"] == chained["id"]
 
