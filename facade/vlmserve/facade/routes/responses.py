@@ -39,6 +39,7 @@ from vlmserve.facade.responses.delivery import (
 )
 from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.item_lists import PageQuery, item_page, page_query
+from vlmserve.facade.responses.prewarm import PrewarmEvents, prewarm_request
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
 from vlmserve.responses import DeletedObject, InputTokensCount, ItemList
@@ -62,8 +63,10 @@ async def create_response(request: Request, state: State) -> Response:
         # A `compaction_trigger` as the last item: the turn summarises (compaction_turn.py);
         # else `context_management` may compact first (auto_compaction.py).
         summary = trigger_request(create)
+        # `prompt_cache_options.prewarm`: prefill only (prewarm.py).
+        prewarm = prewarm_request(create) if summary is None else None
         compacted = None
-        if summary is None:
+        if summary is None and prewarm is None:
             # Stopped when the client goes away, as preparation is (its PDFs' workers killed).
             checked = await unless_disconnected(
                 request, compact_if_needed(state.responses, create, owner=owner_of(request))
@@ -72,7 +75,7 @@ async def create_response(request: Request, state: State) -> Response:
                 raise client_closed()
             create, compacted = checked
         generation = await prepare_unless_disconnected(
-            request, state.responses, summary or create, release=hold.release
+            request, state.responses, summary or prewarm or create, release=hold.release
         )
         del create
     except BaseException:
@@ -90,6 +93,19 @@ async def create_response(request: Request, state: State) -> Response:
                 frames=lambda event: _json_frames(compaction.events(event)),
                 closing=_done,
                 answer=compaction.answer,
+            ),
+            stream=generation.translated.stream,
+            settings=state.settings,
+            release=hold.release,
+            headers=headers,
+        )
+    if prewarm is not None:
+        warming = PrewarmEvents()
+        return await respond(
+            request,
+            generation,
+            Wire(
+                frames=lambda event: _json_frames(warming.events(event)), closing=_done, answer=warming.answer
             ),
             stream=generation.translated.stream,
             settings=state.settings,
