@@ -220,7 +220,9 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     print("training forward checked against mlx-vlm's", flush=True)
     rng = random.Random(args.seed)
 
-    def step_loss(model: Any, click: Batch, done: Batch | None = None, first: Batch | None = None) -> mx.array:
+    def step_loss(
+        model: Any, click: Batch, done: Batch | None = None, first: Batch | None = None
+    ) -> mx.array:
         loss = loss_fn(model, click)
         if done is not None and first is not None:
             loss = loss + args.done_weight * loss_fn(model, done) + args.first_weight * loss_fn(model, first)

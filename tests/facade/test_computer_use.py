@@ -333,7 +333,7 @@ async def test_anthropic_computer_call_streams_as_one_tool_use_block(
     assert [e["type"] for e in blocks] == ["content_block_start", "content_block_delta", "content_block_stop"]
     assert blocks[0]["content_block"]["name"] == "computer"
     assert json.loads(blocks[1]["delta"]["partial_json"]) == {"action": "key", "text": "ctrl+s"}
-    assert [e for e in events if e["type"] == "message_delta"][0]["delta"]["stop_reason"] == "tool_use"
+    assert next(e for e in events if e["type"] == "message_delta")["delta"]["stop_reason"] == "tool_use"
 
 
 @pytest.mark.parametrize(
@@ -414,3 +414,29 @@ async def test_anthropic_bad_computer_actions_are_400s_naming_them(
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert param in error["message"]
+
+
+async def test_a_conversation_keeps_the_calls_and_the_screenshots(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+    body: dict[str, Any] = {"model": "default", "conversation": conversation, "tools": [{"type": "computer"}]}
+    engine.script = Script(text_chunks=[], tool_calls=[computer_call({"type": "screenshot"})])
+    first = await http.post("/v1/responses", json={**body, "input": "Click red."})
+    assert first.status_code == 200, first.text
+    image = png_data_url((255, 0, 0), (64, 48))
+    engine.script = Script(text_chunks=["Done."])
+    second = await http.post("/v1/responses", json={**body, "input": [screenshot_item(image_url=image)]})
+    assert second.status_code == 200, second.text
+    messages = engine.requests[-1].messages
+    assert [json.loads(c.arguments) for m in messages for c in m.tool_calls] == [{"type": "screenshot"}]
+    assert [
+        p.image.data[:8] for m in lower_messages(messages) for p in m.parts if p.WhichOneof("kind") == "image"
+    ]
+    items = (await http.get(f"/v1/conversations/{conversation}/items", params={"order": "asc"})).json()[
+        "data"
+    ]
+    kinds = [item["type"] for item in items]
+    assert "computer_call" in kinds and "computer_call_output" in kinds
+    output = next(item for item in items if item["type"] == "computer_call_output")
+    assert output["output"]["image_url"] == image
