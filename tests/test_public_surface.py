@@ -28,7 +28,8 @@ RESPONSES = {
     "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
     # output: items, the response resource and its parts
     "ConversationRef", "ConversationResource", "CustomToolCallItem", "DeletedObject", "ErrorPayload",
-    "ComputerCallItem", "FunctionCallItem", "IncompleteDetails", "IncompleteReason", "InputTokensCount", "ItemList",
+    "ComputerCallItem", "FunctionCallItem", "IncompleteDetails", "IncompleteReason", "InputTokensCount",
+    "ItemList",
     "ItemStatus", "LogProb", "OutboundModel", "OutputItem", "OutputMessage", "OutputTextContent",
     "ReasoningItem", "ReasoningTextContent", "RequestEcho", "ResponseError", "ResponseResource",
     "ResponseStatus", "ToolCallItem", "Usage", "logprobs_from_contract", "message_output_item",
