@@ -49,6 +49,8 @@ async def test_past_the_threshold_it_compacts_first(http: httpx.AsyncClient, eng
     assert output[0]["encrypted_content"].startswith("vlmserve.compaction.v2.")
     summarising, answering = engine.requests
     assert texts(summarising)[-1] == SUMMARY_INSTRUCTION
+    # The summary's budget is a sixteenth of the 4096-token context: it must leave room.
+    assert summarising.sampling.max_tokens == 256
     # The answer was generated on the summary and the last user message, not the whole history.
     assert texts(answering) == ["Summary of the conversation so far:\nHello, world.", "And now?"]
 

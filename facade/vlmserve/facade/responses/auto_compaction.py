@@ -214,9 +214,11 @@ async def summarise(
     generation (its request holds the conversation's images). What does not fit even the
     summarising call is left out, oldest first (`truncation: "auto"`); `instructions` are added
     to the summary instruction (Anthropic's compact edit)."""
-    summary = summarising_body(
-        create.body, max_output_tokens=SUMMARY_MAX_OUTPUT_TOKENS, instructions=instructions
-    )
+    # A summary is a small part of the context it frees (mlx-vlm's bound): on a small model the
+    # summary would otherwise take what it was to free, and the answer would not fit.
+    context = (await service.models.resolve(create.body.model)).info.context_length
+    budget = min(SUMMARY_MAX_OUTPUT_TOKENS, max(64, context // 16)) if context else SUMMARY_MAX_OUTPUT_TOKENS
+    summary = summarising_body(create.body, max_output_tokens=budget, instructions=instructions)
     summary = summary.model_copy(update={"stream": False, "background": False, "truncation": "auto"})
     generation = await service.prepare(CreateRequest(summary, extras=create.extras), owner=owner)
     try:
