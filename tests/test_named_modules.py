@@ -1,8 +1,9 @@
 """Comments and docstrings name modules that exist: a dotted `vlmserve.…` name resolves to a
 module (and its first attribute to a name that module defines), and a file path such as
 `loop/batch.py` ends the path of a file in this repository, or of mlx-vlm's, mlx-lm's,
-transformers' or the standard library's, which comments also cite. A rename that leaves an old
-name behind in prose fails here."""
+transformers' or the standard library's, which comments also cite. The Markdown documents' file
+paths too (their dotted names are often not modules: gRPC services, span attributes). A rename
+that leaves an old name behind in prose fails here."""
 
 from __future__ import annotations
 
@@ -163,6 +164,24 @@ def test_comments_name_modules_that_exist() -> None:
     files = _python_files()
     assert len(files) > 300  # the walk sees the repository
     stale = [f"{path.relative_to(ROOT)}:{entry}" for path in files for entry in stale_names(path)]
+    assert not stale, "\n".join(stale)
+
+
+def _markdown_files() -> list[Path]:
+    found = [path for path in ROOT.glob("*.md")]
+    for top in ("docs", "models", "bench", "training", "tests"):
+        found += [path for path in (ROOT / top).rglob("*.md") if SKIPPED_PARTS.isdisjoint(path.parts)]
+    return sorted(found)
+
+
+def test_documents_name_files_that_exist() -> None:
+    stale = []
+    for path in _markdown_files():
+        text = path.read_text(encoding="utf-8")
+        for match in PATH.finditer(text):
+            if reason := unresolved_path(match.group(1)):
+                line = text.count("\n", 0, match.start()) + 1
+                stale.append(f"{path.relative_to(ROOT)}:{line}: {match.group(1)} ({reason})")
     assert not stale, "\n".join(stale)
 
 
