@@ -33,7 +33,7 @@ def fn(name: str, **extra: Any) -> dict[str, Any]:
     return {"type": "function", "name": name, "parameters": {"type": "object", "properties": {}}, **extra}
 
 
-def test_seed_000_request_reaches_the_engine_as_sent_and_renders_lowered() -> None:
+def test_a_screenshot_tool_request_reaches_the_engine_as_sent_and_renders_lowered() -> None:
     translated = build_generate_request(
         {
             "model": "q",
