@@ -236,3 +236,20 @@ def test_malformed_calls_are_reported_never_leaked(
             streamed[piece.id] = streamed.get(piece.id, "") + piece.arguments
         elif isinstance(piece, ToolCallPiece) and piece.call.id in streamed:
             assert streamed.pop(piece.call.id) == piece.call.arguments
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("format_name", sorted(set(FORMAT_NAMES) - RUN_TO_THE_END))
+def test_an_over_long_call_is_text_without_markup_and_the_next_call_still_parses(
+    format_name: str, split: str
+) -> None:
+    text = (
+        WRITERS[format_name]([("big", {"q": "a" * 400})]) + " then " + WRITERS[format_name]([("small", {})])
+    )
+    parser = make_parser(format_name, max_call_chars=200)
+    size = SPLITS[split]
+    chunks = [text] if not size else [text[i : i + size] for i in range(0, len(text), size)]
+    pieces: list[Piece] = [piece for chunk in chunks for piece in parser.feed(chunk)] + parser.finish()
+    assert_no_markup(format_name, pieces)
+    assert [name for name, _ in calls(pieces)] == ["small"]
+    assert "a" * 400 in visible(pieces)  # given back, not dropped

@@ -5,7 +5,7 @@ A parser turns the model's raw text, fed in arbitrary pieces, into visible text 
 calls. Markup is never emitted as text: a possible start tag at the end of the input is held
 back until it is decided, and a call is emitted once, complete, when its end tag arrives.
 Work is linear in the input (each character is scanned a bounded number of times) and a call
-body is bounded; an over-long call is given back as text so nothing is dropped.
+body is bounded; an over-long call is given back as its text, without its markup, so nothing is dropped.
 
 Hostile output (issue 39): an end tag inside an argument (`</tool_call>` in a JSON string, a
 quote or `<arg_value>` left open) does not end the call when its body is not a whole call there:
@@ -222,6 +222,8 @@ class MarkupToolCallParser:
         self._searched = 0
         self._first_end: int | None = None
         self._ends_tried = 0
+        # After an over-long call given back as text: its end tag, when it comes, is dropped.
+        self._skip_end_tag = False
         self._seen_call = False
         # Whitespace after a call, emitted only if real text follows.
         self._pending_space = ""
@@ -255,6 +257,7 @@ class MarkupToolCallParser:
             self._emit_text(self._buffer, pieces)
         self._buffer = ""
         self._inside = False
+        self._skip_end_tag = False
         self._pending_space = ""
         return pieces
 
@@ -272,6 +275,8 @@ class MarkupToolCallParser:
 
     def _scan_text(self, pieces: list[Piece]) -> bool:
         """Outside a call; True when a start tag was consumed (keep scanning)."""
+        if self._skip_end_tag:
+            return self._scan_over_long(pieces)
         index = self._buffer.find(self.start_tag)
         if index >= 0:
             self._emit_text(self._buffer[:index], pieces)
@@ -302,14 +307,17 @@ class MarkupToolCallParser:
             index = self._buffer.find(self.end_tag, index + 1)
         if index < 0:
             self._searched = len(self._buffer)
-            if len(self._buffer) > self._max_call_chars:
+            held = max(_held_prefix_length(self._buffer, marker) for marker in self._markers)
+            if len(self._buffer) - held > self._max_call_chars:
                 if self._first_end is not None:
                     self._end_at_first_end(pieces)
                     return True
-                # Too long to be a call we would accept: give it back as text, stop looking.
-                self._emit_text(self.start_tag + self._buffer, pieces)
-                self._buffer = ""
+                # Too long to be a call we would accept: its text (without the markup), no
+                # longer a call; the end tag that closes it is dropped when it comes.
+                MarkupToolCallParser._malformed(self, self._buffer[: len(self._buffer) - held], pieces)
+                self._buffer = self._buffer[len(self._buffer) - held :]
                 self._inside = False
+                self._skip_end_tag = bool(self.end_tag)
                 self._stream_ended()
                 return False
             self._stream(pieces)
@@ -317,6 +325,20 @@ class MarkupToolCallParser:
         body = self._buffer[:index]
         self._buffer = self._buffer[index + len(self.end_tag) :]
         self._end_call(body, pieces)
+        return True
+
+    def _scan_over_long(self, pieces: list[Piece]) -> bool:
+        """The rest of an over-long call, as text without its markup, up to its end tag."""
+        index = self._buffer.find(self.end_tag)
+        # Up to its end tag, or (not there yet) short of what may be the start of any marker.
+        held = max(_held_prefix_length(self._buffer, marker) for marker in self._markers)
+        end = index if index >= 0 else len(self._buffer) - held
+        MarkupToolCallParser._malformed(self, self._buffer[:end], pieces)
+        if index < 0:
+            self._buffer = self._buffer[end:]
+            return False
+        self._buffer = self._buffer[index + len(self.end_tag) :]
+        self._skip_end_tag = False
         return True
 
     def _whole_call(self, body: str) -> bool:
@@ -358,7 +380,10 @@ class MarkupToolCallParser:
 
     def _end_call(self, body: str, pieces: list[Piece]) -> None:
         self._inside = False
-        calls = self._parse_body(body.strip()) if len(body) <= self._max_call_chars else None
+        if len(body) > self._max_call_chars:
+            MarkupToolCallParser._malformed(self, body, pieces)  # over-long: never a call
+            return
+        calls = self._parse_body(body.strip())
         if calls is None:
             self._malformed(body, pieces)
             return
