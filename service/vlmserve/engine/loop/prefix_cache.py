@@ -25,15 +25,18 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from vlmserve.engine.kv.layout import KVLayout
+from vlmserve.engine.kv.layout import KVLayout, KVPart, PromptCache
 from vlmserve.engine.kv.sizing import kv_nbytes
 from vlmserve.engine.kv.snapshots import restore, snapshot, snapshot_nbytes
 from vlmserve.engine.kv.views import is_plain, layer_arrays, views
 from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 __all__ = ["PrefixCache", "PromptImages", "prompt_images", "shared_prefix_length"]
 
@@ -52,13 +55,13 @@ class _Entry:
     partition: str
     token_ids: np.ndarray
     images: PromptImages
-    layers: list[tuple[Any, Any]]  # per layer (keys, values), exactly len(token_ids) long
+    layers: list[tuple[KVPart, KVPart]]  # per layer (keys, values), exactly len(token_ids) long
     nbytes: int
     from_disk: bool = False  # loaded from the disk tier and not yet taken (counts a disk hit)
     on_disk: bool = False  # the disk tier has it already: evicting it writes nothing
     # Sliding-window / chunked layers (kv/snapshots.py `snapshot`): the whole cache's exact state, which
     # only a prompt that extends *all* of `token_ids` can continue from. Memory only.
-    state: list[Any] | None = None
+    state: PromptCache | None = None
 
     @property
     def exact(self) -> bool:
@@ -115,7 +118,7 @@ class PrefixCache:
         return len(self._entries)
 
     def store(
-        self, partition: str, token_ids: Sequence[int], spans: Sequence[_Span], cache: list[Any]
+        self, partition: str, token_ids: Sequence[int], spans: Sequence[_Span], cache: PromptCache
     ) -> None:
         """Keep `cache` (one row per layer, holding exactly `token_ids`) for `partition`."""
         if not self.enabled or len(token_ids) < self.min_tokens or not cache:
@@ -157,7 +160,7 @@ class PrefixCache:
 
     def take(
         self, partition: str, prompt_ids: Sequence[int], spans: Sequence[_Span]
-    ) -> tuple[list[Any], int] | None:
+    ) -> tuple[PromptCache, int] | None:
         """(a KV cache holding the first n prompt tokens, n) for the longest same-partition match."""
         if not self.enabled or not (self._entries or (self.disk is not None and self.disk.enabled)):
             return None
@@ -262,7 +265,7 @@ def _shared_length(entry: _Entry, ids: np.ndarray, images: PromptImages) -> int:
     return shared_prefix_length(entry.token_ids, entry.images, ids, images)
 
 
-def _to_numpy(array: Any) -> tuple[np.ndarray, str]:
+def _to_numpy(array: mx.array) -> tuple[np.ndarray, str]:
     """An MLX array's data as numpy (bfloat16, which numpy lacks, as its uint16 bit pattern)."""
     import mlx.core as mx
 
@@ -271,7 +274,7 @@ def _to_numpy(array: Any) -> tuple[np.ndarray, str]:
     return np.asarray(array), ""
 
 
-def _from_numpy(parts: tuple[np.ndarray, ...], dtypes: dict[str, str], kind: str) -> Any:
+def _from_numpy(parts: tuple[np.ndarray, ...], dtypes: dict[str, str], kind: str) -> KVPart:
     """Keys or values back in MLX: one array, or a quantized tuple (data, scales, biases)."""
     import mlx.core as mx
 
