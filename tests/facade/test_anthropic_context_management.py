@@ -4,13 +4,14 @@ was sent. A replayed `compaction` block is accepted and covers what came before 
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import httpx
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import parse_sse
+from tests.facade.helpers import parse_sse, png_bytes
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 CLEAR = {
@@ -186,3 +187,38 @@ async def test_a_failed_compaction_block_is_a_no_op(http: httpx.AsyncClient, eng
     assert reply.status_code == 200, reply.text
     texts = [p.text.text for m in engine.requests[0].messages for p in m.parts if p.HasField("text")]
     assert texts == ["Earlier.", "ok", "Now."]
+
+
+async def test_clearing_brings_a_request_past_the_image_limit_back(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """20 screenshots are more than a request may hold (16): past every trigger, so the old ones
+    are cleared first, and the request is answered."""
+    png = base64.b64encode(png_bytes()).decode()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Watch the screen."}]
+    for n in range(20):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"s{n}", "name": "Read", "input": {}}],
+            }
+        )
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"s{n}", "content": [image]}]}
+        )
+    high = {
+        **CLEAR,
+        "trigger": {"type": "input_tokens", "value": 100_000},
+        "keep": {"type": "tool_uses", "value": 3},
+    }
+    request = {"model": "default", "max_tokens": 8, "tools": TOOLS, "messages": messages}
+    refused = await http.post("/v1/messages", json=request)
+    assert refused.status_code == 400
+    reply = await http.post("/v1/messages", json={**request, "context_management": {"edits": [high]}})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["context_management"]["applied_edits"][0]["cleared_tool_uses"] == 17
+    images = [
+        p for m in engine.requests[0].messages for p in m.tool_output.parts.parts if p.HasField("image")
+    ]
+    assert len(images) == 3

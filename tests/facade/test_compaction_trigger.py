@@ -66,6 +66,8 @@ async def test_the_answer_is_one_sealed_compaction_item(http: httpx.AsyncClient,
     # The model was asked for a summary of the conversation before the trigger, tools off.
     (sent,) = engine.requests
     assert texts(sent.messages[-1]) == [SUMMARY_INSTRUCTION]
+    # The summary's budget: a sixteenth of the (fake) model's 4096-token context.
+    assert sent.sampling.max_tokens == 256
     assert sent.tool_choice.WhichOneof("choice") is not None or not sent.tools
     # Not stored: the item is the state.
     assert (await http.get(f"/v1/responses/{resource['id']}")).status_code == 404

@@ -8,6 +8,7 @@ stream events come back as a `Message` or Anthropic's stream events (`anthropic_
 """
 
 from ._context_edits import (
+    ClearToolUses,
     EditedBody,
     apply_edits,
     compact_edit,
@@ -35,6 +36,7 @@ from ._to_responses import TOOL_ERROR_PREFIX, MessagesRequest, messages_request
 __all__ = [
     "OVERLOADED_STATUS",
     "TOOL_ERROR_PREFIX",
+    "ClearToolUses",
     "ContentBlock",
     "CountTokensBody",
     "EditedBody",

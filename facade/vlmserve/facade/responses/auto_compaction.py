@@ -19,11 +19,7 @@ from typing import Any
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
-from vlmserve.facade.responses.compaction_turn import (
-    SUMMARY_MAX_OUTPUT_TOKENS,
-    CompactionEvents,
-    latest_images,
-)
+from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, summary_budget
 from vlmserve.facade.responses.delivery import collect, finisher
 from vlmserve.facade.responses.preparation import ResponsesService, Translation
 from vlmserve.facade.responses.running import Generation
@@ -217,8 +213,9 @@ async def summarise(
     # A summary is a small part of the context it frees (mlx-vlm's bound): on a small model the
     # summary would otherwise take what it was to free, and the answer would not fit.
     context = (await service.models.resolve(create.body.model)).info.context_length
-    budget = min(SUMMARY_MAX_OUTPUT_TOKENS, max(64, context // 16)) if context else SUMMARY_MAX_OUTPUT_TOKENS
-    summary = summarising_body(create.body, max_output_tokens=budget, instructions=instructions)
+    summary = summarising_body(
+        create.body, max_output_tokens=summary_budget(context), instructions=instructions
+    )
     summary = summary.model_copy(update={"stream": False, "background": False, "truncation": "auto"})
     generation = await service.prepare(CreateRequest(summary, extras=create.extras), owner=owner)
     try:

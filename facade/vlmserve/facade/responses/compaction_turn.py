@@ -34,10 +34,18 @@ SUMMARY_MAX_OUTPUT_TOKENS = 1024
 _TERMINAL = ("response.completed", "response.incomplete")
 
 
-def trigger_request(create: CreateRequest) -> CreateRequest | None:
+def summary_budget(context_length: int | None) -> int:
+    """A summary's output tokens: a sixteenth of the context, 64 to SUMMARY_MAX_OUTPUT_TOKENS
+    (mlx-vlm's bound): on a small model a longer summary would take the room it was to free."""
+    if not context_length:
+        return SUMMARY_MAX_OUTPUT_TOKENS
+    return min(SUMMARY_MAX_OUTPUT_TOKENS, max(64, context_length // 16))
+
+
+def trigger_request(create: CreateRequest, *, context_length: int | None = None) -> CreateRequest | None:
     """The summarising request a `compaction_trigger` (the last input item) asks for; None when
-    the input does not end with one."""
-    summary = summary_body(create.body, max_output_tokens=SUMMARY_MAX_OUTPUT_TOKENS)
+    the input does not end with one. `context_length`: the model's, which bounds the summary."""
+    summary = summary_body(create.body, max_output_tokens=summary_budget(context_length))
     return None if summary is None else CreateRequest(summary, extras=create.extras)
 
 

@@ -163,6 +163,12 @@ class ResponsesService:
 
         return await self.run_translation(parse)
 
+    async def context_length(self, create: CreateRequest) -> int | None:
+        """The context of the model a request names (None: unknown); its info is cached."""
+        if create.body.model is None:
+            return None
+        return (await self.models.resolve(create.body.model)).info.context_length or None
+
     async def translate(
         self,
         create: CreateRequest,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from vlmserve.anthropic import (
+    ClearToolUses,
     EventWriter,
     MessagesRequest,
     anthropic_message,
@@ -31,7 +33,7 @@ from vlmserve.anthropic import (
 )
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.body_budget import BodyHold
-from vlmserve.facade.http.errors import fields_renamed
+from vlmserve.facade.http.errors import APIError, fields_renamed
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses.auto_compaction import summarise
 from vlmserve.facade.responses.compaction_turn import summary_text
@@ -143,8 +145,18 @@ async def _edited(body: Any, state: FacadeState, owner: str) -> _Edited:
     applied = edited.applied
     counted = [edit for edit in edits if needs_count([edit])]
     if counted:
-        with fields_renamed(translated.anthropic_param):
-            tokens = await state.responses.count_tokens(translated.request, owner=owner)
+        try:
+            with fields_renamed(translated.anthropic_param):
+                tokens = await state.responses.count_tokens(translated.request, owner=owner)
+        except APIError as refused:
+            # Past this server's limits (more images than a request may hold, longer than the
+            # context): past every trigger too. Cleared, it may fit; if not, this is the answer.
+            tokens = sys.maxsize
+            cleared = apply_edits(
+                edited.body, [edit for edit in counted if isinstance(edit, ClearToolUses)], tokens
+            )
+            if not cleared.applied:
+                raise refused from None
         compact = compact_edit(counted)
         if compact is not None and tokens >= compact.trigger:
             with fields_renamed(translated.anthropic_param):

@@ -62,7 +62,7 @@ async def create_response(request: Request, state: State) -> Response:
         del body
         # A `compaction_trigger` as the last item: the turn summarises (compaction_turn.py);
         # else `context_management` may compact first (auto_compaction.py).
-        summary = trigger_request(create)
+        summary = trigger_request(create, context_length=await state.responses.context_length(create))
         # `prompt_cache_options.prewarm`: prefill only (prewarm.py).
         prewarm = prewarm_request(create) if summary is None else None
         compacted = None

@@ -193,7 +193,7 @@ async def _respond(
         message = parse_message(received.text, limits=state.settings.limits)
         del received
         create = await state.responses.parse(create_body(message), owner=owner)
-        summary = trigger_request(create)
+        summary = trigger_request(create, context_length=await state.responses.context_length(create))
         compacted = None
         if summary is None:
             create, compacted = await compact_if_needed(state.responses, create, owner=owner)
