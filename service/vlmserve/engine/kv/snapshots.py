@@ -4,14 +4,30 @@ for the prefix cache to keep where no prefix of a cache is a shorter prompt's ca
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vlmserve.engine.kv.layout import CacheLayer, PromptCache
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
-__all__ = ["restore", "snapshot", "snapshot_nbytes"]
+__all__ = [
+    "RecurrentState",
+    "has_recurrent_layers",
+    "is_recurrent",
+    "recurrent_nbytes",
+    "recurrent_state",
+    "restore",
+    "snapshot",
+    "snapshot_nbytes",
+    "with_recurrent_state",
+]
+
+# A cache's recurrent layers' state at one position (Gated DeltaNet / Mamba `ArraysCache`: a
+# conv window and a state matrix per layer, of a size that does not grow with the tokens), per
+# layer: that layer's class and arrays, or None for a layer that is not recurrent (attention: its
+# keys and values are cut to the same position instead). Arrays are one row, evaluated, owned.
+RecurrentState = list["tuple[type[Any], tuple[mx.array | None, ...]] | None"]
 
 
 def snapshot(cache: Sequence[CacheLayer]) -> PromptCache | None:
@@ -69,4 +85,62 @@ def _arrays_of(layer: CacheLayer) -> list[mx.array]:
             out.append(value)
         elif isinstance(value, tuple):
             out += [v for v in value if isinstance(v, mx.array)]
+    return out
+
+
+def is_recurrent(layer: CacheLayer) -> bool:
+    from mlx_vlm.models.cache import ArraysCache
+
+    return isinstance(layer, ArraysCache)
+
+
+def has_recurrent_layers(cache: Sequence[CacheLayer]) -> bool:
+    return any(is_recurrent(layer) for layer in cache)
+
+
+def recurrent_state(cache: Sequence[CacheLayer], row: int | None = None) -> RecurrentState | None:
+    """The recurrent layers' state now (of batch row `row`, or of a one-row cache), as own
+    evaluated copies: a later update replaces a layer's arrays (never writes into these), and a
+    copy keeps no batch buffer alive. None when the cache has no recurrent layer."""
+    import mlx.core as mx
+
+    if not has_recurrent_layers(cache):
+        return None
+    state: RecurrentState = []
+    arrays: list[mx.array] = []
+    for layer in cache:
+        if not is_recurrent(layer):
+            state.append(None)
+            continue
+        parts = []
+        for array in layer.cache:
+            if array is not None:
+                array = mx.contiguous(array if row is None else array[row : row + 1])
+                arrays.append(array)
+            parts.append(array)
+        state.append((type(layer), tuple(parts)))
+    mx.eval(arrays)
+    return state
+
+
+def recurrent_nbytes(state: RecurrentState) -> int:
+    return sum(int(a.nbytes) for layer in state if layer is not None for a in layer[1] if a is not None)
+
+
+def with_recurrent_state(cache: PromptCache, state: RecurrentState) -> PromptCache:
+    """`cache` (attention layers already cut to the state's position) with its recurrent layers
+    set to `state`: fresh layers over new array objects, so nothing the restored cache does reaches
+    the kept state."""
+    import mlx.core as mx
+
+    out: PromptCache = []
+    for layer, kept in zip(cache, state, strict=True):
+        if kept is None:
+            out.append(layer)
+            continue
+        kind: Any = kept[0]
+        parts = kept[1]
+        restored = kind.__new__(kind)  # ArraysCache's __new__ sets its bookkeeping; no size needed
+        restored.cache = [None if a is None else mx.array(a) for a in parts]
+        out.append(restored)
     return out

@@ -117,7 +117,7 @@ def own_copy(cache: PromptCache, tokens: int) -> None:
     for layer in cache:
         pair = layer_arrays(layer, tokens)
         if pair is None:
-            return  # not a plain KV layer: the prefix cache refuses it anyway
+            continue  # not a plain KV layer: copied whole (kv/snapshots.py), or refused
         copied = [map_parts(part, mx.contiguous) for part in pair]
         layer.keys, layer.values = copied
         if hasattr(layer, "_cached_state"):  # turboquant caches its sliced state by offset

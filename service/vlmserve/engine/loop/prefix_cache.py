@@ -17,6 +17,15 @@ restart, or another engine process of the same model sharing the folder, loses n
 Taking an entry shares its arrays (MLX arrays are immutable; the taker's cache grows into new
 buffers), so several requests can start from one entry at once.
 
+Hybrid models (Qwen3.5/3.6: Gated DeltaNet layers beside full attention) keep a recurrent state
+per layer that no prefix can be cut from. Their entries keep the attention layers' KV like any
+other entry, plus the recurrent state at a few boundaries an agent's next turn shares
+(`checkpoints`): the end of the prompt and the end of the generated turn (the next turn resends
+the conversation so far; where the template renders the model's answer differently, the prompt's
+end still matches), and those of the entries a new one extends (at most `MAX_CHECKPOINTS`, the
+latest). A prompt takes the longest boundary its shared prefix reaches, the attention layers cut
+to the same position: exactly the state a fresh prefill reaches there.
+
 Generation thread only.
 """
 
@@ -25,20 +34,33 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
 from vlmserve.engine.kv.layout import KVLayout, KVPart, PromptCache
 from vlmserve.engine.kv.sizing import kv_nbytes
-from vlmserve.engine.kv.snapshots import restore, snapshot, snapshot_nbytes
+from vlmserve.engine.kv.snapshots import (
+    RecurrentState,
+    has_recurrent_layers,
+    is_recurrent,
+    recurrent_nbytes,
+    restore,
+    snapshot,
+    snapshot_nbytes,
+    with_recurrent_state,
+)
 from vlmserve.engine.kv.views import is_plain, layer_arrays, views
 from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
-__all__ = ["PrefixCache", "PromptImages", "prompt_images", "shared_prefix_length"]
+__all__ = ["MAX_CHECKPOINTS", "PrefixCache", "PromptImages", "prompt_images", "shared_prefix_length"]
+
+# Recurrent-state boundaries kept per hybrid entry (each one is every recurrent layer's state:
+# a fixed size, ~2 MiB a layer on a real Qwen3.6, see docs/performance.md).
+MAX_CHECKPOINTS = 4
 
 
 class _Span(Protocol):
@@ -55,17 +77,31 @@ class _Entry:
     partition: str
     token_ids: np.ndarray
     images: PromptImages
-    layers: list[tuple[KVPart, KVPart]]  # per layer (keys, values), exactly len(token_ids) long
+    # per layer (keys, values), exactly len(token_ids) long (None: a recurrent layer, `checkpoints`)
+    layers: Sequence[tuple[KVPart, KVPart] | None]
     nbytes: int
     from_disk: bool = False  # loaded from the disk tier and not yet taken (counts a disk hit)
     on_disk: bool = False  # the disk tier has it already: evicting it writes nothing
     # Sliding-window / chunked layers (kv/snapshots.py `snapshot`): the whole cache's exact state, which
     # only a prompt that extends *all* of `token_ids` can continue from. Memory only.
     state: PromptCache | None = None
+    # Hybrid (recurrent + attention) layers: the recurrent layers' state at these positions, the
+    # only places the entry can be cut. Memory only.
+    checkpoints: dict[int, RecurrentState] | None = None
 
     @property
     def exact(self) -> bool:
         return self.state is not None
+
+    def usable(self, shared: int, prompt_tokens: int) -> int:
+        """How many of a prompt's first tokens this entry serves when they share `shared` with it
+        (one prompt token must still run, for the first new token's logits)."""
+        if self.exact:
+            return shared if shared == self.token_ids.size < prompt_tokens else 0
+        reach = min(shared, prompt_tokens - 1)
+        if self.checkpoints is not None:
+            return max((at for at in self.checkpoints if at <= reach), default=0)
+        return reach
 
 
 PromptImages = dict[int, tuple[int, str]]  # start -> (length, content hash)
@@ -118,15 +154,26 @@ class PrefixCache:
         return len(self._entries)
 
     def store(
-        self, partition: str, token_ids: Sequence[int], spans: Sequence[_Span], cache: PromptCache
+        self,
+        partition: str,
+        token_ids: Sequence[int],
+        spans: Sequence[_Span],
+        cache: PromptCache,
+        *,
+        checkpoints: dict[int, RecurrentState] | None = None,
     ) -> None:
-        """Keep `cache` (one row per layer, holding exactly `token_ids`) for `partition`."""
+        """Keep `cache` (one row per layer, holding exactly `token_ids`) for `partition`. A hybrid
+        cache's recurrent layers are kept as `checkpoints` (position -> state; the cache's own
+        state at the end is one when it holds exactly `token_ids`)."""
         if not self.enabled or len(token_ids) < self.min_tokens or not cache:
             return
         n = len(token_ids)
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if has_recurrent_layers(cache):
+            self._store_hybrid(partition, ids, spans, cache, checkpoints or {})
+            return
         if any(getattr(layer, "offset", -1) != n for layer in cache):
             return  # not the per-layer KV layout this relies on
-        ids = np.asarray(token_ids, dtype=np.int64)
         if not all(is_plain(layer) for layer in cache):
             state = snapshot(cache)
             if state is not None and (nbytes := snapshot_nbytes(state)) <= self.max_bytes:
@@ -142,15 +189,46 @@ class PrefixCache:
             return
         self._keep(_Entry(partition, ids, prompt_images(spans), layers, nbytes))
 
+    def _store_hybrid(
+        self,
+        partition: str,
+        ids: np.ndarray,
+        spans: Sequence[_Span],
+        cache: PromptCache,
+        checkpoints: dict[int, RecurrentState],
+    ) -> None:
+        n = ids.size
+        layers: list[tuple[KVPart, KVPart] | None] = []
+        for layer in cache:
+            if is_recurrent(layer):
+                layers.append(None)  # recurrent: only its checkpoints
+                continue
+            if getattr(layer, "offset", -1) < n or (pair := layer_arrays(layer, n)) is None:
+                return  # an attention layer other than plain KV (sliding window), or short
+            layers.append(pair)
+        kept = {at: state for at, state in checkpoints.items() if self.min_tokens <= at <= n}
+        if not kept:
+            return
+        entry = _Entry(partition, ids, prompt_images(spans), layers, 0, on_disk=True, checkpoints=kept)
+        entry.nbytes = _entry_nbytes(entry)
+        if entry.nbytes <= self.max_bytes:
+            self._keep(entry)
+
     def _keep(self, entry: _Entry) -> None:
         # An entry this one extends is redundant now (an exact one still serves prompts that
-        # leave the newer one's path after its end).
+        # leave the newer one's path after its end); a hybrid one's boundaries move to the new one.
         for key, old in list(self._entries.items()):
             if (
                 old.partition == entry.partition
                 and not old.exact
                 and _shared_length(old, entry.token_ids, entry.images) == old.token_ids.size
             ):
+                if entry.checkpoints is not None and old.checkpoints is not None:
+                    merged = {**old.checkpoints, **entry.checkpoints}
+                    entry.checkpoints = {at: merged[at] for at in sorted(merged)[-MAX_CHECKPOINTS:]}
+                    entry.nbytes = _entry_nbytes(entry)
+                elif (entry.checkpoints is None) != (old.checkpoints is None):
+                    continue
                 self._drop(key)
         self._entries[self._next_key] = entry
         self._next_key += 1
@@ -170,11 +248,9 @@ class PrefixCache:
         for key, entry in self._entries.items():
             if entry.partition != partition:
                 continue
-            shared = _shared_length(entry, ids, images)
-            if entry.exact and not shared == entry.token_ids.size < ids.size:
-                continue  # an exact state serves only a prompt that extends all of it
-            if shared > best:
-                best_key, best = key, shared
+            usable = entry.usable(_shared_length(entry, ids, images), ids.size)
+            if usable > best:
+                best_key, best = key, usable
         if (loaded := self._take_from_disk(partition, ids, images, best)) is not None:
             best_key, best = loaded
         # At least one prompt token must still run, to get logits for the first new token.
@@ -187,7 +263,10 @@ class PrefixCache:
         entry.from_disk = False
         if entry.state is not None:
             return restore(entry.state), best
-        return views(entry.layers, best, self.layout), best
+        if entry.checkpoints is not None:
+            cut = [None if pair is None else views([pair], best, self.layout)[0] for pair in entry.layers]
+            return with_recurrent_state(cut, entry.checkpoints[best]), best
+        return views(cast(Sequence[tuple[KVPart, KVPart]], entry.layers), best, self.layout), best
 
     def _take_from_disk(
         self, partition: str, ids: np.ndarray, images: PromptImages, in_memory: int
@@ -225,7 +304,9 @@ class PrefixCache:
             return
         arrays: list[LayerArrays] = []
         dtypes: dict[str, str] = {}
-        for keys, values in entry.layers:
+        for layer in entry.layers:
+            assert layer is not None, "hybrid entries stay in memory"
+            keys, values = layer
             pair = []
             for kind, part in (("k", keys), ("v", values)):
                 numpy_parts = []
@@ -259,6 +340,13 @@ class PrefixCache:
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0
+
+
+def _entry_nbytes(entry: _Entry) -> int:
+    attention = sum(
+        kv_nbytes(k) + kv_nbytes(v) for pair in entry.layers if pair is not None for k, v in [pair]
+    )
+    return attention + sum(recurrent_nbytes(state) for state in (entry.checkpoints or {}).values())
 
 
 def _shared_length(entry: _Entry, ids: np.ndarray, images: PromptImages) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 from vlmserve.engine.jobs import JobKind
 from vlmserve.engine.kv.layout import new_prompt_cache
+from vlmserve.engine.kv.snapshots import recurrent_state
 from vlmserve.engine.kv.views import views
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.batch_row import BatchRow
@@ -80,6 +81,10 @@ class PromptBatch:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def _keeps_prefixes(self) -> bool:
+        return self._prefix_cache is not None and self._prefix_cache.enabled
 
     def add(self, row: ActiveGeneration) -> None:
         if self.hidden_reader is not None:
@@ -225,6 +230,9 @@ class PromptBatch:
             mx.eval([c.state for c in row.cache], row.prompt_hidden or [])
             return
         # The last chunk: its first token, drawn (scored when asked) by the row's own draw.
+        if self._keeps_prefixes:
+            state = recurrent_state(row.cache)
+            row.prompt_state = (end, state) if state is not None else None
         draw = row.draw
         assert draw is not None
         token = draw.sample(logits[:, -1, :]).reshape(-1)
@@ -278,6 +286,10 @@ class PromptBatch:
             for row in group:
                 row.fail(internal_error())  # the text and traceback are in the log
             return PromptGroup(group, [], [], None, [])
+        if self._keeps_prefixes:
+            for index, row in enumerate(group):
+                state = recurrent_state(ran.caches, index)
+                row.prompt_state = (row.prompt_tokens, state) if state is not None else None
         entries, firsts = [], []
         for row, draw, value in zip(group, draws, values, strict=True):
             draw.took([value])

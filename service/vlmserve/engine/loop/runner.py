@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.engine.jobs import Job
+from vlmserve.engine.kv.snapshots import recurrent_state
 from vlmserve.engine.kv.views import own_copy
 from vlmserve.engine.loop.batch import DecodeBatch, RowTokens
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase, guarded
@@ -276,9 +277,18 @@ class StepRunner:
         # last when it left before.
         # After a verify step it may also hold accepted drafts past the token the row stopped at
         # (EOS, a stop sequence): those positions are cut, and the offsets say so.
-        covered = [*inputs.token_ids, *generation.generated][: getattr(cache[0], "offset", 0)]
+        offsets = [layer.offset for layer in cache if isinstance(getattr(layer, "offset", None), int)]
+        covered = [*inputs.token_ids, *generation.generated][: offsets[0] if offsets else 0]
+        # A hybrid model's recurrent layers: their state at the prompt's end, and at the end of
+        # the turn when it is exactly `covered` (not past it, as after accepted drafts).
+        checkpoints = dict([generation.prompt_state]) if generation.prompt_state is not None else {}
+        if all(offset == len(covered) for offset in offsets) and (end := recurrent_state(cache)) is not None:
+            checkpoints[len(covered)] = end
+        generation.prompt_state = None
         own_copy(cache, len(covered))
         for layer in cache:
             if isinstance(getattr(layer, "offset", None), int) and layer.offset > len(covered):
                 layer.offset = len(covered)
-        self._prefix_cache.store(generation.partition_key, covered, inputs.image_spans, cache)
+        self._prefix_cache.store(
+            generation.partition_key, covered, inputs.image_spans, cache, checkpoints=checkpoints
+        )
