@@ -8,8 +8,9 @@ steady turn (the compacted prefix is warm).
   `context_management: [{"type": "compaction", "compact_threshold": T}]`; when a `compaction`
   item comes back, the client drops what came before it (as Codex and OpenAI's docs do).
 - Claude-Code-shaped: `POST /v1/messages`, streamed, a `tool_use` / image `tool_result` pair per
-  turn, `context_management.edits` clear_tool_uses (trigger at half the context, keep 3) and
-  clear_thinking.
+  turn, `context_management.edits` clear_tool_uses (trigger at half the context, keep 3),
+  clear_thinking and compact_20260112 (trigger at three quarters); a `compaction` block goes
+  back into the history.
 
 TTFT: seconds from sending the request to the first text delta (or the first output item).
 Reported: turns, statuses, compactions, TTFT of steady turns (median) and of each turn right
@@ -134,7 +135,9 @@ def codex_session(http: httpx.Client, turns: int, threshold: int, image_size: in
     return _report(statuses, ttfts, compacted_at)
 
 
-def claude_session(http: httpx.Client, turns: int, trigger: int, image_size: int) -> dict[str, Any]:
+def claude_session(
+    http: httpx.Client, turns: int, trigger: int, compact_at: int, image_size: int
+) -> dict[str, Any]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Open the settings and turn on dark mode."}]
     edits = [
         {"type": "clear_thinking_20251015", "keep": "all"},
@@ -143,10 +146,12 @@ def claude_session(http: httpx.Client, turns: int, trigger: int, image_size: int
             "trigger": {"type": "input_tokens", "value": trigger},
             "keep": {"type": "tool_uses", "value": 3},
         },
+        {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": compact_at}},
     ]
     statuses: dict[int, int] = {}
     ttfts: list[float | None] = []
     applied: list[dict[str, Any]] = []
+    compacted_at: list[int] = []
     for turn in range(turns):
         tool_id = f"toolu_{turn}"
         png = base64.b64encode(screenshot(turn, image_size)).decode()
@@ -188,7 +193,15 @@ def claude_session(http: httpx.Client, turns: int, trigger: int, image_size: int
             continue
         delta = next((e for e in events if e.get("type") == "message_delta"), {})
         applied += (delta.get("context_management") or {}).get("applied_edits", [])
-    report = _report(statuses, ttfts, [])
+        starts = [e["content_block"] for e in events if e.get("type") == "content_block_start"]
+        if starts and starts[0].get("type") == "compaction":
+            compacted_at.append(turn)
+            summary = next(e["delta"]["content"] for e in events if e.get("type") == "content_block_delta")
+            # As Claude Code: the compaction block goes back in the history (the server drops
+            # what came before it).
+            messages.append({"role": "assistant", "content": [{"type": "compaction", "content": summary}]})
+            messages.append({"role": "user", "content": "Continue."})
+    report = _report(statuses, ttfts, compacted_at)
     cleared = [edit for edit in applied if edit["type"] == "clear_tool_uses_20250919"]
     report["clear_tool_uses_applied"] = len(cleared)
     report["tokens_saved_per_edit"] = (
@@ -215,6 +228,9 @@ def _report(statuses: dict[int, int], ttfts: list[float | None], compacted_at: l
         "ttft_after_compaction_over_steady": round(statistics.mean(after_ttfts) / median, 3)  # type: ignore[arg-type]
         if after_ttfts and median
         else None,
+        "ttft_after_compaction_median_over_steady": round(statistics.median(after_ttfts) / median, 3)  # type: ignore[arg-type]
+        if after_ttfts and median
+        else None,
     }
 
 
@@ -239,7 +255,9 @@ def main() -> None:
                 "context": args.context,
                 "image_size": args.image_size,
                 "codex_shaped": codex_session(http, args.turns, int(args.context * 0.6), args.image_size),
-                "claude_code_shaped": claude_session(http, args.turns, args.context // 2, args.image_size),
+                "claude_code_shaped": claude_session(
+                    http, args.turns, args.context // 2, int(args.context * 0.75), args.image_size
+                ),
             }
     finally:
         if facade is not None:
