@@ -21,6 +21,7 @@ Families (directory name: what it stands for):
   qwen3_vl_thinking  Qwen3-VL-*-Thinking (as qwen3_vl; the template opens <think>)
   qwen3_vl_moe       Qwen3-VL-30B-A3B (as qwen3_vl, mixture-of-experts MLPs; mlx-vlm can shard it)
   gemma3             Gemma 3 *-it (sliding-window layers, no system role, fixed image tokens)
+  gemma4             Gemma 4 26B-A4B-it (sliding + global layers, MoE, <|tool_call> calls)
   idefics3           SmolVLM-Instruct (image splitting into tiles + a global image)
   mistral3           Mistral Small 3.1 (Pixtral vision, [IMG_BREAK]/[IMG_END] rows, [TOOL_CALLS])
   llama4             Llama 4 Scout (MoE, chunked local attention + NoPE layers, image tiles)

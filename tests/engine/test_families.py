@@ -98,7 +98,7 @@ def test_prompt_starts_with_one_bos(family: FamilyEngine) -> None:
 # of them: test_prefix_cache_windowed.py). These prompts part inside it: prefilled afresh.
 # Qwen3.5's Gated DeltaNet layers keep a recurrent state (an ArraysCache) that cannot be cut back
 # to a shared prefix: no reuse until state snapshots at turn boundaries (issue 33, item 2).
-PREFIX_CACHE_UNSUPPORTED = frozenset({"gemma3", "llama4", "qwen3_5", "qwen3_5_moe"})
+PREFIX_CACHE_UNSUPPORTED = frozenset({"gemma3", "gemma4", "llama4", "qwen3_5", "qwen3_5_moe"})
 
 LONG_SYSTEM = pb.Message(
     role=pb.ROLE_SYSTEM,

@@ -37,6 +37,7 @@ WRITTEN_CALL = {
     "gemma3": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     "idefics3": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
     "llava": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
+    "gemma4": '<|tool_call>call:screenshot{window:<|"|>main<|"|>}<tool_call|>',
     "mistral3": '[TOOL_CALLS][{"name": "screenshot", "arguments": {"window": "main"}}]',
     "llama4": '<|python_start|>{"name": "screenshot", "parameters": {"window": "main"}}<|python_end|>',
 }
@@ -52,6 +53,7 @@ EXPECTED_FORMAT = {
     "gemma3": HERMES_FORMAT,
     "idefics3": HERMES_FORMAT,
     "llava": HERMES_FORMAT,
+    "gemma4": "gemma4",  # mlx-vlm's parser, chosen by its registry from the template
     "mistral3": "mistral",  # mlx-vlm's parser, chosen by its registry from the template
     "llama4": LLAMA_JSON_FORMAT,  # its template's JSON-with-`parameters` format (our parser)
 }

@@ -34,6 +34,7 @@ EXPECTED_TRAITS = {
     "qwen3_5": (True, True, True, True, False, True, False),
     "qwen3_5_moe": (True, True, True, True, False, True, False),
     "gemma3": (False, False, False, True, False, False, False),
+    "gemma4": (True, True, True, True, True, True, False),
     "idefics3": (False, False, False, True, True, True, False),
     # Its alternation check builds its list inside a for loop, where jinja's `set` does not
     # persist, so it never fires: consecutive turns render.
@@ -60,6 +61,13 @@ def test_probed_traits(name: str, tokenizers: dict[str, Any]) -> None:
         traits.accepts_consecutive_turns,
         traits.needs_string_content_with_tools,
     ) == EXPECTED_TRAITS[name]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_only_gemma4_prints_a_system_part_list(name: str, tokenizers: dict[str, Any]) -> None:
+    """Gemma 4's template trims the first system turn's content as a string (a list of parts
+    came out as its Python repr): the engine passes it a string."""
+    assert probe(tokenizers[name]).needs_string_system == (name == "gemma4")
 
 
 # -- the rewrites, on plain traits ---------------------------------------------------------------

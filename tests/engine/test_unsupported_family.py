@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from training.families import FAMILIES
 from vlmserve.common.images import ImageLimits
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.model import TESTED_FAMILIES, UnsupportedFamily, check_family, load_model
@@ -82,3 +83,9 @@ def test_the_engine_fails_its_start_with_the_reason(tmp_path: Path) -> None:
     error = asyncio.run(start())
     assert isinstance(error, UnsupportedFamily)
     assert "'blip_2'" in str(error) and "qwen3_5_moe" in str(error)
+
+
+def test_the_tested_families_are_the_fixture_families() -> None:
+    """The list the refusal names is the matrix's: every fixture family (and qwen2_vl, the
+    suite's own fixture models), nothing else."""
+    assert set(TESTED_FAMILIES) == {family.model_type for family in FAMILIES.values()} | {"qwen2_vl"}

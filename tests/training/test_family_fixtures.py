@@ -25,6 +25,7 @@ EXPECTED_CLASSES = {
     "qwen3_5": ("Qwen3VLProcessor", "Qwen3VLImageProcessor"),
     "qwen3_5_moe": ("Qwen3VLProcessor", "Qwen3VLImageProcessor"),
     "gemma3": ("Gemma3Processor", "Gemma3ImageProcessorPil"),
+    "gemma4": ("Gemma4Processor", "Gemma4ImageProcessor"),
     "idefics3": ("Idefics3Processor", "Idefics3ImageProcessorPil"),
     "mistral3": ("Mistral3Processor", "PixtralImageProcessor"),
     "llama4": ("Llama4Processor", "Llama4ImageProcessor"),
@@ -38,6 +39,7 @@ TEMPLATES = {
     "qwen3_5": templates.QWEN3_VL,
     "qwen3_5_moe": templates.QWEN3_VL,
     "gemma3": templates.GEMMA3,
+    "gemma4": templates.GEMMA4,
     "idefics3": templates.IDEFICS3,
     "mistral3": templates.MISTRAL3,
     "llama4": templates.LLAMA4,
@@ -87,6 +89,7 @@ def test_loads_with_the_family_classes_and_template(name: str, family_models: di
     eos_ids = set(tokenizer.stopping_criteria.eos_token_ids)
     end_of_turn = {
         "gemma3": "<end_of_turn>",
+        "gemma4": "<turn|>",
         "idefics3": "<end_of_utterance>",
         "mistral3": "</s>",
         "llama4": "<|eot|>",

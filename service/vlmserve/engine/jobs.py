@@ -38,12 +38,20 @@ __all__ = [
     "TextEvent",
     "ToolCallDeltaEvent",
     "ToolCallEvent",
+    "array_bytes",
 ]
 
 
 class JobKind(enum.Enum):
     GENERATE = "generate"
     COUNT_TOKENS = "count_tokens"
+
+
+def array_bytes(array: np.ndarray) -> int:
+    """Bytes an image array holds; an object array (differently shaped images) its items'."""
+    if array.dtype == object:
+        return sum(int(item.nbytes) for item in array)
+    return int(array.nbytes)
 
 
 @dataclass(frozen=True, slots=True)

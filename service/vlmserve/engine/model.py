@@ -109,6 +109,7 @@ def _check_no_checkpoint_code(model_dir: Path) -> None:
 # The families every per-family test runs on a fixture (docs/models.md, the matrix).
 TESTED_FAMILIES = (
     "gemma3",
+    "gemma4",
     "idefics3",
     "llama4",
     "llava",

@@ -7,7 +7,8 @@ not the first; Mistral's wants tool call ids of at least nine characters. Instea
 per family, each template is probed once with small conversations (`probe`), and `fit_messages`
 rewrites only what that template cannot take:
 
-- a first system turn becomes one text part (Gemma, Mistral and Llama 4 read only its first);
+- a first system turn becomes one text part (Gemma, Mistral and Llama 4 read only its first),
+  a string where the template prints it whole (Gemma 4);
 - tools a template does not render are described in the system turn as prompt text, in the
   format the registry names for that (`toolcalls/registry.py` `TEXT_TOOLS_FORMAT`, Hermes: Qwen2.5's
   ``# Tools`` block; the engine then parses ``<tool_call>`` output), and with them earlier tool
@@ -65,6 +66,9 @@ class TemplateTraits:
     # Llama 4's template, given tools, prints the first user turn's content with `|trim`, which
     # turns a list of parts into its Python repr; text-only content must then be a string.
     needs_string_content_with_tools: bool = False
+    # Gemma 4's template prints the first system turn's content with `|trim` too (a list of
+    # parts becomes its repr): it must be a string.
+    needs_string_system: bool = False
 
 
 def _text(value: str) -> list[dict[str, Any]]:
@@ -119,6 +123,9 @@ def _probe_uncached(template: Any) -> TemplateTraits:
             template, [user, {"role": "user", "content": _text(_PROBE_SECOND)}], _PROBE_SECOND
         ),
         needs_string_content_with_tools=_renders(template, [user], "'type': 'text'", tools=[tool]),
+        needs_string_system=_renders(
+            template, [{"role": "system", "content": _text(_PROBE_SYSTEM)}, user], "'type': 'text'"
+        ),
     )
 
 
@@ -207,6 +214,8 @@ def fit_messages(
         converted.append(message)
     for message in converted:
         message.pop("tool_result", None)
+    if traits.needs_string_system and converted and converted[0]["role"] == "system":
+        converted[0]["content"] = _joined_text(converted[0]["content"])
     if tools and traits.needs_string_content_with_tools:
         first = 1 if converted and converted[0]["role"] == "system" else 0
         if first < len(converted) and not _text_only(converted[first]["content"]):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from vlmserve.engine.jobs import Job, JobKind, PreparedRequest
+from vlmserve.engine.jobs import Job, JobKind, PreparedRequest, array_bytes
 from vlmserve.engine.loop.memory_budget import MemoryBudget
 from vlmserve.engine.loop.scheduler import fair_admission
 from vlmserve.engine.request_errors import RequestError
@@ -161,7 +161,7 @@ class Admission:
         if self.memory is None or request.kind is not JobKind.GENERATE:
             return 0
         image_bytes = sum(int(a.nbytes) for image in request.images for a in image.arrays.values())
-        image_bytes += sum(int(a.nbytes) for a in (request.joint_arrays or {}).values())
+        image_bytes += sum(array_bytes(a) for a in (request.joint_arrays or {}).values())
         try:
             return self.memory.check_fits(len(request.prompt_ids), request.settings.max_tokens, image_bytes)
         except RequestError:

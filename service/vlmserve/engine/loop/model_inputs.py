@@ -92,7 +92,11 @@ def build_model_inputs(
     model = loaded.model
     token_ids = request.prompt_ids
     input_ids = mx.array([token_ids])
-    extra: dict[str, Any] = {key: mx.array(value) for key, value in request.image_arrays().items()}
+    extra: dict[str, Any] = {
+        # An object array holds differently shaped images (prep/image_inputs.py): a list of them.
+        key: [mx.array(item) for item in value] if value.dtype == object else mx.array(value)
+        for key, value in request.image_arrays().items()
+    }
     pixel_values = extra.pop("pixel_values", None)
     hashes = [image.content_hash for image in request.images]
     covered = [span.length if span.start + span.length <= covered_tokens else 0 for span in spans]

@@ -161,11 +161,22 @@ class GenericProcessor:
             out["pixel_values"] = out.pop("images")
         ids = [int(t) for t in np.asarray(out["input_ids"]).reshape(-1)]
         arrays = {
-            key: np.asarray(value)
+            key: _request_array(value)
             for key, value in out.items()
             if key not in _TEXT_KEYS and value is not None and not isinstance(value, str)
         }
         return ids, arrays
+
+
+def _request_array(value: Any) -> np.ndarray:
+    """One processor output as an array; a list of differently shaped images (Gemma 4 keeps each
+    image's aspect ratio, and its vision tower takes such a list) as an object array of them."""
+    if isinstance(value, (list, tuple)) and len({np.shape(item) for item in value}) > 1:
+        ragged = np.empty(len(value), dtype=object)
+        for index, item in enumerate(value):
+            ragged[index] = np.asarray(item)
+        return ragged
+    return np.asarray(value)
 
 
 def _low_detail(image_processor: Any) -> Any:
