@@ -1,0 +1,68 @@
+"""A 5-turn agent loop as a computer-use client runs it, on a real engine: every turn the model's
+answer comes back as an assistant turn (its thinking, its text, a `screenshot` tool call) followed
+by the tool's output with a new screenshot, and the whole conversation is sent again. Each turn
+must reuse what the previous one computed (`cached_tokens`, as the client sees it in usage).
+
+On a hybrid model (Qwen3.5/3.6: Gated DeltaNet + attention) the recurrent state cannot be cut to
+any shared prefix, so reuse rests on the boundaries the prefix cache keeps (the end of each
+prompt and of each generated turn): the template renders the model's answer with a tool call it
+never generated, so the previous prompt's end is the boundary the next turn shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests._family_models import family_models  # noqa: F401  (fixture)
+from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
+
+from ._family_engine import SYSTEM, greedy, image, png, running_engine, text, user
+
+pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
+
+TURNS = 5
+TOOL = pb.Tool(
+    function=pb.FunctionTool(name="screenshot", description="Capture the screen.", parameters_json="{}")
+)
+
+
+def agent_loop(stub: pb_grpc.EngineServiceStub, turns: int) -> list[pb.GenerateResult]:
+    messages = [SYSTEM, user(text("Open the settings page and check the display options."))]
+    results = []
+    for turn in range(turns):
+        request = greedy(messages, max_tokens=16)
+        request.tools.append(TOOL)
+        result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result
+        results.append(result)
+        call_id = f"call_shot{turn:02d}"
+        messages += [
+            pb.Message(
+                role=pb.ROLE_ASSISTANT,
+                parts=[text(result.text)] if result.text else [],
+                reasoning_text=result.reasoning_text,
+                tool_calls=[pb.ToolCall(id=call_id, name="screenshot", arguments="{}")],
+            ),
+            pb.Message(
+                role=pb.ROLE_TOOL,
+                tool_output=pb.ToolOutput(
+                    call_id=call_id,
+                    parts=pb.PartList(parts=[text("captured"), image(png(64, 48, seed=turn))]),
+                ),
+            ),
+        ]
+    return results
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen3_vl"])
+def test_every_turn_reuses_the_previous_one(name: str, family_models: dict[str, Path]) -> None:  # noqa: F811
+    with running_engine(family_models[name]) as (_, stub):
+        results = agent_loop(stub, TURNS)
+    prompts = [r.usage.input_tokens for r in results]
+    cached = [r.usage.cached_tokens for r in results]
+    print(name, "prompt tokens", prompts, "cached", cached)
+    assert cached[0] == 0
+    for turn in range(1, TURNS):
+        # At least 80 % of the previous turn's prompt (issue 33's goal), never all of this one.
+        assert 0.8 * prompts[turn - 1] <= cached[turn] < prompts[turn]
