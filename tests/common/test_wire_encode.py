@@ -7,7 +7,7 @@ import pytest
 from google.protobuf.message import Message
 
 from vlmserve.common import wire_encode
-from vlmserve.common.wire_encode import HeldTexts, OutgoingRequest, encode
+from vlmserve.common.wire_encode import HeldMessages, HeldTexts, OutgoingRequest, encode
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -70,3 +70,19 @@ def test_an_outgoing_request_is_measured_encoded_and_handed_out_only_with_its_te
         outgoing.plain()
     plain = OutgoingRequest(expected)
     assert plain.plain() is expected and plain.encode() == expected.SerializeToString()
+
+
+def test_held_messages_are_measured_encoded_and_copied_only_with_their_texts() -> None:
+    held = HeldTexts(min_chars=10)
+    text = "non-ASCII é😀漢 " * 10
+    expected = generate_request(text).messages
+    messages = HeldMessages(generate_request(held.hold(text)).messages, held)
+    assert messages.holds_markers() and len(messages) == len(expected)
+    assert messages.wire_size() == sum(message.ByteSize() for message in expected)
+    assert list(messages.encode_each()) == [message.SerializeToString() for message in expected]
+    assert messages.owned() == list(expected)
+    with pytest.raises(ValueError, match="hold texts apart"):
+        messages.plain()
+    more = messages.plus([pb.Message(role=pb.ROLE_ASSISTANT)])
+    assert more.owned() == [*expected, pb.Message(role=pb.ROLE_ASSISTANT)]
+    assert HeldMessages(expected).plain() == list(expected)

@@ -183,7 +183,7 @@ def test_custom_calls_in_history_are_shown_as_function_calls() -> None:
     assert call.kind == pb.TOOL_KIND_FUNCTION
     assert json.loads(call.arguments) == {"input": "*** Begin Patch"}
     # What is stored for a later turn keeps the call's own kind.
-    assert translated.input_messages[1].tool_calls[0].kind == pb.TOOL_KIND_CUSTOM
+    assert translated.input_messages.plain()[1].tool_calls[0].kind == pb.TOOL_KIND_CUSTOM
 
 
 @pytest.mark.parametrize(
@@ -413,7 +413,7 @@ def test_request_messages_are_the_raw_conversation() -> None:
     items = [message("assistant", [input_image(RED_URL), input_text("x")]), message("user", "y")]
     translated = build_generate_request(body(input=items))
     assert list(translated.request.messages) == input_to_messages(items)
-    assert translated.input_messages == input_to_messages(items)
+    assert translated.input_messages.plain() == input_to_messages(items)
 
 
 @pytest.mark.parametrize("name", ["codex_request_known_model_turn1.json", "codex_request_turn2.json"])

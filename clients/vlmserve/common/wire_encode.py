@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import secrets
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -28,7 +28,7 @@ from google.protobuf.message import Message
 from vlmserve.common.wire_size import NO_TEXTS, ZIGZAG, utf8_length, wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["HOLD_MIN_CHARS", "HeldTexts", "OutgoingRequest", "encode"]
+__all__ = ["HOLD_MIN_CHARS", "HeldMessages", "HeldTexts", "OutgoingRequest", "encode"]
 
 _TYPE = FieldDescriptor
 # Texts shorter than this go into the message as they are: holding them saves nothing.
@@ -99,8 +99,7 @@ class OutgoingRequest:
 
     @property
     def held(self) -> HeldTexts | None:
-        """The texts held apart (None: none): also those of the input messages taken from this
-        request (`TranslatedRequest.input_messages`), stored with them."""
+        """The texts held apart (None: none)."""
         return self._held
 
     @property
@@ -159,6 +158,69 @@ class OutgoingRequest:
         if self._held:
             raise ValueError("this request holds texts apart: send it as it is (encode())")
         return self._message
+
+
+class HeldMessages:
+    """Contract messages that may hold markers of one request's held texts (its input, as stored
+    for a later turn): like `OutgoingRequest`, measured, encoded and copied only with them, and
+    handed out as they are only when they hold none (`plain()`)."""
+
+    __slots__ = ("_held", "_messages")
+
+    def __init__(self, messages: Sequence[pb.Message] = (), held: HeldTexts | None = None) -> None:
+        self._messages = list(messages)
+        self._held: Final = held
+
+    @property
+    def held(self) -> HeldTexts | None:
+        return self._held
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def plus(self, others: Sequence[pb.Message]) -> HeldMessages:
+        """These messages, then `others` (which hold no markers), with the same held texts."""
+        return HeldMessages([*self._messages, *others], self._held)
+
+    def holds_markers(self) -> bool:
+        return self._held is not None and any(self._held.holds_any(message) for message in self._messages)
+
+    def wire_size(self) -> int:
+        """Their serialized sizes, added up, held texts counted as themselves."""
+        held = self._held or NO_TEXTS
+        return sum(wire_size(message, held) for message in self._messages)
+
+    def encode_each(self, prepare: Callable[[pb.Message], pb.Message] | None = None) -> Iterator[bytes]:
+        """Each message's bytes (after `prepare`, which may return a copy to change: the store
+        takes images out), held texts written in place."""
+        held = self._held or NO_TEXTS
+        for message in self._messages:
+            yield encode(prepare(message) if prepare is not None else message, held)
+
+    def owned(self) -> list[pb.Message]:
+        """Copies holding their texts themselves, that keep nothing else alive (in upb a message
+        taken out of another holds its whole parent)."""
+        if self.holds_markers():
+            held = self._held or NO_TEXTS
+            return [pb.Message.FromString(encode(message, held)) for message in self._messages]
+        return [_copy(message) for message in self._messages]
+
+    def keep_whole(self) -> None:
+        """Copies in place of the messages (views into a request whose turns are about to be
+        edited), markers kept."""
+        self._messages = [_copy(message) for message in self._messages]
+
+    def plain(self) -> list[pb.Message]:
+        """The messages themselves, when they hold no markers (ValueError otherwise)."""
+        if self.holds_markers():
+            raise ValueError("these messages hold texts apart: encode or copy them with them")
+        return list(self._messages)
+
+
+def _copy(message: pb.Message) -> pb.Message:
+    copy = pb.Message()
+    copy.CopyFrom(message)
+    return copy
 
 
 def encode(message: Message, held: Mapping[str, str] = NO_TEXTS) -> bytes:

@@ -10,7 +10,7 @@ from typing import Any
 
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
-from vlmserve.common.wire_encode import HeldTexts, OutgoingRequest
+from vlmserve.common.wire_encode import HeldMessages, HeldTexts, OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._budget import contract_image_count
@@ -57,8 +57,8 @@ class TranslatedRequest:
     input_items: list[Any]
     # `input` as contract messages, its tool calls under their own kinds (the request's show
     # custom calls as functions): what a later turn replays instead of translating the items again.
-    # They hold the request's markers: stored with `outgoing.held`.
-    input_messages: list[pb.Message]
+    # They hold the request's markers, and its held texts travel with them.
+    input_messages: HeldMessages
     # The request fields a ResponseResource echoes (`store` and `background` among them).
     echo: RequestEcho
     # The tools offered (name -> the tool as declared, for result_to_output_items to give calls
@@ -205,7 +205,7 @@ def build_generate_request(
     return TranslatedRequest(
         outgoing=OutgoingRequest(request, held),
         input_items=_raw_items(create.stored_input()),
-        input_messages=input_messages,
+        input_messages=HeldMessages(input_messages, held),
         echo=_echo(parsed, tools, choice, text),
         tools=tools,
         conversation_id=conversation_id,

@@ -12,11 +12,8 @@ as over HTTP (`previous_response_not_found` when it is not there either).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vlmserve.common.wire_encode import HeldTexts, encode
-from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.store.message_codec import detached
 from vlmserve.facade.store.records import Replay
 from vlmserve.responses import ResponseResource, TranslatedRequest
@@ -58,15 +55,7 @@ class ConnectionMemory:
         translated = pending.translated
         messages = [
             *pending.earlier.messages,
-            *_owned(translated.input_messages, translated.outgoing.held),
+            *translated.input_messages.owned(),
             *detached(translated.output_messages(resource.output)),
         ]
         self._last_id, self._last = resource.id, Replay(messages=messages)
-
-
-def _owned(messages: Sequence[pb.Message], held: HeldTexts | None) -> list[pb.Message]:
-    """Copies of the input's messages that hold their long texts themselves (the request's are
-    views into it, and may hold markers of texts kept apart)."""
-    if not held:
-        return detached(messages)
-    return [pb.Message.FromString(encode(message, held)) for message in messages]

@@ -48,7 +48,6 @@ from vlmserve.facade.responses.truncation import truncate_to_fit
 from vlmserve.facade.settings import FacadeSettings, Files, Limits
 from vlmserve.facade.store.disk_space import DiskSpace
 from vlmserve.facade.store.files import FileRepository, RequestFiles
-from vlmserve.facade.store.message_codec import detached
 from vlmserve.facade.store.quotas import check_room, stored_size
 from vlmserve.facade.store.records import MissingChainLinkError, Replay, StoredItem
 from vlmserve.facade.store.repositories import Store
@@ -299,7 +298,7 @@ class ResponsesService:
                 self.store,
                 self.settings.storage,
                 owner=owner,
-                adding=stored_size(translation.input_items, translated.input_messages, outgoing.held),
+                adding=stored_size(translation.input_items, translated.input_messages),
                 conversation_id=translated.conversation_id,
                 param="input",
             )
@@ -381,7 +380,7 @@ class ResponsesService:
             return int(counted.input_tokens)
 
         # The input's stored messages are views into the request: kept whole, whatever goes.
-        translated.input_messages[:] = detached(translated.input_messages)
+        translated.input_messages.keep_whole()
         return await truncate_to_fit(request, count=count, budget=max(1, context - max(1, reserve)))
 
     def image_source(self) -> ImageSource | None:

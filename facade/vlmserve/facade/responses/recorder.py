@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.facade.http.errors import APIError, insufficient_storage
 from vlmserve.facade.responses.events import Event, ResponseEvents
 from vlmserve.facade.store.disk_space import is_out_of_space
@@ -68,7 +68,6 @@ class ResponseRecorder:
                 conversation_id=self.conversation_id,
                 input_messages=self.translated.input_messages,
                 max_stored_bytes=self.max_stored_bytes,
-                held=self.translated.outgoing.held,
             )
         )
         try:
@@ -114,11 +113,11 @@ class ResponseRecorder:
         resource = self.builder.snapshot()
         output_messages = self.translated.output_messages(resource.output)
         conversation_items: list[StoredItem] = []
-        conversation_messages: list[pb.Message] | None = None
+        conversation_messages: HeldMessages | None = None
         if self.conversation_id is not None and resource.status in ("completed", "incomplete"):
             outputs = [StoredItem(item.id, item.to_json()) for item in resource.output]
             conversation_items = [*self.input_items, *outputs]
-            conversation_messages = [*self.translated.input_messages, *output_messages]
+            conversation_messages = self.translated.input_messages.plus(output_messages)
         # One transaction: the response's end and its conversation items are stored together.
         await self.store.responses.finish(
             resource.to_json() if self.enabled else None,
@@ -130,5 +129,4 @@ class ResponseRecorder:
             events=[event.to_json() for event in final] if self.on_events is not None else (),
             # The conversation continues with the model that answered last.
             conversation_model=resource.model,
-            held=self.translated.outgoing.held,
         )

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Sequence
 
-from vlmserve.common.wire_encode import HeldTexts
+from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.store.database import (
     Database,
@@ -22,7 +22,7 @@ from vlmserve.facade.store.database import (
     messages_value,
     put_images,
 )
-from vlmserve.facade.store.message_codec import cacheable, encode_messages
+from vlmserve.facade.store.message_codec import as_held, cacheable, encode_messages
 from vlmserve.facade.store.records import ConversationRecord, ItemPage, Order, Replay, StoredItem
 
 
@@ -293,15 +293,14 @@ def append_items(
     conversation_id: str,
     owner: str,
     items: Sequence[StoredItem],
-    messages: Sequence[pb.Message] | None,
+    messages: HeldMessages | Sequence[pb.Message] | None,
     max_stored_bytes: int | None = None,
     model: str | None = None,
-    held: HeldTexts | None = None,
 ) -> bool:
     """`ConversationRepository.append` inside a transaction of another write (a response's end,
     a new conversation). `model`: the model whose response added these items, now the
-    conversation's (None: added by the client, the conversation's model stays). `held`: the
-    long texts whose markers `messages` hold (`TranslatedRequest.held`)."""
+    conversation's (None: added by the client, the conversation's model stays). `messages` may
+    hold a request's texts apart (`HeldMessages`)."""
     # Positions come from a counter that only grows: one a deleted item had is never given
     # again, so a chunk's (conversation, position) names the same messages in every facade's cache.
     rows = tx.execute(
@@ -326,7 +325,7 @@ def append_items(
         )
         size += value.size
     if messages is not None:
-        encoded = encode_messages(messages, held)
+        encoded = encode_messages(messages)
         tx.insert_large(
             "INSERT INTO conversation_messages (conversation_id, position, item_count, images, messages)"
             " VALUES (?, ?, ?, ?, {value})",
@@ -342,8 +341,9 @@ def append_items(
         )
         size += encoded_size(encoded)
         # For the cache, once the transaction has committed.
-        if cacheable(messages, held):
-            tx.appended.append(((conversation_id, str(start)), messages, encoded_size(encoded)))
+        if cacheable(messages):
+            plain = as_held(messages).plain()
+            tx.appended.append(((conversation_id, str(start)), plain, encoded_size(encoded)))
     tx.execute("UPDATE conversations SET size = size + ? WHERE id = ?", (size, conversation_id))
     tx.add_usage(owner, size, max_bytes=max_stored_bytes)
     return True

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vlmserve.common.wire_encode import HeldTexts, encode
+from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -53,35 +53,43 @@ def image_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def encode_messages(messages: Sequence[pb.Message], held: HeldTexts | None = None) -> EncodedMessages:
+def as_held(messages: HeldMessages | Sequence[pb.Message]) -> HeldMessages:
+    """Messages to store: a request's input with its held texts, or plain ones (no markers)."""
+    return messages if isinstance(messages, HeldMessages) else HeldMessages(messages)
+
+
+def encode_messages(messages: HeldMessages | Sequence[pb.Message]) -> EncodedMessages:
     """The messages without image bytes (length-prefixed, one after the other), and the images;
-    the texts `held` apart written in place of their markers (`wire_encode`)."""
+    held texts written in place of their markers (`wire_encode`)."""
     chunks: list[bytes] = []
     hashes: list[str] = []
     images: dict[str, bytes] = {}
-    for message in messages:
+
+    def strip(message: pb.Message) -> pb.Message:
         # Copied only to take its images out: a 30 MiB text is serialized from where it is.
-        stripped = message
-        if next(_image_parts(message), None) is not None:
-            stripped = pb.Message()
-            stripped.CopyFrom(message)
-            for part in _image_parts(stripped):
-                digest = image_hash(part.image.data)
-                images.setdefault(digest, part.image.data)
-                hashes.append(digest)
-                part.image.data = b""
-        serialized = encode(stripped, held or {})
+        if next(_image_parts(message), None) is None:
+            return message
+        stripped = pb.Message()
+        stripped.CopyFrom(message)
+        for part in _image_parts(stripped):
+            digest = image_hash(part.image.data)
+            images.setdefault(digest, part.image.data)
+            hashes.append(digest)
+            part.image.data = b""
+        return stripped
+
+    for serialized in as_held(messages).encode_each(strip):
         # The length and the message as two pieces, never joined here.
         chunks += (_LENGTH.pack(len(serialized)), serialized)
-        del serialized, stripped
+        del serialized
     return EncodedMessages(chunks, hashes, images)
 
 
-def cacheable(messages: Sequence[pb.Message], held: HeldTexts | None) -> bool:
-    """Whether these messages may be cached as they are: not when they hold markers of `held`
+def cacheable(messages: HeldMessages | Sequence[pb.Message]) -> bool:
+    """Whether these messages may be cached as they are: not when they hold markers of held texts
     (a request's long texts): a cache would need those texts too, and a later turn would send
     its markers (the next read decodes them from the store, and caches them then)."""
-    return held is None or not any(held.holds_any(message) for message in messages)
+    return not as_held(messages).holds_markers()
 
 
 def detached(messages: Sequence[pb.Message]) -> list[pb.Message]:

@@ -10,23 +10,22 @@ then), so an object can pass its limit by one response's output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from vlmserve.common.wire_size import wire_size
+from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.settings import Storage
 from vlmserve.facade.store.json_text import json_size
+from vlmserve.facade.store.message_codec import as_held
 from vlmserve.facade.store.records import StoredItem
 from vlmserve.facade.store.repositories import Store
 
 
-def stored_size(
-    items: Sequence[StoredItem], messages: Sequence[pb.Message], held: Mapping[str, str] | None = None
-) -> int:
+def stored_size(items: Sequence[StoredItem], messages: HeldMessages | Sequence[pb.Message]) -> int:
     """Bytes storing these items and their messages adds, about as the store counts them (the
-    messages' serialized size, their images and `held` texts included)."""
-    return sum(json_size(s.item) for s in items) + sum(wire_size(message, held or {}) for message in messages)
+    messages' serialized size, their images and held texts included)."""
+    return sum(json_size(s.item) for s in items) + as_held(messages).wire_size()
 
 
 def quota_exceeded(used: int, quota: int, adding: int) -> APIError:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vlmserve.common.wire_encode import HeldTexts
+from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.store.conversations import append_items
 from vlmserve.facade.store.database import (
@@ -30,8 +30,8 @@ from vlmserve.facade.store.leases import LeaseRepository
 from vlmserve.facade.store.message_codec import (
     EncodedMessages,
     MessageCache,
+    as_held,
     cacheable,
-    detached,
     encode_messages,
 )
 from vlmserve.facade.store.records import (
@@ -62,17 +62,16 @@ class ResponseRepository:
         *,
         owner: str = "",
         conversation_id: str | None = None,
-        input_messages: Sequence[pb.Message] | None = None,
+        input_messages: HeldMessages | Sequence[pb.Message] | None = None,
         max_stored_bytes: int | None = None,
-        held: HeldTexts | None = None,
     ) -> None:
         """Store a new response (any status) with its raw input items and, for replays, the
-        contract messages they were translated to (None: replays translate the items again),
-        holding the markers of `held` (`TranslatedRequest.held`).
+        contract messages they were translated to (None: replays translate the items again;
+        `HeldMessages`: with the texts they hold apart, `TranslatedRequest.input_messages`).
         StorageQuotaExceededError (nothing stored) when the owner's bytes would pass
         `max_stored_bytes`."""
         await self._db.run(
-            self._put, resource, input_items, owner, conversation_id, input_messages, max_stored_bytes, held
+            self._put, resource, input_items, owner, conversation_id, input_messages, max_stored_bytes
         )
 
     async def update(self, resource: Resource, *, owner: str = "") -> bool:
@@ -95,10 +94,9 @@ class ResponseRepository:
         output_messages: Sequence[pb.Message] | None = None,
         conversation_id: str | None = None,
         conversation_items: Sequence[StoredItem] = (),
-        conversation_messages: Sequence[pb.Message] | None = None,
+        conversation_messages: HeldMessages | Sequence[pb.Message] | None = None,
         events: Sequence[Event] = (),
         conversation_model: str | None = None,
-        held: HeldTexts | None = None,
     ) -> None:
         """In one transaction: a response's final state (None: not stored) with the messages
         its output was translated to, its last streaming `events` (background responses: see
@@ -115,7 +113,6 @@ class ResponseRepository:
             conversation_messages,
             events,
             conversation_model,
-            held,
         )
 
     async def get(self, response_id: str, *, owner: str = "") -> ResponseRecord | None:
@@ -163,9 +160,8 @@ class ResponseRepository:
         input_items: Sequence[StoredItem],
         owner: str,
         conversation_id: str | None,
-        input_messages: Sequence[pb.Message] | None,
+        input_messages: HeldMessages | Sequence[pb.Message] | None,
         max_stored_bytes: int | None,
-        held: HeldTexts | None,
     ) -> None:
         response_id = resource["id"]
         resource_text = json.dumps(resource)
@@ -191,7 +187,7 @@ class ResponseRepository:
             messages_size = 0
             if input_messages is not None:
                 messages_size = _write_response_messages(
-                    tx, response_id, "input", encode_messages(input_messages, held)
+                    tx, response_id, "input", encode_messages(input_messages)
                 )
                 # An empty output until the response finishes: the response replays either way.
                 output_size += _write_response_messages(tx, response_id, "output", encode_messages([]))
@@ -204,8 +200,9 @@ class ResponseRepository:
         if input_messages is not None:
             # Sized by what was stored: ByteSize() would serialize the messages once more. Copies:
             # the input's messages are the request's own, and would keep it whole.
-            if cacheable(input_messages, held):
-                self._db.cache.put((response_id, "input"), detached(input_messages), size=messages_size)
+            if cacheable(input_messages):
+                owned = as_held(input_messages).owned()
+                self._db.cache.put((response_id, "input"), owned, size=messages_size)
             self._db.cache.put((response_id, "output"), [], size=0)
 
     def _update(self, resource: Resource, owner: str) -> bool:
@@ -221,10 +218,9 @@ class ResponseRepository:
         output_messages: Sequence[pb.Message] | None,
         conversation_id: str | None,
         conversation_items: Sequence[StoredItem],
-        conversation_messages: Sequence[pb.Message] | None,
+        conversation_messages: HeldMessages | Sequence[pb.Message] | None,
         events: Sequence[Event],
         conversation_model: str | None,
-        held: HeldTexts | None,
     ) -> None:
         encoded = encode_messages(output_messages) if output_messages is not None else None
         with self._db.transaction() as tx:
@@ -239,7 +235,6 @@ class ResponseRepository:
                     conversation_items,
                     conversation_messages,
                     model=conversation_model,
-                    held=held,
                 )
         if resource is not None:
             if updated and output_messages is not None:
