@@ -76,10 +76,13 @@ class Screen:
         return encode_png(Image.new("RGB", (self.size, self.size), BACKGROUND))
 
 
-def draw_screen(rng: random.Random, size: int | None = None, target: str | None = None) -> Screen:
+def draw_screen(
+    rng: random.Random, size: int | None = None, target: str | None = None, count: int | None = None
+) -> Screen:
+    """A screen; `count` squares (default: MIN_SQUARES to MAX_SQUARES; training's warm-up draws one)."""
     size = size if size is not None else rng.choice(SCREEN_SIZES)
     cell = size // GRID
-    count = rng.randint(MIN_SQUARES, MAX_SQUARES)
+    count = count if count is not None else rng.randint(MIN_SQUARES, MAX_SQUARES)
     colours = sorted(PALETTE)
     if target is None:
         chosen = rng.sample(colours, count)

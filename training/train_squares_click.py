@@ -231,7 +231,9 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     def next_batch(step: int) -> tuple[Batch, ...]:
         colour = rng.choice(COLOURS)
         variant = rng.choice(DISPLAYS)
-        screens = [draw_screen(rng, None, colour) for _ in range(args.batch)]
+        # Warm-up: one square per screen (where is it?) before choosing among several (which one?).
+        count = 1 if step <= args.single_steps else None
+        screens = [draw_screen(rng, None, colour, count) for _ in range(args.batch)]
         click, _ = click_batch(templates, templates.second(colour, variant), screens)
         if step % args.aux_every:
             return (click,)  # the click is what is hard to learn; the other turns now and then
@@ -262,6 +264,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.set_defaults(init=INIT_DIR)
     parser.add_argument("--done-rows", type=int, default=4)
     parser.add_argument("--mrope-section", type=int, nargs=3, default=[0, 2, 14])
+    parser.add_argument("--single-steps", type=int, default=0, help="first steps on one-square screens")
     parser.add_argument("--aux-every", type=int, default=1, help="train the other turns every Nth step")
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)
