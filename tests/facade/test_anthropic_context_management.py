@@ -222,3 +222,8 @@ async def test_clearing_brings_a_request_past_the_image_limit_back(
         p for m in engine.requests[0].messages for p in m.tool_output.parts.parts if p.HasField("image")
     ]
     assert len(images) == 3
+    # With compact_20260112 too: cleared first, then summarised and answered on the summary.
+    both = {"edits": [high, COMPACT]}
+    reply = await http.post("/v1/messages", json={**request, "context_management": both})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["content"][0]["type"] == "compaction"

@@ -152,11 +152,15 @@ async def _edited(body: Any, state: FacadeState, owner: str) -> _Edited:
             # Past this server's limits (more images than a request may hold, longer than the
             # context): past every trigger too. Cleared, it may fit; if not, this is the answer.
             tokens = sys.maxsize
-            cleared = apply_edits(
-                edited.body, [edit for edit in counted if isinstance(edit, ClearToolUses)], tokens
-            )
+            clearing = [edit for edit in counted if isinstance(edit, ClearToolUses)]
+            cleared = apply_edits(edited.body, clearing, tokens)
             if not cleared.applied:
                 raise refused from None
+            edited, applied = cleared, [*applied, *cleared.applied]
+            counted = [edit for edit in counted if edit not in clearing]
+            translated = result.translated = await state.responses.run_translation(
+                messages_request, edited.body
+            )
         compact = compact_edit(counted)
         if compact is not None and tokens >= compact.trigger:
             with fields_renamed(translated.anthropic_param):
