@@ -97,7 +97,9 @@ def test_prompt_starts_with_one_bos(family: FamilyEngine) -> None:
 # ends inside a kept state cannot be continued (such states serve only a prompt that extends all
 # of them: test_prefix_cache_windowed.py). These prompts part inside it: prefilled afresh.
 # Qwen3.5's Gated DeltaNet layers keep a recurrent state (an ArraysCache) that cannot be cut back
-# to a shared prefix: no reuse until state snapshots at turn boundaries (issue 33, item 2).
+# to an arbitrary shared prefix: it is kept only at turn boundaries (the end of a prompt, of a
+# generated turn: test_prefix_cache_hybrid.py, and the next-turn test below), and these prompts
+# part elsewhere.
 PREFIX_CACHE_UNSUPPORTED = frozenset({"gemma3", "gemma4", "llama4", "qwen3_5", "qwen3_5_moe"})
 
 LONG_SYSTEM = pb.Message(
@@ -233,3 +235,33 @@ def test_detail_low_looks_at_fewer_image_tokens(family: FamilyEngine, size: tupl
     )
     assert result.result.usage.input_tokens == low
     assert result.result.usage.output_tokens == 4
+
+
+# Sliding-window (Gemma 3/4) and chunked (Llama 4) caches: their entry is the whole previous state
+# (generated tokens included), which the re-rendered answer does not extend token for token here;
+# reuse for them is issue 33 item 2 (snapshots of the windows at turn boundaries).
+NEXT_TURN_NOT_YET = frozenset({"gemma3", "gemma4", "llama4"})
+
+
+def test_an_agents_next_turn_reuses_the_previous_one(family: FamilyEngine) -> None:
+    """The agent loop: the next request repeats the conversation so far (the answer included)
+    and adds a turn. It reuses the cache of the previous one (plain KV: the shared prefix;
+    Qwen3.5's recurrent state: its snapshot at the end of the previous prompt or turn; sliding
+    and chunked caches: the whole previous state, when the new prompt extends all of it) and
+    generates what a fresh prefill generates."""
+    first = [LONG_SYSTEM, user(text("Describe a calm harbour at noon."))]
+    answer = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(first)), timeout=120).result
+    second = [
+        *first,
+        pb.Message(role=pb.ROLE_ASSISTANT, parts=[text(answer.text or "A harbour.")]),
+        user(text("And at night?")),
+    ]
+    result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=greedy(second)), timeout=120).result
+    expected_text, _ = reference_generate(family.reference, second, MAX_TOKENS)
+    assert generated(result) == expected_text
+    if family.name in NEXT_TURN_NOT_YET:
+        assert result.usage.cached_tokens == 0  # prefilled afresh, as before
+    else:
+        # At least 90 % of the previous prompt (a thinking template renders the earlier turn
+        # without the `<think>` its prompt ended with: the last few tokens differ).
+        assert result.usage.cached_tokens >= 0.9 * answer.usage.input_tokens
