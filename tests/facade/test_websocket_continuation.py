@@ -120,3 +120,23 @@ async def test_a_failed_response_is_not_continued(server_url: str, engine: FakeE
         await connection.send(_create(input="more", previous_response_id=ended["response"]["id"]))
         (error,) = await _until_done(connection)
         assert error["error"]["code"] == "previous_response_not_found"
+
+
+async def test_a_compaction_turn_over_websocket(server_url: str, engine: FakeEngine) -> None:
+    """compaction_trigger in WebSocket mode: the compaction's events; the turn is not remembered
+    (its item is what a later turn sends)."""
+    url = server_url.replace("http", "ws") + "/v1/responses"
+    async with websockets.asyncio.client.connect(url) as connection:
+        await connection.send(
+            _create(input=[{"role": "user", "content": "long task"}, {"type": "compaction_trigger"}])
+        )
+        events = await _until_done(connection)
+        kinds = [event["type"] for event in events]
+        assert "response.compaction.compacting" in kinds and kinds[-1] == "response.completed"
+        (item,) = events[-1]["response"]["output"]
+        assert item["type"] == "compaction"
+        await connection.send(_create(input="next", previous_response_id=events[-1]["response"]["id"]))
+        (error,) = await _until_done(connection)
+        assert error["error"]["code"] == "previous_response_not_found"
+        await connection.send(_create(input=[item, {"role": "user", "content": "next"}], store=False))
+        assert (await _until_done(connection))[-1]["type"] == "response.completed"

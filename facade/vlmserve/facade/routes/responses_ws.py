@@ -197,7 +197,9 @@ async def _respond(
         compacted = None
         if summary is None:
             create, compacted = await compact_if_needed(state.responses, create, owner=owner)
-        generation = await state.responses.prepare(summary or create, owner=owner, memory=memory)
+        # A compaction turn is not remembered: its item is the state a later turn sends.
+        remember = memory if summary is None else None
+        generation = await state.responses.prepare(summary or create, owner=owner, memory=remember)
     except (APIError, InvalidRequestError, OutOfSpaceError) as failure:
         hold.release()
         await websocket.send_text(json.dumps(error_message(_api_error(failure))))
