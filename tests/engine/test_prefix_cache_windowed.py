@@ -73,3 +73,17 @@ def test_a_prompt_that_leaves_the_kept_path_is_computed_not_served(windowed: Gen
     branch = dataclasses.replace(first, prompt_ids=(*changed, *turn_one.token_ids, *first.prompt_ids[-6:]))
     taken = run(windowed, {"r": branch}, "d2")["r"]
     assert taken.cached_tokens == 0
+
+
+def test_a_turn_rendered_differently_continues_from_the_end_of_the_prompt(windowed: Generator) -> None:
+    """The template may render the model's answer otherwise than it was generated (a tool call it
+    never wrote, its thinking dropped): the state at the prompt's end is kept too."""
+    first = prepared(windowed, text_part("Stack the crates. " * 8), temperature=1.5, seed=5, max_tokens=6)
+    run(windowed, {"r": first}, "e1")
+    rendered = tuple(reversed(first.prompt_ids[-9:]))  # not what was generated
+    follow = extended(first, rendered, first.prompt_ids[-6:])
+    warm = run(windowed, {"r": follow}, "e2")["r"]
+    assert warm.cached_tokens == len(first.prompt_ids)
+    assert windowed.prefix_cache is not None
+    windowed.prefix_cache.clear()
+    assert warm.token_ids == run(windowed, {"r": follow}, "e2-cold")["r"].token_ids

@@ -75,8 +75,9 @@ class ActiveGeneration:
         self.prefilled = 0
         self.cache: list[Any] = []
         self.prompt_hidden: list[Any] | None = None
-        # A hybrid model's recurrent state at the prompt's end (position, state; kv/snapshots.py),
-        # a boundary the prefix cache keeps beside the one at the end of the generated turn.
+        # The state at the prompt's end of the layers no prefix can be cut from (recurrent,
+        # sliding-window, chunked; position, state: kv/snapshots.py), a boundary the prefix cache
+        # keeps beside the one at the end of the generated turn.
         self.prompt_state: tuple[int, Any] | None = None
         self.last_token = 0
         # Prefix sharing between requests in flight (prompt_batch.py): the request whose KV this

@@ -17,14 +17,15 @@ restart, or another engine process of the same model sharing the folder, loses n
 Taking an entry shares its arrays (MLX arrays are immutable; the taker's cache grows into new
 buffers), so several requests can start from one entry at once.
 
-Hybrid models (Qwen3.5/3.6: Gated DeltaNet layers beside full attention) keep a recurrent state
-per layer that no prefix can be cut from. Their entries keep the attention layers' KV like any
-other entry, plus the recurrent state at a few boundaries an agent's next turn shares
-(`checkpoints`): the end of the prompt and the end of the generated turn (the next turn resends
-the conversation so far; where the template renders the model's answer differently, the prompt's
-end still matches), and those of the entries a new one extends (at most `MAX_CHECKPOINTS`, the
-latest). A prompt takes the longest boundary its shared prefix reaches, the attention layers cut
-to the same position: exactly the state a fresh prefill reaches there.
+Some layers keep a state no prefix can be cut from: the recurrent layers of hybrid models
+(Qwen3.5/3.6: Gated DeltaNet beside full attention), sliding-window layers (Gemma 3/4: a rotating
+cache), chunked ones (Llama 4). Such a model's entries keep the plain KV layers like any other
+entry, and the other layers' state (kv/snapshots.py) at a few boundaries an agent's next turn
+shares (`checkpoints`): the end of the prompt and the end of the generated turn (the next turn
+resends the conversation so far; where the template renders the model's answer differently, the
+prompt's end still matches), and those of the entries a new one extends (at most
+`MAX_CHECKPOINTS`, the latest). A prompt takes the longest boundary its shared prefix reaches, the
+plain layers cut to the same position: exactly the state a fresh prefill reaches there.
 
 Generation thread only.
 """
@@ -40,17 +41,8 @@ import numpy as np
 
 from vlmserve.engine.kv.layout import KVLayout, KVPart, PromptCache
 from vlmserve.engine.kv.sizing import kv_nbytes
-from vlmserve.engine.kv.snapshots import (
-    RecurrentState,
-    has_recurrent_layers,
-    is_recurrent,
-    recurrent_nbytes,
-    restore,
-    snapshot,
-    snapshot_nbytes,
-    with_recurrent_state,
-)
-from vlmserve.engine.kv.views import is_plain, layer_arrays, views
+from vlmserve.engine.kv.snapshots import BoundaryState, boundary_nbytes, cuttable, with_boundary_state
+from vlmserve.engine.kv.views import layer_arrays, views
 from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
 
 if TYPE_CHECKING:
@@ -77,27 +69,18 @@ class _Entry:
     partition: str
     token_ids: np.ndarray
     images: PromptImages
-    # per layer (keys, values), exactly len(token_ids) long (None: a recurrent layer, `checkpoints`)
+    # per layer (keys, values), exactly len(token_ids) long (None: a layer kept in `checkpoints`)
     layers: Sequence[tuple[KVPart, KVPart] | None]
     nbytes: int
     from_disk: bool = False  # loaded from the disk tier and not yet taken (counts a disk hit)
     on_disk: bool = False  # the disk tier has it already: evicting it writes nothing
-    # Sliding-window / chunked layers (kv/snapshots.py `snapshot`): the whole cache's exact state, which
-    # only a prompt that extends *all* of `token_ids` can continue from. Memory only.
-    state: PromptCache | None = None
-    # Hybrid (recurrent + attention) layers: the recurrent layers' state at these positions, the
-    # only places the entry can be cut. Memory only.
-    checkpoints: dict[int, RecurrentState] | None = None
-
-    @property
-    def exact(self) -> bool:
-        return self.state is not None
+    # Layers no prefix can be cut from (recurrent, sliding-window, chunked: kv/snapshots.py): their
+    # state at these positions, the only places such an entry can be cut. Memory only.
+    checkpoints: dict[int, BoundaryState] | None = None
 
     def usable(self, shared: int, prompt_tokens: int) -> int:
         """How many of a prompt's first tokens this entry serves when they share `shared` with it
         (one prompt token must still run, for the first new token's logits)."""
-        if self.exact:
-            return shared if shared == self.token_ids.size < prompt_tokens else 0
         reach = min(shared, prompt_tokens - 1)
         if self.checkpoints is not None:
             return max((at for at in self.checkpoints if at <= reach), default=0)
@@ -160,26 +143,21 @@ class PrefixCache:
         spans: Sequence[_Span],
         cache: PromptCache,
         *,
-        checkpoints: dict[int, RecurrentState] | None = None,
+        checkpoints: dict[int, BoundaryState] | None = None,
     ) -> None:
-        """Keep `cache` (one row per layer, holding exactly `token_ids`) for `partition`. A hybrid
-        cache's recurrent layers are kept as `checkpoints` (position -> state; the cache's own
-        state at the end is one when it holds exactly `token_ids`)."""
+        """Keep `cache` (one row per layer, holding exactly `token_ids`) for `partition`. Its layers
+        that are not plain KV (recurrent, sliding-window, chunked) are kept only as `checkpoints`
+        (position -> kv/snapshots.py state; the end of the turn is one when the cache holds
+        exactly `token_ids`)."""
         if not self.enabled or len(token_ids) < self.min_tokens or not cache:
             return
         n = len(token_ids)
         ids = np.asarray(token_ids, dtype=np.int64)
-        if has_recurrent_layers(cache):
-            self._store_hybrid(partition, ids, spans, cache, checkpoints or {})
+        if not all(cuttable(layer) for layer in cache):
+            self._store_checkpointed(partition, ids, spans, cache, checkpoints or {})
             return
         if any(getattr(layer, "offset", -1) != n for layer in cache):
             return  # not the per-layer KV layout this relies on
-        if not all(is_plain(layer) for layer in cache):
-            state = snapshot(cache)
-            if state is not None and (nbytes := snapshot_nbytes(state)) <= self.max_bytes:
-                entry = _Entry(partition, ids, prompt_images(spans), [], nbytes, on_disk=True, state=state)
-                self._keep(entry)
-            return
         pairs = [layer_arrays(layer, n) for layer in cache]
         layers = [pair for pair in pairs if pair is not None]
         if len(layers) != len(pairs):
@@ -189,22 +167,22 @@ class PrefixCache:
             return
         self._keep(_Entry(partition, ids, prompt_images(spans), layers, nbytes))
 
-    def _store_hybrid(
+    def _store_checkpointed(
         self,
         partition: str,
         ids: np.ndarray,
         spans: Sequence[_Span],
         cache: PromptCache,
-        checkpoints: dict[int, RecurrentState],
+        checkpoints: dict[int, BoundaryState],
     ) -> None:
         n = ids.size
         layers: list[tuple[KVPart, KVPart] | None] = []
         for layer in cache:
-            if is_recurrent(layer):
-                layers.append(None)  # recurrent: only its checkpoints
+            if not cuttable(layer):
+                layers.append(None)  # only its checkpoints
                 continue
-            if getattr(layer, "offset", -1) < n or (pair := layer_arrays(layer, n)) is None:
-                return  # an attention layer other than plain KV (sliding window), or short
+            if (pair := layer_arrays(layer, n)) is None:
+                return  # shorter than the tokens it should hold
             layers.append(pair)
         kept = {at: state for at, state in checkpoints.items() if self.min_tokens <= at <= n}
         if not kept:
@@ -215,12 +193,10 @@ class PrefixCache:
             self._keep(entry)
 
     def _keep(self, entry: _Entry) -> None:
-        # An entry this one extends is redundant now (an exact one still serves prompts that
-        # leave the newer one's path after its end); a hybrid one's boundaries move to the new one.
+        # An entry this one extends is redundant now; a checkpointed one's boundaries move to it.
         for key, old in list(self._entries.items()):
             if (
                 old.partition == entry.partition
-                and not old.exact
                 and _shared_length(old, entry.token_ids, entry.images) == old.token_ids.size
             ):
                 if entry.checkpoints is not None and old.checkpoints is not None:
@@ -261,11 +237,9 @@ class PrefixCache:
         self.hits["disk" if self._entries[best_key].from_disk else "memory"] += 1
         entry = self._entries[best_key]
         entry.from_disk = False
-        if entry.state is not None:
-            return restore(entry.state), best
         if entry.checkpoints is not None:
             cut = [None if pair is None else views([pair], best, self.layout)[0] for pair in entry.layers]
-            return with_recurrent_state(cut, entry.checkpoints[best]), best
+            return with_boundary_state(cut, entry.checkpoints[best]), best
         return views(cast(Sequence[tuple[KVPart, KVPart]], entry.layers), best, self.layout), best
 
     def _take_from_disk(
@@ -346,7 +320,7 @@ def _entry_nbytes(entry: _Entry) -> int:
     attention = sum(
         kv_nbytes(k) + kv_nbytes(v) for pair in entry.layers if pair is not None for k, v in [pair]
     )
-    return attention + sum(recurrent_nbytes(state) for state in (entry.checkpoints or {}).values())
+    return attention + sum(boundary_nbytes(state) for state in (entry.checkpoints or {}).values())
 
 
 def _shared_length(entry: _Entry, ids: np.ndarray, images: PromptImages) -> int:

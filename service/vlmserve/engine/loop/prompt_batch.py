@@ -23,7 +23,7 @@ from typing import Any
 
 from vlmserve.engine.jobs import JobKind
 from vlmserve.engine.kv.layout import new_prompt_cache
-from vlmserve.engine.kv.snapshots import recurrent_state
+from vlmserve.engine.kv.snapshots import boundary_state
 from vlmserve.engine.kv.views import views
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.batch_row import BatchRow
@@ -231,7 +231,7 @@ class PromptBatch:
             return
         # The last chunk: its first token, drawn (scored when asked) by the row's own draw.
         if self._keeps_prefixes:
-            state = recurrent_state(row.cache)
+            state = boundary_state(row.cache)
             row.prompt_state = (end, state) if state is not None else None
         draw = row.draw
         assert draw is not None
@@ -288,7 +288,7 @@ class PromptBatch:
             return PromptGroup(group, [], [], None, [])
         if self._keeps_prefixes:
             for index, row in enumerate(group):
-                state = recurrent_state(ran.caches, index)
+                state = boundary_state(ran.caches, index)
                 row.prompt_state = (row.prompt_tokens, state) if state is not None else None
         entries, firsts = [], []
         for row, draw, value in zip(group, draws, values, strict=True):

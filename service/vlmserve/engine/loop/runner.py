@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.engine.jobs import Job
-from vlmserve.engine.kv.snapshots import recurrent_state
+from vlmserve.engine.kv.snapshots import boundary_state
 from vlmserve.engine.kv.views import own_copy
 from vlmserve.engine.loop.batch import DecodeBatch, RowTokens
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase, guarded
@@ -279,10 +279,11 @@ class StepRunner:
         # (EOS, a stop sequence): those positions are cut, and the offsets say so.
         offsets = [layer.offset for layer in cache if isinstance(getattr(layer, "offset", None), int)]
         covered = [*inputs.token_ids, *generation.generated][: offsets[0] if offsets else 0]
-        # A hybrid model's recurrent layers: their state at the prompt's end, and at the end of
-        # the turn when it is exactly `covered` (not past it, as after accepted drafts).
+        # Layers no prefix can be cut from (recurrent, sliding-window, chunked): their state at the
+        # prompt's end, and at the end of the turn when it is exactly `covered` (not past it, as
+        # after accepted drafts).
         checkpoints = dict([generation.prompt_state]) if generation.prompt_state is not None else {}
-        if all(offset == len(covered) for offset in offsets) and (end := recurrent_state(cache)) is not None:
+        if all(offset == len(covered) for offset in offsets) and (end := boundary_state(cache)) is not None:
             checkpoints[len(covered)] = end
         generation.prompt_state = None
         own_copy(cache, len(covered))
