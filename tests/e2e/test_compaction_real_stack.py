@@ -106,3 +106,25 @@ def test_compact_refuses_what_it_does_not_know(sdk: openai.OpenAI) -> None:
     assert refused.value.body["param"] == "temperature"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError):
         sdk.responses.compact(model="default")
+
+
+def test_a_compaction_trigger_round_trip_on_the_real_stack(
+    sdk: openai.OpenAI, engine_recorder: EngineRecorder
+) -> None:
+    """compaction_trigger (issue 36.1): the real model summarises, the item comes back sealed, the
+    next turn expands it (summary, the kept screenshot) and is answered."""
+    trigger: Any = {"type": "compaction_trigger"}
+    compacted = sdk.responses.create(model="default", input=[*CONVERSATION, trigger])
+    assert compacted.status == "completed"
+    [item] = compacted.output
+    assert item.type == "compaction" and item.encrypted_content.startswith("vlmserve.compaction.v2.")  # type: ignore[union-attr]
+    after = sdk.responses.create(
+        model="default",
+        input=[item.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}],  # type: ignore[list-item]
+        max_output_tokens=8,
+    )
+    assert after.status in ("completed", "incomplete")
+    sent = engine_request(engine_recorder, after.id)
+    assert texts(sent.messages[0])[0].startswith(SUMMARY_HEADING)
+    kept = [part for part in sent.messages[1].parts if part.WhichOneof("kind") == "image"]
+    assert len(kept) == 1 and texts(sent.messages[-1]) == ["Go on."]
