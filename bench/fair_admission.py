@@ -48,7 +48,7 @@ def finished_in(generator: Generator, target: Job, timeout: float = 600) -> floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--budget-mib", type=int, default=8)
     parser.add_argument("--backlog", type=int, default=6)
     parser.add_argument("--prompt-tokens", type=int, default=4096)
