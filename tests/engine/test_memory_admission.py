@@ -19,7 +19,8 @@ from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_batching import prepared
-from .test_engine_grpc import text_part
+from .test_engine_grpc import image_part, text_part
+from .test_request_prep import big_png
 
 # Every test here runs a real engine on a fixture model.
 pytestmark = pytest.mark.needs_model
@@ -138,6 +139,82 @@ def test_one_tenants_backlog_does_not_hold_another_tenants_request_behind_it() -
         finished = [report.request_id for report in generator.reports]
         assert finished.index("b0") < finished.index("a0"), finished
         assert [r for r in finished if r.startswith("a")] == ["a0", "a1", "a2", "a3"]
+        assert generator.admission.memory_in_use == 0
+    finally:
+        generator.stop()
+
+
+def test_a_request_whose_vision_transient_can_never_fit_is_refused_naming_its_images() -> None:
+    """Issue 37.4: the vision tower's transient counts beside the KV. A 1600x1000 screenshot on
+    the fixture (its processor sizes it to 16 image tokens) reserves about 8 MiB of
+    activations and 0.3 MiB of arrays; its KV is under 0.5 MiB. Before, a 2 MiB budget admitted
+    it (KV and arrays only); now it is refused before any work, naming the images, while the
+    same text alone runs."""
+    generator = started(budget_mib=2)
+    try:
+        memory = generator.admission.memory
+        assert memory is not None and memory.vision is not None
+        screenshot = image_part(big_png(1600))
+        request = prepared(
+            generator, screenshot, text_part("What is on the screen?"), temperature=0.0, seed=1
+        )
+        tokens = memory.image_tokens(request.prompt_ids, [image.token_count for image in request.images])
+        assert sum(tokens) > 0
+        kv_and_arrays = memory.cost(len(request.prompt_ids), request.settings.max_tokens, 0) + sum(
+            int(a.nbytes) for image in request.images for a in image.arrays.values()
+        )
+        assert kv_and_arrays < 2 << 20 < kv_and_arrays + memory.transient(tokens)
+        with pytest.raises(RequestError) as raised:
+            generator.submit(Job(request, None))
+        assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert raised.value.field == "messages"
+        assert "vision-tower activations" in str(raised.value)
+        text_only = prepared(generator, text_part("What is on the screen?"), temperature=0.0, seed=1)
+        generator.submit(Job(text_only, None))
+        assert generator.wait_idle(60)
+        assert generator.admission.memory_in_use == 0
+    finally:
+        generator.stop()
+
+
+def test_screenshots_prefill_one_at_a_time_and_decode_together() -> None:
+    """Two screenshot requests whose transients fit the budget one at a time: the second waits
+    for the first's prefill, then joins it once the first's transient is given back (they
+    decode in one batch), and the reservation never passes the budget."""
+    budget_mib = 12  # one transient (8.1 MiB) and two requests' KV, not two transients
+    generator = started(budget_mib=budget_mib)
+    try:
+        jobs = [
+            Job(
+                dataclasses.replace(
+                    prepared(
+                        generator,
+                        image_part(big_png(1600)),
+                        text_part(f"Screen {i}: what is on it?"),
+                        temperature=0.0,
+                        seed=i,
+                        max_tokens=120,
+                    ),
+                    request_id=f"shot-{i}",
+                ),
+                None,
+            )
+            for i in range(2)
+        ]
+        memory = generator.admission.memory
+        assert memory is not None
+        costs = [generator.admission._memory_cost(job.request) for job in jobs]
+        assert sum(costs) > budget_mib << 20 > max(costs), costs
+        peak = 0
+        for job in jobs:
+            generator.submit(job)
+        while not all(job.done.is_set() for job in jobs):
+            peak = max(peak, generator.admission.memory_in_use)
+        assert peak <= budget_mib << 20
+        reports = {report.request_id: report for report in generator.reports}
+        assert all(reports[job.request_id].output_tokens == 120 for job in jobs)
+        single, steps = batch_sizes(generator)
+        assert single < steps, "once the first's prefill is done, the second decodes beside it"
         assert generator.admission.memory_in_use == 0
     finally:
         generator.stop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -52,6 +52,9 @@ class Admission:
         self.memory: MemoryBudget | None = None
         self._costs: dict[str, int] = {}
         self._taken_costs: dict[str, int] = {}
+        # The vision-tower transient inside each estimate, given back once the job's prefill is
+        # done (`prefilled`): held from admission through prefill only.
+        self._transients: dict[str, int] = {}
         self.memory_in_use = 0
         self.memory_refused = 0
         # Fair admission across partitions (scheduler.fair_admission): each taken job's
@@ -162,11 +165,19 @@ class Admission:
             return 0
         image_bytes = sum(int(a.nbytes) for image in request.images for a in image.arrays.values())
         image_bytes += sum(array_bytes(a) for a in (request.joint_arrays or {}).values())
+        image_tokens = self.memory.image_tokens(
+            request.prompt_ids, [image.token_count for image in request.images]
+        )
         try:
-            return self.memory.check_fits(len(request.prompt_ids), request.settings.max_tokens, image_bytes)
+            cost = self.memory.check_fits(
+                len(request.prompt_ids), request.settings.max_tokens, image_bytes, image_tokens
+            )
         except RequestError:
             self.memory_refused += 1
             raise
+        if image_tokens:
+            self._transients[request.request_id] = self.memory.transient(image_tokens)
+        return cost
 
     def _check_accepting(self) -> None:
         if not self._accepting:
@@ -222,6 +233,25 @@ class Admission:
         # In arrival order, as the runner prepares them.
         return Taken(tuple(waiting[i] for i in sorted(chosen)))
 
+    @property
+    def prefilling(self) -> bool:
+        """Whether some taken job still holds a vision transient (`prefilled` has work to do)."""
+        return bool(self._transients)
+
+    def prefilled(self, request_ids: Iterable[str]) -> None:
+        """These jobs' prompts are in (their vision towers ran): their transients are free."""
+        with self._changed:
+            freed = 0
+            for request_id in request_ids:
+                if request_id not in self._taken_costs:
+                    continue  # (still waiting: its transient is not yet held)
+                transient = self._transients.pop(request_id, 0)
+                self._taken_costs[request_id] -= transient
+                freed += transient
+            if freed:
+                self.memory_in_use -= freed
+                self._changed.notify_all()
+
     def drop_cancelled(self) -> list[Job]:
         """Waiting jobs whose caller cancelled, out of the queue (the caller ends them)."""
         with self._lock:
@@ -242,6 +272,7 @@ class Admission:
         with self._changed:
             job = self._jobs.pop(request_id, None)
             self._costs.pop(request_id, None)
+            self._transients.pop(request_id, None)
             self.memory_in_use -= self._taken_costs.pop(request_id, 0)
             if self._taken_partitions.pop(request_id, None) is not None and job is not None:
                 self._held[job.request.partition_key] -= 1

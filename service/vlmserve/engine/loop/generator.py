@@ -186,6 +186,8 @@ class Generator:
                     self._retire(runner.new_row(job), pb.FINISH_REASON_CANCELLED)
                 return
             result = runner.run_step(taken.jobs)
+            if self.admission.prefilling:  # rows decoding are past their vision tower
+                self.admission.prefilled(row.job.request_id for row in runner.batch.rows)
             self.observer.stepped(result, runner.take_speculation_counts())
             for generation in result.left:
                 self._retire(generation)

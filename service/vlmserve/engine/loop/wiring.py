@@ -27,6 +27,7 @@ from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
 from vlmserve.engine.loop.runner import StepRunner
 from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
+from vlmserve.engine.loop.vision_memory import vision_cost, vision_width
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
 from vlmserve.engine.model_lifecycle import ModelLifecycle
@@ -164,12 +165,23 @@ def _memory_budget(config: EngineConfig, loaded: LoadedModel) -> MemoryBudget:
     else:
         budget = default_budget_bytes(device_memory_bytes(), model_bytes)
     per_token = bytes_per_token(loaded.model.language_model, loaded.kv_layout, dtype_bytes)
+    hidden, vision_dtype_bytes = vision_width(loaded.model)
+    vision = vision_cost(str(loaded.model.config.model_type), hidden, vision_dtype_bytes) if hidden else None
+    image_token = getattr(loaded.model.config, "image_token_id", None)
+    if not isinstance(image_token, int):
+        image_token = getattr(loaded.model.config, "image_token_index", None)
     log.info(
-        "memory budget for requests in flight: %.0f MiB (KV %d bytes per token)",
+        "memory budget for requests in flight: %.0f MiB (KV %d bytes per token; vision transient %s)",
         budget / (1 << 20),
         per_token,
+        f"{vision.transient([1000]) / (1 << 20):.1f} MiB per 1,000-token image" if vision else "not counted",
     )
-    return MemoryBudget(budget_bytes=budget, kv_bytes_per_token=per_token)
+    return MemoryBudget(
+        budget_bytes=budget,
+        kv_bytes_per_token=per_token,
+        vision=vision,
+        image_token_id=image_token if isinstance(image_token, int) else None,
+    )
 
 
 def _prefix_disk_tier(
