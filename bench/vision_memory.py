@@ -146,7 +146,7 @@ def fit(points: list[dict[str, Any]], hidden: int, itemsize: int) -> dict[str, A
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--families", nargs="*", default=None, help="default: all")
     parser.add_argument("--sizes", type=int, default=len(SIZES), help="the first N sizes")

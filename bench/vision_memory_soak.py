@@ -71,7 +71,7 @@ def send(stub: pb_grpc.EngineServiceStub, image: bytes, index: int, max_tokens: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--concurrent", type=int, default=16)
     parser.add_argument("--oversubscription", type=float, default=1.2)
     parser.add_argument("--rounds", type=int, default=3)

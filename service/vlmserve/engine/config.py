@@ -72,8 +72,9 @@ class EngineConfig(DeclaredSettings):
         0,
         ge=0,
         description="memory the requests in flight may hold together (KV for prompt + max tokens at the "
-        "cache's precision, and images); a request waits while it would not fit and is refused when it never "
-        "can (0: three quarters of the device's memory less the model's weights)",
+        "cache's precision, images, and the vision tower's activations until the prompt is in); a request "
+        "waits while it would not fit and is refused when it never can (0: three quarters of the device's "
+        "memory less the model's weights)",
     )
     # See kv/layout.py.
     kv_bits: Annotated[int | None, Option(metavar="{4,8}")] = Field(
