@@ -15,14 +15,14 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import Field, Tag, field_validator
+from pydantic import Field, Tag
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._errors import InvalidRequestError
 from ._json import join
 from ._output_models import ComputerCallItem
-from ._validation import OTHER, UNDOCUMENTED, RequestModel, by_type, refuse
+from ._validation import OTHER, UNDOCUMENTED, RequestModel, UnknownTypeParam, by_type
 
 __all__ = [
     "COMPUTER_CALL_NAME",
@@ -131,18 +131,9 @@ class WaitParam(RequestModel):
     type: Literal["wait"]
 
 
-class UnknownActionParam(RequestModel):
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _unknown(cls, value: str) -> str:
-        raise refuse(
-            "invalid_value",
-            "Invalid value for '{param}': unknown computer action; supported: "
-            + ", ".join(ACTION_TYPES)
-            + ".",
-        )
+class UnknownActionParam(UnknownTypeParam):
+    unknown = "unknown computer action"
+    supported = ACTION_TYPES
 
 
 ComputerActionParam: TypeAlias = Annotated[

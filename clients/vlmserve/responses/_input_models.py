@@ -16,7 +16,16 @@ from pydantic import (
 
 from ._compaction import CompactionState, open_compaction
 from ._computer import ComputerCallOutputParam, ComputerCallParam
-from ._validation import OTHER, UNDOCUMENTED, RequestModel, by_json_type, by_type, parse_as, refuse
+from ._validation import (
+    OTHER,
+    UNDOCUMENTED,
+    RequestModel,
+    UnknownTypeParam,
+    by_json_type,
+    by_type,
+    parse_as,
+    refuse,
+)
 
 # ---- content parts -----------------------------------------------------------------------------
 
@@ -98,19 +107,11 @@ class UnsupportedPartParam(RequestModel):
         raise refuse("unsupported_value", UNSUPPORTED_PARTS[value] + ".")
 
 
-class UnknownPartParam(RequestModel):
+class UnknownPartParam(UnknownTypeParam):
     """Any other message part: its `type` says what is wrong."""
 
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _unknown(cls, value: str) -> str:
-        raise refuse(
-            "invalid_value",
-            "Invalid value for '{param}': unsupported content part type; supported: "
-            "input_text, input_image, input_file, text, image_url, output_text, refusal.",
-        )
+    unknown = "unsupported content part type"
+    supported = ("input_text", "input_image", "input_file", "text", "image_url", "output_text", "refusal")
 
 
 _PARTTAGS = {
@@ -275,18 +276,9 @@ class ItemReferenceParam(RequestModel):
     id: str
 
 
-class UnknownItemParam(RequestModel):
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _unknown(cls, value: str) -> str:
-        raise refuse(
-            "invalid_value",
-            "Invalid value for '{param}': unsupported input item type; supported: "
-            + ", ".join(INPUT_ITEM_TYPES)
-            + ".",
-        )
+class UnknownItemParam(UnknownTypeParam):
+    unknown = "unsupported input item type"
+    supported = INPUT_ITEM_TYPES
 
 
 def _implicit_item_type(item: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ refusal raised with `refuse`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -18,6 +18,7 @@ from pydantic import (
     Discriminator,
     TypeAdapter,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
@@ -116,6 +117,22 @@ def by_type(
 def refuse(code: str, message: str) -> PydanticCustomError:
     """A validation error with our code; `{param}` in the message becomes the field's path."""
     return PydanticCustomError(code, message)
+
+
+class UnknownTypeParam(RequestModel):
+    """A union's member for any other `type` (tagged `OTHER`): refused, saying what was not
+    known and which types are; a subclass names both."""
+
+    unknown: ClassVar[str]
+    supported: ClassVar[Sequence[str]]
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _unknown(cls, value: str) -> str:
+        supported = ", ".join(cls.supported)
+        message = f"Invalid value for '{{param}}': {cls.unknown}; supported: {supported}."
+        raise refuse("invalid_value", message)
 
 
 # ---- ValidationError -> InvalidRequestError ------------------------------------------------------
