@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import shutil
 import subprocess
 import time
@@ -83,8 +84,11 @@ class Browser:
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Browser]:
     port = free_port()
+    # `make test` preloads Debian's OpenBLAS for MLX (LD_PRELOAD); Chromium's renderer dies with
+    # it preloaded ("Unable to receive message from renderer"), so the browser runs without it.
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
     driver = subprocess.Popen(
-        ["chromedriver", f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ["chromedriver", f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     )
     base = f"http://127.0.0.1:{port}"
     session = None
