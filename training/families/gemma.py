@@ -14,7 +14,7 @@ from ._base import (
 )
 from .vocab import TokenizerSpec, token_ids
 
-_GEMMA_LEADING = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
+GEMMA_LEADING = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
 _GEMMA_TRAILING = (
     "<start_of_turn>",
     "<end_of_turn>",
@@ -27,7 +27,7 @@ GEMMA_IMAGE_TOKENS = 16  # 64 px / patch 8 = 8 x 8 patches, pooled 2 x 2 -> 4 x 
 
 
 def _gemma3(tokenizer: Tokenizer) -> FamilyFiles:
-    ids = token_ids(tokenizer, (*_GEMMA_LEADING, *_GEMMA_TRAILING))
+    ids = token_ids(tokenizer, (*GEMMA_LEADING, *_GEMMA_TRAILING))
     eos, end_of_turn = ids["<eos>"], ids["<end_of_turn>"]
     config = {
         "architectures": ["Gemma3ForConditionalGeneration"],
@@ -146,7 +146,7 @@ FAMILIES = (
         "google/gemma-3-4b-it",
         TokenizerSpec(
             style="metaspace",
-            leading_specials=_GEMMA_LEADING,
+            leading_specials=GEMMA_LEADING,
             trailing_specials=_GEMMA_TRAILING,
             unk_token="<unk>",
             bos_token="<bos>",

@@ -20,9 +20,9 @@ from ._base import (
     FamilyFiles,
     tokenizer_config,
 )
+from .gemma import GEMMA_LEADING
 from .vocab import TokenizerSpec, token_ids
 
-_LEADING = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
 # Turn, media and thinking markup (special: not shown in the answer).
 _SPECIALS = (
     "<|turn>",
@@ -55,7 +55,7 @@ MAX_SOFT_TOKENS = 16
 
 
 def _gemma4(tokenizer: Tokenizer) -> FamilyFiles:
-    ids = token_ids(tokenizer, (*_LEADING, *_SPECIALS, *_TOOL_TOKENS))
+    ids = token_ids(tokenizer, (*GEMMA_LEADING, *_SPECIALS, *_TOOL_TOKENS))
     # <eos> and the end of a turn (the published generation_config's may hold more: not seen here).
     eos = [ids["<eos>"], ids["<turn|>"]]
     vocab = tokenizer.get_vocab_size()
@@ -213,7 +213,7 @@ FAMILIES = (
         "google/gemma-4-26B-A4B-it (and the 31B's sliding + global layers)",
         TokenizerSpec(
             style="metaspace",
-            leading_specials=_LEADING,
+            leading_specials=GEMMA_LEADING,
             trailing_specials=_SPECIALS,
             added_tokens=_TOOL_TOKENS,
             unk_token="<unk>",
