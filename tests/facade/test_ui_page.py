@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vlmserve.facade import FacadeSettings, Timeouts
+from vlmserve.facade import FacadeSettings
 from vlmserve.facade.http.api_keys import ApiKeys
 
 KEY = "sk-ui-test-key-0000000000"
@@ -18,12 +18,9 @@ FILES = Path(__file__).resolve().parents[2] / "facade" / "vlmserve" / "facade" /
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> FacadeSettings:
-    return FacadeSettings(
-        store_path=tmp_path / "facade.sqlite3",
-        timeouts=Timeouts(generate=30.0, control=5.0, stream_first_message=1.0),
-        api_keys=ApiKeys.from_keys([KEY]),
-    )
+def settings(settings: FacadeSettings) -> FacadeSettings:
+    """The shared settings (tests/facade/fixtures.py) with API keys on."""
+    return settings.replace(api_keys=ApiKeys.from_keys([KEY]))
 
 
 async def test_the_page_and_its_files(http: httpx.AsyncClient) -> None:

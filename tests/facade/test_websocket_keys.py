@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import openai
 import pytest
 import websockets.asyncio.client
 import websockets.exceptions
 
-from vlmserve.facade import FacadeSettings, Timeouts
+from vlmserve.facade import FacadeSettings
 from vlmserve.facade.http.api_keys import ApiKeys
 
 KEY = "sk-websocket-test-key-0000"
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> FacadeSettings:
-    return FacadeSettings(
-        store_path=tmp_path / "facade.sqlite3",
-        timeouts=Timeouts(generate=30.0, control=5.0, stream_first_message=1.0),
-        api_keys=ApiKeys.from_keys([KEY]),
-    )
+def settings(settings: FacadeSettings) -> FacadeSettings:
+    """The shared settings (tests/facade/fixtures.py) with API keys on."""
+    return settings.replace(api_keys=ApiKeys.from_keys([KEY]))
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-wrong"}])

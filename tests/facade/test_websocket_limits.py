@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from starlette.websockets import WebSocket
 
 from tests.facade.fake_engine import FakeEngine, Script
 from tests.hardening.test_slow_clients import wait_for
-from vlmserve.facade import FacadeSettings, Limits, Timeouts
+from vlmserve.facade import FacadeSettings, Limits
 from vlmserve.facade.cli import server_config
 from vlmserve.facade.http.api_keys import ApiKeys
 
@@ -28,12 +27,10 @@ HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> FacadeSettings:
-    return FacadeSettings(
-        store_path=tmp_path / "facade.sqlite3",
-        timeouts=Timeouts(generate=30.0, control=5.0, stream_first_message=1.0),
-        api_keys=ApiKeys.from_keys([KEY]),
-        limits=Limits(max_websockets_per_key=2, max_request_parts=20),
+def settings(settings: FacadeSettings) -> FacadeSettings:
+    """The shared settings (tests/facade/fixtures.py) with API keys on."""
+    return settings.replace(
+        api_keys=ApiKeys.from_keys([KEY]), limits=Limits(max_websockets_per_key=2, max_request_parts=20)
     )
 
 
