@@ -336,6 +336,26 @@ async def test_anthropic_computer_call_streams_as_one_tool_use_block(
     assert next(e for e in events if e["type"] == "message_delta")["delta"]["stop_reason"] == "tool_use"
 
 
+def replayed_computer_turn(input: dict[str, Any]) -> dict[str, Any]:
+    """A Messages body replaying one computer `tool_use` with `input` and its tool_result."""
+    return {
+        "model": "default",
+        "max_tokens": 16,
+        "tools": [ANTHROPIC_TOOL],
+        "messages": [
+            {"role": "user", "content": "Go."},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_9", "name": "computer", "input": input}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "done"}],
+            },
+        ],
+    }
+
+
 @pytest.mark.parametrize(
     ("input", "expected"),
     [
@@ -361,23 +381,7 @@ async def test_anthropic_replayed_actions_reach_the_engine_as_responses_actions(
     http: httpx.AsyncClient, engine: FakeEngine, input: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     engine.script = Script(text_chunks=["ok"])
-    body = {
-        "model": "default",
-        "max_tokens": 16,
-        "tools": [ANTHROPIC_TOOL],
-        "messages": [
-            {"role": "user", "content": "Go."},
-            {
-                "role": "assistant",
-                "content": [{"type": "tool_use", "id": "toolu_9", "name": "computer", "input": input}],
-            },
-            {
-                "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "done"}],
-            },
-        ],
-    }
-    reply = await http.post("/v1/messages", json=body)
+    reply = await http.post("/v1/messages", json=replayed_computer_turn(input))
     assert reply.status_code == 200, reply.text
     assert json.loads(engine.requests[-1].messages[1].tool_calls[0].arguments) == expected
 
@@ -393,23 +397,7 @@ async def test_anthropic_replayed_actions_reach_the_engine_as_responses_actions(
 async def test_anthropic_bad_computer_actions_are_400s_naming_them(
     http: httpx.AsyncClient, input: dict[str, Any], param: str
 ) -> None:
-    body = {
-        "model": "default",
-        "max_tokens": 16,
-        "tools": [ANTHROPIC_TOOL],
-        "messages": [
-            {"role": "user", "content": "Go."},
-            {
-                "role": "assistant",
-                "content": [{"type": "tool_use", "id": "toolu_9", "name": "computer", "input": input}],
-            },
-            {
-                "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "done"}],
-            },
-        ],
-    }
-    reply = await http.post("/v1/messages", json=body)
+    reply = await http.post("/v1/messages", json=replayed_computer_turn(input))
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error"
