@@ -287,6 +287,35 @@ REFUSALS: list[tuple[str, list[pb.Message], dict[str, Any], str, str]] = [
         "file inputs ('a.pdf') are not supported",
         "messages[2].tool_output.parts.parts[1]",
     ),
+    # Video and audio parts are placed like images and refused by name until their rendering
+    # lands (issue 34): never dropped, wherever they are.
+    (
+        "video part",
+        [user(text("x"), pb.Part(video=pb.VideoPart(data=b"\x00\x00\x00\x18ftypmp42")))],
+        {},
+        "video inputs are not supported",
+        "messages[0].parts[1]",
+    ),
+    (
+        "audio part in a tool output",
+        [user(text("x")), tool_call(), tool_output(text("t"), pb.Part(audio=pb.AudioPart(data=b"RIFF")))],
+        {},
+        "audio inputs are not supported",
+        "messages[2].tool_output.parts.parts[1]",
+    ),
+    (
+        "video frames in an assistant turn",
+        [
+            user(text("x")),
+            pb.Message(
+                role=pb.ROLE_ASSISTANT,
+                parts=[text("a"), pb.Part(video=pb.VideoPart(frames=pb.VideoFrames(fps=2.0)))],
+            ),
+        ],
+        {},
+        "video inputs are not supported",
+        "messages[1].parts[1]",
+    ),
     (
         "empty part in a tool output",
         [user(text("x")), tool_call(), tool_output(text("t"), pb.Part())],

@@ -4,7 +4,8 @@ isort:skip_file
 The engine contract: conversations in, generated text and tool calls out.
 
 Versioned by package: breaking changes go to vlmserve.engine.v2, never into v1.
-Images cross this contract as bytes plus a media type, never as URLs or file paths.
+Images, video and audio cross this contract as bytes plus a media type, never as URLs or file
+paths.
 """
 
 from collections import abc as _abc
@@ -305,6 +306,155 @@ class JsonPart(_message.Message):
 Global___JsonPart: _TypeAlias = JsonPart  # noqa: Y015
 
 @_typing.final
+class VideoPart(_message.Message):
+    """A video clip: an encoded container as the caller sent it, a file reference, or frames already
+    sampled (a list of images, vLLM's `video: [frame urls]`). Allowed wherever an ImagePart is (user
+    content, tool output part lists, other roles: lowered as images are). The engine probes the
+    container header and refuses an over-limit clip (INVALID_ARGUMENT naming the limit) before it
+    decodes anything: demuxers are an attack surface.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    FILE_ID_FIELD_NUMBER: _builtins.int
+    FRAMES_FIELD_NUMBER: _builtins.int
+    MEDIA_TYPE_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """Container bytes (MP4, WebM, MOV, MKV, AVI), exactly as the caller sent them."""
+    file_id: _builtins.str
+    """A stored file; the facade resolves it to bytes before the engine, which refuses it (as it
+    refuses a FilePart's file_id) rather than read storage it does not own.
+    """
+    media_type: _builtins.str
+    """IANA media type of `data`, e.g. "video/mp4". The engine sniffs the bytes and refuses a
+    mismatch rather than trusting this field alone.
+    """
+    @_builtins.property
+    def frames(self) -> Global___VideoFrames:
+        """Frames already sampled, in order; each is decoded and bounded as an ImagePart is."""
+
+    @_builtins.property
+    def sampling(self) -> Global___VideoSampling:
+        """What the caller asked for; zero fields take the engine's defaults (docs/video-audio.md)."""
+
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        file_id: _builtins.str = ...,
+        frames: Global___VideoFrames | None = ...,
+        media_type: _builtins.str = ...,
+        sampling: Global___VideoSampling | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file_id", b"file_id", "frames", b"frames", "sampling", b"sampling", "source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file_id", b"file_id", "frames", b"frames", "media_type", b"media_type", "sampling", b"sampling", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["data", "file_id", "frames"]  # noqa: Y015
+    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+
+Global___VideoPart: _TypeAlias = VideoPart  # noqa: Y015
+
+@_typing.final
+class VideoFrames(_message.Message):
+    """Frames of a clip already sampled by the caller."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAMES_FIELD_NUMBER: _builtins.int
+    FPS_FIELD_NUMBER: _builtins.int
+    fps: _builtins.float
+    """The rate the frames were sampled at, so the model sees real time; 0 = the default (2 fps)."""
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___ImagePart]: ...
+    def __init__(
+        self,
+        *,
+        frames: _abc.Iterable[Global___ImagePart] | None = ...,
+        fps: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fps", b"fps", "frames", b"frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VideoFrames: _TypeAlias = VideoFrames  # noqa: Y015
+
+@_typing.final
+class VideoSampling(_message.Message):
+    """How to sample a clip. Per request because cost is per request: every frame is model input
+    (mlx-vlm #2050: ignoring these made every clip cost ~10k tokens).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FPS_FIELD_NUMBER: _builtins.int
+    MAX_FRAMES_FIELD_NUMBER: _builtins.int
+    MIN_PIXELS_FIELD_NUMBER: _builtins.int
+    MAX_PIXELS_FIELD_NUMBER: _builtins.int
+    fps: _builtins.float
+    """Frames per second to sample (0 = the engine's default, docs/video-audio.md)."""
+    max_frames: _builtins.int
+    """At most this many frames (0 = the engine's default)."""
+    min_pixels: _builtins.int
+    """Per-frame pixel bounds handed to the family's processor (0 = its default)."""
+    max_pixels: _builtins.int
+    def __init__(
+        self,
+        *,
+        fps: _builtins.float = ...,
+        max_frames: _builtins.int = ...,
+        min_pixels: _builtins.int = ...,
+        max_pixels: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fps", b"fps", "max_frames", b"max_frames", "max_pixels", b"max_pixels", "min_pixels", b"min_pixels"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VideoSampling: _TypeAlias = VideoSampling  # noqa: Y015
+
+@_typing.final
+class AudioPart(_message.Message):
+    """An audio clip: an encoded file (WAV, MP3, FLAC, OGG) as the caller sent it, or a file
+    reference. Allowed wherever an ImagePart is; bounded (duration, sample rate) before decoding.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    FILE_ID_FIELD_NUMBER: _builtins.int
+    MEDIA_TYPE_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    file_id: _builtins.str
+    """Resolved to bytes by the facade; the engine refuses it, as for VideoPart.file_id."""
+    media_type: _builtins.str
+    """"audio/wav", "audio/mpeg", "audio/flac", "audio/ogg" (from OpenAI's `format`); sniffed, a
+    mismatch refused.
+    """
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        file_id: _builtins.str = ...,
+        media_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file_id", b"file_id", "source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file_id", b"file_id", "media_type", b"media_type", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["data", "file_id"]  # noqa: Y015
+    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+
+Global___AudioPart: _TypeAlias = AudioPart  # noqa: Y015
+
+@_typing.final
 class Part(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -312,6 +462,8 @@ class Part(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     FILE_FIELD_NUMBER: _builtins.int
     JSON_FIELD_NUMBER: _builtins.int
+    VIDEO_FIELD_NUMBER: _builtins.int
+    AUDIO_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def text(self) -> Global___TextPart: ...
     @_builtins.property
@@ -320,6 +472,10 @@ class Part(_message.Message):
     def file(self) -> Global___FilePart: ...
     @_builtins.property
     def json(self) -> Global___JsonPart: ...
+    @_builtins.property
+    def video(self) -> Global___VideoPart: ...
+    @_builtins.property
+    def audio(self) -> Global___AudioPart: ...
     def __init__(
         self,
         *,
@@ -327,12 +483,14 @@ class Part(_message.Message):
         image: Global___ImagePart | None = ...,
         file: Global___FilePart | None = ...,
         json: Global___JsonPart | None = ...,
+        video: Global___VideoPart | None = ...,
+        audio: Global___AudioPart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["file", b"file", "image", b"image", "json", b"json", "kind", b"kind", "text", b"text"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "file", b"file", "image", b"image", "json", b"json", "kind", b"kind", "text", b"text", "video", b"video"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["file", b"file", "image", b"image", "json", b"json", "kind", b"kind", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "file", b"file", "image", b"image", "json", b"json", "kind", b"kind", "text", b"text", "video", b"video"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "image", "file", "json"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "image", "file", "json", "video", "audio"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

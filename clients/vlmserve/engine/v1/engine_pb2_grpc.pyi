@@ -4,7 +4,8 @@ isort:skip_file
 The engine contract: conversations in, generated text and tool calls out.
 
 Versioned by package: breaking changes go to vlmserve.engine.v2, never into v1.
-Images cross this contract as bytes plus a media type, never as URLs or file paths.
+Images, video and audio cross this contract as bytes plus a media type, never as URLs or file
+paths.
 """
 
 from collections import abc as _abc

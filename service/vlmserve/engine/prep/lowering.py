@@ -13,8 +13,8 @@ text. So, before a conversation is rendered:
   turn right after it (no marker line);
 * user turns keep their media where they are.
 
-File parts are placed like images (they are media the engine refuses by name until files
-are supported), so they are never silently turned into text.
+File, video and audio parts are placed like images (media the engine refuses by name until
+it renders them), so they are never silently turned into text or dropped.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 IMAGE_FOLLOW_UP_MARKER = "[Image output attached in the next message]"
 
-_MEDIA_KINDS = frozenset({"image", "file"})
+_MEDIA_KINDS = frozenset({"image", "file", "video", "audio"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ path in the request as sent):
   to a user turn right after, and a part-list tool output becomes text (text parts joined with
   "\\n", JSON parts as one JSON-array line, the marker line when it held images). The lowering
   is idempotent, so a conversation a caller already lowered renders exactly the same;
-- file parts are refused anywhere (the engine does not read documents);
+- file parts are refused anywhere (the engine does not read documents); video and audio parts
+  are placed like images and refused by name (`clip_content`) until their rendering lands;
 - a JSON part in a message is rendered as its JSON text;
 - developer turns render as system turns (chat templates have no developer role);
 - an assistant turn's `reasoning_text` is passed as its `reasoning_content`, the variable
@@ -224,11 +225,20 @@ def _message_content(lowered: LoweredMessage, images: list[PromptImage]) -> list
             raise invalid_argument(
                 f"{part_where}: file inputs ({name!r}) are not supported by this engine", field=part_where
             )
+        elif kind in ("video", "audio"):  # only in user turns: the lowering moved the others
+            content.append(clip_content(part, part_where))
         else:
             raise invalid_argument(
-                f"{part_where}: empty part (no text, image, file or json)", field=part_where
+                f"{part_where}: empty part (no text, image, video, audio, file or json)", field=part_where
             )
     return content
+
+
+def clip_content(part: pb.Part, where: str) -> dict[str, Any]:
+    """The template entry of a video or audio part: refused by name until the family rendering
+    (issue 34, media-engine) replaces this one function; refused, never dropped."""
+    kind = part.WhichOneof("kind")
+    raise invalid_argument(f"{where}: {kind} inputs are not supported by this engine yet", field=where)
 
 
 def _assistant_tool_calls(message: pb.Message, where: str) -> list[dict[str, Any]]:
