@@ -110,12 +110,33 @@ async def create_message(request: Request, state: State) -> Response:
 
 @router.post("/count_tokens", operation_id="countMessageTokens", response_model=None)
 async def count_message_tokens(request: Request, state: State) -> dict[str, Any]:
+    """The prompt's tokens as `/v1/messages` would send it: replayed `compaction` blocks expanded
+    and `context_management.edits` applied (clear_thinking, then clear_tool_uses against its
+    trigger), with `context_management.original_input_tokens` (before the edits) as Anthropic
+    answers. A compact edit is not run: counting never generates."""
+    owner = owner_of(request)
     with state.body_budget.hold() as hold:
         body = await read_json(request, limits=state.settings.limits, hold=hold)
-        translated = await state.responses.run_translation(messages_request, body, count_tokens=True)
-        with fields_renamed(translated.anthropic_param):
-            tokens = await state.responses.count_tokens(translated.request, owner=owner_of(request))
-    return {"input_tokens": tokens}
+        if not isinstance(body, dict):
+            return {"input_tokens": await _count_message(state, body, owner)}
+        edits = parse_edits(body.get("context_management"))
+        original = await _count_message(state, apply_edits(body, []).body, owner)
+        if "context_management" not in body:
+            return {"input_tokens": original}
+        # The same order as `_edited`: the edits without a trigger, then those with one.
+        thinned = apply_edits(body, [edit for edit in edits if not needs_count([edit])])
+        tokens = await _count_message(state, thinned.body, owner) if thinned.applied else original
+        clearing = [edit for edit in edits if isinstance(edit, ClearToolUses)]
+        cleared = apply_edits(thinned.body, clearing, tokens)
+        if cleared.applied:
+            tokens = await _count_message(state, cleared.body, owner)
+    return {"input_tokens": tokens, "context_management": {"original_input_tokens": original}}
+
+
+async def _count_message(state: FacadeState, body: Any, owner: str) -> int:
+    translated = await state.responses.run_translation(messages_request, body, count_tokens=True)
+    with fields_renamed(translated.anthropic_param):
+        return await state.responses.count_tokens(translated.request, owner=owner)
 
 
 @dataclass
