@@ -13,6 +13,7 @@ from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
+from vlmserve.facade.store.records import ResponseRecord
 
 OTHER_OWNER = "someone-else"
 
@@ -38,8 +39,10 @@ async def test_start_up_fails_responses_left_in_progress(
     assert finished["status"] == "completed"
     # What a facade killed mid-generation leaves behind, for two owners.
     interrupted = left_in_progress(finished, "resp_interrupted")
-    await store.responses.put(interrupted, [], owner=ANONYMOUS_OWNER)
-    await store.responses.put(left_in_progress(finished, "resp_other"), [], owner=OTHER_OWNER)
+    await store.responses.put(ResponseRecord.of(interrupted), [], owner=ANONYMOUS_OWNER)
+    await store.responses.put(
+        ResponseRecord.of(left_in_progress(finished, "resp_other")), [], owner=OTHER_OWNER
+    )
 
     restarted = create_app(settings, engine=engine_client, store=store)
     async with (

@@ -23,7 +23,7 @@ from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import Store
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
-from vlmserve.facade.store.records import StoredItem
+from vlmserve.facade.store.records import ResponseRecord, StoredItem
 from vlmserve.responses import build_generate_request, input_to_messages
 
 CALL = pb.ToolCall(id="call_1", name="screenshot", arguments="{}", kind=pb.TOOL_KIND_FUNCTION)
@@ -135,7 +135,7 @@ async def test_images_are_stored_once_per_content(tmp_path: Path) -> None:
     messages = input_to_messages(image)
     for index in range(3):
         await store.responses.put(
-            resource(f"resp_{index}"), [message(f"m{index}", "x")], input_messages=messages
+            ResponseRecord.of(resource(f"resp_{index}")), [message(f"m{index}", "x")], input_messages=messages
         )
     with sqlite3.connect(tmp_path / "s.sqlite3") as db:
         assert db.execute("SELECT COUNT(*) FROM images").fetchone() == (1,)
@@ -151,9 +151,9 @@ async def test_responses_stored_without_messages_replay_their_items(tmp_path: Pa
     """Responses stored before messages were kept (or whose output did not translate)."""
     store = Store.sqlite(tmp_path / "s.sqlite3")
     await store.responses.put(
-        resource("resp_1"), [message("m1", "one")], input_messages=input_to_messages("one")
+        ResponseRecord.of(resource("resp_1")), [message("m1", "one")], input_messages=input_to_messages("one")
     )
-    await store.responses.put(resource("resp_2", "resp_1"), [message("m2", "two")])
+    await store.responses.put(ResponseRecord.of(resource("resp_2", "resp_1")), [message("m2", "two")])
     replay = await store.responses.replay("resp_2")
     assert replay is not None and replay.messages == []
     assert [item["content"] for item in replay.items] == ["one", "two"]

@@ -26,7 +26,7 @@ from vlmserve.facade import FacadeSettings, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.store.postgres import PostgresDatabase
-from vlmserve.facade.store.records import StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.records import ResponseRecord, StorageQuotaExceededError, StoredItem
 from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import input_to_messages
 
@@ -95,9 +95,9 @@ async def test_a_restarting_facade_fails_a_dead_facades_responses_not_a_live_one
     live_store, dead_store = another_store(), another_store()
     async with facade(settings, engine_client, live_store) as live:
         # What each has running: the live one renews its lease; the dead one's ran out.
-        await live_store.responses.put(in_progress("resp_live"), [], owner=ANONYMOUS_OWNER)
+        await live_store.responses.put(ResponseRecord.of(in_progress("resp_live")), [], owner=ANONYMOUS_OWNER)
         await dead_store.leases.start(0.001)
-        await dead_store.responses.put(in_progress("resp_dead"), [], owner=ANONYMOUS_OWNER)
+        await dead_store.responses.put(ResponseRecord.of(in_progress("resp_dead")), [], owner=ANONYMOUS_OWNER)
         await asyncio.sleep(0.01)
         async with facade(settings, engine_client, another_store()) as restarted:
             dead = (await restarted.get("/v1/responses/resp_dead")).json()
@@ -111,7 +111,7 @@ async def test_a_restarting_facade_fails_a_dead_facades_responses_not_a_live_one
 async def test_a_lease_not_renewed_expires_and_a_renewed_one_does_not(another_store: OpenStore) -> None:
     alive, sweeper = another_store(), another_store()
     await alive.leases.start(0.2)
-    await alive.responses.put(in_progress("resp_1"), [])
+    await alive.responses.put(ResponseRecord.of(in_progress("resp_1")), [])
     assert await sweeper.leases.fail_unfinished(INTERRUPTED_ERROR) == []
     for _ in range(3):
         await asyncio.sleep(0.1)
@@ -135,7 +135,11 @@ def test_two_writers_cannot_both_pass_the_quota(another_store: OpenStore) -> Non
         try:
             resource = {"id": f"resp_{index}", "created_at": 1, "status": "completed", "output": []}
             # Each writer on its own thread and loop: the writes meet in the database.
-            asyncio.run(stores[index].responses.put(resource, item, owner="k", max_stored_bytes=quota))
+            asyncio.run(
+                stores[index].responses.put(
+                    ResponseRecord.of(resource), item, owner="k", max_stored_bytes=quota
+                )
+            )
             outcomes.append("stored")
         except StorageQuotaExceededError as error:
             assert error.quota == quota
@@ -169,12 +173,14 @@ async def test_a_conversation_changed_on_one_facade_replays_right_on_the_other(
 async def test_an_output_finished_on_one_facade_replays_on_the_other(another_store: OpenStore) -> None:
     running, reader = another_store(), another_store()
     asked = input_to_messages([{"type": "message", "role": "user", "content": "q"}])
-    await running.responses.put(in_progress("resp_1"), [message("q", "q")], input_messages=asked)
+    await running.responses.put(
+        ResponseRecord.of(in_progress("resp_1")), [message("q", "q")], input_messages=asked
+    )
     early = await reader.responses.replay("resp_1")
     assert early is not None and early.messages == asked
     answer = input_to_messages([{"type": "message", "role": "assistant", "content": "a"}])
     done = {**in_progress("resp_1"), "status": "completed"}
-    await running.responses.finish(done, output_messages=answer)
+    await running.responses.finish(ResponseRecord.of(done), output_messages=answer)
     later = await reader.responses.replay("resp_1")
     assert later is not None and later.messages == [*asked, *answer]
 
@@ -184,7 +190,9 @@ async def test_upkeep_runs_in_one_facade_at_a_time(store_backend: str, another_s
         pytest.skip("SQLite's write transactions are exclusive: there is no turn to take")
     first, second = another_store(), another_store()
     assert isinstance(first.db, PostgresDatabase)
-    await first.responses.put({"id": "resp_old", "created_at": 1, "status": "completed", "output": []}, [])
+    await first.responses.put(
+        ResponseRecord.of({"id": "resp_old", "created_at": 1, "status": "completed", "output": []}), []
+    )
     with first.db.upkeep_turn() as mine:
         assert mine
         assert (await second.maintain(expire_before=100)).expired_responses == 0
@@ -203,7 +211,10 @@ async def test_connections_the_server_dropped_are_replaced(
     server = request.getfixturevalue("postgres_server")
     store = another_store()
     await store.responses.put(
-        {"id": "resp_1", "created_at": int(time.time()), "status": "completed", "output": []}, []
+        ResponseRecord.of(
+            {"id": "resp_1", "created_at": int(time.time()), "status": "completed", "output": []}
+        ),
+        [],
     )
     ((database,),) = store.db.query("SELECT current_database()", ())
     with psycopg.connect(server.url(), autocommit=True) as admin:

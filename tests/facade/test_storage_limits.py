@@ -23,7 +23,7 @@ from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.helpers import MakeClient, png_data_url
 from vlmserve.facade import Store
 from vlmserve.facade.settings import Storage
-from vlmserve.facade.store.records import StoredItem
+from vlmserve.facade.store.records import ResponseRecord, StoredItem
 from vlmserve.facade.store.sqlite import SQLiteDatabase
 from vlmserve.facade.store.upkeep import run_upkeep, upkeep_once
 from vlmserve.responses import input_to_messages
@@ -103,8 +103,12 @@ def resource(response_id: str, created_at: int) -> dict[str, Any]:
 async def test_responses_expire_and_conversations_do_not(store: Store) -> None:
     messages = input_to_messages([image_item(png_data_url())])
     item = [StoredItem("m", image_item(png_data_url()))]
-    await store.responses.put(resource("resp_old", 1_000), item, owner="k", input_messages=messages)
-    await store.responses.put(resource("resp_new", 9_000), item, owner="k", input_messages=messages)
+    await store.responses.put(
+        ResponseRecord.of(resource("resp_old", 1_000)), item, owner="k", input_messages=messages
+    )
+    await store.responses.put(
+        ResponseRecord.of(resource("resp_new", 9_000)), item, owner="k", input_messages=messages
+    )
     await store.conversations.create("conv_old", metadata={}, items=item, messages=messages, owner="k")
     before = await store.stored_bytes("k")
     done = await upkeep_once(store, Storage(response_ttl_s=3_600), now=10_000)
@@ -132,7 +136,9 @@ async def test_deleted_space_goes_back_to_the_file_system(tmp_path: Path) -> Non
     for index, url in enumerate(images):
         items = [StoredItem(f"m{index}", image_item(url))]
         await store.responses.put(
-            resource(f"resp_{index}", 1), items, input_messages=input_to_messages([image_item(url)])
+            ResponseRecord.of(resource(f"resp_{index}", 1)),
+            items,
+            input_messages=input_to_messages([image_item(url)]),
         )
     await store.maintain()
     full = file_bytes(path)
@@ -170,7 +176,7 @@ async def test_item_lists_read_one_page_whatever_the_size(tmp_path: Path, order:
     for conversation, count in (("conv_small", 10), ("conv_big", 3_000)):
         items = [StoredItem(f"m{i}", {"role": "user", "content": "x" * 200}) for i in range(count)]
         await store.conversations.create(conversation, metadata={}, items=items)
-        await store.responses.put(resource(f"resp_{conversation}", 1), items)
+        await store.responses.put(ResponseRecord.of(resource(f"resp_{conversation}", 1)), items)
     for list_items, key in (
         (store.conversations.list_items, "conv"),
         (store.responses.list_input_items, "resp_conv"),
@@ -194,7 +200,7 @@ async def test_upkeep_runs_on_its_interval_until_cancelled(tmp_path: Path) -> No
         # Stored after the first run: only a later run can delete it.
         await asyncio.sleep(0.1)
         await store.responses.put(
-            resource("resp_old", 1), [StoredItem("m", {"role": "user", "content": "x"})]
+            ResponseRecord.of(resource("resp_old", 1)), [StoredItem("m", {"role": "user", "content": "x"})]
         )
         for _ in range(100):
             if await store.responses.get("resp_old") is None:

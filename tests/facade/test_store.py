@@ -10,7 +10,12 @@ from typing import Any
 
 import pytest
 
-from vlmserve.facade.store.records import MissingChainLinkError, StoredItem, UnknownCursorError
+from vlmserve.facade.store.records import (
+    MissingChainLinkError,
+    ResponseRecord,
+    StoredItem,
+    UnknownCursorError,
+)
 from vlmserve.facade.store.repositories import Store
 from vlmserve.facade.store.sqlite import SCHEMA_VERSION
 
@@ -52,7 +57,9 @@ def test_uses_wal_and_creates_its_folder(tmp_path: Path) -> None:
 
 
 async def test_owners_never_see_each_others_objects(store: Store) -> None:
-    await store.responses.put(resource("resp_a"), [message("msg_1", "secret")], owner="alice")
+    await store.responses.put(
+        ResponseRecord.of(resource("resp_a")), [message("msg_1", "secret")], owner="alice"
+    )
     assert await store.responses.get("resp_a", owner="bob") is None
     assert await store.responses.list_input_items("resp_a", owner="bob") is None
     assert await store.responses.replay_items("resp_a", owner="bob") is None
@@ -63,16 +70,20 @@ async def test_owners_never_see_each_others_objects(store: Store) -> None:
 
 async def test_replay_walks_the_chain_oldest_first(store: Store) -> None:
     answer = {"type": "message", "id": "msg_out1", "role": "assistant", "content": []}
-    await store.responses.put(resource("resp_1", output=[answer]), [message("m1", "one")])
-    await store.responses.put(resource("resp_2", previous="resp_1"), [message("m2", "two")])
+    await store.responses.put(ResponseRecord.of(resource("resp_1", output=[answer])), [message("m1", "one")])
+    await store.responses.put(
+        ResponseRecord.of(resource("resp_2", previous="resp_1")), [message("m2", "two")]
+    )
     items = await store.responses.replay_items("resp_2")
     assert items is not None
     assert [item.get("content") for item in items] == ["one", [], "two"]
 
 
 async def test_replay_with_a_deleted_link_names_it(store: Store) -> None:
-    await store.responses.put(resource("resp_1"), [message("m1", "one")])
-    await store.responses.put(resource("resp_2", previous="resp_1"), [message("m2", "two")])
+    await store.responses.put(ResponseRecord.of(resource("resp_1")), [message("m1", "one")])
+    await store.responses.put(
+        ResponseRecord.of(resource("resp_2", previous="resp_1")), [message("m2", "two")]
+    )
     await store.responses.delete("resp_1")
     with pytest.raises(MissingChainLinkError) as missing:
         await store.responses.replay_items("resp_2")
@@ -83,7 +94,8 @@ async def test_replay_depth_is_bounded(store: Store) -> None:
     previous = None
     for index in range(5):
         await store.responses.put(
-            resource(f"resp_{index}", previous=previous), [message(f"m{index}", str(index))]
+            ResponseRecord.of(resource(f"resp_{index}", previous=previous)),
+            [message(f"m{index}", str(index))],
         )
         previous = f"resp_{index}"
     items = await store.responses.replay_items("resp_4", max_depth=2)
@@ -91,13 +103,13 @@ async def test_replay_depth_is_bounded(store: Store) -> None:
 
 
 async def test_update_replaces_outputs_and_delete_cascades(store: Store) -> None:
-    await store.responses.put(resource("resp_1"), [message("m1", "one")])
+    await store.responses.put(ResponseRecord.of(resource("resp_1")), [message("m1", "one")])
     out = {"type": "message", "id": "msg_o", "role": "assistant", "content": []}
-    assert await store.responses.update(resource("resp_1", output=[out]))
+    assert await store.responses.update(ResponseRecord.of(resource("resp_1", output=[out])))
     assert await store.responses.find_item("msg_o") == out
     assert await store.responses.delete("resp_1")
     assert await store.responses.find_item("msg_o") is None and await store.responses.find_item("m1") is None
-    assert not await store.responses.update(resource("resp_1"))
+    assert not await store.responses.update(ResponseRecord.of(resource("resp_1")))
 
 
 @pytest.mark.parametrize(
@@ -114,7 +126,9 @@ async def test_update_replaces_outputs_and_delete_cascades(store: Store) -> None
 async def test_cancel_marks_only_an_unfinished_background_response(
     store: Store, background: bool, status: str, after: str
 ) -> None:
-    await store.responses.put({**resource("resp_a"), "background": background, "status": status}, [])
+    await store.responses.put(
+        ResponseRecord.of({**resource("resp_a"), "background": background, "status": status}), []
+    )
     assert await store.responses.cancel("resp_a", owner="bob") is None
     cancelled = await store.responses.cancel("resp_a")
     assert cancelled is not None and cancelled.status == cancelled.resource["status"] == after
@@ -124,7 +138,7 @@ async def test_cancel_marks_only_an_unfinished_background_response(
 
 
 async def test_paging_errors_on_unknown_cursor(store: Store) -> None:
-    await store.responses.put(resource("resp_1"), [message("m1", "one")])
+    await store.responses.put(ResponseRecord.of(resource("resp_1")), [message("m1", "one")])
     with pytest.raises(UnknownCursorError):
         await store.responses.list_input_items("resp_1", after="nope")
 
@@ -208,9 +222,9 @@ async def test_a_conversation_remembers_its_model(store: Store) -> None:
     # Items the client adds keep it; a response's items make the response's model the conversation's.
     assert await store.conversations.append("conv_1", [message("m2", "two")])
     assert await model_of(store, "conv_1") == "a"
-    await store.responses.put(model_resource("resp_1", "b"), [], conversation_id="conv_1")
+    await store.responses.put(ResponseRecord.of(model_resource("resp_1", "b")), [], conversation_id="conv_1")
     await store.responses.finish(
-        model_resource("resp_1", "b"),
+        ResponseRecord.of(model_resource("resp_1", "b")),
         conversation_id="conv_1",
         conversation_items=[message("m3", "three")],
         conversation_model="b",
@@ -227,9 +241,15 @@ async def test_a_schema_3_sqlite_store_learns_its_conversations_models(tmp_path:
     old = Store.sqlite(path)
     for conversation_id in ("conv_1", "conv_2", "conv_3"):
         await old.conversations.create(conversation_id, metadata={})
-    await old.responses.put(model_resource("resp_1", "a", created_at=1), [], conversation_id="conv_1")
-    await old.responses.put(model_resource("resp_2", "b", created_at=2), [], conversation_id="conv_1")
-    await old.responses.put(model_resource("resp_3", "a", created_at=3), [], conversation_id="conv_2")
+    await old.responses.put(
+        ResponseRecord.of(model_resource("resp_1", "a", created_at=1)), [], conversation_id="conv_1"
+    )
+    await old.responses.put(
+        ResponseRecord.of(model_resource("resp_2", "b", created_at=2)), [], conversation_id="conv_1"
+    )
+    await old.responses.put(
+        ResponseRecord.of(model_resource("resp_3", "a", created_at=3)), [], conversation_id="conv_2"
+    )
     old.close()
     with sqlite3.connect(path) as db:
         # What schema version 3 had: no model column, no index on responses' conversation_id.

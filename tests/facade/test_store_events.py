@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
+from vlmserve.facade.store.records import ResponseRecord
 from vlmserve.facade.store.repositories import Store
 from vlmserve.facade.store.sqlite import SCHEMA_VERSION
 
@@ -36,7 +37,7 @@ def store(store: Store) -> Store:
 
 
 async def test_events_are_read_back_after_a_sequence_number(store: Store) -> None:
-    await store.responses.put(resource("resp_1"), [], owner="alice")
+    await store.responses.put(ResponseRecord.of(resource("resp_1")), [], owner="alice")
     events = [delta(n, str(n)) for n in range(5)]
     assert await store.events.append("resp_1", events[:3], owner="alice") == size_of(events[:3])
     assert await store.events.append("resp_1", events[3:], owner="alice") == size_of(events)
@@ -49,7 +50,7 @@ async def test_events_are_read_back_after_a_sequence_number(store: Store) -> Non
 
 
 async def test_events_belong_to_their_owner_and_go_with_their_response(store: Store) -> None:
-    await store.responses.put(resource("resp_1"), [], owner="alice")
+    await store.responses.put(ResponseRecord.of(resource("resp_1")), [], owner="alice")
     assert await store.events.append("resp_1", [delta(0)], owner="bob") is None
     assert await store.events.list("resp_1", owner="bob") is None
     assert await store.events.append("resp_gone", [delta(0)], owner="alice") is None
@@ -63,21 +64,21 @@ async def test_events_belong_to_their_owner_and_go_with_their_response(store: St
 
 
 async def test_the_final_write_keeps_the_events_in_the_size(store: Store) -> None:
-    await store.responses.put(resource("resp_1"), [], owner="alice")
+    await store.responses.put(ResponseRecord.of(resource("resp_1")), [], owner="alice")
     await store.events.append("resp_1", [delta(0)], owner="alice")
     final = {**resource("resp_1", "completed")}
     last = {"type": "response.completed", "sequence_number": 1, "response": final}
-    await store.responses.finish(final, owner="alice", events=[last])
+    await store.responses.finish(ResponseRecord.of(final), owner="alice", events=[last])
     assert await store.events.list("resp_1", owner="alice") == [delta(0), last]
     expected = len(json.dumps(final)) + size_of([delta(0), last])
     assert await store.stored_bytes("alice") == expected
 
 
 async def test_the_start_up_sweep_ends_a_background_response_s_events(store: Store) -> None:
-    await store.responses.put(resource("resp_bg"), [], owner="alice")
+    await store.responses.put(ResponseRecord.of(resource("resp_bg")), [], owner="alice")
     await store.events.append("resp_bg", [delta(0), delta(1)], owner="alice")
-    await store.responses.put(resource("resp_queued"), [], owner="bob")
-    await store.responses.put(resource("resp_fg", background=False), [], owner="alice")
+    await store.responses.put(ResponseRecord.of(resource("resp_queued")), [], owner="bob")
+    await store.responses.put(ResponseRecord.of(resource("resp_fg", background=False)), [], owner="alice")
     assert sorted(await store.leases.fail_unfinished(ERROR)) == ["resp_bg", "resp_fg", "resp_queued"]
     failed = {**resource("resp_bg", "failed"), "error": ERROR}
     assert await store.events.list("resp_bg", after=1, owner="alice") == [
@@ -92,7 +93,7 @@ async def test_the_start_up_sweep_ends_a_background_response_s_events(store: Sto
 async def test_a_schema_1_store_is_upgraded(tmp_path: Path) -> None:
     path = tmp_path / "v1.sqlite3"
     old = Store.sqlite(path)
-    await old.responses.put(resource("resp_old", "completed"), [], owner="alice")
+    await old.responses.put(ResponseRecord.of(resource("resp_old", "completed")), [], owner="alice")
     old.close()
     with sqlite3.connect(path) as db:
         # What schema version 1 had: no event table, no events_size column.

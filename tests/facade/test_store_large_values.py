@@ -14,7 +14,7 @@ import pytest
 
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.store.message_codec import encode_messages
-from vlmserve.facade.store.records import StoredItem
+from vlmserve.facade.store.records import ResponseRecord, StoredItem
 from vlmserve.facade.store.repositories import Store
 from vlmserve.facade.store.sqlite import LARGE_VALUE_BYTES, SCHEMA_VERSION
 
@@ -52,7 +52,9 @@ async def test_a_large_input_reads_back_as_it_was_sent(backend: tuple[str, Store
     name, store = backend
     small, large = item("msg_small", "hi"), item("msg_large", LONG)
     messages = [text_message("hi"), text_message(LONG)]
-    await store.responses.put(resource("resp_1"), [small, large], owner="o", input_messages=messages)
+    await store.responses.put(
+        ResponseRecord.of(resource("resp_1")), [small, large], owner="o", input_messages=messages
+    )
     page = await store.responses.list_input_items("resp_1", order="asc", owner="o")
     assert page is not None and [s.item for s in page.items] == [small.item, large.item]
     assert await store.responses.find_item("msg_large", owner="o") == large.item
@@ -90,7 +92,9 @@ async def test_the_cache_keeps_copies_of_a_requests_messages(backend: tuple[str,
     _, store = backend
     request = pb.GenerateRequest(messages=[text_message("earlier"), text_message("the input")])
     # The input's messages as the translation gives them: views into the request.
-    await store.responses.put(resource("resp_1"), [], owner="o", input_messages=[request.messages[1]])
+    await store.responses.put(
+        ResponseRecord.of(resource("resp_1")), [], owner="o", input_messages=[request.messages[1]]
+    )
     request.messages[1].parts[0].text.text = "changed after"
     replay = await store.responses.replay("resp_1", owner="o")
     assert replay is not None and replay.messages == [text_message("the input")]
@@ -100,7 +104,9 @@ async def test_a_schema_4_sqlite_store_keeps_its_messages(tmp_path: Path) -> Non
     path = tmp_path / "v4.sqlite3"
     old = Store.sqlite(path)
     messages = [text_message("kept")]
-    await old.responses.put(resource("resp_1"), [item("m1", "kept")], owner="o", input_messages=messages)
+    await old.responses.put(
+        ResponseRecord.of(resource("resp_1")), [item("m1", "kept")], owner="o", input_messages=messages
+    )
     await old.conversations.create("conv_1", metadata={}, owner="o")
     await old.conversations.append("conv_1", [item("m2", "kept too")], messages=messages, owner="o")
     old.close()

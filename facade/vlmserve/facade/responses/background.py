@@ -27,6 +27,7 @@ from typing import Any
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.events import TERMINAL_STATUSES, Event
 from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.store.records import ResponseRecord
 from vlmserve.facade.store.repositories import Store
 
 logger = logging.getLogger("vlmserve.facade")
@@ -184,7 +185,7 @@ class BackgroundRuns:
             if not run.marked_started and any(event.type == "response.in_progress" for event in events):
                 # Polling shows the run has started (queued -> in_progress).
                 run.marked_started = True
-                snapshot = generation.builder.snapshot().to_json()
+                snapshot = ResponseRecord.of(generation.builder.snapshot().to_json())
                 await self.store.responses.update(snapshot, owner=generation.owner)
         except Exception:
             logger.exception("response %s: its events could not be stored", generation.response_id)

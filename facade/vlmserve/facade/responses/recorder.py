@@ -19,7 +19,7 @@ from vlmserve.facade.http.errors import APIError, insufficient_storage
 from vlmserve.facade.responses.events import Event, ResponseEvents
 from vlmserve.facade.store.disk_space import is_out_of_space
 from vlmserve.facade.store.quotas import quota_exceeded
-from vlmserve.facade.store.records import StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.records import ResponseRecord, StorageQuotaExceededError, StoredItem
 from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import TranslatedRequest
 
@@ -62,7 +62,7 @@ class ResponseRecorder:
         come first and be overwritten."""
         self._stored = asyncio.ensure_future(
             self.store.responses.put(
-                self.builder.snapshot().to_json(),
+                ResponseRecord.of(self.builder.snapshot().to_json()),
                 self.input_items,
                 owner=self.owner,
                 conversation_id=self.conversation_id,
@@ -120,7 +120,7 @@ class ResponseRecorder:
             conversation_messages = self.translated.input_messages.plus(output_messages)
         # One transaction: the response's end and its conversation items are stored together.
         await self.store.responses.finish(
-            resource.to_json() if self.enabled else None,
+            ResponseRecord.of(resource.to_json()) if self.enabled else None,
             owner=self.owner,
             output_messages=output_messages,
             conversation_id=self.conversation_id if conversation_items else None,

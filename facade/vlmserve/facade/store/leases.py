@@ -13,8 +13,7 @@ import secrets
 
 from vlmserve.facade.store.database import Database
 from vlmserve.facade.store.events import append_events, failed_event
-
-UNFINISHED = ("queued", "in_progress")
+from vlmserve.facade.store.records import UNFINISHED_STATUSES, ResponseRecord
 
 
 class LeaseRepository:
@@ -73,17 +72,17 @@ class LeaseRepository:
                 "SELECT id, owner, resource FROM responses r WHERE status IN (?, ?) AND NOT EXISTS"
                 f" (SELECT 1 FROM facades f WHERE f.id = r.facade_id AND f.expires_at > {db.NOW})"
                 f"{db.FOR_UPDATE}",
-                UNFINISHED,
+                UNFINISHED_STATUSES,
             ).fetchall()
             for response_id, owner, text in rows:
-                resource = json.loads(text)
-                resource["status"] = "failed"
-                resource["error"] = dict(error)
-                if resource.get("background"):
-                    append_events(db, tx, response_id, owner, [failed_event(tx, response_id, resource)])
+                failed = ResponseRecord.of(json.loads(text)).ended("failed", error=error)
+                if failed.background:
+                    append_events(
+                        db, tx, response_id, owner, [failed_event(tx, response_id, failed.resource)]
+                    )
                 tx.execute(
                     "UPDATE responses SET resource = ?, status = 'failed' WHERE id = ?",
-                    (json.dumps(resource), response_id),
+                    (json.dumps(failed.resource), response_id),
                 )
             tx.execute(f"DELETE FROM facades WHERE expires_at <= {db.NOW}")
         return [response_id for response_id, _, _ in rows]

@@ -19,10 +19,15 @@ class StoredItem:
     item: dict[str, Any]
 
 
+# A response not over yet: queued, or running (here or in another facade sharing the store).
+UNFINISHED_STATUSES = ("queued", "in_progress")
+
+
 @dataclass(frozen=True, slots=True)
 class ResponseRecord:
-    """A stored response: what the facade reads of it, and its resource (the API's JSON, as it
-    was stored: what retrieving it answers)."""
+    """A stored response, as the repository takes it (`put`, `update`, `finish`) and gives it
+    back (`get`, `cancel`): the fields the store reads of it, and its resource (the API's JSON,
+    as it was stored: what retrieving it answers, byte for byte)."""
 
     id: str
     status: str
@@ -30,17 +35,44 @@ class ResponseRecord:
     # The model that answered (a later turn without `model` continues with it); None: not stored.
     model: str | None
     resource: dict[str, Any]
+    created_at: int = 0
+    previous_response_id: str | None = None
 
     @classmethod
     def of(cls, resource: dict[str, Any]) -> ResponseRecord:
+        """The record of a resource (`ResponseResource.to_json()`, or as it was stored)."""
         model = resource.get("model")
+        previous = resource.get("previous_response_id")
         return cls(
             id=str(resource["id"]),
             status=str(resource.get("status")),
             background=bool(resource.get("background")),
             model=model if isinstance(model, str) else None,
             resource=resource,
+            created_at=int(resource.get("created_at") or 0),
+            previous_response_id=previous if isinstance(previous, str) else None,
         )
+
+    @property
+    def unfinished(self) -> bool:
+        return self.status in UNFINISHED_STATUSES
+
+    @property
+    def cancellable(self) -> bool:
+        """A background response not over yet (a foreground one ends with its client)."""
+        return self.background and self.unfinished
+
+    def ended(self, status: str, *, error: dict[str, str] | None = None) -> ResponseRecord:
+        """This response ended with `status` (and `error`): a new record, its resource's other
+        fields, and their order, unchanged."""
+        resource = {**self.resource, "status": status}
+        if error is not None:
+            resource["error"] = dict(error)
+        return ResponseRecord.of(resource)
+
+    def output_items(self) -> list[StoredItem]:
+        """Its output items, each under its own id ("" for one without)."""
+        return [StoredItem(str(item.get("id", "")), item) for item in self.resource.get("output") or []]
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,10 +43,8 @@ from vlmserve.facade.store.records import (
     StoredItem,
 )
 
-Resource = dict[str, Any]
+# An item's JSON, as the client sent it (input) or the response gave it (output).
 Item = dict[str, Any]
-# A stored background response not yet over (queued, or running here or in another facade).
-CANCELLABLE_STATUSES = ("in_progress", "queued")
 
 
 class ResponseRepository:
@@ -57,7 +55,7 @@ class ResponseRepository:
 
     async def put(
         self,
-        resource: Resource,
+        record: ResponseRecord,
         input_items: Sequence[StoredItem],
         *,
         owner: str = "",
@@ -71,13 +69,13 @@ class ResponseRepository:
         StorageQuotaExceededError (nothing stored) when the owner's bytes would pass
         `max_stored_bytes`."""
         await self._db.run(
-            self._put, resource, input_items, owner, conversation_id, input_messages, max_stored_bytes
+            self._put, record, input_items, owner, conversation_id, input_messages, max_stored_bytes
         )
 
-    async def update(self, resource: Resource, *, owner: str = "") -> bool:
+    async def update(self, record: ResponseRecord, *, owner: str = "") -> bool:
         """Replace a stored response's resource (its status, output, usage); False if it is gone.
         Its output messages are dropped: replays then translate its output items."""
-        return await self._db.run(self._update, resource, owner)
+        return await self._db.run(self._update, record, owner)
 
     async def cancel(self, response_id: str, *, owner: str = "") -> ResponseRecord | None:
         """Mark a stored background response `cancelled` if it is not over yet (the facade running
@@ -88,7 +86,7 @@ class ResponseRepository:
 
     async def finish(
         self,
-        resource: Resource | None,
+        record: ResponseRecord | None,
         *,
         owner: str = "",
         output_messages: Sequence[pb.Message] | None = None,
@@ -105,7 +103,7 @@ class ResponseRepository:
         `conversation_model`."""
         await self._db.run(
             self._finish,
-            resource,
+            record,
             owner,
             output_messages,
             conversation_id,
@@ -156,15 +154,15 @@ class ResponseRepository:
 
     def _put(
         self,
-        resource: Resource,
+        record: ResponseRecord,
         input_items: Sequence[StoredItem],
         owner: str,
         conversation_id: str | None,
         input_messages: HeldMessages | Sequence[pb.Message] | None,
         max_stored_bytes: int | None,
     ) -> None:
-        response_id = resource["id"]
-        resource_text = json.dumps(resource)
+        response_id = record.id
+        resource_text = json.dumps(record.resource)
         with self._db.transaction() as tx:
             tx.execute(
                 "INSERT INTO responses (id, owner, created_at, previous_response_id, conversation_id,"
@@ -172,18 +170,18 @@ class ResponseRepository:
                 (
                     response_id,
                     owner,
-                    int(resource["created_at"]),
-                    resource.get("previous_response_id"),
+                    record.created_at,
+                    record.previous_response_id,
                     conversation_id,
                     resource_text,
-                    resource.get("status"),
+                    record.status,
                     self._leases.instance_id,
                 ),
             )
             # Each stored form is made just before its INSERT and gone after it: a 30 MiB input's
             # JSON and its serialized messages (and SQLite's copy of each) are never held together.
             input_size = _write_input_items(tx, response_id, input_items)
-            output_size = _write_outputs(tx, resource)
+            output_size = _write_outputs(tx, record)
             messages_size = 0
             if input_messages is not None:
                 messages_size = _write_response_messages(
@@ -205,15 +203,15 @@ class ResponseRepository:
                 self._db.cache.put((response_id, "input"), owned, size=messages_size)
             self._db.cache.put((response_id, "output"), [], size=0)
 
-    def _update(self, resource: Resource, owner: str) -> bool:
+    def _update(self, record: ResponseRecord, owner: str) -> bool:
         with self._db.transaction() as tx:
-            updated = self._write_end(tx, resource, owner, None)
-        self._db.cache.drop((resource["id"], "output"))
+            updated = self._write_end(tx, record, owner, None)
+        self._db.cache.drop((record.id, "output"))
         return updated
 
     def _finish(
         self,
-        resource: Resource | None,
+        record: ResponseRecord | None,
         owner: str,
         output_messages: Sequence[pb.Message] | None,
         conversation_id: str | None,
@@ -224,9 +222,9 @@ class ResponseRepository:
     ) -> None:
         encoded = encode_messages(output_messages) if output_messages is not None else None
         with self._db.transaction() as tx:
-            if resource is not None and events:
-                append_events(self._db, tx, resource["id"], owner, events)
-            updated = resource is not None and self._write_end(tx, resource, owner, encoded)
+            if record is not None and events:
+                append_events(self._db, tx, record.id, owner, events)
+            updated = record is not None and self._write_end(tx, record, owner, encoded)
             if conversation_id is not None and conversation_items:
                 append_items(
                     tx,
@@ -236,17 +234,17 @@ class ResponseRepository:
                     conversation_messages,
                     model=conversation_model,
                 )
-        if resource is not None:
+        if record is not None:
             if updated and output_messages is not None:
                 assert encoded is not None
-                self._db.cache.put((resource["id"], "output"), output_messages, size=encoded_size(encoded))
+                self._db.cache.put((record.id, "output"), output_messages, size=encoded_size(encoded))
             else:
-                self._db.cache.drop((resource["id"], "output"))
+                self._db.cache.drop((record.id, "output"))
 
     def _write_end(
-        self, tx: Transaction, resource: Resource, owner: str, output: EncodedMessages | None
+        self, tx: Transaction, record: ResponseRecord, owner: str, output: EncodedMessages | None
     ) -> bool:
-        response_id = resource["id"]
+        response_id = record.id
         rows = tx.execute(
             "SELECT input_size + events_size, size FROM responses"
             f" WHERE id = ? AND owner = ?{self._db.FOR_UPDATE}",
@@ -255,13 +253,13 @@ class ResponseRepository:
         if not rows:
             return False
         input_size, old_size = rows[0]
-        resource_text = json.dumps(resource)
+        resource_text = json.dumps(record.resource)
         tx.execute(
             "UPDATE responses SET resource = ?, status = ? WHERE id = ?",
-            (resource_text, resource.get("status"), response_id),
+            (resource_text, record.status, response_id),
         )
         tx.execute("DELETE FROM response_items WHERE response_id = ? AND kind = 'output'", (response_id,))
-        size = int(input_size) + len(resource_text) + _write_outputs(tx, resource)
+        size = int(input_size) + len(resource_text) + _write_outputs(tx, record)
         if output is not None:
             size += _write_response_messages(tx, response_id, "output", output)
         else:
@@ -280,13 +278,13 @@ class ResponseRepository:
             ).fetchall()
             if not rows:
                 return None
-            resource: Resource = json.loads(rows[0][0])
-            if not resource.get("background") or resource.get("status") not in CANCELLABLE_STATUSES:
-                return ResponseRecord.of(resource)
-            resource["status"] = "cancelled"
-            self._write_end(tx, resource, owner, None)
+            stored = ResponseRecord.of(json.loads(rows[0][0]))
+            if not stored.cancellable:
+                return stored
+            cancelled = stored.ended("cancelled")
+            self._write_end(tx, cancelled, owner, None)
         self._db.cache.drop((response_id, "output"))
-        return ResponseRecord.of(resource)
+        return cancelled
 
     def _get(self, response_id: str, owner: str) -> ResponseRecord | None:
         rows = self._db.query(
@@ -415,10 +413,9 @@ def delete_responses(tx: Transaction, cache: MessageCache, keys: Iterable[tuple[
     return deleted
 
 
-def _write_outputs(tx: Transaction, resource: Resource) -> int:
+def _write_outputs(tx: Transaction, record: ResponseRecord) -> int:
     rows = [
-        (resource["id"], i, str(item.get("id", "")), json.dumps(item))
-        for i, item in enumerate(resource.get("output") or [])
+        (record.id, i, stored.id, json.dumps(stored.item)) for i, stored in enumerate(record.output_items())
     ]
     tx.executemany(
         "INSERT INTO response_items (response_id, kind, position, item_id, item)"
