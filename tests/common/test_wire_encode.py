@@ -72,6 +72,37 @@ def test_an_outgoing_request_is_measured_encoded_and_handed_out_only_with_its_te
     assert plain.plain() is expected and plain.encode() == expected.SerializeToString()
 
 
+def test_an_outgoing_request_without_messages_is_a_new_one_with_the_same_texts() -> None:
+    held = HeldTexts(min_chars=10)
+    text = "non-ASCII é😀漢 " * 10
+    whole = generate_request(text)
+    outgoing = OutgoingRequest(generate_request(held.hold(text)), held)
+    before = outgoing.encode()
+    assert outgoing.turns() == [
+        wire_encode.Turn(pb.ROLE_USER, range(0)),
+        wire_encode.Turn(pb.ROLE_ASSISTANT, range(1)),
+        wire_encode.Turn(pb.ROLE_TOOL, range(0)),
+    ]
+    assert outgoing.whole() == whole and outgoing.whole() is not outgoing.whole()
+    # The held text's message kept, the tool turns gone: the new request still writes the text.
+    kept = outgoing.without_messages({1, 2})
+    expected = generate_request(text)
+    del expected.messages[1:]
+    assert kept.held is held and kept.encode() == expected.SerializeToString()
+    # The held text's message gone; the request left behind is unchanged.
+    assert (
+        outgoing.without_messages({0}).encode()
+        == pb.GenerateRequest(**{**_fields(whole), "messages": whole.messages[1:]}).SerializeToString()
+    )
+    assert outgoing.encode() == before
+    plain = OutgoingRequest(whole)
+    assert plain.whole() is whole
+
+
+def _fields(message: pb.GenerateRequest) -> dict[str, object]:
+    return {field.name: value for field, value in message.ListFields()}
+
+
 def test_held_messages_are_measured_encoded_and_copied_only_with_their_texts() -> None:
     held = HeldTexts(min_chars=10)
     text = "non-ASCII é😀漢 " * 10

@@ -19,7 +19,8 @@ from __future__ import annotations
 import io
 import secrets
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence, Sized
+from dataclasses import dataclass
 from typing import Any, Final
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -28,7 +29,7 @@ from google.protobuf.message import Message
 from vlmserve.common.wire_size import NO_TEXTS, ZIGZAG, utf8_length, wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["HOLD_MIN_CHARS", "HeldMessages", "HeldTexts", "OutgoingRequest", "encode"]
+__all__ = ["HOLD_MIN_CHARS", "HeldMessages", "HeldTexts", "OutgoingRequest", "Turn", "encode"]
 
 _TYPE = FieldDescriptor
 # Texts shorter than this go into the message as they are: holding them saves nothing.
@@ -81,6 +82,15 @@ class HeldTexts(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._texts)
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What truncation reads of a message: its role and its tool calls (only how many)."""
+
+    role: int
+    # Sized like a message's `tool_calls`: a range of their count (their fields may hold markers).
+    tool_calls: Sized = ()
 
 
 class OutgoingRequest:
@@ -148,10 +158,27 @@ class OutgoingRequest:
         """Its bytes, exactly `SerializeToString()`'s had the texts been in the message."""
         return encode(self._message, self._held or NO_TEXTS)
 
-    def editable(self) -> pb.GenerateRequest:
-        """The message itself, markers and all, for editing its turns in place (truncation):
-        never serialized by protobuf; measured and encoded with `held` only."""
-        return self._message
+    def turns(self) -> list[Turn]:
+        """Its messages' roles and tool call counts, in order (truncation groups turns by them)."""
+        return [Turn(message.role, range(len(message.tool_calls))) for message in self._message.messages]
+
+    def without_messages(self, indexes: Collection[int]) -> OutgoingRequest:
+        """A new request: this one without the messages at `indexes`, holding the same texts
+        apart; this one is left as it is (the new one holds copies: in upb a message taken out
+        of another would keep its whole parent alive)."""
+        message = pb.GenerateRequest()
+        message.CopyFrom(self._message)
+        del message.messages[:]
+        for index, kept in enumerate(self._message.messages):
+            if index not in indexes:
+                message.messages.add().CopyFrom(kept)
+        return OutgoingRequest(message, self._held)
+
+    def whole(self) -> pb.GenerateRequest:
+        """The message with its held texts in place, for a call that takes the message itself
+        (counting its tokens): itself when it holds none, else a copy decoded from `encode()`;
+        not to be changed."""
+        return pb.GenerateRequest.FromString(self.encode()) if self._held else self._message
 
     def plain(self) -> pb.GenerateRequest:
         """The message itself, for a request that holds no texts apart (ValueError otherwise)."""

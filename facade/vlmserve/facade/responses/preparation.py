@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import weakref
@@ -18,7 +19,7 @@ from typing import ParamSpec, TypeVar
 
 from vlmserve.client import MAX_MESSAGE_BYTES, EngineError, NotFoundError
 from vlmserve.common.documents import DocumentLimits
-from vlmserve.common.wire_encode import HeldTexts, encode
+from vlmserve.common.wire_encode import HeldTexts, OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.documents.pdf_translation import DocumentTranslation, has_file_parts
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
@@ -289,8 +290,10 @@ class ResponsesService:
         """
         translation = await self.translate(create, owner=owner, hold_texts=True, memory=memory)
         translated, info, model = translation.translated, translation.info, translation.model
+        truncated = 0
+        if translated.echo.truncation == "auto":
+            translated, truncated = await self._truncated(translation)
         outgoing = translated.outgoing
-        truncated = await self._truncate(translation) if translated.echo.truncation == "auto" else 0
         if translated.echo.store or translated.conversation_id is not None:
             if self.disk is not None:
                 self.disk.check("the response")
@@ -352,26 +355,22 @@ class ResponsesService:
             )
         return generation
 
-    async def _truncate(self, translation: Translation) -> int:
-        """`truncation: "auto"`: the oldest turns left out until the prompt fits (truncation.py),
-        room kept for the output (its `max_output_tokens`, at most a quarter of the context)."""
+    async def _truncated(self, translation: Translation) -> tuple[TranslatedRequest, int]:
+        """`truncation: "auto"`: the request with the oldest turns left out until the prompt fits
+        (truncation.py), room kept for the output (its `max_output_tokens`, at most a quarter of
+        the context), and how many messages went."""
         context = translation.info.context_length
-        if not context:
-            return 0
         translated = translation.translated
-        held = translated.outgoing.held
-        # Its turns are edited in place; it is only ever encoded with `held` (count, below).
-        request = translated.outgoing.editable()
-        reserve = (
-            min(request.sampling.max_tokens, context // 4) if request.sampling.HasField("max_tokens") else 0
-        )
+        if not context:
+            return translated, 0
+        sampling = translated.outgoing.sampling
+        reserve = min(sampling.max_tokens, context // 4) if sampling.HasField("max_tokens") else 0
 
-        async def count(candidate: pb.GenerateRequest) -> int:
-            # Measured with its long texts in place (markers would count as a few tokens).
-            whole = pb.GenerateRequest.FromString(encode(candidate, held)) if held else candidate
+        async def count(candidate: OutgoingRequest) -> int:
             try:
+                # Measured with its long texts in place (markers would count as a few tokens).
                 counted = await translation.model.engine.count_tokens(
-                    whole, timeout=self.settings.timeouts.control
+                    candidate.whole(), timeout=self.settings.timeouts.control
                 )
             except EngineError as error:
                 raise from_engine_error(
@@ -379,9 +378,14 @@ class ResponsesService:
                 ) from None
             return int(counted.input_tokens)
 
-        # The input's stored messages are views into the request: kept whole, whatever goes.
+        budget = max(1, context - max(1, reserve))
+        outgoing, dropped = await truncate_to_fit(translated.outgoing, count=count, budget=budget)
+        if not dropped:
+            return translated, 0
+        # The input's stored messages are views into the request left behind: copied, so that
+        # it is freed (the new request holds copies of its own).
         translated.input_messages.keep_whole()
-        return await truncate_to_fit(request, count=count, budget=max(1, context - max(1, reserve)))
+        return dataclasses.replace(translated, outgoing=outgoing), dropped
 
     def image_source(self) -> ImageSource | None:
         """A fresh image source for one request (per-request byte budgets live in it)."""

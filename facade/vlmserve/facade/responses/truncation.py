@@ -14,15 +14,27 @@ tokens), first whole, then by bisection over how many turns to drop (about log2(
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Sized
+from typing import Protocol
 
+from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-Count = Callable[[pb.GenerateRequest], Awaitable[int]]
+Count = Callable[[OutgoingRequest], Awaitable[int]]
 _INSTRUCTIONS = (pb.ROLE_SYSTEM, pb.ROLE_DEVELOPER)
 
 
-def turn_groups(messages: Sequence[pb.Message]) -> list[list[int]]:
+class TurnLike(Protocol):
+    """What grouping reads of a message (`pb.Message`, or `OutgoingRequest.turns()`'s `Turn`)."""
+
+    @property
+    def role(self) -> int: ...
+
+    @property
+    def tool_calls(self) -> Sized: ...
+
+
+def turn_groups(messages: Sequence[TurnLike]) -> list[list[int]]:
     """The message indexes that may go, in droppable units, oldest first: each message but the
     instructions, an assistant turn with tool calls together with the tool turns after it."""
     groups: list[list[int]] = []
@@ -44,7 +56,7 @@ def turn_groups(messages: Sequence[pb.Message]) -> list[list[int]]:
     return groups
 
 
-def _previous_turn(messages: Sequence[pb.Message], index: int) -> int:
+def _previous_turn(messages: Sequence[TurnLike], index: int) -> int:
     """The index of the last message before `index` that is not an instruction."""
     for earlier in range(index - 1, -1, -1):
         if messages[earlier].role not in _INSTRUCTIONS:
@@ -52,53 +64,36 @@ def _previous_turn(messages: Sequence[pb.Message], index: int) -> int:
     return -1
 
 
-def without_groups(
-    messages: Sequence[pb.Message], groups: Sequence[list[int]], dropped: int
-) -> list[pb.Message]:
-    """The messages with the first `dropped` groups left out."""
-    gone = {index for group in groups[:dropped] for index in group}
-    return [message for index, message in enumerate(messages) if index not in gone]
+def without_groups(request: OutgoingRequest, groups: Sequence[list[int]], dropped: int) -> OutgoingRequest:
+    """A new request: `request` with the messages of its first `dropped` groups left out."""
+    return request.without_messages({index for group in groups[:dropped] for index in group})
 
 
-def _with_messages(request: pb.GenerateRequest, messages: Sequence[pb.Message]) -> pb.GenerateRequest:
-    trimmed = pb.GenerateRequest()
-    trimmed.CopyFrom(request)
-    del trimmed.messages[:]
-    for message in messages:
-        trimmed.messages.add().CopyFrom(message)
-    return trimmed
-
-
-async def truncate_to_fit(request: pb.GenerateRequest, *, count: Count, budget: int) -> int:
-    """Leave out the fewest oldest turns that make the prompt at most `budget` tokens (the
-    request's messages are replaced); how many messages went. Nothing goes when it fits already,
-    or when even dropping all but the last turn would not make it fit (the engine then refuses
-    it with the usual error)."""
+async def truncate_to_fit(
+    request: OutgoingRequest, *, count: Count, budget: int
+) -> tuple[OutgoingRequest, int]:
+    """The request with the fewest oldest turns left out that make the prompt at most `budget`
+    tokens (a new one; `request` is left as it is), and how many messages went. `request`
+    itself, and 0, when it fits already, or when even dropping all but the last turn would not
+    make it fit (the engine then refuses it with the usual error)."""
     if await count(request) <= budget:
-        return 0
-    messages = list(request.messages)
-    groups = turn_groups(messages)
+        return request, 0
+    turns = request.turns()
+    groups = turn_groups(turns)
     # The last turn is what is being answered: never dropped.
     low, high = 1, len(groups) - 1
     if high < low:
-        return 0
-    if await count(_with_messages(request, without_groups(messages, groups, high))) > budget:
-        return 0
+        return request, 0
+    shortest = without_groups(request, groups, high)
+    if await count(shortest) > budget:
+        return request, 0
     # The fewest groups dropped that fit: fits(high) is known true.
+    fitting = shortest
     while low < high:
         middle = (low + high) // 2
-        if await count(_with_messages(request, without_groups(messages, groups, middle))) <= budget:
-            high = middle
+        candidate = without_groups(request, groups, middle)
+        if await count(candidate) <= budget:
+            high, fitting = middle, candidate
         else:
             low = middle + 1
-    kept = [_detached(message) for message in without_groups(messages, groups, high)]
-    del request.messages[:]
-    for message in kept:
-        request.messages.add().CopyFrom(message)
-    return len(messages) - len(kept)
-
-
-def _detached(message: pb.Message) -> pb.Message:
-    copy = pb.Message()
-    copy.CopyFrom(message)
-    return copy
+    return fitting, sum(len(group) for group in groups[:high])
