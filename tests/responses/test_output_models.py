@@ -49,7 +49,6 @@ from vlmserve.responses._events import (
 from vlmserve.responses._output_models import (
     FunctionToolEcho,
     InputImageContent,
-    InputTextContent,
     InputTokensDetails,
     OutputTokensDetails,
     ReasoningEcho,
@@ -59,7 +58,6 @@ from vlmserve.responses._output_models import (
 # model -> (Open Responses component, fields it adds that the component lacks; openai's types have them)
 HELD: list[tuple[type[BaseModel], str, set[str]]] = [
     (OutputTextContent, "OutputTextContent", set()),
-    (InputTextContent, "InputTextContent", set()),
     (InputImageContent, "InputImageContent", set()),
     (OutputMessage, "Message", set()),
     (FunctionCallItem, "FunctionCall", {"namespace"}),

@@ -76,11 +76,6 @@ class ReasoningTextContent(OutboundModel):
     text: str
 
 
-class InputTextContent(OutboundModel):
-    type: Literal["input_text"] = "input_text"
-    text: str
-
-
 class InputImageContent(OutboundModel):
     type: Literal["input_image"] = "input_image"
     image_url: str

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from vlmserve.common.images import SUPPORTED_MEDIA_TYPES, ImageLimits
 from vlmserve.engine.grammar.compiler import GrammarCompiler
@@ -22,8 +22,6 @@ from vlmserve.engine.toolcalls.registry import TEXT_TOOLS_FORMAT, format_for_mod
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
-    "DISTRIBUTED_CHOICES",
-    "DTYPE_CHOICES",
     "FIXTURE_MODELS_DIR",
     "TESTED_FAMILIES",
     "Distribution",
@@ -204,10 +202,8 @@ def prompt_needs_special_tokens(prompt: str, tokenizer: Any) -> bool:
 # --dtype choices: "auto" casts half-precision weights to float32 on the CPU backend, where
 # MLX's float16 kernels are 2-4x slower than float32 through BLAS; on a GPU it keeps them.
 Dtype = Literal["auto", "keep", "float32", "float16", "bfloat16"]
-DTYPE_CHOICES: tuple[Dtype, ...] = get_args(Dtype)
 # --distributed choices: off, or how mlx-vlm's sharded_load splits the model over the group.
 Distribution = Literal["off", "tensor", "pipeline"]
-DISTRIBUTED_CHOICES: tuple[Distribution, ...] = get_args(Distribution)
 
 
 def _apply_dtype(model: Any, dtype: str) -> str:

@@ -22,19 +22,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["LOAD_CHOICES", "LoadWhen", "MemoryUse", "ModelLifecycle", "memory_use"]
+__all__ = ["LoadWhen", "MemoryUse", "ModelLifecycle", "memory_use"]
 
 log = logging.getLogger(__name__)
 
 # --load choices.
 LoadWhen = Literal["eager", "lazy"]
-LOAD_CHOICES: tuple[LoadWhen, ...] = get_args(LoadWhen)
 
 
 @dataclass(frozen=True, slots=True)
