@@ -6,7 +6,9 @@ must reuse what the previous one computed (`cached_tokens`, as the client sees i
 On a hybrid model (Qwen3.5/3.6: Gated DeltaNet + attention) the recurrent state cannot be cut to
 any shared prefix, so reuse rests on the boundaries the prefix cache keeps (the end of each
 prompt and of each generated turn): the template renders the model's answer with a tool call it
-never generated, so the previous prompt's end is the boundary the next turn shares."""
+never generated, so the previous prompt's end is the boundary the next turn shares. Gemma 4's
+template drops its generation prompt's empty thought channel from the answer it renders, so there
+the boundary is the end of the previous prompt's last message (loop/message_end.py)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,22 @@ from ._family_engine import SYSTEM, greedy, image, png, running_engine, text, us
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 TURNS = 5
+# Families whose restored turn is not yet compared with a fresh prefill, and why.
+NOT_COMPARED = {
+    # The fixture's image features are ~1e-8 in size, so the vision tower's rounding, which
+    # depends on how many images it runs together (a fresh prefill runs them all at once), decides
+    # the positions after them; the vision cache's features per image will make it exact.
+    "gemma3": "vision features depend on the images run together",
+}
 TOOL = pb.Tool(
     function=pb.FunctionTool(name="screenshot", description="Capture the screen.", parameters_json="{}")
 )
 
 
-def agent_loop(stub: pb_grpc.EngineServiceStub, turns: int) -> list[pb.GenerateResult]:
+def agent_loop(
+    stub: pb_grpc.EngineServiceStub, turns: int
+) -> tuple[list[pb.GenerateResult], pb.GenerateRequest]:
+    """Each turn's result, and the last turn's request."""
     # The task comes with the screen as it is (a computer-use loop's first turn). Without an image
     # in turn 1, Gemma 3's turn 2 would share only its first token: mlx-vlm's processor adds a
     # second <bos> to a prompt with images, which the text-only tokenization does not.
@@ -42,6 +54,8 @@ def agent_loop(stub: pb_grpc.EngineServiceStub, turns: int) -> list[pb.GenerateR
         request.tools.append(TOOL)
         result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result
         results.append(result)
+        if turn == turns - 1:
+            return results, request
         call_id = f"call_shot{turn:02d}"
         messages += [
             pb.Message(
@@ -58,13 +72,17 @@ def agent_loop(stub: pb_grpc.EngineServiceStub, turns: int) -> list[pb.GenerateR
                 ),
             ),
         ]
-    return results
+    raise AssertionError("no turns")
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma3", "llama4"])
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma3", "gemma4", "llama4"])
 def test_every_turn_reuses_the_previous_one(name: str, family_models: dict[str, Path]) -> None:  # noqa: F811
     with running_engine(family_models[name]) as (_, stub):
-        results = agent_loop(stub, TURNS)
+        results, last = agent_loop(stub, TURNS)
+        # The last turn again for another tenant: nothing of it is cached there, so it is a fresh
+        # prefill, and its tokens must be those of the turn that continued from kept states.
+        last.partition_key = "another tenant"
+        cold = stub.GenerateUnary(pb.GenerateUnaryRequest(request=last), timeout=300).result
     prompts = [r.usage.input_tokens for r in results]
     cached = [r.usage.cached_tokens for r in results]
     print(name, "prompt tokens", prompts, "cached", cached)
@@ -72,3 +90,11 @@ def test_every_turn_reuses_the_previous_one(name: str, family_models: dict[str, 
     for turn in range(1, TURNS):
         # At least 80 % of the previous turn's prompt (issue 33's goal), never all of this one.
         assert 0.8 * prompts[turn - 1] <= cached[turn] < prompts[turn]
+    assert cold.usage.cached_tokens == 0
+    if name in NOT_COMPARED:
+        return
+    assert (cold.text, cold.reasoning_text, list(cold.tool_calls)) == (
+        results[-1].text,
+        results[-1].reasoning_text,
+        list(results[-1].tool_calls),
+    )

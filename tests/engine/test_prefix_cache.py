@@ -4,6 +4,7 @@ engine (same output, fewer prefills, nothing crosses tenants)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -134,6 +135,40 @@ def test_disabled_and_oversized_caches_are_not_kept() -> None:
     layers[0].offset = 9  # the cache does not hold exactly these ids
     mismatched.store("a", list(range(10)), [], layers)
     assert len(mismatched) == 0
+
+
+@dataclass
+class FakeWindowLayer:
+    """A layer no prefix can be cut from (it has its own update): kept only at boundaries."""
+
+    offset: int
+
+    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> None:
+        raise AssertionError("never run")
+
+
+def store_checkpointed(cache: PrefixCache, ids: list[int], boundaries: list[int]) -> None:
+    layers: list[Any] = [layers_for(ids)[0], FakeWindowLayer(len(ids))]
+    states: dict[int, list[Any]] = {at: [None, FakeWindowLayer(at)] for at in boundaries}
+    cache.store("a", ids, [], layers, checkpoints=states)
+
+
+def test_an_entry_served_up_to_its_last_boundary_is_replaced_by_one_that_shares_that_far() -> None:
+    """Gemma 4's next turn parts from the previous entry after its last boundary (the end of the
+    last message): that entry can serve nothing the new one cannot, so its boundaries move there."""
+    cache = PrefixCache(min_tokens=4, max_bytes=1 << 20)
+    first = list(range(20))
+    store_checkpointed(cache, first, [15])
+    store_checkpointed(cache, [*first[:17], 90, 91, 92, 93, 94], [20])
+    assert len(cache) == 1
+    taken = cache.take("a", [*first[:16], 77, 78], [])
+    assert taken is not None and taken[1] == 15
+    assert taken[0][1].offset == 15 and taken[0][0].keys.shape[2] == 15
+    taken = cache.take("a", [*first[:17], 90, 91, 92, 93, 0], [])
+    assert taken is not None and taken[1] == 20
+    # One that parts before the last boundary keeps the older entry.
+    store_checkpointed(cache, [*first[:10], 60, 61, 62, 63], [12])
+    assert len(cache) == 2
 
 
 # -- on the engine --------------------------------------------------------------------------------

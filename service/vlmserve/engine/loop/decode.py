@@ -75,10 +75,13 @@ class ActiveGeneration:
         self.prefilled = 0
         self.cache: list[Any] = []
         self.prompt_hidden: list[Any] | None = None
-        # The state at the prompt's end of the layers no prefix can be cut from (recurrent,
-        # sliding-window, chunked; position, state: kv/snapshots.py), a boundary the prefix cache
-        # keeps beside the one at the end of the generated turn.
+        # The state of the layers no prefix can be cut from (recurrent, sliding-window, chunked;
+        # position, state: kv/snapshots.py) at `snapshot_at`, a boundary the prefix cache keeps
+        # beside the one at the end of the generated turn: the prompt's end, or the end of its
+        # last message where the template will not render its generation prompt again
+        # (message_end.py). A prefill chunk ends there.
         self.prompt_state: tuple[int, Any] | None = None
+        self.snapshot_at = 0
         self.last_token = 0
         # Prefix sharing between requests in flight (prompt_batch.py): the request whose KV this
         # one waits for and how many of its first tokens it takes; the requests waiting for it.

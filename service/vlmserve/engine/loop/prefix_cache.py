@@ -194,11 +194,13 @@ class PrefixCache:
 
     def _keep(self, entry: _Entry) -> None:
         # An entry this one extends is redundant now; a checkpointed one's boundaries move to it.
+        # A checkpointed entry is served only up to its last boundary, so one this entry extends
+        # that far is redundant too (the next turn of a template that renders the answer
+        # otherwise than generated parts from the previous entry after its last boundary).
         for key, old in list(self._entries.items()):
-            if (
-                old.partition == entry.partition
-                and _shared_length(old, entry.token_ids, entry.images) == old.token_ids.size
-            ):
+            if old.partition == entry.partition and _shared_length(
+                old, entry.token_ids, entry.images
+            ) >= _served_length(old):
                 if entry.checkpoints is not None and old.checkpoints is not None:
                     merged = {**old.checkpoints, **entry.checkpoints}
                     entry.checkpoints = {at: merged[at] for at in sorted(merged)[-MAX_CHECKPOINTS:]}
@@ -321,6 +323,11 @@ def _entry_nbytes(entry: _Entry) -> int:
         kv_nbytes(k) + kv_nbytes(v) for pair in entry.layers if pair is not None for k, v in [pair]
     )
     return attention + sum(boundary_nbytes(state) for state in (entry.checkpoints or {}).values())
+
+
+def _served_length(entry: _Entry) -> int:
+    """The most first tokens the entry can ever serve: all of them, or its last boundary."""
+    return max(entry.checkpoints) if entry.checkpoints else entry.token_ids.size
 
 
 def _shared_length(entry: _Entry, ids: np.ndarray, images: PromptImages) -> int:

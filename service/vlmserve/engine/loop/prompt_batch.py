@@ -23,12 +23,13 @@ from typing import Any
 
 from vlmserve.engine.jobs import JobKind
 from vlmserve.engine.kv.layout import new_prompt_cache
-from vlmserve.engine.kv.snapshots import boundary_state
+from vlmserve.engine.kv.snapshots import boundary_state, cuttable
 from vlmserve.engine.kv.views import views
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.batch_row import BatchRow
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase, guarded
 from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
+from vlmserve.engine.loop.message_end import message_end, rerendered_generation_prompts
 from vlmserve.engine.loop.model_inputs import ModelInputs, build_model_inputs, prompt_image_spans
 from vlmserve.engine.loop.prefill import HiddenReader, groupable, prefill_chunk, prefill_group, prompt_rest
 from vlmserve.engine.loop.prefix_cache import PrefixCache, shared_prefix_length
@@ -78,6 +79,9 @@ class PromptBatch:
         # What a drafter model reads of a prompt's hidden states (None: not kept; the decode
         # batch's verifier, verifier.py).
         self.hidden_reader: HiddenReader | None = None
+        # The generation prompts the model's template renders differently once answered
+        # (message_end.py; probed at the first prompt that needs it).
+        self._generation_prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -138,6 +142,24 @@ class PromptBatch:
         else:
             cache, cached = new_prompt_cache(loaded.model.language_model, loaded.kv_layout), 0
         row.prepared(inputs, cache, cached, TokenDraw(request, loaded, inputs.token_ids, row.max_tokens))
+        row.snapshot_at = self._snapshot_position(request.prompt_ids, cache, cached)
+
+    def _snapshot_position(self, prompt_ids: Sequence[int], cache: list[Any], cached: int) -> int:
+        """Where this prompt's boundary state is taken (decode.py `snapshot_at`): the end of its
+        last message when its generation prompt will be rendered otherwise in the next turn and
+        that end is still to run, else the prompt's end."""
+        prefix_cache = self._prefix_cache
+        if prefix_cache is None or not prefix_cache.enabled or all(cuttable(layer) for layer in cache):
+            return len(prompt_ids)
+        if self._generation_prompts is None:
+            loaded = self._loaded
+            self._generation_prompts = (
+                rerendered_generation_prompts(loaded.template, loaded.tokenizer)
+                if loaded.template is not None
+                else ()
+            )
+        at = message_end(prompt_ids, self._generation_prompts)
+        return at if at is not None and max(cached, prefix_cache.min_tokens - 1) < at else len(prompt_ids)
 
     # -- prefix sharing between requests in flight --------------------------------------------
 
@@ -226,13 +248,13 @@ class PromptBatch:
             row.prompt_hidden = [mx.concatenate(row.prompt_hidden, axis=1)[:, -PROMPT_HIDDEN_POSITIONS:]]
         row.prefilled = end
         self._share_with_followers(row)
+        if self._keeps_prefixes and end == row.snapshot_at:
+            state = boundary_state(row.cache)
+            row.prompt_state = (end, state) if state is not None else None
         if end < row.prompt_tokens:
             mx.eval([c.state for c in row.cache], row.prompt_hidden or [])
             return
         # The last chunk: its first token, drawn (scored when asked) by the row's own draw.
-        if self._keeps_prefixes:
-            state = boundary_state(row.cache)
-            row.prompt_state = (end, state) if state is not None else None
         draw = row.draw
         assert draw is not None
         token = draw.sample(logits[:, -1, :]).reshape(-1)
@@ -288,6 +310,8 @@ class PromptBatch:
             return PromptGroup(group, [], [], None, [])
         if self._keeps_prefixes:
             for index, row in enumerate(group):
+                if row.snapshot_at != row.prompt_tokens:
+                    continue  # taken by its own chunk already (`_can_prefill_together`)
                 state = boundary_state(ran.caches, index)
                 row.prompt_state = (row.prompt_tokens, state) if state is not None else None
         entries, firsts = [], []
@@ -316,9 +340,12 @@ class PromptBatch:
         """Whether the rest of this prompt can share one prefill forward with others': it is all
         one chunk, nobody waits on this request's own cache (followers) nor it on someone else's
         (a leader), and its inputs can be padded (prefill.py `groupable`). It may start from a
-        cached prefix."""
+        cached prefix, and must be past its boundary when that is inside the prompt (its state is
+        taken on the row's own cache, `_run_chunk`)."""
         inputs = row.inputs
         if inputs is None or row.phase is not Phase.PREFILL or row.followers or row.leader is not None:
+            return False
+        if row.prefilled < row.snapshot_at < row.prompt_tokens:
             return False
         return _remaining(row) <= self._chunk and groupable(inputs)
 
@@ -341,7 +368,9 @@ def _remaining(row: ActiveGeneration) -> int:
 def _next_chunk(row: ActiveGeneration, chunk: int) -> int:
     """Size of the row's next prefill chunk. Chunks are always whole (only the last is
     shorter), whatever else runs in the step, so a request's KV cache and first token do not
-    depend on the company it keeps."""
+    depend on the company it keeps; one also ends at the row's boundary (`snapshot_at`)."""
+    if row.prefilled < row.snapshot_at:
+        chunk = min(chunk, row.snapshot_at - row.prefilled)
     return min(chunk, row.prompt_tokens - row.prefilled)
 
 

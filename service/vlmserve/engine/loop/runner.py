@@ -280,10 +280,15 @@ class StepRunner:
         offsets = [layer.offset for layer in cache if isinstance(getattr(layer, "offset", None), int)]
         covered = [*inputs.token_ids, *generation.generated][: offsets[0] if offsets else 0]
         # Layers no prefix can be cut from (recurrent, sliding-window, chunked): their state at the
-        # prompt's end, and at the end of the turn when it is exactly `covered` (not past it, as
-        # after accepted drafts).
+        # prompt's boundary (decode.py `snapshot_at`), and at the end of the turn when it is
+        # exactly `covered` (not past it, as after accepted drafts) and the template renders the
+        # generation prompt again (else the next turn parts before the prompt's end anyway).
         checkpoints = dict([generation.prompt_state]) if generation.prompt_state is not None else {}
-        if all(offset == len(covered) for offset in offsets) and (end := boundary_state(cache)) is not None:
+        if (
+            generation.snapshot_at >= generation.prompt_tokens
+            and all(offset == len(covered) for offset in offsets)
+            and (end := boundary_state(cache)) is not None
+        ):
             checkpoints[len(covered)] = end
         generation.prompt_state = None
         own_copy(cache, len(covered))
