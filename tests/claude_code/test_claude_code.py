@@ -1,4 +1,5 @@
-"""Claude Code (npm `@anthropic-ai/claude-code`, pinned) against the real facade and engine.
+"""Claude Code (npm `@anthropic-ai/claude-code`, pinned: the long-pinned version and the newest
+beside it, the npm alias `claude-code-new`) against the real facade and engine.
 
 * `claude -p` headless, `ANTHROPIC_BASE_URL` at the facade: a turn completes (Claude Code parses
   our stream to its end; any 4xx/5xx or a stream it cannot read makes `is_error`).
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,21 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 
 CLAUDE_BIN = REPO / "node_modules" / ".bin" / "claude"
 PINNED_VERSION = "2.1.328"
+
+
+@dataclass(frozen=True)
+class ClaudePin:
+    version: str
+    bin: Path
+
+
+# Every pinned Claude Code: the tests that run it run each (ids: the versions). Its npm package
+# holds a native binary (no node needed to run it, whatever its `engines` says); two versions of
+# one package cannot share its name in node_modules, so the newest is an npm alias.
+CLAUDE_PINS = (
+    ClaudePin(PINNED_VERSION, CLAUDE_BIN),
+    ClaudePin("2.1.332", REPO / "node_modules" / "claude-code-new" / "bin" / "claude.exe"),
+)
 DATA = Path(__file__).parent / "data"
 # A ~3.3k-token prompt (Read as the only tool) prefills in seconds; the engine's output cap
 # bounds decode.
@@ -54,11 +71,11 @@ def load(name: str) -> dict[str, Any]:
     return recorded
 
 
-def claude_unavailable_reason() -> str | None:
+def claude_unavailable_reason(claude_bin: Path = CLAUDE_BIN) -> str | None:
     if shutil.which("node") is None:
         return "node is not on PATH"
-    if not CLAUDE_BIN.exists():
-        return f"{CLAUDE_BIN} is missing: run `make node-deps` (npm ci installs @anthropic-ai/claude-code)"
+    if not claude_bin.exists():
+        return f"{claude_bin} is missing: run `make node-deps` (npm ci installs @anthropic-ai/claude-code)"
     return None
 
 
@@ -90,9 +107,17 @@ def claude_env(home: Path, base_url: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module", params=CLAUDE_PINS, ids=lambda pin: pin.version)
+def claude_pin(request: pytest.FixtureRequest) -> ClaudePin:
+    pin: ClaudePin = request.param
+    return pin
+
+
 @pytest.fixture(scope="module")
-def claude(tmp_path_factory: pytest.TempPathFactory, facade_url: str) -> tuple[dict[str, str], Path]:
-    reason = claude_unavailable_reason()
+def claude(
+    tmp_path_factory: pytest.TempPathFactory, facade_url: str, claude_pin: ClaudePin
+) -> tuple[dict[str, str], Path]:
+    reason = claude_unavailable_reason(claude_pin.bin)
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"Claude Code must run in CI: {reason}")
@@ -103,17 +128,17 @@ def claude(tmp_path_factory: pytest.TempPathFactory, facade_url: str) -> tuple[d
     return claude_env(root / "home", facade_url), root / "project"
 
 
-def test_pinned_claude_code_version(claude: tuple[dict[str, str], Path]) -> None:
+def test_pinned_claude_code_version(claude: tuple[dict[str, str], Path], claude_pin: ClaudePin) -> None:
     env, workdir = claude
     run = subprocess.run(
-        [str(CLAUDE_BIN), "--version"], env=env, cwd=workdir, capture_output=True, timeout=60
+        [str(claude_pin.bin), "--version"], env=env, cwd=workdir, capture_output=True, timeout=60
     )
-    assert run.stdout.decode().strip() == f"{PINNED_VERSION} (Claude Code)"
+    assert run.stdout.decode().strip() == f"{claude_pin.version} (Claude Code)"
 
 
-def test_claude_p_turn_completes(claude: tuple[dict[str, str], Path]) -> None:
+def test_claude_p_turn_completes(claude: tuple[dict[str, str], Path], claude_pin: ClaudePin) -> None:
     env, workdir = claude
-    command = [str(CLAUDE_BIN), "-p", "Say hi.", "--tools", "Read", "--output-format", "json"]
+    command = [str(claude_pin.bin), "-p", "Say hi.", "--tools", "Read", "--output-format", "json"]
     run = subprocess.run(command, env=env, cwd=workdir, capture_output=True, timeout=CLAUDE_TIMEOUT_S)
     described = f"rc={run.returncode}\nstdout={run.stdout[-3000:]!r}\nstderr={run.stderr[-3000:]!r}"
     assert run.returncode == 0, described

@@ -1,4 +1,6 @@
-"""Run the pinned Codex CLI (`node_modules/.bin/codex`) against a Responses endpoint, loopback only."""
+"""Run the pinned Codex CLIs against a Responses endpoint, loopback only: the long-pinned one
+(`node_modules/.bin/codex`) and the newest beside it (the npm alias `codex-new`, package.json:
+two versions of one package cannot share its name in node_modules)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,19 @@ REPO = Path(__file__).resolve().parents[2]
 CODEX_BIN = REPO / "node_modules" / ".bin" / "codex"
 PINNED_VERSION = "0.169.0"
 
+
+@dataclass(frozen=True)
+class CodexPin:
+    version: str
+    bin: Path
+
+
+# Every pinned Codex CLI; the tests that run the CLI run each (ids: the versions).
+CODEX_PINS = (
+    CodexPin(PINNED_VERSION, CODEX_BIN),
+    CodexPin("0.171.0", REPO / "node_modules" / "codex-new" / "bin" / "codex.js"),
+)
+
 # The message Codex gives when a turn ends `response.incomplete` / max_output_tokens: a tiny model
 # running out of tokens is a protocol pass (docs/codex-shapes.md).
 INCOMPLETE_MAX_OUTPUT = "Incomplete response returned, reason: max_output_tokens"
@@ -21,11 +36,11 @@ INCOMPLETE_MAX_OUTPUT = "Incomplete response returned, reason: max_output_tokens
 BENIGN_ITEM_ERRORS = ("Model metadata for `",)
 
 
-def codex_unavailable_reason() -> str | None:
+def codex_unavailable_reason(codex_bin: Path = CODEX_BIN) -> str | None:
     if shutil.which("node") is None:
         return "node is not on PATH (`.ci/run` installs it; locally: apt-get install nodejs npm)"
-    if not CODEX_BIN.exists():
-        return f"{CODEX_BIN} is missing: run `make node-deps` (npm ci installs the pinned @openai/codex)"
+    if not codex_bin.exists():
+        return f"{codex_bin} is missing: run `make node-deps` (npm ci installs the pinned @openai/codex)"
     return None
 
 
@@ -129,11 +144,17 @@ class CodexRun:
 
 
 def run_codex_exec(
-    prompt: str, workdir: Path, env: dict[str, str], timeout_s: float, *, options: tuple[str, ...] = ()
+    prompt: str,
+    workdir: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    *,
+    options: tuple[str, ...] = (),
+    codex_bin: Path = CODEX_BIN,
 ) -> CodexRun:
     """`codex exec` once; `options` go before the prompt (e.g. `--output-schema FILE`)."""
     command = [
-        str(CODEX_BIN),
+        str(codex_bin),
         "exec",
         "--skip-git-repo-check",
         "--strict-config",
@@ -165,8 +186,8 @@ def run_codex_exec(
     return CodexRun(completed.returncode, events, completed.stdout, completed.stderr)
 
 
-def codex_version(env: dict[str, str]) -> str:
+def codex_version(env: dict[str, str], codex_bin: Path = CODEX_BIN) -> str:
     completed = subprocess.run(
-        [str(CODEX_BIN), "--version"], capture_output=True, text=True, env=env, timeout=60, check=False
+        [str(codex_bin), "--version"], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     return completed.stdout.strip()

@@ -1,4 +1,5 @@
-"""The real, pinned Codex CLI runs one `codex exec` turn against the running facade (fixture model).
+"""The real, pinned Codex CLIs (each of `CODEX_PINS`: the long-pinned one and the newest beside
+it) run one `codex exec` turn against the running facade (fixture model).
 
 Pass: the turn completes, or fails only with Codex's `Incomplete response returned, reason:
 max_output_tokens` (a tiny random model may run out of tokens). Any other error — a 4xx/5xx, a
@@ -17,8 +18,9 @@ import pytest
 
 from tests._services import free_port
 from tests.codex.codex_cli import (
+    CODEX_PINS,
     INCOMPLETE_MAX_OUTPUT,
-    PINNED_VERSION,
+    CodexPin,
     codex_unavailable_reason,
     codex_version,
     loopback_only_env,
@@ -35,9 +37,17 @@ IDLE_TIMEOUT_MS = 200_000
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
+@pytest.fixture(scope="module", params=CODEX_PINS, ids=lambda pin: pin.version)
+def codex_pin(request: pytest.FixtureRequest) -> CodexPin:
+    pin: CodexPin = request.param
+    return pin
+
+
 @pytest.fixture(scope="module")
-def codex_env(tmp_path_factory: pytest.TempPathFactory, facade_url: str) -> tuple[dict[str, str], Path]:
-    reason = codex_unavailable_reason()
+def codex_env(
+    tmp_path_factory: pytest.TempPathFactory, facade_url: str, codex_pin: CodexPin
+) -> tuple[dict[str, str], Path]:
+    reason = codex_unavailable_reason(codex_pin.bin)
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"Codex CLI must run in CI: {reason}")
@@ -51,15 +61,21 @@ def codex_env(tmp_path_factory: pytest.TempPathFactory, facade_url: str) -> tupl
     return loopback_only_env(codex_home, dead_port=free_port()), workdir
 
 
-def test_pinned_codex_version(codex_env: tuple[dict[str, str], Path]) -> None:
+def test_pinned_codex_version(codex_env: tuple[dict[str, str], Path], codex_pin: CodexPin) -> None:
     env, _ = codex_env
-    assert codex_version(env) == f"codex-cli {PINNED_VERSION}"
+    assert codex_version(env, codex_pin.bin) == f"codex-cli {codex_pin.version}"
 
 
-def test_codex_exec_turn_ends_without_protocol_error(codex_env: tuple[dict[str, str], Path]) -> None:
+def test_codex_exec_turn_ends_without_protocol_error(
+    codex_env: tuple[dict[str, str], Path], codex_pin: CodexPin
+) -> None:
     env, workdir = codex_env
     run = run_codex_exec(
-        "Use view_image on screenshot.png and say what shapes it shows.", workdir, env, CODEX_TIMEOUT_S
+        "Use view_image on screenshot.png and say what shapes it shows.",
+        workdir,
+        env,
+        CODEX_TIMEOUT_S,
+        codex_bin=codex_pin.bin,
     )
     assert not run.protocol_problems(), run.describe()
     result = run.turn_results()[0]
@@ -82,7 +98,7 @@ ANSWER_SCHEMA = {
 
 
 def test_codex_exec_output_schema_gives_json_valid_against_it(
-    codex_env: tuple[dict[str, str], Path], tmp_path: Path
+    codex_env: tuple[dict[str, str], Path], codex_pin: CodexPin, tmp_path: Path
 ) -> None:
     env, workdir = codex_env
     schema_path = tmp_path / "schema.json"
@@ -94,6 +110,7 @@ def test_codex_exec_output_schema_gives_json_valid_against_it(
         env,
         CODEX_TIMEOUT_S,
         options=("--output-schema", str(schema_path), "--output-last-message", str(last_message)),
+        codex_bin=codex_pin.bin,
     )
     assert not run.protocol_problems(), run.describe()
     assert run.turn_results()[0]["type"] == "turn.completed", run.describe()

@@ -22,7 +22,9 @@ import pytest
 
 from tests._services import free_port
 from tests.codex.codex_cli import (
+    CODEX_PINS,
     INCOMPLETE_MAX_OUTPUT,
+    CodexPin,
     CodexRun,
     codex_unavailable_reason,
     loopback_only_env,
@@ -38,17 +40,21 @@ CODEX_RUN_TIMEOUT_S = 60
 pytestmark = pytest.mark.needs_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _codex_available() -> None:
-    reason = codex_unavailable_reason()
+@pytest.fixture(scope="module", params=CODEX_PINS, ids=lambda pin: pin.version)
+def codex_pin(request: pytest.FixtureRequest) -> CodexPin:
+    """Every test runs each pinned Codex CLI (the long-pinned one and the newest beside it)."""
+    pin: CodexPin = request.param
+    reason = codex_unavailable_reason(pin.bin)
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"Codex CLI must run in CI: {reason}")
         pytest.skip(reason)
+    return pin
 
 
 def _run_against_recorder(
     tmp_path: Path,
+    pin: CodexPin,
     *,
     scenario: str = "ok",
     view_image: str | None = None,
@@ -71,7 +77,7 @@ def _run_against_recorder(
         workdir.mkdir()
         (workdir / "screenshot.png").write_bytes(screenshot_png())
         env = loopback_only_env(codex_home, dead_port=free_port())
-        run = run_codex_exec("Describe screenshot.png.", workdir, env, CODEX_RUN_TIMEOUT_S)
+        run = run_codex_exec("Describe screenshot.png.", workdir, env, CODEX_RUN_TIMEOUT_S, codex_bin=pin.bin)
     finally:
         server.shutdown()
         server.server_close()
@@ -88,8 +94,10 @@ def _agent_messages(run: CodexRun) -> list[str]:
 
 
 @pytest.fixture
-def view_image_round_trip(tmp_path: Path) -> Iterator[tuple[CodexRun, list[dict[str, Any]], bytes]]:
-    run, requests = _run_against_recorder(tmp_path, view_image="screenshot.png")
+def view_image_round_trip(
+    tmp_path: Path, codex_pin: CodexPin
+) -> Iterator[tuple[CodexRun, list[dict[str, Any]], bytes]]:
+    run, requests = _run_against_recorder(tmp_path, codex_pin, view_image="screenshot.png")
     yield run, requests, (tmp_path / "project" / "screenshot.png").read_bytes()
 
 
@@ -140,8 +148,8 @@ def test_codex_sends_view_image_result_as_image_only_output(
     assert _agent_messages(run)
 
 
-def test_running_out_of_output_tokens_is_not_a_protocol_problem(tmp_path: Path) -> None:
-    run, _ = _run_against_recorder(tmp_path, scenario="incomplete")
+def test_running_out_of_output_tokens_is_not_a_protocol_problem(tmp_path: Path, codex_pin: CodexPin) -> None:
+    run, _ = _run_against_recorder(tmp_path, codex_pin, scenario="incomplete")
     assert run.returncode == 1
     assert run.errors() and set(run.errors()) == {INCOMPLETE_MAX_OUTPUT}
     assert not run.protocol_problems(), run.describe()
@@ -156,22 +164,26 @@ def test_running_out_of_output_tokens_is_not_a_protocol_problem(tmp_path: Path) 
     ],
 )
 def test_broken_answers_are_protocol_problems(
-    tmp_path: Path, scenario: str, http_error: int | None, expected: str
+    tmp_path: Path, codex_pin: CodexPin, scenario: str, http_error: int | None, expected: str
 ) -> None:
-    run, _ = _run_against_recorder(tmp_path, scenario=scenario, http_error=http_error)
+    run, _ = _run_against_recorder(tmp_path, codex_pin, scenario=scenario, http_error=http_error)
     problems = run.protocol_problems()
     assert any(expected in problem for problem in problems), run.describe()
 
 
-def test_without_output_item_done_codex_shows_nothing(tmp_path: Path) -> None:
+def test_without_output_item_done_codex_shows_nothing(tmp_path: Path, codex_pin: CodexPin) -> None:
     # Why the facade must send response.output_item.done for every item.
-    run, _ = _run_against_recorder(tmp_path, scenario="no_item_done")
+    run, _ = _run_against_recorder(tmp_path, codex_pin, scenario="no_item_done")
     assert not _agent_messages(run), run.describe()
 
 
 @pytest.mark.parametrize(("fill", "survives"), [("comment", False), ("in_progress", True)])
-def test_only_real_events_keep_codex_idle_timer_alive(tmp_path: Path, fill: str, survives: bool) -> None:
+def test_only_real_events_keep_codex_idle_timer_alive(
+    tmp_path: Path, codex_pin: CodexPin, fill: str, survives: bool
+) -> None:
     # Why the facade's prefill heartbeat is a `response.in_progress` event, not an SSE comment.
-    run, _ = _run_against_recorder(tmp_path, idle_timeout_ms=2500, stall_seconds=5, stall_fill=fill)
+    run, _ = _run_against_recorder(
+        tmp_path, codex_pin, idle_timeout_ms=2500, stall_seconds=5, stall_fill=fill
+    )
     idle = [problem for problem in run.protocol_problems() if "idle timeout" in problem]
     assert (not idle) == survives, run.describe()
