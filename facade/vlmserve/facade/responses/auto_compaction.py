@@ -7,8 +7,10 @@ generated on the compacted input instead: that item, then the last user message 
 tool call with its outputs. The item comes first in the response's `output` (streamed before
 the answer, as OpenAI does), so the client's next turn carries it. Without the field, the same
 happens when the prompt would not fit the model's context at all (unless the request asks for
-`truncation: "auto"`, or continues stored turns); `context_management: []` opts out. A threshold
-the instructions and tools alone reach is a 400 naming it.
+`truncation: "auto"`), chained turns (`previous_response_id`, `conversation`) included: their
+compacted input is the item and the recent items of the whole conversation (stored turns and
+input), and the translation leaves out what came before the item. `context_management: []` opts
+out. A threshold the instructions and tools alone reach is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 # What an image or a file counts for in the "could it not fit?" look (screenshots are a few
 # hundred to a few thousand tokens; a PDF page is an image too).
 _MEDIA_CHARACTERS = 1024
+# How far back a conversation's items are read for the recent items a compaction keeps.
+_MAX_CONVERSATION_ITEMS = 2000
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ async def compact_if_needed(
     policy = compaction_policy(extra.get(_PARAM), given=_PARAM in extra)
     if policy is None:
         return create, None
-    if policy.threshold is None and not await _may_not_fit(service, create):
+    if policy.threshold is None and not await _may_not_fit(service, create, owner=owner):
         return create, None
     translation = await service.translate(create, owner=owner)
     request = translation.translated.request
@@ -141,23 +145,77 @@ async def compact_if_needed(
     raw = body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
     given = create.stored_input()
     items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given)
-    raw["input"] = [item, *recent_items(items)]
+    # A chained turn keeps its `previous_response_id` / `conversation` (stored as continuing it);
+    # the item leaves the stored turns out of the prompt, so the recent ones come with it.
+    earlier = await _stored_items(service, create, owner=owner)
+    raw["input"] = [item, *recent_items([*earlier, *items])]
     raw.pop(_PARAM, None)
     return await service.parse(raw, owner=owner), item
 
 
-async def _may_not_fit(service: ResponsesService, create: CreateRequest) -> bool:
+async def _may_not_fit(service: ResponsesService, create: CreateRequest, *, owner: str) -> bool:
     """Without `context_management`, whether the prompt could be longer than the context, told
     without translating it (every request asks this): an input of fewer characters than the
-    context has tokens fits. A request continuing stored turns is not looked at (that would
-    translate every turn twice): it compacts with the field, or truncates (`truncation: "auto"`)."""
+    context has tokens fits. A turn continuing a stored response adds that response's tokens
+    (its `usage`: what it was sent and wrote), one continuing a conversation its stored bytes
+    (images count their bytes: such a conversation is counted more often than it must be)."""
     body = create.body
-    if body.previous_response_id is not None or body.conversation is not None:
-        return False
     if body.truncation == "auto":
         return False  # asked to be truncated instead
     context = (await service.models.resolve(body.model)).info.context_length
-    return bool(context) and _characters(create.stored_input(), context) >= context
+    if not context:
+        return False
+    size = _characters(create.stored_input(), context)
+    store = service.store
+    if body.previous_response_id is not None:
+        stored = await store.responses.get(body.previous_response_id, owner=owner)
+        if stored is None:
+            # Not stored (a WebSocket connection's `store: false` turn) or gone: the usual path
+            # continues it or says it was not found.
+            return False
+        usage = stored.resource.get("usage") or {}
+        earlier = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+        # Counted exactly when the estimate reaches what an answer's room may leave of the context.
+        return earlier + size >= context - context // 4
+    conversation = body.conversation
+    if conversation is not None:
+        conversation_id = conversation if isinstance(conversation, str) else conversation.id
+        stored_bytes = await store.conversations.size(conversation_id, owner=owner)
+        return stored_bytes is not None and stored_bytes + size >= context - context // 4
+    return size >= context
+
+
+async def _stored_items(service: ResponsesService, create: CreateRequest, *, owner: str) -> list[Any]:
+    """The stored items a chained turn continues, oldest first (the chain's inputs and outputs;
+    a conversation's latest items, back to its last user message); [] for an unchained one."""
+    body = create.body
+    store = service.store
+    if body.previous_response_id is not None:
+        items = await store.responses.replay_items(
+            body.previous_response_id, owner=owner, max_depth=service.settings.limits.max_chain_depth
+        )
+        return list(items or [])
+    conversation = body.conversation
+    if conversation is None:
+        return []
+    conversation_id = conversation if isinstance(conversation, str) else conversation.id
+    newest_first: list[Any] = []
+    after: str | None = None
+    while len(newest_first) < _MAX_CONVERSATION_ITEMS:
+        page = await store.conversations.list_items(
+            conversation_id, after=after, limit=100, order="desc", owner=owner
+        )
+        if page is None or not page.items:
+            break
+        newest_first += [stored.item for stored in page.items]
+        if not page.has_more or any(_is_user(stored.item) for stored in page.items):
+            break
+        after = page.items[-1].id
+    return newest_first[::-1]
+
+
+def _is_user(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("role") == "user"
 
 
 def _characters(value: Any, bound: int) -> int:
