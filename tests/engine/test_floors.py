@@ -17,7 +17,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 FLOORS: list[tuple[str, ...]] = [
     # Leaves: they import nothing else of the engine.
     ("request_errors", "process_group", "metrics", "kv", "toolcalls", "load_progress"),
-    ("sampling", "computer"),  # settings and the sampler; the computer tool in the model's terms
+    # settings and the sampler; the computer tool in the model's terms; bounded clip decoding
+    ("sampling", "computer", "media"),
     ("grammar", "output"),  # constrained output and the output side, both on the tool-call formats
     ("jobs",),  # a request as the generation thread sees it: grammar and sampling settings
     ("template_fit",),  # what a chat template renders; the registry's tool prompt text

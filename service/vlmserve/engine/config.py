@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
 from vlmserve.engine.kv.layout import UNIFORM, KVQuantScheme
+from vlmserve.engine.media import MediaLimits
 from vlmserve.engine.model import DEFAULT_MODEL_PATH, Distribution, Dtype
 from vlmserve.engine.model_lifecycle import LoadWhen
 from vlmserve.engine.prep.preparer import DEFAULT_MAX_REQUEST_PIXELS
@@ -19,7 +20,59 @@ from vlmserve.server.settings import DeclaredSettings, Option
 # Speculative decoding's draft sources (speculation/).
 Speculation = Literal["off", "lookup", "draft", "auto"]
 
-__all__ = ["EngineConfig"]
+__all__ = ["EngineConfig", "MediaSettings"]
+
+
+_MEDIA = MediaLimits()
+
+
+class MediaSettings(DeclaredSettings):
+    """Video and audio clips: bounds checked from the container's header before decoding, the
+    decoding worker's limits, and the frame sampling a request gets when it asks for none
+    (engine/media/, docs/video-audio.md)"""
+
+    max_video_bytes: int = Field(_MEDIA.max_video_bytes, ge=1, description="bytes per video clip")
+    max_video_seconds: float = Field(_MEDIA.max_video_seconds, gt=0, description="seconds per video clip")
+    max_video_source_pixels: int = Field(
+        _MEDIA.max_video_source_pixels, ge=1, description="pixels of one frame of a clip as sent (its header)"
+    )
+    max_video_frames: int = Field(
+        _MEDIA.max_video_frames,
+        ge=1,
+        description="frames sampled from one clip (a request asking more is refused)",
+    )
+    max_video_frame_pixels: int = Field(
+        _MEDIA.max_video_frame_pixels,
+        ge=1,
+        description="pixels of one sampled frame; bigger ones are scaled down (aspect kept) as decoded",
+    )
+    max_video_pixels: int = Field(
+        _MEDIA.max_video_pixels, ge=1, description="sampled frames x pixels of one clip (memory: x3 bytes)"
+    )
+    video_fps: float = Field(
+        _MEDIA.video_fps, gt=0, description="frames per second sampled when a request sets no fps"
+    )
+    video_max_frames: int = Field(
+        _MEDIA.video_max_frames,
+        ge=1,
+        description="frames sampled from a clip when a request sets no max_frames",
+    )
+    max_audio_bytes: int = Field(_MEDIA.max_audio_bytes, ge=1, description="bytes per audio clip")
+    max_audio_seconds: float = Field(_MEDIA.max_audio_seconds, gt=0, description="seconds per audio clip")
+    max_audio_sample_rate: int = Field(
+        _MEDIA.max_audio_sample_rate, ge=1, description="sample rate of an audio clip as sent, in Hz"
+    )
+    max_audio_channels: int = Field(_MEDIA.max_audio_channels, ge=1, description="channels of an audio clip")
+    media_decode_timeout_s: float = Field(
+        _MEDIA.decode_timeout_s,
+        gt=0,
+        description="seconds one clip may take to decode (its worker is killed)",
+    )
+    media_decode_memory_mib: int = Field(
+        _MEDIA.decode_memory_mib,
+        ge=256,
+        description="MiB of memory a clip's decoding worker may hold (its imports take about 200)",
+    )
 
 
 class EngineConfig(DeclaredSettings):
@@ -158,6 +211,7 @@ class EngineConfig(DeclaredSettings):
     prepare_workers: int = Field(
         4, ge=1, description="threads preparing requests (decode, render, tokenize) beside generation"
     )
+    media: MediaSettings = Field(default_factory=MediaSettings, description="video and audio clips")
     warmup: bool = Field(True, description="run one tiny generation after loading, before serving")
     # See distributed.py and docs/deployment.md.
     distributed: Distribution = Field(
@@ -194,3 +248,24 @@ class EngineConfig(DeclaredSettings):
     @property
     def image_limits(self) -> ImageLimits:
         return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels)
+
+    @property
+    def media_limits(self) -> MediaLimits:
+        media = self.media
+        return MediaLimits(
+            max_video_bytes=media.max_video_bytes,
+            max_video_seconds=media.max_video_seconds,
+            max_video_source_pixels=media.max_video_source_pixels,
+            max_video_frames=media.max_video_frames,
+            max_video_frame_pixels=media.max_video_frame_pixels,
+            max_video_pixels=media.max_video_pixels,
+            video_fps=media.video_fps,
+            video_max_frames=media.video_max_frames,
+            max_audio_bytes=media.max_audio_bytes,
+            max_audio_seconds=media.max_audio_seconds,
+            max_audio_sample_rate=media.max_audio_sample_rate,
+            max_audio_channels=media.max_audio_channels,
+            decode_timeout_s=media.media_decode_timeout_s,
+            decode_memory_mib=media.media_decode_memory_mib,
+            images=self.image_limits,
+        )

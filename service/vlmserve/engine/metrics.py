@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["EngineMetrics", "EngineState", "serve_metrics"]
+__all__ = ["EngineMetrics", "EngineState", "MediaMetrics", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,34 @@ class _StateCollector(Collector):
             )
 
 
+class MediaMetrics:
+    """Video and audio clips (engine/media/): what was decoded, and what was refused and why."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.clips = Counter(
+            "vlmserve_engine_media_clips",
+            "clips decoded, by kind (video, audio)",
+            ["kind"],
+            registry=registry,
+        )
+        self.frames = Counter(
+            "vlmserve_engine_video_frames",
+            "video frames decoded (the sampled frames handed on)",
+            registry=registry,
+        )
+        self.audio_seconds = Counter(
+            "vlmserve_engine_audio_seconds", "seconds of audio decoded", registry=registry
+        )
+        self.refused = Counter(
+            "vlmserve_engine_media_refused_clips",
+            "clips refused, by kind and reason (the limit broken: bytes, duration, source_pixels, frames, "
+            "pixels, sample_rate, channels, timeout, memory; or damaged, media_type, image, sampling, empty, "
+            "file_id)",
+            ["kind", "reason"],
+            registry=registry,
+        )
+
+
 class EngineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -195,6 +223,7 @@ class EngineMetrics:
         self.image_bytes = Counter(
             "vlmserve_engine_image_bytes", "encoded bytes of images in generate requests", registry=r
         )
+        self.media = MediaMetrics(r)
         self.time_to_first_token = Histogram(
             "vlmserve_engine_time_to_first_token_seconds",
             "admission to first generated token (queue, preparation wait and prefill)",
