@@ -24,6 +24,8 @@ RESPONSES = {
     # for APIs translated to Responses (chat completions, Anthropic Messages): where each field of
     # the body came from, and the validation pieces their request models share
     "PathMap", "translated_body", "Count", "MAX_COUNT", "ServiceTier", "OTHER", "by_json_type", "by_type",
+    # video and audio parts, one shape on every API that has them (docs/video-audio.md)
+    "ChatVideoURLPartParam", "InputAudioPartParam", "InputVideoPartParam", "VideoPartParam",
     # media the translation reads through the caller's sources
     "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
     # output: items, the response resource and its parts

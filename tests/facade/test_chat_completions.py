@@ -267,8 +267,21 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("stream options without stream", {"stream_options": {"include_usage": True}}, "stream_options", None),
     ("temperature", {"temperature": 3}, "temperature", None),
     (
-        "audio part",
+        "empty audio part",
         {"messages": [user({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}})]},
+        "messages[0].content[0].input_audio.data",
+        "invalid_audio",
+    ),
+    (
+        "audio part in an assistant message",
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}],
+                }
+            ]
+        },
         "messages[0].content[0].type",
         "unsupported_value",
     ),

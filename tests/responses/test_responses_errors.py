@@ -76,16 +76,16 @@ ERRORS: list[tuple[str, Any, str, str | None]] = [
         "invalid_type",
     ),
     (
-        "input_audio",
+        "input_audio without data",
         [message("user", [{"type": "input_audio", "input_audio": {}}])],
-        "input[0].content[0].type",
-        "unsupported_value",
+        "input[0].content[0].input_audio.data",
+        "missing_required_parameter",
     ),
     (
-        "video_url",
+        "video_url without url",
         [message("user", [{"type": "video_url", "video_url": {}}])],
-        "input[0].content[0].type",
-        "unsupported_value",
+        "input[0].content[0].video_url.url",
+        "missing_required_parameter",
     ),
     (
         "input_file with bad base64",

@@ -202,6 +202,20 @@ def _document_parts(block: DocumentBlockParam, at: str) -> list[tuple[dict[str, 
     return parts
 
 
+# Block types clients try for video and audio (other APIs' part names among them).
+_CLIP_BLOCKS = frozenset({"video", "audio", "input_video", "input_audio", "video_url", "audio_url"})
+
+
+def _clip_hint(block_type: str) -> str | None:
+    """Anthropic's Messages API has no video or audio block: say where they can go."""
+    if block_type not in _CLIP_BLOCKS:
+        return None
+    return (
+        f"'{block_type}' blocks are not supported: Anthropic Messages has no video or audio block; "
+        "send video and audio on /v1/chat/completions or /v1/responses (docs/video-audio.md)."
+    )
+
+
 def _content_parts(block: object, at: str, *, text_type: str) -> list[tuple[dict[str, Any], str]] | None:
     """A text, image or document block as parts; None for any other block."""
     if isinstance(block, TextBlockParam):
@@ -227,7 +241,10 @@ def _tool_output(block: ToolResultBlockParam, at: str) -> tuple[str | list[dict[
         where = f"{at}.content[{index}]"
         converted = _content_parts(inner, where, text_type="input_text")
         if converted is None:
-            raise _unsupported(f"{where}.type", f"'{inner.type}' blocks are not supported in a tool_result.")
+            raise _unsupported(
+                f"{where}.type",
+                _clip_hint(inner.type) or f"'{inner.type}' blocks are not supported in a tool_result.",
+            )
         parts.extend(converted)
     return [part for part, _ in parts], [origin for _, origin in parts]
 
@@ -269,7 +286,7 @@ def _add_blocks(
             message = f"'{block.type}' blocks are " + (
                 f"not allowed in a {role} message." if known else "not supported by this server."
             )
-            raise _unsupported(f"{at}.type", message)
+            raise _unsupported(f"{at}.type", _clip_hint(block.type) or message)
     items.flush()
 
 

@@ -11,7 +11,19 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter
 
-from vlmserve.responses import OTHER, Count, RequestModel, ServiceTier, by_json_type, by_type, parse_as
+from vlmserve.responses import (
+    OTHER,
+    ChatVideoURLPartParam,
+    Count,
+    InputAudioPartParam,
+    InputVideoPartParam,
+    RequestModel,
+    ServiceTier,
+    VideoPartParam,
+    by_json_type,
+    by_type,
+    parse_as,
+)
 
 # ---- message content parts ----------------------------------------------------------------------
 
@@ -49,8 +61,14 @@ class FilePartParam(RequestModel):
     file: FileParam
 
 
+# Video and audio (docs/video-audio.md): the same shapes as on /v1/responses, which takes them as
+# they are: `video_url` ({url} or {file_id}), `input_video`, `video` (a URL or frame image URLs),
+# OpenAI's `input_audio` ({data, format}); `fps`, `max_frames`, ... beside a video's source.
+ClipPartParam: TypeAlias = ChatVideoURLPartParam | InputVideoPartParam | VideoPartParam | InputAudioPartParam
+
+
 class OtherPartParam(RequestModel):
-    """Any other part type (input_audio, ...): refused by name in the translation."""
+    """Any other part type: refused by name in the translation."""
 
     type: str
 
@@ -60,8 +78,23 @@ PartParam: TypeAlias = Annotated[
     | Annotated[ImageURLPartParam, Tag("#image_url")]
     | Annotated[RefusalPartParam, Tag("#refusal")]
     | Annotated[FilePartParam, Tag("#file")]
+    | Annotated[ChatVideoURLPartParam, Tag("#video_url")]
+    | Annotated[InputVideoPartParam, Tag("#input_video")]
+    | Annotated[VideoPartParam, Tag("#video")]
+    | Annotated[InputAudioPartParam, Tag("#input_audio")]
     | Annotated[OtherPartParam, Tag(OTHER)],
-    by_type({"text": "#text", "image_url": "#image_url", "refusal": "#refusal", "file": "#file"}),
+    by_type(
+        {
+            "text": "#text",
+            "image_url": "#image_url",
+            "refusal": "#refusal",
+            "file": "#file",
+            "video_url": "#video_url",
+            "input_video": "#input_video",
+            "video": "#video",
+            "input_audio": "#input_audio",
+        }
+    ),
 ]
 
 Content: TypeAlias = Annotated[
@@ -227,6 +260,9 @@ class ChatCompletionBody(RequestModel):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     user: str | None = None
+    # vLLM's: sampling for every video part that says none itself (fps, max_frames, min_pixels,
+    # max_pixels; any other key is a 400 naming it).
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 _BODY = TypeAdapter(ChatCompletionBody)

@@ -18,6 +18,7 @@ from vlmserve.responses import CreateRequest, EngineExtras, InvalidRequestError,
 from ._request_models import (
     AssistantMessageParam,
     ChatCompletionBody,
+    ClipPartParam,
     Content,
     FilePartParam,
     ImageURLPartParam,
@@ -106,6 +107,11 @@ def _parts(
             parts.append({"type": "input_file", **{k: v for k, v in fields.items() if v is not None}})
             for name in _FILE_FIELDS:
                 paths.add(f"{path}[{index}].{name}", f"{at}.file.{name}")
+        elif isinstance(part, ClipPartParam) and images:
+            # The Responses translation takes chat's video and audio shapes as they are, field
+            # for field (so each field's path below the part is the chat one).
+            parts.append(part.model_dump(mode="json", exclude_unset=True))
+            paths.add(f"{path}[{index}]", at)
         else:
             raise _unsupported(f"{at}.type", f"'{part.type}' parts are not supported in this message.")
     return parts
@@ -300,6 +306,7 @@ def chat_request(raw: object) -> ChatRequest:
         # The Responses way to ask for token logprobs.
         "include": ["message.output_text.logprobs"] if body.logprobs else None,
         "top_logprobs": body.top_logprobs if body.logprobs else None,
+        "mm_processor_kwargs": body.mm_processor_kwargs,
     }
     responses_body.update({key: value for key, value in optional.items() if value is not None})
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())

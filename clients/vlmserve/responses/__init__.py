@@ -17,6 +17,7 @@ Files (`input_file`, `input_image.file_id`): `file_data` is read here; a `file_i
 Every client error is an `InvalidRequestError` carrying the JSON path of the bad field.
 """
 
+from ._clip_models import ChatVideoURLPartParam, InputAudioPartParam, InputVideoPartParam, VideoPartParam
 from ._compaction import (
     SUMMARY_INSTRUCTION,
     CompactionState,
@@ -98,6 +99,7 @@ __all__ = [
     "MAX_COUNT",
     "OTHER",
     "SUMMARY_INSTRUCTION",
+    "ChatVideoURLPartParam",
     "CompactionState",
     "ComputerCallItem",
     "ContentPartEvent",
@@ -123,8 +125,10 @@ __all__ = [
     "IncludeValue",
     "IncompleteDetails",
     "IncompleteReason",
+    "InputAudioPartParam",
     "InputItemParam",
     "InputTokensCount",
+    "InputVideoPartParam",
     "InvalidRequestError",
     "ItemList",
     "ItemResolver",
@@ -157,6 +161,7 @@ __all__ = [
     "ToolCallItem",
     "TranslatedRequest",
     "Usage",
+    "VideoPartParam",
     "build_generate_request",
     "by_json_type",
     "by_type",

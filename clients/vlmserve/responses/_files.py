@@ -19,6 +19,7 @@ import binascii
 import json
 import re
 
+from vlmserve.common.clips import sniff_clip
 from vlmserve.common.documents import DocumentError, decode_text, render_pdf, sniff_file
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -190,6 +191,18 @@ def decode_file_data(value: str, param: str, max_bytes: int) -> bytes:
 
 
 def _sniff(data: bytes, param: str, filename: str) -> tuple[str, str]:
+    clip = sniff_clip(data)
+    if clip is not None:
+        # A clip is not a document: it has parts of its own, which carry its sampling.
+        kind, media_type = clip
+        shapes = "input_video or video_url" if kind == "video" else "input_audio"
+        raise InvalidRequestError(
+            f"Invalid file at '{param}' ({json.dumps(filename)}): the file is {media_type}; {kind} "
+            f"reaches the model as a {kind} part ({shapes}, with this file's id), on /v1/responses and "
+            "/v1/chat/completions.",
+            param=param,
+            code="unsupported_file",
+        )
     try:
         return sniff_file(data)
     except DocumentError as error:

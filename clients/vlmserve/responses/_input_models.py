@@ -14,6 +14,13 @@ from pydantic import (
     field_validator,
 )
 
+from ._clip_models import (
+    CLIP_PART_TYPES,
+    ChatVideoURLPartParam,
+    InputAudioPartParam,
+    InputVideoPartParam,
+    VideoPartParam,
+)
 from ._compaction import CompactionState, open_compaction
 from ._computer import ComputerCallOutputParam, ComputerCallParam
 from ._validation import (
@@ -37,14 +44,11 @@ EXAMPLE_IMAGE_URL = (
 )
 TEXT_PART_TYPES = ("input_text", "text", "output_text")
 IMAGE_PART_TYPES = ("input_image", "image_url")
-MESSAGE_PART_TYPES = (*TEXT_PART_TYPES, *IMAGE_PART_TYPES, "input_file", "refusal")
+MESSAGE_PART_TYPES = (*TEXT_PART_TYPES, *IMAGE_PART_TYPES, *CLIP_PART_TYPES, "input_file", "refusal")
 
 # Parts with a known meaning that we cannot serve yet: refused by name wherever they appear.
 UNSUPPORTED_PARTS = {
     "file": "file parts are not supported in the Responses API; send an input_file part",
-    "input_audio": "audio input is not supported by this server; send text or images",
-    "video_url": "video input is not supported by this server; send text or images",
-    "input_video": "video input is not supported by this server; send text or images",
 }
 
 
@@ -111,7 +115,19 @@ class UnknownPartParam(UnknownTypeParam):
     """Any other message part: its `type` says what is wrong."""
 
     unknown = "unsupported content part type"
-    supported = ("input_text", "input_image", "input_file", "text", "image_url", "output_text", "refusal")
+    supported = (
+        "input_text",
+        "input_image",
+        "input_file",
+        "input_video",
+        "input_audio",
+        "text",
+        "image_url",
+        "video_url",
+        "video",
+        "output_text",
+        "refusal",
+    )
 
 
 _PARTTAGS = {
@@ -119,6 +135,10 @@ _PARTTAGS = {
     "input_image": "#input_image",
     "image_url": "#image_url",
     "input_file": "#input_file",
+    "input_video": "#input_video",
+    "video_url": "#video_url",
+    "video": "#video",
+    "input_audio": "#input_audio",
     **dict.fromkeys(UNSUPPORTED_PARTS, "#unsupported"),
 }
 MessagePartParam: TypeAlias = Annotated[
@@ -126,6 +146,10 @@ MessagePartParam: TypeAlias = Annotated[
     | Annotated[InputImagePartParam, Tag("#input_image")]
     | Annotated[ChatImagePartParam, Tag("#image_url")]
     | Annotated[InputFilePartParam, Tag("#input_file")]
+    | Annotated[InputVideoPartParam, Tag("#input_video")]
+    | Annotated[ChatVideoURLPartParam, Tag("#video_url")]
+    | Annotated[VideoPartParam, Tag("#video")]
+    | Annotated[InputAudioPartParam, Tag("#input_audio")]
     | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
     | Annotated[RefusalPartParam, Tag("#refusal")]
     | Annotated[UnknownPartParam, Tag(OTHER), UNDOCUMENTED],
@@ -138,6 +162,10 @@ ToolOutputPartParam: TypeAlias = Annotated[
     | Annotated[InputImagePartParam, Tag("#input_image")]
     | Annotated[ChatImagePartParam, Tag("#image_url")]
     | Annotated[InputFilePartParam, Tag("#input_file")]
+    | Annotated[InputVideoPartParam, Tag("#input_video")]
+    | Annotated[ChatVideoURLPartParam, Tag("#video_url")]
+    | Annotated[VideoPartParam, Tag("#video")]
+    | Annotated[InputAudioPartParam, Tag("#input_audio")]
     | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
     | Annotated[dict[str, Any], Tag(OTHER)],
     by_type(_PARTTAGS),

@@ -81,6 +81,7 @@ def input_to_messages(
     document_limits: DocumentLimits | None = None,
     pdf_renderer: PdfRenderer | None = None,
     max_images: int | None = None,
+    clip_source: ImageSource | None = None,
 ) -> list[pb.Message]:
     """Translate `input` (and `instructions`) into raw contract messages.
 
@@ -95,6 +96,7 @@ def input_to_messages(
         document_limits=document_limits,
         pdf_renderer=pdf_renderer,
         max_images=max_images,
+        clip_source=clip_source,
     )
     messages = items_to_messages(input_entries(parse_input(input)), media=media, resolve_item=resolve_item)
     require_content(messages)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from vlmserve.common.clips import DEFAULT_MAX_CLIP_BYTES
 from vlmserve.common.documents import DocumentLimits, PdfPage
 from vlmserve.common.images import ImageError, ImageLimits, inspect_image, parse_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -21,6 +22,7 @@ from vlmserve.engine.v1 import engine_pb2 as pb
 from ._budget import RequestBudget
 from ._errors import InvalidRequestError
 from ._output_models import ImageDetailName
+from ._video_defaults import VideoDefaults
 
 
 class ImageSource(Protocol):
@@ -111,6 +113,12 @@ class MediaPolicy:
     pdf_renderer: PdfRenderer | None = None
     # The request's images and PDF pages so far (`_budget.py`): one per translation run.
     budget: RequestBudget = field(default_factory=RequestBudget)
+    # Remote video and audio URLs (http/https), under the same policy as images; None: refused.
+    clip_source: ImageSource | None = None
+    # Bytes per video or audio clip, bounded before its base64 is decoded (`_clips.py`).
+    clip_max_bytes: int = DEFAULT_MAX_CLIP_BYTES
+    # The request's `mm_processor_kwargs`: sampling for video parts that ask for none themselves.
+    video_defaults: VideoDefaults = field(default_factory=lambda: VideoDefaults())
 
     @classmethod
     def for_request(
@@ -122,6 +130,9 @@ class MediaPolicy:
         document_limits: DocumentLimits | None = None,
         pdf_renderer: PdfRenderer | None = None,
         max_images: int | None = None,
+        clip_source: ImageSource | None = None,
+        clip_max_bytes: int = DEFAULT_MAX_CLIP_BYTES,
+        video_defaults: VideoDefaults | None = None,
     ) -> MediaPolicy:
         """The policy of one translation run, with a fresh budget (`max_images`: None, unbounded)."""
         documents = document_limits or DocumentLimits()
@@ -136,6 +147,9 @@ class MediaPolicy:
                 max_pdf_pages=documents.max_pages_per_request,
                 max_file_bytes=documents.max_file_bytes_per_request,
             ),
+            clip_source=clip_source,
+            clip_max_bytes=clip_max_bytes,
+            video_defaults=video_defaults or VideoDefaults(),
         )
 
     def load_image(self, url: str, detail: pb.ImageDetail.ValueType, *, param: str) -> pb.ImagePart:

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from vlmserve.common.clips import AUDIO_FORMATS, sniff_audio, sniff_video
 from vlmserve.common.images import sniff_media_type
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -270,7 +271,50 @@ def _non_text_part(part: pb.Part) -> dict[str, Any]:
         return _file_part_to_json(part.file)
     if kind == "json":
         return _json_part(part.json.json)
+    if kind == "video":
+        return video_part_to_json(part.video)
+    if kind == "audio":
+        return audio_part_to_json(part.audio)
     return {"type": "input_text", "text": ""}
+
+
+def _data_url(media_type: str, data: bytes) -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def video_part_to_json(video: pb.VideoPart) -> dict[str, Any]:
+    """An `input_video` part (a `video` part with its frames), its sampling beside it."""
+    sampling = video.sampling
+    asked: dict[str, float] = {
+        "max_frames": sampling.max_frames,
+        "min_pixels": sampling.min_pixels,
+        "max_pixels": sampling.max_pixels,
+    }
+    item: dict[str, Any]
+    if video.WhichOneof("source") == "frames":
+        frames = [image_part_to_json(frame)["image_url"] for frame in video.frames.frames]
+        item = {"type": "video", "video": frames}
+        # A frame list's `fps` is the rate it was taken at.
+        asked["fps"] = _float32(video.frames.fps) if video.frames.fps else 0
+    elif video.WhichOneof("source") == "file_id":
+        item = {"type": "input_video", "file_id": video.file_id}
+        asked["fps"] = _float32(sampling.fps) if sampling.fps else 0
+    else:
+        media_type = video.media_type or sniff_video(video.data) or "application/octet-stream"
+        item = {"type": "input_video", "video_url": _data_url(media_type, video.data)}
+        asked["fps"] = _float32(sampling.fps) if sampling.fps else 0
+    item.update({name: value for name, value in asked.items() if value})
+    return item
+
+
+def audio_part_to_json(audio: pb.AudioPart) -> dict[str, Any]:
+    """An `input_audio` part: OpenAI's {data, format} (bare base64), or an uploaded file's id."""
+    if audio.WhichOneof("source") == "file_id":
+        return {"type": "input_audio", "file_id": audio.file_id}
+    media_type = audio.media_type or sniff_audio(audio.data) or ""
+    formats = {value: name for name, value in AUDIO_FORMATS.items()}
+    data = base64.b64encode(audio.data).decode("ascii")
+    return {"type": "input_audio", "input_audio": {"data": data, "format": formats.get(media_type, "wav")}}
 
 
 def _json_part(text: str) -> dict[str, Any]:
@@ -290,7 +334,7 @@ def _file_part_to_json(file: pb.FilePart) -> dict[str, Any]:
         item["file_id"] = file.file_id
     elif file.WhichOneof("source") == "data":
         media_type = file.media_type or "application/octet-stream"
-        item["file_data"] = f"data:{media_type};base64,{base64.b64encode(file.data).decode('ascii')}"
+        item["file_data"] = _data_url(media_type, file.data)
     if file.filename:
         item["filename"] = file.filename
     return item

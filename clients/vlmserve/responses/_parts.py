@@ -15,6 +15,8 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._clip_models import ChatVideoURLPartParam, InputAudioPartParam, InputVideoPartParam, VideoPartParam
+from ._clips import audio_part, video_part
 from ._errors import InvalidRequestError
 from ._files import file_image, input_file_parts
 from ._input_models import (
@@ -83,6 +85,10 @@ def _add_known_part(
         parts.add().image.CopyFrom(_chat_image_url(part, path, media))
     elif isinstance(part, InputFilePartParam):
         parts.extend(input_file_parts(part, path, media))
+    elif isinstance(part, InputVideoPartParam | ChatVideoURLPartParam | VideoPartParam):
+        parts.add().video.CopyFrom(video_part(part, path, media, media.video_defaults))
+    elif isinstance(part, InputAudioPartParam):
+        parts.add().audio.CopyFrom(audio_part(part, path, media))
     else:
         # Validation refuses every other kind; nothing is dropped if that ever changes.
         raise InvalidRequestError(f"Invalid value for '{join(path, 'type')}'.", param=join(path, "type"))

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vlmserve.common.clips import DEFAULT_MAX_CLIP_BYTES
 from vlmserve.common.documents import DocumentLimits
 from vlmserve.common.images import ImageLimits
 from vlmserve.common.wire_encode import HeldMessages, HeldTexts, OutgoingRequest
@@ -36,6 +37,7 @@ from ._output_models import OutputItem, RequestEcho
 from ._request_models import ConversationParam, CreateResponseBody
 from ._text_format import parse_text
 from ._tools import ParsedToolChoice, ToolSet, parse_tool_choice, parse_tools
+from ._video_defaults import parse_mm_processor_kwargs
 
 METADATA_MAX_PAIRS = 16
 # The include value that asks for output_text parts' token logprobs.
@@ -109,6 +111,8 @@ def build_generate_request(
     pdf_renderer: PdfRenderer | None = None,
     max_images: int | None = None,
     held: HeldTexts | None = None,
+    clip_source: ImageSource | None = None,
+    clip_max_bytes: int = DEFAULT_MAX_CLIP_BYTES,
 ) -> TranslatedRequest:
     """Validate a Responses request body and translate it for the engine.
 
@@ -122,7 +126,8 @@ def build_generate_request(
     `document_limits` bounds files and the PDF pages rendered (docs/responses-api.md, Files);
     `pdf_renderer` renders them (none: `render_pdf`, in this process). `max_images` bounds the
     images of the whole conversation, earlier turns and PDF pages included (None: no bound).
-    `held`: the input's long texts are held there, their markers in the request (for a caller
+    `clip_source` fetches remote video and audio URLs (none: refused), `clip_max_bytes` bounds
+    each clip. `held`: the input's long texts are held there, their markers in the request (for a caller
     that sends it with `vlmserve.common.wire_encode.encode`; the result's `held`).
     A parsed `body` (`CreateRequest`, or a typed body) is not parsed again; a `CreateRequest`'s
     engine extras are set last.
@@ -139,6 +144,9 @@ def build_generate_request(
         document_limits=document_limits,
         pdf_renderer=pdf_renderer,
         max_images=max_images,
+        clip_source=clip_source,
+        clip_max_bytes=clip_max_bytes,
+        video_defaults=parse_mm_processor_kwargs(parsed.mm_processor_kwargs),
     )
     input_items = typed_items(input_entries(parsed.input), media=media, resolve_item=resolve_item)
     # A compaction item covers what came before it, earlier turns included: they are not sent.

@@ -135,6 +135,9 @@ class CreateResponseBody(RequestModel):
     # Accepted and echoed; every request runs the same way (docs/responses-api.md).
     service_tier: ServiceTier | None = None
     user: str | None = None
+    # vLLM's: sampling for every video part that says none itself (docs/video-audio.md); keys
+    # fps, max_frames, min_pixels, max_pixels; any other is a 400 naming it.
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 _BODY = TypeAdapter(CreateResponseBody)

@@ -36,7 +36,7 @@ UNDOCUMENTED: Any = SkipJsonSchema()  # type: ignore[type-arg]
 # Fields that carry media wherever they are: in a field we do not read, an image or a file would
 # be dropped while the client thinks the model saw it. `annotations` (an output_text part's
 # citations, replayed) name files without being media.
-MEDIA_FIELDS = frozenset({"image_url", "file_id", "file_data", "file_url"})
+MEDIA_FIELDS = frozenset({"image_url", "file_id", "file_data", "file_url", "video_url", "input_audio"})
 _NOT_MEDIA = frozenset({"annotations"})
 
 
@@ -53,8 +53,9 @@ class RequestModel(BaseModel):
                 raise PydanticCustomError(
                     "unread_media",
                     "Invalid value for '{param}': this field is not read by this server, and media in "
-                    "it would not reach the model; send images as input_image parts and files as "
-                    "input_file parts of a message's content.",
+                    "it would not reach the model; send images as input_image parts, video and "
+                    "audio as input_video and input_audio parts, and files as input_file parts of a "
+                    "message's content.",
                     {"at": found},
                 )
         return self
@@ -82,7 +83,8 @@ def _json_kind(value: object) -> str | None:
         return "#string"
     if isinstance(value, list):
         return "#array"
-    if isinstance(value, Mapping):
+    if isinstance(value, Mapping | BaseModel):
+        # A model: the object member's value, as serialization meets it.
         return "#object"
     return None
 
@@ -188,8 +190,12 @@ def invalid_request(error: ValidationError, prefix: str = "") -> InvalidRequestE
         return InvalidRequestError(
             f"Invalid value for '{where}': expected one of {context.get('expected', '')}.", param=param
         )
-    if kind in ("greater_than_equal", "greater_than"):
-        bound = context.get("ge", context.get("gt"))
+    if kind == "greater_than":
+        return InvalidRequestError(
+            f"Invalid value for '{where}': must be more than {context.get('gt')}.", param=param
+        )
+    if kind == "greater_than_equal":
+        bound = context.get("ge")
         return InvalidRequestError(f"Invalid value for '{where}': must be at least {bound}.", param=param)
     if kind in ("less_than_equal", "less_than"):
         bound = context.get("le", context.get("lt"))

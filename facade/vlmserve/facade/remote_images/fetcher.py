@@ -12,6 +12,10 @@ Off unless enabled. Every fetch, and every redirect hop (at most `max_redirects`
    deadline covers the whole fetch: a watchdog shuts the socket down when it passes, so a slow
    header or body cannot hold a worker past `timeout_s`.
 
+Remote video and audio URLs (docs/video-audio.md) take the same path under the same settings
+and allowlist (`RequestImageSource.clip`): a clip is capped by what is left of the request's byte
+budget rather than by the per-image cap, and asks for `video/*` / `audio/*`.
+
 Errors are `RemoteImageError` (an `ImageFetchError`): the client sees only "Error while
 downloading <url>." or "Timeout while downloading <url>."; `cause` says why, for logs and tests.
 Synchronous on purpose: the facade runs request translation in a worker thread.
@@ -193,14 +197,14 @@ class RemoteImageFetcher:
     def for_request(self) -> RequestImageSource:
         return RequestImageSource(self)
 
-    def fetch(self, url: str, *, max_bytes: int, time_budget_s: float) -> bytes:
-        """One image's bytes (at most `max_bytes`), or RemoteImageError."""
+    def fetch(self, url: str, *, max_bytes: int, time_budget_s: float, accept: str = "image/*") -> bytes:
+        """One image's (or clip's) bytes (at most `max_bytes`), or RemoteImageError."""
         try:
             if not self.settings.enabled:
                 raise Refused(RefusalCause.DISABLED)
             with _Deadline(min(self.settings.timeout_s, time_budget_s)) as deadline:
                 try:
-                    return self._follow(url, max_bytes, deadline)
+                    return self._follow(url, max_bytes, deadline, accept)
                 except Refused:
                     raise
                 except (OSError, http.client.HTTPException, ValueError) as error:
@@ -213,10 +217,10 @@ class RemoteImageFetcher:
             logger.exception("remote image fetch failed unexpectedly")
             raise RemoteImageError(url, RefusalCause.PROTOCOL) from None
 
-    def _follow(self, url: str, max_bytes: int, deadline: _Deadline) -> bytes:
+    def _follow(self, url: str, max_bytes: int, deadline: _Deadline, accept: str) -> bytes:
         current = parse_url(url)
         for _hop in range(self.settings.max_redirects + 1):
-            result = self._get(check_url(current, self.settings), max_bytes, deadline)
+            result = self._get(check_url(current, self.settings), max_bytes, deadline, accept)
             if isinstance(result, bytes):
                 return result
             current = join_url(current, result)  # re-checked in full on the next hop
@@ -270,7 +274,7 @@ class RemoteImageFetcher:
             return tls
         raise Refused(RefusalCause.CONNECT)
 
-    def _get(self, target: Target, max_bytes: int, deadline: _Deadline) -> bytes | str:
+    def _get(self, target: Target, max_bytes: int, deadline: _Deadline, accept: str) -> bytes | str:
         """The body (bytes), or a redirect's Location (str)."""
         sock = self._connect(target, deadline)
         connection = _PinnedConnection(sock, target)
@@ -281,7 +285,7 @@ class RemoteImageFetcher:
                 target.path,
                 headers={
                     "Host": target.host_header,
-                    "Accept": "image/*",
+                    "Accept": accept,
                     "Accept-Encoding": "identity",
                     "User-Agent": "vlmserve-image-fetcher",
                     "Connection": "close",
@@ -345,6 +349,15 @@ class RequestImageSource:
         self._lock = threading.Lock()
 
     def __call__(self, url: str) -> bytes:
+        return self._fetch(url, per_fetch=self.fetcher.settings.max_bytes_per_image, accept="image/*")
+
+    def clip(self, url: str) -> bytes:
+        """A remote video or audio clip: the request's byte budget is its only byte cap (a clip
+        is larger than an image; the engine bounds its duration and frames from its header)."""
+        per_fetch = self.fetcher.settings.max_bytes_per_request
+        return self._fetch(url, per_fetch=per_fetch, accept="video/*, audio/*")
+
+    def _fetch(self, url: str, *, per_fetch: int, accept: str) -> bytes:
         settings = self.fetcher.settings
         with self._lock:
             budget = settings.max_bytes_per_request - self.bytes_fetched
@@ -353,11 +366,11 @@ class RequestImageSource:
             raise RemoteImageError(url, RefusalCause.REQUEST_BUDGET)
         if time_left <= 0:
             raise RemoteImageError(url, RefusalCause.TIMEOUT)
-        cap = min(settings.max_bytes_per_image, budget)
+        cap = min(per_fetch, budget)
         try:
-            data = self.fetcher.fetch(url, max_bytes=cap, time_budget_s=time_left)
+            data = self.fetcher.fetch(url, max_bytes=cap, time_budget_s=time_left, accept=accept)
         except RemoteImageError as error:
-            if error.cause is RefusalCause.TOO_LARGE and cap < settings.max_bytes_per_image:
+            if error.cause is RefusalCause.TOO_LARGE and cap < per_fetch:
                 raise RemoteImageError(url, RefusalCause.REQUEST_BUDGET) from None
             raise
         with self._lock:

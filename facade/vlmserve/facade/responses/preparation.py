@@ -35,6 +35,7 @@ from vlmserve.facade.http.errors import (
 )
 from vlmserve.facade.http.limits import check_tools
 from vlmserve.facade.http.metrics import FacadeMetrics
+from vlmserve.facade.remote_images.fetcher import RequestImageSource
 from vlmserve.facade.responses import ids
 from vlmserve.facade.responses.compaction_seal import CompactionSeal, read_or_create_key
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
@@ -68,6 +69,15 @@ from vlmserve.server.logs import bind_response
 logger = logging.getLogger("vlmserve.facade")
 
 ImageSourceFactory = Callable[[], ImageSource | None]
+
+
+def clip_source_of(image_source: ImageSource | None) -> ImageSource | None:
+    """Remote video and audio URLs: the safe fetcher's, under the image allowlist and the same
+    request budget (docs/video-audio.md); none where remote images are off or another source
+    was plugged in (it fetches images only)."""
+    return image_source.clip if isinstance(image_source, RequestImageSource) else None
+
+
 CompactionOpener = Callable[[str], CompactionState | None]
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -201,12 +211,14 @@ class ResponsesService:
         opener = self.compaction_opener(owner)
 
         def build(renderer: PdfRenderer) -> TranslatedRequest:
+            image_source = self.image_source()
             # Replayed and referenced items are parsed here: their compaction items open too.
             with opening_compactions(opener):
                 return build_generate_request(
                     create,
                     resolve_item=references,
-                    image_source=self.image_source(),
+                    image_source=image_source,
+                    clip_source=clip_source_of(image_source),
                     image_limits=image_limits(info, limits),
                     replay=replay.items,
                     history=replay.messages,
@@ -390,6 +402,11 @@ class ResponsesService:
     def image_source(self) -> ImageSource | None:
         """A fresh image source for one request (per-request byte budgets live in it)."""
         return self.image_sources() if self.image_sources is not None else None
+
+    def media_sources(self) -> tuple[ImageSource | None, ImageSource | None]:
+        """One request's remote image source and its remote video/audio source (one budget)."""
+        image_source = self.image_source()
+        return image_source, clip_source_of(image_source)
 
     def file_source(self, owner: str) -> RequestFiles | None:
         """The owner's uploaded files for one request."""

@@ -292,12 +292,14 @@ async def _checked_items(
         max_bytes=limits.max_request_bytes,
     )
     await references.resolve_all(value)
+    image_source, clip_source = state.responses.media_sources()
     try:
         messages = await state.responses.run_translation(
             input_to_messages,
             value,
             resolve_item=references,
-            image_source=state.responses.image_source(),
+            image_source=image_source,
+            clip_source=clip_source,
             image_limits=image_limits(info, limits),
             file_source=state.responses.file_source(owner),
             document_limits=state.responses.document_limits(allowed_images, model.files),

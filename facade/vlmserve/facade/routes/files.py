@@ -4,10 +4,12 @@ Uploads are `multipart/form-data` with `file` and `purpose` (`user_data` or `vis
 is bounded before it is read (its Content-Length: `--max-file-bytes` plus room for the form),
 held in the facade's body budget as it arrives and while it is handled, and must arrive within
 the body timeout, at the minimum body rate (request_body.metered_body).
-The file's kind is sniffed from its bytes (`vlmserve.common.documents`), never taken from the
-client's content type or name: PDFs, images (PNG, JPEG, WebP, GIF) and UTF-8 text are kept;
-`vision` takes images only; anything else is a 400 naming `file`. Requests then name a file by
-its id (`input_file.file_id`, `input_image.file_id`; `_files.py` in the translation).
+The file's kind is sniffed from its bytes (`vlmserve.common.documents`, `vlmserve.common.clips`),
+never taken from the client's content type or name: PDFs, images (PNG, JPEG, WebP, GIF), UTF-8
+text, videos (MP4, MOV, WebM, MKV, AVI) and audio (WAV, MP3, FLAC, Ogg) are kept; `vision` takes
+images only; anything else is a 400 naming `file`. Requests then name a file by its id
+(`input_file.file_id`, `input_image.file_id`, `input_video.file_id`, `input_audio.file_id`;
+`_files.py` and `_clips.py` in the translation).
 
 Anthropic's Files API is the same routes: a request with an `anthropic-beta: files-api-…` header
 or `anthropic-version` (the anthropic SDK's `beta.files`) uploads without `purpose` (kept as
@@ -28,6 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
+from vlmserve.common.clips import sniff_clip
 from vlmserve.common.documents import DocumentError, sniff_file
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError, insufficient_storage, not_found
@@ -320,6 +323,16 @@ async def _read_upload(upload: UploadFile, max_bytes: int) -> bytes:
 
 def _check_kind(data: bytes, purpose: str) -> str:
     """The media type sniffed from the bytes; a 400 on `file` for a kind this server cannot read."""
+    clip = sniff_clip(data)
+    if clip is not None:
+        if purpose == "vision":
+            raise InvalidRequestError(
+                f"Invalid value for 'file': purpose 'vision' takes images (PNG, JPEG, WebP, GIF); this is "
+                f"{clip[0]} ({clip[1]}). Upload it with purpose 'user_data'.",
+                param="file",
+                code="invalid_value",
+            )
+        return clip[1]
     try:
         kind, media_type = sniff_file(data)
     except DocumentError as error:

@@ -1,0 +1,94 @@
+"""Video and audio bytes: which container they are, from their first bytes only.
+
+The facade never decodes a clip (the engine probes and decodes it, bounded:
+`vlmserve.engine.media`); it only has to know, before it sends anything on, that a video part
+holds a video container and an audio part an audio file, and which media type to send with it.
+A declared type (a data: URL's, OpenAI's audio `format`) must agree with what the bytes say:
+one file, one kind, whatever the client called it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = [
+    "AUDIO_FORMATS",
+    "DEFAULT_MAX_CLIP_BYTES",
+    "ClipKind",
+    "same_container",
+    "sniff_audio",
+    "sniff_clip",
+    "sniff_video",
+]
+
+ClipKind = Literal["video", "audio"]
+# Per clip, as docs/video-audio.md says (the engine bounds duration and frames from the header).
+DEFAULT_MAX_CLIP_BYTES = 64 * 1024 * 1024
+
+# OpenAI's `input_audio.format` -> the media type the engine decodes (docs/video-audio.md).
+AUDIO_FORMATS: dict[str, str] = {
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "flac": "audio/flac",
+    "ogg": "audio/ogg",
+}
+
+# Names of one container that clients spell several ways: compared as their canonical type.
+_ALIASES = {
+    "video/quicktime": "video/mp4",
+    "video/x-m4v": "video/mp4",
+    "video/3gpp": "video/mp4",
+    "video/x-matroska": "video/webm",
+    "video/avi": "video/x-msvideo",
+    "video/msvideo": "video/x-msvideo",
+    "audio/x-wav": "audio/wav",
+    "audio/wave": "audio/wav",
+    "audio/vnd.wave": "audio/wav",
+    "audio/mp3": "audio/mpeg",
+    "audio/x-flac": "audio/flac",
+    "audio/opus": "audio/ogg",
+    "audio/vorbis": "audio/ogg",
+}
+
+
+def sniff_video(data: bytes) -> str | None:
+    """The video container the bytes start with (MP4/MOV, WebM/Matroska, AVI), else None."""
+    if data[4:8] == b"ftyp":
+        brand = data[8:12]
+        if brand in (b"M4A ", b"M4B ", b"M4P "):
+            return None  # an MPEG-4 audio file
+        return "video/quicktime" if brand == b"qt  " else "video/mp4"
+    if data.startswith(b"\x1a\x45\xdf\xa3"):
+        # EBML: the DocType in the header says WebM or Matroska.
+        return "video/webm" if b"webm" in data[:64] else "video/x-matroska"
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "video/x-msvideo"
+    return None
+
+
+def sniff_audio(data: bytes) -> str | None:
+    """The audio format the bytes start with (WAV, MP3, FLAC, Ogg), else None."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "audio/wav"
+    if data.startswith(b"ID3") or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return "audio/mpeg"
+    if data.startswith(b"fLaC"):
+        return "audio/flac"
+    if data.startswith(b"OggS"):
+        return "audio/ogg"
+    return None
+
+
+def sniff_clip(data: bytes) -> tuple[ClipKind, str] | None:
+    """(kind, media type) of video or audio bytes; None for anything else."""
+    video = sniff_video(data)
+    if video is not None:
+        return "video", video
+    audio = sniff_audio(data)
+    return ("audio", audio) if audio is not None else None
+
+
+def same_container(declared: str, sniffed: str) -> bool:
+    """Whether a declared media type names the container the bytes are (aliases allowed)."""
+    declared = declared.lower()
+    return _ALIASES.get(declared, declared) == _ALIASES.get(sniffed, sniffed)
