@@ -1,7 +1,7 @@
 """Video and audio bytes: which container they are, from their first bytes only.
 
 The facade never decodes a clip (the engine probes and decodes it, bounded:
-`vlmserve.engine.media`); it only has to know, before it sends anything on, that a video part
+the engine's `media/` package); it only has to know, before it sends anything on, that a video part
 holds a video container and an audio part an audio file, and which media type to send with it.
 A declared type (a data: URL's, OpenAI's audio `format`) must agree with what the bytes say:
 one file, one kind, whatever the client called it.

@@ -5,7 +5,7 @@ uploaded file by id, a remote URL where the server fetches remote media), bounds
 before decoding the base64, checks from the first bytes that a video part holds a video
 container and an audio part an audio file of the format it says, and sends the bytes on with
 their media type and the sampling asked for. The engine probes the container, refuses an
-over-limit clip and decodes it (`vlmserve.engine.media`). Frames given as images (`video: [...]`)
+over-limit clip and decodes it (the engine's `media/` package). Frames given as images (`video: [...]`)
 are images: each goes through the image check.
 """
 
