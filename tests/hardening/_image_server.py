@@ -34,10 +34,15 @@ def small_png() -> bytes:
 PNG = small_png()
 
 
+# A video as the fetcher sees one: an MP4's leading box, then bulk (the facade only sniffs clips).
+CLIP = b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2" + b"\0" * (BIG_BODY_BYTES - 24)
+
+
 @dataclass(frozen=True)
 class SeenRequest:
     path: str
     host_header: str | None
+    accept: str | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -48,11 +53,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self.server.seen.append(SeenRequest(self.path, self.headers.get("Host")))
+        self.server.seen.append(SeenRequest(self.path, self.headers.get("Host"), self.headers.get("Accept")))
         url = urllib.parse.urlsplit(self.path)
         route, query = url.path, urllib.parse.parse_qs(url.query)
         if route == "/image.png":
             self._send(200, PNG, "image/png")
+        elif route == "/clip.mp4":
+            self._send(200, CLIP, "video/mp4")
         elif route == "/big":
             self._send(200, PNG + b"\0" * (BIG_BODY_BYTES - len(PNG)), "image/png")
         elif route == "/big-chunked":

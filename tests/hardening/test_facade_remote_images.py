@@ -14,7 +14,7 @@ import pytest
 
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import png_bytes
-from tests.hardening._image_server import PNG, ImageServer, serve_images
+from tests.hardening._image_server import CLIP, PNG, ImageServer, serve_images
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.cli import settings_from_args
@@ -145,6 +145,63 @@ async def test_slow_fetches_hold_only_the_translation_pool(
         replies = await asyncio.wait_for(asyncio.gather(*blocked), 20)
     assert [reply.status_code for reply in replies] == [200] * len(blocked)
     assert peak == workers
+
+
+async def test_remote_clips_take_the_image_allowlist_and_the_request_budget(
+    settings: FacadeSettings,
+    engine_client: AsyncEngineClient,
+    store: Store,
+    server: ImageServer,
+    engine: FakeEngine,
+) -> None:
+    """Issue 34.2: video and audio URLs go through the same safe fetcher, off unless enabled,
+    capped by the request's byte budget (a clip is larger than the per-image cap)."""
+    clip_url = server.url("/clip.mp4")
+    video = {"input": [{"role": "user", "content": [{"type": "input_video", "video_url": clip_url}]}]}
+    reply = await post(create_app(settings, engine=engine_client, store=store), video)
+    assert reply.status_code == 400
+    assert (reply.json()["error"]["param"], reply.json()["error"]["code"]) == (
+        "input[0].content[0].video_url",
+        "unsupported_value",
+    )
+
+    remote = RemoteImageSettings(
+        enabled=True,
+        allowed_domains=("127.0.0.1",),
+        allow_http=True,
+        timeout_s=2.0,
+        max_bytes_per_image=len(PNG) + 10,
+        max_bytes_per_request=len(CLIP) + len(PNG) + 10,
+    )
+    fetcher = RemoteImageFetcher(remote, address_allowed=permit_localhost)
+    app = create_app(settings, engine=engine_client, store=store, image_sources=fetcher.for_request)
+    server.seen.clear()
+    reply = await post(app, video)
+    assert reply.status_code == 200, reply.text
+    part = engine.requests[-1].messages[0].parts[0].video
+    assert (part.data, part.media_type) == (CLIP, "video/mp4")
+    assert [seen.accept for seen in server.seen] == ["video/*, audio/*"]
+
+    # A clip and an image share one budget: the second clip does not fit.
+    two = [
+        {"type": "video", "video": clip_url},
+        {"type": "input_image", "image_url": server.url("/image.png")},
+    ]
+    reply = await post(
+        app, {"input": [{"role": "user", "content": [*two, {"type": "video", "video": clip_url}]}]}
+    )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "input[0].content[2].video"
+
+    # Off the allowlist: refused before any connection.
+    server.seen.clear()
+    elsewhere = {
+        "input": [{"role": "user", "content": [{"type": "video", "video": "http://elsewhere.example/a.mp4"}]}]
+    }
+    reply = await post(app, elsewhere)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "input[0].content[0].video"
+    assert server.seen == []
 
 
 def test_remote_image_settings_from_flags_and_environment() -> None:
