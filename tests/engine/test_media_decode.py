@@ -19,7 +19,15 @@ import pytest
 from PIL import Image
 
 from vlmserve.common.images import ImageLimits
-from vlmserve.engine.media import AUDIO_SAMPLE_RATE, MediaError, MediaLimits, decode_audio, decode_video
+from vlmserve.engine.media import (
+    AUDIO_SAMPLE_RATE,
+    MediaError,
+    MediaLimits,
+    decode_audio,
+    decode_video,
+    start_decoders,
+    worker,
+)
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -64,6 +72,14 @@ def wav_bytes(
     return buffer.getvalue()
 
 
+def gif_bytes(colours: list[tuple[int, int, int]], frame_ms: int) -> bytes:
+    """An animated GIF, each frame one colour for `frame_ms`."""
+    frames = [Image.new("RGB", (64, 48), colour) for colour in colours]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
+    return buffer.getvalue()
+
+
 def png(colour: tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", size, colour).save(buffer, format="PNG")
@@ -82,6 +98,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
         "640x480": video_bytes(directory, [YELLOW] * 4, 2.0, size=(640, 480)),
         "long": video_bytes(directory, [GREEN] * 600, 30.0, size=(320, 240)),
         "4k": video_bytes(directory, [RED] * 8, 2.0, size=(3840, 2160)),
+        "gif": gif_bytes([RED, GREEN, BLUE, YELLOW], 500),
     }
 
 
@@ -153,6 +170,8 @@ GOOD_VIDEO = [
     ),
     # 20 s at 30 fps: 16 frames (the default budget), found by seeking, not decoding all 600.
     ("long", pb.VideoSampling(), MediaLimits(), (16, 240, 320, 3), 0.8, 20.0, 600, [GREEN] * 16),
+    # An animated GIF sent as a clip: 4 frames of 0.5 s.
+    ("gif", pb.VideoSampling(), MediaLimits(), (4, 48, 64, 3), 2.0, 2.0, 4, [RED, GREEN, BLUE, YELLOW]),
 ]
 
 
@@ -573,3 +592,14 @@ def test_decoding_writes_no_file(
     assert decode_audio(pb.AudioPart(data=wav_bytes(0.5)), limits).samples.shape[0] == 8000
     assert list(scratch.iterdir()) == []
     assert list(work.iterdir()) == []
+
+
+def test_started_decoders_take_the_first_clip() -> None:
+    """start_decoders (an engine calls it as it loads) leaves ready workers; the first clip uses
+    one of them instead of starting a process (seconds of imports)."""
+    limits = MediaLimits(decode_memory_mib=1998)  # a memory limit no other test uses: its own workers
+    start_decoders(limits)
+    ready = {w.process.pid for w in worker._IDLE if w.memory_mib == 1998 and w.ready}
+    assert len(ready) == worker.DECODE_SLOTS
+    decode_audio(pb.AudioPart(data=wav_bytes(0.2)), limits)
+    assert {w.process.pid for w in worker._IDLE if w.memory_mib == 1998} == ready

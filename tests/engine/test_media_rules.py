@@ -32,6 +32,10 @@ SNIFF_VIDEO = [
     (WEBM, "video/webm", "webm", ""),
     (WEBM, "video/x-matroska", "webm", ""),
     (AVI, "video/x-msvideo", "avi", ""),
+    (b"GIF89a" + bytes(20), "image/gif", "gif", ""),
+    (b"GIF89a" + bytes(20), "", "gif", ""),
+    (b"\x00\x00\x00\x1cftypheic" + bytes(20), "", None, "video.data"),  # a HEIF still image
+    (b"\x00\x00\x00\x1cftypavif" + bytes(20), "video/mp4", None, "video.data"),
     (MP4, "video/webm", None, "video.media_type"),
     (WEBM, "video/mp4", None, "video.media_type"),
     (WAV, "video/mp4", None, "video.data"),  # audio bytes as a video

@@ -322,7 +322,7 @@ class VideoPart(_message.Message):
     MEDIA_TYPE_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
-    """Container bytes (MP4, WebM, MOV, MKV, AVI), exactly as the caller sent them."""
+    """Container bytes (MP4, MOV, WebM, MKV, AVI, an animated GIF), exactly as the caller sent them."""
     file_id: _builtins.str
     """A stored file; the facade resolves it to bytes before the engine, which refuses it (as it
     refuses a FilePart's file_id) rather than read storage it does not own.

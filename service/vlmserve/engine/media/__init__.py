@@ -17,6 +17,13 @@ from vlmserve.engine.media.audio import DecodedAudio, decode_audio
 from vlmserve.engine.media.limits import AUDIO_SAMPLE_RATE, MediaError, MediaLimits
 from vlmserve.engine.media.sampling import frame_indices
 from vlmserve.engine.media.video import DecodedVideo, decode_video
+from vlmserve.engine.media.worker import start_workers
+
+
+def start_decoders(limits: MediaLimits) -> None:
+    """Start the decoding worker processes now (seconds of imports), not on the first clip."""
+    start_workers(limits.decode_memory_mib)
+
 
 __all__ = [
     "AUDIO_SAMPLE_RATE",
@@ -27,4 +34,5 @@ __all__ = [
     "decode_audio",
     "decode_video",
     "frame_indices",
+    "start_decoders",
 ]

@@ -18,7 +18,10 @@ VIDEO_FORMATS: dict[str, tuple[str, ...]] = {
     "mp4": ("video/mp4", "video/quicktime", "video/x-m4v", "video/3gpp"),  # ISO BMFF: ftyp box
     "webm": ("video/webm", "video/x-matroska", "video/mkv"),  # EBML (Matroska, WebM)
     "avi": ("video/x-msvideo", "video/avi", "video/msvideo"),  # RIFF AVI
+    "gif": ("image/gif",),  # an animated GIF sent as a clip
 }
+# ISO BMFF brands of still images (HEIF, AVIF): an ftyp box, but no clip.
+_STILL_BRANDS = frozenset({b"heic", b"heix", b"mif1", b"avif"})
 AUDIO_FORMATS: dict[str, tuple[str, ...]] = {
     "wav": ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"),
     "mp3": ("audio/mpeg", "audio/mp3", "audio/mpeg3", "audio/x-mp3"),
@@ -29,11 +32,13 @@ AUDIO_FORMATS: dict[str, tuple[str, ...]] = {
 
 def _video_format(data: bytes) -> str | None:
     if data[4:8] == b"ftyp":
-        return "mp4"
+        return None if data[8:12] in _STILL_BRANDS else "mp4"
     if data[:4] == b"\x1a\x45\xdf\xa3":
         return "webm"
     if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
         return "avi"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
     return None
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from vlmserve.engine.media.limits import MediaError
 
-__all__ = ["DECODE_SLOTS", "run_bounded"]
+__all__ = ["DECODE_SLOTS", "run_bounded", "start_workers"]
 
 # Decodes at once, engine-wide: each may hold its clip and its frames.
 DECODE_SLOTS = 2
@@ -118,6 +118,16 @@ def _give_back(worker: _Worker) -> None:
         del _IDLE[: len(spare)]
     for extra in spare:
         extra.close()
+
+
+def start_workers(memory_mib: int) -> None:
+    """Start the decoding workers now rather than on the first clip (their imports take seconds:
+    an engine calls this as it loads, so its first clip is as quick as the next)."""
+    workers = [_Worker(memory_mib) for _ in range(DECODE_SLOTS)]
+    for worker in workers:
+        worker.wait_ready()
+    for worker in workers:
+        _give_back(worker)
 
 
 def run_bounded(function: str, args: tuple[Any, ...], *, what: str, timeout_s: float, memory_mib: int) -> Any:

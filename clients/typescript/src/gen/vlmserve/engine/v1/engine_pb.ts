@@ -145,7 +145,7 @@ export type VideoPart = Message$1<"vlmserve.engine.v1.VideoPart"> & {
    */
   source: {
     /**
-     * Container bytes (MP4, WebM, MOV, MKV, AVI), exactly as the caller sent them.
+     * Container bytes (MP4, MOV, WebM, MKV, AVI, an animated GIF), exactly as the caller sent them.
      *
      * @generated from field: bytes data = 1;
      */
