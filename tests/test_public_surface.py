@@ -25,7 +25,8 @@ RESPONSES = {
     # the body came from, and the validation pieces their request models share
     "PathMap", "translated_body", "Count", "MAX_COUNT", "ServiceTier", "OTHER", "by_json_type", "by_type",
     # video and audio parts, one shape on every API that has them (docs/video-audio.md)
-    "ChatVideoURLPartParam", "InputAudioPartParam", "InputVideoPartParam", "VideoPartParam",
+    "AudioURLPartParam", "ChatVideoURLPartParam", "InputAudioPartParam", "InputVideoPartParam",
+    "VideoPartParam",
     # media the translation reads through the caller's sources
     "FileContent", "FileSource", "IMAGE_PART_TYPES", "ImageFetchError", "ImageSource", "PdfRenderer",
     # output: items, the response resource and its parts

@@ -49,6 +49,7 @@ async def test_chat_user_message_carries_every_video_and_audio_shape(
         {"type": "input_video", "video_url": video_data_url(WEBM_HEAD, "video/webm"), "max_frames": 4},
         {"type": "video", "video": [png_data_url(), png_data_url((0, 0, 255))], "fps": 2},
         audio(),
+        {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + b64(WAV)}},
     ]
     answer = await http.post(
         "/v1/chat/completions",
@@ -60,8 +61,9 @@ async def test_chat_user_message_carries_every_video_and_audio_shape(
     )
     assert answer.status_code == 200, answer.text
     (message,) = engine.requests[0].messages
-    assert kinds(message.parts) == ["text", "video", "video", "video", "audio"]
-    first, second, frames, voice = message.parts[1:]
+    assert kinds(message.parts) == ["text", "video", "video", "video", "audio", "audio"]
+    first, second, frames, voice, vllm_voice = message.parts[1:]
+    assert (vllm_voice.audio.data, vllm_voice.audio.media_type) == (WAV, "audio/wav")
     assert (first.video.data, first.video.media_type) == (MP4_HEAD, "video/mp4")
     assert (first.video.sampling.fps, first.video.sampling.max_frames) == (1.0, 8)
     assert (second.video.media_type, second.video.sampling.max_frames) == ("video/webm", 4)

@@ -120,6 +120,27 @@ ACCEPTED: list[tuple[str, dict[str, Any], str, str, bytes]] = [
     ("ogg", audio(b64(OGG_HEAD), "ogg"), "audio", "audio/ogg", OGG_HEAD),
     ("format in capitals", audio(b64(WAV), "WAV"), "audio", "audio/wav", WAV),
     ("audio by file_id", {"type": "input_audio", "file_id": "file-note"}, "audio", "audio/wav", WAV),
+    (
+        "audio_url object",
+        {"type": "audio_url", "audio_url": {"url": data_url(WAV, "audio/wav")}},
+        "audio",
+        "audio/wav",
+        WAV,
+    ),
+    (
+        "audio_url string",
+        {"type": "audio_url", "audio_url": data_url(FLAC_HEAD, "audio/x-flac")},
+        "audio",
+        "audio/flac",
+        FLAC_HEAD,
+    ),
+    (
+        "audio_url file reference",
+        {"type": "audio_url", "audio_url": {"url": "file-note"}},
+        "audio",
+        "audio/wav",
+        WAV,
+    ),
 ]
 
 
@@ -386,6 +407,18 @@ REFUSED: list[tuple[str, list[Any], str, str]] = [
         "audio without format",
         user_with({"type": "input_audio", "input_audio": {"data": b64(WAV)}}),
         "input[0].content[1].input_audio.format",
+        "missing_required_parameter",
+    ),
+    (
+        "video data URL in audio_url",
+        user_with({"type": "audio_url", "audio_url": {"url": video_data_url()}}),
+        "input[0].content[1].audio_url.url",
+        "invalid_audio_url",
+    ),
+    (
+        "audio_url without url",
+        user_with({"type": "audio_url", "audio_url": {}}),
+        "input[0].content[1].audio_url.url",
         "missing_required_parameter",
     ),
     (

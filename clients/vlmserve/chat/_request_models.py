@@ -13,6 +13,7 @@ from pydantic import Discriminator, Field, Tag, TypeAdapter
 
 from vlmserve.responses import (
     OTHER,
+    AudioURLPartParam,
     ChatVideoURLPartParam,
     Count,
     InputAudioPartParam,
@@ -63,8 +64,11 @@ class FilePartParam(RequestModel):
 
 # Video and audio (docs/video-audio.md): the same shapes as on /v1/responses, which takes them as
 # they are: `video_url` ({url} or {file_id}), `input_video`, `video` (a URL or frame image URLs),
-# OpenAI's `input_audio` ({data, format}); `fps`, `max_frames`, ... beside a video's source.
-ClipPartParam: TypeAlias = ChatVideoURLPartParam | InputVideoPartParam | VideoPartParam | InputAudioPartParam
+# OpenAI's `input_audio` ({data, format}), vLLM's `audio_url`; `fps`, `max_frames`, ... beside a video's
+# source.
+ClipPartParam: TypeAlias = (
+    ChatVideoURLPartParam | InputVideoPartParam | VideoPartParam | InputAudioPartParam | AudioURLPartParam
+)
 
 
 class OtherPartParam(RequestModel):
@@ -82,6 +86,7 @@ PartParam: TypeAlias = Annotated[
     | Annotated[InputVideoPartParam, Tag("#input_video")]
     | Annotated[VideoPartParam, Tag("#video")]
     | Annotated[InputAudioPartParam, Tag("#input_audio")]
+    | Annotated[AudioURLPartParam, Tag("#audio_url")]
     | Annotated[OtherPartParam, Tag(OTHER)],
     by_type(
         {
@@ -93,6 +98,7 @@ PartParam: TypeAlias = Annotated[
             "input_video": "#input_video",
             "video": "#video",
             "input_audio": "#input_audio",
+            "audio_url": "#audio_url",
         }
     ),
 ]

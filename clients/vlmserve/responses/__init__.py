@@ -17,7 +17,13 @@ Files (`input_file`, `input_image.file_id`): `file_data` is read here; a `file_i
 Every client error is an `InvalidRequestError` carrying the JSON path of the bad field.
 """
 
-from ._clip_models import ChatVideoURLPartParam, InputAudioPartParam, InputVideoPartParam, VideoPartParam
+from ._clip_models import (
+    AudioURLPartParam,
+    ChatVideoURLPartParam,
+    InputAudioPartParam,
+    InputVideoPartParam,
+    VideoPartParam,
+)
 from ._compaction import (
     SUMMARY_INSTRUCTION,
     CompactionState,
@@ -99,6 +105,7 @@ __all__ = [
     "MAX_COUNT",
     "OTHER",
     "SUMMARY_INSTRUCTION",
+    "AudioURLPartParam",
     "ChatVideoURLPartParam",
     "CompactionState",
     "ComputerCallItem",

@@ -7,7 +7,8 @@ Every shape the clients send is accepted where images are (message content, tool
 * `video_url` (vLLM's chat part): `{url}` or a URL string, the same sampling fields beside it;
 * `video` (vLLM's and Qwen's): a URL string, or a list of frame images (`VideoFrames`);
 * `input_audio` (OpenAI's): `{data, format}`, `data` bare base64 or a data: URL; `file_id` on the
-  part names an uploaded file instead.
+  part names an uploaded file instead;
+* `audio_url` (vLLM's chat part): `{url}` (or `{file_id}`) or a URL string, as `video_url`.
 What a schema cannot say (which source, what the bytes are) is `_clips.py`'s.
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "MAX_GIVEN_FRAMES",
     "VIDEO_PART_TYPES",
     "AudioDataParam",
+    "AudioURLPartParam",
     "ChatVideoURLPartParam",
     "InputAudioPartParam",
     "InputVideoPartParam",
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 VIDEO_PART_TYPES = ("input_video", "video_url", "video")
-AUDIO_PART_TYPES = ("input_audio",)
+AUDIO_PART_TYPES = ("input_audio", "audio_url")
 CLIP_PART_TYPES = (*VIDEO_PART_TYPES, *AUDIO_PART_TYPES)
 # Frames a `video` list may give (each is an image, decoded and bounded as images are; the engine
 # samples at most `max_frames` of them). Bounded before any is decoded.
@@ -113,3 +115,14 @@ class InputAudioPartParam(RequestModel):
     type: Literal["input_audio"]
     input_audio: AudioDataParam | None = None
     file_id: str | None = None
+
+
+class AudioURLPartParam(RequestModel):
+    """vLLM's chat form: `audio_url` is `{url}` (a data:audio/... URL, a file id, or http(s) where
+    the server fetches remote media), `{file_id}`, or a plain URL string."""
+
+    type: Literal["audio_url"]
+    audio_url: Annotated[
+        Annotated[str, Tag("#string")] | Annotated[VideoURLParam, Tag("#object")],
+        by_json_type("an object with 'url' or a string"),
+    ]

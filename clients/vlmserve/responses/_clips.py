@@ -20,11 +20,13 @@ from vlmserve.common.clips import AUDIO_FORMATS, ClipKind, same_container, sniff
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._clip_models import (
+    AudioURLPartParam,
     ChatVideoURLPartParam,
     InputAudioPartParam,
     InputVideoPartParam,
     SamplingFields,
     VideoPartParam,
+    VideoURLParam,
 )
 from ._errors import InvalidRequestError
 from ._files import lookup_file
@@ -77,8 +79,17 @@ def video_part(
     return pb.VideoPart(data=data, media_type=media_type, sampling=_sampling(part, defaults))
 
 
-def audio_part(part: InputAudioPartParam, path: str, media: MediaPolicy) -> pb.AudioPart:
-    """An `input_audio` part at `path` as the contract's AudioPart (bytes and media type)."""
+def audio_part(part: InputAudioPartParam | AudioURLPartParam, path: str, media: MediaPolicy) -> pb.AudioPart:
+    """An `input_audio` or `audio_url` part at `path` as the contract's AudioPart (bytes and
+    media type)."""
+    if isinstance(part, AudioURLPartParam):
+        url, file_id, url_param, id_param = _url_or_file(part.audio_url, join(path, "audio_url"), path)
+        if file_id is not None:
+            data, media_type = _file_clip(file_id, id_param, "audio", media)
+        else:
+            assert url is not None
+            data, media_type = _url_clip(url, url_param, "audio", media)
+        return pb.AudioPart(data=data, media_type=media_type)
     given = part.input_audio
     if given is not None and part.file_id is not None:
         raise InvalidRequestError(
@@ -131,15 +142,26 @@ def _video_source(
         url, file_id = part.video_url, part.file_id
         url_param, id_param = join(path, "video_url"), join(path, "file_id")
     elif isinstance(part, ChatVideoURLPartParam):
-        outer = join(path, "video_url")
-        if isinstance(part.video_url, str):
-            url, file_id, url_param, id_param = part.video_url, None, outer, outer
-        else:
-            url, file_id = part.video_url.url, part.video_url.file_id
-            url_param, id_param = join(outer, "url"), join(outer, "file_id")
+        return _url_or_file(part.video_url, join(path, "video_url"), path)
     else:
         assert isinstance(part.video, str)
         url, file_id, url_param, id_param = part.video, None, join(path, "video"), join(path, "video")
+    return _one_source(url, file_id, url_param, id_param, path)
+
+
+def _url_or_file(
+    value: str | VideoURLParam, outer: str, path: str
+) -> tuple[str | None, str | None, str, str]:
+    """vLLM's `{url}` / `{file_id}` / URL string (`video_url`, `audio_url` at `outer`)."""
+    if isinstance(value, str):
+        return _one_source(value, None, outer, outer, path)
+    return _one_source(value.url, value.file_id, join(outer, "url"), join(outer, "file_id"), path)
+
+
+def _one_source(
+    url: str | None, file_id: str | None, url_param: str, id_param: str, path: str
+) -> tuple[str | None, str | None, str, str]:
+    """Exactly one of a URL and a file id; a URL that is a file id is one."""
     if url is not None and file_id is not None:
         raise InvalidRequestError(
             f"Invalid value for '{path}': send either '{url_param}' or '{id_param}', not both.",

@@ -16,6 +16,7 @@ from pydantic import (
 
 from ._clip_models import (
     CLIP_PART_TYPES,
+    AudioURLPartParam,
     ChatVideoURLPartParam,
     InputAudioPartParam,
     InputVideoPartParam,
@@ -121,6 +122,7 @@ class UnknownPartParam(UnknownTypeParam):
         "input_file",
         "input_video",
         "input_audio",
+        "audio_url",
         "text",
         "image_url",
         "video_url",
@@ -139,6 +141,7 @@ _PARTTAGS = {
     "video_url": "#video_url",
     "video": "#video",
     "input_audio": "#input_audio",
+    "audio_url": "#audio_url",
     **dict.fromkeys(UNSUPPORTED_PARTS, "#unsupported"),
 }
 MessagePartParam: TypeAlias = Annotated[
@@ -150,6 +153,7 @@ MessagePartParam: TypeAlias = Annotated[
     | Annotated[ChatVideoURLPartParam, Tag("#video_url")]
     | Annotated[VideoPartParam, Tag("#video")]
     | Annotated[InputAudioPartParam, Tag("#input_audio")]
+    | Annotated[AudioURLPartParam, Tag("#audio_url")]
     | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
     | Annotated[RefusalPartParam, Tag("#refusal")]
     | Annotated[UnknownPartParam, Tag(OTHER), UNDOCUMENTED],
@@ -166,6 +170,7 @@ ToolOutputPartParam: TypeAlias = Annotated[
     | Annotated[ChatVideoURLPartParam, Tag("#video_url")]
     | Annotated[VideoPartParam, Tag("#video")]
     | Annotated[InputAudioPartParam, Tag("#input_audio")]
+    | Annotated[AudioURLPartParam, Tag("#audio_url")]
     | Annotated[UnsupportedPartParam, Tag("#unsupported"), UNDOCUMENTED]
     | Annotated[dict[str, Any], Tag(OTHER)],
     by_type(_PARTTAGS),

@@ -15,7 +15,13 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from vlmserve.common.wire_encode import HeldTexts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-from ._clip_models import ChatVideoURLPartParam, InputAudioPartParam, InputVideoPartParam, VideoPartParam
+from ._clip_models import (
+    AudioURLPartParam,
+    ChatVideoURLPartParam,
+    InputAudioPartParam,
+    InputVideoPartParam,
+    VideoPartParam,
+)
 from ._clips import audio_part, video_part
 from ._errors import InvalidRequestError
 from ._files import file_image, input_file_parts
@@ -87,7 +93,7 @@ def _add_known_part(
         parts.extend(input_file_parts(part, path, media))
     elif isinstance(part, InputVideoPartParam | ChatVideoURLPartParam | VideoPartParam):
         parts.add().video.CopyFrom(video_part(part, path, media, media.video_defaults))
-    elif isinstance(part, InputAudioPartParam):
+    elif isinstance(part, InputAudioPartParam | AudioURLPartParam):
         parts.add().audio.CopyFrom(audio_part(part, path, media))
     else:
         # Validation refuses every other kind; nothing is dropped if that ever changes.

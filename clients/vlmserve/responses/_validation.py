@@ -36,7 +36,9 @@ UNDOCUMENTED: Any = SkipJsonSchema()  # type: ignore[type-arg]
 # Fields that carry media wherever they are: in a field we do not read, an image or a file would
 # be dropped while the client thinks the model saw it. `annotations` (an output_text part's
 # citations, replayed) name files without being media.
-MEDIA_FIELDS = frozenset({"image_url", "file_id", "file_data", "file_url", "video_url", "input_audio"})
+MEDIA_FIELDS = frozenset(
+    {"image_url", "file_id", "file_data", "file_url", "video_url", "input_audio", "audio_url"}
+)
 _NOT_MEDIA = frozenset({"annotations"})
 
 
