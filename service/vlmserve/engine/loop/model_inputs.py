@@ -15,6 +15,7 @@ from typing import Any
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache, encode_images
 from vlmserve.engine.model import LoadedModel
+from vlmserve.engine.prep.image_inputs import image_inputs_for
 
 __all__ = ["ImageSpan", "ModelInputs", "build_model_inputs"]
 
@@ -64,12 +65,21 @@ def image_spans(
 
 
 def prompt_image_spans(loaded: LoadedModel, request: PreparedRequest) -> tuple[ImageSpan, ...]:
-    image_token_id = getattr(loaded.model.config, "image_token_id", None)
     return image_spans(
         request.prompt_ids,
-        image_token_id if isinstance(image_token_id, int) else None,
+        _image_token_id(loaded) if request.images else None,
         [image.content_hash for image in request.images],
     )
+
+
+def _image_token_id(loaded: LoadedModel) -> int | None:
+    """The image placeholder the prompt was prepared with (prep/image_inputs.py, from the
+    processor). Not the model config's `image_token_id`: Gemma 3, LLaVA and Mistral 3 configs name
+    it `image_token_index`, and Llama 4's keeps a default `image_token_id` beside the real index,
+    so their prompts had no image spans and a prompt with another image behind the same text
+    reused the first one's KV."""
+    adapter = image_inputs_for(loaded.processor, loaded.tokenizer)
+    return adapter.image_token_id if adapter is not None else None
 
 
 def build_model_inputs(
