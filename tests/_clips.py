@@ -12,6 +12,8 @@ import io
 import math
 import wave
 
+from PIL import Image
+
 # An MP4's `ftyp` box and the start of its `mdat`: what the facade reads of an MP4.
 MP4_HEAD = b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2" + b"\x00\x00\x00\x08mdat"
 # A QuickTime movie's `ftyp` (brand `qt  `).
@@ -21,6 +23,18 @@ WEBM_HEAD = b"\x1a\x45\xdf\xa3\x9f\x42\x86\x81\x01\x42\xf7\x81\x01\x42\x82\x84we
 MP3_HEAD = b"ID3\x04\x00\x00\x00\x00\x00\x00" + b"\xff\xfb\x90\x64" + b"\x00" * 32
 FLAC_HEAD = b"fLaC\x00\x00\x00\x22" + b"\x00" * 34
 OGG_HEAD = b"OggS\x00\x02" + b"\x00" * 32
+# An AVIF still: an ftyp box, but no clip.
+AVIF_HEAD = b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf"
+
+
+def gif_bytes(
+    colours: tuple[tuple[int, int, int], ...] = ((255, 0, 0), (0, 0, 255)), frame_ms: int = 500
+) -> bytes:
+    """An animated GIF, one colour per frame: a clip where a video part holds it."""
+    frames = [Image.new("RGB", (16, 16), colour) for colour in colours]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
+    return buffer.getvalue()
 
 
 def wav_bytes(seconds: float = 0.2, frequency: float = 440.0, rate: int = 16_000) -> bytes:

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests._clips import MP4_HEAD, WEBM_HEAD, b64, video_data_url, wav_bytes
+from tests._clips import MP4_HEAD, WEBM_HEAD, b64, gif_bytes, video_data_url, wav_bytes
 from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import png_data_url
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -462,3 +462,20 @@ async def test_anthropic_refuses_openai_audio_and_a_video_document(
     assert answer.status_code == 400
     assert "video/mp4" in answer.json()["error"]["message"]
     assert engine.requests == []
+
+
+async def test_an_uploaded_gif_is_an_image_and_a_clip_where_a_video_part_names_it(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    gif = gif_bytes()
+    uploaded = await upload(http, gif, "anim.gif", purpose="vision")
+    assert uploaded.status_code == 200, uploaded.text
+    file_id = uploaded.json()["id"]
+    content = [{"type": "input_image", "file_id": file_id}, {"type": "input_video", "file_id": file_id}]
+    answer = await http.post(
+        "/v1/responses", json={"model": "default", "input": [{"role": "user", "content": content}]}
+    )
+    assert answer.status_code == 200, answer.text
+    image, video = engine.requests[0].messages[0].parts
+    assert (image.image.data, image.image.media_type) == (gif, "image/gif")
+    assert (video.video.data, video.video.media_type) == (gif, "image/gif")

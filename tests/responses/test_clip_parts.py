@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests._clips import (
+    AVIF_HEAD,
     FLAC_HEAD,
     MOV_HEAD,
     MP3_HEAD,
@@ -16,6 +17,7 @@ from tests._clips import (
     OGG_HEAD,
     WEBM_HEAD,
     b64,
+    gif_bytes,
     video_data_url,
     wav_bytes,
 )
@@ -38,6 +40,7 @@ from vlmserve.responses import (
 )
 
 WAV = wav_bytes()
+GIF = gif_bytes()
 FILES = {
     "file-clip": FileContent(MP4_HEAD, "clip.mp4"),
     "file-note": FileContent(WAV, "note.wav"),
@@ -113,6 +116,14 @@ ACCEPTED: list[tuple[str, dict[str, Any], str, str, bytes]] = [
         "video",
         "video/quicktime",
         MOV_HEAD,
+    ),
+    # An animated GIF is a clip where a video part holds it (the engine decodes it as one).
+    (
+        "animated GIF",
+        {"type": "input_video", "video_url": data_url(GIF, "image/gif")},
+        "video",
+        "image/gif",
+        GIF,
     ),
     ("wav, bare base64", audio(b64(WAV)), "audio", "audio/wav", WAV),
     ("mp3 data URL", audio(data_url(MP3_HEAD, "audio/mpeg"), "mp3"), "audio", "audio/mpeg", MP3_HEAD),
@@ -292,6 +303,12 @@ REFUSED: list[tuple[str, list[Any], str, str]] = [
     (
         "audio bytes in a video part",
         user_with({"type": "input_video", "video_url": video_data_url(WAV)}),
+        "input[0].content[1].video_url",
+        "unsupported_video_format",
+    ),
+    (
+        "an AVIF still in a video part",
+        user_with({"type": "input_video", "video_url": video_data_url(AVIF_HEAD)}),
         "input[0].content[1].video_url",
         "unsupported_video_format",
     ),

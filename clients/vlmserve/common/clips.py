@@ -19,6 +19,7 @@ __all__ = [
     "sniff_audio",
     "sniff_clip",
     "sniff_video",
+    "sniff_video_part",
 ]
 
 ClipKind = Literal["video", "audio"]
@@ -32,6 +33,9 @@ AUDIO_FORMATS: dict[str, str] = {
     "flac": "audio/flac",
     "ogg": "audio/ogg",
 }
+
+# ISO BMFF brands that are no video: MPEG-4 audio, HEIF and AVIF stills (as the engine's sniff).
+_NOT_VIDEO_BRANDS = frozenset({b"M4A ", b"M4B ", b"M4P ", b"heic", b"heix", b"mif1", b"avif"})
 
 # Names of one container that clients spell several ways: compared as their canonical type.
 _ALIASES = {
@@ -52,11 +56,13 @@ _ALIASES = {
 
 
 def sniff_video(data: bytes) -> str | None:
-    """The video container the bytes start with (MP4/MOV, WebM/Matroska, AVI), else None."""
+    """The video container the bytes start with (MP4/MOV, WebM/Matroska, AVI), else None. An
+    animated GIF is an image here (uploads and image parts keep it one); a video part takes it
+    as a clip (`sniff_video_part`)."""
     if data[4:8] == b"ftyp":
         brand = data[8:12]
-        if brand in (b"M4A ", b"M4B ", b"M4P "):
-            return None  # an MPEG-4 audio file
+        if brand in _NOT_VIDEO_BRANDS:
+            return None  # MPEG-4 audio, or a HEIF / AVIF still
         return "video/quicktime" if brand == b"qt  " else "video/mp4"
     if data.startswith(b"\x1a\x45\xdf\xa3"):
         # EBML: the DocType in the header says WebM or Matroska.
@@ -66,11 +72,22 @@ def sniff_video(data: bytes) -> str | None:
     return None
 
 
+def sniff_video_part(data: bytes) -> str | None:
+    """What a video part's bytes are: a video container, or an animated GIF sent as a clip (the
+    engine decodes both; docs/video-audio.md)."""
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    return sniff_video(data)
+
+
 def sniff_audio(data: bytes) -> str | None:
     """The audio format the bytes start with (WAV, MP3, FLAC, Ogg), else None."""
     if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
         return "audio/wav"
-    if data.startswith(b"ID3") or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+    # An ID3 tag, or an MPEG audio frame sync (11 set bits, layer bits not 00), as the engine reads it.
+    if data.startswith(b"ID3") or (
+        len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0 and data[1] & 0x06
+    ):
         return "audio/mpeg"
     if data.startswith(b"fLaC"):
         return "audio/flac"

@@ -16,7 +16,7 @@ import binascii
 import json
 import re
 
-from vlmserve.common.clips import AUDIO_FORMATS, ClipKind, same_container, sniff_clip
+from vlmserve.common.clips import AUDIO_FORMATS, ClipKind, same_container, sniff_clip, sniff_video_part
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._clip_models import (
@@ -39,7 +39,10 @@ __all__ = ["audio_part", "video_part"]
 _DATA_URL_HEAD = re.compile(r"data:([A-Za-z0-9!#$&^_.+/-]*)((?:;[A-Za-z0-9=._+-]{1,64}){0,8}),")
 _BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 _FILE_ID = re.compile(r"file-[A-Za-z0-9_-]{1,128}")
-_KIND_NAMES = {"video": "a video (MP4, MOV, WebM, MKV, AVI)", "audio": "audio (WAV, MP3, FLAC, Ogg)"}
+_KIND_NAMES = {
+    "video": "a video (MP4, MOV, WebM, MKV, AVI, animated GIF)",
+    "audio": "audio (WAV, MP3, FLAC, Ogg)",
+}
 
 
 def _sampling(
@@ -207,7 +210,10 @@ def _url_clip(url: str, param: str, kind: ClipKind, media: MediaPolicy) -> tuple
             code=f"invalid_{kind}_url",
         )
     declared, data = _decode(url, param, kind, media.clip_max_bytes)
-    if declared is None or not declared.startswith(f"{kind}/"):
+    # An animated GIF is a clip where a video part holds it.
+    if declared is None or not (
+        declared.startswith(f"{kind}/") or (kind == "video" and declared == "image/gif")
+    ):
         raise InvalidRequestError(
             f"Invalid value for '{param}': a {kind} part takes a data:{kind}/... URL; this one says "
             f"{(declared or 'no type')[:64]}.",
@@ -271,6 +277,8 @@ def _decode(value: str, param: str, kind: ClipKind, max_bytes: int) -> tuple[str
 
 def _sniffed(data: bytes, param: str, kind: ClipKind) -> str:
     """The media type the bytes say, which must be one of `kind`'s."""
+    if kind == "video" and (gif := sniff_video_part(data)) == "image/gif":
+        return gif
     found = sniff_clip(data)
     if found is None or found[0] != kind:
         what = "not a supported format" if found is None else f"{found[1]}, not {kind}"
