@@ -63,14 +63,13 @@ async def test_the_answer_is_one_sealed_compaction_item(http: httpx.AsyncClient,
     assert set(item) == {"id", "type", "encrypted_content"} and item["type"] == "compaction"
     assert item["id"].startswith("cmp_") and item["encrypted_content"].startswith("vlmserve.compaction.v2.")
     assert "Goal" not in item["encrypted_content"] and "R29hbD" not in item["encrypted_content"]
-    # The model was asked for a summary of the conversation before the trigger, tools off.
-    (sent,) = engine.requests
+    # The model was asked for a summary of the conversation before the trigger, tools off; then
+    # the next turn's prefix was prefilled (test_compaction_turn_store.py).
+    sent, _ = engine.requests
     assert texts(sent.messages[-1]) == [SUMMARY_INSTRUCTION]
     # The summary's budget: a sixteenth of the (fake) model's 4096-token context.
     assert sent.sampling.max_tokens == 256
     assert sent.tool_choice.WhichOneof("choice") is not None or not sent.tools
-    # Not stored: the item is the state.
-    assert (await http.get(f"/v1/responses/{resource['id']}")).status_code == 404
 
 
 async def test_the_next_turn_expands_the_item(http: httpx.AsyncClient, engine: FakeEngine) -> None:

@@ -123,13 +123,13 @@ async def test_a_failed_response_is_not_continued(server_url: str, engine: FakeE
 
 
 async def test_a_compaction_turn_over_websocket(server_url: str, engine: FakeEngine) -> None:
-    """compaction_trigger in WebSocket mode: the compaction's events; the turn is not remembered
-    (its item is what a later turn sends)."""
+    """compaction_trigger in WebSocket mode: the compaction's events; a `store: false` turn is not
+    remembered (its item is what a later turn sends; a stored one is continued by its id:
+    test_compaction_turn_store.py)."""
     url = server_url.replace("http", "ws") + "/v1/responses"
     async with websockets.asyncio.client.connect(url) as connection:
-        await connection.send(
-            _create(input=[{"role": "user", "content": "long task"}, {"type": "compaction_trigger"}])
-        )
+        trigger = [{"role": "user", "content": "long task"}, {"type": "compaction_trigger"}]
+        await connection.send(_create(input=trigger, store=False))
         events = await _until_done(connection)
         kinds = [event["type"] for event in events]
         assert "response.compaction.compacting" in kinds and kinds[-1] == "response.completed"

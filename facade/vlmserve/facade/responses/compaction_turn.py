@@ -9,25 +9,47 @@ events, `response.output_item.added` of the `compaction` item, `response.compact
 while the summary is sampled (no summary text), `response.output_item.done` with the sealed item,
 then `response.completed`. The summary is cleaned of tool-call and thinking markup; the
 latest `compaction_keep_images` images of the conversation are kept in the item as images.
+
+The turn is stored as its client sees it (`CompactionRecorder`, unless it asks `store: false`):
+its input as sent (the trigger included), its output the sealed item (which a later turn
+replays as the summary, `compaction_messages`), in its conversation too. Before its final events
+go out, the turn after it is prefilled into the prefix cache (prewarm.py `prewarm_compacted`:
+the request's instructions and tools, then the item), so the next turn starts warm.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from vlmserve.common.wire_encode import OutgoingRequest
+from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses import ids
 from vlmserve.facade.responses.compaction_seal import CompactionSeal
 from vlmserve.facade.responses.events import Event
+from vlmserve.facade.responses.preparation import ResponsesService
+from vlmserve.facade.responses.prewarm import prewarm_compacted
+from vlmserve.facade.responses.recorder import ResponseRecorder
+from vlmserve.facade.responses.resource import stored_items
+from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.store.records import ResponseRecord, StoredItem
 from vlmserve.responses import (
     CompactionState,
     CreateRequest,
     KeptImage,
+    build_generate_request,
     clean_summary,
     compaction_item,
+    opening_compactions,
     summary_body,
 )
+
+logger = logging.getLogger("vlmserve.facade")
+CompactionOpener = Callable[[str], CompactionState | None]
 
 # The summary's budget: a summary longer than this would not compact much.
 SUMMARY_MAX_OUTPUT_TOKENS = 1024
@@ -76,15 +98,20 @@ class CompactionEvents:
         self._sequence = 0
         self._item_id = ids.new_id("cmp")
         self._announced = False
+        # Sealed once: what is stored is what is sent.
+        self._item: dict[str, Any] | None = None
 
     def item(self, resource: dict[str, Any]) -> dict[str, Any]:
+        if self._item is not None:
+            return self._item
         summary = summary_text(resource)
         if not summary:
             raise APIError(
                 502, "The model wrote no summary; nothing was compacted.", code="compaction_failed"
             )
         sealed = self._seal.seal(CompactionState(summary, self._images), owner=self._owner)
-        return {**compaction_item(sealed), "id": self._item_id}
+        self._item = {**compaction_item(sealed), "id": self._item_id}
+        return self._item
 
     def answer(self, resource: dict[str, Any]) -> dict[str, Any]:
         """The collected response, its output the compaction item."""
@@ -147,3 +174,112 @@ class CompactionEvents:
         numbered = {**event, "sequence_number": self._sequence}
         self._sequence += 1
         return numbered
+
+
+def compaction_messages(item: dict[str, Any], opener: CompactionOpener) -> list[pb.Message]:
+    """What a compaction item reaches the model as (the translation's own rendering of it: the
+    summary as an assistant turn, the kept images as a user turn): a stored turn's output
+    messages, which later turns replay."""
+    with opening_compactions(opener):
+        translated = build_generate_request({"input": [item]})
+    return list(translated.request.messages)
+
+
+@dataclass
+class CompactionRecorder(ResponseRecorder):
+    """What the store keeps of a compaction turn: the response as its client gets it (its output
+    the compaction item, not the summarising call's message), its input as sent; the turn after
+    it prefilled (`after`) before its final events go out."""
+
+    compaction: CompactionEvents | None = None
+    # The turn's own `store` (its summarising call is never stored as itself).
+    keep: bool = True
+    opener: CompactionOpener | None = None
+    after: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.keep and not self._refused
+
+    async def finished(self, final: Sequence[Event]) -> None:
+        resource = self.builder.snapshot().to_json()
+        item: dict[str, Any] | None = None
+        if resource["status"] in ("completed", "incomplete") and self.compaction is not None:
+            try:
+                answer = self.compaction.answer(resource)
+                item = answer["output"][0]
+            except APIError as error:
+                answer = {
+                    **resource,
+                    "status": "failed",
+                    "output": [],
+                    "error": {"code": error.code, "message": error.message},
+                }
+        else:
+            answer = {**resource, "output": []}
+        output_messages = compaction_messages(item, self.opener) if item and self.opener else []
+        conversation_items: list[StoredItem] = []
+        if self.conversation_id is not None and item is not None:
+            conversation_items = [*self.input_items, StoredItem(item["id"], item)]
+        await self.store.responses.finish(
+            ResponseRecord.of(answer) if self.enabled else None,
+            owner=self.owner,
+            output_messages=output_messages,
+            conversation_id=self.conversation_id if conversation_items else None,
+            conversation_items=conversation_items,
+            conversation_messages=self.translated.input_messages.plus(output_messages)
+            if conversation_items
+            else None,
+            conversation_model=answer.get("model"),
+        )
+        if item is not None and self.after is not None:
+            await self.after(item)
+
+
+def record_compaction(
+    service: ResponsesService, generation: Generation, compaction: CompactionEvents, trigger: CreateRequest
+) -> None:
+    """The compaction turn's generation stored as the turn (`CompactionRecorder`), not as its
+    summarising call, and the next turn prewarmed: waited for up to the control timeout, then
+    left to finish on its own (a failed prewarm only costs the next turn its warm start)."""
+    owner = generation.owner
+    recorder = generation.recorder
+    body = trigger.body
+    keep = body.store is not False
+    given = trigger.stored_input()
+    # The summarising call's input is the turn's without its trigger, then the summary request.
+    input_items = [*recorder.input_items[:-1], *stored_items([given[-1]] if isinstance(given, list) else [])]
+    # Its echo is the turn's: stored unless it said not to.
+    generation.builder.resource.store = keep
+
+    async def after(item: dict[str, Any]) -> None:
+        warming = prewarm_compacted(service, trigger, item, owner=owner)
+        task = asyncio.ensure_future(_logged(warming, generation.response_id))
+        _PREWARMS.add(task)
+        task.add_done_callback(_PREWARMS.discard)
+        await asyncio.wait({task}, timeout=service.settings.timeouts.control)
+
+    generation.recorder = CompactionRecorder(
+        recorder.store,
+        recorder.builder,
+        recorder.translated,
+        input_items,
+        owner=recorder.owner,
+        conversation_id=recorder.conversation_id,
+        max_stored_bytes=recorder.max_stored_bytes,
+        compaction=compaction,
+        keep=keep,
+        opener=service.compaction_opener(owner),
+        after=after,
+    )
+
+
+# Prewarms still running after their turn ended (a reference, so they are not collected).
+_PREWARMS: set[asyncio.Future[None]] = set()
+
+
+async def _logged(prewarm: Awaitable[None], response_id: str) -> None:
+    try:
+        await prewarm
+    except Exception as error:  # the next turn is only colder
+        logger.warning("response %s: the turn after the compaction was not prewarmed: %s", response_id, error)

@@ -5,6 +5,10 @@ The request runs as any other (same translation, limits and prefix-cache partiti
 request with the same prefix finds it warm), with one output token (the engine generates at
 least one) that is not returned: the response is `completed` with an empty `output` and the
 prompt's `usage`; nothing is stored. Its stream is the lifecycle events only.
+
+`prewarm_compacted`: the same for the turn after a compaction (compaction_turn.py): the
+compacting request's instructions and tools, then its compaction item, which is the prefix of
+the next turn's prompt.
 """
 
 from __future__ import annotations
@@ -12,8 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.responses.delivery import collect, finisher
 from vlmserve.facade.responses.events import Event
+from vlmserve.facade.responses.preparation import ResponsesService
 from vlmserve.responses import CreateRequest
+
+# What a turn continuing the compacted one does not repeat: the item covers the earlier turns.
+_NOT_CARRIED = ("previous_response_id", "conversation", "background", "stream", "context_management")
 
 _PARAM = "prompt_cache_options"
 _LIFECYCLE = ("response.created", "response.queued", "response.in_progress")
@@ -80,3 +89,23 @@ class PrewarmEvents:
         numbered = {**event, "sequence_number": self._sequence}
         self._sequence += 1
         return numbered
+
+
+async def prewarm_compacted(
+    service: ResponsesService, compacting: CreateRequest, item: dict[str, Any], *, owner: str
+) -> None:
+    """Prefill what the turn after a compaction starts with: `compacting`'s instructions, tools
+    and settings, and the compaction `item` as the input (the item leaves out everything before
+    it, so this is the next turn's prompt up to what it adds)."""
+    raw = compacting.body.model_dump(mode="json", by_alias=True, exclude_unset=True, serialize_as_any=True)
+    for name in _NOT_CARRIED:
+        raw.pop(name, None)
+    raw["input"] = [item]
+    raw[_PARAM] = {"prewarm": True}
+    warm = prewarm_request(await service.parse(raw, owner=owner))
+    assert warm is not None
+    generation = await service.prepare(warm, owner=owner)
+    try:
+        await collect(generation, service.settings.timeouts.stream_first_message)
+    finally:
+        await finisher(generation, lambda: None)()

@@ -25,7 +25,12 @@ from vlmserve.facade.http.openapi import (
 )
 from vlmserve.facade.http.request_body import read_json
 from vlmserve.facade.responses.auto_compaction import PrefixedOutput, compact_if_needed
-from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
+from vlmserve.facade.responses.compaction_turn import (
+    CompactionEvents,
+    latest_images,
+    record_compaction,
+    trigger_request,
+)
 from vlmserve.facade.responses.delivery import (
     SSE_SEPARATOR,
     Wire,
@@ -77,15 +82,18 @@ async def create_response(request: Request, state: State) -> Response:
         generation = await prepare_unless_disconnected(
             request, state.responses, summary or prewarm or create, release=hold.release
         )
+        # A compaction turn is stored as the turn, and the next one prewarmed (compaction_turn.py).
+        compacting = create if summary is not None else None
         del create
     except BaseException:
         hold.release()
         raise
 
     headers = ignored_tools_header(generation)
-    if summary is not None:
+    if compacting is not None:
         images = latest_images(generation.request, state.settings.compaction_keep_images)
         compaction = CompactionEvents(state.responses.seal, owner=generation.owner, images=images)
+        record_compaction(state.responses, generation, compaction, compacting)
         return await respond(
             request,
             generation,

@@ -30,7 +30,12 @@ from vlmserve.facade.http.body_budget import BodyHold
 from vlmserve.facade.http.errors import APIError, from_invalid_request, insufficient_storage
 from vlmserve.facade.http.request_body import parse_message
 from vlmserve.facade.responses.auto_compaction import PrefixedOutput, compact_if_needed
-from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, trigger_request
+from vlmserve.facade.responses.compaction_turn import (
+    CompactionEvents,
+    latest_images,
+    record_compaction,
+    trigger_request,
+)
 from vlmserve.facade.responses.connection_memory import ConnectionMemory
 from vlmserve.facade.responses.delivery import finisher
 from vlmserve.facade.state import FacadeState
@@ -217,6 +222,7 @@ async def _respond(
         if summary is not None:
             images = latest_images(generation.request, state.settings.compaction_keep_images)
             compaction = CompactionEvents(state.responses.seal, owner=owner, images=images)
+            record_compaction(state.responses, generation, compaction, create)
         prefixed = PrefixedOutput(compacted) if compacted is not None else None
         async for event in generation.events():
             if compaction is not None:
