@@ -11,6 +11,7 @@ import os
 import time
 import wave
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -72,6 +73,14 @@ def wav_bytes(
     return buffer.getvalue()
 
 
+def without_duration(webm: bytes) -> bytes:
+    """The WebM with its Duration element voided, as a browser's MediaRecorder writes it: the
+    header gives no frame count, so the decoder counts frames (bounded by the duration limit)."""
+    at = webm.index(b"\x44\x89")  # Duration: 2-byte ID, size 0x88, an 8-byte float
+    assert webm[at + 2] == 0x88
+    return webm[:at] + b"\xec\x89" + bytes(9) + webm[at + 11 :]  # a Void element of the same length
+
+
 def gif_bytes(colours: list[tuple[int, int, int]], frame_ms: int) -> bytes:
     """An animated GIF, each frame one colour for `frame_ms`."""
     frames = [Image.new("RGB", (64, 48), colour) for colour in colours]
@@ -89,7 +98,7 @@ def png(colour: tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> bytes
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     directory = tmp_path_factory.mktemp("clips")
-    return {
+    made = {
         # A squares-video shape: 8 frames at 2 fps, colour A then colour B.
         "a then b": video_bytes(directory, [RED] * 4 + [BLUE] * 4, 2.0),
         "3 s at 10 fps": video_bytes(directory, [GREEN] * 10 + [YELLOW] * 10 + [BLUE] * 10, 10.0),
@@ -100,6 +109,8 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
         "4k": video_bytes(directory, [RED] * 8, 2.0, size=(3840, 2160)),
         "gif": gif_bytes([RED, GREEN, BLUE, YELLOW], 500),
     }
+    made["webm without duration"] = without_duration(made["webm"])
+    return made
 
 
 def colour_of(frame: np.ndarray) -> tuple[int, int, int]:
@@ -172,6 +183,16 @@ GOOD_VIDEO = [
     ("long", pb.VideoSampling(), MediaLimits(), (16, 240, 320, 3), 0.8, 20.0, 600, [GREEN] * 16),
     # An animated GIF sent as a clip: 4 frames of 0.5 s.
     ("gif", pb.VideoSampling(), MediaLimits(), (4, 48, 64, 3), 2.0, 2.0, 4, [RED, GREEN, BLUE, YELLOW]),
+    (
+        "webm without duration",
+        pb.VideoSampling(),
+        MediaLimits(),
+        (4, 112, 112, 3),
+        2.0,
+        2.0,
+        20,
+        [RED, RED, GREEN, GREEN],
+    ),
 ]
 
 
@@ -292,6 +313,14 @@ REFUSED_VIDEO: list[tuple[str, Callable[[dict[str, bytes]], pb.VideoPart], Media
         "empty",
         "video.data",
         "no data",
+    ),
+    (
+        "counted past the duration",
+        lambda c: pb.VideoPart(data=c["webm without duration"]),
+        MediaLimits(max_video_seconds=1),
+        "duration",
+        "video.data",
+        "more than 1 s long",
     ),
 ]
 
@@ -603,3 +632,13 @@ def test_started_decoders_take_the_first_clip() -> None:
     assert len(ready) == worker.DECODE_SLOTS
     decode_audio(pb.AudioPart(data=wav_bytes(0.2)), limits)
     assert {w.process.pid for w in worker._IDLE if w.memory_mib == 1998} == ready
+
+
+def test_clips_decode_side_by_side() -> None:
+    """Request-preparation threads decode at once: each gets its clip, at most DECODE_SLOTS workers
+    run, and the pool keeps no more than that."""
+    clips = [wav_bytes(0.25 * (n + 1), rate=16_000, channels=1) for n in range(6)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        decoded = list(pool.map(lambda data: decode_audio(pb.AudioPart(data=data), MediaLimits()), clips))
+    assert [clip.samples.shape[0] for clip in decoded] == [4000 * (n + 1) for n in range(6)]
+    assert len(worker._IDLE) <= worker.DECODE_SLOTS

@@ -84,13 +84,15 @@ def video_frames(
             limits.max_video_source_pixels, code="source_pixels", field="video.data",
         )  # fmt: skip
     longest = math.floor(limits.max_video_seconds * source_fps)
-    if count <= 0:
+    counted = count <= 0
+    if counted:
         capture.release()
         count = _count_frames(data, longest + 1)
         capture, stream = _open(data)
     duration = count / source_fps
     if count > longest:
-        shown = f"{duration:.1f} s" if count <= longest + 1 else f"over {limits.max_video_seconds:g} s"
+        # Counting stopped one frame past the limit: the clip's length is not known, only that.
+        shown = f"more than {limits.max_video_seconds:g} s" if counted else f"{duration:.1f} s"
         raise over_limit(
             "the video", f"{shown} long", "max_video_seconds", f"{limits.max_video_seconds:g} s",
             code="duration", field="video.data",
