@@ -479,3 +479,20 @@ async def test_an_uploaded_gif_is_an_image_and_a_clip_where_a_video_part_names_i
     image, video = engine.requests[0].messages[0].parts
     assert (image.image.data, image.image.media_type) == (gif, "image/gif")
     assert (video.video.data, video.video.media_type) == (gif, "image/gif")
+
+
+async def test_an_item_reference_brings_its_clips(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    created = await http.post(
+        "/v1/responses", json={"model": "default", "input": RESPONSES_INPUT, "store": True}
+    )
+    assert created.status_code == 200, created.text
+    listed = (
+        await http.get(f"/v1/responses/{created.json()['id']}/input_items", params={"order": "asc"})
+    ).json()
+    reference = {"type": "item_reference", "id": listed["data"][0]["id"]}
+    answer = await http.post("/v1/responses", json={"model": "default", "input": [reference]})
+    assert answer.status_code == 200, answer.text
+    (user,) = engine.requests[1].messages
+    assert kinds(user.parts) == ["text", "video", "audio"]
+    assert (user.parts[1].video.data, user.parts[1].video.sampling.fps) == (MP4_HEAD, 1.5)
+    assert user.parts[2].audio.data == WAV
