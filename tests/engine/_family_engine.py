@@ -63,15 +63,17 @@ class RunningEngine:
 
 
 @contextmanager
-def running_engine(model_dir: Path) -> Iterator[tuple[RunningEngine, pb_grpc.EngineServiceStub]]:
-    """An engine on `model_dir`, loaded, and a stub for it; stopped on exit."""
+def running_engine(
+    model_dir: Path, **settings: Any
+) -> Iterator[tuple[RunningEngine, pb_grpc.EngineServiceStub]]:
+    """An engine on `model_dir` (and `settings`), loaded, and a stub for it; stopped on exit."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="family-engine-loop", daemon=True)
     thread.start()
     # The prefix cache is on: a request sharing a prompt prefix with the previous one continues
     # from its cache (trimmed), which must not change a single token.
     config = EngineConfig(
-        model=str(model_dir), max_output_tokens=256, warmup=False, prefix_cache_min_tokens=16
+        model=str(model_dir), max_output_tokens=256, warmup=False, prefix_cache_min_tokens=16, **settings
     )
 
     async def start() -> tuple[EngineServer, str]:

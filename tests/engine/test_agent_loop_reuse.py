@@ -39,8 +39,8 @@ TOOL = pb.Tool(
 
 def agent_loop(
     stub: pb_grpc.EngineServiceStub, turns: int
-) -> tuple[list[pb.GenerateResult], pb.GenerateRequest]:
-    """Each turn's result, and the last turn's request."""
+) -> tuple[list[pb.GenerateResult], list[pb.GenerateRequest]]:
+    """Each turn's result and request."""
     # The task comes with the screen as it is (a computer-use loop's first turn). Without an image
     # in turn 1, Gemma 3's turn 2 would share only its first token: mlx-vlm's processor adds a
     # second <bos> to a prompt with images, which the text-only tokenization does not.
@@ -48,14 +48,13 @@ def agent_loop(
         SYSTEM,
         user(text("Open the settings page and check the display options."), image(png(64, 48, seed=99))),
     ]
-    results = []
+    results, requests = [], []
     for turn in range(turns):
         request = greedy(messages, max_tokens=16)
         request.tools.append(TOOL)
         result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result
         results.append(result)
-        if turn == turns - 1:
-            return results, request
+        requests.append(request)
         call_id = f"call_shot{turn:02d}"
         messages += [
             pb.Message(
@@ -72,13 +71,14 @@ def agent_loop(
                 ),
             ),
         ]
-    raise AssertionError("no turns")
+    return results, requests
 
 
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma3", "gemma4", "llama4"])
 def test_every_turn_reuses_the_previous_one(name: str, family_models: dict[str, Path]) -> None:  # noqa: F811
     with running_engine(family_models[name]) as (_, stub):
-        results, last = agent_loop(stub, TURNS)
+        results, requests = agent_loop(stub, TURNS)
+        last = requests[-1]
         # The last turn again for another tenant: nothing of it is cached there, so it is a fresh
         # prefill, and its tokens must be those of the turn that continued from kept states.
         last.partition_key = "another tenant"

@@ -48,8 +48,10 @@ def test_an_entry_round_trips_with_its_partition_ids_and_arrays(tmp_path: Path) 
     (entry,) = reopened.entries("a")
     assert entry.token_ids.tolist() == ids
     loaded = reopened.load(entry)
-    assert loaded is not None
-    for (keys, values), (want_k, want_v) in zip(loaded, layer_arrays(ids), strict=True):
+    assert loaded is not None and loaded.snapshots is None
+    for pair, (want_k, want_v) in zip(loaded.layers, layer_arrays(ids), strict=True):
+        assert pair is not None
+        keys, values = pair
         np.testing.assert_array_equal(keys[0], want_k[0])
         np.testing.assert_array_equal(values[0], want_v[0])
 

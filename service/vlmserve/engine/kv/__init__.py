@@ -25,6 +25,7 @@ cache lacks the one-row merge and the right-padded group prefill (`prepare(right
 Modules, by concern: `layout.py` (the layouts and schemes, new caches), `turboquant.py` (the
 batch turboquant subclass), `merge.py` (one-row caches → a batch cache), `rollback.py` (a
 speculative verify forward and the rollback of its rejected positions), `views.py` (rows and
-prefixes as views, own copies), `snapshots.py` (exact copies of any layer kind), `sizing.py`
-(bytes). A leaf: imports nothing else of the engine. Generation thread only.
+prefixes as views, own copies), `snapshots.py` (exact copies of any layer kind),
+`snapshot_codec.py` (those as arrays for the disk), `sizing.py` (bytes). A leaf: imports nothing
+else of the engine. Generation thread only.
 """

@@ -25,7 +25,9 @@ shares (`checkpoints`): the end of the prompt and the end of the generated turn 
 resends the conversation so far; where the template renders the model's answer differently, the
 prompt's end still matches), and those of the entries a new one extends (at most
 `MAX_CHECKPOINTS`, the latest). A prompt takes the longest boundary its shared prefix reaches, the
-plain layers cut to the same position: exactly the state a fresh prefill reaches there.
+plain layers cut to the same position: exactly the state a fresh prefill reaches there. The disk
+tier keeps such entries too, their boundary states included (kv/snapshot_codec.py): they come
+back into a fresh cache of the model (`new_cache`).
 
 Generation thread only.
 """
@@ -33,7 +35,7 @@ Generation thread only.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -43,10 +45,11 @@ from vlmserve.engine.kv.layout import KVLayout, KVPart, PromptCache
 from vlmserve.engine.kv.sizing import kv_nbytes
 from vlmserve.engine.kv.snapshots import BoundaryState, boundary_nbytes, cuttable, with_boundary_state
 from vlmserve.engine.kv.views import layer_arrays, views
-from vlmserve.engine.loop.prefix_disk import LayerArrays, PrefixDiskTier
+from vlmserve.engine.loop.prefix_disk import DiskEntry, LayerArrays, PrefixDiskTier
+from vlmserve.engine.loop.prefix_disk_arrays import from_numpy, states_from_disk, states_to_disk, to_numpy
 
 if TYPE_CHECKING:
-    import mlx.core as mx
+    pass
 
 __all__ = ["MAX_CHECKPOINTS", "PrefixCache", "PromptImages", "prompt_images", "shared_prefix_length"]
 
@@ -75,16 +78,21 @@ class _Entry:
     from_disk: bool = False  # loaded from the disk tier and not yet taken (counts a disk hit)
     on_disk: bool = False  # the disk tier has it already: evicting it writes nothing
     # Layers no prefix can be cut from (recurrent, sliding-window, chunked: kv/snapshots.py): their
-    # state at these positions, the only places such an entry can be cut. Memory only.
+    # state at these positions, the only places such an entry can be cut.
     checkpoints: dict[int, BoundaryState] | None = None
 
     def usable(self, shared: int, prompt_tokens: int) -> int:
-        """How many of a prompt's first tokens this entry serves when they share `shared` with it
-        (one prompt token must still run, for the first new token's logits)."""
-        reach = min(shared, prompt_tokens - 1)
-        if self.checkpoints is not None:
-            return max((at for at in self.checkpoints if at <= reach), default=0)
-        return reach
+        return _usable(self.checkpoints, shared, prompt_tokens)
+
+
+def _usable(checkpoints: Collection[int] | None, shared: int, prompt_tokens: int) -> int:
+    """How many of a prompt's first tokens an entry serves when they share `shared` with it (one
+    prompt token must still run, for the first new token's logits): any, or, for an entry kept
+    at boundaries (`checkpoints`), the last boundary that far."""
+    reach = min(shared, prompt_tokens - 1)
+    if checkpoints is not None:
+        return max((at for at in checkpoints if at <= reach), default=0)
+    return reach
 
 
 PromptImages = dict[int, tuple[int, str]]  # start -> (length, content hash)
@@ -117,8 +125,12 @@ class PrefixCache:
         max_bytes: int,
         disk: PrefixDiskTier | None = None,
         layout: KVLayout | None = None,
+        new_cache: Callable[[], PromptCache] | None = None,
     ) -> None:
         self.min_tokens = min_tokens
+        # A fresh cache of the model: what boundary states from the disk tier are restored into
+        # (None: such entries are neither written nor read).
+        self.new_cache = new_cache
         self.max_bytes = max_bytes
         self.disk = disk
         # The KV's precision (kv/layout.py): entries keep the layout the batch has.
@@ -187,7 +199,8 @@ class PrefixCache:
         kept = {at: state for at, state in checkpoints.items() if self.min_tokens <= at <= n}
         if not kept:
             return
-        entry = _Entry(partition, ids, prompt_images(spans), layers, 0, on_disk=True, checkpoints=kept)
+        on_disk = self.new_cache is None  # no way to read it back: never written
+        entry = _Entry(partition, ids, prompt_images(spans), layers, 0, on_disk=on_disk, checkpoints=kept)
         entry.nbytes = _entry_nbytes(entry)
         if entry.nbytes <= self.max_bytes:
             self._keep(entry)
@@ -247,27 +260,44 @@ class PrefixCache:
     def _take_from_disk(
         self, partition: str, ids: np.ndarray, images: PromptImages, in_memory: int
     ) -> tuple[int, int] | None:
-        """(key, shared length) of a disk entry loaded into memory, when it beats `in_memory`."""
+        """(key, tokens served) of a disk entry loaded into memory, when it beats `in_memory`."""
         if self.disk is None or not self.disk.enabled:
             return None
-        best, shared = None, max(in_memory, self.min_tokens - 1)
+        best, served = None, max(in_memory, self.min_tokens - 1)
         for candidate in self.disk.entries(partition):
+            if candidate.checkpoints and self.new_cache is None:
+                continue
             length = shared_prefix_length(candidate.token_ids, candidate.images, ids, images)
-            if length > shared:
-                best, shared = candidate, length
-        if best is None or (arrays := self.disk.load(best)) is None:
+            usable = _usable(candidate.checkpoints or None, length, ids.size)
+            if usable > served:
+                best, served = candidate, usable
+        if best is None or (entry := self._entry_from_disk(partition, best)) is None:
+            return None
+        if entry.nbytes > self.max_bytes:
+            return None
+        self._keep(entry)
+        return next(reversed(self._entries)), served
+
+    def _entry_from_disk(self, partition: str, found: DiskEntry) -> _Entry | None:
+        if (loaded := self.disk.load(found) if self.disk is not None else None) is None:
             return None
         layers = [
-            (_from_numpy(keys, best.dtypes, "k"), _from_numpy(values, best.dtypes, "v"))
-            for keys, values in arrays
+            None
+            if pair is None
+            else (from_numpy(pair[0], found.dtypes, "k"), from_numpy(pair[1], found.dtypes, "v"))
+            for pair in loaded.layers
         ]
-        nbytes = sum(kv_nbytes(k) + kv_nbytes(v) for k, v in layers)
-        if nbytes > self.max_bytes:
-            return None
-        self._keep(
-            _Entry(partition, best.token_ids, best.images, layers, nbytes, from_disk=True, on_disk=True)
-        )
-        return next(reversed(self._entries)), shared
+        entry = _Entry(partition, found.token_ids, found.images, layers, 0, from_disk=True, on_disk=True)
+        if loaded.snapshots is not None:
+            assert self.new_cache is not None, "checkpointed entries are read with a cache to restore into"
+            try:
+                entry.checkpoints = states_from_disk(loaded.snapshots, self.new_cache())
+            except (ValueError, KeyError, TypeError) as error:
+                assert self.disk is not None
+                self.disk.reject(found, f"boundary states do not fit the model ({error})")
+                return None
+        entry.nbytes = _entry_nbytes(entry)
+        return entry
 
     def _drop(self, key: int, *, spill: bool = False) -> None:
         entry = self._entries.pop(key)
@@ -278,21 +308,24 @@ class PrefixCache:
     def _spill(self, entry: _Entry) -> None:
         if self.disk is None or not self.disk.enabled or entry.on_disk:
             return
-        arrays: list[LayerArrays] = []
+        arrays: list[LayerArrays | None] = []
         dtypes: dict[str, str] = {}
         for layer in entry.layers:
-            assert layer is not None, "hybrid entries stay in memory"
+            if layer is None:  # kept only at the boundaries
+                arrays.append(None)
+                continue
             keys, values = layer
             pair = []
             for kind, part in (("k", keys), ("v", values)):
                 numpy_parts = []
                 for index, array in enumerate(part if isinstance(part, tuple) else (part,)):
-                    data, dtype = _to_numpy(array)
+                    data, dtype = to_numpy(array)
                     dtypes.setdefault(f"{kind}.{index}", dtype)
                     numpy_parts.append(data)
                 pair.append(tuple(numpy_parts))
             arrays.append((pair[0], pair[1]))
-        self.disk.put(entry.partition, entry.token_ids, entry.images, arrays, dtypes)
+        snapshots = states_to_disk(entry.checkpoints) if entry.checkpoints is not None else None
+        self.disk.put(entry.partition, entry.token_ids, entry.images, arrays, dtypes, snapshots)
         entry.on_disk = True
 
     def persist(self) -> None:
@@ -332,26 +365,3 @@ def _served_length(entry: _Entry) -> int:
 
 def _shared_length(entry: _Entry, ids: np.ndarray, images: PromptImages) -> int:
     return shared_prefix_length(entry.token_ids, entry.images, ids, images)
-
-
-def _to_numpy(array: mx.array) -> tuple[np.ndarray, str]:
-    """An MLX array's data as numpy (bfloat16, which numpy lacks, as its uint16 bit pattern)."""
-    import mlx.core as mx
-
-    if array.dtype == mx.bfloat16:
-        return np.asarray(array.view(mx.uint16)), "bfloat16"
-    return np.asarray(array), ""
-
-
-def _from_numpy(parts: tuple[np.ndarray, ...], dtypes: dict[str, str], kind: str) -> KVPart:
-    """Keys or values back in MLX: one array, or a quantized tuple (data, scales, biases)."""
-    import mlx.core as mx
-
-    arrays = []
-    for index, data in enumerate(parts):
-        array = mx.array(data)
-        if dtypes.get(f"{kind}.{index}") == "bfloat16":
-            array = array.view(mx.bfloat16)
-        arrays.append(array)
-    mx.eval(arrays)
-    return arrays[0] if len(arrays) == 1 else tuple(arrays)

@@ -24,6 +24,12 @@ Safety rules, each tested:
 - scans and loads run on a thread of their own, waited for at most `io_timeout_s`: a folder that
   does not answer turns the tier off instead of hanging the generation thread.
 
+An entry of a model whose layers are not all plain KV (recurrent, sliding-window, chunked: the
+prefix cache's checkpointed entries) holds its plain layers as above, none for the others, and
+their states at its boundaries (`Snapshots`: named arrays and the description kv/snapshot_codec.py
+reads back into a fresh cache of the model); its boundary positions are in the metadata, so a
+prompt is matched to the boundary it reaches without reading tensors, and in the file's name.
+
 Arrays cross this module as numpy (bfloat16 as its uint16 bit pattern, named in the metadata):
 converting to and from MLX is the caller's, on the generation thread. Writes run on a thread of
 their own so eviction never waits for the disk; loads are synchronous for the caller (they
@@ -49,21 +55,34 @@ from typing import Any, TypeVar
 import numpy as np
 
 from vlmserve.engine.loop.prefix_disk_io import (
+    SNAPSHOT_PREFIX,
     IoThread,
     LayerArrays,
+    LoadedEntry,
+    Snapshots,
     checksum,
     flatten,
+    loaded_entry,
     open_regular,
     read_metadata,
     read_tensors,
-    unflatten,
 )
 
-__all__ = ["DiskEntry", "LayerArrays", "PrefixDiskTier", "disk_namespace", "entry_name"]
+__all__ = [
+    "DiskEntry",
+    "LayerArrays",
+    "LoadedEntry",
+    "PrefixDiskTier",
+    "Snapshots",
+    "disk_namespace",
+    "entry_name",
+]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "vlmserve-prefix-kv-1"
+# An entry with boundary states (its own format: an older engine skips it as another format's).
+SNAPSHOT_FORMAT = "vlmserve-prefix-kv-snapshots-1"
 SUFFIX = ".safetensors"
 # Seconds a scan of the folder or one entry's load may take before the tier is turned off (a hung
 # filesystem); generous: a real model's entry is hundreds of MiB.
@@ -82,14 +101,24 @@ class DiskEntry:
     images: PromptImages
     nbytes: int
     dtypes: dict[str, str] = field(default_factory=dict)
+    # The positions of its boundary states (an entry of layers not all plain KV); empty if none.
+    checkpoints: tuple[int, ...] = ()
 
 
-def entry_name(namespace: str, partition: str, token_ids: np.ndarray, images: PromptImages) -> str:
+def entry_name(
+    namespace: str,
+    partition: str,
+    token_ids: np.ndarray,
+    images: PromptImages,
+    checkpoints: Sequence[int] = (),
+) -> str:
     digest = hashlib.sha256()
     for piece in (namespace, partition, _images_json(images)):
         digest.update(piece.encode())
         digest.update(b"\0")
     digest.update(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
+    if checkpoints:  # the same tokens with other boundaries is another entry
+        digest.update(b"\0" + json.dumps(sorted(checkpoints)).encode())
     return digest.hexdigest() + SUFFIX
 
 
@@ -193,23 +222,30 @@ class PrefixDiskTier:
 
     def _described(self, path: Path, meta: dict[str, str], size: int) -> DiskEntry:
         """The entry a file's metadata describes, checked to be this namespace's, under its name."""
-        if meta.get("format") != FORMAT or meta.get("namespace") != self.namespace:
+        if meta.get("format") not in (FORMAT, SNAPSHOT_FORMAT) or meta.get("namespace") != self.namespace:
             raise ValueError("written by another model, precision or format")
         token_ids = np.frombuffer(base64.b64decode(meta["token_ids"]), dtype=np.int32).astype(np.int64)
         images = {int(k): (int(v[0]), str(v[1])) for k, v in json.loads(meta["images"]).items()}
-        entry = DiskEntry(path, meta["partition"], token_ids, images, size, json.loads(meta["dtypes"]))
-        if path.name != entry_name(self.namespace, entry.partition, token_ids, images):
+        checkpoints: tuple[int, ...] = ()
+        if meta["format"] == SNAPSHOT_FORMAT:
+            checkpoints = tuple(sorted(int(at) for at in json.loads(meta["checkpoints"])))
+            if not checkpoints or not all(0 < at <= token_ids.size for at in checkpoints):
+                raise ValueError("boundaries outside its tokens")
+        entry = DiskEntry(
+            path, meta["partition"], token_ids, images, size, json.loads(meta["dtypes"]), checkpoints
+        )
+        if path.name != entry_name(self.namespace, entry.partition, token_ids, images, checkpoints):
             raise ValueError("its name does not match its contents")
         return entry
 
     # -- loading -----------------------------------------------------------------------------
 
-    def load(self, entry: DiskEntry) -> list[LayerArrays] | None:
+    def load(self, entry: DiskEntry) -> LoadedEntry | None:
         """The entry's layers, after checking that the file is still the one indexed (partition,
         token ids, images) and its checksum; None (and the file gone) if it fails."""
         return self._off_thread(lambda: self._load(entry), "load")
 
-    def _load(self, entry: DiskEntry) -> list[LayerArrays] | None:
+    def _load(self, entry: DiskEntry) -> LoadedEntry | None:
         try:
             # One open: the metadata and the tensors from the same descriptor.
             with open_regular(entry.path) as (fd, size):
@@ -220,7 +256,7 @@ class PrefixDiskTier:
                 tensors = read_tensors(fd, size, specs, start)
             if checksum(tensors) != meta.get("sha256"):
                 raise ValueError("checksum mismatch")
-            layers = unflatten(tensors, int(meta["layers"]))
+            loaded = loaded_entry(tensors, meta, found.checkpoints)
         except FileNotFoundError:
             self._forget(entry.path.name)
             return None
@@ -229,7 +265,7 @@ class PrefixDiskTier:
             return None
         with contextlib.suppress(OSError):
             os.utime(entry.path)  # least recently used goes first
-        return layers
+        return loaded
 
     def _off_thread(self, work: Callable[[], T], what: str) -> T | None:
         """`work()` on the tier's I/O thread, waited for at most `io_timeout_s`: a folder that
@@ -252,17 +288,22 @@ class PrefixDiskTier:
         partition: str,
         token_ids: np.ndarray,
         images: PromptImages,
-        layers: Sequence[LayerArrays],
+        layers: Sequence[LayerArrays | None],
         dtypes: dict[str, str] | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
-        """Queue one entry for writing (the writer thread does the disk work)."""
+        """Queue one entry for writing (the writer thread does the disk work). A layer of None
+        is kept only in `snapshots`."""
         if not self.enabled:
             return
         ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-        name = entry_name(self.namespace, partition, ids, images)
+        checkpoints = tuple(sorted(snapshots.positions)) if snapshots is not None else ()
+        name = entry_name(self.namespace, partition, ids, images, checkpoints)
         if name in self:
             return
-        tensors = flatten(layers)
+        tensors = flatten([layer for layer in layers if layer is not None])
+        if snapshots is not None:
+            tensors.update({SNAPSHOT_PREFIX + key: array for key, array in snapshots.arrays.items()})
         nbytes = sum(int(array.nbytes) for array in tensors.values())
         if nbytes > self.max_bytes:
             return
@@ -276,7 +317,16 @@ class PrefixDiskTier:
             "dtypes": json.dumps(dtypes or {}),
             "sha256": checksum(tensors),
         }
-        entry = DiskEntry(self.folder / name, partition, ids, dict(images), nbytes, dict(dtypes or {}))
+        if snapshots is not None:
+            meta |= {
+                "format": SNAPSHOT_FORMAT,
+                "checkpoints": json.dumps(list(checkpoints)),
+                "plain": json.dumps([index for index, layer in enumerate(layers) if layer is not None]),
+                "snapshots": snapshots.description,
+            }
+        entry = DiskEntry(
+            self.folder / name, partition, ids, dict(images), nbytes, dict(dtypes or {}), checkpoints
+        )
         with self._changed:
             if not self.enabled or self._closing:
                 return  # turned off meanwhile (by the writer): nothing may wait in memory
@@ -366,6 +416,10 @@ class PrefixDiskTier:
 
     # -- failures ----------------------------------------------------------------------------
 
+    def reject(self, entry: DiskEntry, why: str) -> None:
+        """A loaded entry its reader could not use: skipped with a warning and removed."""
+        self._reject(entry.path, why)
+
     def _reject(self, path: Path, why: str) -> None:
         log.warning("prefix cache file %s skipped: %s", path.name, why)
         if self._on_error is not None:
@@ -433,6 +487,7 @@ def _same_prompt(found: DiskEntry, indexed: DiskEntry) -> bool:
         and np.array_equal(found.token_ids, indexed.token_ids)
         and found.images == indexed.images
         and found.dtypes == indexed.dtypes
+        and found.checkpoints == indexed.checkpoints
     )
 
 

@@ -27,16 +27,21 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 __all__ = [
+    "SNAPSHOT_PREFIX",
     "IoThread",
     "LayerArrays",
+    "LoadedEntry",
+    "Snapshots",
     "checksum",
     "flatten",
+    "loaded_entry",
     "open_regular",
     "read_metadata",
     "read_tensors",
@@ -47,6 +52,8 @@ T = TypeVar("T")
 # A layer is (keys, values), each one array or, for a quantized cache, a tuple of arrays.
 LayerArrays = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
 
+# The names of boundary-state tensors (plain layers' are `layer.k|v.part`).
+SNAPSHOT_PREFIX = "s."
 # safetensors' own bound on a header; ours hold token ids (base64) and image hashes besides.
 MAX_HEADER_BYTES = 100_000_000
 _DTYPES = {
@@ -154,6 +161,44 @@ def unflatten(tensors: dict[str, np.ndarray], count: int) -> list[LayerArrays]:
     if len(tensors) != sum(len(k) + len(v) for k, v in layers):
         raise ValueError("arrays beyond the layers it names")
     return layers
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshots:
+    """An entry's boundary states: their positions, their arrays by name (numpy) and the
+    description that says how they make the layers (JSON text, the caller's to read)."""
+
+    positions: tuple[int, ...]
+    arrays: dict[str, np.ndarray]
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedEntry:
+    """A loaded entry: its plain layers' arrays (None for a layer kept only in `snapshots`)."""
+
+    layers: list[LayerArrays | None]
+    snapshots: Snapshots | None
+
+
+def loaded_entry(
+    tensors: dict[str, np.ndarray], meta: dict[str, str], checkpoints: tuple[int, ...]
+) -> LoadedEntry:
+    """The plain layers at their places and, for an entry with boundary states, those."""
+    count = int(meta["layers"])
+    if not checkpoints:
+        return LoadedEntry(list(unflatten(tensors, count)), None)
+    states = {
+        name.removeprefix(SNAPSHOT_PREFIX): tensors.pop(name)
+        for name in [name for name in tensors if name.startswith(SNAPSHOT_PREFIX)]
+    }
+    plain = json.loads(meta["plain"])
+    if not isinstance(plain, list) or sorted(set(plain)) != plain or not all(0 <= i < count for i in plain):
+        raise ValueError("plain layers out of range")
+    layers: list[LayerArrays | None] = [None] * count
+    for index, arrays in zip(plain, unflatten(tensors, len(plain)), strict=True):
+        layers[index] = arrays
+    return LoadedEntry(layers, Snapshots(checkpoints, states, meta["snapshots"]))
 
 
 def checksum(tensors: dict[str, np.ndarray]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.kv.layout import KVLayout, layout_for
+from vlmserve.engine.kv.layout import KVLayout, layout_for, new_prompt_cache
 from vlmserve.engine.kv.sizing import bytes_per_token, kv_shape
 from vlmserve.engine.loop.decode import ActiveGeneration
 from vlmserve.engine.loop.memory_budget import MemoryBudget, default_budget_bytes, device_memory_bytes
@@ -69,6 +69,7 @@ def build_parts(config: EngineConfig, loaded: LoadedModel, metrics: EngineMetric
         max_bytes=config.prefix_cache_mib << 20,
         disk=_prefix_disk_tier(config, loaded, lambda kind: metrics.prefix_disk_errors.labels(kind).inc()),
         layout=loaded.kv_layout,
+        new_cache=lambda: new_prompt_cache(loaded.model.language_model, loaded.kv_layout),
     )
     vision_cache = VisionFeatureCache(config.vision_cache_mib << 20, namespace=loaded.info.cache_namespace)
     preparer = RequestPreparer(
@@ -187,7 +188,7 @@ def _memory_budget(config: EngineConfig, loaded: LoadedModel) -> MemoryBudget:
 def _prefix_disk_tier(
     config: EngineConfig, loaded: LoadedModel, on_error: Callable[[str], None]
 ) -> PrefixDiskTier | None:
-    if config.prefix_cache_dir is None or not _plain_kv_layers(loaded):
+    if config.prefix_cache_dir is None:
         return None
     return PrefixDiskTier(
         Path(config.prefix_cache_dir),
