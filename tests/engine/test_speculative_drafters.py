@@ -30,6 +30,7 @@ from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
 from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
+from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 from . import _drafter_scenarios as scenarios
 from .test_speculative_decoding import _generator, _requests
@@ -52,6 +53,16 @@ KINDS = {
     "dflash": Kind("qwen3_5_dflash", ("draft", "auto")),
     "eagle3": Kind("qwen3_5_eagle3", ("draft", "auto"), exact_logprobs=False),
 }
+
+
+@pytest.fixture(autouse=True)
+def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step the step gate is asked about verifies and widths come from the prior position
+    cost (speculation/step_cost.py decides from measured costs, which vary with the machine's
+    load): the drafters' bookkeeping below holds while the batch verifies, and two engines draft
+    alike; `test_plain_steps_between_verifies_change_no_token` scripts the gate."""
+    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
+    monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -388,3 +399,32 @@ def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
         per_row.stop()
     assert counts["shared"] == counts["per-row"]
     assert counts["shared"][0][1] > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_steps_between_verifies_change_no_token(
+    kind: str, engines: dict[str, Generator], monkeypatch: pytest.MonkeyPatch, temperature: float
+) -> None:
+    """Where the step gate chooses plain steps (a verify not worth its cost), the drafter's rows
+    drop their states and start over when the batch verifies again: every request still takes
+    the tokens it takes without speculation, alone and in a mixed batch."""
+    script = iter([True, True, True, False, False] * 10_000)
+    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: next(script))
+    holder = ModelDrafter if kind != "dflash" else DFlashDrafter
+    forgotten: list[object] = []
+    forget = holder.forget
+
+    def recorded_forget(self: Any, row: Any) -> None:
+        forgotten.append(row.key)
+        forget(self, row)
+
+    monkeypatch.setattr(holder, "forget", recorded_forget)
+    batch = scenarios.MixedBatch.on(engines["off"], temperature)
+    before = scenarios.draft_counts(engines["draft"])
+    alone = batch.alone(engines["draft"])
+    together = batch.together(engines["draft"])
+    batch.check_tokens(engines["draft"], alone, together, "draft")
+    drafted, _ = scenarios.drafted_since(engines["draft"], before)
+    assert drafted > 0
+    # Rows dropped their drafter states at plain steps (more than the rows that ended).
+    assert len(forgotten) > 2 * len(batch.requests), len(forgotten)

@@ -26,6 +26,7 @@ step after all: its logits go back to the batch, which samples them as any (doub
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -71,6 +72,9 @@ class Verifier(Generic[K]):
         self._language_model = language_model
         self.speculator = speculator
         self._launched: _Launched[K] | None = None
+        # The step under way, for its measured cost (speculation/step_cost.py): when it started,
+        # its rows and width (0: plain); None: none, or the batch emptied since.
+        self._step: tuple[float, int, int] | None = None
 
     @property
     def model_drafter(self) -> AnyDrafter | None:
@@ -93,8 +97,22 @@ class Verifier(Generic[K]):
 
     def verifies(self, rows: Sequence[BatchRow[K]], caches: Sequence[Any]) -> bool:
         """Whether this step is the verifier's (the batch then reads the tokens in flight and
-        calls `launch`); else the batch launches a plain step, double-buffered."""
-        return can_roll_back(caches) and not self.speculator.rests(rows)
+        calls `launch`); else the batch launches a plain step, double-buffered. Every step starts
+        here, so the time since the last one started is what that one cost."""
+        now = time.perf_counter()
+        self._measured(now, len(rows))
+        self._step = (now, len(rows), 0)
+        return can_roll_back(caches) and self.speculator.speculates(rows)
+
+    def _measured(self, now: float, rows: int) -> None:
+        """The previous step's cost, from its start to this one's, where the batch kept its rows
+        (else the gap also holds a joining row's prompt, or the batch's changes)."""
+        costs = self.speculator.costs
+        if self._step is None or costs is None:
+            return
+        started, step_rows, width = self._step
+        if step_rows == rows:
+            costs.observe(rows, width, now - started)
 
     def launch(
         self,
@@ -125,6 +143,8 @@ class Verifier(Generic[K]):
         with verify_forward(caches):
             output = forward(mx.array(inputs, dtype=mx.int32), **extra)
         speculator.counts.forwards += 1
+        if self._step is not None:
+            self._step = (self._step[0], self._step[1], width)
         if width == 1 and not speculator.reads_hidden_states:
             logits = output.logits[:, -1, :]
             mx.async_eval(logits)  # type: ignore[no-untyped-call]
@@ -205,6 +225,7 @@ class Verifier(Generic[K]):
             if transaction is not None:
                 transaction.abort()
             self._launched = None
+            self._step = None
         return transaction.layers if transaction is not None else []
 
 

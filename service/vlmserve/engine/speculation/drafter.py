@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from vlmserve.engine.speculation.lookup import PromptLookup
 from vlmserve.engine.speculation.model_drafter import AnyDrafter
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, verify_width
+from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 __all__ = ["DraftingRow", "SpeculationCounts", "Speculator"]
 
@@ -85,7 +86,20 @@ class Speculator:
     # mlx-vlm's drafter for rows lookup has nothing for (None: no drafter model).
     model_drafter: AnyDrafter | None = None
     counts: SpeculationCounts = field(default_factory=SpeculationCounts)
+    # Whether a step speculates at all, from measured step costs (step_cost.py; None: always,
+    # as far as rows' rests allow).
+    gate: StepGate | None = None
     _rows: dict[Hashable, _RowState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.gate is None:
+            # A drafter model's rows follow one step before they draft again after plain steps.
+            probe = 2 if self.model_drafter is not None else 1
+            self.gate = StepGate(StepCosts(self.position_cost), probe_steps=probe)
+
+    @property
+    def costs(self) -> StepCosts | None:
+        return self.gate.costs if self.gate is not None else None
 
     @property
     def reads_hidden_states(self) -> bool:
@@ -121,10 +135,54 @@ class Speculator:
         self.counts.forwards += 1
         return True
 
+    def speculates(self, rows: Sequence[DraftingRow]) -> bool:
+        """Whether this step verifies (else the batch launches a plain step, double-buffered):
+        not when every row that could draft rests (`rests`), nor when the step gate expects the
+        rows' hoped drafts not to pay for a verify step of this batch (step_cost.py). A plain step
+        costs a drafter model its rows' states (they cannot follow a forward without hidden
+        states): they start over when the batch verifies again, from the tokens since (a row's
+        first decode step verifies: its drafter starts over the prompt)."""
+        if self.rests(rows):
+            return False
+        if self.gate is None:
+            return True
+        offers: list[RowDrafts] = []
+        certain = False
+        for row in rows:
+            room = min(self.max_draft, row.tokens_left - 1)
+            if room <= 0 or not row.can_draft:
+                offers.append(RowDrafts(0, 0.0))
+                continue
+            certain = certain or row.constrained or self._starts_drafter(row)
+            offers.append(self._state(row).length.hoped(room))
+        if self.gate.verifies(offers, self.max_draft + 1, certain=certain):
+            return True
+        for row in rows:
+            state = self._rows.get(row.key)
+            if state is not None and state.length.resting:
+                state.length.rest()
+            if self.model_drafter is not None and self.model_drafter.ready(row):
+                self.model_drafter.forget(row)
+        self.counts.forwards += 1
+        return False
+
+    def _starts_drafter(self, row: DraftingRow) -> bool:
+        """Whether this is the row's first decode step with a drafter model that has no state
+        for it yet: its drafter starts over the prompt's hidden states only at this step, so
+        the step verifies (a later start has only the tokens since)."""
+        drafter = self.model_drafter
+        return drafter is not None and len(row.context_tokens[1]) == 1 and not drafter.ready(row)
+
+    def relative_costs(self, rows: int) -> list[float] | None:
+        """Each verify width's measured cost as a share of width 1's for `rows` rows (None: not
+        measured yet: the prior `position_cost`)."""
+        return self.gate.costs.relative(rows, self.max_draft + 1) if self.gate is not None else None
+
     def drafts(self, rows: Sequence[DraftingRow], pending: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each row's drafts for this step (all empty: a plain step)."""
         proposals: list[list[int]] = []
         offers: list[RowDrafts] = []
+        costs = self.relative_costs(len(rows))
         wanting: list[int] = []  # rows asking the drafter model, and how many
         counts: list[int] = []
         for index, (row, waiting) in enumerate(zip(rows, pending, strict=True)):
@@ -143,14 +201,18 @@ class Speculator:
             hoped = list(offers)
             for index, count, rate in zip(wanting, counts, rates, strict=True):
                 hoped[index] = RowDrafts(count, rate)
-            width = verify_width(hoped, position_cost=self.position_cost, max_width=self.max_draft + 1)
+            width = verify_width(
+                hoped, position_cost=self.position_cost, max_width=self.max_draft + 1, costs=costs
+            )
             if width > 1:
                 asked = [min(count, width - 1) for count in counts]
                 drafted = self.model_drafter.propose([rows[i] for i in wanting], asked)
                 for index, drafts, rate in zip(wanting, drafted, rates, strict=True):
                     proposals[index] = drafts
                     offers[index] = RowDrafts(len(drafts), rate)
-        width = verify_width(offers, position_cost=self.position_cost, max_width=self.max_draft + 1)
+        width = verify_width(
+            offers, position_cost=self.position_cost, max_width=self.max_draft + 1, costs=costs
+        )
         return [drafts[: width - 1] for drafts in proposals]
 
     def follow(

@@ -46,6 +46,8 @@ class DraftLength:
         self._backoff = 1
         self._empty = 0
         self._rest = 1
+        # How often lookup had drafts when asked (the step gate's expected tokens: step_cost.py).
+        self.hit = 1.0
 
     @property
     def resting(self) -> bool:
@@ -59,9 +61,11 @@ class DraftLength:
     def found(self) -> None:
         """Lookup proposed drafts this step."""
         self._empty, self._rest = 0, 1
+        self.hit += _RATE_WEIGHT * (1 - self.hit)
 
     def found_nothing(self) -> None:
         """Lookup had nothing to propose: after a few such steps, rest (1, 2, 4... steps)."""
+        self.hit -= _RATE_WEIGHT * self.hit
         self._empty += 1
         if self._empty >= _EMPTY_BEFORE_REST:
             self._cooldown, self._empty = max(self._cooldown, self._rest), 0
@@ -73,6 +77,12 @@ class DraftLength:
             self._cooldown -= 1
             return 0
         return self.length
+
+    def hoped(self, room: int) -> RowDrafts:
+        """What the row would offer a step now (without asking: no cooldown step is used)."""
+        if self._cooldown > 0 or room <= 0:
+            return RowDrafts(0, 0.0)
+        return RowDrafts(min(self.length, room), self.rate, self.hit)
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
@@ -95,10 +105,16 @@ class DraftLength:
 @dataclass(frozen=True, slots=True)
 class RowDrafts:
     """What one row offers a step: how many drafts it has and how likely each is accepted (a
-    forced draft, such as a grammar's, has rate 1)."""
+    forced draft, such as a grammar's, has rate 1); `chance`: how likely it has them at all (a
+    hope, before lookup was asked)."""
 
     available: int
     rate: float
+    chance: float = 1.0
+
+    def expected(self, drafts: int) -> float:
+        """Expected accepted drafts when it verifies at most `drafts` of them."""
+        return self.chance * expected_tokens(self.rate, min(self.available, drafts))
 
 
 def expected_tokens(rate: float, drafts: int) -> float:
@@ -110,15 +126,26 @@ def expected_tokens(rate: float, drafts: int) -> float:
     return rate * (1 - rate**drafts) / (1 - rate)
 
 
-def verify_width(rows: Sequence[RowDrafts], *, position_cost: float, max_width: int) -> int:
-    """The step's width (1 = no drafts) with the most expected tokens per unit of forward cost."""
+def verify_width(
+    rows: Sequence[RowDrafts],
+    *,
+    position_cost: float,
+    max_width: int,
+    costs: Sequence[float] | None = None,
+) -> int:
+    """The step's width (1 = no drafts) with the most expected tokens per unit of forward cost:
+    `costs[w - 1]`, width w's measured cost as a share of width 1's (step_cost.py), where
+    measured and long enough, else 1 + `position_cost` per position per row."""
     if not rows:
         return 1
     best_width, best_value = 1, float(len(rows))  # width 1: one token per row for cost 1
     widest = min(max_width, 1 + max(row.available for row in rows))
     for width in range(2, widest + 1):
-        tokens = len(rows) + sum(expected_tokens(row.rate, min(row.available, width - 1)) for row in rows)
-        cost = 1 + position_cost * len(rows) * (width - 1)
+        tokens = len(rows) + sum(row.expected(width - 1) for row in rows)
+        if costs is not None and width <= len(costs):
+            cost = costs[width - 1]
+        else:
+            cost = 1 + position_cost * len(rows) * (width - 1)
         if tokens / cost > best_value * (1 + 1e-9):
             best_width, best_value = width, tokens / cost
     return best_width

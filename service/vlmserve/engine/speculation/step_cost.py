@@ -1,0 +1,185 @@
+"""Whether a decode step speculates, from what steps measurably cost here. Pure (the verifier
+feeds it the clock).
+
+A verify step is not free even when nothing is drafted: it reads the tokens in flight before it
+starts (the plain step's double buffering is lost), runs a wider forward, and with a drafter
+model asks the target for hidden states and runs the drafter's forwards. How much that costs
+depends on the backend, the model, the batch size and the drafter, so it is measured, not
+assumed: `StepCosts` keeps an exponentially weighted average of the wall time from one step's
+start to the next's (everything the step costs: forward, drafting, sampling, handing out tokens),
+per batch-size bucket, for plain steps and for verify steps of each width.
+
+`StepGate` decides at each step's start, for the batch at hand, whether to verify: the expected
+tokens per second of the best verify width (each row's hoped drafts and acceptance rate,
+policy.py `expected_tokens`) against the plain step's rows per second, with a margin. A cost not
+measured yet is measured first (a few steps of that kind: exploration); while plain wins, a
+probe verifies now and then (every 16 plain steps, doubling while probes lose, up to 512) so a
+batch whose rows start copying is noticed. Rows whose drafts are certain (a grammar's) always
+verify: their tokens cost nothing to guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vlmserve.engine.speculation.policy import RowDrafts
+
+__all__ = ["StepCosts", "StepGate", "bucket"]
+
+# The weight of a new measurement in the average, and how far one may stray from it (a step that
+# also ran a prompt chunk or waited for admission is not what a step costs).
+_WEIGHT = 0.2
+_OUTLIER = 3.0
+# Measurements of a kind before the average is trusted.
+_KNOWN_AFTER = 3
+# How much better the verify step must be expected to do (tokens per second) than the plain one.
+MARGIN = 0.05
+_FIRST_PROBE = 16
+_LAST_PROBE = 512
+
+
+def bucket(rows: int) -> int:
+    """Batch sizes that cost alike: 1, 2, 3, 4, then powers of two (5-8 -> 8, 9-16 -> 16)."""
+    if rows <= 4:
+        return max(1, rows)
+    return 1 << (rows - 1).bit_length()
+
+
+@dataclass(slots=True)
+class _Average:
+    """The median of the first measurements (one preempted step does not set the start), then an
+    exponentially weighted average of later ones, each clipped to a few times the average."""
+
+    seconds: float = 0.0
+    count: int = 0
+    _first: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        if self.count <= _KNOWN_AFTER:
+            self._first.append(seconds)
+            self.seconds = sorted(self._first)[(len(self._first) - 1) // 2]
+            return
+        seconds = min(seconds, _OUTLIER * self.seconds)
+        self.seconds += _WEIGHT * (seconds - self.seconds)
+
+    @property
+    def known(self) -> bool:
+        return self.count >= _KNOWN_AFTER
+
+
+@dataclass
+class StepCosts:
+    """Measured seconds per step, per batch-size bucket: plain steps (width 0 here) and verify
+    steps by width. `position_cost` (policy.py's prior: one more position per row, as a share of
+    a step) extrapolates a verify width not measured from the nearest one that is."""
+
+    position_cost: float = 0.065
+    _steps: dict[tuple[int, int], _Average] = field(default_factory=dict)
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        """A step of `rows` rows took `seconds`; width 0: a plain step, else a verify's."""
+        if rows <= 0 or seconds <= 0:
+            return
+        self._steps.setdefault((bucket(rows), width), _Average()).add(seconds)
+
+    def plain(self, rows: int) -> float | None:
+        """A plain step's measured seconds (None: not known yet)."""
+        average = self._steps.get((bucket(rows), 0))
+        return average.seconds if average is not None and average.known else None
+
+    def verify(self, rows: int, width: int) -> float | None:
+        """A verify step of `width`'s seconds: measured; else interpolated between the measured
+        widths around it, or beyond them scaled from the nearest with the prior position cost
+        (None: no verify width is known for this bucket)."""
+        size = bucket(rows)
+        known = sorted(w for (b, w), average in self._steps.items() if b == size and w > 0 and average.known)
+        if not known:
+            return None
+        below = [w for w in known if w <= width]
+        above = [w for w in known if w >= width]
+        if below and above:
+            low, high = below[-1], above[0]
+            low_seconds, high_seconds = self._steps[(size, low)].seconds, self._steps[(size, high)].seconds
+            if low == high:
+                return low_seconds
+            return low_seconds + (high_seconds - low_seconds) * (width - low) / (high - low)
+        nearest = below[-1] if below else above[0]
+        scale = self.position_cost * rows
+        return self._steps[(size, nearest)].seconds * (1 + scale * (width - 1)) / (1 + scale * (nearest - 1))
+
+    def relative(self, rows: int, max_width: int) -> list[float] | None:
+        """Each verify width's cost (1..max_width) as a share of width 1's, for `verify_width`
+        (None: not measured yet)."""
+        base = self.verify(rows, 1)
+        if base is None:
+            return None
+        return [(self.verify(rows, width) or base) / base for width in range(1, max_width + 1)]
+
+
+def verify_rate(offers: Sequence[RowDrafts], costs: StepCosts, max_width: int) -> float | None:
+    """The best verify width's expected tokens per second for these rows' offers (None: no verify
+    cost known)."""
+    rows = len(offers)
+    best: float | None = None
+    widest = min(max_width, 1 + max((offer.available for offer in offers), default=0))
+    for width in range(1, widest + 1):
+        seconds = costs.verify(rows, width)
+        if seconds is None:
+            return None
+        tokens = rows + sum(offer.expected(width - 1) for offer in offers)
+        rate = tokens / seconds
+        best = rate if best is None or rate > best else best
+    return best
+
+
+@dataclass
+class StepGate:
+    """At each step's start: verify (True) or a plain step (False), per batch-size bucket."""
+
+    costs: StepCosts = field(default_factory=StepCosts)
+    margin: float = MARGIN
+    # Verify steps a probe lasts (a drafter model's rows need one step to follow the target
+    # before they draft again).
+    probe_steps: int = 1
+    # Per bucket: plain steps since the last verify, the gap before the next probe, and the
+    # probe's verify steps still to run.
+    _plain_run: dict[int, int] = field(default_factory=dict)
+    _probe_every: dict[int, int] = field(default_factory=dict)
+    _probing: dict[int, int] = field(default_factory=dict)
+
+    def verifies(self, offers: Sequence[RowDrafts], max_width: int, *, certain: bool = False) -> bool:
+        """Whether this step verifies: `offers` are the rows' hoped drafts (how many each would
+        draft, at what acceptance rate); `certain`: some row has drafts that cost no guess."""
+        rows = len(offers)
+        size = bucket(rows)
+        if certain:
+            return self._verified(size, won=True)
+        probing = self._probing.get(size, 0)
+        if probing > 0:
+            self._probing[size] = probing - 1
+            return True
+        plain = self.costs.plain(rows)
+        verify = verify_rate(offers, self.costs, max_width)
+        if verify is None:
+            return self._verified(size, won=False)  # measure what a verify costs here
+        if plain is None:
+            return False  # measure what a plain step costs here
+        if verify > (1 + self.margin) * rows / plain:
+            return self._verified(size, won=True)
+        run = self._plain_run.get(size, 0) + 1
+        every = self._probe_every.get(size, _FIRST_PROBE)
+        if run >= every:
+            self._probe_every[size] = min(_LAST_PROBE, 2 * every)
+            self._plain_run[size] = 0
+            self._probing[size] = self.probe_steps - 1
+            return True
+        self._plain_run[size] = run
+        return False
+
+    def _verified(self, size: int, *, won: bool) -> bool:
+        self._plain_run[size] = 0
+        if won:
+            self._probe_every[size] = _FIRST_PROBE
+        return True

@@ -1,0 +1,204 @@
+"""The step gate (speculation/step_cost.py): measured step costs per batch-size bucket, and
+whether a step verifies or runs plain, from the rows' hoped drafts against those costs. Pure:
+the costs are fed here as the verifier feeds them from its clock."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import pytest
+
+from vlmserve.engine.speculation.drafter import Speculator
+from vlmserve.engine.speculation.policy import RowDrafts, verify_width
+from vlmserve.engine.speculation.step_cost import StepCosts, StepGate, bucket
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [(0, 1), (1, 1), (2, 2), (3, 3), (4, 4), (5, 8), (8, 8), (9, 16), (16, 16), (17, 32)],
+)
+def test_batch_sizes_share_a_bucket_from_five_rows(rows: int, expected: int) -> None:
+    assert bucket(rows) == expected
+
+
+def _costs(rows: int, plain: float | None, verify: dict[int, float], times: int = 3) -> StepCosts:
+    costs = StepCosts(position_cost=0.065)
+    for _ in range(times):
+        if plain is not None:
+            costs.observe(rows, 0, plain)
+        for width, seconds in verify.items():
+            costs.observe(rows, width, seconds)
+    return costs
+
+
+def test_a_cost_is_known_after_three_measurements_then_averages_later_ones() -> None:
+    costs = StepCosts()
+    costs.observe(8, 0, 0.1)
+    costs.observe(8, 0, 5.0)  # preempted: the median of the first three ignores it
+    assert costs.plain(8) is None
+    costs.observe(7, 0, 0.2)  # 7 rows: the same bucket as 8
+    assert costs.plain(8) == pytest.approx(0.2)
+    costs.observe(8, 0, 0.1)
+    assert costs.plain(8) == pytest.approx(0.2 + 0.2 * (0.1 - 0.2))
+    assert costs.plain(4) is None and costs.verify(8, 1) is None
+
+
+def test_an_outlier_moves_the_average_at_most_three_times_it() -> None:
+    costs = _costs(1, 0.1, {})
+    costs.observe(1, 0, 100.0)  # the gap also ran a prompt: clipped to 0.3
+    assert costs.plain(1) == pytest.approx(0.1 + 0.2 * (0.3 - 0.1))
+
+
+@pytest.mark.parametrize(
+    ("rows", "measured", "width", "expected"),
+    [
+        (1, {1: 0.1}, 1, 0.1),
+        (1, {1: 0.1}, 3, 0.1 * (1 + 0.065 * 2)),  # extrapolated with the prior position cost
+        (8, {1: 0.2, 5: 0.5}, 5, 0.5),
+        (8, {1: 0.2, 5: 0.5}, 6, 0.5 * (1 + 0.52 * 5) / (1 + 0.52 * 4)),  # from the nearest (5)
+        (8, {1: 0.2, 5: 0.5}, 2, 0.2 + 0.3 / 4),  # between measured widths: interpolated
+        (8, {2: 0.2}, 1, 0.2 / (1 + 0.52)),
+        (8, {}, 2, None),
+    ],
+)
+def test_a_verify_width_not_measured_is_interpolated_or_extrapolated(
+    rows: int, measured: dict[int, float], width: int, expected: float | None
+) -> None:
+    got = _costs(rows, None, measured).verify(rows, width)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+# One copying row (8 drafts at 0.9), one guessing row (2 at 0.3), nothing to copy (lookup found
+# nothing lately: chance 0.1).
+COPYING, GUESSING, NOTHING, RESTING = (
+    RowDrafts(8, 0.9),
+    RowDrafts(2, 0.3),
+    RowDrafts(4, 0.6, 0.1),
+    RowDrafts(0, 0),
+)
+
+
+@pytest.mark.parametrize(
+    ("offers", "plain", "verify", "expected"),
+    [
+        # Nothing measured: verify first (what it costs is measured), then plain.
+        ([COPYING], None, {}, True),
+        ([COPYING], None, {1: 0.1}, False),
+        # One copying row on a CPU: a 9-wide step at ~1.5x a plain one gives ~7 tokens.
+        ([COPYING], 0.1, {1: 0.11, 9: 0.15}, True),
+        # Nothing to copy: a verify step dearer than a plain one never pays.
+        ([NOTHING], 0.1, {1: 0.12}, False),
+        ([RESTING] * 8, 0.2, {1: 0.21}, False),
+        # The same drafts at 8 rows: one guessing row does not pay for the batch's wider step.
+        ([GUESSING] + [RESTING] * 7, 0.2, {1: 0.22, 3: 0.4}, False),
+        # A drafter whose forwards cost as much as the target's (verify 2x plain): only rows
+        # that are mostly right pay for it.
+        ([RowDrafts(4, 0.5)] * 8, 0.2, {1: 0.4, 5: 0.6}, False),
+        ([RowDrafts(4, 0.95)] * 8, 0.2, {1: 0.4, 5: 0.6}, True),
+        # Within the margin (5 %): plain.
+        ([RowDrafts(1, 0.5)], 0.1, {1: 0.1, 2: 0.143}, False),
+        ([RowDrafts(1, 0.5)], 0.1, {1: 0.1, 2: 0.135}, True),
+    ],
+)
+def test_a_step_verifies_only_where_the_expected_tokens_pay_for_it(
+    offers: list[RowDrafts], plain: float | None, verify: dict[int, float], expected: bool
+) -> None:
+    gate = StepGate(_costs(len(offers), plain, verify))
+    assert gate.verifies(offers, 9) is expected
+
+
+def test_certain_drafts_always_verify() -> None:
+    gate = StepGate(_costs(1, 0.1, {1: 0.5}))
+    assert gate.verifies([RESTING], 9, certain=True)
+
+
+@pytest.mark.parametrize(("probe_steps", "expected"), [(1, [16, 48, 112]), (2, [16, 17, 49, 50, 114, 115])])
+def test_while_plain_wins_a_probe_verifies_ever_less_often(probe_steps: int, expected: list[int]) -> None:
+    gate = StepGate(_costs(1, 0.1, {1: 0.2}), probe_steps=probe_steps)
+    verified = [step for step in range(1, 121) if gate.verifies([NOTHING], 9)]
+    assert verified == expected
+
+
+def test_a_win_resets_the_probe_gap() -> None:
+    gate = StepGate(_costs(1, 0.1, {1: 0.2, 9: 0.2}))
+    steps = [gate.verifies([NOTHING], 9) for _ in range(48)]
+    assert steps.count(True) == 2  # at 16 and 48
+    assert gate.verifies([COPYING], 9)  # copying now: verifies, the gap is 16 again
+    assert [step for step in range(1, 17) if gate.verifies([NOTHING], 9)] == [16]
+
+
+def test_measured_costs_choose_the_width() -> None:
+    rows = [RowDrafts(8, 0.9)]
+    # The prior (0.065 per position) takes all 8; measured, width 3 costs 3x width 1: plain.
+    assert verify_width(rows, position_cost=0.065, max_width=9) == 9
+    costs = _costs(1, None, {1: 0.1, 3: 0.3, 9: 0.9}).relative(1, 9)
+    assert costs is not None
+    assert verify_width(rows, position_cost=0.065, max_width=9, costs=costs) == 1
+
+
+class _Row:
+    def __init__(self, start: int) -> None:
+        self.generated = [start]
+        self.constrained = False
+        self.can_draft = True
+        self.tokens_left = 100
+
+    @property
+    def key(self) -> _Row:
+        return self
+
+    @property
+    def context_tokens(self) -> tuple[list[int], list[int]]:
+        return [], self.generated
+
+    def forced_tokens(self, pending: Any) -> list[int]:
+        return []
+
+    def take_prompt_hidden(self) -> None:
+        return None
+
+
+class _Drafter:
+    """A drafter model's bookkeeping only (which rows it holds)."""
+
+    capture_layer_ids = ()
+
+    def __init__(self) -> None:
+        self.held: set[Hashable] = set()
+
+    def ready(self, row: _Row) -> bool:
+        return row.key in self.held
+
+    def forget(self, row: _Row) -> None:
+        self.held.discard(row.key)
+
+
+def test_a_plain_step_drops_the_drafter_models_rows_and_counts_a_forward() -> None:
+    drafter = _Drafter()
+    speculator = Speculator(max_draft=4, model_drafter=drafter)  # type: ignore[arg-type]
+    assert speculator.gate is not None and speculator.gate.probe_steps == 2
+    rows = [_Row(0), _Row(100)]
+    drafter.held = {row.key for row in rows}
+    assert speculator.speculates(rows)  # nothing measured yet: verify
+    for _ in range(3):
+        speculator.gate.costs.observe(2, 0, 0.1)
+        speculator.gate.costs.observe(2, 1, 0.3)
+    assert not speculator.speculates(rows)
+    assert drafter.held == set() and speculator.counts.forwards == 1
+
+
+def test_a_rows_first_decode_step_verifies_so_its_drafter_starts_over_the_prompt() -> None:
+    drafter = _Drafter()
+    speculator = Speculator(max_draft=4, model_drafter=drafter)  # type: ignore[arg-type]
+    assert speculator.gate is not None
+    for _ in range(3):
+        speculator.gate.costs.observe(1, 0, 0.1)
+        speculator.gate.costs.observe(1, 1, 0.3)
+    row = _Row(0)  # one token taken: its first decode step is next
+    assert speculator.speculates([row])
+    row.generated.append(1)
+    assert not speculator.speculates([row])  # not its first: plain wins
+    row.generated[:] = [0]
+    drafter.held = {row.key}  # its drafter has started: plain wins
+    assert not speculator.speculates([row])
