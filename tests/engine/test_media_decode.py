@@ -32,6 +32,8 @@ from vlmserve.engine.media import (
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.v1 import engine_pb2 as pb
 
+from ._flac import flac_bytes
+
 pytestmark = pytest.mark.needs_model  # starts decoding worker processes
 
 RED, GREEN, BLUE, YELLOW = (230, 20, 20), (20, 200, 20), (20, 20, 230), (230, 230, 20)
@@ -87,6 +89,12 @@ def gif_bytes(colours: list[tuple[int, int, int]], frame_ms: int) -> bytes:
     buffer = io.BytesIO()
     frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
     return buffer.getvalue()
+
+
+def tone_flac(seconds: float, rate: int, channels: int, *, length_known: bool = True) -> bytes:
+    t = np.arange(round(seconds * rate)) / rate
+    tone = (0.5 * np.sin(2 * math.pi * 440.0 * t) * 32767).astype(np.int16)
+    return flac_bytes(np.repeat(tone[:, None], channels, axis=1), rate, length_known=length_known)
 
 
 def png(colour: tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> bytes:
@@ -480,20 +488,20 @@ def test_bad_frames_are_refused_naming_the_frame(
 
 
 GOOD_AUDIO = [
-    # (wav bytes, duration)
+    # (bytes, duration)
     (wav_bytes(1.5, rate=44_100, channels=2), 1.5),
     (wav_bytes(1.0, rate=16_000, channels=1), 1.0),
     (wav_bytes(0.5, rate=48_000, channels=1, width=1), 0.5),  # 8-bit
     (wav_bytes(2.0, rate=22_050, channels=6), 2.0),
+    (tone_flac(1.0, rate=44_100, channels=2), 1.0),
+    (tone_flac(0.5, rate=16_000, channels=1), 0.5),
 ]
 
 
 @pytest.mark.parametrize(("data", "duration"), GOOD_AUDIO)
-def test_a_good_wav_decodes_to_16_khz_mono(data: bytes, duration: float) -> None:
+def test_a_good_wav_or_flac_decodes_to_16_khz_mono(data: bytes, duration: float) -> None:
     metrics = EngineMetrics()
-    decoded = decode_audio(
-        pb.AudioPart(data=data, media_type="audio/wav"), MediaLimits(), metrics=metrics.media
-    )
+    decoded = decode_audio(pb.AudioPart(data=data), MediaLimits(), metrics=metrics.media)
     assert decoded.sample_rate == AUDIO_SAMPLE_RATE == 16_000
     assert decoded.samples.dtype == np.float32 and decoded.samples.ndim == 1
     assert decoded.samples.shape[0] == round(duration * 16_000)
@@ -589,6 +597,22 @@ REFUSED_AUDIO = [
         "file_id",
     ),
     ("no data", pb.AudioPart(), MediaLimits(), "empty", "audio.data", "no data"),
+    (
+        "flac without its length",
+        pb.AudioPart(data=tone_flac(0.5, 16_000, 1, length_known=False), media_type="audio/flac"),
+        MediaLimits(),
+        "damaged",
+        "audio.data",
+        "does not give its length",
+    ),
+    (
+        "flac over the duration",
+        pb.AudioPart(data=tone_flac(3.0, 8_000, 1)),
+        MediaLimits(max_audio_seconds=2),
+        "duration",
+        "audio.data",
+        "--max-audio-seconds",
+    ),
 ]
 
 
