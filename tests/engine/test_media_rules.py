@@ -158,3 +158,10 @@ def test_the_settings_reach_the_limits() -> None:
     assert (limits.max_video_seconds, limits.video_fps) == (5.0, 1.0)
     assert limits.images == config.image_limits
     assert EngineConfig().media_limits == MediaLimits()  # the settings' defaults are the limits' defaults
+
+
+def test_the_default_frame_budget_stays_within_the_cap() -> None:
+    media = EngineConfig().media
+    assert media.replace(video_max_frames=64).video_max_frames == 64
+    with pytest.raises(ValueError, match="--video-max-frames must not be more than --max-video-frames"):
+        media.replace(video_max_frames=65)

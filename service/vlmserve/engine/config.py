@@ -74,6 +74,13 @@ class MediaSettings(DeclaredSettings):
         description="MiB of memory a clip's decoding worker may hold (its imports take about 200)",
     )
 
+    @model_validator(mode="after")
+    def _default_within_the_cap(self) -> MediaSettings:
+        # Otherwise every request that asks for no max_frames would be refused.
+        if self.video_max_frames > self.max_video_frames:
+            raise ValueError("--video-max-frames must not be more than --max-video-frames")
+        return self
+
 
 class EngineConfig(DeclaredSettings):
     """Model and bounds: what the generation thread serves, and how much at once"""
