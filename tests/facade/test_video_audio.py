@@ -146,6 +146,12 @@ CHAT_REFUSED: list[tuple[str, list[Any], str, str]] = [
         "unsupported_value",
     ),
     (
+        "Qwen's nframes",
+        [{"type": "video", "video": VIDEO, "nframes": 8}],
+        "messages[0].content[0].nframes",
+        "unsupported_value",
+    ),
+    (
         "frames not a list of strings",
         [{"type": "video", "video": [1, 2]}],
         "messages[0].content[0].video[0]",

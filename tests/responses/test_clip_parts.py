@@ -379,6 +379,12 @@ REFUSED: list[tuple[str, list[Any], str, str]] = [
         "invalid_type",
     ),
     (
+        "a sampling key this server does not honour",
+        user_with({"type": "video", "video": video_data_url(), "nframes": 8}),
+        "input[0].content[1].nframes",
+        "unsupported_value",
+    ),
+    (
         "too many frames",
         user_with({"type": "video", "video": [RED_URL] * 257}),
         "input[0].content[1].video",

@@ -14,9 +14,10 @@ What a schema cannot say (which source, what the bytes are) is `_clips.py`'s.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeAlias
+from typing import Annotated, Literal, Self, TypeAlias
 
-from pydantic import BeforeValidator, Field, Tag
+from pydantic import BeforeValidator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from ._validation import RequestModel, by_json_type
 
@@ -58,6 +59,27 @@ FrameCount: TypeAlias = Annotated[int, BeforeValidator(_integral), Field(ge=1, l
 PixelCount: TypeAlias = Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_PIXELS)]
 
 
+# Sampling settings other servers' video parts take (Qwen's `nframes`, `total_pixels`, clip
+# bounds, vLLM's `num_frames`) that this server does not: refused by name, never ignored (a
+# sampling setting silently ignored is how a clip comes to cost ten thousand tokens).
+UNHONOURED_SAMPLING = frozenset(
+    {
+        "nframes",
+        "num_frames",
+        "min_frames",
+        "total_pixels",
+        "video_start",
+        "video_end",
+        "start_time",
+        "end_time",
+        "resized_height",
+        "resized_width",
+        "sample_fps",
+        "do_sample_frames",
+    }
+)
+
+
 class SamplingFields(RequestModel):
     """What a video part may ask of sampling (absent: the request's `mm_processor_kwargs`, then
     the engine's defaults)."""
@@ -66,6 +88,18 @@ class SamplingFields(RequestModel):
     max_frames: FrameCount | None = None
     min_pixels: PixelCount | None = None
     max_pixels: PixelCount | None = None
+
+    @model_validator(mode="after")
+    def _no_unhonoured_sampling(self) -> Self:
+        for key in self.model_extra or {}:
+            if key in UNHONOURED_SAMPLING:
+                raise PydanticCustomError(
+                    "unsupported_value",
+                    "Invalid value for '{param}': not a sampling setting this server honours; a video "
+                    "part takes fps, max_frames, min_pixels and max_pixels (docs/video-audio.md).",
+                    {"at": (key,)},
+                )
+        return self
 
 
 class InputVideoPartParam(SamplingFields):

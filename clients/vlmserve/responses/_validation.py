@@ -171,7 +171,9 @@ def invalid_request(error: ValidationError, prefix: str = "") -> InvalidRequestE
     first = error.errors(include_url=False)[0]
     kind = first["type"]
     context = first.get("ctx") or {}
-    location = [*first["loc"], *context.get("at", ())] if kind == "unread_media" else first["loc"]
+    # A refusal of a field inside the model (media in an unread field, a sampling key not honoured)
+    # names that field: `at` is its path below the model.
+    location = [*first["loc"], *context.get("at", ())]
     param = param_of(location, prefix) or None
     where = param or "body"
     if kind == "missing":
