@@ -2,8 +2,8 @@
 nothing (docs/context-management.md).
 
 The request runs as any other (same translation, limits and prefix-cache partition, so a later
-request with the same prefix finds it warm), with one output token (the engine generates at
-least one) that is not returned: the response is `completed` with an empty `output` and the
+request with the same prefix finds it warm), with `PREWARM_OUTPUT_TOKENS` output tokens that are
+not returned: the response is `completed` with an empty `output` and the
 prompt's `usage`; nothing is stored. Its stream is the lifecycle events only.
 
 `prewarm_compacted`: the same for the turn after a compaction (compaction_turn.py): the
@@ -25,6 +25,11 @@ from vlmserve.responses import CreateRequest
 _NOT_CARRIED = ("previous_response_id", "conversation", "background", "stream", "context_management")
 
 _PARAM = "prompt_cache_options"
+# Two, not one: the engine keeps the KV cache of a request that leaves its decode batch, and one
+# ended by its first token (sampled at the end of its prefill) never joins the batch, so it left
+# nothing in the prefix cache (seen on the real engine: the next turn's cached_tokens were 0).
+# One that ends at once on an end-of-turn token still leaves nothing.
+PREWARM_OUTPUT_TOKENS = 2
 _LIFECYCLE = ("response.created", "response.queued", "response.in_progress")
 _TERMINAL = ("response.completed", "response.incomplete")
 
@@ -55,7 +60,12 @@ def prewarm_request(create: CreateRequest) -> CreateRequest | None:
             400, "A prewarm cannot run in the background.", param="background", code="invalid_value"
         )
     body = create.body.model_copy(
-        update={"max_output_tokens": 1, "store": False, "include": None, "top_logprobs": None}
+        update={
+            "max_output_tokens": PREWARM_OUTPUT_TOKENS,
+            "store": False,
+            "include": None,
+            "top_logprobs": None,
+        }
     )
     return CreateRequest(body, extras=create.extras, input_json=create.input_json)
 
