@@ -440,15 +440,16 @@ async def test_anthropic_has_no_video_or_audio_block(
     http: httpx.AsyncClient, engine: FakeEngine, block: dict[str, Any]
 ) -> None:
     body = {"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}
-    answer = await http.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
-    assert answer.status_code == 400
-    payload = answer.json()
-    assert (payload["type"], payload["error"]["type"]) == ("error", "invalid_request_error")
-    assert payload["error"]["message"].startswith(
-        f"Invalid value for 'messages[0].content[0].type': '{block['type']}'"
-    )
-    assert "/v1/chat/completions" in payload["error"]["message"]
-    assert engine.requests == []
+    for route in ("/v1/messages", "/v1/messages/count_tokens"):
+        answer = await http.post(route, json=body, headers={"anthropic-version": "2023-06-01"})
+        assert answer.status_code == 400, route
+        payload = answer.json()
+        assert (payload["type"], payload["error"]["type"]) == ("error", "invalid_request_error")
+        assert payload["error"]["message"].startswith(
+            f"Invalid value for 'messages[0].content[0].type': '{block['type']}'"
+        )
+        assert "/v1/chat/completions" in payload["error"]["message"]
+    assert engine.requests == [] and engine.count_requests == []
 
 
 async def test_anthropic_refuses_openai_audio_and_a_video_document(
