@@ -129,6 +129,20 @@ ACCEPTED: list[tuple[str, dict[str, Any], str, str, bytes]] = [
     ("mp3 data URL", audio(data_url(MP3_HEAD, "audio/mpeg"), "mp3"), "audio", "audio/mpeg", MP3_HEAD),
     ("flac", audio(b64(FLAC_HEAD), "flac"), "audio", "audio/flac", FLAC_HEAD),
     ("ogg", audio(b64(OGG_HEAD), "ogg"), "audio", "audio/ogg", OGG_HEAD),
+    (
+        "ogg as application/ogg",
+        audio(data_url(OGG_HEAD, "application/ogg"), "ogg"),
+        "audio",
+        "audio/ogg",
+        OGG_HEAD,
+    ),
+    (
+        "mkv as video/mkv",
+        {"type": "video", "video": data_url(WEBM_HEAD, "video/mkv")},
+        "video",
+        "video/webm",
+        WEBM_HEAD,
+    ),
     ("format in capitals", audio(b64(WAV), "WAV"), "audio", "audio/wav", WAV),
     ("audio by file_id", {"type": "input_audio", "file_id": "file-note"}, "audio", "audio/wav", WAV),
     (

@@ -37,18 +37,23 @@ AUDIO_FORMATS: dict[str, str] = {
 # ISO BMFF brands that are no video: MPEG-4 audio, HEIF and AVIF stills (as the engine's sniff).
 _NOT_VIDEO_BRANDS = frozenset({b"M4A ", b"M4B ", b"M4P ", b"heic", b"heix", b"mif1", b"avif"})
 
-# Names of one container that clients spell several ways: compared as their canonical type.
+# Names of one container that clients spell several ways: compared as their canonical type (the
+# engine's sniff accepts the same names).
 _ALIASES = {
     "video/quicktime": "video/mp4",
     "video/x-m4v": "video/mp4",
     "video/3gpp": "video/mp4",
     "video/x-matroska": "video/webm",
+    "video/mkv": "video/webm",
     "video/avi": "video/x-msvideo",
     "video/msvideo": "video/x-msvideo",
     "audio/x-wav": "audio/wav",
     "audio/wave": "audio/wav",
     "audio/vnd.wave": "audio/wav",
     "audio/mp3": "audio/mpeg",
+    "audio/mpeg3": "audio/mpeg",
+    "audio/x-mp3": "audio/mpeg",
+    "application/ogg": "audio/ogg",
     "audio/x-flac": "audio/flac",
     "audio/opus": "audio/ogg",
     "audio/vorbis": "audio/ogg",

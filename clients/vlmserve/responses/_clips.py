@@ -39,6 +39,7 @@ __all__ = ["audio_part", "video_part"]
 _DATA_URL_HEAD = re.compile(r"data:([A-Za-z0-9!#$&^_.+/-]*)((?:;[A-Za-z0-9=._+-]{1,64}){0,8}),")
 _BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 _FILE_ID = re.compile(r"file-[A-Za-z0-9_-]{1,128}")
+_OTHER_NAMES: dict[ClipKind, tuple[str, ...]] = {"video": ("image/gif",), "audio": ("application/ogg",)}
 _KIND_NAMES = {
     "video": "a video (MP4, MOV, WebM, MKV, AVI, animated GIF)",
     "audio": "audio (WAV, MP3, FLAC, Ogg)",
@@ -210,10 +211,8 @@ def _url_clip(url: str, param: str, kind: ClipKind, media: MediaPolicy) -> tuple
             code=f"invalid_{kind}_url",
         )
     declared, data = _decode(url, param, kind, media.clip_max_bytes)
-    # An animated GIF is a clip where a video part holds it.
-    if declared is None or not (
-        declared.startswith(f"{kind}/") or (kind == "video" and declared == "image/gif")
-    ):
+    # An animated GIF is a clip where a video part holds it; Ogg's registered type is application/.
+    if declared is None or not (declared.startswith(f"{kind}/") or declared in _OTHER_NAMES[kind]):
         raise InvalidRequestError(
             f"Invalid value for '{param}': a {kind} part takes a data:{kind}/... URL; this one says "
             f"{(declared or 'no type')[:64]}.",
