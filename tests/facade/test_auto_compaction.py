@@ -6,6 +6,7 @@ engine counts a word as a token in a 4096-token context."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -128,3 +129,31 @@ async def test_bad_values_are_400s_naming_the_field(
     )
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == param
+
+
+async def test_it_is_stored_as_answered(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """Retrieved as its client got it: the item first in the output (its input is the compacted
+    one, the item first)."""
+    body = {"model": "default", "input": conversation(), "context_management": threshold(150)}
+    answered = (await http.post("/v1/responses", json=body)).json()
+    stored = (await http.get(f"/v1/responses/{answered['id']}")).json()
+    assert stored["output"] == answered["output"]
+    assert [item["type"] for item in stored["output"]] == ["compaction", "message"]
+    listed = (await http.get(f"/v1/responses/{answered['id']}/input_items?order=asc")).json()
+    assert listed["data"][0]["type"] == "compaction"
+
+
+async def test_a_background_one_is_stored_with_the_item(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    body = {
+        "model": "default",
+        "input": conversation(),
+        "context_management": threshold(150),
+        "background": True,
+    }
+    queued = (await http.post("/v1/responses", json=body)).json()
+    for _ in range(200):
+        stored = (await http.get(f"/v1/responses/{queued['id']}")).json()
+        if stored["status"] == "completed":
+            break
+        await asyncio.sleep(0.05)
+    assert [item["type"] for item in stored["output"]] == ["compaction", "message"]

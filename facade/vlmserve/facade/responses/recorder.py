@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.facade.http.errors import APIError, insufficient_storage
@@ -41,6 +42,9 @@ class ResponseRecorder:
     # The owner's storage quota, checked atomically with the first write.
     max_stored_bytes: int | None = None
     on_events: EventHook | None = None
+    # What is stored of the resource's JSON (None: as it is): an automatically compacted
+    # response's output starts with its compaction item, as its client got it (auto_compaction.py).
+    stored_json: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     _refused: bool = False
     # The first write of the stored response, and a final write that had to wait for it.
     _stored: asyncio.Future[None] | None = None
@@ -50,6 +54,9 @@ class ResponseRecorder:
     def enabled(self) -> bool:
         """The response itself is stored (`store: true`, and its first write was not refused)."""
         return self.translated.echo.store and not self._refused
+
+    def _json(self, resource: dict[str, Any]) -> dict[str, Any]:
+        return resource if self.stored_json is None else self.stored_json(resource)
 
     @property
     def start_written(self) -> bool:
@@ -62,7 +69,7 @@ class ResponseRecorder:
         come first and be overwritten."""
         self._stored = asyncio.ensure_future(
             self.store.responses.put(
-                ResponseRecord.of(self.builder.snapshot().to_json()),
+                ResponseRecord.of(self._json(self.builder.snapshot().to_json())),
                 self.input_items,
                 owner=self.owner,
                 conversation_id=self.conversation_id,
@@ -120,7 +127,7 @@ class ResponseRecorder:
             conversation_messages = self.translated.input_messages.plus(output_messages)
         # One transaction: the response's end and its conversation items are stored together.
         await self.store.responses.finish(
-            ResponseRecord.of(resource.to_json()) if self.enabled else None,
+            ResponseRecord.of(self._json(resource.to_json())) if self.enabled else None,
             owner=self.owner,
             output_messages=output_messages,
             conversation_id=self.conversation_id if conversation_items else None,

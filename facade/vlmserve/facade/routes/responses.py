@@ -120,8 +120,11 @@ async def create_response(request: Request, state: State) -> Response:
             release=hold.release,
             headers=headers,
         )
-    if compacted is not None and not generation.translated.echo.background:
+    if compacted is not None:
+        # Stored as answered: the compaction item first in its output.
         prefixed = PrefixedOutput(compacted)
+        generation.recorder.stored_json = prefixed.answer
+    if compacted is not None and not generation.translated.echo.background:
         return await respond(
             request,
             generation,

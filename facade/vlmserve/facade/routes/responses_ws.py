@@ -224,6 +224,8 @@ async def _respond(
             compaction = CompactionEvents(state.responses.seal, owner=owner, images=images)
             record_compaction(state.responses, generation, compaction, create)
         prefixed = PrefixedOutput(compacted) if compacted is not None else None
+        if prefixed is not None:
+            generation.recorder.stored_json = prefixed.answer
         async for event in generation.events():
             if compaction is not None:
                 outgoing = compaction.events(event)
