@@ -287,34 +287,31 @@ REFUSALS: list[tuple[str, list[pb.Message], dict[str, Any], str, str]] = [
         "file inputs ('a.pdf') are not supported",
         "messages[2].tool_output.parts.parts[1]",
     ),
-    # Video and audio parts are placed like images and refused by name until their rendering
-    # lands (issue 34): never dropped, wherever they are.
+    # Video and audio parts are placed like images (clip_content); a part with no source, or a
+    # file reference the facade should have resolved, is refused where it was sent.
     (
-        "video part",
-        [user(text("x"), pb.Part(video=pb.VideoPart(data=b"\x00\x00\x00\x18ftypmp42")))],
+        "video part without a source",
+        [user(text("x"), pb.Part(video=pb.VideoPart(media_type="video/mp4")))],
         {},
-        "video inputs are not supported",
-        "messages[0].parts[1]",
+        "the video part has no data",
+        "messages[0].parts[1].video",
     ),
     (
-        "audio part in a tool output",
-        [user(text("x")), tool_call(), tool_output(text("t"), pb.Part(audio=pb.AudioPart(data=b"RIFF")))],
+        "audio file reference in a tool output",
+        [user(text("x")), tool_call(), tool_output(text("t"), pb.Part(audio=pb.AudioPart(file_id="file-1")))],
         {},
-        "audio inputs are not supported",
-        "messages[2].tool_output.parts.parts[1]",
+        "audio file_id references are resolved by the facade",
+        "messages[2].tool_output.parts.parts[1].audio.file_id",
     ),
     (
-        "video frames in an assistant turn",
+        "video without a source in an assistant turn",
         [
             user(text("x")),
-            pb.Message(
-                role=pb.ROLE_ASSISTANT,
-                parts=[text("a"), pb.Part(video=pb.VideoPart(frames=pb.VideoFrames(fps=2.0)))],
-            ),
+            pb.Message(role=pb.ROLE_ASSISTANT, parts=[text("a"), pb.Part(video=pb.VideoPart())]),
         ],
         {},
-        "video inputs are not supported",
-        "messages[1].parts[1]",
+        "the video part has no data",
+        "messages[1].parts[1].video",
     ),
     (
         "empty part in a tool output",

@@ -32,6 +32,7 @@ __all__ = [
     "Job",
     "JobKind",
     "JobReport",
+    "PreparedClip",
     "PreparedImage",
     "PreparedRequest",
     "ReasoningEvent",
@@ -72,6 +73,26 @@ class PreparedImage:
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedClip:
+    """One video or audio clip as the family's processor rendered it (prep/clip_inputs.py)."""
+
+    # sha256 of the part as sent and the sampling applied: equal hashes, equal inputs seen.
+    content_hash: str
+    kind: str  # "video" | "audio"
+    # Its placeholder token runs in `PreparedRequest.prompt_ids`, (start, length) each (several
+    # for a clip the processor writes frame by frame, with timestamps between).
+    spans: tuple[tuple[int, int], ...]
+    # The client's encoded bytes, frames sampled, seconds of media (metrics).
+    byte_count: int = 0
+    frames: int = 0
+    seconds: float = 0.0
+
+    @property
+    def token_count(self) -> int:
+        return sum(length for _, length in self.spans)
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """Everything the generation thread needs; built without MLX on the gRPC side."""
 
@@ -106,19 +127,26 @@ class PreparedRequest:
     source: pb.GenerateRequest | None = None
     # Maps the model's `computer` calls back to the contract (a request with a computer tool).
     computer: ComputerCalls | None = None
+    # Video and audio clips in prompt order (frames a family takes as images are `images`).
+    clips: tuple[PreparedClip, ...] = ()
+    # The clips' processor arrays (pixel_values_videos, video_grid_thw, input_features, ...)
+    # for families whose images are prepared one by one; in `joint_arrays` for the others.
+    clip_arrays: Mapping[str, np.ndarray] | None = None
 
     @property
     def image_count(self) -> int:
         return len(self.images)
 
     def image_arrays(self) -> dict[str, np.ndarray]:
-        """All images' processor arrays for the model, per key (empty without images)."""
+        """All images' (and clips') processor arrays for the model, per key (empty without)."""
+        clips = dict(self.clip_arrays or {})
         if self.joint_arrays is not None:
-            return dict(self.joint_arrays)
+            return {**self.joint_arrays, **clips}
         if not self.images:
-            return {}
+            return clips
         keys = self.images[0].arrays.keys()
-        return {key: np.concatenate([image.arrays[key] for image in self.images], axis=0) for key in keys}
+        joined = {key: np.concatenate([image.arrays[key] for image in self.images], axis=0) for key in keys}
+        return {**joined, **clips}
 
 
 @dataclass(frozen=True, slots=True)

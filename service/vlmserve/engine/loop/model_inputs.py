@@ -2,8 +2,15 @@
 
 Takes the token ids and processor arrays that request preparation made off this thread, gets
 the input embeddings with the vision features (from the vision cache when every image is
-known), and records where each image's tokens sit, keyed by the image's content hash, so the
-prefix cache can match prompts that hold images.
+known), and records where each image's and clip's tokens sit, keyed by its content hash, so the
+prefix cache can match prompts that hold images, video and audio.
+
+Qwen2-VL / Qwen2.5-VL clips go through the vision cache like images (a clip is its frames'
+patch rows and a grid, encoded on its own). mlx-vlm's Qwen2-VL takes images or videos in one
+request, not both (its merge fills image positions, else video ones): with both, the clips'
+placeholders are handed to it as image placeholders with every grid in prompt order, which is
+the same computation (the same vision tower per grid, the same M-RoPE rule for image and video
+grids), and the features come from the cache in prompt order.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ class ImageSpan:
     start: int
     length: int
     content_hash: str
+    kind: str = "image"  # "image" | "video" | "audio"
 
 
 @dataclass(slots=True)
@@ -65,11 +73,18 @@ def image_spans(
 
 
 def prompt_image_spans(loaded: LoadedModel, request: PreparedRequest) -> tuple[ImageSpan, ...]:
-    return image_spans(
+    """Every image's and clip's placeholder runs, in prompt order."""
+    images = image_spans(
         request.prompt_ids,
         _image_token_id(loaded) if request.images else None,
         [image.content_hash for image in request.images],
     )
+    clips = [
+        ImageSpan(start, length, clip.content_hash, clip.kind)
+        for clip in request.clips
+        for start, length in clip.spans
+    ]
+    return tuple(sorted((*images, *clips), key=lambda span: span.start))
 
 
 def _image_token_id(loaded: LoadedModel) -> int | None:
@@ -109,7 +124,9 @@ def build_model_inputs(
     }
     pixel_values = extra.pop("pixel_values", None)
     hashes = [image.content_hash for image in request.images]
-    covered = [span.length if span.start + span.length <= covered_tokens else 0 for span in spans]
+    image_only = [span for span in spans if span.kind == "image"]
+    covered = [span.length if span.start + span.length <= covered_tokens else 0 for span in image_only]
+    features = None
     if pixel_values is not None and vision_cache is not None:
         features = encode_images(
             model,
@@ -118,12 +135,19 @@ def build_model_inputs(
             extra,
             hashes,
             partition=request.partition_key,
-            covered=covered if len(spans) == len(hashes) else (),
+            covered=covered if len(image_only) == len(hashes) else (),
         )
-        if features is not None:
-            extra["cached_image_features"] = features
+    embed_ids = input_ids
+    clip_features = _cached_video_features(model, request, extra, vision_cache, covered_tokens)
+    if clip_features is not None and pixel_values is None:
+        features = clip_features  # mlx-vlm's Qwen2-VL takes cached features for a video alone
+    elif clip_features is not None and features is not None:
+        features, embed_ids = _as_images(model, spans, extra, features, clip_features, input_ids)
+        pixel_values = extra.pop("pixel_values_videos")
+    if features is not None:
+        extra["cached_image_features"] = features
     mask = mx.ones(input_ids.shape, dtype=mx.int32)
-    embedding = model.get_input_embeddings(input_ids, pixel_values, mask=mask, **extra)
+    embedding = model.get_input_embeddings(embed_ids, pixel_values, mask=mask, **extra)
     extra.pop("cached_image_features", None)
     derived = {k: v for k, v in embedding.to_dict().items() if k != "inputs_embeds" and v is not None}
     return ModelInputs(
@@ -134,3 +158,66 @@ def build_model_inputs(
         prefill_kwargs={**extra, **derived},
         rope_deltas=derived.get("rope_deltas"),
     )
+
+
+def _cached_video_features(
+    model: Any,
+    request: PreparedRequest,
+    extra: dict[str, Any],
+    vision_cache: VisionFeatureCache | None,
+    covered_tokens: int,
+) -> Any | None:
+    """Qwen2-style clips' features through the vision cache, in order (each clip by its content
+    hash, sampling included); None where the family is not one (`encode_images` says)."""
+    videos = [clip for clip in request.clips if clip.kind == "video"]
+    pixels, grids = extra.get("pixel_values_videos"), extra.get("video_grid_thw")
+    if vision_cache is None or not videos or pixels is None or grids is None:
+        return None
+    covered = [
+        clip.token_count if all(start + length <= covered_tokens for start, length in clip.spans) else 0
+        for clip in videos
+    ]
+    return encode_images(
+        model,
+        vision_cache,
+        pixels,
+        {"image_grid_thw": grids},
+        [clip.content_hash for clip in videos],
+        partition=request.partition_key,
+        covered=covered,
+    )
+
+
+def _as_images(
+    model: Any,
+    spans: Sequence[ImageSpan],
+    extra: dict[str, Any],
+    image_features: Any,
+    video_features: Any,
+    input_ids: Any,
+) -> tuple[Any, Any]:
+    """Images and clips in one Qwen2-VL request (see the module docstring): (the features in
+    prompt order, the ids with clip placeholders as image placeholders); `extra`'s image grids
+    become every grid in prompt order. One placeholder run per image and per clip here."""
+    import mlx.core as mx
+
+    sources = {
+        "image": (image_features, extra.pop("image_grid_thw")),
+        "video": (video_features, extra.pop("video_grid_thw")),
+    }
+    rows_taken = {"image": 0, "video": 0}
+    grids_taken = {"image": 0, "video": 0}
+    features, grids = [], []
+    for span in spans:
+        if span.kind not in sources:
+            continue
+        rows, grid = sources[span.kind]
+        at, index = rows_taken[span.kind], grids_taken[span.kind]
+        features.append(rows[at : at + span.length])
+        grids.append(grid[index : index + 1])
+        rows_taken[span.kind] += span.length
+        grids_taken[span.kind] += 1
+    extra["image_grid_thw"] = mx.concatenate(grids, axis=0)
+    config = model.config
+    ids = mx.where(input_ids == config.video_token_id, config.image_token_id, input_ids)
+    return mx.concatenate(features, axis=0), ids

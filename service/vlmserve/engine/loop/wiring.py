@@ -73,7 +73,10 @@ def build_parts(config: EngineConfig, loaded: LoadedModel, metrics: EngineMetric
     )
     vision_cache = VisionFeatureCache(config.vision_cache_mib << 20, namespace=loaded.info.cache_namespace)
     preparer = RequestPreparer(
-        loaded, max_request_pixels=config.max_request_pixels, decode_slots=config.image_decode_slots
+        loaded,
+        max_request_pixels=config.max_request_pixels,
+        decode_slots=config.image_decode_slots,
+        media_limits=config.media_limits,
     )
 
     def new_verifier(language_model: Any) -> Verifier[ActiveGeneration] | None:

@@ -31,7 +31,14 @@ from vlmserve.common.images import ImageError
 from vlmserve.engine.jobs import PreparedImage
 from vlmserve.engine.v1 import engine_pb2 as pb
 
-__all__ = ["DynamicResolution", "GenericProcessor", "ImageInputs", "ImageProcessorCall", "image_inputs_for"]
+__all__ = [
+    "DynamicResolution",
+    "GenericProcessor",
+    "ImageInputs",
+    "ImageProcessorCall",
+    "image_inputs_for",
+    "run_processor",
+]
 
 _TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
 
@@ -139,33 +146,67 @@ class GenericProcessor:
         *,
         add_special_tokens: bool,
         low_detail: bool = False,
+        media: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], dict[str, np.ndarray]]:
-        """(token ids, arrays) for the rendered prompt `text` and its decoded images."""
-        from mlx_vlm import utils
-
-        process_inputs: Any = utils.process_inputs  # unannotated in mlx-vlm
-        processor = copy.copy(self.processor)  # a private tokenizer slot for this call
-        processor.tokenizer = _PromptTokenizerCall(self.processor.tokenizer, encode)
+        """(token ids, arrays) for the rendered prompt `text` and its decoded images (and clips:
+        `media`, the processor's own keywords, `prep/clip_inputs.py`)."""
         image_processor = self.processor.image_processor
         if low_detail:
             image_processor = _low_detail(image_processor)
-        processor.image_processor = ImageProcessorCall(image_processor)
-        out = process_inputs(
-            processor,
-            prompts=[text],
-            images=list(images),
+        return run_processor(
+            self.processor,
+            text,
+            encode,
             add_special_tokens=add_special_tokens,
-            return_tensors="np",
+            images=images,
+            image_processor=image_processor,
+            media=media,
         )
-        if "images" in out and "pixel_values" not in out:
-            out["pixel_values"] = out.pop("images")
-        ids = [int(t) for t in np.asarray(out["input_ids"]).reshape(-1)]
-        arrays = {
-            key: _request_array(value)
-            for key, value in out.items()
-            if key not in _TEXT_KEYS and value is not None and not isinstance(value, str)
-        }
-        return ids, arrays
+
+
+def run_processor(
+    processor: Any,
+    text: str,
+    encode: Callable[[str, bool], list[int]],
+    *,
+    add_special_tokens: bool,
+    images: Sequence[Any] = (),
+    image_processor: Any = None,
+    media: Mapping[str, Any] | None = None,
+) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The model's processor on the whole rendered prompt, as mlx-vlm's `process_inputs` runs it,
+    its tokenizer call swapped for the prompt tokenizer (client text stays text): (token ids,
+    arrays). `media`: further keywords the processor takes (`videos`, `fps`, `audio`, ...);
+    `image_processor`: a replacement for the processor's own (None: its own)."""
+    from mlx_vlm import utils
+
+    process_inputs: Any = utils.process_inputs  # unannotated in mlx-vlm
+    call = copy.copy(processor)  # private tokenizer and image-processor slots for this call
+    call.tokenizer = _PromptTokenizerCall(processor.tokenizer, encode)
+    call.image_processor = ImageProcessorCall(
+        image_processor if image_processor is not None else processor.image_processor
+    )
+    extra = dict(media or {})
+    for name in ("video_processor", "feature_extractor"):
+        if name in extra:  # a component replaced for this call (Qwen2-VL's video processor)
+            setattr(call, name, extra.pop(name))
+    out = process_inputs(
+        call,
+        prompts=[text],
+        images=list(images) or None,
+        add_special_tokens=add_special_tokens,
+        return_tensors="np",
+        **extra,
+    )
+    if "images" in out and "pixel_values" not in out:
+        out["pixel_values"] = out.pop("images")
+    ids = [int(t) for t in np.asarray(out["input_ids"]).reshape(-1)]
+    arrays = {
+        key: _request_array(value)
+        for key, value in out.items()
+        if key not in _TEXT_KEYS and value is not None and not isinstance(value, str)
+    }
+    return ids, arrays
 
 
 def _request_array(value: Any) -> np.ndarray:

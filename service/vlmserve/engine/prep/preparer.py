@@ -6,7 +6,9 @@ anything:
 
 1. model name, request id, sampling values; messages checked and converted (`prompt.py`);
 2. every image's header checked (format, pixels, JPEG scans; `vlmserve.common.images`), and the
-   request's pixels summed against `max_request_pixels`, before any image is decoded;
+   request's pixels summed against `max_request_pixels`, before any image is decoded; every
+   video and audio part refused where the family cannot take it, then decoded within its bounds
+   (`clip_prep.py`, `vlmserve.engine.media`), frames becoming images for a family without video;
 3. the prompt rendered with the chat template, client special-token strings protected
    (`prompt_tokens.py`); a text whose length alone guarantees more tokens than the context is
    refused before it is tokenized;
@@ -14,7 +16,8 @@ anything:
 5. images decoded one or two at a time (`decode_slots`), each straight to about twice the
    processor's target size and dropped once the processor has its arrays (`image_inputs.py`);
    the caller leaving stops the work between images;
-6. image tokens expanded; the exact prompt length checked against the context.
+6. image tokens expanded, clips rendered by the family's processor (`clip_inputs.py`); the exact
+   prompt length checked against the context.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+import numpy as np
 from PIL import Image
 
 from vlmserve.common.images import ImageError, ImageInfo, decode_image, inspect_image
@@ -36,13 +40,23 @@ from vlmserve.engine.computer.adapter import adapt_request
 from vlmserve.engine.computer.conventions import convention_for
 from vlmserve.engine.grammar.compiler import GrammarCompiler, after_thinking, constraint_for
 from vlmserve.engine.jobs import JobKind, PreparedImage, PreparedRequest
+from vlmserve.engine.media import MediaLimits
 from vlmserve.engine.model import LoadedModel, ModelInfo, prompt_needs_special_tokens
 from vlmserve.engine.output.assembler import prompt_leaves_thinking
+from vlmserve.engine.prep.clip_inputs import (
+    DecodedClip,
+    check_placeholders,
+    clip_support_for,
+    processor_media,
+    prompt_clips,
+)
+from vlmserve.engine.prep.clip_prep import ClipPreparer, ImageSlot, frame_image, ordered_slots, slot_pixels
 from vlmserve.engine.prep.image_inputs import (
     DynamicResolution,
     GenericProcessor,
     ImageInputs,
     image_inputs_for,
+    run_processor,
 )
 from vlmserve.engine.prep.prompt import (
     PromptImage,
@@ -101,13 +115,25 @@ def _content_hash(image: _CheckedImage) -> str:
 class RequestPreparer:
     """Prepares requests for one loaded model. Thread-safe; touches no MLX state."""
 
-    def __init__(self, loaded: LoadedModel, *, max_request_pixels: int, decode_slots: int) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        max_request_pixels: int,
+        decode_slots: int,
+        media_limits: MediaLimits | None = None,
+    ) -> None:
         self.info = loaded.info
+        self._processor = loaded.processor
         self._template = loaded.template
         self._grammar: GrammarCompiler | None = loaded.grammar
         self._tokenizer = loaded.tokenizer
         self._tokens = PromptTokenizer(loaded.tokenizer)
         self._images: ImageInputs | None = image_inputs_for(loaded.processor, loaded.tokenizer)
+        support = clip_support_for(
+            loaded.processor, loaded.model, frames_as_images=isinstance(self._images, GenericProcessor)
+        )
+        self._clips = ClipPreparer(support, media_limits or MediaLimits(), loaded.info.model_id)
         self._max_request_pixels = max_request_pixels
         self._computer = convention_for(loaded.info.architecture, loaded.processor)
         _return_freed_pixels_to_the_os()
@@ -154,6 +180,8 @@ class RequestPreparer:
             tool_call_format=info.tool_call_format,
         )
         checked = self._check_images(conversation.images)
+        decoded_clips = self._clips.decode(conversation.clips, cancelled)
+        conversation, native_clips, slots = self._clips.as_images(conversation, decoded_clips)
         protection = Protection()
         rendered = render_conversation(self._protected(conversation, protection), self._template)
         prompt_text = self._tokens.restore(rendered.text, protection)
@@ -167,34 +195,54 @@ class RequestPreparer:
         if generating:  # early, before any image is decoded
             _fit_context(len(ids), info.context_length)
         joint_arrays = None
-        if isinstance(self._images, GenericProcessor) and checked:
+        clip_arrays: dict[str, np.ndarray] | None = None
+        check_placeholders(ids, self._clips.support, native_clips)
+        media = processor_media(self._processor, self._clips.support, native_clips)
+
+        def encode(text: str, add: bool) -> list[int]:
+            return self._tokens.encode(text, protection, add_special_tokens=add)
+
+        order = ordered_slots(slots, len(checked))
+        if isinstance(self._images, GenericProcessor) and (order or media):
             decoded = self._decode_images(checked, cancelled, lambda _image, pixels: pixels)
             try:
                 ids, joint_arrays = self._images.build(
                     rendered.text,
-                    decoded,
-                    lambda text, add: self._tokens.encode(text, protection, add_special_tokens=add),
+                    [slot_pixels(slot, decoded, decoded_clips) for slot in order],
+                    encode,
                     add_special_tokens=add_special_tokens,
-                    low_detail=all(image.source.part.detail == pb.IMAGE_DETAIL_LOW for image in checked),
+                    low_detail=bool(checked)
+                    and all(image.source.part.detail == pb.IMAGE_DETAIL_LOW for image in checked),
+                    media=media,
                 )
             except (ValueError, TypeError, OSError) as error:
                 log.warning("the processor failed: %s: %s", type(error).__name__, error)
                 raise invalid_argument(
-                    "the model's processor could not prepare the request's images", field="messages"
+                    "the model's processor could not prepare the request's images, video or audio",
+                    field="messages",
                 ) from None
             del decoded
-            images = tuple(
-                PreparedImage(
-                    content_hash=_content_hash(image),
-                    token_count=0,
-                    arrays={},
-                    byte_count=len(image.source.part.data),
-                )
-                for image in checked
-            )
+            images = tuple(_slot_image(slot, checked, decoded_clips) for slot in order)
         else:
+            if media:  # the clips through the processor; the images' slots are expanded below
+                try:
+                    ids, clip_arrays = run_processor(
+                        self._processor,
+                        rendered.text,
+                        encode,
+                        add_special_tokens=add_special_tokens,
+                        media=media,
+                    )
+                except (ValueError, TypeError, OSError) as error:
+                    log.warning("the processor failed on clips: %s: %s", type(error).__name__, error)
+                    raise invalid_argument(
+                        "the model's processor could not prepare the request's video or audio",
+                        field="messages",
+                    ) from None
             images = tuple(self._decode_images(checked, cancelled, self._prepare_image))
             ids = self._expand_image_tokens(ids, images)
+        arrays = joint_arrays if joint_arrays is not None else clip_arrays
+        clips = prompt_clips(ids, self._clips.support, native_clips, arrays or {})
         if generating:
             _fit_context(len(ids), info.context_length)
         parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
@@ -237,6 +285,8 @@ class RequestPreparer:
             partition_key=f"{info.cache_namespace}\0{request.partition_key}",
             source=request,
             computer=computer,
+            clips=clips,
+            clip_arrays=clip_arrays,
         )
 
     # -- steps ------------------------------------------------------------------------------
@@ -361,6 +411,17 @@ class RequestPreparer:
             start = position + 1
         expanded += ids[start:]
         return expanded
+
+
+def _slot_image(
+    slot: ImageSlot, checked: Sequence[_CheckedImage], clips: Sequence[DecodedClip]
+) -> PreparedImage:
+    if slot.image < 0:
+        return frame_image(slot, clips)
+    image = checked[slot.image]
+    return PreparedImage(
+        content_hash=_content_hash(image), token_count=0, arrays={}, byte_count=len(image.source.part.data)
+    )
 
 
 def _fit_context(tokens: int, context: int, *, at_least: bool = False) -> None:

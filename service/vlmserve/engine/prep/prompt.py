@@ -18,7 +18,8 @@ path in the request as sent):
   "\\n", JSON parts as one JSON-array line, the marker line when it held images). The lowering
   is idempotent, so a conversation a caller already lowered renders exactly the same;
 - file parts are refused anywhere (the engine does not read documents); video and audio parts
-  are placed like images and refused by name (`clip_content`) until their rendering lands;
+  are placed like images (`clip_content`) and rendered by the family's processor
+  (`clip_inputs.py`), or refused by name where the family cannot take them;
 - a JSON part in a message is rendered as its JSON text;
 - developer turns render as system turns (chat templates have no developer role);
 - an assistant turn's `reasoning_text` is passed as its `reasoning_content`, the variable
@@ -80,6 +81,20 @@ class PromptImage:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptClip:
+    """A video or audio part in prompt order; its template entry is `{"type": "video"}` or
+    `{"type": "audio"}`, which the family's template writes as its placeholder."""
+
+    part: pb.Part
+    where: str
+
+    @property
+    def kind(self) -> str:
+        """ "video" or "audio"."""
+        return str(self.part.WhichOneof("kind"))
+
+
+@dataclass(frozen=True, slots=True)
 class TemplateConversation:
     """The chat-template inputs for a request, before rendering."""
 
@@ -88,6 +103,8 @@ class TemplateConversation:
     images: tuple[PromptImage, ...]
     tool_mode: ToolMode
     tool_names: frozenset[str] = field(default_factory=frozenset)
+    # Video and audio parts, in prompt order (prep/clip_inputs.py renders them per family).
+    clips: tuple[PromptClip, ...] = ()
     # The function a named tool choice forces.
     forced_name: str | None = None
     # The template's `enable_thinking` variable; None: not passed (the template's default).
@@ -207,7 +224,9 @@ def _tools(tools: Sequence[pb.Tool]) -> tuple[list[dict[str, Any]], frozenset[st
     return rendered, frozenset(names)
 
 
-def _message_content(lowered: LoweredMessage, images: list[PromptImage]) -> list[dict[str, Any]]:
+def _message_content(
+    lowered: LoweredMessage, images: list[PromptImage], clips: list[PromptClip]
+) -> list[dict[str, Any]]:
     content: list[dict[str, Any]] = []
     for part, part_where in zip(lowered.message.parts, lowered.part_sources, strict=True):
         kind = part.WhichOneof("kind")
@@ -226,7 +245,7 @@ def _message_content(lowered: LoweredMessage, images: list[PromptImage]) -> list
                 f"{part_where}: file inputs ({name!r}) are not supported by this engine", field=part_where
             )
         elif kind in ("video", "audio"):  # only in user turns: the lowering moved the others
-            content.append(clip_content(part, part_where))
+            content.append(clip_content(part, part_where, clips))
         else:
             raise invalid_argument(
                 f"{part_where}: empty part (no text, image, video, audio, file or json)", field=part_where
@@ -234,11 +253,21 @@ def _message_content(lowered: LoweredMessage, images: list[PromptImage]) -> list
     return content
 
 
-def clip_content(part: pb.Part, where: str) -> dict[str, Any]:
-    """The template entry of a video or audio part: refused by name until the family rendering
-    (issue 34, media-engine) replaces this one function; refused, never dropped."""
-    kind = part.WhichOneof("kind")
-    raise invalid_argument(f"{where}: {kind} inputs are not supported by this engine yet", field=where)
+def clip_content(part: pb.Part, where: str, clips: list[PromptClip]) -> dict[str, Any]:
+    """The template entry of a video or audio part (`{"type": "video"}` / `{"type": "audio"}`,
+    which the family's template writes as its placeholder); the part joins `clips`, which
+    prep/clip_inputs.py renders with the family's processor. Empty sources are refused here."""
+    kind = str(part.WhichOneof("kind"))
+    source = getattr(part, kind).WhichOneof("source")
+    if source is None:
+        raise invalid_argument(f"{where}: the {kind} part has no data", field=f"{where}.{kind}")
+    if source == "file_id":
+        raise invalid_argument(
+            f"{where}: {kind} file_id references are resolved by the facade; send the bytes",
+            field=f"{where}.{kind}.file_id",
+        )
+    clips.append(PromptClip(part=part, where=where))
+    return {"type": kind}
 
 
 def _assistant_tool_calls(message: pb.Message, where: str) -> list[dict[str, Any]]:
@@ -311,6 +340,7 @@ def to_template_conversation(
         )
     lowered = lower_conversation(messages)
     images: list[PromptImage] = []
+    clips: list[PromptClip] = []
     converted: list[dict[str, Any]] = []
     for entry in lowered:
         message, where = entry.message, entry.source
@@ -338,7 +368,7 @@ def to_template_conversation(
                 "tool_call_id": message.tool_output.call_id,
             }
         else:
-            turn = {"role": role, "content": _message_content(entry, images)}
+            turn = {"role": role, "content": _message_content(entry, images, clips)}
             if role == "assistant" and message.tool_calls:
                 turn["tool_calls"] = _assistant_tool_calls(message, where)
             if message.reasoning_text:
@@ -352,6 +382,7 @@ def to_template_conversation(
         images=tuple(images),
         tool_mode=mode,
         tool_names=tool_names,
+        clips=tuple(clips),
         forced_name=forced_name,
         enable_thinking=enable_thinking,
     )
