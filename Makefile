@@ -58,7 +58,7 @@ test: install $(if $(shell command -v npm),node-deps)
 # `make test` runs everything (CI does). Runs on every core (pytest-xdist); tests/_marker_guard.py
 # fails a test that loads a model or starts a process without the marker.
 test-fast: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto -m "not slow and not needs_model" tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist loadgroup -m "not slow and not needs_model" tests $(PYTEST_ARGS)
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I protos \

@@ -7,6 +7,8 @@ Tests that need their own processes (fault tests) use `tests._services` directly
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,6 +76,24 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _model_loads_need_the_marker() -> None:
     """Set up before any module's fixtures, so a module fixture's load is checked too."""
     _marker_guard.guard_model_loads()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built by its own build backend (hatchling) from this tree: once a
+    session for the packaging tests (tests/client; one xdist group, so one worker builds it)."""
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = out.glob("vlmserve-*.whl")
+    return wheel
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# The wheel is built once (`built_wheel`, tests/conftest.py) for this module and
+# test_distributions.py: one xdist group runs them on one worker.
+pytestmark = pytest.mark.xdist_group("built_wheel")
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_MODULES = ["vlmserve.client", "vlmserve.responses", "vlmserve.chat", "vlmserve.anthropic"]
 # What the client library is made of in the wheel: its modules, what they share with the servers,
@@ -120,20 +123,9 @@ def test_the_guard_refuses_what_the_client_install_lacks() -> None:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    """The project's wheel, built by its own build backend (hatchling) from this tree."""
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run(
-        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    (built,) = out.glob("vlmserve-*.whl")
-    return zipfile.ZipFile(built)
+def wheel(built_wheel: Path) -> zipfile.ZipFile:
+    """The project's wheel (`built_wheel`, tests/conftest.py: built once with test_distributions)."""
+    return zipfile.ZipFile(built_wheel)
 
 
 def _modules_in(names: list[str], package: str) -> set[str]:

@@ -35,20 +35,9 @@ PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["
 MLX = {"mlx", "mlx-vlm", "mlx-cpu", "mlx-metal", "mlx-cuda", "transformers"}
 
 
-@pytest.fixture(scope="module")
-def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(
-        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    (wheel,) = out.glob("vlmserve-*.whl")
-    return wheel
+# The wheel is built once (`built_wheel`, tests/conftest.py) for this module and
+# test_client_install.py: one xdist group runs them on one worker.
+pytestmark = pytest.mark.xdist_group("built_wheel")
 
 
 def _metadata(wheel: Path) -> email.message.Message:
@@ -124,6 +113,8 @@ def test_the_wheel_s_commands(built_wheel: Path) -> None:
         assert line in scripts
 
 
+# Two more builds (the sdist, a wheel from it): make test and `make dist` check it, not test-fast.
+@pytest.mark.slow
 def test_the_sdist_builds_the_same_wheel(built_wheel: Path, tmp_path: Path) -> None:
     """The sdist holds what the wheel is built from (and the contract), not tests or fixtures."""
     done = subprocess.run(
