@@ -165,9 +165,12 @@ class Admission:
             return 0
         image_bytes = sum(int(a.nbytes) for image in request.images for a in image.arrays.values())
         image_bytes += sum(array_bytes(a) for a in (request.joint_arrays or {}).values())
+        image_bytes += sum(array_bytes(a) for a in (request.clip_arrays or {}).values())
+        # A clip goes through its tower a placeholder run at a time (a frame or two: attention
+        # stays within one), so each run counts as an image of its tokens.
         image_tokens = self.memory.image_tokens(
             request.prompt_ids, [image.token_count for image in request.images]
-        )
+        ) + tuple(length for clip in request.clips for _, length in clip.spans)
         try:
             cost = self.memory.check_fits(
                 len(request.prompt_ids), request.settings.max_tokens, image_bytes, image_tokens
