@@ -6,11 +6,13 @@ into generation and token counting, and every refusal OpenAI- or Anthropic-shape
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
 import httpx
 import openai
 import pytest
+import websockets.asyncio.client
 
 from tests._clips import MP4_HEAD, WEBM_HEAD, b64, gif_bytes, video_data_url, wav_bytes
 from tests.facade.fake_engine import FakeEngine
@@ -503,3 +505,36 @@ async def test_an_item_reference_brings_its_clips(http: httpx.AsyncClient, engin
     assert kinds(user.parts) == ["text", "video", "audio"]
     assert (user.parts[1].video.data, user.parts[1].video.sampling.fps) == (MP4_HEAD, 1.5)
     assert user.parts[2].audio.data == WAV
+
+
+async def test_websocket_mode_carries_clips_and_continues_with_them(
+    server_url: str, engine: FakeEngine
+) -> None:
+    url = server_url.replace("http", "ws") + "/v1/responses"
+    async with websockets.asyncio.client.connect(url) as connection:
+        first_body = {"type": "response.create", "model": "default", "input": RESPONSES_INPUT, "store": False}
+        await connection.send(json.dumps(first_body))
+        first = await until_done(connection)
+        assert first[-1]["type"] == "response.completed", first[-1]
+        follow = {
+            "type": "response.create",
+            "model": "default",
+            "input": "And then?",
+            "store": False,
+            "previous_response_id": first[-1]["response"]["id"],
+        }
+        await connection.send(json.dumps(follow))
+        second = await until_done(connection)
+        assert second[-1]["type"] == "response.completed", second[-1]
+    assert_responses_clips(engine.requests[0].messages)
+    # Continued from the connection's memory (nothing stored): the same clips, the same sampling.
+    assert_responses_clips(engine.requests[1].messages)
+
+
+async def until_done(connection: websockets.asyncio.client.ClientConnection) -> list[dict[str, Any]]:
+    messages = []
+    while True:
+        message = json.loads(await connection.recv())
+        messages.append(message)
+        if message["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+            return messages
