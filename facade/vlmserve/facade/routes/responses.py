@@ -121,23 +121,23 @@ async def create_response(request: Request, state: State) -> Response:
             headers=headers,
         )
     if compacted is not None:
-        # Stored as answered: the compaction item first in its output.
+        # Sent and stored with the compaction item first in its output.
         prefixed = PrefixedOutput(compacted)
         generation.recorder.stored_json = prefixed.answer
-    if compacted is not None and not generation.translated.echo.background:
-        return await respond(
-            request,
-            generation,
-            Wire(
-                frames=lambda event: _json_frames(prefixed.events(event.to_json())),
-                closing=_done,
-                answer=prefixed.answer,
-            ),
-            stream=generation.translated.stream,
-            settings=state.settings,
-            release=hold.release,
-            headers=headers,
-        )
+        if not generation.translated.echo.background:
+            return await respond(
+                request,
+                generation,
+                Wire(
+                    frames=lambda event: _json_frames(prefixed.events(event.to_json())),
+                    closing=_done,
+                    answer=prefixed.answer,
+                ),
+                stream=generation.translated.stream,
+                settings=state.settings,
+                release=hold.release,
+                headers=headers,
+            )
     if generation.translated.echo.background:
         # Answered at once (`queued`); the run goes on without this request.
         created = await state.background.start(generation, finisher(generation, hold.release))
