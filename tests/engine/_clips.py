@@ -43,12 +43,38 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def video(pixels: np.ndarray, fps: float = FPS, *, sample_fps: float = 0.0, max_frames: int = 0) -> pb.Part:
-    """A clip sent as frames (VideoFrames at `fps`), decoded as images are; `sample_fps` and
-    `max_frames`: the sampling the caller asks for (0: the engine's defaults)."""
+def video(
+    pixels: np.ndarray,
+    fps: float = FPS,
+    *,
+    sample_fps: float = 0.0,
+    max_frames: int = 0,
+    min_pixels: int = 0,
+    max_pixels: int = 0,
+) -> pb.Part:
+    """A clip sent as frames (VideoFrames at `fps`), decoded as images are; the rest: the
+    sampling the caller asks for (0: the engine's defaults)."""
     parts = [pb.ImagePart(data=png_bytes(frame), media_type="image/png") for frame in pixels]
-    sampling = pb.VideoSampling(fps=sample_fps, max_frames=max_frames)
+    sampling = pb.VideoSampling(
+        fps=sample_fps, max_frames=max_frames, min_pixels=min_pixels, max_pixels=max_pixels
+    )
     return pb.Part(video=pb.VideoPart(frames=pb.VideoFrames(frames=parts, fps=fps), sampling=sampling))
+
+
+def mp4_bytes(pixels: np.ndarray, fps: float) -> bytes:
+    """The frames encoded as an MP4 (MPEG-4 Part 2, OpenCV's writer): a container as clients send."""
+    import tempfile
+
+    import cv2
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "clip.mp4")
+        height, width = pixels.shape[1:3]
+        writer = cv2.VideoWriter(path, cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
+        for frame in pixels:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        writer.release()
+        return Path(path).read_bytes()
 
 
 def tones(seconds: float = 1.0, hertz: float = 440.0) -> np.ndarray:

@@ -22,6 +22,7 @@ from tests.engine._clips import (
     audio,
     build_gemma4_with_audio,
     frames,
+    mp4_bytes,
     png_bytes,
     reference_clip_tokens,
     tones,
@@ -183,6 +184,20 @@ def test_a_video_is_seen_as_mlx_vlm_shows_it(clip_engine: ClipEngine) -> None:
     assert abs(other_expected[2][0] - expected[2][0]) > 1e-4
 
 
+def test_an_encoded_clip_is_seen_as_mlx_vlm_sees_its_decoded_frames(clip_engine: ClipEngine) -> None:
+    """MP4 bytes as a client sends them: decoded in the engine's bounded worker at the default
+    sampling (2 fps of a 4 fps clip), then rendered as the frames it decoded."""
+    takes_video(clip_engine)
+    from vlmserve.engine.media import MediaLimits, decode_video
+
+    part = pb.VideoPart(data=mp4_bytes(frames(8, seed=61), fps=4.0), media_type="video/mp4")
+    decoded = decode_video(part, MediaLimits())  # the engine's defaults (the test engine's config)
+    assert decoded.frames.shape[0] == 4 and decoded.fps == FPS
+    messages = [SYSTEM, user(text("Watch:"), pb.Part(video=part), text("What moves?"))]
+    result = generate(clip_engine.stub, messages)
+    assert_same(clip_engine, result, reference_for(clip_engine, messages, decoded.frames))
+
+
 def test_audio_is_heard_as_mlx_vlm_hears_it_or_refused_by_name(clip_engine: ClipEngine) -> None:
     samples = tones(0.8)
     messages = [SYSTEM, user(text("Listen:"), audio(samples), text("What is it?"))]
@@ -227,6 +242,24 @@ def test_token_counts_follow_the_frames(clip_engine: ClipEngine) -> None:
         tokens = count(clip_engine.stub, sampled)
         assert abs(tokens - four_tokens) <= 4 and tokens < counted
         assert generate(clip_engine.stub, sampled).usage.input_tokens == tokens
+
+
+def test_qwen_clips_take_the_callers_pixel_bounds(clip_engine: ClipEngine) -> None:
+    """min_pixels / max_pixels reach the Qwen video processors (per clip); the request as a whole
+    prepares and generates."""
+    if clip_engine.name not in ("qwen3_vl", "qwen3_5", *QWEN2):
+        pytest.skip("pixel bounds are Qwen's video processors' knobs")
+    clip = frames(4, 128, 96, seed=71)
+    plain = watch(clip)
+    small = [SYSTEM, user(text("Watch:"), video(clip, min_pixels=3136, max_pixels=3136), text("What moves?"))]
+    large = [
+        SYSTEM,
+        user(text("Watch:"), video(clip, min_pixels=50176, max_pixels=50176), text("What moves?")),
+    ]
+    counts = [count(clip_engine.stub, messages) for messages in (small, plain, large)]
+    assert counts[0] < counts[2] and counts[0] <= counts[1] <= counts[2], counts
+    for messages in (small, large):
+        assert generate(clip_engine.stub, messages).usage.input_tokens == count(clip_engine.stub, messages)
 
 
 def test_a_video_returned_by_a_tool_reaches_the_model(clip_engine: ClipEngine) -> None:
