@@ -9,13 +9,18 @@ The click must land inside that colour's square (>= 95 % of fresh screens): not 
 fixture's grounding is untrained (models/squares-click/README.md), so those tests are
 xfail(strict). With every screenshot blanked (white, same size) it must not do better than
 chance would (a cell of 16 guessed: ~6 %).
+
+The loops are what cost (one engine and facade serve the module): each is run once, and every
+test that reads it asserts on the same runs (`LoopRuns`): the closing checks on the first
+CLOSING_SCREENS of the screens the grounding checks score.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +33,12 @@ from training.squares_click import SCREEN_SIZES, Screen, draw_screen, prompt_for
 
 MODEL = REPO / "models" / "squares-click"
 E2E_SEED = 35_035
+# Blank screenshots: enough screens that chance (~6 %) stays far below MAX_BLANK_ACCURACY.
 SCREENS = 40
+# The grounding checks (xfail(strict) at 95 %: at most one miss of 20 passes), and the loop
+# closing checks on the first 12 of the same runs.
+GROUNDING_SCREENS = 20
+CLOSING_SCREENS = 12
 MIN_ACCURACY = 0.95
 MAX_BLANK_ACCURACY = 0.25
 MAX_TURNS = 6
@@ -68,6 +78,21 @@ class Run:
         if kinds != ["screenshot", "click"] or self.actions[1].get("button", "left") != "left":
             return False
         return screen.target_square.contains(self.actions[1]["x"], self.actions[1]["y"])
+
+
+class LoopRuns:
+    """Loops of one client kind over the screens of one seed, each run once (when first asked)
+    and kept for the module: the first `count` (screen, run) pairs."""
+
+    def __init__(self, seed: int, loop: Callable[[Screen], Run]) -> None:
+        self._screens = screens(seed)
+        self._loop = loop
+        self._runs: list[tuple[Screen, Run]] = []
+
+    def first(self, count: int) -> list[tuple[Screen, Run]]:
+        for screen in self._screens[len(self._runs) : count]:
+            self._runs.append((screen, self._loop(screen)))
+        return self._runs[:count]
 
 
 def data_url(png: bytes) -> str:
@@ -162,23 +187,30 @@ NOT_YET_GROUNDED = pytest.mark.xfail(
 )
 
 
+def screen_loop(client: openai.OpenAI, kind: str, screen: Screen) -> Run:
+    return openai_loop(client, screen, tool_for(kind, screen.size), blank=False)
+
+
+@pytest.fixture(scope="module")
+def openai_runs(openai_client: openai.OpenAI) -> dict[str, LoopRuns]:
+    """The guide's loop per tool kind, on the screens of E2E_SEED."""
+    return {
+        kind: LoopRuns(E2E_SEED, functools.partial(screen_loop, openai_client, kind))
+        for kind in ("computer", "computer_use_preview")
+    }
+
+
 @pytest.mark.parametrize("kind", ["computer", "computer_use_preview"])
-def test_openai_sdk_loop_closes(openai_client: openai.OpenAI, kind: str) -> None:
-    runs = [
-        (screen, openai_loop(openai_client, screen, tool_for(kind, screen.size), blank=False))
-        for screen in screens(E2E_SEED)[:12]
-    ]
+def test_openai_sdk_loop_closes(openai_runs: dict[str, LoopRuns], kind: str) -> None:
+    runs = openai_runs[kind].first(CLOSING_SCREENS)
     closed = [closes_the_loop(run, screen) for screen, run in runs]
     assert sum(closed) >= MIN_ACCURACY * len(closed), [run.actions for _, run in runs]
 
 
 @NOT_YET_GROUNDED
 @pytest.mark.parametrize("kind", ["computer", "computer_use_preview"])
-def test_openai_sdk_loop_clicks_the_named_square(openai_client: openai.OpenAI, kind: str) -> None:
-    runs = [
-        (screen, openai_loop(openai_client, screen, tool_for(kind, screen.size), blank=False))
-        for screen in screens(E2E_SEED)
-    ]
+def test_openai_sdk_loop_clicks_the_named_square(openai_runs: dict[str, LoopRuns], kind: str) -> None:
+    runs = openai_runs[kind].first(GROUNDING_SCREENS)
     hits = [run.hit(screen) for screen, run in runs]
     accuracy = sum(hits) / len(hits)
     print(f"\n{kind}: clicks inside the named square {accuracy:.3f} of {len(hits)} screens")
@@ -257,21 +289,27 @@ def anthropic_client(facade_url: str) -> Iterator[anthropic.Anthropic]:
     client.close()
 
 
+@pytest.fixture(scope="module")
+def anthropic_runs(anthropic_client: anthropic.Anthropic) -> dict[str, LoopRuns]:
+    """The computer tool's loop per tool version, on the screens of E2E_SEED + 2."""
+    return {
+        tool_type: LoopRuns(
+            E2E_SEED + 2, functools.partial(anthropic_loop, anthropic_client, tool_type=tool_type)
+        )
+        for tool_type in ("computer_20250124", "computer_20251124")
+    }
+
+
 @pytest.mark.parametrize("tool_type", ["computer_20250124", "computer_20251124"])
-def test_anthropic_sdk_loop_closes(anthropic_client: anthropic.Anthropic, tool_type: str) -> None:
-    runs = [
-        (screen, anthropic_loop(anthropic_client, screen, tool_type)) for screen in screens(E2E_SEED + 2)[:12]
-    ]
+def test_anthropic_sdk_loop_closes(anthropic_runs: dict[str, LoopRuns], tool_type: str) -> None:
+    runs = anthropic_runs[tool_type].first(CLOSING_SCREENS)
     closed = [closes_the_loop(run, screen) for screen, run in runs]
     assert sum(closed) >= MIN_ACCURACY * len(closed), [run.actions for _, run in runs]
 
 
 @NOT_YET_GROUNDED
-def test_anthropic_sdk_loop_clicks_the_named_square(anthropic_client: anthropic.Anthropic) -> None:
-    runs = [
-        (screen, anthropic_loop(anthropic_client, screen, "computer_20250124"))
-        for screen in screens(E2E_SEED + 2)
-    ]
+def test_anthropic_sdk_loop_clicks_the_named_square(anthropic_runs: dict[str, LoopRuns]) -> None:
+    runs = anthropic_runs["computer_20250124"].first(GROUNDING_SCREENS)
     accuracy = sum(run.hit(screen) for screen, run in runs) / len(runs)
     print(f"\nanthropic: clicks inside the named square {accuracy:.3f} of {len(runs)} screens")
     assert accuracy >= MIN_ACCURACY
