@@ -202,3 +202,16 @@ def test_a_rows_first_decode_step_verifies_so_its_drafter_starts_over_the_prompt
     row.generated[:] = [0]
     drafter.held = {row.key}  # its drafter has started: plain wins
     assert not speculator.speculates([row])
+
+
+def test_a_new_rows_drafter_is_not_started_while_plain_steps_win() -> None:
+    drafter = _Drafter()
+    speculator = Speculator(max_draft=4, model_drafter=drafter)  # type: ignore[arg-type]
+    assert speculator.gate is not None
+    for _ in range(3):
+        speculator.gate.costs.observe(1, 0, 0.1)
+        speculator.gate.costs.observe(1, 1, 0.3)
+    older = _Row(0)
+    older.generated.append(1)
+    assert not speculator.speculates([older])  # plain wins at one row
+    assert not speculator.speculates([_Row(100)])  # a new row's first step: plain all the same

@@ -153,7 +153,11 @@ class Speculator:
             if room <= 0 or not row.can_draft:
                 offers.append(RowDrafts(0, 0.0))
                 continue
-            certain = certain or row.constrained or self._starts_drafter(row)
+            # A new row's drafter starts over its prompt only at its first step, which then
+            # verifies, unless plain steps are winning at this batch size (drafting did not pay
+            # lately: its start would cost a verify step for drafts that are unlikely to).
+            starts = self._starts_drafter(row) and not self.gate.losing(len(rows))
+            certain = certain or row.constrained or starts
             offers.append(self._state(row).length.hoped(room))
         if self.gate.verifies(offers, self.max_draft + 1, certain=certain):
             return True

@@ -178,6 +178,10 @@ class StepGate:
         self._plain_run[size] = run
         return False
 
+    def losing(self, rows: int) -> bool:
+        """Whether plain steps have been winning for this batch size (the last step was plain)."""
+        return self._plain_run.get(bucket(rows), 0) > 0
+
     def _verified(self, size: int, *, won: bool) -> bool:
         self._plain_run[size] = 0
         if won:
