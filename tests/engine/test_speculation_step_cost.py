@@ -215,3 +215,19 @@ def test_a_new_rows_drafter_is_not_started_while_plain_steps_win() -> None:
     older.generated.append(1)
     assert not speculator.speculates([older])  # plain wins at one row
     assert not speculator.speculates([_Row(100)])  # a new row's first step: plain all the same
+
+
+def test_a_new_row_starts_from_the_recent_rows_acceptance_rate() -> None:
+    speculator = Speculator(max_draft=4)
+    first = _Row(0)
+    speculator.speculates([first])
+    assert speculator._rows[first].length.rate == pytest.approx(0.6)  # the prior: nothing verified yet
+    speculator.record(first, 4, 4)
+    speculator.record(first, 4, 4)
+    second = _Row(100)
+    speculator.speculates([second])
+    assert speculator._rows[second].length.rate == pytest.approx(1.0)
+    speculator.record(first, 4, 0)
+    third = _Row(200)
+    speculator.speculates([third])
+    assert speculator._rows[third].length.rate == pytest.approx(0.9)

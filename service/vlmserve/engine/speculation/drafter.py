@@ -53,6 +53,9 @@ class DraftingRow(Protocol):
     def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
 
 
+# How fast the recent rows' acceptance rate moves with each verified row.
+_RECENT_WEIGHT = 0.1
+
 # Where a row's drafts came from (the metrics' `source` label).
 SOURCES = ("grammar", "lookup", "draft")
 
@@ -90,6 +93,9 @@ class Speculator:
     # as far as rows' rests allow).
     gate: StepGate | None = None
     _rows: dict[Hashable, _RowState] = field(default_factory=dict)
+    # The acceptance rate of recent verifies over all rows (None: none yet): a new row's
+    # starting rate, so the step gate weighs its drafts by what drafts here have been worth.
+    _recent_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.gate is None:
@@ -280,7 +286,7 @@ class Speculator:
     def _state(self, row: DraftingRow) -> _RowState:
         state = self._rows.get(row.key)
         if state is None:
-            state = _RowState(PromptLookup(), DraftLength(self.max_draft))
+            state = _RowState(PromptLookup(), DraftLength(self.max_draft, rate=self._recent_rate))
             self._rows[row.key] = state
         return state
 
@@ -293,6 +299,9 @@ class Speculator:
         self.counts.drafting_rows[source] += 1
         if state is not None and drafted and source != "grammar":
             state.length.record(drafted, accepted)
+            rate = accepted / drafted
+            recent = self._recent_rate
+            self._recent_rate = rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)
 
     def forget(self, row: DraftingRow) -> None:
         self._rows.pop(row.key, None)

@@ -37,10 +37,12 @@ class DraftLength:
     """One row's draft budget. Call `allowed()` once per step it could draft, `record()` after a
     verify of its drafts."""
 
-    def __init__(self, max_tokens: int, *, initial: int | None = None) -> None:
+    def __init__(self, max_tokens: int, *, initial: int | None = None, rate: float | None = None) -> None:
         self.max_tokens = max(0, max_tokens)
         self.length = min(self.max_tokens, initial if initial is not None else max(1, self.max_tokens // 2))
-        self.rate = _PRIOR_RATE
+        # A new row starts from the rate it is given (the recent rows' average: drafter.py), else
+        # the prior.
+        self.rate = _PRIOR_RATE if rate is None else rate
         self._misses = 0
         self._cooldown = 0
         self._backoff = 1
