@@ -29,6 +29,7 @@ from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
+from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
 from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
@@ -57,12 +58,15 @@ KINDS = {
 
 @pytest.fixture(autouse=True)
 def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every step the step gate is asked about verifies and widths come from the prior position
-    cost (speculation/step_cost.py decides from measured costs, which vary with the machine's
-    load): the drafters' bookkeeping below holds while the batch verifies, and two engines draft
-    alike; `test_plain_steps_between_verifies_change_no_token` scripts the gate."""
+    """Every step the step gate is asked about verifies, widths come from the prior position cost
+    and every row from the prior acceptance rate (speculation/step_cost.py decides from measured
+    costs, which vary with the machine's load, and new rows start from the engine's recent rate,
+    which varies with the tests before): the drafters' bookkeeping below holds while the batch
+    verifies, and two engines draft alike; `test_plain_steps_between_verifies_change_no_token`
+    scripts the gate."""
     monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
+    monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
 
 
 @pytest.fixture(scope="module", params=list(KINDS))

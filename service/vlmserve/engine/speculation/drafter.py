@@ -283,10 +283,14 @@ class Speculator:
             state.lookup.extend(history[skip:])
             state.fed = known
 
+    def start_rate(self) -> float | None:
+        """A new row's acceptance rate: the recent rows' (None: the prior, nothing verified yet)."""
+        return self._recent_rate
+
     def _state(self, row: DraftingRow) -> _RowState:
         state = self._rows.get(row.key)
         if state is None:
-            state = _RowState(PromptLookup(), DraftLength(self.max_draft, rate=self._recent_rate))
+            state = _RowState(PromptLookup(), DraftLength(self.max_draft, rate=self.start_rate()))
             self._rows[row.key] = state
         return state
 
