@@ -138,6 +138,7 @@ def test_the_wheel_s_client_packages_carry_no_server_only_module(wheel: zipfile.
     assert "vlmserve.client._sync" in client and "vlmserve.common.images" in client
     assert _modules_in(names, "vlmserve/common") == {
         "vlmserve.common.__init__",
+        "vlmserve.common.clips",
         "vlmserve.common.documents",
         "vlmserve.common.images",
         "vlmserve.common.tracing",
