@@ -9,7 +9,13 @@ import grpc
 import pytest
 
 from tests.responses.responses_testkit import BLUE, GREEN, RED, image_part, images_of, json_part, text_part
-from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages, tool_output_text
+from vlmserve.engine.prep.lowering import (
+    AUDIO_FOLLOW_UP_MARKER,
+    IMAGE_FOLLOW_UP_MARKER,
+    VIDEO_FOLLOW_UP_MARKER,
+    lower_messages,
+    tool_output_text,
+)
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -158,6 +164,27 @@ def test_tool_kind_and_call_id_survive() -> None:
 def test_tool_output_text_matches_lowering() -> None:
     parts = [text_part("a"), json_part("[1]"), image_part(RED)]
     assert tool_output_text(parts) == f"a\n[[1]]\n{M}"
+
+
+VIDEO = pb.Part(video=pb.VideoPart(data=b"\x00\x00\x00\x18ftypmp42", media_type="video/mp4"))
+AUDIO = pb.Part(audio=pb.AudioPart(data=b"RIFF", media_type="audio/wav"))
+
+
+@pytest.mark.parametrize(
+    ("parts", "text"),
+    [
+        ([text_part("recorded"), VIDEO], f"recorded\n{VIDEO_FOLLOW_UP_MARKER}"),
+        ([AUDIO], AUDIO_FOLLOW_UP_MARKER),
+        # One line per kind, images first, whatever the parts' order; none for a second clip.
+        ([AUDIO, VIDEO, image_part(RED), VIDEO], f"{M}\n{VIDEO_FOLLOW_UP_MARKER}\n{AUDIO_FOLLOW_UP_MARKER}"),
+    ],
+)
+def test_a_tool_output_says_which_media_follow(parts: list[pb.Part], text: str) -> None:
+    [lowered, follow_up] = lower_messages([tool(parts, "call_7")])
+    assert lowered.tool_output.text == tool_output_text(parts) == text
+    assert [part.WhichOneof("kind") for part in follow_up.parts] == [
+        part.WhichOneof("kind") for part in parts if part.WhichOneof("kind") != "text"
+    ]
 
 
 @pytest.mark.parametrize(

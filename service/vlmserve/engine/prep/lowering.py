@@ -7,14 +7,16 @@ Chat templates only render image placeholders inside user turns, and tool turns 
 text. So, before a conversation is rendered:
 
 * a tool output given as a part list becomes text: its text parts joined by "\\n", the parts
-  that are neither text nor media as one JSON-array line, and, when it held images, the
-  marker line; its media then follow in a new user turn inserted right after it;
+  that are neither text nor media as one JSON-array line, and a marker line for each kind of
+  media it held (images, video, audio: `FOLLOW_UP_MARKERS`); its media then follow in a new
+  user turn inserted right after it;
 * an assistant, system or developer turn keeps its text and its media move to a new user
   turn right after it (no marker line);
 * user turns keep their media where they are.
 
-File, video and audio parts are placed like images (media the engine refuses by name until
-it renders them), so they are never silently turned into text or dropped.
+File, video and audio parts are placed like images (video and audio are rendered by the
+family's processor, prep/clip_inputs.py; files are refused by name), so they are never silently
+turned into text or dropped.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from vlmserve.engine.request_errors import invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 IMAGE_FOLLOW_UP_MARKER = "[Image output attached in the next message]"
+VIDEO_FOLLOW_UP_MARKER = "[Video output attached in the next message]"
+AUDIO_FOLLOW_UP_MARKER = "[Audio output attached in the next message]"
+# The line a tool output's text gets per kind of media that follows it, in this order.
+FOLLOW_UP_MARKERS = {
+    "image": IMAGE_FOLLOW_UP_MARKER,
+    "video": VIDEO_FOLLOW_UP_MARKER,
+    "audio": AUDIO_FOLLOW_UP_MARKER,
+}
 
 _MEDIA_KINDS = frozenset({"image", "file", "video", "audio"})
 
@@ -86,24 +96,24 @@ def lower_messages(messages: Sequence[pb.Message]) -> list[pb.Message]:
 
 
 def tool_output_text(parts: Sequence[pb.Part]) -> str:
-    """The text a part-list tool output lowers to (rules 3.1-3.3), media aside."""
+    """The text a part-list tool output lowers to (rules 3.1-3.3), media aside: a marker line
+    per kind of media that follows (an image's, a video's, an audio clip's)."""
     texts: list[str] = []
     leftovers: list[str] = []
-    image_count = 0
+    media: set[str] = set()
     for part in parts:
         kind = part.WhichOneof("kind")
         if kind == "text":
             texts.append(part.text.text)
         elif kind == "json":
             leftovers.append(part.json.json)
-        elif kind == "image":
-            image_count += 1
+        elif kind in FOLLOW_UP_MARKERS:
+            media.add(kind)
     lines = list(texts)
     if leftovers:
         # Equals json.dumps(list_of_leftovers) because each JsonPart holds json.dumps(part).
         lines.append("[" + ", ".join(leftovers) + "]")
-    if image_count:
-        lines.append(IMAGE_FOLLOW_UP_MARKER)
+    lines += [marker for kind, marker in FOLLOW_UP_MARKERS.items() if kind in media]
     return "\n".join(lines)
 
 
