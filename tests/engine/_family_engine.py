@@ -73,7 +73,8 @@ def running_engine(
     # The prefix cache is on: a request sharing a prompt prefix with the previous one continues
     # from its cache (trimmed), which must not change a single token.
     config = EngineConfig(
-        model=str(model_dir), max_output_tokens=256, warmup=False, prefix_cache_min_tokens=16, **settings
+        **{"model": str(model_dir), "max_output_tokens": 256, "warmup": False, "prefix_cache_min_tokens": 16}
+        | settings
     )
 
     async def start() -> tuple[EngineServer, str]:

@@ -11,7 +11,8 @@ outweigh many small ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mlx_vlm.vision_cache import VisionFeatureCache as _MlxVlmVisionFeatureCache
@@ -56,16 +57,18 @@ class VisionFeatureCache(_MlxVlmVisionFeatureCache):
         self.bytes = 0
 
 
-# Models whose vision tower takes (all images' patch rows, grids), encodes each image on its own
-# (attention within an image only), returns one array, and whose `get_input_embeddings` uses
-# `cached_image_features` exactly as it would its own output. Qwen3-VL is not one: its tower
-# also returns deepstack features, which the cached path drops.
-_PER_IMAGE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+@dataclass(frozen=True, slots=True)
+class _Images:
+    """A request's images as one family's vision tower takes them, one image at a time: `encode`
+    gives the features of the images at these indices (what `get_input_embeddings` would have
+    computed for them; run together where the family's own call runs them together),
+    `stand_in` zeros for an image whose features are never read (n tokens, like `like` or the
+    family's width), `join` all images' features as `cached_image_features`."""
 
-
-def _qwen_style(model: Any, kwargs: dict[str, Any]) -> bool:
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return model_type in _PER_IMAGE_MODEL_TYPES and kwargs.get("image_grid_thw") is not None
+    count: int
+    encode: Callable[[list[int]], list[Any]]
+    stand_in: Callable[[int], Any]
+    join: Callable[[list[Any]], Any]
 
 
 def encode_images(
@@ -81,55 +84,150 @@ def encode_images(
     """Features of all images, in order, each image encoded once; None when not supported here.
 
     Entries are the request's partition's (its API key's), as in the prefix cache: a hit is
-    faster, so a shared cache told one key which images another had just sent.
+    faster, so a shared cache told one key which images another had just sent. A key is also
+    the model's (`namespace`) and the image's content hash, which covers the processing that
+    shaped its pixels: the same bytes at another detail are other bytes to the processor, so
+    request preparation hashes the image as processed (prep/).
 
-    Qwen2-VL-style inputs concatenate every image's patch rows; image i owns
-    prod(image_grid_thw[i]) rows, and its features are prod(grid) / merge² rows.
     `covered[i]` > 0: image i lies inside a reused prefix, its features are never read (the KV
-    of its positions comes from the cache), so zeros of that many rows stand in for them.
+    of its positions comes from the cache), so zeros of that many tokens stand in for them.
     """
     import mlx.core as mx
 
-    if not _qwen_style(model, kwargs) or len(hashes) == 0:
+    if len(hashes) == 0:
         return None
-    grids = kwargs["image_grid_thw"]
-    if int(grids.shape[0]) != len(hashes):
+    images = _family_images(model, pixel_values, kwargs)
+    if images is None or images.count != len(hashes):
         return None
+    features: list[Any] = [None] * len(hashes)
+    misses = []
+    for index, content_hash in enumerate(hashes):
+        if index < len(covered) and covered[index] > 0:
+            continue
+        found = cache.get(f"{partition}\0{content_hash}")
+        if found is None:
+            misses.append(index)
+        else:
+            cache.hits += 1
+            features[index] = found
+    if misses:
+        encoded = images.encode(misses)
+        mx.eval(encoded)
+        cache.encoded += len(misses)
+        for index, found in zip(misses, encoded, strict=True):
+            cache.put(f"{partition}\0{hashes[index]}", found)
+            features[index] = found
+    for index, found in enumerate(features):
+        if found is None:
+            features[index] = images.stand_in(covered[index])
+    return images.join(features)
+
+
+def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> _Images | None:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in _QWEN_STYLE and kwargs.get("image_grid_thw") is not None:
+        return _qwen_style(model, model_type, pixel_values, kwargs["image_grid_thw"])
+    if model_type == "gemma3" and getattr(pixel_values, "ndim", 0) == 4:
+        return _gemma3(model, pixel_values)
+    if model_type == "gemma4" and kwargs.get("image_position_ids") is None:
+        return _gemma4(model, pixel_values)
+    return None
+
+
+# Qwen-style inputs concatenate every image's patch rows; image i owns prod(image_grid_thw[i])
+# rows. Each image is encoded alone, as the tower itself does (attention within an image only),
+# and its features are one run of rows. Qwen3-VL is not one of these: its tower also returns
+# deepstack features, which mlx-vlm's cached path drops (Qwen3.5's tower returns none it uses).
+_QWEN_STYLE = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe"})
+
+
+def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> _Images | None:
+    import mlx.core as mx
+
     rows = [int(t * h * w) for t, h, w in grids.tolist()]
     if sum(rows) != int(pixel_values.shape[0]):
         return None
+    starts = [sum(rows[:index]) for index in range(len(rows))]
     dtype = model.vision_tower.patch_embed.proj.weight.dtype
-    features: list[Any] = []
-    start = 0
-    for index, (content_hash, count) in enumerate(zip(hashes, rows, strict=True)):
-        key = f"{partition}\0{content_hash}"
-        if index < len(covered) and covered[index] > 0 and features:
-            features.append(mx.zeros((covered[index], features[0].shape[-1]), dtype=features[0].dtype))
-            start += count
-            continue
-        if index < len(covered) and covered[index] > 0 and (hidden := _feature_width(model)) is not None:
-            features.append(mx.zeros((covered[index], hidden), dtype=dtype))
-            start += count
-            continue
-        found = cache.get(key)
-        if found is None:
-            found = model.vision_tower(
-                pixel_values[start : start + count].astype(dtype),
-                grids[index : index + 1],
-                output_hidden_states=False,
-            )
-            mx.eval(found)
-            cache.encoded += 1
-            cache.put(key, found)
-        else:
-            cache.hits += 1
-        features.append(found)
-        start += count
-    return mx.concatenate(features, axis=0) if len(features) > 1 else features[0]
+    returns_pair = model_type in ("qwen3_5", "qwen3_5_moe")  # (features, deepstack it ignores)
+
+    def encode(indices: list[int]) -> list[Any]:
+        out = []
+        for index in indices:
+            pixels = pixel_values[starts[index] : starts[index] + rows[index]].astype(dtype)
+            if returns_pair:
+                found, _ = model.vision_tower(pixels, grids[index : index + 1])
+            else:
+                found = model.vision_tower(pixels, grids[index : index + 1], output_hidden_states=False)
+            out.append(found)
+        return out
+
+    return _Images(
+        len(rows),
+        encode,
+        lambda tokens: mx.zeros((tokens, _feature_width(model)), dtype=dtype),
+        lambda features: mx.concatenate(features, axis=0) if len(features) > 1 else features[0],
+    )
 
 
-def _feature_width(model: Any) -> int | None:
-    """The vision tower's output width (the language model's hidden size, after the merger)."""
+def _gemma3(model: Any, pixel_values: Any) -> _Images:
+    """Gemma 3: images of one size [n, 3, H, W]; features [n, tokens, width], after the
+    projector. Each image runs alone (mlx-vlm runs them together): its features are then the
+    same whichever images come with it, which the cache relies on (the rounding of a batched
+    run differs, and in a random-weight fixture features of ~1e-8 that changes the output)."""
+    import mlx.core as mx
+
+    dtype = model.language_model.model.embed_tokens.weight.dtype
+
+    def encode(indices: list[int]) -> list[Any]:
+        out = []
+        for index in indices:
+            pixels = pixel_values[index : index + 1].transpose(0, 2, 3, 1).astype(dtype)
+            hidden, _, _ = model.vision_tower(pixels, output_hidden_states=True)
+            out.append(model.multi_modal_projector(hidden))
+        return out
+
+    return _Images(
+        int(pixel_values.shape[0]),
+        encode,
+        lambda tokens: mx.zeros((1, tokens, _feature_width(model)), dtype=dtype),
+        lambda features: mx.concatenate(features, axis=0),
+    )
+
+
+def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
+    """Gemma 4: images of different sizes as a list, of one size as [n, 3, H, W]; each runs alone
+    (as mlx-vlm runs a list; it runs an array together); features [1, tokens, width] after
+    `embed_vision`."""
+    import mlx.core as mx
+
+    if not isinstance(pixel_values, list) and getattr(pixel_values, "ndim", 0) != 4:
+        return None
+    dtype = model.language_model.model.embed_tokens.weight.dtype
+    width = _feature_width(model)
+
+    def encode(indices: list[int]) -> list[Any]:
+        return [model.encode_image(_one(pixel_values[index])) for index in indices]
+
+    return _Images(
+        len(pixel_values) if isinstance(pixel_values, list) else int(pixel_values.shape[0]),
+        encode,
+        lambda tokens: mx.zeros((1, tokens, width), dtype=dtype),
+        lambda features: mx.concatenate(features, axis=1),
+    )
+
+
+def _one(image: Any) -> Any:
+    import mlx.core as mx
+
+    image = image if isinstance(image, mx.array) else mx.array(image)
+    return image[None] if image.ndim == 3 else image
+
+
+def _feature_width(model: Any) -> int:
+    """The features' width: the language model's hidden size (after any projector)."""
     text = getattr(getattr(model, "config", None), "text_config", None)
     width = getattr(text, "hidden_size", None)
-    return int(width) if isinstance(width, int) else None
+    if not isinstance(width, int):
+        raise ValueError("the model's text config has no hidden size")
+    return width
