@@ -13,7 +13,7 @@ from tests._family_models import family_models  # noqa: F401  (fixture)
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._family_engine import running_engine
-from .test_agent_loop_reuse import agent_loop
+from .test_agent_loop_reuse import NOT_COMPARED, agent_loop
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
@@ -47,4 +47,5 @@ def test_the_next_turn_after_a_restart_comes_from_disk(
     )
     assert (restarted.text, list(restarted.tool_calls)) == (results[2].text, list(results[2].tool_calls))
     assert cold.usage.cached_tokens == 0
-    assert (cold.text, list(cold.tool_calls)) == (restarted.text, list(restarted.tool_calls))
+    if name not in NOT_COMPARED:
+        assert (cold.text, list(cold.tool_calls)) == (restarted.text, list(restarted.tool_calls))

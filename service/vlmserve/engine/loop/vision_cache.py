@@ -172,20 +172,17 @@ def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> _
 
 def _gemma3(model: Any, pixel_values: Any) -> _Images:
     """Gemma 3: images of one size [n, 3, H, W]; features [n, tokens, width], after the
-    projector. Each image runs alone (mlx-vlm runs them together): its features are then the
-    same whichever images come with it, which the cache relies on (the rounding of a batched
-    run differs, and in a random-weight fixture features of ~1e-8 that changes the output)."""
+    projector. The images still to encode run together, as mlx-vlm's own call runs them (so a
+    request with none cached computes exactly what mlx-vlm computes)."""
     import mlx.core as mx
 
     dtype = model.language_model.model.embed_tokens.weight.dtype
 
     def encode(indices: list[int]) -> list[Any]:
-        out = []
-        for index in indices:
-            pixels = pixel_values[index : index + 1].transpose(0, 2, 3, 1).astype(dtype)
-            hidden, _, _ = model.vision_tower(pixels, output_hidden_states=True)
-            out.append(model.multi_modal_projector(hidden))
-        return out
+        pixels = _rows(pixel_values, indices).transpose(0, 2, 3, 1).astype(dtype)
+        hidden, _, _ = model.vision_tower(pixels, output_hidden_states=True)
+        projected = model.multi_modal_projector(hidden)
+        return [projected[row : row + 1] for row in range(len(indices))]
 
     return _Images(
         int(pixel_values.shape[0]),
@@ -196,9 +193,9 @@ def _gemma3(model: Any, pixel_values: Any) -> _Images:
 
 
 def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
-    """Gemma 4: images of different sizes as a list, of one size as [n, 3, H, W]; each runs alone
-    (as mlx-vlm runs a list; it runs an array together); features [1, tokens, width] after
-    `embed_vision`."""
+    """Gemma 4: images of different sizes as a list (each runs alone, as in mlx-vlm), of one size
+    as [n, 3, H, W] (those still to encode run together, as mlx-vlm runs them: one run of their
+    tokens, an equal share each); features [1, tokens, width] after `embed_vision`."""
     import mlx.core as mx
 
     if not isinstance(pixel_values, list) and getattr(pixel_values, "ndim", 0) != 4:
@@ -207,7 +204,11 @@ def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
     width = _feature_width(model)
 
     def encode(indices: list[int]) -> list[Any]:
-        return [model.encode_image(_one(pixel_values[index])) for index in indices]
+        if isinstance(pixel_values, list):
+            return [model.encode_image(_one(pixel_values[index])) for index in indices]
+        joined = model.encode_image(_rows(pixel_values, indices))
+        share = int(joined.shape[1]) // len(indices)
+        return [joined[:, row * share : (row + 1) * share] for row in range(len(indices))]
 
     return _Images(
         len(pixel_values) if isinstance(pixel_values, list) else int(pixel_values.shape[0]),
@@ -215,6 +216,13 @@ def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
         lambda tokens: mx.zeros((1, tokens, width), dtype=dtype),
         lambda features: mx.concatenate(features, axis=1),
     )
+
+
+def _rows(array: Any, indices: list[int]) -> Any:
+    """These rows of a batch (the batch itself when all of them, as mlx-vlm passes it)."""
+    import mlx.core as mx
+
+    return array if indices == list(range(int(array.shape[0]))) else array[mx.array(indices)]
 
 
 def _one(image: Any) -> Any:
