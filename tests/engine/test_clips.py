@@ -323,6 +323,24 @@ def test_the_prefix_cache_reuses_a_clip_only_where_the_same_clip_sat(clip_engine
     assert_same(clip_engine, changed, reference_for(clip_engine, other, frames(4, seed=22)))
 
 
+def test_qwen2_clips_are_encoded_once_by_content(clip_engine: ClipEngine) -> None:
+    """The vision cache keeps a Qwen2-VL clip's features by its hash: the same clip behind other
+    text (no shared prefix) runs no vision tower; another sampling of it does."""
+    if clip_engine.name not in QWEN2:
+        pytest.skip("the vision cache serves Qwen2-style towers (loop/vision_cache.py)")
+    cache = clip_engine.engine.server.generator.vision_cache
+    assert cache is not None
+    clip = frames(4, seed=81)
+    generate(clip_engine.stub, [SYSTEM, user(text("Watch:"), video(clip), text("What moves?"))])
+    encoded, hits = cache.encoded, cache.hits
+    other_text = [user(text("A different opening. Watch:"), video(clip), text("What moves?"))]
+    result = generate(clip_engine.stub, other_text)
+    assert (cache.encoded, cache.hits) == (encoded, hits + 1)
+    assert_same(clip_engine, result, reference_for(clip_engine, other_text, clip))
+    generate(clip_engine.stub, [user(text("A different opening. Watch:"), video(clip, max_frames=2))])
+    assert cache.encoded == encoded + 1
+
+
 def test_a_clip_row_batched_with_image_and_text_rows_matches_each_alone(clip_engine: ClipEngine) -> None:
     takes_video(clip_engine)
     clip = frames(4, seed=31)

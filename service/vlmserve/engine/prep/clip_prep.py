@@ -20,10 +20,6 @@ from vlmserve.engine.request_errors import RequestError, invalid_argument
 
 __all__ = ["ClipPreparer", "ImageSlot", "frame_image", "ordered_slots", "slot_pixels"]
 
-# mlx-vlm's request-wide frame budget for families that take frames as images
-# (`resolve_video_inputs`'s max_frames).
-DEFAULT_FRAMES_AS_IMAGES = 16
-
 
 @dataclass(frozen=True, slots=True)
 class ImageSlot:
@@ -106,7 +102,8 @@ class ClipPreparer:
         if self.support.video != "frames" or not any(clip.kind == "video" for clip in clips):
             return conversation, list(clips), None
         videos = [index for index, clip in enumerate(clips) if clip.kind == "video"]
-        kept = frames_budget([clips[index] for index in videos], DEFAULT_FRAMES_AS_IMAGES)
+        # One budget for the request, as mlx-vlm's `resolve_video_inputs` (its max_frames: 16).
+        kept = frames_budget([clips[index] for index in videos], self._limits.video_max_frames)
         frames_of = dict(zip(videos, kept, strict=True))
         slots: list[ImageSlot] = []
         images = 0
