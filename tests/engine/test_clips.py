@@ -244,12 +244,20 @@ def test_token_counts_follow_the_frames(clip_engine: ClipEngine) -> None:
         assert generate(clip_engine.stub, sampled).usage.input_tokens == tokens
 
 
-def test_qwen_clips_take_the_callers_pixel_bounds(clip_engine: ClipEngine) -> None:
+def test_pixel_bounds_reach_qwen_video_processors_and_are_refused_elsewhere(clip_engine: ClipEngine) -> None:
     """min_pixels / max_pixels reach the Qwen video processors (per clip); the request as a whole
-    prepares and generates."""
-    if clip_engine.name not in ("qwen3_vl", "qwen3_5", *QWEN2):
-        pytest.skip("pixel bounds are Qwen's video processors' knobs")
+    prepares and generates. A family whose processor sizes frames itself refuses them by name
+    rather than ignore them."""
+    takes_video(clip_engine)
     clip = frames(4, 128, 96, seed=71)
+    if clip_engine.name not in ("qwen3_vl", "qwen3_5", *QWEN2):
+        bounded = [SYSTEM, user(text("Watch:"), video(clip, max_pixels=3136), text("What moves?"))]
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(clip_engine.stub, bounded)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "messages[1].parts[1]" in (refused.value.details() or "")
+        assert "takes no per-frame pixel bounds" in (refused.value.details() or "")
+        return
     plain = watch(clip)
     small = [SYSTEM, user(text("Watch:"), video(clip, min_pixels=3136, max_pixels=3136), text("What moves?"))]
     large = [

@@ -69,6 +69,8 @@ class ClipSupport:
     audio_sample_rate: int = 16_000
     # Why video is refused, where the family has a video processor that cannot serve the model.
     video_refusal: str = ""
+    # Whether its video processor takes per-frame pixel bounds (Qwen's min_pixels / max_pixels).
+    pixel_bounds: bool = False
 
     def refuse(self, clip: PromptClip, model_id: str) -> None:
         """INVALID_ARGUMENT when this model cannot take `clip`, naming the part and the family."""
@@ -77,6 +79,14 @@ class ClipSupport:
             raise invalid_argument(
                 f"{clip.where}: model {model_id!r} ({self.family}) does not take video{why}",
                 field=clip.where,
+            )
+        sampling = clip.part.video.sampling if clip.kind == "video" else None
+        if sampling is not None and (sampling.min_pixels or sampling.max_pixels) and not self.pixel_bounds:
+            name = "min_pixels" if sampling.min_pixels else "max_pixels"
+            raise invalid_argument(
+                f"{clip.where}: model {model_id!r} ({self.family}) takes no per-frame pixel bounds for "
+                f"video (its processor sizes frames itself); leave {name} unset",
+                field=f"{clip.where}.video.sampling.{name}",
             )
         if clip.kind == "audio" and not self.audio:
             raise invalid_argument(
@@ -129,6 +139,8 @@ def clip_support_for(processor: Any, model: Any, *, frames_as_images: bool) -> C
         video_processor=video_processor,
         audio_sample_rate=rate,
         video_refusal=refusal,
+        pixel_bounds=video == "native"
+        and hasattr(video_processor or processor.video_processor, "min_pixels"),
     )
 
 
