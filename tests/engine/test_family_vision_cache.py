@@ -9,6 +9,7 @@ smaller run may differ (Gemma 3's random-weight fixture shows it: its features a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,3 +60,35 @@ def test_each_screenshot_is_encoded_once_with_the_same_output(
         assert cached[0] == uncached[0]  # nothing cached yet: the same run
     else:
         assert cached == uncached
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma3", "gemma4"])
+def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
+    name: str,
+    tmp_path: Path,
+    family_models: dict[str, Path],  # noqa: F811
+) -> None:
+    """The disk tier: the same screenshot after a restart, behind another prompt (the prefix cache
+    cannot serve it), comes from disk: the vision tower does not run; the output is the same."""
+    settings = {"prefix_cache_dir": str(tmp_path), "prefix_cache_min_tokens": 0}
+
+    def ask(stub: Any, words: str) -> str:
+        request = greedy([SYSTEM, user(text(words), image(SCREENS[0]))], max_tokens=8)
+        return str(stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result.text)
+
+    with running_engine(family_models[name], **settings) as (engine, stub):
+        ask(stub, "What is on the screen?")
+        expected = ask(stub, "Now describe it in other words.")  # from the memory tier
+        assert engine.server.generator.vision_cache.encoded == 1  # type: ignore[union-attr]
+    with running_engine(family_models[name], **settings) as (engine, stub):
+        again = ask(stub, "Now describe it in other words.")
+        vision = engine.server.generator.vision_cache
+        assert vision is not None and vision.disk is not None
+        assert (vision.encoded, vision.disk.hits) == (0, 1)
+    assert again == expected
+    # Another tenant's restart finds nothing of it.
+    with running_engine(family_models[name], **settings) as (engine, stub):
+        request = greedy([SYSTEM, user(text("What is on the screen?"), image(SCREENS[0]))], max_tokens=8)
+        request.partition_key = "another tenant"
+        stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300)
+        assert engine.server.generator.vision_cache.encoded == 1  # type: ignore[union-attr]

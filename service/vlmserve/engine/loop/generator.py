@@ -31,7 +31,7 @@ from vlmserve.engine.loop.prefix_cache import PrefixCache
 from vlmserve.engine.loop.runner import StepRunner
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.loop.warm_up import warm_up
-from vlmserve.engine.loop.wiring import EngineParts, build_parts, model_lifecycle, persist_prefix_cache
+from vlmserve.engine.loop.wiring import EngineParts, build_parts, model_lifecycle, persist_caches
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.prep.preparer import RequestPreparer
@@ -156,7 +156,7 @@ class Generator:
         if on_ready is not None:
             on_ready(loaded, None)
         self._serve(loaded, runner)
-        persist_prefix_cache(parts.prefix_cache)
+        persist_caches(parts)
 
     def _serve(self, loaded: LoadedModel, runner: StepRunner) -> None:
         while True:

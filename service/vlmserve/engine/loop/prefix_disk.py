@@ -194,7 +194,9 @@ class PrefixDiskTier:
                 names = {
                     item.name
                     for item in listing
-                    if item.name.endswith(SUFFIX) and item.is_file(follow_symlinks=False)
+                    if item.name.endswith(SUFFIX)
+                    and not item.name.startswith(".tmp-")  # a writer's file, not yet an entry
+                    and item.is_file(follow_symlinks=False)
                 }
         except OSError as error:
             self._disable(f"prefix cache folder {self.folder} unreadable: {error}")

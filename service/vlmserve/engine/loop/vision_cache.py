@@ -1,4 +1,5 @@
-"""Vision features by image content hash, bounded in bytes (generation thread only).
+"""Vision features by image content hash, bounded in bytes (generation thread only), with a
+disk tier (vision_disk.py) where the prefix cache has one.
 
 Agents resend their whole history every turn, images included; re-running the vision tower on
 each is the bulk of an image request's prefill. mlx-vlm's `VisionFeatureCache` is an LRU keyed
@@ -17,6 +18,8 @@ from typing import Any
 
 from mlx_vlm.vision_cache import VisionFeatureCache as _MlxVlmVisionFeatureCache
 
+from vlmserve.engine.loop.vision_disk import VisionDiskTier
+
 __all__ = ["VisionFeatureCache", "encode_images"]
 
 
@@ -25,7 +28,7 @@ def _nbytes(features: Any) -> int:
 
 
 class VisionFeatureCache(_MlxVlmVisionFeatureCache):
-    def __init__(self, max_bytes: int, *, namespace: str = "") -> None:
+    def __init__(self, max_bytes: int, *, namespace: str = "", disk: VisionDiskTier | None = None) -> None:
         super().__init__(max_size=1 << 30)  # bounded by bytes below, not by count
         self.max_bytes = max_bytes
         # The model (ModelInfo.cache_namespace): part of every key, beside the image's hash.
@@ -34,6 +37,8 @@ class VisionFeatureCache(_MlxVlmVisionFeatureCache):
         # Vision-tower runs (one per image encoded): tests and metrics.
         self.encoded = 0
         self.hits = 0
+        # Features kept across restarts (vision_disk.py): read on a miss, written when encoded.
+        self.disk = disk
 
     def _make_key(self, image_source: Any) -> str:
         return f"{self.namespace}\0{super()._make_key(image_source)}"
@@ -105,6 +110,12 @@ def encode_images(
         if index < len(covered) and covered[index] > 0:
             continue
         found = cache.get(f"{partition}\0{content_hash}")
+        if (
+            found is None
+            and cache.disk is not None
+            and (found := cache.disk.get(partition, content_hash)) is not None
+        ):
+            cache.put(f"{partition}\0{content_hash}", found)
         if found is None:
             misses.append(index)
         else:
@@ -116,6 +127,8 @@ def encode_images(
         cache.encoded += len(misses)
         for index, found in zip(misses, encoded, strict=True):
             cache.put(f"{partition}\0{hashes[index]}", found)
+            if cache.disk is not None:
+                cache.disk.put(partition, hashes[index], found)
             features[index] = found
     for index, found in enumerate(features):
         if found is None:

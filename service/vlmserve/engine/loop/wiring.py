@@ -27,6 +27,7 @@ from vlmserve.engine.loop.prefix_disk import PrefixDiskTier, disk_namespace
 from vlmserve.engine.loop.runner import StepRunner
 from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
+from vlmserve.engine.loop.vision_disk import VisionDiskTier
 from vlmserve.engine.loop.vision_memory import vision_cost, vision_width
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
@@ -35,7 +36,7 @@ from vlmserve.engine.prep.preparer import RequestPreparer
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.model_drafter import AnyDrafter, load_model_drafter
 
-__all__ = ["EngineParts", "build_parts", "model_lifecycle", "persist_prefix_cache"]
+__all__ = ["EngineParts", "build_parts", "model_lifecycle", "persist_caches", "persist_prefix_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,11 @@ def build_parts(config: EngineConfig, loaded: LoadedModel, metrics: EngineMetric
         layout=loaded.kv_layout,
         new_cache=lambda: new_prompt_cache(loaded.model.language_model, loaded.kv_layout),
     )
-    vision_cache = VisionFeatureCache(config.vision_cache_mib << 20, namespace=loaded.info.cache_namespace)
+    vision_cache = VisionFeatureCache(
+        config.vision_cache_mib << 20,
+        namespace=loaded.info.cache_namespace,
+        disk=_vision_disk_tier(config, loaded, lambda kind: metrics.prefix_disk_errors.labels(kind).inc()),
+    )
     preparer = RequestPreparer(
         loaded,
         max_request_pixels=config.max_request_pixels,
@@ -201,6 +206,21 @@ def _prefix_disk_tier(
     )
 
 
+def _vision_disk_tier(
+    config: EngineConfig, loaded: LoadedModel, on_error: Callable[[str], None]
+) -> VisionDiskTier | None:
+    """Vision features on disk beside the prefix cache's entries (`--prefix-cache-dir`), in a
+    folder of their own, bounded by the same `--prefix-cache-disk-mib`."""
+    if config.prefix_cache_dir is None or config.vision_cache_mib <= 0:
+        return None
+    return VisionDiskTier(
+        Path(config.prefix_cache_dir),
+        namespace=disk_namespace(config.model, loaded),
+        max_bytes=config.prefix_cache_disk_mib << 20,
+        on_error=on_error,
+    )
+
+
 def _model_drafter(config: EngineConfig, loaded: LoadedModel) -> AnyDrafter | None:
     """`--draft-model` for this load of the model (bound to its weights)."""
     if config.draft_model is None or config.speculative in ("off", "lookup"):
@@ -224,6 +244,16 @@ def _verifier(
         model_drafter=drafter if config.speculative != "lookup" else None,
     )
     return Verifier(language_model, speculator)
+
+
+def persist_caches(parts: EngineParts) -> None:
+    """At shutdown: the prefix cache's entries and the vision features still queued, to disk."""
+    persist_prefix_cache(parts.prefix_cache)
+    if parts.vision_cache.disk is not None:
+        try:
+            parts.vision_cache.disk.close()
+        except Exception:  # stopping anyway: a failed write only loses those features
+            log.warning("vision features not written at shutdown", exc_info=True)
 
 
 def persist_prefix_cache(cache: PrefixCache) -> None:
