@@ -15,8 +15,9 @@ import pytest
 import websockets.asyncio.client
 
 from tests._clips import MP4_HEAD, WEBM_HEAD, b64, gif_bytes, video_data_url, wav_bytes
-from tests.facade.fake_engine import FakeEngine
+from tests.facade.fake_engine import FakeEngine, Script
 from tests.facade.helpers import png_data_url
+from vlmserve.engine.request_errors import invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 WAV = wav_bytes()
@@ -538,3 +539,55 @@ async def until_done(connection: websockets.asyncio.client.ClientConnection) -> 
         messages.append(message)
         if message["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
             return messages
+
+
+# (case, the engine's field, the client's param: Responses, then chat)
+ENGINE_REFUSED: list[tuple[str, str, str]] = [
+    ("audio in a custom tool output", "messages[5].tool_output.parts.parts[0]", "input[4].output[0]"),
+    ("video in a user message", "messages[1].parts[1].video.sampling.max_frames", "input[0].content[1]"),
+]
+
+
+@pytest.mark.parametrize(("case", "field", "param"), ENGINE_REFUSED, ids=[r[0] for r in ENGINE_REFUSED])
+async def test_a_part_the_engine_refuses_is_named_as_the_client_wrote_it(
+    http: httpx.AsyncClient, engine: FakeEngine, case: str, field: str, param: str
+) -> None:
+    """The engine names a part by its place in the contract request (instructions first); the
+    client gets its own path."""
+    where = field.split(".video", 1)[0]
+    engine.script = Script(
+        error=invalid_argument(f"{where}: model 'm' (gemma3) does not take audio", field=field)
+    )
+    answer = await http.post(
+        "/v1/responses", json={"model": "default", "instructions": "Be brief.", "input": RESPONSES_INPUT}
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == param
+    assert error["message"] == f"Invalid value for '{param}': model 'm' (gemma3) does not take audio"
+
+
+async def test_a_chat_part_the_engine_refuses_names_the_chat_field(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    field = "messages[1].parts[1]"
+    engine.script = Script(
+        error=invalid_argument(f"{field}: model 'm' (qwen3_vl) does not take audio", field=field)
+    )
+    answer = await http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Listen."}, audio()]},
+            ],
+        },
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "messages[1].content[1]"
+    assert (
+        error["message"]
+        == "Invalid value for 'messages[1].content[1]': model 'm' (qwen3_vl) does not take audio"
+    )

@@ -203,12 +203,17 @@ def typed_items_to_messages(
     media: MediaPolicy,
     call_name: CallNamer | None = None,
     held: HeldTexts | None = None,
+    part_paths: dict[str, str] | None = None,
 ) -> list[pb.Message]:
     """Items from `typed_items`, in order, as raw contract messages (images decoded here).
-    With `held`, long texts are held there and their markers put in the messages."""
+    With `held`, long texts are held there and their markers put in the messages. `part_paths`
+    gets where each content and tool output part came from (`messages[1].parts[0]` ->
+    `input[0].content[0]`, indexes of the returned list), for the engine's errors."""
     converter = _ItemConverter(media, call_name or bare_call_name, held)
     for path, item in typed:
         converter.add(item, path)
+    if part_paths is not None:
+        part_paths.update(converter.part_paths)
     return converter.messages
 
 
@@ -248,6 +253,8 @@ def _resolve(reference: ItemReferenceParam, path: str, resolve_item: ItemResolve
 class _ItemConverter:
     def __init__(self, media: MediaPolicy, call_name: CallNamer, held: HeldTexts | None = None) -> None:
         self.messages: list[pb.Message] = []
+        # Contract part path (in `messages`) -> the JSON path of the part it came from.
+        self.part_paths: dict[str, str] = {}
         self._media = media
         self._held = held
         self._call_name = call_name
@@ -341,8 +348,12 @@ class _ItemConverter:
         if isinstance(item.content, str):
             message.parts.add().text.text = hold(self._held, item.content)
         else:
+            where = f"messages[{len(self.messages)}].parts"
             for index, part in enumerate(item.content):
+                first = len(message.parts)
                 add_message_part(message.parts, part, join(content_path, index), self._media, self._held)
+                for added in range(first, len(message.parts)):
+                    self.part_paths[f"{where}[{added}]"] = join(content_path, index)
         self.messages.append(message)
 
     def _add_call(self, call_id: str, name: str, arguments: str, kind: pb.ToolKind.ValueType) -> None:
@@ -390,9 +401,13 @@ class _ItemConverter:
             tool_output.text = hold(self._held, output)
         else:
             tool_output.parts.SetInParent()
+            where = f"messages[{len(self.messages)}].tool_output.parts.parts"
             for index, part in enumerate(output):
                 path = join(output_path, index)
+                first = len(tool_output.parts.parts)
                 add_tool_output_part(tool_output.parts.parts, part, path, self._media, self._held)
+                for added in range(first, len(tool_output.parts.parts)):
+                    self.part_paths[f"{where}[{added}]"] = path
         self.messages.append(message)
 
 

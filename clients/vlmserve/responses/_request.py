@@ -4,8 +4,9 @@ engine lowers it where it renders the chat template)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.common.clips import DEFAULT_MAX_CLIP_BYTES
@@ -39,6 +40,8 @@ from ._text_format import parse_text
 from ._tools import ParsedToolChoice, ToolSet, parse_tool_choice, parse_tools
 from ._video_defaults import parse_mm_processor_kwargs
 
+# A part of a contract message, as the engine names it in an error (and what follows it).
+_ENGINE_PART = re.compile(r"messages\[(\d+)\]((?:\.tool_output\.parts)?\.parts\[\d+\])")
 METADATA_MAX_PAIRS = 16
 # The include value that asks for output_text parts' token logprobs.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -69,12 +72,30 @@ class TranslatedRequest:
     conversation_id: str | None = None
     stream: bool = False
     user: str | None = None
+    # Where each part of the input's messages came from (`messages[1].parts[0]`, indexes of the
+    # input's own messages -> `input[0].content[0]`), and how many messages the input made: the
+    # engine names a part it refuses by its place in the request (`engine_part_path`).
+    input_part_paths: Mapping[str, str] = field(default_factory=dict)
+    input_message_count: int = 0
 
     @property
     def request(self) -> pb.GenerateRequest:
         """The contract message, for a caller that sends it itself: only when no texts are held
         (`build_generate_request` without `held`; else ValueError)."""
         return self.outgoing.plain()
+
+    def engine_part_path(self, engine_field: str, request_messages: int) -> tuple[str, str] | None:
+        """The part an engine error names (`messages[7].tool_output.parts.parts[1]…`, in a request
+        of `request_messages` messages, the input's last) as (that contract path, the client's
+        path `input[2].output[1]`); None for anything but a part of this request's input."""
+        match = _ENGINE_PART.match(engine_field)
+        if match is None:
+            return None
+        index = int(match.group(1)) - (request_messages - self.input_message_count)
+        if index < 0:
+            return None
+        path = self.input_part_paths.get(f"messages[{index}]{match.group(2)}")
+        return (match.group(0), path) if path is not None else None
 
     def output_messages(self, items: Sequence[OutputItem]) -> list[pb.Message]:
         """A response's output items as raw contract messages, tool calls under the names this
@@ -164,8 +185,12 @@ def build_generate_request(
     media.budget.check_images()
     replayed = typed_items_to_messages(replay_items, media=media, call_name=tools.call_name)
     check_call_outputs([*history, *replayed], input_items)
-    current = typed_items_to_messages(input_items, media=media, call_name=tools.call_name, held=held)
+    part_paths: dict[str, str] = {}
+    current = typed_items_to_messages(
+        input_items, media=media, call_name=tools.call_name, held=held, part_paths=part_paths
+    )
     require_content(current)
+    input_message_count = len(current)
     conversation = with_instructions(instructions, [*history, *replayed, *current])
 
     conversation_param = parsed.conversation
@@ -219,6 +244,8 @@ def build_generate_request(
         conversation_id=conversation_id,
         stream=bool(parsed.stream),
         user=parsed.user,
+        input_part_paths=part_paths,
+        input_message_count=input_message_count,
     )
 
 

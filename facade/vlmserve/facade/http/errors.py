@@ -160,13 +160,31 @@ def param_for_engine_field(field: str | None) -> str | None:
     return None
 
 
+# A contract field the engine names -> (its contract part path, the client's path of that part),
+# for a part of the request's input (`TranslatedRequest.engine_part_path`); None: not one.
+PartPath = Callable[[str], "tuple[str, str] | None"]
+
+
 def from_engine_error(
-    error: EngineError, *, context_length: int | None = None, retry_after_s: int = 1
+    error: EngineError,
+    *,
+    context_length: int | None = None,
+    retry_after_s: int = 1,
+    part_path: PartPath | None = None,
 ) -> APIError:
-    """The HTTP answer for a failed engine call, from its status code and structured details."""
+    """The HTTP answer for a failed engine call, from its status code and structured details.
+    `part_path`: a refused part of the input (a clip its family cannot take, an image or clip over
+    a limit) is named as the client wrote it, not by its place in the contract request."""
     details = (error.details or "")[:_MAX_DETAILS_CHARS]
     code = error.code
     if code == grpc.StatusCode.INVALID_ARGUMENT:
+        found = part_path(error.field) if part_path is not None and error.field else None
+        if found is not None:
+            contract, client = found
+            message = details.replace(contract, f"Invalid value for '{client}'", 1)
+            if message == details:
+                message = f"Invalid value for '{client}': {details}"
+            return APIError(400, message, param=client, code="invalid_value")
         return APIError(
             400,
             details or "The engine refused the request.",

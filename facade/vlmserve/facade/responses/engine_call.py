@@ -23,7 +23,7 @@ import grpc
 from vlmserve.client import AsyncEngineClient, EngineError, NotFoundError
 from vlmserve.common.wire_encode import OutgoingRequest
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.http.errors import APIError, from_engine_error
+from vlmserve.facade.http.errors import APIError, PartPath, from_engine_error
 from vlmserve.facade.responses.key_admission import EngineSlots
 
 logger = logging.getLogger("vlmserve.facade")
@@ -44,6 +44,8 @@ class EngineCall:
     heartbeat_s: float | None = None
     # For the engine's errors as HTTP errors (from_engine_error).
     context_length: int | None = None
+    # The input's parts as the client wrote them, for the engine's errors (from_engine_error).
+    part_path: PartPath | None = None
     retry_after_s: int = 1
     # This facade's engine calls, handed out fairly by owner (key_admission.py); None: unbounded.
     slots: EngineSlots | None = None
@@ -183,7 +185,12 @@ class EngineCall:
         self._release()
 
     def api_error(self, error: EngineError) -> APIError:
-        return from_engine_error(error, context_length=self.context_length, retry_after_s=self.retry_after_s)
+        return from_engine_error(
+            error,
+            context_length=self.context_length,
+            retry_after_s=self.retry_after_s,
+            part_path=self.part_path,
+        )
 
     # ---- internals ---------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from vlmserve.facade.engines.catalog import image_limits, images_per_request
 from vlmserve.facade.engines.pools import ModelRouter, ResolvedModel
 from vlmserve.facade.http.errors import (
     APIError,
+    PartPath,
     from_engine_error,
     model_not_found,
     not_found,
@@ -69,6 +70,11 @@ from vlmserve.server.logs import bind_response
 logger = logging.getLogger("vlmserve.facade")
 
 ImageSourceFactory = Callable[[], ImageSource | None]
+
+
+def part_path_of(translated: TranslatedRequest, messages: int) -> PartPath:
+    """`TranslatedRequest.engine_part_path` for the request as sent (`messages` of them)."""
+    return functools.partial(translated.engine_part_path, request_messages=messages)
 
 
 def clip_source_of(image_source: ImageSource | None) -> ImageSource | None:
@@ -340,6 +346,9 @@ class ResponsesService:
             slots=self.slots,
             owner=owner,
             refresh_model=functools.partial(self._served_model_id, create.body, owner, model),
+            # Truncation may have left out some of the input: then the engine's places are not
+            # the translation's, and its errors name the input as a whole.
+            part_path=None if truncated else part_path_of(translated, len(outgoing.turns())),
         )
         recorder = ResponseRecorder(
             self.store,
@@ -511,6 +520,7 @@ class ResponsesService:
                 error,
                 context_length=translation.info.context_length or None,
                 retry_after_s=self.settings.retry_after_s,
+                part_path=part_path_of(translation.translated, len(request.messages)),
             ) from None
         return int(counted.input_tokens)
 
