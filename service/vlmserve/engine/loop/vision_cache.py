@@ -144,6 +144,8 @@ def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> _Im
         return _gemma3(model, pixel_values)
     if model_type == "gemma4" and kwargs.get("image_position_ids") is None:
         return _gemma4(model, pixel_values)
+    if model_type == "llava" and getattr(pixel_values, "ndim", 0) == 4:
+        return _llava(model, pixel_values)
     return None
 
 
@@ -228,6 +230,37 @@ def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
         encode,
         lambda tokens: mx.zeros((1, tokens, width), dtype=dtype),
         lambda features: mx.concatenate(features, axis=1),
+    )
+
+
+def _llava(model: Any, pixel_values: Any) -> _Images:
+    """LLaVA 1.5: images of one size [n, 3, H, W]; features [n, tokens, width]: the chosen
+    layer(s) of the CLIP tower without its class token, through the projector (mlx-vlm's own
+    steps, which its cached path skips). The images still to encode run together, as in mlx-vlm."""
+    import mlx.core as mx
+
+    layer = model.vision_feature_layer
+    default = model.vision_feature_select_strategy == "default"
+
+    def encode(indices: list[int]) -> list[Any]:
+        *_, hidden_states = model.vision_tower(
+            _rows(pixel_values, indices).transpose(0, 2, 3, 1), output_hidden_states=True
+        )
+        chosen = [hidden_states[index] for index in ([layer] if isinstance(layer, int) else layer)]
+        if default:
+            chosen = [states[:, 1:] for states in chosen]
+        projected = model.multi_modal_projector(
+            chosen[0] if isinstance(layer, int) else mx.concatenate(chosen, axis=-1)
+        )
+        return [projected[row : row + 1] for row in range(len(indices))]
+
+    return _Images(
+        int(pixel_values.shape[0]),
+        encode,
+        lambda tokens: mx.zeros(
+            (1, tokens, _feature_width(model)), dtype=model.language_model.model.embed_tokens.weight.dtype
+        ),
+        lambda features: mx.concatenate(features, axis=0),
     )
 
 
