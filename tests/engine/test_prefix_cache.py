@@ -294,3 +294,19 @@ def test_a_kept_prefix_holds_its_own_rows_not_the_whole_batch_cache() -> None:
         assert kept <= 2 * generator.prefix_cache.bytes + (1 << 20), (kept, generator.prefix_cache.bytes)
     finally:
         generator.stop()
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2])
+def test_a_request_done_on_its_first_token_leaves_its_prompt_to_the_next_turn(
+    idle_engine: InProcessEngine, stub: pb_grpc.EngineServiceStub, max_tokens: int
+) -> None:
+    """A prewarm (prompt_cache_options.prewarm, the turn after a compaction) is a request that
+    ends on its first token, before it ever joins the decode batch: its prefill cache is the
+    prompt the next turn shares, and was dropped (0 cached tokens after a one-token request)."""
+    partition = f"first-token-{max_tokens}"
+    prewarm = conversation("First question?", partition=partition)
+    prewarm.sampling.max_tokens = max_tokens
+    first = unary(stub, prewarm)
+    assert first.usage.output_tokens == max_tokens
+    warm = unary(stub, conversation("First question?", "An answer.", "Next?", partition=partition))
+    assert warm.usage.cached_tokens >= first.usage.input_tokens - 8

@@ -193,7 +193,10 @@ class ActiveGeneration:
             return
         self.output.close(reason)
         self.phase = Phase.DONE
-        self.cache = []
+        # A row done on its first token (before the decode batch took its cache) keeps its
+        # prefill cache for the runner to offer the prefix cache as it leaves (Runner._leave).
+        if reason == pb.FINISH_REASON_CANCELLED or self.prefilled < self.prompt_tokens:
+            self.cache = []
         self.stop_sharing()
         if self.job.request.kind is JobKind.GENERATE:
             self.output.finished(

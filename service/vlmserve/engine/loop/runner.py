@@ -256,6 +256,16 @@ class StepRunner:
         """A done request leaves at once (its KV row goes to the prefix cache)."""
         if generation in self.prompts.rows:
             self.prompts.remove(generation)
+            # Done on its first token (max_tokens 1, an immediate EOS: a prewarm): its whole
+            # prompt is in its prefill cache, which the next turn should find like any other's.
+            cache = generation.hand_over_cache()
+            if (
+                cache
+                and self._prefix_cache is not None
+                and self._prefix_cache.enabled
+                and generation.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+            ):
+                self._keep_prefix(generation, cache)
         elif generation in self.batch.rows:
             keep = self._prefix_cache is not None and self._prefix_cache.enabled
             # A failed request (no finish reason) leaves nothing behind.
