@@ -50,7 +50,7 @@ def test_the_turn_after_a_compaction_starts_warm(sdk: openai.OpenAI, engine_reco
     [item] = compacted.output
     # Prefilled before the answer went out: the summary and the kept screenshot.
     warming = call_after(engine_recorder, compacted.id)
-    assert warming.request.sampling.max_tokens == 2 and warming.result is not None
+    assert warming.request.sampling.max_tokens == 1 and warming.result is not None
     assert [m.role for m in warming.request.messages] == [pb.ROLE_ASSISTANT, pb.ROLE_USER]
     assert texts(warming.request.messages[0])[0].startswith(SUMMARY_HEADING)
     prefix = warming.result.usage.input_tokens

@@ -54,7 +54,7 @@ async def test_the_next_turn_is_prewarmed_first(http: httpx.AsyncClient, engine:
     reply = await compact(http)
     # Both engine calls are made by the time the answer is read: the summary, then the prewarm.
     summarising, warming = engine.requests
-    assert warming.sampling.max_tokens == 2
+    assert warming.sampling.max_tokens == 1
     # The next turn's prefix: the same tools, the summary, the kept screenshots.
     assert list(warming.tools) == list(summarising.tools) and len(warming.tools) == 1
     assert [m.role for m in warming.messages] == [pb.ROLE_ASSISTANT, pb.ROLE_USER]

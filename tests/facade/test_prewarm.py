@@ -22,7 +22,7 @@ async def test_a_prewarm_answers_nothing(http: httpx.AsyncClient, engine: FakeEn
     assert (resource["status"], resource["output"], resource["incomplete_details"]) == ("completed", [], None)
     assert resource["usage"]["input_tokens"] == 11
     (sent,) = engine.requests
-    assert sent.sampling.max_tokens == 2
+    assert sent.sampling.max_tokens == 1
     assert (await http.get(f"/v1/responses/{resource['id']}")).status_code == 404
 
 

@@ -25,11 +25,9 @@ from vlmserve.responses import CreateRequest
 _NOT_CARRIED = ("previous_response_id", "conversation", "background", "stream", "context_management")
 
 _PARAM = "prompt_cache_options"
-# Two, not one: the engine keeps the KV cache of a request that leaves its decode batch, and one
-# ended by its first token (sampled at the end of its prefill) never joins the batch, so it left
-# nothing in the prefix cache (seen on the real engine: the next turn's cached_tokens were 0).
-# One that ends at once on an end-of-turn token still leaves nothing.
-PREWARM_OUTPUT_TOKENS = 2
+# One: the engine offers the prefix cache the prompt of a request that ends on its first token
+# too (Runner._leave), so a prewarm costs one prefill and one sampled token.
+PREWARM_OUTPUT_TOKENS = 1
 _LIFECYCLE = ("response.created", "response.queued", "response.in_progress")
 _TERMINAL = ("response.completed", "response.incomplete")
 
