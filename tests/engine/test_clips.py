@@ -378,6 +378,41 @@ def test_a_clip_row_batched_with_image_and_text_rows_matches_each_alone(clip_eng
         )
 
 
+def test_images_video_and_audio_in_one_request(clip_engine: ClipEngine) -> None:
+    """Every kind of media in one prompt, interleaved with text, as mlx-vlm renders them together."""
+    if clip_engine.name not in ("qwen3_vl", "qwen3_5", "gemma4_audio"):
+        pytest.skip("Qwen2-VL: test_qwen2_images_and_clips_in_one_request; the others refuse video or audio")
+    clip, picture = frames(4, seed=91), frames(1, 56, 84, seed=92)[0]
+    samples = tones(0.6, 880.0)
+    parts = [image(png_bytes(picture)), text("then"), video(clip)]
+    if clip_engine.name == "gemma4_audio":
+        parts += [text("and"), audio(samples)]
+    messages = [SYSTEM, user(*parts, text("What changed?"))]
+    result = generate(clip_engine.stub, messages)
+    if clip_engine.name == "qwen3_5":
+        # mlx-vlm's Qwen3.5 encodes the images and drops the clip when a request has both (it
+        # fails on the features' count): no reference. Both are seen: changing either changes
+        # what the model reads.
+        other_picture = [
+            SYSTEM,
+            user(image(png_bytes(frames(1, 56, 84, seed=93)[0])), *parts[1:], text("What changed?")),
+        ]
+        other_clip = [SYSTEM, user(*parts[:2], video(frames(4, seed=94)), text("What changed?"))]
+        for other in (other_picture, other_clip):
+            changed = generate(clip_engine.stub, other)
+            assert changed.usage.input_tokens == result.usage.input_tokens
+            assert abs(changed.logprobs[0].logprob - result.logprobs[0].logprob) > 1e-4
+        return
+    expected = reference_clip_tokens(
+        clip_engine.reference,
+        messages,
+        MAX_TOKENS,
+        videos=[clip],
+        audios=[wav_samples(samples)] if clip_engine.name == "gemma4_audio" else (),
+    )
+    assert_same(clip_engine, result, expected)
+
+
 def test_qwen2_images_and_clips_in_one_request(clip_engine: ClipEngine) -> None:
     """mlx-vlm's Qwen2-VL takes images or videos, not both: the engine takes both. A clip of one
     picture twice is that picture (same patches, same M-RoPE grid), so [image A, clip(B, B)] must

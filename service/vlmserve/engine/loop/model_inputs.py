@@ -5,12 +5,13 @@ the input embeddings with the vision features (from the vision cache when every 
 known), and records where each image's and clip's tokens sit, keyed by its content hash, so the
 prefix cache can match prompts that hold images, video and audio.
 
-Qwen2-VL / Qwen2.5-VL clips go through the vision cache like images (a clip is its frames'
-patch rows and a grid, encoded on its own). mlx-vlm's Qwen2-VL takes images or videos in one
-request, not both (its merge fills image positions, else video ones): with both, the clips'
-placeholders are handed to it as image placeholders with every grid in prompt order, which is
-the same computation (the same vision tower per grid, the same M-RoPE rule for image and video
-grids), and the features come from the cache in prompt order.
+Clips of the families whose vision tower the cache serves (Qwen2-VL, Qwen2.5-VL, Qwen3.5) go
+through it like images (a clip is its frames' patch rows and a grid, encoded on its own).
+mlx-vlm's Qwen2-VL and Qwen3.5 take images or videos in one request, not both (they encode
+`pixel_values` when there are images, the videos only when there are none): with both, the
+clips' placeholders are handed to them as image placeholders with every vision block's grid in
+prompt order, which is the same computation (the same tower per block, the same M-RoPE rule for
+image and video blocks), and the features come from the cache in prompt order.
 """
 
 from __future__ import annotations
@@ -196,28 +197,35 @@ def _as_images(
     video_features: Any,
     input_ids: Any,
 ) -> tuple[Any, Any]:
-    """Images and clips in one Qwen2-VL request (see the module docstring): (the features in
-    prompt order, the ids with clip placeholders as image placeholders); `extra`'s image grids
-    become every grid in prompt order. One placeholder run per image and per clip here."""
+    """Images and clips in one Qwen2-VL / Qwen3.5 request (see the module docstring): (the
+    features in prompt order, the ids with clip placeholders as image placeholders); `extra`'s
+    image grids become every vision block's grid in prompt order. A clip is one block (Qwen2-VL)
+    or one per temporal group (Qwen3.5: a timestamp between; a group of grid (1, h, w), which the
+    tower encodes and M-RoPE places as the clip's own rows)."""
     import mlx.core as mx
 
-    sources = {
-        "image": (image_features, extra.pop("image_grid_thw")),
-        "video": (video_features, extra.pop("video_grid_thw")),
-    }
+    ordered = [span for span in spans if span.kind in ("image", "video")]
+    blocks: dict[str, list[Any]] = {}
+    for kind, grids in (("image", extra.pop("image_grid_thw")), ("video", extra.pop("video_grid_thw"))):
+        rows = [[int(n) for n in grid] for grid in grids.tolist()]
+        count = sum(1 for span in ordered if span.kind == kind)
+        if count == len(rows):
+            blocks[kind] = rows
+        elif count == sum(t for t, _, _ in rows):
+            blocks[kind] = [[1, h, w] for t, h, w in rows for _ in range(t)]
+        else:
+            raise ValueError(f"{count} {kind} placeholder runs for the grids {rows}")
+    sources = {"image": image_features, "video": video_features}
     rows_taken = {"image": 0, "video": 0}
     grids_taken = {"image": 0, "video": 0}
-    features, grids = [], []
-    for span in spans:
-        if span.kind not in sources:
-            continue
-        rows, grid = sources[span.kind]
+    features, grids_in_order = [], []
+    for span in ordered:
         at, index = rows_taken[span.kind], grids_taken[span.kind]
-        features.append(rows[at : at + span.length])
-        grids.append(grid[index : index + 1])
+        features.append(sources[span.kind][at : at + span.length])
+        grids_in_order.append(blocks[span.kind][index])
         rows_taken[span.kind] += span.length
         grids_taken[span.kind] += 1
-    extra["image_grid_thw"] = mx.concatenate(grids, axis=0)
+    extra["image_grid_thw"] = mx.array(grids_in_order, dtype=mx.int64)
     config = model.config
     ids = mx.where(input_ids == config.video_token_id, config.image_token_id, input_ids)
     return mx.concatenate(features, axis=0), ids
