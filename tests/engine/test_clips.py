@@ -331,11 +331,11 @@ def test_the_prefix_cache_reuses_a_clip_only_where_the_same_clip_sat(clip_engine
     assert_same(clip_engine, changed, reference_for(clip_engine, other, frames(4, seed=22)))
 
 
-def test_qwen2_clips_are_encoded_once_by_content(clip_engine: ClipEngine) -> None:
-    """The vision cache keeps a Qwen2-VL clip's features by its hash: the same clip behind other
-    text (no shared prefix) runs no vision tower; another sampling of it does."""
-    if clip_engine.name not in QWEN2:
-        pytest.skip("the vision cache serves Qwen2-style towers (loop/vision_cache.py)")
+def test_clips_are_encoded_once_by_content(clip_engine: ClipEngine) -> None:
+    """The vision cache keeps a clip's features by its hash (Qwen2-VL, Qwen2.5-VL, Qwen3.5): the
+    same clip behind other text (no shared prefix) runs no vision tower; another sampling does."""
+    if clip_engine.name not in (*QWEN2, "qwen3_5"):
+        pytest.skip("the vision cache serves these towers' clips (loop/vision_cache.py)")
     cache = clip_engine.engine.server.generator.vision_cache
     assert cache is not None
     clip = frames(4, seed=81)
