@@ -20,7 +20,7 @@ from ._family_engine import SYSTEM, greedy, image, png, running_engine, text, us
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
-CACHED_FAMILIES = ["qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "llava"]
+CACHED_FAMILIES = ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "llava"]
 RUN_TOGETHER_VISIBLY = {"gemma3"}
 # An agent's turns: the screen, then the screen and a new screenshot, then a third one; the
 # second image at another size (a tool's crop), the first and third of one size.
@@ -62,7 +62,7 @@ def test_each_screenshot_is_encoded_once_with_the_same_output(
         assert cached == uncached
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "gemma3", "gemma4"])
+@pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5", "gemma3", "gemma4"])
 def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
     name: str,
     tmp_path: Path,

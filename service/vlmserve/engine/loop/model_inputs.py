@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlmserve.engine.jobs import PreparedRequest
-from vlmserve.engine.loop.vision_cache import VisionFeatureCache, encode_images
+from vlmserve.engine.loop.vision_cache import VisionFeatureCache, embed_with_deepstack, encode_images
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.prep.image_inputs import image_inputs_for
 
@@ -148,7 +148,21 @@ def build_model_inputs(
     if features is not None:
         extra["cached_image_features"] = features
     mask = mx.ones(input_ids.shape, dtype=mx.int32)
-    embedding = model.get_input_embeddings(embed_ids, pixel_values, mask=mask, **extra)
+    embedding = None
+    if features is None and clip_features is None and pixel_values is not None and vision_cache is not None:
+        # Qwen3-VL: its deepstack features through the cache too (vision_cache.py)
+        embedding = embed_with_deepstack(
+            model,
+            vision_cache,
+            input_ids,
+            pixel_values,
+            {**extra, "mask": mask},
+            hashes,
+            partition=request.partition_key,
+            covered=covered if len(image_only) == len(hashes) else (),
+        )
+    if embedding is None:
+        embedding = model.get_input_embeddings(embed_ids, pixel_values, mask=mask, **extra)
     extra.pop("cached_image_features", None)
     derived = {k: v for k, v in embedding.to_dict().items() if k != "inputs_embeds" and v is not None}
     return ModelInputs(

@@ -20,7 +20,7 @@ from mlx_vlm.vision_cache import VisionFeatureCache as _MlxVlmVisionFeatureCache
 
 from vlmserve.engine.loop.vision_disk import VisionDiskTier
 
-__all__ = ["VisionFeatureCache", "encode_images"]
+__all__ = ["VisionFeatureCache", "embed_with_deepstack", "encode_images"]
 
 
 def _nbytes(features: Any) -> int:
@@ -85,6 +85,7 @@ def encode_images(
     *,
     partition: str,
     covered: Sequence[int] = (),
+    images: _Images | None = None,
 ) -> Any | None:
     """Features of all images, in order, each image encoded once; None when not supported here.
 
@@ -101,7 +102,7 @@ def encode_images(
 
     if len(hashes) == 0:
         return None
-    images = _family_images(model, pixel_values, kwargs)
+    images = images or _family_images(model, pixel_values, kwargs)
     if images is None or images.count != len(hashes):
         return None
     features: list[Any] = [None] * len(hashes)
@@ -136,6 +137,66 @@ def encode_images(
     return images.join(features)
 
 
+# Qwen3-VL: its tower returns deepstack features beside the merged ones (fed to the first decoder
+# layers at the image positions), and mlx-vlm's cached-features path drops them, so its
+# embeddings are assembled here from both, kept per image as one array [1 + levels, tokens, width].
+_DEEPSTACK = frozenset({"qwen3_vl", "qwen3_vl_moe"})
+
+
+def embed_with_deepstack(
+    model: Any,
+    cache: VisionFeatureCache,
+    input_ids: Any,
+    pixel_values: Any,
+    kwargs: dict[str, Any],
+    hashes: Sequence[str],
+    *,
+    partition: str,
+    covered: Sequence[int] = (),
+) -> Any | None:
+    """Qwen3-VL's input embeddings (mlx-vlm's `InputEmbeddingsFeatures`) with each image's
+    features and deepstack features through the cache, computed as mlx-vlm's
+    `get_input_embeddings` computes them; None for any other model or inputs (videos)."""
+    import mlx.core as mx
+    from mlx_vlm.models.base import InputEmbeddingsFeatures
+
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    grids = kwargs.get("image_grid_thw")
+    if model_type not in _DEEPSTACK or grids is None or kwargs.get("pixel_values_videos") is not None:
+        return None
+    images = _qwen_style(model, model_type, pixel_values, grids)
+    if images is None:
+        return None
+    config = model.config
+    stacked = encode_images(
+        model, cache, pixel_values, kwargs, hashes, partition=partition, covered=covered, images=images
+    )
+    if stacked is None:
+        return None
+    embeds = model.language_model.model.embed_tokens(input_ids)
+    image_mask = input_ids == config.image_token_index
+    embeds = _masked_scatter(embeds, mx.broadcast_to(image_mask[..., None], embeds.shape), stacked[0])
+    # Images only (no video): mlx-vlm's merge of image and video deepstack is the image levels.
+    deepstack = [stacked[level] for level in range(1, stacked.shape[0])]
+    mx.eval(deepstack)
+    position_ids, rope_deltas = model.language_model.get_rope_index(
+        input_ids, grids, None, kwargs.get("mask")
+    )
+    return InputEmbeddingsFeatures(
+        inputs_embeds=embeds,
+        visual_pos_masks=image_mask | (input_ids == config.video_token_index),
+        deepstack_visual_embeds=deepstack,
+        position_ids=position_ids,
+        rope_deltas=rope_deltas,
+    )
+
+
+def _masked_scatter(target: Any, mask: Any, source: Any) -> Any:
+    from mlx_vlm.models.qwen3_vl import qwen3_vl
+
+    return qwen3_vl.masked_scatter(target, mask, source)
+
+
 def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> _Images | None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in _QWEN_STYLE and kwargs.get("image_grid_thw") is not None:
@@ -165,18 +226,30 @@ def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> _
     starts = [sum(rows[:index]) for index in range(len(rows))]
     dtype = model.vision_tower.patch_embed.proj.weight.dtype
     returns_pair = model_type in ("qwen3_5", "qwen3_5_moe")  # (features, deepstack it ignores)
+    deepstack = model_type in _DEEPSTACK  # (features, deepstack levels), kept stacked
 
     def encode(indices: list[int]) -> list[Any]:
         out = []
         for index in indices:
             pixels = pixel_values[starts[index] : starts[index] + rows[index]].astype(dtype)
-            if returns_pair:
+            if deepstack:
+                found, levels = model.vision_tower(pixels, grids[index : index + 1])
+                found = mx.stack([found, *levels])
+            elif returns_pair:
                 found, _ = model.vision_tower(pixels, grids[index : index + 1])
             else:
                 found = model.vision_tower(pixels, grids[index : index + 1], output_hidden_states=False)
             out.append(found)
         return out
 
+    if deepstack:
+        levels = 1 + len(model.vision_tower.deepstack_visual_indexes)
+        return _Images(
+            len(rows),
+            encode,
+            lambda tokens: mx.zeros((levels, tokens, _feature_width(model)), dtype=dtype),
+            lambda features: mx.concatenate(features, axis=1) if len(features) > 1 else features[0],
+        )
     return _Images(
         len(rows),
         encode,
