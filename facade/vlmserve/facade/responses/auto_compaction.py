@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlmserve.client import EngineError
-from vlmserve.common.wire_size import wire_size
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.http.errors import APIError, from_engine_error
 from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, summary_budget
@@ -123,34 +122,44 @@ async def _count(service: ResponsesService, translation: Translation, request: p
     return int(counted.input_tokens)
 
 
-async def compact_if_needed(
-    service: ResponsesService, create: CreateRequest, *, owner: str
-) -> tuple[CreateRequest, dict[str, Any] | None]:
-    """The request to answer (compacted when its policy says so) and the compaction item (None:
-    not compacted)."""
+@dataclass(frozen=True)
+class Checked:
+    """What `compact_if_needed` decided: the request to answer, the compaction item (None: not
+    compacted), and the request's translation when the check made one and it still holds (not
+    compacted), for `prepare` to take instead of translating (and checking images) again."""
+
+    create: CreateRequest
+    item: dict[str, Any] | None = None
+    translation: Translation | None = None
+
+
+async def compact_if_needed(service: ResponsesService, create: CreateRequest, *, owner: str) -> Checked:
+    """The request to answer, compacted first when its policy says so."""
     body = create.body
     extra = body.model_extra or {}
     policy = compaction_policy(extra.get(_PARAM), given=_PARAM in extra)
     if policy is None:
-        return create, None
+        return Checked(create)
     if policy.threshold is None and not await _may_not_fit(service, create, owner=owner):
-        return create, None
-    translation = await service.translate(create, owner=owner)
-    request = translation.translated.request
+        return Checked(create)
+    # Translated as `prepare` translates (long texts held), so that a request left as it is
+    # is not translated twice: `prepare` takes this translation.
+    translation = await service.translate(create, owner=owner, hold_texts=True)
+    outgoing = translation.translated.outgoing
     context = translation.info.context_length
     if policy.threshold is None:
         # Only when it would not fit; a prompt of fewer bytes than the context has tokens fits.
-        if not context or wire_size(request) < context:
-            return create, None
-        reserve = (
-            min(request.sampling.max_tokens, context // 4) if request.sampling.HasField("max_tokens") else 0
-        )
+        if not context or outgoing.wire_size() < context:
+            return Checked(create, translation=translation)
+        sampling = outgoing.sampling
+        reserve = min(sampling.max_tokens, context // 4) if sampling.HasField("max_tokens") else 0
         limit = context - max(1, reserve)
     else:
         limit = policy.threshold
+    request = outgoing.whole()
     tokens = await _count(service, translation, request)
     if tokens < limit:
-        return create, None
+        return Checked(create, translation=translation)
     if policy.threshold is not None:
         await _check_threshold(service, translation, request, policy.threshold)
     item = await _summarise(service, create, owner=owner)
@@ -162,7 +171,7 @@ async def compact_if_needed(
     earlier = await _stored_items(service, create, owner=owner)
     raw["input"] = [item, *recent_items([*earlier, *items])]
     raw.pop(_PARAM, None)
-    return await service.parse(raw, owner=owner), item
+    return Checked(await service.parse(raw, owner=owner), item)
 
 
 async def _may_not_fit(service: ResponsesService, create: CreateRequest, *, owner: str) -> bool:

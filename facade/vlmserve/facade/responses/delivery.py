@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.events import Event
-from vlmserve.facade.responses.preparation import ResponsesService
+from vlmserve.facade.responses.preparation import ResponsesService, Translation
 from vlmserve.facade.responses.running import Generation, unclaimed_generations
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.responses import CreateRequest, ErrorEvent
@@ -187,13 +187,18 @@ async def collect(generation: Generation, first_message_s: float) -> dict[str, A
 
 
 async def prepare_unless_disconnected(
-    request: Request, service: ResponsesService, create: CreateRequest, *, release: Callable[[], None]
+    request: Request,
+    service: ResponsesService,
+    create: CreateRequest,
+    *,
+    release: Callable[[], None],
+    translation: Translation | None = None,
 ) -> Generation:
     """`prepare`, stopped when the client goes away (its PDFs' worker processes are killed).
     `release` gives back what the request holds (its body's bytes): run when the generation ends
     (`finisher`), or when the request ends with the generation unclaimed."""
     generation = await unless_disconnected(
-        request, service.prepare(create, owner=owner_of(request), release=release)
+        request, service.prepare(create, owner=owner_of(request), release=release, translation=translation)
     )
     if generation is None:
         raise client_closed()

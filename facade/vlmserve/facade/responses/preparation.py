@@ -297,6 +297,7 @@ class ResponsesService:
         owner: str = "",
         memory: ConnectionMemory | None = None,
         release: Callable[[], None] | None = None,
+        translation: Translation | None = None,
     ) -> Generation:
         """The generation of a parsed request: translated, checked, admitted, ready to open. The
         engine request is final here: nothing is set on it after.
@@ -306,7 +307,9 @@ class ResponsesService:
         request ends (`delivery.AbandonUnclaimed`), with `release` (what the request holds for
         it): no failure after the admission keeps the key's place or the body's bytes.
         """
-        translation = await self.translate(create, owner=owner, hold_texts=True, memory=memory)
+        # `translation`: this request's, made by a check before (auto_compaction.py), as here.
+        if translation is None:
+            translation = await self.translate(create, owner=owner, hold_texts=True, memory=memory)
         translated, info, model = translation.translated, translation.info, translation.model
         truncated = 0
         if translated.echo.truncation == "auto":

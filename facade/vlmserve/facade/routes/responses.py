@@ -70,7 +70,7 @@ async def create_response(request: Request, state: State) -> Response:
         summary = trigger_request(create, context_length=await state.responses.context_length(create))
         # `prompt_cache_options.prewarm`: prefill only (prewarm.py).
         prewarm = prewarm_request(create) if summary is None else None
-        compacted = None
+        compacted, translation = None, None
         if summary is None and prewarm is None:
             # Stopped when the client goes away, as preparation is (its PDFs' workers killed).
             checked = await unless_disconnected(
@@ -78,9 +78,13 @@ async def create_response(request: Request, state: State) -> Response:
             )
             if checked is None:
                 raise client_closed()
-            create, compacted = checked
+            create, compacted, translation = checked.create, checked.item, checked.translation
         generation = await prepare_unless_disconnected(
-            request, state.responses, summary or prewarm or create, release=hold.release
+            request,
+            state.responses,
+            summary or prewarm or create,
+            release=hold.release,
+            translation=translation,
         )
         # A compaction turn is stored as the turn, and the next one prewarmed (compaction_turn.py).
         compacting = create if summary is not None else None

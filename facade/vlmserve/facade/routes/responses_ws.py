@@ -201,7 +201,8 @@ async def _respond(
         summary = trigger_request(create, context_length=await state.responses.context_length(create))
         compacted = None
         if summary is None:
-            create, compacted = await compact_if_needed(state.responses, create, owner=owner)
+            checked = await compact_if_needed(state.responses, create, owner=owner)
+            create, compacted = checked.create, checked.item
         # A compaction turn is not remembered: its item is the state a later turn sends.
         remember = memory if summary is None else None
         generation = await state.responses.prepare(summary or create, owner=owner, memory=remember)
