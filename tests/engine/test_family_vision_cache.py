@@ -20,7 +20,16 @@ from ._family_engine import SYSTEM, greedy, image, png, running_engine, text, us
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
-CACHED_FAMILIES = ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "llava"]
+CACHED_FAMILIES = [
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma3",
+    "gemma4",
+    "llava",
+    "mistral3",
+]
 RUN_TOGETHER_VISIBLY = {"gemma3"}
 # An agent's turns: the screen, then the screen and a new screenshot, then a third one; the
 # second image at another size (a tool's crop), the first and third of one size.

@@ -74,6 +74,9 @@ class _Images:
     encode: Callable[[list[int]], list[Any]]
     stand_in: Callable[[int], Any]
     join: Callable[[list[Any]], Any]
+    # Whether the prompt's placeholder runs are one per image (so `covered` can be trusted):
+    # not where an image's placeholders come in rows (Mistral 3's breaks between them).
+    one_run_per_image: bool = True
 
 
 def encode_images(
@@ -105,6 +108,8 @@ def encode_images(
     images = images or _family_images(model, pixel_values, kwargs)
     if images is None or images.count != len(hashes):
         return None
+    if not images.one_run_per_image:
+        covered = ()
     features: list[Any] = [None] * len(hashes)
     misses = []
     for index, content_hash in enumerate(hashes):
@@ -185,7 +190,7 @@ def embed_with_deepstack(
     return InputEmbeddingsFeatures(
         inputs_embeds=embeds,
         visual_pos_masks=image_mask | (input_ids == config.video_token_index),
-        deepstack_visual_embeds=deepstack,
+        deepstack_visual_embeds=deepstack,  # type: ignore[arg-type]  # a list of levels, as mlx-vlm passes it
         position_ids=position_ids,
         rope_deltas=rope_deltas,
     )
@@ -207,6 +212,12 @@ def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> _Im
         return _gemma4(model, pixel_values)
     if model_type == "llava" and getattr(pixel_values, "ndim", 0) == 4:
         return _llava(model, pixel_values)
+    if (
+        model_type == "mistral3"
+        and getattr(pixel_values, "ndim", 0) == 4
+        and kwargs.get("image_sizes") is not None
+    ):
+        return _mistral3(model, pixel_values, kwargs["image_sizes"])
     return None
 
 
@@ -334,6 +345,41 @@ def _llava(model: Any, pixel_values: Any) -> _Images:
             (1, tokens, _feature_width(model)), dtype=model.language_model.model.embed_tokens.weight.dtype
         ),
         lambda features: mx.concatenate(features, axis=0),
+    )
+
+
+def _mistral3(model: Any, pixel_values: Any, image_sizes: Any) -> _Images:
+    """Mistral 3 (Pixtral): images padded to one size [n, 3, H, W] with their own sizes; features
+    one run of rows [tokens, width] for all images, (h / patch / merge) x (w / patch / merge) an
+    image, after the patch merger and projector (mlx-vlm's steps, which its cached path skips).
+    The images still to encode run together, as in mlx-vlm. An image's placeholders come in rows,
+    so no image is taken as covered by a reused prefix (their features are all computed)."""
+    import mlx.core as mx
+
+    step = model.config.vision_config.patch_size * model.config.spatial_merge_size
+    counts = [(int(h) // step) * (int(w) // step) for h, w in image_sizes.tolist()]
+
+    def encode(indices: list[int]) -> list[Any]:
+        sizes = _rows(image_sizes, indices)
+        *_, hidden_states = model.vision_tower(
+            _rows(pixel_values, indices).transpose(0, 2, 3, 1), output_hidden_states=True, image_sizes=sizes
+        )
+        chosen = hidden_states[model.vision_feature_layer]
+        if chosen.ndim == 3 and chosen.shape[0] == 1:
+            chosen = chosen.squeeze(0)
+        projected = model.multi_modal_projector(chosen, sizes)
+        projected = projected.squeeze(0) if projected.ndim == 3 else projected
+        ends = [sum(counts[i] for i in indices[: j + 1]) for j in range(len(indices))]
+        if int(projected.shape[0]) != ends[-1]:
+            raise ValueError("Mistral 3's features do not split by its image sizes")
+        return [projected[end - counts[i] : end] for end, i in zip(ends, indices, strict=True)]
+
+    return _Images(
+        len(counts),
+        encode,
+        lambda tokens: mx.zeros((tokens, _feature_width(model))),  # never: no image is covered
+        lambda features: mx.concatenate(features, axis=0),
+        one_run_per_image=False,
     )
 
 
