@@ -167,3 +167,28 @@ def test_without_a_way_to_restore_states_nothing_is_written(tmp_path: Path) -> N
     cache.store("a", list(range(TOKENS)), [], filled(TOKENS), checkpoints={TOKENS: state})
     cache.persist()
     assert not list(tmp_path.rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("next_tokens", [1, 3])
+@pytest.mark.parametrize("keep", [0, 1])
+def test_a_window_kept_at_a_boundary_holds_only_the_window_and_continues_the_same(
+    next_tokens: int, keep: int
+) -> None:
+    """Right after a multi-token update a sliding-window layer holds the window and the whole
+    update; its boundary keeps only what is read again, and continues exactly as the live one."""
+    rng = np.random.default_rng(5)
+
+    def random(tokens: int) -> mx.array:
+        return mx.array(rng.standard_normal((1, 1, tokens, 2)).astype(np.float32))
+
+    live = RotatingKVCache(max_size=4, keep=keep)
+    live.update_and_fetch(random(6), random(6))
+    live.update_and_fetch(random(5), random(5))  # holds 3 + 5 positions now
+    state = boundary_state([KVCache(), live])
+    assert state is not None and state[1].keys.shape[2] == 4 < live.keys.shape[2]
+    restored = state_from_arrays(*reversed(state_arrays(state)), templates()[:2])[1]
+    keys, values = random(next_tokens), random(next_tokens)
+    want = live.update_and_fetch(keys, values)
+    got = restored.update_and_fetch(keys, values)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(got, want, strict=True))
+    assert (restored.offset, restored._idx) == (live.offset, live._idx)

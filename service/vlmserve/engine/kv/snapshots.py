@@ -5,6 +5,7 @@ copied: their keys and values are cut to the same position instead (views.py).""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -56,13 +57,38 @@ def boundary_state(cache: Sequence[CacheLayer], row: int | None = None) -> Bound
         if cuttable(layer):
             state.append(None)
             continue
-        saved = _copy_layer(layer.extract(row) if row is not None else layer)
+        saved = _copy_layer(_window_only(layer.extract(row) if row is not None else layer))
         if saved is None:
             return None
         state.append(saved)
         arrays += _arrays_of(saved)
     mx.eval(arrays)
     return state
+
+
+def _window_only(layer: CacheLayer) -> CacheLayer:
+    """A sliding-window layer right after a multi-token update holds the window and all of that
+    update's positions (mlx-vlm's `RotatingKVCache` keeps max_size - 1 + n in temporal order until
+    its next update trims it); only its last `max_size` positions (and the `keep` first) are ever
+    read again: its next update keeps the last max_size (one token) or max_size - 1 (several)
+    before writing, and a batch merge takes the last `size()`. So a boundary keeps just those, in
+    the state the next one-token update would leave before writing (a prompt-end snapshot of a
+    2,048-token chunk with a 1,024 window is a third of the size). Any other layer: as it is."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import RotatingKVCache
+
+    if type(layer) is not RotatingKVCache or layer.keys is None:
+        return layer
+    held, window, keep = int(layer.keys.shape[2]), int(layer.max_size), int(layer.keep)
+    if layer._idx != held or held <= window or layer.offset < held:
+        return layer  # not a temporal-order buffer longer than its window
+    trimmed = copy.copy(layer)
+    for name in ("keys", "values"):
+        array = getattr(layer, name)
+        parts = [array[..., :keep, :], array[..., held - (window - keep) :, :]] if keep else None
+        setattr(trimmed, name, mx.concatenate(parts, axis=2) if parts else array[..., held - window :, :])
+    trimmed._idx = window
+    return trimmed
 
 
 def boundary_nbytes(state: BoundaryState) -> int:
