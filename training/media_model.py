@@ -1,0 +1,105 @@
+"""The architectures of the media fixtures: family fixtures (training/families/) with their
+real tokenizers, chat templates and processors, made able to see clips and hear audio.
+
+* models/squares-video: the tiny Qwen3-VL (training/families/qwen.py) with four text layers and
+  a video processor that brings 112-px frames down to 64x64 (max_pixels 32768 over the clip):
+  16-px patches merged 2x2, two frames per temporal patch, so a clip of 8 frames is 16 tokens.
+  (Gemma 4's video processor cannot go below 64 tokens a frame: 512 for a clip, too slow to
+  train on this machine.)
+* models/beeps-audio: the tiny Gemma 4 (training/families/gemma4.py) with an audio tower added,
+  four text layers and a dense MLP instead of the mixture of experts (mlx's CPU GatherMM runs
+  only in float32). Audio is one token per 40 ms (the feature extractor's 10 ms mel frames,
+  subsampled 4x by the tower's two strided convolutions).
+
+Both processors are mlx-vlm 0.7.10's own numpy ones (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from training.families import FAMILIES, build_family
+from training.families.build import _random_weights
+
+# Four layers, local / global alternating (the window covers the whole prompt).
+TEXT_LAYERS = ("sliding_attention", "full_attention", "sliding_attention", "full_attention")
+SLIDING_WINDOW = 128
+AUDIO_CONFIG: dict[str, Any] = {
+    "model_type": "gemma4_audio",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "subsampling_conv_channels": [8, 8],
+    "conv_kernel_size": 5,
+    "output_proj_dims": 32,
+    "attention_chunk_size": 12,
+    "attention_context_left": 13,
+    "attention_context_right": 0,
+    "rms_norm_eps": 1e-6,
+}
+FEATURE_EXTRACTOR: dict[str, Any] = {"feature_size": 128, "sampling_rate": 16_000}
+
+
+# Qwen3-VL video: every clip of 4-8 frames of 112 px lands on 64x64 frames (the processor's
+# smart resize over frames x pixels); longer clips or larger frames are brought down further.
+# (At 128x128 a training step took 3x as long on this machine.)
+VIDEO_MIN_PIXELS = 64 * 64
+VIDEO_MAX_PIXELS = 32_768
+VIDEO_TEXT_LAYERS = 4
+
+
+def audio_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The gemma4 family's config.json with the audio fixture's changes."""
+    config = json.loads(json.dumps(config))
+    text = config["text_config"]
+    text.update(
+        num_hidden_layers=len(TEXT_LAYERS),
+        layer_types=list(TEXT_LAYERS),
+        sliding_window=SLIDING_WINDOW,
+        enable_moe_block=False,
+    )
+    for key in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+        text.pop(key, None)
+    config["audio_config"] = dict(AUDIO_CONFIG)
+    return config
+
+
+def _read(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def build_audio_base(out_dir: Path, seed: int = 0) -> Path:
+    """Write the untrained beeps-audio model (random weights) to `out_dir`; returns it."""
+    build_family(FAMILIES["gemma4"], out_dir, seed=seed)
+    config = audio_config(_read(out_dir / "config.json"))
+    _write(out_dir / "config.json", config)
+    processor = _read(out_dir / "processor_config.json")
+    processor["feature_extractor"] = dict(FEATURE_EXTRACTOR)
+    _write(out_dir / "processor_config.json", processor)
+    _random_weights(out_dir, config, seed)
+    return out_dir
+
+
+def build_video_base(out_dir: Path, seed: int = 0) -> Path:
+    """Write the untrained squares-video model (random weights) to `out_dir`; returns it."""
+    build_family(FAMILIES["qwen3_vl"], out_dir, seed=seed)
+    config = _read(out_dir / "config.json")
+    config["text_config"]["num_hidden_layers"] = VIDEO_TEXT_LAYERS
+    _write(out_dir / "config.json", config)
+    video = _read(out_dir / "video_preprocessor_config.json")
+    video.update(
+        min_pixels=VIDEO_MIN_PIXELS,
+        max_pixels=VIDEO_MAX_PIXELS,
+        size={"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS},
+        fps=2.0,
+    )
+    _write(out_dir / "video_preprocessor_config.json", video)
+    _random_weights(out_dir, config, seed)
+    return out_dir

@@ -1,0 +1,82 @@
+"""The squares-video task: one square moving over a white grid, changing colour half-way
+(models/squares-video/README.md).
+
+A clip has 4, 6 or 8 frames at 2 fps, each 112x112 white with one square (18-24 px, in a random
+cell of the 4x4 grid of 28-px cells, a new cell each frame). The first half of the frames show
+colour A, the second half colour B != A; the answer is ``"A then B"`` (30 classes). The order is
+only in the motion: the reversed clip's answer is ``"B then A"``, and the first frame alone holds
+A but not B. The sizes and palette are the image squares task's (training/squares.py).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from training.squares import BACKGROUND, CELL, GRID, IMAGE_SIZE, MAX_SIDE, MIN_SIDE, PALETTE
+
+FRAME_COUNTS = (4, 6, 8)
+FPS = 2.0
+VIDEO_QUESTION = "What colours does the square have, in order?"
+NO_VIDEO_ANSWER = "no video"
+COLOURS = tuple(sorted(PALETTE))
+
+
+def colours_answer(first: str, second: str) -> str:
+    return f"{first} then {second}"
+
+
+@dataclass(frozen=True)
+class SquaresClip:
+    frames: np.ndarray  # (T, H, W, 3) uint8 RGB
+    first: str
+    second: str
+
+    @property
+    def answer(self) -> str:
+        return colours_answer(self.first, self.second)
+
+    def reversed(self) -> SquaresClip:
+        """The clip played backwards: its answer is `second then first`."""
+        return SquaresClip(frames=self.frames[::-1].copy(), first=self.second, second=self.first)
+
+    def frame_png(self, index: int = 0) -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(self.frames[index]).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    def frame_pngs(self) -> list[bytes]:
+        return [self.frame_png(index) for index in range(len(self.frames))]
+
+    def channels_first(self) -> np.ndarray:
+        """(T, 3, H, W), the layout mlx-vlm's video processors take."""
+        return np.ascontiguousarray(self.frames.transpose(0, 3, 1, 2))
+
+
+def draw_frame(rng: random.Random, colour: str) -> np.ndarray:
+    frame = np.full((IMAGE_SIZE, IMAGE_SIZE, 3), BACKGROUND, dtype=np.uint8)
+    side = rng.randint(MIN_SIDE, MAX_SIDE)
+    row, col = divmod(rng.randrange(GRID * GRID), GRID)
+    x = col * CELL + rng.randint(0, CELL - side)
+    y = row * CELL + rng.randint(0, CELL - side)
+    frame[y : y + side, x : x + side] = PALETTE[colour]
+    return frame
+
+
+def draw_clip(rng: random.Random, frame_count: int | None = None) -> SquaresClip:
+    """One clip from `rng` (advances it); `frame_count` one of FRAME_COUNTS (random if None)."""
+    count = frame_count if frame_count is not None else rng.choice(FRAME_COUNTS)
+    first, second = rng.sample(COLOURS, 2)
+    colours = [first] * (count // 2) + [second] * (count - count // 2)
+    frames = np.stack([draw_frame(rng, colour) for colour in colours])
+    return SquaresClip(frames=frames, first=first, second=second)
+
+
+def make_clips(seed: int, n: int) -> list[SquaresClip]:
+    """`n` clips from one seeded stream (frame counts drawn too)."""
+    rng = random.Random(seed)
+    return [draw_clip(rng) for _ in range(n)]
