@@ -24,6 +24,7 @@ only, the click every step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import random
@@ -48,7 +49,7 @@ from training.squares_click import (
     third_turn,
 )
 from training.squares_conversations import Conversation
-from training.squares_forward import Batch, check_against_model, loss_fn, row_exact_match
+from training.squares_forward import Batch, check_against_model, loss_fn, row_exact_match, vision_features
 from vlmserve.engine.computer.adapter import COMPUTER_TOOL_NAME, adapt_request
 from vlmserve.engine.computer.conventions import convention_for
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -151,11 +152,27 @@ class Templates:
         return self._cache[key]
 
 
+def deciding_slots(templates: Templates) -> list[int]:
+    """Indices in the click reply where the cells' replies differ (the coordinates' digits)."""
+    replies = list(templates.click_ids.values())
+    return [k for k in range(len(replies[0])) if len({reply[k] for reply in replies}) > 1]
+
+
 def click_batch(
-    templates: Templates, template: Template, screens: Sequence[Screen]
+    templates: Templates, template: Template, screens: Sequence[Screen], digit_weight: float = 1.0
 ) -> tuple[Batch, np.ndarray]:
     answers = [templates.click_ids[screen.target_cell] for screen in screens]
-    return _batch(template, answers, templates.tokens, [s.image for s in screens], len(screens))
+    batch, full = _batch(template, answers, templates.tokens, [s.image for s in screens], len(screens))
+    if digit_weight == 1.0:
+        return batch, full
+    # The click's ~40 tokens are the same for every cell but its digits: without this the loss
+    # that carries the image is 1/20 of the total and drowns in the rest (README).
+    weights = np.array(batch.loss_weight)
+    slots = weights.size // len(screens)
+    for row in range(len(screens)):
+        for k in deciding_slots(templates):
+            weights[row * slots + k] *= digit_weight
+    return dataclasses.replace(batch, loss_weight=mx.array(weights)), full
 
 
 def done_batch(
@@ -191,6 +208,36 @@ def evaluate(templates: Templates, model: Any, seed: int, rows: int) -> dict[str
     return {name: float(np.mean(values)) for name, values in hits.items()}
 
 
+def recentre_vision(model: Any, tokens: Tokens, rng: random.Random, scale: float) -> dict[str, float]:
+    """Rescale the vision merger's output so that a square stands out from the white screen.
+
+    The squares model's image features are ~700 long and nearly all a shared direction: a
+    square's token has cosine 0.995-0.999 with the white ones, so after the text model's RMSNorm
+    a square is all but invisible, and whatever attention writes into an image token (where it
+    is) drowns in its residual. The merger's last linear layer becomes `scale * (f - white) / d +
+    white_unit`, d the mean distance of a square's token from white: white tokens are a unit
+    vector, squares stand `scale` away from it.
+    """
+    white = Image.new("RGB", (112, 112), (255, 255, 255))
+    screens = [draw_screen(rng, 112, None, 4).image for _ in range(8)]
+    processed = tokens.processor.image_processor(images=[white, *screens])
+    grid = mx.array(np.asarray(processed["image_grid_thw"]))
+    computed = vision_features(
+        model, mx.array(np.asarray(processed["pixel_values"])), tokens.vision_rotary(grid), len(screens) + 1
+    )
+    features = np.array(computed.astype(mx.float32)).reshape(len(screens) + 1, GRID * GRID, -1)
+    white_feature = features[0].mean(axis=0)
+    distances = np.linalg.norm(features[1:] - white_feature, axis=-1)
+    spread = float(np.sort(distances.reshape(-1))[-4 * len(screens) :].mean())  # the squares' tokens
+    layer = model.vision_tower.merger.mlp[2]
+    factor = scale / spread
+    unit = white_feature / np.linalg.norm(white_feature)
+    layer.weight = layer.weight * factor
+    layer.bias = mx.array(factor * (np.array(layer.bias) - white_feature) + unit)
+    mx.eval(model.parameters())
+    return {"white_norm": float(np.linalg.norm(white_feature)), "square_distance": spread}
+
+
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     # The fixture's 4 rows and columns of image tokens differ by < 0.1 rad in its text model's
     # rotary angles with the default sections ([4, 6, 6] of 16 frequency pairs at rope_theta 1e6:
@@ -201,6 +248,9 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     model, processor = fresh_model(args.fixture, args.seed, args.init, args.overrides)
     tokens = Tokens(model, processor)
     templates = Templates(tokens)
+    if args.recentre_vision:
+        found = recentre_vision(model, tokens, random.Random(-2), args.recentre_vision)
+        print("recentred vision features:", found, flush=True)
     check_rng = random.Random(-1)
     for variant in DISPLAYS:  # our forward must equal mlx-vlm's on every kind of template
         batch, full = click_batch(
@@ -234,7 +284,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         # Warm-up: one square per screen (where is it?) before choosing among several (which one?).
         count = 1 if step <= args.single_steps else None
         screens = [draw_screen(rng, None, colour, count) for _ in range(args.batch)]
-        click, _ = click_batch(templates, templates.second(colour, variant), screens)
+        click, _ = click_batch(templates, templates.second(colour, variant), screens, args.digit_weight)
         if step % args.aux_every:
             return (click,)  # the click is what is hard to learn; the other turns now and then
         done_colour = rng.choice(COLOURS)
@@ -266,6 +316,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mrope-section", type=int, nargs=3, default=[0, 2, 14])
     parser.add_argument("--single-steps", type=int, default=0, help="first steps on one-square screens")
     parser.add_argument("--aux-every", type=int, default=1, help="train the other turns every Nth step")
+    parser.add_argument(
+        "--digit-weight", type=float, default=1.0, help="loss weight of the click's coordinate digits"
+    )
+    parser.add_argument(
+        "--recentre-vision",
+        type=float,
+        default=0.0,
+        help="before training, rescale the merger's output: squares this far from white (0: off)",
+    )
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)
     return parser.parse_args(argv)
