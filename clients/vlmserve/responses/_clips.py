@@ -11,8 +11,6 @@ are images: each goes through the image check.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 
@@ -29,7 +27,7 @@ from ._clip_models import (
     VideoURLParam,
 )
 from ._errors import InvalidRequestError
-from ._files import lookup_file
+from ._files import decode_base64, lookup_file
 from ._json import join
 from ._media import ImageFetchError, MediaPolicy
 from ._video_defaults import VideoDefaults
@@ -37,7 +35,6 @@ from ._video_defaults import VideoDefaults
 __all__ = ["audio_part", "video_part"]
 
 _DATA_URL_HEAD = re.compile(r"data:([A-Za-z0-9!#$&^_.+/-]*)((?:;[A-Za-z0-9=._+-]{1,64}){0,8}),")
-_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 _FILE_ID = re.compile(r"file-[A-Za-z0-9_-]{1,128}")
 _OTHER_NAMES: dict[ClipKind, tuple[str, ...]] = {"video": ("image/gif",), "audio": ("application/ogg",)}
 _KIND_NAMES = {
@@ -255,16 +252,7 @@ def _decode(value: str, param: str, kind: ClipKind, max_bytes: int) -> tuple[str
     if len(payload) > (max_bytes + 2) // 3 * 4 + 4:
         raise _too_large(param, kind, max_bytes)
     raw = payload.encode("ascii", errors="replace").replace(b"\n", b"").replace(b"\r", b"")
-    if _BASE64.fullmatch(raw) is None or len(raw) % 4 == 1:
-        raise InvalidRequestError(
-            f"Invalid value for '{param}': invalid base64.", param=param, code="invalid_base64"
-        )
-    try:
-        data = base64.b64decode(raw + b"=" * (-len(raw) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequestError(
-            f"Invalid value for '{param}': invalid base64.", param=param, code="invalid_base64"
-        ) from None
+    data = decode_base64(raw, param)
     if not data:
         raise InvalidRequestError(
             f"Invalid value for '{param}': the {kind} is empty.", param=param, code=f"invalid_{kind}"
