@@ -94,62 +94,41 @@ async def create_response(request: Request, state: State) -> Response:
         raise
 
     headers = ignored_tools_header(generation)
+    wire: Wire | None = None
     if compacting is not None:
         images = latest_images(generation.request, state.settings.compaction_keep_images)
         compaction = CompactionEvents(state.responses.seal, owner=generation.owner, images=images)
         record_compaction(state.responses, generation, compaction, compacting)
-        return await respond(
-            request,
-            generation,
-            Wire(
-                frames=lambda event: _json_frames(compaction.events(event)),
-                closing=_done,
-                answer=compaction.answer,
-            ),
-            stream=generation.translated.stream,
-            settings=state.settings,
-            release=hold.release,
-            headers=headers,
+        wire = Wire(
+            frames=lambda event: _json_frames(compaction.events(event)),
+            closing=_done,
+            answer=compaction.answer,
         )
-    if prewarm is not None:
+    elif prewarm is not None:
         warming = PrewarmEvents()
-        return await respond(
-            request,
-            generation,
-            Wire(
-                frames=lambda event: _json_frames(warming.events(event)), closing=_done, answer=warming.answer
-            ),
-            stream=generation.translated.stream,
-            settings=state.settings,
-            release=hold.release,
-            headers=headers,
+        wire = Wire(
+            frames=lambda event: _json_frames(warming.events(event)), closing=_done, answer=warming.answer
         )
-    if compacted is not None:
+    elif compacted is not None:
         # Sent and stored with the compaction item first in its output.
         prefixed = PrefixedOutput(compacted)
         generation.recorder.stored_json = prefixed.answer
         if not generation.translated.echo.background:
-            return await respond(
-                request,
-                generation,
-                Wire(
-                    frames=lambda event: _json_frames(prefixed.events(event.to_json())),
-                    closing=_done,
-                    answer=prefixed.answer,
-                ),
-                stream=generation.translated.stream,
-                settings=state.settings,
-                release=hold.release,
-                headers=headers,
+            wire = Wire(
+                frames=lambda event: _json_frames(prefixed.events(event.to_json())),
+                closing=_done,
+                answer=prefixed.answer,
             )
-    if generation.translated.echo.background:
-        # Answered at once (`queued`); the run goes on without this request.
-        created = await state.background.start(generation, finisher(generation, hold.release))
-        if generation.translated.stream:
-            events = state.background.follow(generation.response_id, owner=generation.owner, after=None)
-            return EventSourceResponse(_stored_sse(events), headers=headers, sep=SSE_SEPARATOR)
-        return JSONResponse(created[0].to_json()["response"], headers=headers)
-    wire = Wire(frames=_frames, closing=_done, answer=lambda resource: resource)
+    if wire is None:
+        if generation.translated.echo.background:
+            # Answered at once (`queued`); the run goes on without this request.
+            created = await state.background.start(generation, finisher(generation, hold.release))
+            if generation.translated.stream:
+                events = state.background.follow(generation.response_id, owner=generation.owner, after=None)
+                return EventSourceResponse(_stored_sse(events), headers=headers, sep=SSE_SEPARATOR)
+            return JSONResponse(created[0].to_json()["response"], headers=headers)
+        wire = Wire(frames=_frames, closing=_done, answer=lambda resource: resource)
+    # One answer for every kind of turn above: streamed or not, the body's hold released at the end.
     return await respond(
         request,
         generation,
