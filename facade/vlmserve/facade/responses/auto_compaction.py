@@ -20,10 +20,10 @@ from typing import Any
 
 from vlmserve.client import EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
-from vlmserve.facade.http.errors import APIError, from_engine_error
+from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.compaction_turn import CompactionEvents, latest_images, summary_budget
 from vlmserve.facade.responses.delivery import collect, finisher
-from vlmserve.facade.responses.preparation import ResponsesService, Translation, part_path_of
+from vlmserve.facade.responses.preparation import ResponsesService, Translation
 from vlmserve.facade.responses.running import Generation
 from vlmserve.responses import CreateRequest, summarising_body
 
@@ -112,13 +112,7 @@ async def _count(service: ResponsesService, translation: Translation, request: p
             request, timeout=service.settings.timeouts.control
         )
     except EngineError as error:
-        # As Generate's would be: a refused part of the input named as the client wrote it.
-        raise from_engine_error(
-            error,
-            context_length=translation.info.context_length or None,
-            retry_after_s=service.settings.retry_after_s,
-            part_path=part_path_of(translation.translated, len(request.messages)),
-        ) from None
+        raise service.counting_refused(error, translation, request) from None
     return int(counted.input_tokens)
 
 

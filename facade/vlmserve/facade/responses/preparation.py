@@ -519,13 +519,20 @@ class ResponsesService:
                 request.model = await self._served_model_id(create.body, owner, translation.model)
                 counted = await engine.count_tokens(request, timeout=timeout)
         except EngineError as error:
-            raise from_engine_error(
-                error,
-                context_length=translation.info.context_length or None,
-                retry_after_s=self.settings.retry_after_s,
-                part_path=part_path_of(translation.translated, len(request.messages)),
-            ) from None
+            raise self.counting_refused(error, translation, request) from None
         return int(counted.input_tokens)
+
+    def counting_refused(
+        self, error: EngineError, translation: Translation, request: pb.GenerateRequest
+    ) -> APIError:
+        """A failed CountTokens of `request` answered as Generate's would be: a refused part of
+        the input named as the client wrote it. `count_tokens` and auto-compaction's counts."""
+        return from_engine_error(
+            error,
+            context_length=translation.info.context_length or None,
+            retry_after_s=self.settings.retry_after_s,
+            part_path=part_path_of(translation.translated, len(request.messages)),
+        )
 
     async def cancel_all(self) -> None:
         """Shutdown: stop every generation still running."""
