@@ -28,13 +28,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a script: reach tests/ helpers without installing them
 
-from tests.engine._family_engine import greedy, image, png, running_engine, text, user  # noqa: E402
+from tests.engine._family_engine import (  # noqa: E402
+    SCREENSHOT_TOOL,
+    greedy,
+    image,
+    png,
+    running_engine,
+    screenshot_turn,
+    text,
+    user,
+)
 from training.families import FAMILIES, build_family  # noqa: E402
 from vlmserve.engine.v1 import engine_pb2 as pb  # noqa: E402
-
-TOOL = pb.Tool(
-    function=pb.FunctionTool(name="screenshot", description="Capture the screen.", parameters_json="{}")
-)
 
 
 def system_prompt(words: int) -> pb.Message:
@@ -49,7 +54,7 @@ def loop(stub: Any, turns: int, system: pb.Message) -> list[dict[str, Any]]:
     out = []
     for turn in range(turns):
         request = greedy(messages, max_tokens=16)
-        request.tools.append(TOOL)
+        request.tools.append(SCREENSHOT_TOOL)
         result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=600).result
         out.append(
             {
@@ -59,21 +64,7 @@ def loop(stub: Any, turns: int, system: pb.Message) -> list[dict[str, Any]]:
             }
         )
         call_id = f"call_{turn:02d}"
-        messages += [
-            pb.Message(
-                role=pb.ROLE_ASSISTANT,
-                parts=[text(result.text)] if result.text else [],
-                reasoning_text=result.reasoning_text,
-                tool_calls=[pb.ToolCall(id=call_id, name="screenshot", arguments="{}")],
-            ),
-            pb.Message(
-                role=pb.ROLE_TOOL,
-                tool_output=pb.ToolOutput(
-                    call_id=call_id,
-                    parts=pb.PartList(parts=[text("captured"), image(png(64, 48, seed=turn))]),
-                ),
-            ),
-        ]
+        messages += screenshot_turn(result, call_id, seed=turn)
     return out
 
 

@@ -20,7 +20,17 @@ from tests._family_models import family_models  # noqa: F401  (fixture)
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
-from ._family_engine import SYSTEM, greedy, image, png, running_engine, text, user
+from ._family_engine import (
+    SCREENSHOT_TOOL,
+    SYSTEM,
+    greedy,
+    image,
+    png,
+    running_engine,
+    screenshot_turn,
+    text,
+    user,
+)
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
@@ -33,9 +43,6 @@ NOT_COMPARED = {
     # that size (random weights), so it shows in the output.
     "gemma3": "the vision tower's rounding depends on the images run together",
 }
-TOOL = pb.Tool(
-    function=pb.FunctionTool(name="screenshot", description="Capture the screen.", parameters_json="{}")
-)
 
 
 def agent_loop(
@@ -52,26 +59,12 @@ def agent_loop(
     results, requests = [], []
     for turn in range(turns):
         request = greedy(messages, max_tokens=16)
-        request.tools.append(TOOL)
+        request.tools.append(SCREENSHOT_TOOL)
         result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result
         results.append(result)
         requests.append(request)
         call_id = f"call_shot{turn:02d}"
-        messages += [
-            pb.Message(
-                role=pb.ROLE_ASSISTANT,
-                parts=[text(result.text)] if result.text else [],
-                reasoning_text=result.reasoning_text,
-                tool_calls=[pb.ToolCall(id=call_id, name="screenshot", arguments="{}")],
-            ),
-            pb.Message(
-                role=pb.ROLE_TOOL,
-                tool_output=pb.ToolOutput(
-                    call_id=call_id,
-                    parts=pb.PartList(parts=[text("captured"), image(png(64, 48, seed=turn))]),
-                ),
-            ),
-        ]
+        messages += screenshot_turn(result, call_id, seed=turn)
     return results, requests
 
 
