@@ -13,12 +13,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tests.engine._family_engine import prompt_adds_special_tokens
+from tests.engine._family_engine import reference_steps
 from training.families import FAMILIES, build_family
 from training.families._base import FamilyFiles
-from vlmserve.common.images import decode_image
 from vlmserve.engine.model import LoadedModel
-from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 FPS = 2.0
@@ -114,51 +112,16 @@ def reference_clip_tokens(
     """(generated ids, prompt tokens, each chosen token's logprob) from mlx-vlm's `prepare_inputs`
     and `stream_generate` on the engine's prompt, its images, the clips' frames ((T, H, W, 3)
     each, passed as arrays) and samples."""
-    from mlx_vlm import stream_generate
-    from mlx_vlm.utils import prepare_inputs
-
-    assert loaded.template is not None
-    rendered = render_prompt(messages, template=loaded.template)
-    extra: dict[str, Any] = {}
-    if rendered.images:
-        extra["images"] = [
-            decode_image(
-                item.part.data, declared_media_type=item.part.media_type, limits=loaded.info.image_limits
-            )
-            for item in rendered.images
-        ]
+    clips: dict[str, Any] = {}
     if videos:
-        extra["videos"] = [np.ascontiguousarray(v.transpose(0, 3, 1, 2)) for v in videos]
-        extra["fps"] = fps
+        clips["videos"] = [np.ascontiguousarray(v.transpose(0, 3, 1, 2)) for v in videos]
+        clips["fps"] = fps
     if audios:
-        extra["audio"] = list(audios)
-    inputs = dict(
-        prepare_inputs(
-            processor or loaded.processor,
-            prompts=[rendered.text],
-            add_special_tokens=prompt_adds_special_tokens(rendered.text, loaded.tokenizer),
-            **extra,
-        )
-    )
-    input_ids = inputs.pop("input_ids")
-    steps = list(
-        stream_generate(
-            loaded.model,
-            loaded.processor,
-            rendered.text,
-            input_ids=input_ids,
-            pixel_values=inputs.pop("pixel_values", None),
-            mask=inputs.pop("attention_mask", None),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            **{k: v for k, v in inputs.items() if v is not None},
-        )
-    )
-    final = steps[-1]
-    tokens = list(final.token_ids)
-    assert final.finish_reason == "length" and len(tokens) == max_tokens
+        clips["audio"] = list(audios)
+    steps, prompt_tokens = reference_steps(loaded, messages, max_tokens, processor=processor, **clips)
+    tokens = list(steps[-1].token_ids)
     logprobs = [float(step.logprobs[step.token]) for step in steps if step.logprobs is not None]
-    return tokens, int(input_ids.shape[-1]), logprobs[:max_tokens]
+    return tokens, prompt_tokens, logprobs[:max_tokens]
 
 
 # A small audio tower for the Gemma 4 fixture (its published checkpoints with audio: E2B/E4B),

@@ -97,16 +97,21 @@ def family(request: pytest.FixtureRequest, family_models: dict[str, Path]) -> It
     name: str = request.param
     model_dir = family_models[name]
     with running_engine(model_dir) as (engine, stub):
-        reference = load_model(
-            str(model_dir),
-            max_output_tokens=64,
-            image_limits=engine.server.generator.config.image_limits,
-            max_images_per_request=16,
-        )
-        # mlx-vlm's own input preparation hands `padding` to the image processor, which LLaVA's
-        # refuses (the engine filters it the same way): the reference gets the same filter.
-        reference.processor.image_processor = ImageProcessorCall(reference.processor.image_processor)
-        yield FamilyEngine(name, engine.address, stub, reference)
+        yield FamilyEngine(name, engine.address, stub, reference_model(model_dir, engine))
+
+
+def reference_model(model_dir: Path, engine: RunningEngine) -> LoadedModel:
+    """A second load of `engine`'s model, with its image limits, for mlx-vlm's own generation."""
+    reference = load_model(
+        str(model_dir),
+        max_output_tokens=64,
+        image_limits=engine.server.generator.config.image_limits,
+        max_images_per_request=16,
+    )
+    # mlx-vlm's own input preparation hands `padding` to the image processor, which LLaVA's
+    # refuses (the engine filters it the same way): the reference gets the same filter.
+    reference.processor.image_processor = ImageProcessorCall(reference.processor.image_processor)
+    return reference
 
 
 # -- conversations ------------------------------------------------------------------------------
@@ -153,6 +158,31 @@ TOOL_SCREENSHOT = [
     ),
 ]
 
+SCREENSHOT_TOOL = pb.Tool(
+    function=pb.FunctionTool(name="screenshot", description="Capture the screen.", parameters_json="{}")
+)
+
+
+def screenshot_turn(result: pb.GenerateResult, call_id: str, seed: int) -> list[pb.Message]:
+    """An agent loop's next two messages: the model's answer (its thinking and text) with a
+    `screenshot` call it never generated, and the tool's output with a new screenshot."""
+    return [
+        pb.Message(
+            role=pb.ROLE_ASSISTANT,
+            parts=[text(result.text)] if result.text else [],
+            reasoning_text=result.reasoning_text,
+            tool_calls=[pb.ToolCall(id=call_id, name="screenshot", arguments="{}")],
+        ),
+        pb.Message(
+            role=pb.ROLE_TOOL,
+            tool_output=pb.ToolOutput(
+                call_id=call_id,
+                parts=pb.PartList(parts=[text("captured"), image(png(64, 48, seed=seed))]),
+            ),
+        ),
+    ]
+
+
 CONVERSATIONS: dict[str, list[pb.Message]] = {
     "text": [SYSTEM, user(text("Name three colours of the sea at dusk."))],
     "one_image": [SYSTEM, user(image(WIDE), text("What is in this picture?"))],
@@ -177,50 +207,68 @@ def prompt_adds_special_tokens(prompt: str, tokenizer: Any) -> bool:
     return not (bos and prompt.startswith(bos))
 
 
-def reference_tokens(
-    loaded: LoadedModel, messages: list[pb.Message], max_tokens: int
-) -> tuple[list[int], int]:
-    """(generated ids, prompt tokens) from mlx-vlm's loop on the engine's prompt and images.
+def reference_steps(
+    loaded: LoadedModel,
+    messages: list[pb.Message],
+    max_tokens: int,
+    *,
+    processor: Any = None,
+    **clips: Any,
+) -> tuple[list[Any], int]:
+    """(mlx-vlm's generation steps, prompt tokens) on the engine's prompt, its images and
+    `clips` (`prepare_inputs`'s videos, fps, audio: tests/engine/_clips.py).
 
-    The inputs are prepared with mlx-vlm's own `prepare_inputs`, with one BOS token (mlx-vlm's
-    `should_add_special_tokens` adds a second one for gemma3, mistral3 and llama4); the text is
-    the full decode of the generated tokens (mlx-vlm's streamed text drops a trailing partial
-    character).
+    The inputs are prepared with mlx-vlm's own `prepare_inputs` (by `processor`, else the
+    model's), with one BOS token (mlx-vlm's `should_add_special_tokens` adds a second one for
+    gemma3, mistral3 and llama4); the text is the full decode of the generated tokens (mlx-vlm's
+    streamed text drops a trailing partial character).
     """
     from mlx_vlm import stream_generate
     from mlx_vlm.utils import prepare_inputs
 
     assert loaded.template is not None
     rendered = render_prompt(messages, template=loaded.template)
-    images = [
-        decode_image(
-            item.part.data, declared_media_type=item.part.media_type, limits=loaded.info.image_limits
-        )
-        for item in rendered.images
-    ]
+    extra = dict(clips)
+    if rendered.images:
+        extra["images"] = [
+            decode_image(
+                item.part.data, declared_media_type=item.part.media_type, limits=loaded.info.image_limits
+            )
+            for item in rendered.images
+        ]
     inputs = dict(
         prepare_inputs(
-            loaded.processor,
-            images=images or None,
+            processor or loaded.processor,
             prompts=[rendered.text],
             add_special_tokens=prompt_adds_special_tokens(rendered.text, loaded.tokenizer),
+            **extra,
         )
     )
     input_ids = inputs.pop("input_ids")
-    *_, final = stream_generate(
-        loaded.model,
-        loaded.processor,
-        rendered.text,
-        input_ids=input_ids,
-        pixel_values=inputs.pop("pixel_values", None),
-        mask=inputs.pop("attention_mask", None),
-        max_tokens=max_tokens,
-        temperature=0.0,
-        **{k: v for k, v in inputs.items() if v is not None},
+    steps = list(
+        stream_generate(
+            loaded.model,
+            loaded.processor,
+            rendered.text,
+            input_ids=input_ids,
+            pixel_values=inputs.pop("pixel_values", None),
+            mask=inputs.pop("attention_mask", None),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            **{k: v for k, v in inputs.items() if v is not None},
+        )
     )
-    tokens = list(final.token_ids)
-    assert final.finish_reason == "length" and len(tokens) == max_tokens
-    return tokens, int(input_ids.shape[-1])
+    final = steps[-1]
+    assert final.finish_reason == "length" and len(final.token_ids) == max_tokens
+    return steps, int(input_ids.shape[-1])
+
+
+def reference_tokens(
+    loaded: LoadedModel, messages: list[pb.Message], max_tokens: int
+) -> tuple[list[int], int]:
+    """(generated ids, prompt tokens) from mlx-vlm's loop on the engine's prompt and images."""
+    steps, prompt_tokens = reference_steps(loaded, messages, max_tokens)
+    return list(steps[-1].token_ids), prompt_tokens
 
 
 def reference_generate(loaded: LoadedModel, messages: list[pb.Message], max_tokens: int) -> tuple[str, int]:

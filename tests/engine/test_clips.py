@@ -29,10 +29,17 @@ from tests.engine._clips import (
     video,
     wav_samples,
 )
-from tests.engine._family_engine import SYSTEM, RunningEngine, image, running_engine, text, user
+from tests.engine._family_engine import (
+    SYSTEM,
+    RunningEngine,
+    image,
+    reference_model,
+    running_engine,
+    text,
+    user,
+)
 from training.families import FAMILIES, build_family
-from vlmserve.engine.model import FIXTURE_MODELS_DIR, LoadedModel, load_model
-from vlmserve.engine.prep.image_inputs import ImageProcessorCall
+from vlmserve.engine.model import FIXTURE_MODELS_DIR, LoadedModel
 from vlmserve.engine.prep.qwen2_video import Qwen2VideoProcessor
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -91,16 +98,7 @@ def clip_engine(
     name: str = request.param
     model_dir = _model_dir(name, tmp_path_factory.mktemp("clip-models"))
     with running_engine(model_dir) as (engine, stub):
-        reference = load_model(
-            str(model_dir),
-            max_output_tokens=64,
-            image_limits=engine.server.generator.config.image_limits,
-            max_images_per_request=16,
-        )
-        # mlx-vlm's LLaVA processor hands `padding` to the image processor, which refuses it (as in
-        # _family_engine.py): the reference gets the engine's filter.
-        reference.processor.image_processor = ImageProcessorCall(reference.processor.image_processor)
-        yield ClipEngine(name, stub, reference, engine)
+        yield ClipEngine(name, stub, reference_model(model_dir, engine), engine)
 
 
 def request(messages: list[pb.Message], max_tokens: int = MAX_TOKENS) -> pb.GenerateRequest:
