@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.engine._drafting_row import LookupRow
 from vlmserve.engine.sampling import SamplingSettings, TokenSampler
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator
@@ -115,43 +116,21 @@ def test_lookups_that_find_nothing_rest_the_row_for_doubling_spells_up_to_a_boun
     assert length.resting and length.allowed() == 0 and length.allowed() == 2
 
 
-class _Row:
-    """A DraftingRow with a history that never repeats (lookup finds nothing)."""
-
-    def __init__(self, start: int, *, constrained: bool = False, can_draft: bool = True) -> None:
-        self.generated = [start]
-        self.constrained = constrained
-        self.can_draft = can_draft
-        self.tokens_left = 100
-
-    @property
-    def key(self) -> _Row:
-        return self
-
-    @property
-    def context_tokens(self) -> tuple[list[int], list[int]]:
-        return [], self.generated
-
-    def forced_tokens(self, pending: Any) -> list[int]:
-        return []
-
-    def take_prompt_hidden(self) -> None:
-        return None
-
-
 @pytest.mark.parametrize(
     ("rows", "rests_at"),
     [
         # Rows whose lookups find nothing rest together: steps 5 (1 step), 10-11 (2) ...
-        ([_Row(0), _Row(10_000)], [5, 10, 11, 16, 17, 18, 19]),
+        ([LookupRow(0), LookupRow(10_000)], [5, 10, 11, 16, 17, 18, 19]),
         # A constrained row may be forced drafts at any step: no plain step is chosen blind.
-        ([_Row(0), _Row(10_000, constrained=True)], []),
+        ([LookupRow(0), LookupRow(10_000, constrained=True)], []),
         # A row that never drafts (logprobs) does not hold the others back.
-        ([_Row(0), _Row(10_000, can_draft=False)], [5, 10, 11, 16, 17, 18, 19]),
-        ([_Row(0, can_draft=False)], list(range(1, 21))),
+        ([LookupRow(0), LookupRow(10_000, can_draft=False)], [5, 10, 11, 16, 17, 18, 19]),
+        ([LookupRow(0, can_draft=False)], list(range(1, 21))),
     ],
 )
-def test_a_step_is_plain_when_every_row_that_could_draft_rests(rows: list[_Row], rests_at: list[int]) -> None:
+def test_a_step_is_plain_when_every_row_that_could_draft_rests(
+    rows: list[LookupRow], rests_at: list[int]
+) -> None:
     speculator = Speculator(max_draft=4)
     plain = []
     for step in range(1, 21):

@@ -5,10 +5,10 @@ the costs are fed here as the verifier feeds them from its clock."""
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
 
 import pytest
 
+from tests.engine._drafting_row import LookupRow
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.policy import RowDrafts, verify_width
 from vlmserve.engine.speculation.step_cost import StepCosts, StepGate, bucket
@@ -137,28 +137,6 @@ def test_measured_costs_choose_the_width() -> None:
     assert verify_width(rows, position_cost=0.065, max_width=9, costs=costs) == 1
 
 
-class _Row:
-    def __init__(self, start: int) -> None:
-        self.generated = [start]
-        self.constrained = False
-        self.can_draft = True
-        self.tokens_left = 100
-
-    @property
-    def key(self) -> _Row:
-        return self
-
-    @property
-    def context_tokens(self) -> tuple[list[int], list[int]]:
-        return [], self.generated
-
-    def forced_tokens(self, pending: Any) -> list[int]:
-        return []
-
-    def take_prompt_hidden(self) -> None:
-        return None
-
-
 class _Drafter:
     """A drafter model's bookkeeping only (which rows it holds)."""
 
@@ -167,10 +145,10 @@ class _Drafter:
     def __init__(self) -> None:
         self.held: set[Hashable] = set()
 
-    def ready(self, row: _Row) -> bool:
+    def ready(self, row: LookupRow) -> bool:
         return row.key in self.held
 
-    def forget(self, row: _Row) -> None:
+    def forget(self, row: LookupRow) -> None:
         self.held.discard(row.key)
 
 
@@ -178,7 +156,7 @@ def test_a_plain_step_drops_the_drafter_models_rows_and_counts_a_forward() -> No
     drafter = _Drafter()
     speculator = Speculator(max_draft=4, model_drafter=drafter)  # type: ignore[arg-type]
     assert speculator.gate is not None and speculator.gate.probe_steps == 2
-    rows = [_Row(0), _Row(100)]
+    rows = [LookupRow(0), LookupRow(100)]
     drafter.held = {row.key for row in rows}
     assert speculator.speculates(rows)  # nothing measured yet: verify
     for _ in range(3):
@@ -195,7 +173,7 @@ def test_a_rows_first_decode_step_verifies_so_its_drafter_starts_over_the_prompt
     for _ in range(3):
         speculator.gate.costs.observe(1, 0, 0.1)
         speculator.gate.costs.observe(1, 1, 0.3)
-    row = _Row(0)  # one token taken: its first decode step is next
+    row = LookupRow(0)  # one token taken: its first decode step is next
     assert speculator.speculates([row])
     row.generated.append(1)
     assert not speculator.speculates([row])  # not its first: plain wins
@@ -211,23 +189,23 @@ def test_a_new_rows_drafter_is_not_started_while_plain_steps_win() -> None:
     for _ in range(3):
         speculator.gate.costs.observe(1, 0, 0.1)
         speculator.gate.costs.observe(1, 1, 0.3)
-    older = _Row(0)
+    older = LookupRow(0)
     older.generated.append(1)
     assert not speculator.speculates([older])  # plain wins at one row
-    assert not speculator.speculates([_Row(100)])  # a new row's first step: plain all the same
+    assert not speculator.speculates([LookupRow(100)])  # a new row's first step: plain all the same
 
 
 def test_a_new_row_starts_from_the_recent_rows_acceptance_rate() -> None:
     speculator = Speculator(max_draft=4)
-    first = _Row(0)
+    first = LookupRow(0)
     speculator.speculates([first])
     assert speculator._rows[first].length.rate == pytest.approx(0.6)  # the prior: nothing verified yet
     speculator.record(first, 4, 4)
     speculator.record(first, 4, 4)
-    second = _Row(100)
+    second = LookupRow(100)
     speculator.speculates([second])
     assert speculator._rows[second].length.rate == pytest.approx(1.0)
     speculator.record(first, 4, 0)
-    third = _Row(200)
+    third = LookupRow(200)
     speculator.speculates([third])
     assert speculator._rows[third].length.rate == pytest.approx(0.9)
