@@ -103,6 +103,20 @@ def request(
     )
 
 
+def numbered_requests(generator: Generator, count: int, max_tokens: int) -> list[PreparedRequest]:
+    """`count` greedy requests, each with a prompt of its own ("Request i: " and numbers)."""
+    return [
+        request(
+            generator,
+            f"Request {i}: {' '.join(str(i * j) for j in range(12))}",
+            temperature=0.0,
+            seed=i,
+            max_tokens=max_tokens,
+        )
+        for i in range(count)
+    ]
+
+
 def workloads(generator: Generator, max_tokens: int) -> dict[str, list[PreparedRequest]]:
     copy = f"Return this JSON unchanged: {json.dumps(RECORD)}"
     schema = pb.ResponseFormat(
@@ -138,16 +152,7 @@ def workloads(generator: Generator, max_tokens: int) -> dict[str, list[PreparedR
                 tool_choice=pb.ToolChoice(function_name="get_weather"),
             )
         ],
-        "concurrent8": [
-            request(
-                generator,
-                f"Request {i}: {' '.join(str(i * j) for j in range(12))}",
-                temperature=0.0,
-                seed=i,
-                max_tokens=max_tokens,
-            )
-            for i in range(8)
-        ],
+        "concurrent8": numbered_requests(generator, 8, max_tokens),
     }
 
 
