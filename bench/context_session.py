@@ -43,6 +43,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a script: reach tests/ helpers without installing them
 
+from tests._fixture_models import small_context_model  # noqa: E402
 from tests._services import start_engine, start_facade  # noqa: E402
 
 TOOL = {"type": "function", "name": "screenshot", "parameters": {"type": "object", "properties": {}}}
@@ -55,18 +56,6 @@ def screenshot(turn: int, size: int) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
-
-
-def small_context_model(context: int, folder: Path) -> Path:
-    model = folder / "model"
-    shutil.copytree(REPO / "models" / "qwen2-vl-tiny", model)
-    config_path = model / "config.json"
-    config = json.loads(config_path.read_text())
-    for holder in (config, config.get("text_config") or {}):
-        if "max_position_embeddings" in holder:
-            holder["max_position_embeddings"] = context
-    config_path.write_text(json.dumps(config))
-    return model
 
 
 def stream_turn(

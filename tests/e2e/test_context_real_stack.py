@@ -7,10 +7,7 @@ the engine's 400 with `context_management: []`)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -18,7 +15,8 @@ import openai
 import pytest
 
 from tests._engine_recorder import EngineRecorder, RecordedCall
-from tests._services import REPO, ServiceProcess, start_engine, start_facade
+from tests._fixture_models import small_context_model
+from tests._services import ServiceProcess, start_engine, start_facade
 from tests.e2e.test_compaction_real_stack import CONVERSATION, SUMMARY_HEADING, engine_request, texts
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -129,23 +127,10 @@ def test_count_tokens_counts_the_edited_prompt(recorded_facade: ServiceProcess) 
     client.close()
 
 
-def small_context_model(folder: Path) -> Path:
-    """The tiny model with a context of SMALL_CONTEXT tokens (its positions cap it)."""
-    model = folder / "model"
-    shutil.copytree(REPO / "models" / "qwen2-vl-tiny", model)
-    config_path = model / "config.json"
-    config = json.loads(config_path.read_text())
-    for holder in (config, config.get("text_config") or {}):
-        if "max_position_embeddings" in holder:
-            holder["max_position_embeddings"] = SMALL_CONTEXT
-    config_path.write_text(json.dumps(config))
-    return model
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     folder = tmp_path_factory.mktemp("small-context")
-    engine = start_engine(folder, model=str(small_context_model(folder)))
+    engine = start_engine(folder, model=str(small_context_model(SMALL_CONTEXT, folder)))
     try:
         facade = start_facade(folder, engine.address, store_path=folder / "responses.sqlite3")
         client = openai.OpenAI(base_url=f"{facade.address}/v1", api_key="x", max_retries=0, timeout=300)
