@@ -166,13 +166,19 @@ def test_a_plain_step_drops_the_drafter_models_rows_and_counts_a_forward() -> No
     assert drafter.held == set() and speculator.counts.forwards == 1
 
 
-def test_a_rows_first_decode_step_verifies_so_its_drafter_starts_over_the_prompt() -> None:
+def _plain_wins_at_one_row() -> tuple[_Drafter, Speculator]:
+    """A Speculator with a drafter model, measured: at one row a verify costs 3x a plain step."""
     drafter = _Drafter()
     speculator = Speculator(max_draft=4, model_drafter=drafter)  # type: ignore[arg-type]
     assert speculator.gate is not None
     for _ in range(3):
         speculator.gate.costs.observe(1, 0, 0.1)
         speculator.gate.costs.observe(1, 1, 0.3)
+    return drafter, speculator
+
+
+def test_a_rows_first_decode_step_verifies_so_its_drafter_starts_over_the_prompt() -> None:
+    drafter, speculator = _plain_wins_at_one_row()
     row = LookupRow(0)  # one token taken: its first decode step is next
     assert speculator.speculates([row])
     row.generated.append(1)
@@ -183,12 +189,7 @@ def test_a_rows_first_decode_step_verifies_so_its_drafter_starts_over_the_prompt
 
 
 def test_a_new_rows_drafter_is_not_started_while_plain_steps_win() -> None:
-    drafter = _Drafter()
-    speculator = Speculator(max_draft=4, model_drafter=drafter)  # type: ignore[arg-type]
-    assert speculator.gate is not None
-    for _ in range(3):
-        speculator.gate.costs.observe(1, 0, 0.1)
-        speculator.gate.costs.observe(1, 1, 0.3)
+    _, speculator = _plain_wins_at_one_row()
     older = LookupRow(0)
     older.generated.append(1)
     assert not speculator.speculates([older])  # plain wins at one row
