@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -23,6 +23,9 @@ from vlmserve.common import images as common_images
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.settings import Storage
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 __all__ = ["EVENT_SCHEMAS", "assert_valid", "validator"]  # re-exported for the facade tests
 
@@ -178,3 +181,13 @@ def owner_id(key: str) -> str:
     owner = ApiKeys.from_keys([key]).owner_for_key(key)
     assert owner is not None
     return owner
+
+
+async def until_done(connection: ClientConnection) -> list[dict[str, Any]]:
+    """The messages of one Responses WebSocket turn, up to and with the one that ends it."""
+    messages = []
+    while True:
+        message = json.loads(await connection.recv())
+        messages.append(message)
+        if message["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+            return messages

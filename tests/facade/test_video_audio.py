@@ -16,7 +16,7 @@ import websockets.asyncio.client
 
 from tests._clips import MP4_HEAD, WEBM_HEAD, b64, gif_bytes, video_data_url, wav_bytes
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import png_data_url
+from tests.facade.helpers import png_data_url, until_done
 from vlmserve.engine.request_errors import invalid_argument
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -530,15 +530,6 @@ async def test_websocket_mode_carries_clips_and_continues_with_them(
     assert_responses_clips(engine.requests[0].messages)
     # Continued from the connection's memory (nothing stored): the same clips, the same sampling.
     assert_responses_clips(engine.requests[1].messages)
-
-
-async def until_done(connection: websockets.asyncio.client.ClientConnection) -> list[dict[str, Any]]:
-    messages = []
-    while True:
-        message = json.loads(await connection.recv())
-        messages.append(message)
-        if message["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
-            return messages
 
 
 # (case, the engine's field, the client's param: Responses, then chat)

@@ -13,16 +13,8 @@ import httpx
 import websockets.asyncio.client
 
 from tests.facade.fake_engine import FakeEngine
+from tests.facade.helpers import until_done
 from vlmserve.engine.v1 import engine_pb2 as pb
-
-
-async def _until_done(connection: websockets.asyncio.client.ClientConnection) -> list[dict[str, Any]]:
-    messages = []
-    while True:
-        message = json.loads(await connection.recv())
-        messages.append(message)
-        if message["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
-            return messages
 
 
 def _create(**body: Any) -> str:
@@ -39,17 +31,17 @@ async def test_a_store_false_response_is_continued_on_its_connection(
     url = server_url.replace("http", "ws") + "/v1/responses"
     async with websockets.asyncio.client.connect(url) as connection:
         await connection.send(_create(input="first question", store=False, instructions="Be brief."))
-        first = await _until_done(connection)
+        first = await until_done(connection)
         first_id = first[-1]["response"]["id"]
         assert first[-1]["type"] == "response.completed"
         await connection.send(_create(input="second question", store=False, previous_response_id=first_id))
-        second = await _until_done(connection)
+        second = await until_done(connection)
         assert second[-1]["type"] == "response.completed", second[-1]
         assert second[-1]["response"]["previous_response_id"] == first_id
         await connection.send(
             _create(input="third question", store=False, previous_response_id=second[-1]["response"]["id"])
         )
-        third = await _until_done(connection)
+        third = await until_done(connection)
         assert third[-1]["type"] == "response.completed", third[-1]
     # What the model saw: every earlier turn, the assistant's answers included, in order
     # (instructions are the request's own, as with a stored chain).
@@ -71,11 +63,11 @@ async def test_an_unknown_previous_response_is_previous_response_not_found(
     url = server_url.replace("http", "ws") + "/v1/responses"
     async with websockets.asyncio.client.connect(url) as connection:
         await connection.send(_create(input="hi", store=False))
-        first_id = (await _until_done(connection))[-1]["response"]["id"]
+        first_id = (await until_done(connection))[-1]["response"]["id"]
     # Another connection does not have it (and it was never stored).
     async with websockets.asyncio.client.connect(url) as connection:
         await connection.send(_create(input="again", previous_response_id=first_id))
-        (error,) = await _until_done(connection)
+        (error,) = await until_done(connection)
         assert error == {
             "type": "error",
             "status": 400,
@@ -88,7 +80,7 @@ async def test_an_unknown_previous_response_is_previous_response_not_found(
         }
         # The connection stays open and answers the next create.
         await connection.send(_create(input="fresh start", store=False))
-        assert (await _until_done(connection))[-1]["type"] == "response.completed"
+        assert (await until_done(connection))[-1]["type"] == "response.completed"
     assert len(engine.requests) == 2
 
 
@@ -115,10 +107,10 @@ async def test_a_failed_response_is_not_continued(server_url: str, engine: FakeE
     engine.script.finish_reason = pb.FINISH_REASON_CANCELLED
     async with websockets.asyncio.client.connect(url) as connection:
         await connection.send(_create(input="hi", store=False))
-        ended = (await _until_done(connection))[-1]
+        ended = (await until_done(connection))[-1]
         assert ended["response"]["status"] not in ("completed", "incomplete")
         await connection.send(_create(input="more", previous_response_id=ended["response"]["id"]))
-        (error,) = await _until_done(connection)
+        (error,) = await until_done(connection)
         assert error["error"]["code"] == "previous_response_not_found"
 
 
@@ -130,13 +122,13 @@ async def test_a_compaction_turn_over_websocket(server_url: str, engine: FakeEng
     async with websockets.asyncio.client.connect(url) as connection:
         trigger = [{"role": "user", "content": "long task"}, {"type": "compaction_trigger"}]
         await connection.send(_create(input=trigger, store=False))
-        events = await _until_done(connection)
+        events = await until_done(connection)
         kinds = [event["type"] for event in events]
         assert "response.compaction.compacting" in kinds and kinds[-1] == "response.completed"
         (item,) = events[-1]["response"]["output"]
         assert item["type"] == "compaction"
         await connection.send(_create(input="next", previous_response_id=events[-1]["response"]["id"]))
-        (error,) = await _until_done(connection)
+        (error,) = await until_done(connection)
         assert error["error"]["code"] == "previous_response_not_found"
         await connection.send(_create(input=[item, {"role": "user", "content": "next"}], store=False))
-        assert (await _until_done(connection))[-1]["type"] == "response.completed"
+        assert (await until_done(connection))[-1]["type"] == "response.completed"
