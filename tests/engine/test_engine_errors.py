@@ -14,7 +14,6 @@ from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from vlmserve.engine.loop import prompt_batch as prompt_batch_module
@@ -22,6 +21,7 @@ from vlmserve.engine.prep.prompt import MAX_JSON_DEPTH
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
+from ._rpc_details import field_violations
 from .conftest import InProcessEngine
 
 
@@ -56,15 +56,6 @@ def failure(stub: pb_grpc.EngineServiceStub, request: pb.GenerateRequest) -> tup
         list(stub.Generate(request, timeout=60))
     error: Any = caught.value
     return error.code(), error.details(), rpc_status.from_call(error)
-
-
-def field_violations(status: Any) -> list[str]:
-    fields = []
-    for detail in status.details:
-        bad_request = error_details_pb2.BadRequest()
-        if detail.Unpack(bad_request):
-            fields += [violation.field for violation in bad_request.field_violations]
-    return fields
 
 
 def request(messages: list[pb.Message] | None = None, **fields: Any) -> pb.GenerateRequest:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from vlmserve.client import EngineClient, InvalidArgumentError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
 
+from ._rpc_details import field_violations
 from .conftest import InProcessEngine
 
 MP4 = b"\x00\x00\x00\x1cftypisom" + bytes(64)
@@ -82,12 +82,7 @@ CASES = [
 def violations(error: grpc.RpcError) -> list[str]:
     status = rpc_status.from_call(error)  # type: ignore[arg-type]
     assert status is not None, "no google.rpc.Status in the trailers"
-    fields = []
-    for detail in status.details:
-        bad_request = error_details_pb2.BadRequest()
-        if detail.Unpack(bad_request):
-            fields += [violation.field for violation in bad_request.field_violations]
-    return fields
+    return field_violations(status)
 
 
 @pytest.mark.parametrize(("name", "messages", "field", "words"), CASES, ids=[row[0] for row in CASES])
