@@ -126,15 +126,21 @@ def test_an_entry_with_boundary_states_survives_a_restart(tmp_path: Path) -> Non
     assert taken is not None and taken[1] == TOKENS and same_state([None, *taken[0][1:]], at_ten)
 
 
-def test_states_that_do_not_fit_the_model_are_skipped_and_removed(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def persisted_with_a_state(folder: Path) -> list[int]:
+    """Prompt ids whose entry, with a recurrent state at its end, is persisted in `folder`."""
     ids = list(range(100, 100 + TOKENS))
-    cache = kept(tmp_path)
+    cache = kept(folder)
     state = boundary_state(filled(TOKENS))
     assert state is not None
     cache.store("a", ids, [], filled(TOKENS), checkpoints={TOKENS: state})
     cache.persist()
+    return ids
+
+
+def test_states_that_do_not_fit_the_model_are_skipped_and_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = persisted_with_a_state(tmp_path)
     assert len(list(tmp_path.rglob("*.safetensors"))) == 1
     # The same namespace, but the layers are other kinds (a wrongly named folder, a changed model).
     other = kept(tmp_path, layers=lambda: [KVCache(), ArraysCache(2), RotatingKVCache(max_size=4)])
@@ -145,12 +151,7 @@ def test_states_that_do_not_fit_the_model_are_skipped_and_removed(
 
 
 def test_a_damaged_state_file_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    ids = list(range(100, 100 + TOKENS))
-    cache = kept(tmp_path)
-    state = boundary_state(filled(TOKENS))
-    assert state is not None
-    cache.store("a", ids, [], filled(TOKENS), checkpoints={TOKENS: state})
-    cache.persist()
+    ids = persisted_with_a_state(tmp_path)
     (path,) = tmp_path.rglob("*.safetensors")
     data = path.read_bytes()
     path.write_bytes(data[:-8] + bytes(8))  # the last state array's bytes
