@@ -23,6 +23,7 @@ from typing import Any
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache, embed_with_deepstack, encode_images
 from vlmserve.engine.model import LoadedModel
+from vlmserve.engine.prep.clip_inputs import token_runs
 from vlmserve.engine.prep.image_inputs import image_inputs_for
 
 __all__ = ["ImageSpan", "ModelInputs", "build_model_inputs"]
@@ -60,17 +61,13 @@ def image_spans(
     """The i-th run of image placeholder tokens belongs to the i-th image."""
     if image_token_id is None or not hashes:
         return ()
-    spans: list[ImageSpan] = []
-    index, total = 0, len(token_ids)
-    while index < total and len(spans) < len(hashes):
-        if token_ids[index] != image_token_id:
-            index += 1
-            continue
-        start = index
-        while index < total and token_ids[index] == image_token_id:
-            index += 1
-        spans.append(ImageSpan(start, index - start, hashes[len(spans)]))
-    return tuple(spans)
+    # The hashes first: the scan stops at the last image's run (and with fewer runs than
+    # images, at the last run).
+    runs = token_runs(token_ids, image_token_id)
+    return tuple(
+        ImageSpan(start, length, content_hash)
+        for content_hash, (start, length) in zip(hashes, runs, strict=False)
+    )
 
 
 def prompt_image_spans(loaded: LoadedModel, request: PreparedRequest) -> tuple[ImageSpan, ...]:

@@ -47,6 +47,7 @@ __all__ = [
     "frames_budget",
     "processor_media",
     "prompt_clips",
+    "token_runs",
 ]
 
 # The families whose video processor is ours (qwen2_video.py), not the one mlx-vlm hands them.
@@ -271,8 +272,9 @@ def processor_media(processor: Any, support: ClipSupport, clips: Sequence[Decode
     return media
 
 
-def _runs(ids: Sequence[int], token_id: int) -> Iterator[tuple[int, int]]:
-    """(start, length) of each run of `token_id` in `ids`."""
+def token_runs(ids: Sequence[int], token_id: int) -> Iterator[tuple[int, int]]:
+    """(start, length) of each run of `token_id` in `ids`: clips' placeholders here, images'
+    in loop/model_inputs.py."""
     index, total = 0, len(ids)
     while index < total:
         if ids[index] != token_id:
@@ -296,7 +298,7 @@ def clip_spans(
     or one per frame (Gemma 4 video). When the runs cannot be told apart that way, every clip of
     the kind gets all of them under one combined hash: the prefix cache stays exact (it can only
     reuse the clips as a whole)."""
-    runs = list(_runs(ids, token_id))
+    runs = list(token_runs(ids, token_id))
     per_clip: list[int] | None = None
     if len(runs) == len(clips):
         per_clip = [1] * len(clips)
