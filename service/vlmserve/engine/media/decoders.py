@@ -20,7 +20,13 @@ import miniaudio  # type: ignore[import-untyped]  # no stubs; mlx-vlm==0.7.10 re
 import numpy as np
 from mlx_audio.resample import resample_audio_array  # type: ignore[import-untyped]
 
-from vlmserve.engine.media.limits import AUDIO_SAMPLE_RATE, MediaError, MediaLimits, over_limit
+from vlmserve.engine.media.limits import (
+    AUDIO_SAMPLE_RATE,
+    MediaError,
+    MediaLimits,
+    check_sampled_pixels,
+    over_limit,
+)
 from vlmserve.engine.media.sampling import fit_pixels, frame_indices
 
 __all__ = ["audio_samples", "video_frames"]
@@ -99,11 +105,7 @@ def video_frames(
         )  # fmt: skip
     indices = frame_indices(count, source_fps, fps, max_frames)
     out_width, out_height = fit_pixels(width, height, max_frame_pixels)
-    if len(indices) * out_width * out_height > limits.max_video_pixels:
-        raise over_limit(
-            "the sampled frames", f"{len(indices)} x {out_width}x{out_height} pixels", "max_video_pixels",
-            limits.max_video_pixels, code="pixels", field="video.sampling",
-        )  # fmt: skip
+    check_sampled_pixels(len(indices), out_width, out_height, limits, field="video.sampling")
     frames = np.empty((len(indices), out_height, out_width, 3), dtype=np.uint8)
     taken = 0
     position = 0

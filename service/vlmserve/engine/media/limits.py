@@ -18,6 +18,8 @@ __all__ = [
     "SETTING_FLAGS",
     "MediaError",
     "MediaLimits",
+    "check_sampled_pixels",
+    "over_limit",
 ]
 
 # What every audio encoder of the families we serve takes (Gemma 4's, Whisper-style ones).
@@ -100,3 +102,13 @@ class MediaLimits:
     decode_memory_mib: int = 2048
     # Frames sent as images (VideoFrames) are bounded as images are.
     images: ImageLimits = field(default_factory=ImageLimits)
+
+
+def check_sampled_pixels(frames: int, width: int, height: int, limits: MediaLimits, *, field: str) -> None:
+    """Refuses sampled frames of a clip over `max_video_pixels` in all, before they are held:
+    frames decoded from a container and frames sent as images alike."""
+    if frames * width * height > limits.max_video_pixels:
+        raise over_limit(
+            "the sampled frames", f"{frames} x {width}x{height} pixels", "max_video_pixels",
+            limits.max_video_pixels, code="pixels", field=field,
+        )  # fmt: skip

@@ -15,7 +15,13 @@ import numpy as np
 from PIL import Image
 
 from vlmserve.common.images import ImageError, decode_image, inspect_image
-from vlmserve.engine.media.limits import DEFAULT_VIDEO_FPS, MediaError, MediaLimits, over_limit
+from vlmserve.engine.media.limits import (
+    DEFAULT_VIDEO_FPS,
+    MediaError,
+    MediaLimits,
+    check_sampled_pixels,
+    over_limit,
+)
 from vlmserve.engine.media.sampling import SamplingPlan, fit_pixels, frame_indices, sampling_plan
 from vlmserve.engine.media.sniff import sniff_video
 from vlmserve.engine.media.worker import run_bounded
@@ -108,11 +114,7 @@ def _from_frames(given: pb.VideoFrames, plan: SamplingPlan, limits: MediaLimits)
             raise MediaError(error.reason, code="image", field=f"video.frames.frames[{index}]") from None
         if index == chosen[0][0]:
             width, height = fit_pixels(info.width, info.height, plan.max_frame_pixels)
-    if len(chosen) * width * height > limits.max_video_pixels:
-        raise over_limit(
-            "the sampled frames", f"{len(chosen)} x {width}x{height} pixels", "max_video_pixels",
-            limits.max_video_pixels, code="pixels", field="video.frames",
-        )  # fmt: skip
+    check_sampled_pixels(len(chosen), width, height, limits, field="video.frames")
     frames = np.empty((len(chosen), height, width, 3), dtype=np.uint8)
     for slot, (index, frame) in enumerate(chosen):
         try:
