@@ -4,16 +4,13 @@ has the images' side)."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from vlmserve.engine.jobs import Job
-from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from .test_batching import prepared
 from .test_engine_grpc import text_part
-from .test_memory_admission import started
+from .test_memory_admission import refused_for_the_tower_then_text_runs, started
 from .test_request_prep import big_png
 
 pytestmark = pytest.mark.needs_model
@@ -31,14 +28,6 @@ def test_a_clip_whose_tower_transient_can_never_fit_is_refused_naming_the_messag
         request = prepared(generator, clip, text_part("What happens on the screen?"), temperature=0.0, seed=1)
         assert [clip.kind for clip in request.clips] == ["video"] and request.clips[0].token_count > 0
         assert request.clip_arrays and "pixel_values_videos" in request.clip_arrays
-        with pytest.raises(RequestError) as raised:
-            generator.submit(Job(request, None))
-        assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert raised.value.field == "messages"
-        assert "vision-tower activations" in str(raised.value)
-        text_only = prepared(generator, text_part("What happens on the screen?"), temperature=0.0, seed=1)
-        generator.submit(Job(text_only, None))
-        assert generator.wait_idle(60)
-        assert generator.admission.memory_in_use == 0
+        refused_for_the_tower_then_text_runs(generator, request, "What happens on the screen?")
     finally:
         generator.stop()

@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
-from vlmserve.engine.jobs import Job
+from vlmserve.engine.jobs import Job, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -54,6 +54,22 @@ def batch_sizes(generator: Generator) -> tuple[float, float]:
     return sample('vlmserve_engine_decode_batch_size_bucket{le="1.0"}'), sample(
         "vlmserve_engine_decode_batch_size_count"
     )
+
+
+def refused_for_the_tower_then_text_runs(
+    generator: Generator, request: PreparedRequest, question: str
+) -> None:
+    """`request` refused for its vision-tower activations (naming the messages); then `question`
+    alone is admitted and finishes, and nothing is left held."""
+    with pytest.raises(RequestError) as raised:
+        generator.submit(Job(request, None))
+    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raised.value.field == "messages"
+    assert "vision-tower activations" in str(raised.value)
+    text_only = prepared(generator, text_part(question), temperature=0.0, seed=1)
+    generator.submit(Job(text_only, None))
+    assert generator.wait_idle(60)
+    assert generator.admission.memory_in_use == 0
 
 
 def test_a_request_that_can_never_fit_is_refused_before_any_work() -> None:
@@ -164,15 +180,7 @@ def test_a_request_whose_vision_transient_can_never_fit_is_refused_naming_its_im
             int(a.nbytes) for image in request.images for a in image.arrays.values()
         )
         assert kv_and_arrays < 2 << 20 < kv_and_arrays + memory.transient(tokens)
-        with pytest.raises(RequestError) as raised:
-            generator.submit(Job(request, None))
-        assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert raised.value.field == "messages"
-        assert "vision-tower activations" in str(raised.value)
-        text_only = prepared(generator, text_part("What is on the screen?"), temperature=0.0, seed=1)
-        generator.submit(Job(text_only, None))
-        assert generator.wait_idle(60)
-        assert generator.admission.memory_in_use == 0
+        refused_for_the_tower_then_text_runs(generator, request, "What is on the screen?")
     finally:
         generator.stop()
 
