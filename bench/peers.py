@@ -167,7 +167,8 @@ def start_peer(name: str, model_dir: Path, logs: Path, root: Path) -> Server:
     port = free_port()
     log_path = logs / f"{name}-{port}.log"
     env = {**process_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cwd = model_dir.parent if spec.in_model_parent else REPO
+    # Some peers write into their working folder (mlx-openai-server: logs/app.log): the logs'.
+    cwd = model_dir.parent if spec.in_model_parent else logs
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             spec.argv(venv_bin, model_dir, port), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
