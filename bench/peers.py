@@ -45,7 +45,7 @@ import httpx
 from bench.batching import prompt, screenshot
 from bench.bench_model import DEFAULT_DIR, build_bench_model
 from bench.load import SSEParser
-from tests._services import REPO, ServiceProcess, free_port, process_env, start_engine, start_facade
+from tests._services import ServiceProcess, free_port, process_env, start_engine, start_facade
 
 PEERS_ROOT = Path("/work/peers")
 API_KEY = "bench-key"
