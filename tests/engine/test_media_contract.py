@@ -1,8 +1,9 @@
 """Video and audio parts on the wire (issue 34.1): a Generate or CountTokens carrying a VideoPart or an
-AudioPart, sent through the client library and raw gRPC stubs, reaches the engine, which refuses it
-naming the part (INVALID_ARGUMENT with the part's path) wherever it is in the conversation, until
-the family rendering replaces the refusal (`prep/prompt.py` `clip_content`): never dropped, never a
-crash. The rows then become rendering tests."""
+AudioPart, sent through the client library and raw gRPC stubs, reaches the engine wherever it is in
+the conversation, and what the engine cannot take is refused naming the field (INVALID_ARGUMENT with
+its path): a damaged clip names its bytes (`…video.data`), a damaged frame its image, audio on a
+family without an audio tower the part and the family. Never dropped, never a crash. (Clips that
+decode are rendered: tests/engine/test_clips.py.)"""
 
 from __future__ import annotations
 
@@ -55,26 +56,41 @@ def tool_turns(*parts: pb.Part) -> list[pb.Message]:
 
 CASES = [
     # (name, conversation, the field the refusal names, its words)
-    ("video in a user turn", [user(text("what happens?"), video())], "messages[0].parts[1]", "video inputs"),
-    ("frames in a user turn", [user(frames())], "messages[0].parts[0]", "video inputs"),
+    (
+        "video in a user turn",
+        [user(text("what happens?"), video())],
+        "messages[0].parts[1].video.data",
+        "could not be decoded",
+    ),
+    (
+        "frames in a user turn",
+        [user(frames())],
+        "messages[0].parts[0].video.frames.frames[0]",
+        "unrecognised image format",
+    ),
     (
         "audio in a user turn",
         [user(audio(), text("how many beeps?"))],
         "messages[0].parts[0]",
-        "audio inputs",
+        "(qwen2_vl) does not take audio",
     ),
     (
         "video in a tool output",
         tool_turns(text("recorded"), video()),
-        "messages[2].tool_output.parts.parts[1]",
-        "video inputs",
+        "messages[2].tool_output.parts.parts[1].video.data",
+        "could not be decoded",
     ),
-    ("audio in a tool output", tool_turns(audio()), "messages[2].tool_output.parts.parts[0]", "audio inputs"),
+    (
+        "audio in a tool output",
+        tool_turns(audio()),
+        "messages[2].tool_output.parts.parts[0]",
+        "(qwen2_vl) does not take audio",
+    ),
     (
         "video in a system turn",
         [pb.Message(role=pb.ROLE_SYSTEM, parts=[text("watch"), video()]), user(text("go"))],
-        "messages[0].parts[1]",
-        "video inputs",
+        "messages[0].parts[1].video.data",
+        "could not be decoded",
     ),
 ]
 
