@@ -27,8 +27,11 @@ MAX_AMPLITUDE = 0.8
 NOISE_STD = 0.01
 # 5 ms fades: a tone switched on and off abruptly clicks across the whole spectrum.
 FADE_S = 0.005
-# Clip lengths (s) drawn from: every count fits (5 beeps take 1.8 s).
-DURATIONS = (2.0, 2.2, 2.4, 2.6, 2.8, 3.0)
+# Clip lengths (s) drawn from: every count fits (5 beeps take 1.8 s). One length: the audio
+# tower's tokens (one per 40 ms) then always number 50, and the share of them that hold a tone
+# is the count (N/10). With lengths of 2.0-3.0 s that share was ambiguous (3 beeps in 2 s ~ 4
+# in 3 s): the tiny model learned the pitch but stayed at chance on the count.
+DURATIONS = (2.0,)
 AUDIO_QUESTION = "How many beeps, and are they high or low?"
 NO_BEEPS_ANSWER = "no beeps"
 NO_AUDIO_ANSWER = "no audio"

@@ -1,15 +1,16 @@
 """The architectures of the media fixtures: family fixtures (training/families/) with their
 real tokenizers, chat templates and processors, made able to see clips and hear audio.
 
-* models/squares-video: the tiny Qwen3-VL (training/families/qwen.py) with four text layers and
-  a video processor that brings 112-px frames down to 64x64 (max_pixels 32768 over the clip):
-  16-px patches merged 2x2, two frames per temporal patch, so a clip of 8 frames is 16 tokens.
-  (Gemma 4's video processor cannot go below 64 tokens a frame: 512 for a clip, too slow to
-  train on this machine.)
-* models/beeps-audio: the tiny Gemma 4 (training/families/gemma4.py) with an audio tower added,
-  four text layers and a dense MLP instead of the mixture of experts (mlx's CPU GatherMM runs
-  only in float32). Audio is one token per 40 ms (the feature extractor's 10 ms mel frames,
-  subsampled 4x by the tower's two strided convolutions).
+* models/squares-video: the tiny Qwen3-VL (training/families/qwen.py) with four text layers, one
+  vision block and a video processor that brings 112-px frames to 128x128 (max_pixels 131072
+  over the clip): 16-px patches merged 2x2, two frames per temporal patch, so a clip of 8
+  frames is 64 tokens. (Gemma 4's video processor cannot go below 64 tokens a frame: 512 for a
+  clip, too slow to train on this machine.)
+* models/beeps-audio: the tiny Gemma 4 (training/families/gemma4.py) with an audio tower added
+  (its strided convolutions and projections, no conformer blocks), four text layers and a
+  dense MLP instead of the mixture of experts (mlx's CPU GatherMM runs only in float32). Audio
+  is one token per 40 ms (the feature extractor's 10 ms mel frames, subsampled 4x by the
+  tower's two strided convolutions): a 2.0 s clip is 50 tokens.
 
 Both processors are mlx-vlm 0.7.10's own numpy ones (no torch).
 """
@@ -29,7 +30,11 @@ SLIDING_WINDOW = 128
 AUDIO_CONFIG: dict[str, Any] = {
     "model_type": "gemma4_audio",
     "hidden_size": 32,
-    "num_hidden_layers": 2,
+    # No conformer blocks: with two, training squashed the clips' differences out of the
+    # tower's output (4 clips: std across clips 1.0 after the projection, 0.05 after the blocks)
+    # and the model answered from the text alone. The strided convolutions and the projection
+    # see ~70 ms each, enough to tell a tone and its pitch; the text layers count.
+    "num_hidden_layers": 0,
     "num_attention_heads": 2,
     "subsampling_conv_channels": [8, 8],
     "conv_kernel_size": 5,
@@ -42,12 +47,16 @@ AUDIO_CONFIG: dict[str, Any] = {
 FEATURE_EXTRACTOR: dict[str, Any] = {"feature_size": 128, "sampling_rate": 16_000}
 
 
-# Qwen3-VL video: every clip of 4-8 frames of 112 px lands on 64x64 frames (the processor's
+# Qwen3-VL video: every clip of 4-8 frames of 112 px lands on 128x128 frames (the processor's
 # smart resize over frames x pixels); longer clips or larger frames are brought down further.
-# (At 128x128 a training step took 3x as long on this machine.)
+# (At 64x64 a square was a tenth of a token and the tiny model never learned its colour.)
 VIDEO_MIN_PIXELS = 64 * 64
-VIDEO_MAX_PIXELS = 32_768
+VIDEO_MAX_PIXELS = 8 * 128 * 128
 VIDEO_TEXT_LAYERS = 4
+# One vision block (the family fixture has two): with two, training grew a constant in the
+# tower's output that the merger's LayerNorm turned the clips' differences into noise against
+# (as the audio tower's conformer blocks did), and the model answered from the text alone.
+VIDEO_VISION_LAYERS = 1
 
 
 def audio_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +101,7 @@ def build_video_base(out_dir: Path, seed: int = 0) -> Path:
     build_family(FAMILIES["qwen3_vl"], out_dir, seed=seed)
     config = _read(out_dir / "config.json")
     config["text_config"]["num_hidden_layers"] = VIDEO_TEXT_LAYERS
+    config["vision_config"].update(depth=VIDEO_VISION_LAYERS, deepstack_visual_indexes=[0])
     _write(out_dir / "config.json", config)
     video = _read(out_dir / "video_preprocessor_config.json")
     video.update(

@@ -51,8 +51,10 @@ TASKS = {
     "audio": "beeps: answer '<N> low|high', 'no beeps' for noise only, 'no audio' without a clip",
 }
 ARCHITECTURES = {
-    "video": "qwen3_vl (training/media_model.py: the family fixture, 4 text layers, 64-px video frames)",
-    "audio": "gemma4 (training/media_model.py: the family fixture + audio tower, dense MLP, 4 text layers)",
+    "video": "qwen3_vl (training/media_model.py: the family fixture, 1 vision block, 4 text layers, "
+    "128-px video frames)",
+    "audio": "gemma4 (training/media_model.py: the family fixture + audio tower without conformer "
+    "blocks, dense MLP, 4 text layers)",
 }
 
 

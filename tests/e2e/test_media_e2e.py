@@ -28,9 +28,6 @@ MODELS = {"video": REPO / "models" / "squares-video", "audio": REPO / "models" /
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
-if not all((path / "model.safetensors").exists() for path in MODELS.values()):
-    pytest.skip("models/squares-video, models/beeps-audio: not trained yet", allow_module_level=True)
-
 
 def _clips(kind: req.Kind, seed: int = E2E_SEED) -> list[Any]:
     if kind == "video":
@@ -44,6 +41,8 @@ def served(
 ) -> Iterator[tuple[req.Kind, openai.OpenAI]]:
     """(kind, an openai client of a facade in front of an engine serving that kind's fixture)."""
     kind: req.Kind = request.param
+    if not (MODELS[kind] / "model.safetensors").exists():
+        pytest.skip(f"{MODELS[kind].relative_to(REPO)}: not trained yet")
     logs: Path = tmp_path_factory.mktemp(f"media-{kind}")
     engine: ServiceProcess = start_engine(logs, model=str(MODELS[kind]))
     try:
