@@ -164,6 +164,14 @@ def start_peer(name: str, model_dir: Path, logs: Path, root: Path) -> Server:
     venv_bin = root / spec.venv / "bin"
     if not venv_bin.is_dir():
         raise RuntimeError(f"no venv at {venv_bin.parent} (bench/peers_install.sh)")
+    if spec.in_model_parent:
+        # It serves every model folder beside the model (fusion-mlx): give it a folder holding
+        # only this one, so it cannot pick another.
+        alone = logs / f"{name}-models"
+        alone.mkdir(exist_ok=True)
+        if not (alone / model_dir.name).exists():
+            (alone / model_dir.name).symlink_to(model_dir.resolve(), target_is_directory=True)
+        model_dir = alone / model_dir.name
     port = free_port()
     log_path = logs / f"{name}-{port}.log"
     env = {**process_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -175,8 +183,11 @@ def start_peer(name: str, model_dir: Path, logs: Path, root: Path) -> Server:
         )
     service = ServiceProcess(process, f"http://127.0.0.1:{port}", log_path)
     headers = {"Authorization": f"Bearer {API_KEY}"} if spec.needs_key else {}
-    model = wait_for_models(service, headers, timeout=300)
-    return Server(name, service.address, model, headers, [service])
+    served = wait_for_models(service, headers, timeout=300)
+    if spec.in_model_parent and served != model_dir.name:
+        service.stop()
+        raise RuntimeError(f"serves {served!r}, not the bench model {model_dir.name!r}")
+    return Server(name, service.address, served, headers, [service])
 
 
 def start_vlmserve(model_dir: Path, logs: Path) -> Server:
