@@ -46,8 +46,10 @@ facade: install
 	$(BIN)/vlmserve-facade --engine-address $(ENGINE_ADDR) --host $(FACADE_HOST) --port $(FACADE_PORT)
 
 # With `make run` up: draw a squares image, ask the model, print the expected and the given answer.
+# DEMO=beeps (with `make run MODEL=models/beeps-audio`): a clip of beeps, heard (training/ask_beeps.py).
+DEMO ?= squares
 demo: install
-	$(BIN)/python -m training.ask_squares --url http://$(FACADE_HOST):$(FACADE_PORT) $(DEMO_ARGS)
+	$(BIN)/python -m training.ask_$(DEMO) --url http://$(FACADE_HOST):$(FACADE_PORT) $(DEMO_ARGS)
 
 # The Codex CLI tests need the pinned npm packages; without npm they skip (CI installs npm).
 test: install $(if $(shell command -v npm),node-deps)

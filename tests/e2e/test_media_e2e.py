@@ -19,7 +19,7 @@ import pytest
 from tests._services import REPO, ServiceProcess, start_engine, start_facade
 from tests.e2e import media_requests as req
 from tests.e2e.squares_requests import run_all
-from training import beeps, squares_video
+from training import ask_beeps, beeps, squares_video
 
 E2E_SEED = 20_261_206
 CLIPS_PER_PATH = 20
@@ -159,3 +159,20 @@ def test_controls(served: tuple[req.Kind, openai.OpenAI]) -> None:
     assert answers == [beeps.NO_BEEPS_ANSWER] * len(silent)
     no_audio = [{"role": "user", "content": [{"type": "text", "text": beeps.AUDIO_QUESTION}]}]
     assert _chat(client, no_audio) == beeps.NO_AUDIO_ANSWER
+
+
+def test_the_audio_demo_hears_the_beeps(
+    served: tuple[req.Kind, openai.OpenAI], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo DEMO=beeps` (training/ask_beeps.py: the standard library's HTTP, a Responses
+    `input_audio` part) against the served fixture."""
+    kind, client = served
+    if kind != "audio":
+        pytest.skip("the audio demo")
+    url = str(client.base_url).rstrip("/").removesuffix("/v1")
+    clips = _clips(kind, E2E_SEED + 9)
+    _assert_accurate([ask_beeps.ask(url, clip.wav_bytes()) for clip in clips], clips)
+    ask_beeps.main(["--url", url, "--seed", "7", "--save", str(tmp_path / "beeps.wav")])
+    printed = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
+    assert (tmp_path / "beeps.wav").read_bytes()[:4] == b"RIFF"
+    assert printed["model"].strip() == printed["expected"].strip()
