@@ -10,48 +10,23 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import random
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from training.ask_squares import responses_text
 from training.beeps import AUDIO_QUESTION, draw_clip
 
 
 def ask(url: str, wav: bytes, timeout: float = 60) -> str:
     """POST /v1/responses with the clip and the question; return the model's text."""
-    body = {
-        "model": "default",
-        "input": [
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "input_audio",
-                        "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"},
-                    },
-                    {"type": "input_text", "text": AUDIO_QUESTION},
-                ],
-            }
-        ],
-        "max_output_tokens": 16,
+    clip: dict[str, Any] = {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"},
     }
-    request = urllib.request.Request(
-        url.rstrip("/") + "/v1/responses",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        result: dict[str, Any] = json.load(response)
-    return "".join(
-        part.get("text", "")
-        for item in result.get("output", [])
-        if item.get("type") == "message"
-        for part in item.get("content", [])
-        if part.get("type") == "output_text"
-    )
+    content: list[dict[str, Any]] = [clip, {"type": "input_text", "text": AUDIO_QUESTION}]
+    return responses_text(url, content, max_output_tokens=16, timeout=timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,18 +23,16 @@ from training.squares import QUESTION, make_sample
 def ask(url: str, png: bytes, timeout: float = 60) -> str:
     """POST /v1/responses with the image and the question; return the model's text."""
     image_url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    content = [{"type": "input_text", "text": QUESTION}, {"type": "input_image", "image_url": image_url}]
+    return responses_text(url, content, max_output_tokens=32, timeout=timeout)
+
+
+def responses_text(url: str, content: list[dict[str, Any]], *, max_output_tokens: int, timeout: float) -> str:
+    """POST one user message of `content` parts to /v1/responses; the answer's text (the demos')."""
     body = {
         "model": "default",
-        "input": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": QUESTION},
-                    {"type": "input_image", "image_url": image_url},
-                ],
-            }
-        ],
-        "max_output_tokens": 32,
+        "input": [{"role": "user", "content": content}],
+        "max_output_tokens": max_output_tokens,
     }
     request = urllib.request.Request(
         url.rstrip("/") + "/v1/responses",
