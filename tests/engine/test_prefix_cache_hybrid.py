@@ -13,11 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from training.families import DRAFTER_FAMILIES, build_family
-from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 
-from ._runs import run
+from ._runs import reusing_engine, run
 from .test_batching import prepared
 from .test_engine_grpc import image_part, png, text_part
 
@@ -28,19 +27,8 @@ pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Generator]:
     # The qwen3_5 fixture (Gated DeltaNet + full attention, built as the drafters' target).
     model = build_family(DRAFTER_FAMILIES["qwen3_5"], tmp_path_factory.mktemp("hybrid") / "qwen3_5")
-    generator = Generator(
-        EngineConfig(
-            model=str(model),
-            warmup=False,
-            prefix_cache_min_tokens=8,
-            prefill_chunk_tokens=16,
-            step_tokens=24,
-        )
-    )
-    generator.start()
-    assert generator.ready.wait(120), generator.load_error
-    yield generator
-    generator.stop()
+    with reusing_engine(model) as generator:
+        yield generator
 
 
 def extended(request: PreparedRequest, *more: tuple[int, ...]) -> PreparedRequest:

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests._family_models import family_models  # noqa: F401  (fixture)
-from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.generator import Generator
 
-from ._runs import run
+from ._runs import reusing_engine, run
 from .test_batching import prepared
 from .test_engine_grpc import text_part
 
@@ -28,19 +27,8 @@ WINDOWED = ["gemma3", "llama4"]
 
 @pytest.fixture(params=WINDOWED)
 def windowed(request: pytest.FixtureRequest, family_models: dict[str, Path]) -> Iterator[Generator]:  # noqa: F811
-    generator = Generator(
-        EngineConfig(
-            model=str(family_models[request.param]),
-            warmup=False,
-            prefix_cache_min_tokens=8,
-            prefill_chunk_tokens=16,
-            step_tokens=24,
-        )
-    )
-    generator.start()
-    assert generator.ready.wait(120), generator.load_error
-    yield generator
-    generator.stop()
+    with reusing_engine(family_models[request.param]) as generator:
+        yield generator
 
 
 def extended(request: PreparedRequest, generated: tuple[int, ...], more: tuple[int, ...]) -> PreparedRequest:
