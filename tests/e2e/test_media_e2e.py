@@ -19,12 +19,15 @@ import pytest
 from tests._services import REPO, ServiceProcess, start_engine, start_facade
 from tests.e2e import media_requests as req
 from tests.e2e.squares_requests import run_all
+from tests.e2e.test_no_error_logs_real_stack import ERROR_LINE
 from training import ask_beeps, beeps, squares_video
 
 E2E_SEED = 20_261_206
 CLIPS_PER_PATH = 20
 MIN_ACCURACY = 0.95
 MODELS = {"video": REPO / "models" / "squares-video", "audio": REPO / "models" / "beeps-audio"}
+# The engine and facade serving each kind, for the last test to read their logs.
+SERVICES: dict[str, tuple[ServiceProcess, ServiceProcess]] = {}
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
@@ -47,6 +50,7 @@ def served(
     engine: ServiceProcess = start_engine(logs, model=str(MODELS[kind]))
     try:
         facade = start_facade(logs, engine.address, store_path=logs / "responses.sqlite3")
+        SERVICES[kind] = (engine, facade)
         try:
             client = openai.OpenAI(base_url=f"{facade.address}/v1", api_key="x", max_retries=0, timeout=120)
             yield kind, client
@@ -176,3 +180,13 @@ def test_the_audio_demo_hears_the_beeps(
     printed = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
     assert (tmp_path / "beeps.wav").read_bytes()[:4] == b"RIFF"
     assert printed["model"].strip() == printed["expected"].strip()
+
+
+def test_healthy_clip_traffic_logs_no_error(served: tuple[req.Kind, openai.OpenAI]) -> None:
+    """Every request above succeeded (clips decoded in the engine's worker processes included):
+    neither process logged an ERROR line for them. Last in the module: it reads what the others
+    left in the logs."""
+    kind, _ = served
+    for service in SERVICES[kind]:
+        errors = [line for line in service.log().splitlines() if ERROR_LINE.search(line)]
+        assert errors == [], errors
