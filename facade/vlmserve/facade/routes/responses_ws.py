@@ -199,13 +199,15 @@ async def _respond(
         del received
         create = await state.responses.parse(create_body(message), owner=owner)
         summary = trigger_request(create, context_length=await state.responses.context_length(create))
-        compacted = None
+        compacted, translation = None, None
         if summary is None:
             checked = await compact_if_needed(state.responses, create, owner=owner)
-            create, compacted = checked.create, checked.item
+            create, compacted, translation = checked.create, checked.item, checked.translation
         # A compaction turn is not remembered: its item is the state a later turn sends.
         remember = memory if summary is None else None
-        generation = await state.responses.prepare(summary or create, owner=owner, memory=remember)
+        generation = await state.responses.prepare(
+            summary or create, owner=owner, memory=remember, translation=translation
+        )
     except (APIError, InvalidRequestError, OutOfSpaceError) as failure:
         hold.release()
         await websocket.send_text(json.dumps(error_message(_api_error(failure))))
