@@ -33,6 +33,10 @@ def responses_text(url: str, content: list[dict[str, Any]], *, max_output_tokens
         "model": "default",
         "input": [{"role": "user", "content": content}],
         "max_output_tokens": max_output_tokens,
+        # Greedy: the demo asks for the answer the model is surest of. The default (the model's
+        # generation config, else mlx-vlm's 1.0) samples, and a sampled count can miss by one
+        # (seen in CI: 18/20 clips).
+        "temperature": 0,
     }
     request = urllib.request.Request(
         url.rstrip("/") + "/v1/responses",
