@@ -10,6 +10,7 @@ import pytest
 
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.item_references import ItemReferences
+from vlmserve.facade.store.records import StoredItem
 
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
 # msg_image as JSON: what each use of it adds.
@@ -25,9 +26,10 @@ def reference(item_id: str) -> dict[str, Any]:
 
 
 def references(asked: list[str], *, max_bytes: int = 10_000) -> ItemReferences:
-    async def find(item_id: str) -> dict[str, Any] | None:
+    async def find(item_id: str) -> StoredItem | None:
         asked.append(item_id)
-        return STORED.get(item_id)
+        item = STORED.get(item_id)
+        return StoredItem(item_id, item) if item is not None else None
 
     return ItemReferences(find, param="input", max_bytes=max_bytes)
 

@@ -156,7 +156,7 @@ async def test_responses_stored_without_messages_replay_their_items(tmp_path: Pa
     await store.responses.put(ResponseRecord.of(resource("resp_2", "resp_1")), [message("m2", "two")])
     replay = await store.responses.replay("resp_2")
     assert replay is not None and replay.messages == []
-    assert [item["content"] for item in replay.items] == ["one", "two"]
+    assert [stored.item["content"] for stored in replay.items] == ["one", "two"]
     first = await store.responses.replay("resp_1")
     assert first is not None and first.items == [] and first.messages == input_to_messages("one")
     store.close()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from vlmserve.facade.routes.conversations import conversation_resource
 from vlmserve.facade.store.records import (
     MissingChainLinkError,
     ResponseRecord,
@@ -76,7 +77,8 @@ async def test_replay_walks_the_chain_oldest_first(store: Store) -> None:
     )
     items = await store.responses.replay_items("resp_2")
     assert items is not None
-    assert [item.get("content") for item in items] == ["one", [], "two"]
+    assert [stored.item.get("content") for stored in items] == ["one", [], "two"]
+    assert [stored.id for stored in items] == ["m1", "msg_out1", "m2"]
 
 
 async def test_replay_with_a_deleted_link_names_it(store: Store) -> None:
@@ -99,14 +101,14 @@ async def test_replay_depth_is_bounded(store: Store) -> None:
         )
         previous = f"resp_{index}"
     items = await store.responses.replay_items("resp_4", max_depth=2)
-    assert items is not None and [item["content"] for item in items] == ["3", "4"]
+    assert items is not None and [stored.item["content"] for stored in items] == ["3", "4"]
 
 
 async def test_update_replaces_outputs_and_delete_cascades(store: Store) -> None:
     await store.responses.put(ResponseRecord.of(resource("resp_1")), [message("m1", "one")])
     out = {"type": "message", "id": "msg_o", "role": "assistant", "content": []}
     assert await store.responses.update(ResponseRecord.of(resource("resp_1", output=[out])))
-    assert await store.responses.find_item("msg_o") == out
+    assert await store.responses.find_item("msg_o") == StoredItem("msg_o", out)
     assert await store.responses.delete("resp_1")
     assert await store.responses.find_item("msg_o") is None and await store.responses.find_item("m1") is None
     assert not await store.responses.update(ResponseRecord.of(resource("resp_1")))
@@ -180,16 +182,18 @@ async def test_a_store_made_by_an_older_version_is_upgraded(tmp_path: Path) -> N
         db.executescript(SCHEMA_V0)
     store = Store.sqlite(path)
     replay = await store.responses.replay("resp_old", owner="alice")
-    assert replay is not None and replay.items == [{"role": "user", "content": "old"}]
+    assert replay is not None and replay.items == [StoredItem("m1", {"role": "user", "content": "old"})]
     conversation = await store.conversations.replay("conv_old", owner="alice")
-    assert conversation is not None and conversation.items == [{"role": "user", "content": "kept"}]
+    assert conversation is not None
+    assert conversation.items == [StoredItem("m2", {"role": "user", "content": "kept"})]
     expected = len('{"id": "resp_old", "status": "completed"}') + len('{"role": "user", "content": "old"}')
     expected += len("{}") + len('{"role": "user", "content": "kept"}')
     assert await store.stored_bytes("alice") == expected
     # New items on an old conversation: it replays from items until all have messages.
     assert await store.conversations.append("conv_old", [message("m3", "new")], owner="alice")
     conversation = await store.conversations.replay("conv_old", owner="alice")
-    assert conversation is not None and [item["content"] for item in conversation.items] == ["kept", "new"]
+    assert conversation is not None
+    assert [stored.item["content"] for stored in conversation.items] == ["kept", "new"]
     store.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # incremental
@@ -211,14 +215,14 @@ async def test_a_conversation_remembers_its_model(store: Store) -> None:
     got = await store.conversations.get("conv_plain")
     assert plain.model is None and got is not None and got.model is None
     # As the API answers it: `model` only once it has one.
-    assert plain.resource() == {
+    assert conversation_resource(plain) == {
         "id": "conv_plain",
         "object": "conversation",
         "created_at": plain.created_at,
         "metadata": {},
     }
     created = await store.conversations.create("conv_1", metadata={}, model="a", items=[message("m1", "one")])
-    assert created.model == "a" and created.resource()["model"] == "a"
+    assert created.model == "a" and conversation_resource(created)["model"] == "a"
     # Items the client adds keep it; a response's items make the response's model the conversation's.
     assert await store.conversations.append("conv_1", [message("m2", "two")])
     assert await model_of(store, "conv_1") == "a"

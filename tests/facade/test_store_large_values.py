@@ -57,7 +57,7 @@ async def test_a_large_input_reads_back_as_it_was_sent(backend: tuple[str, Store
     )
     page = await store.responses.list_input_items("resp_1", order="asc", owner="o")
     assert page is not None and [s.item for s in page.items] == [small.item, large.item]
-    assert await store.responses.find_item("msg_large", owner="o") == large.item
+    assert await store.responses.find_item("msg_large", owner="o") == large
     store.db.cache.forget("resp_1")  # read back from the database, not the cache
     replay = await store.responses.replay("resp_1", owner="o")
     assert replay is not None and replay.messages == messages

@@ -209,7 +209,7 @@ async def _stored_items(service: ResponsesService, create: CreateRequest, *, own
         items = await store.responses.replay_items(
             body.previous_response_id, owner=owner, max_depth=service.settings.limits.max_chain_depth
         )
-        return list(items or [])
+        return [stored.item for stored in items or []]
     conversation = body.conversation
     if conversation is None:
         return []
@@ -223,14 +223,10 @@ async def _stored_items(service: ResponsesService, create: CreateRequest, *, own
         if page is None or not page.items:
             break
         newest_first += [stored.item for stored in page.items]
-        if not page.has_more or any(_is_user(stored.item) for stored in page.items):
+        if not page.has_more or any(stored.role == "user" for stored in page.items):
             break
         after = page.items[-1].id
     return newest_first[::-1]
-
-
-def _is_user(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("role") == "user"
 
 
 def _characters(value: Any, bound: int) -> int:

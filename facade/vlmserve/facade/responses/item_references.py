@@ -27,7 +27,7 @@ from vlmserve.facade.responses.resource import stored_items as fresh_stored_item
 from vlmserve.facade.store.records import StoredItem
 from vlmserve.responses import is_item_reference
 
-Finder = Callable[[str], Awaitable["dict[str, Any] | None"]]
+Finder = Callable[[str], Awaitable[StoredItem | None]]
 
 
 def count_references(value: object) -> int:
@@ -74,7 +74,8 @@ class ItemReferences:
         named = _reference_ids(items)
         for item_id in [*named, *_reference_ids(replayed)]:
             if item_id not in self._found:
-                item = await self._find(item_id)
+                found = await self._find(item_id)
+                item = found.item if found is not None else None
                 size = len(json.dumps(item, ensure_ascii=False)) if item is not None else 0
                 self._found[item_id] = (item, size)
         for item_id in named:

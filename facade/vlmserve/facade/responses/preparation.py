@@ -211,7 +211,8 @@ class ResponsesService:
             param="input",
             max_bytes=limits.max_request_bytes,
         )
-        await references.resolve_all(body.input, replayed=replay.items)
+        replayed = replay.raw_items()
+        await references.resolve_all(body.input, replayed=replayed)
         # Sources are made in each run: a run moved to the PDF threads starts with fresh budgets
         # (the translation's own budget of images and pages too, `vlmserve.responses._budget`).
         opener = self.compaction_opener(owner)
@@ -226,7 +227,7 @@ class ResponsesService:
                     image_source=image_source,
                     clip_source=clip_source_of(image_source),
                     image_limits=image_limits(info, limits),
-                    replay=replay.items,
+                    replay=replayed,
                     history=replay.messages,
                     file_source=self.file_source(owner),
                     document_limits=self.document_limits(allowed_images, model.files),
@@ -236,7 +237,7 @@ class ResponsesService:
                 )
 
         translated = await self._documents.run(
-            build, with_files=has_file_parts(body.input) or has_file_parts(replay.items)
+            build, with_files=has_file_parts(body.input) or has_file_parts(replayed)
         )
         outgoing = translated.outgoing
         # Measured where it is: ByteSize() would encode the request (twice its size, for a moment).

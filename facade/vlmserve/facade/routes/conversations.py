@@ -99,7 +99,7 @@ async def _create_conversation(body: Any, request: Request, state: FacadeState) 
             model=model.id if model is not None else None,
         ),
     )
-    return created.resource()
+    return conversation_resource(created)
 
 
 @router.get("/{conversation_id}", operation_id=RETRIEVE_CONVERSATION, response_model=ConversationResource)
@@ -107,7 +107,7 @@ async def retrieve_conversation(conversation_id: str, request: Request, state: S
     conversation = await state.store.conversations.get(conversation_id, owner=owner_of(request))
     if conversation is None:
         raise not_found("conversation", conversation_id)
-    return conversation.resource()
+    return conversation_resource(conversation)
 
 
 @router.post(
@@ -130,7 +130,7 @@ async def update_conversation(conversation_id: str, request: Request, state: Sta
     )
     if updated is None:
         raise not_found("conversation", conversation_id)
-    return updated.resource()
+    return conversation_resource(updated)
 
 
 @router.get("/{conversation_id}/items/{item_id}", operation_id="retrieveConversationItem")
@@ -163,7 +163,7 @@ async def delete_conversation_item(
     if conversation is None:
         raise not_found("conversation", conversation_id)
     # OpenAI answers with the conversation the item was removed from.
-    return conversation.resource()
+    return conversation_resource(conversation)
 
 
 @router.delete("/{conversation_id}", operation_id=DELETE_CONVERSATION, response_model=DeletedObject)
@@ -249,6 +249,20 @@ async def _write(what: str, write: Awaitable[T]) -> T:
         if is_out_of_space(error):
             raise insufficient_storage(what) from None
         raise
+
+
+def conversation_resource(conversation: ConversationRecord) -> dict[str, Any]:
+    """A stored conversation as the API answers it (`ConversationResource`): `model` only once
+    it has one."""
+    resource: dict[str, Any] = {
+        "id": conversation.id,
+        "object": "conversation",
+        "created_at": conversation.created_at,
+        "metadata": conversation.metadata,
+    }
+    if conversation.model is not None:
+        resource["model"] = conversation.model
+    return resource
 
 
 def item_list_of(items: list[StoredItem]) -> dict[str, Any]:

@@ -115,28 +115,25 @@ class ConversationRepository:
         max_stored_bytes: int | None,
         model: str | None,
     ) -> ConversationRecord:
-        created_at = int(time.time())
-        metadata_text = json.dumps(metadata)
+        record = ConversationRecord(conversation_id, int(time.time()), metadata, model)
+        metadata_text = record.metadata_text()
         with self._db.transaction() as tx:
             tx.execute(
                 "INSERT INTO conversations (id, owner, created_at, metadata, size, model)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation_id, owner, created_at, metadata_text, len(metadata_text), model),
+                (conversation_id, owner, record.created_at, metadata_text, len(metadata_text), model),
             )
             tx.add_usage(owner, len(metadata_text), max_bytes=max_stored_bytes)
             if items:
                 append_items(tx, conversation_id, owner, items, messages)
-        return ConversationRecord(conversation_id, int(created_at), metadata, model)
+        return record
 
     def _get(self, conversation_id: str, owner: str) -> ConversationRecord | None:
         rows = self._db.query(
             "SELECT created_at, metadata, model FROM conversations WHERE id = ? AND owner = ?",
             (conversation_id, owner),
         )
-        if not rows:
-            return None
-        created_at, metadata, model = rows[0]
-        return ConversationRecord(conversation_id, int(created_at), json.loads(metadata), model)
+        return ConversationRecord.from_row(conversation_id, *rows[0]) if rows else None
 
     def _delete(self, conversation_id: str, owner: str) -> bool:
         with self._db.transaction(frees_images=True) as tx:
@@ -159,7 +156,6 @@ class ConversationRepository:
     def _update(
         self, conversation_id: str, metadata: dict[str, str], owner: str
     ) -> ConversationRecord | None:
-        metadata_text = json.dumps(metadata)
         with self._db.transaction() as tx:
             rows = tx.execute(
                 "SELECT created_at, metadata, model FROM conversations"
@@ -168,13 +164,16 @@ class ConversationRepository:
             ).fetchall()
             if not rows:
                 return None
-            change = len(metadata_text) - len(rows[0][1])
+            created_at, old_metadata, model = rows[0]
+            updated = ConversationRecord(conversation_id, int(created_at), metadata, model)
+            metadata_text = updated.metadata_text()
+            change = len(metadata_text) - len(old_metadata)
             tx.execute(
                 "UPDATE conversations SET metadata = ?, size = size + ? WHERE id = ?",
                 (metadata_text, change, conversation_id),
             )
             tx.add_usage(owner, change)
-        return ConversationRecord(conversation_id, int(rows[0][0]), metadata, rows[0][2])
+        return updated
 
     def _get_item(self, conversation_id: str, item_id: str, owner: str) -> StoredItem | None:
         rows = self._db.query(
@@ -182,7 +181,7 @@ class ConversationRepository:
             " WHERE i.conversation_id = ? AND i.item_id = ? AND c.owner = ? ORDER BY i.position LIMIT 1",
             (conversation_id, item_id, owner),
         )
-        return StoredItem(item_id, json.loads(rows[0][0])) if rows else None
+        return StoredItem.from_row(item_id, rows[0][0]) if rows else None
 
     def _delete_item(self, conversation_id: str, item_id: str, owner: str) -> bool:
         with self._db.transaction() as tx:
@@ -254,11 +253,11 @@ class ConversationRepository:
             "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
         )[0]
         if sum(int(item_count) for _, item_count in chunks) != int(count):
-            items = db.query(
-                "SELECT item FROM conversation_items WHERE conversation_id = ? ORDER BY position",
+            rows = db.query(
+                "SELECT item_id, item FROM conversation_items WHERE conversation_id = ? ORDER BY position",
                 (conversation_id,),
             )
-            return Replay(items=[json.loads(item) for (item,) in items])
+            return Replay(items=[StoredItem.from_row(item_id, item) for item_id, item in rows])
         keys = [(conversation_id, str(position)) for position, _ in chunks]
         found = {key: cached for key in keys if (cached := db.cache.get(key)) is not None}
         wanted = [key for key in keys if key not in found]

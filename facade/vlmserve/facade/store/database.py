@@ -18,7 +18,6 @@ that update takes makes the check and the write one step for every facade sharin
 from __future__ import annotations
 
 import asyncio
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -220,7 +219,7 @@ class Database(ABC):
             f"SELECT item_id, item FROM {table} WHERE {condition} ORDER BY position {direction} LIMIT ?",
             (*params, limit + 1),
         )
-        items = [StoredItem(item_id, json.loads(item)) for item_id, item in rows[:limit]]
+        items = [StoredItem.from_row(item_id, item) for item_id, item in rows[:limit]]
         return ItemPage(items=items, has_more=len(rows) > limit)
 
     def decode(self, stored: Sequence[tuple[bytes, list[str]]]) -> list[list[pb.Message]]:

@@ -1,8 +1,14 @@
-"""What the store's repositories take and give back, whatever database keeps it: stored items,
-pages of them, replays, what upkeep did, and the errors a write or a read can raise."""
+"""What the store's repositories take and give back, whatever database keeps it: typed records
+of responses, items and conversations (each read from its row by `from_row`), pages of items,
+replays, what upkeep did, and the errors a write or a read can raise.
+
+The API's JSON for a record is made at the edge (the routes), not here; a record keeps only what
+was stored: an item's and a response's JSON as they were written, byte for byte when answered.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,10 +19,24 @@ Order = Literal["asc", "desc"]
 
 @dataclass(frozen=True, slots=True)
 class StoredItem:
-    """One item and the id it is listed under (the client's `id`, or one the facade assigned)."""
+    """One stored item: the id it is listed under (the client's `id`, or one the facade assigned)
+    and its JSON, exactly as the client sent it or the response gave it (a listing adds its id
+    and defaults at the edge: `responses.resource.listed_item`)."""
 
     id: str
     item: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, item_id: str, item: str | bytes) -> StoredItem:
+        """The record of an item row (`item_id`, `item`: the JSON text `database.json_value`
+        wrote)."""
+        return cls(str(item_id), json.loads(item))
+
+    @property
+    def role(self) -> str | None:
+        """A message's role (None for an item without one: a tool call, its output, reasoning)."""
+        role = self.item.get("role")
+        return role if isinstance(role, str) else None
 
 
 # A response not over yet: queued, or running (here or in another facade sharing the store).
@@ -37,6 +57,16 @@ class ResponseRecord:
     resource: dict[str, Any]
     created_at: int = 0
     previous_response_id: str | None = None
+
+    @classmethod
+    def from_row(cls, resource: str | bytes) -> ResponseRecord:
+        """The record of a response row's `resource` column (its other columns repeat fields
+        of it, for queries: `resource_text` and `status` are what a write puts there)."""
+        return cls.of(json.loads(resource))
+
+    def resource_text(self) -> str:
+        """The `resource` column: the resource's JSON, its fields in their order."""
+        return json.dumps(self.resource)
 
     @classmethod
     def of(cls, resource: dict[str, Any]) -> ResponseRecord:
@@ -86,17 +116,16 @@ class ConversationRecord:
     # latest response, else the one it was created with); None until it has one.
     model: str | None = None
 
-    def resource(self) -> dict[str, Any]:
-        """As the API answers it (`ConversationResource`): `model` only once it has one."""
-        resource: dict[str, Any] = {
-            "id": self.id,
-            "object": "conversation",
-            "created_at": self.created_at,
-            "metadata": self.metadata,
-        }
-        if self.model is not None:
-            resource["model"] = self.model
-        return resource
+    @classmethod
+    def from_row(
+        cls, conversation_id: str, created_at: int, metadata: str | bytes, model: str | None
+    ) -> ConversationRecord:
+        """The record of a conversation row (`created_at`, `metadata` as JSON text, `model`)."""
+        return cls(str(conversation_id), int(created_at), json.loads(metadata), model)
+
+    def metadata_text(self) -> str:
+        """The `metadata` column: what `from_row` reads back (and what its size counts)."""
+        return json.dumps(self.metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +140,11 @@ class Replay:
     (`messages`), or, where any of them was stored before messages were kept, as raw items."""
 
     messages: list[pb.Message] = field(default_factory=list)
-    items: list[dict[str, Any]] = field(default_factory=list)
+    items: list[StoredItem] = field(default_factory=list)
+
+    def raw_items(self) -> list[dict[str, Any]]:
+        """`items`' JSON, for the translation (which takes items as a client sends them)."""
+        return [stored.item for stored in self.items]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -42,9 +41,6 @@ from vlmserve.facade.store.records import (
     ResponseRecord,
     StoredItem,
 )
-
-# An item's JSON, as the client sent it (input) or the response gave it (output).
-Item = dict[str, Any]
 
 
 class ResponseRepository:
@@ -141,11 +137,11 @@ class ResponseRepository:
 
     async def replay_items(
         self, response_id: str, *, owner: str = "", max_depth: int = 256
-    ) -> list[Item] | None:
-        """The raw items of a chain, oldest first (what `replay` falls back to)."""
+    ) -> list[StoredItem] | None:
+        """The items of a chain, oldest first (what `replay` falls back to)."""
         return await self._db.run(self._replay_items_of, response_id, owner, max_depth)
 
-    async def find_item(self, item_id: str, *, owner: str = "") -> Item | None:
+    async def find_item(self, item_id: str, *, owner: str = "") -> StoredItem | None:
         """The most recently stored item with this id (for `item_reference`): the last one written
         to a response, else to a conversation (in insertion order)."""
         return await self._db.run(self._find_item, item_id, owner)
@@ -162,7 +158,7 @@ class ResponseRepository:
         max_stored_bytes: int | None,
     ) -> None:
         response_id = record.id
-        resource_text = json.dumps(record.resource)
+        resource_text = record.resource_text()
         with self._db.transaction() as tx:
             tx.execute(
                 "INSERT INTO responses (id, owner, created_at, previous_response_id, conversation_id,"
@@ -253,7 +249,7 @@ class ResponseRepository:
         if not rows:
             return False
         input_size, old_size = rows[0]
-        resource_text = json.dumps(record.resource)
+        resource_text = record.resource_text()
         tx.execute(
             "UPDATE responses SET resource = ?, status = ? WHERE id = ?",
             (resource_text, record.status, response_id),
@@ -278,7 +274,7 @@ class ResponseRepository:
             ).fetchall()
             if not rows:
                 return None
-            stored = ResponseRecord.of(json.loads(rows[0][0]))
+            stored = ResponseRecord.from_row(rows[0][0])
             if not stored.cancellable:
                 return stored
             cancelled = stored.ended("cancelled")
@@ -290,7 +286,7 @@ class ResponseRepository:
         rows = self._db.query(
             "SELECT resource FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
         )
-        return ResponseRecord.of(json.loads(rows[0][0])) if rows else None
+        return ResponseRecord.from_row(rows[0][0]) if rows else None
 
     def _delete(self, response_id: str, owner: str) -> bool:
         with self._db.transaction(frees_images=True) as tx:
@@ -361,37 +357,35 @@ class ResponseRepository:
             found[key] = messages
         return Replay(messages=[message for key in keys for message in found[key]])
 
-    def _replay_items_of(self, response_id: str, owner: str, max_depth: int) -> list[Item] | None:
+    def _replay_items_of(self, response_id: str, owner: str, max_depth: int) -> list[StoredItem] | None:
         chain = self._chain(response_id, owner, max_depth)
         return None if chain is None else self._replay_items(list(reversed(chain)))
 
-    def _replay_items(self, links: Sequence[str]) -> list[Item]:
-        items: list[Item] = []
+    def _replay_items(self, links: Sequence[str]) -> list[StoredItem]:
+        items: list[StoredItem] = []
         for link in links:
             rows = self._db.query(
-                "SELECT item FROM response_items WHERE response_id = ?"
+                "SELECT item_id, item FROM response_items WHERE response_id = ?"
                 " ORDER BY CASE kind WHEN 'input' THEN 0 ELSE 1 END, position",
                 (link,),
             )
-            items.extend(json.loads(item) for (item,) in rows)
+            items.extend(StoredItem.from_row(item_id, item) for item_id, item in rows)
         return items
 
-    def _find_item(self, item_id: str, owner: str) -> Item | None:
+    def _find_item(self, item_id: str, owner: str) -> StoredItem | None:
         order = self._db.INSERT_ORDER
         rows = self._db.query(
             "SELECT i.item FROM response_items i JOIN responses r ON r.id = i.response_id"
             f" WHERE i.item_id = ? AND r.owner = ? ORDER BY i.{order} DESC LIMIT 1",
             (item_id, owner),
         )
-        if rows:
-            found: Item = json.loads(rows[0][0])
-            return found
-        rows = self._db.query(
-            "SELECT i.item FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id"
-            f" WHERE i.item_id = ? AND c.owner = ? ORDER BY i.{order} DESC LIMIT 1",
-            (item_id, owner),
-        )
-        return json.loads(rows[0][0]) if rows else None
+        if not rows:
+            rows = self._db.query(
+                "SELECT i.item FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id"
+                f" WHERE i.item_id = ? AND c.owner = ? ORDER BY i.{order} DESC LIMIT 1",
+                (item_id, owner),
+            )
+        return StoredItem.from_row(item_id, rows[0][0]) if rows else None
 
 
 def delete_responses(tx: Transaction, cache: MessageCache, keys: Iterable[tuple[str, str]]) -> int:
