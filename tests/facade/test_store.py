@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,8 @@ from typing import Any
 import pytest
 
 from vlmserve.facade.routes.conversations import conversation_resource
+from vlmserve.facade.store.disk_space import OutOfSpaceError
+from vlmserve.facade.store.files import FileRepository
 from vlmserve.facade.store.records import (
     MissingChainLinkError,
     ResponseRecord,
@@ -299,3 +303,52 @@ async def test_a_version_1_postgres_database_learns_its_conversations_models(
         assert await model_of(store, "conv_1") == "b"
     finally:
         store.close()
+
+
+FULL_DISK_ERRORS = [
+    sqlite3.OperationalError("database or disk is full"),
+    OSError(errno.ENOSPC, "No space left on device"),
+    OSError(errno.EDQUOT, "Disk quota exceeded"),
+]
+
+
+@pytest.mark.parametrize("error", FULL_DISK_ERRORS, ids=lambda error: str(error))
+async def test_a_full_disk_is_the_stores_own_error_with_its_cause(
+    store: Store, error: Exception, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store raises OutOfSpaceError (no driver's error reaches the app, which answers 507)."""
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(store.responses, "_put", full)
+    with pytest.raises(OutOfSpaceError) as raised:
+        await store.responses.put(ResponseRecord.of(resource("resp_1")), [message("m1", "one")])
+    assert raised.value.__cause__ is error
+
+
+async def test_other_store_errors_are_raised_as_they_were(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise sqlite3.OperationalError("no such table: responses")
+
+    monkeypatch.setattr(store.responses, "_put", broken)
+    with pytest.raises(sqlite3.OperationalError):
+        await store.responses.put(ResponseRecord.of(resource("resp_1")), [])
+
+
+async def test_a_file_the_disk_has_no_room_for_is_out_of_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = FileRepository(tmp_path / "files")
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # the file store's, as a full disk fails it
+    with pytest.raises(OutOfSpaceError) as raised:
+        await files.save("o", b"data", filename="a.txt", purpose="user_data", media_type="text/plain")
+    assert raised.value.what == "the file" and isinstance(raised.value.__cause__, OSError)
+    monkeypatch.undo()
+    assert await files.list("o") == ([], False)  # nothing of it left

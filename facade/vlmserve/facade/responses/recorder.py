@@ -18,7 +18,7 @@ from typing import Any
 from vlmserve.common.wire_encode import HeldMessages
 from vlmserve.facade.http.errors import APIError, insufficient_storage
 from vlmserve.facade.responses.events import Event, ResponseEvents
-from vlmserve.facade.store.disk_space import is_out_of_space
+from vlmserve.facade.store.disk_space import OutOfSpaceError
 from vlmserve.facade.store.quotas import quota_exceeded
 from vlmserve.facade.store.records import ResponseRecord, StorageQuotaExceededError, StoredItem
 from vlmserve.facade.store.repositories import Store
@@ -82,9 +82,7 @@ class ResponseRecorder:
         except StorageQuotaExceededError as error:
             self._refused = True
             return quota_exceeded(error.used, error.quota, error.adding)
-        except Exception as error:
-            if not is_out_of_space(error):
-                raise
+        except OutOfSpaceError:
             # A full disk: the response fails with a clear 507 (its transaction rolled back).
             self._refused = True
             return insufficient_storage("the response")

@@ -36,7 +36,7 @@ from vlmserve.facade.responses.item_lists import PageQuery, item_list, item_page
 from vlmserve.facade.responses.item_references import ItemReferences, check_reference_count
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.facade.store.disk_space import is_out_of_space
+from vlmserve.facade.store.disk_space import OutOfSpaceError
 from vlmserve.facade.store.quotas import check_room, quota_exceeded, stored_size
 from vlmserve.facade.store.records import ConversationRecord, ItemPage, StorageQuotaExceededError, StoredItem
 from vlmserve.responses import (
@@ -245,10 +245,8 @@ async def _write(what: str, write: Awaitable[T]) -> T:
         return await write
     except StorageQuotaExceededError as error:
         raise quota_exceeded(error.used, error.quota, error.adding) from None
-    except Exception as error:
-        if is_out_of_space(error):
-            raise insufficient_storage(what) from None
-        raise
+    except OutOfSpaceError:
+        raise insufficient_storage(what) from None
 
 
 def conversation_resource(conversation: ConversationRecord) -> dict[str, Any]:

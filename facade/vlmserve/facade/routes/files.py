@@ -33,10 +33,9 @@ from starlette.datastructures import UploadFile
 from vlmserve.common.clips import sniff_clip
 from vlmserve.common.documents import DocumentError, sniff_file
 from vlmserve.facade.http.api_keys import owner_of
-from vlmserve.facade.http.errors import APIError, insufficient_storage, not_found
+from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.http.request_body import metered_body
 from vlmserve.facade.state import FacadeState, facade_state
-from vlmserve.facade.store.disk_space import is_out_of_space
 from vlmserve.facade.store.files import FileQuota, FileQuotaExceededError, FileRecord, FileRepository
 from vlmserve.responses import InvalidRequestError
 
@@ -188,10 +187,6 @@ async def create_file(request: Request, state: State) -> dict[str, Any] | Respon
             )
         except FileQuotaExceededError as error:
             raise APIError(429, f"Storage quota exceeded: {error}", code="storage_quota_exceeded") from None
-        except OSError as error:
-            if is_out_of_space(error):
-                raise insufficient_storage("the file") from None
-            raise
     return JSONResponse(anthropic_file(record)) if anthropic_files(request) else record.resource()
 
 

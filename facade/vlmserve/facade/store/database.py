@@ -4,7 +4,9 @@ dialect and its way of giving space back; the queries are the repositories' (`re
 `conversations`, `events`, `leases`), written once for both.
 
 `run` is the one place the store leaves the event loop: a repository's async method runs its
-blocking SQL there, in a worker thread, once per call.
+blocking SQL there, in a worker thread, once per call. It is also where a database's disk-full
+error becomes the store's `disk_space.OutOfSpaceError` (the transaction rolled back), so callers
+know no driver's errors.
 
 The SQL is the dialect both understand (`?` placeholders, which the PostgreSQL backend rewrites;
 ON CONFLICT, RETURNING, WITH RECURSIVE); the few differences are class attributes.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, ParamSpec, Protocol, TypeVar
 
 from vlmserve.engine.v1 import engine_pb2 as pb
+from vlmserve.facade.store.disk_space import OutOfSpaceError, is_out_of_space
 from vlmserve.facade.store.json_text import json_pieces, json_size
 from vlmserve.facade.store.message_codec import EncodedMessages, MessageCache, decode_messages, detached
 from vlmserve.facade.store.records import (
@@ -156,8 +159,16 @@ class Database(ABC):
         self.cache = MessageCache(cache_bytes)
 
     async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`function` (blocking work on this database) in a worker thread, off the event loop."""
-        return await asyncio.to_thread(function, *args, **kwargs)
+        """`function` (blocking work on this database) in a worker thread, off the event loop.
+        OutOfSpaceError (its cause kept) when the disk had no room for what it wrote."""
+        try:
+            return await asyncio.to_thread(function, *args, **kwargs)
+        except OutOfSpaceError:
+            raise
+        except Exception as error:
+            if is_out_of_space(error):
+                raise OutOfSpaceError() from error
+            raise
 
     # ---- what a backend supplies -------------------------------------------------------------
 

@@ -9,8 +9,9 @@ was cut before any event, and `/readyz` said 200 throughout. Now:
   stored responses and conversations) are refused up front (`DiskSpace.check` raises
   `OutOfSpaceError`), before the engine is called or anything is written;
 * a write that still finds the disk full (`is_out_of_space`: ENOSPC, EDQUOT, SQLite's "database
-  or disk is full", PostgreSQL's disk-full) is the same error, wherever it is raised; the file
-  store removes what it had begun, and the store's transactions roll back.
+  or disk is full", PostgreSQL's disk-full) is the same error: the store raises it as
+  `OutOfSpaceError`, its cause kept (`database.Database.run`, `files.FileRepository.save`); the
+  file store removes what it had begun, and the store's transactions roll back.
 
 The store knows no HTTP: the app answers both with 507 `insufficient_storage`
 (`http/errors.py` `insufficient_storage`, wired in `app.py`).

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from vlmserve.facade.store.disk_space import OutOfSpaceError, is_out_of_space
 from vlmserve.responses import FileContent
 
 __all__ = [
@@ -119,16 +120,21 @@ class FileRepository:
         quota: FileQuota | None = None,
     ) -> FileRecord:
         """Write a file; under the owner's lock, after checking `quota` (FileQuotaExceededError).
-        On any failure (a full disk included) nothing of it is left."""
-        return await asyncio.to_thread(
-            _save,
-            self._folder(owner),
-            data,
-            filename=filename,
-            purpose=purpose,
-            media_type=media_type,
-            quota=quota,
-        )
+        On any failure nothing of it is left; a full disk is OutOfSpaceError (its cause kept)."""
+        try:
+            return await asyncio.to_thread(
+                _save,
+                self._folder(owner),
+                data,
+                filename=filename,
+                purpose=purpose,
+                media_type=media_type,
+                quota=quota,
+            )
+        except OSError as error:
+            if is_out_of_space(error):
+                raise OutOfSpaceError("the file") from error
+            raise
 
     async def get(self, owner: str, file_id: str) -> FileRecord | None:
         return await asyncio.to_thread(self._get, owner, file_id)
