@@ -29,6 +29,8 @@ CACHED_FAMILIES = [
     "gemma4",
     "llava",
     "mistral3",
+    "idefics3",
+    "llama4",
 ]
 RUN_TOGETHER_VISIBLY = {"gemma3"}
 # An agent's turns: the screen, then the screen and a new screenshot, then a third one; the
@@ -71,7 +73,7 @@ def test_each_screenshot_is_encoded_once_with_the_same_output(
         assert cached == uncached
 
 
-@pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5", "gemma3", "gemma4"])
+@pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5", "gemma3", "gemma4", "idefics3", "llama4"])
 def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
     name: str,
     tmp_path: Path,
@@ -101,3 +103,33 @@ def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
         request.partition_key = "another tenant"
         stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300)
         assert engine.server.generator.vision_cache.encoded == 1  # type: ignore[union-attr]
+
+
+def test_llama4_keeps_the_global_view_its_prompt_places(family_models: dict[str, Path]) -> None:  # noqa: F811
+    """mlx-vlm's Llama 4 image processor dropped the global view of an image of several tiles
+    while its prompt kept the view's placeholders, so they read features past the image's (NaN
+    or noise, run to run): every placeholder run has its tile, and two runs embed alike."""
+    import mlx.core as mx
+
+    from vlmserve.engine.config import EngineConfig
+    from vlmserve.engine.jobs import JobKind
+    from vlmserve.engine.loop.model_inputs import build_model_inputs, prompt_image_spans
+    from vlmserve.engine.model import load_model
+    from vlmserve.engine.prep.clip_inputs import token_runs
+    from vlmserve.engine.prep.preparer import RequestPreparer
+
+    config = EngineConfig(model=str(family_models["llama4"]))
+    loaded = load_model(
+        config.model, max_output_tokens=16, image_limits=config.image_limits, max_images_per_request=4
+    )
+    preparer = RequestPreparer(loaded, max_request_pixels=1 << 24, decode_slots=1)
+    wide = png(900, 300, seed=77)  # a 1 x 3 grid: three tiles and the global view
+    request = preparer.prepare(
+        greedy([SYSTEM, user(text("What?"), image(wide), image(SCREENS[1]))]), kind=JobKind.GENERATE
+    )
+    runs = list(token_runs(request.prompt_ids, loaded.model.config.image_token_index))
+    assert request.image_arrays()["pixel_values"].shape[0] == len(runs) == 4 + 3
+    spans = prompt_image_spans(loaded, request)
+    first, second = (build_model_inputs(loaded, request, spans, vision_cache=None).embeds for _ in range(2))
+    assert not mx.isnan(first).any().item()
+    assert mx.array_equal(first, second).item()

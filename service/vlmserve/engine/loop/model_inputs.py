@@ -22,6 +22,7 @@ from typing import Any
 
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache, embed_with_deepstack, encode_images
+from vlmserve.engine.loop.vision_tiles import embed_tiled
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.prep.clip_inputs import token_runs
 from vlmserve.engine.prep.image_inputs import image_inputs_for
@@ -158,6 +159,17 @@ def build_model_inputs(
             partition=request.partition_key,
             covered=covered if len(image_only) == len(hashes) else (),
         )
+        if embedding is None:  # Idefics3, Llama 4: each image's tiles through it (vision_tiles.py)
+            embedding = embed_tiled(
+                model,
+                vision_cache,
+                input_ids,
+                pixel_values,
+                extra,
+                hashes,
+                partition=request.partition_key,
+                processor=loaded.processor,
+            )
     if embedding is None:
         embedding = model.get_input_embeddings(embed_ids, pixel_values, mask=mask, **extra)
     extra.pop("cached_image_features", None)

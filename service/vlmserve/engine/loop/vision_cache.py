@@ -20,7 +20,7 @@ from mlx_vlm.vision_cache import VisionFeatureCache as _MlxVlmVisionFeatureCache
 
 from vlmserve.engine.loop.vision_disk import VisionDiskTier
 
-__all__ = ["VisionFeatureCache", "embed_with_deepstack", "encode_images"]
+__all__ = ["FamilyImages", "VisionFeatureCache", "embed_with_deepstack", "encode_images"]
 
 
 def _nbytes(features: Any) -> int:
@@ -63,7 +63,7 @@ class VisionFeatureCache(_MlxVlmVisionFeatureCache):
 
 
 @dataclass(frozen=True, slots=True)
-class _Images:
+class FamilyImages:
     """A request's images as one family's vision tower takes them, one image at a time: `encode`
     gives the features of the images at these indices (what `get_input_embeddings` would have
     computed for them; run together where the family's own call runs them together),
@@ -88,7 +88,7 @@ def encode_images(
     *,
     partition: str,
     covered: Sequence[int] = (),
-    images: _Images | None = None,
+    images: FamilyImages | None = None,
 ) -> Any | None:
     """Features of all images, in order, each image encoded once; None when not supported here.
 
@@ -202,7 +202,7 @@ def _masked_scatter(target: Any, mask: Any, source: Any) -> Any:
     return qwen3_vl.masked_scatter(target, mask, source)
 
 
-def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> _Images | None:
+def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> FamilyImages | None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in _QWEN_STYLE and kwargs.get("image_grid_thw") is not None:
         return _qwen_style(model, model_type, pixel_values, kwargs["image_grid_thw"])
@@ -228,7 +228,7 @@ def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> _Im
 _QWEN_STYLE = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe"})
 
 
-def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> _Images | None:
+def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> FamilyImages | None:
     import mlx.core as mx
 
     rows = [int(t * h * w) for t, h, w in grids.tolist()]
@@ -255,13 +255,13 @@ def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> _
 
     if deepstack:
         levels = 1 + len(model.vision_tower.deepstack_visual_indexes)
-        return _Images(
+        return FamilyImages(
             len(rows),
             encode,
             lambda tokens: mx.zeros((levels, tokens, _feature_width(model)), dtype=dtype),
             lambda features: mx.concatenate(features, axis=1) if len(features) > 1 else features[0],
         )
-    return _Images(
+    return FamilyImages(
         len(rows),
         encode,
         lambda tokens: mx.zeros((tokens, _feature_width(model)), dtype=dtype),
@@ -269,7 +269,7 @@ def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> _
     )
 
 
-def _gemma3(model: Any, pixel_values: Any) -> _Images:
+def _gemma3(model: Any, pixel_values: Any) -> FamilyImages:
     """Gemma 3: images of one size [n, 3, H, W]; features [n, tokens, width], after the
     projector. The images still to encode run together, as mlx-vlm's own call runs them (so a
     request with none cached computes exactly what mlx-vlm computes)."""
@@ -283,7 +283,7 @@ def _gemma3(model: Any, pixel_values: Any) -> _Images:
         projected = model.multi_modal_projector(hidden)
         return [projected[row : row + 1] for row in range(len(indices))]
 
-    return _Images(
+    return FamilyImages(
         int(pixel_values.shape[0]),
         encode,
         lambda tokens: mx.zeros((1, tokens, _feature_width(model)), dtype=dtype),
@@ -291,7 +291,7 @@ def _gemma3(model: Any, pixel_values: Any) -> _Images:
     )
 
 
-def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
+def _gemma4(model: Any, pixel_values: Any) -> FamilyImages | None:
     """Gemma 4: images of different sizes as a list (each runs alone, as in mlx-vlm), of one size
     as [n, 3, H, W] (those still to encode run together, as mlx-vlm runs them: one run of their
     tokens, an equal share each); features [1, tokens, width] after `embed_vision`."""
@@ -309,7 +309,7 @@ def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
         share = int(joined.shape[1]) // len(indices)
         return [joined[:, row * share : (row + 1) * share] for row in range(len(indices))]
 
-    return _Images(
+    return FamilyImages(
         len(pixel_values) if isinstance(pixel_values, list) else int(pixel_values.shape[0]),
         encode,
         lambda tokens: mx.zeros((1, tokens, width), dtype=dtype),
@@ -317,7 +317,7 @@ def _gemma4(model: Any, pixel_values: Any) -> _Images | None:
     )
 
 
-def _llava(model: Any, pixel_values: Any) -> _Images:
+def _llava(model: Any, pixel_values: Any) -> FamilyImages:
     """LLaVA 1.5: images of one size [n, 3, H, W]; features [n, tokens, width]: the chosen
     layer(s) of the CLIP tower without its class token, through the projector (mlx-vlm's own
     steps, which its cached path skips). The images still to encode run together, as in mlx-vlm."""
@@ -338,7 +338,7 @@ def _llava(model: Any, pixel_values: Any) -> _Images:
         )
         return [projected[row : row + 1] for row in range(len(indices))]
 
-    return _Images(
+    return FamilyImages(
         int(pixel_values.shape[0]),
         encode,
         lambda tokens: mx.zeros(
@@ -348,7 +348,7 @@ def _llava(model: Any, pixel_values: Any) -> _Images:
     )
 
 
-def _mistral3(model: Any, pixel_values: Any, image_sizes: Any) -> _Images:
+def _mistral3(model: Any, pixel_values: Any, image_sizes: Any) -> FamilyImages:
     """Mistral 3 (Pixtral): images padded to one size [n, 3, H, W] with their own sizes; features
     one run of rows [tokens, width] for all images, (h / patch / merge) x (w / patch / merge) an
     image, after the patch merger and projector (mlx-vlm's steps, which its cached path skips).
@@ -374,7 +374,7 @@ def _mistral3(model: Any, pixel_values: Any, image_sizes: Any) -> _Images:
             raise ValueError("Mistral 3's features do not split by its image sizes")
         return [projected[end - counts[i] : end] for end, i in zip(ends, indices, strict=True)]
 
-    return _Images(
+    return FamilyImages(
         len(counts),
         encode,
         lambda tokens: mx.zeros((tokens, _feature_width(model))),  # never: no image is covered

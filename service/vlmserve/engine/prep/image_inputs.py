@@ -257,7 +257,35 @@ class ImageProcessorCall:
 
     def __call__(self, images: Any, *args: Any, **kwargs: Any) -> Any:
         kept = {key: value for key, value in kwargs.items() if key not in self._TEXT_ARGUMENTS}
-        return self._image_processor(images, *args, **kept)
+        out = self._image_processor(images, *args, **kept)
+        return _with_llama4_global_views(self._image_processor, images, out)
+
+
+def _with_llama4_global_views(image_processor: Any, images: Any, out: Any) -> Any:
+    """mlx-vlm 0.7.10's Llama 4 image processor with each image's global view put back.
+
+    Its processor writes a global view's placeholders after the tiles of an image of several
+    tiles (as transformers' does), but its image processor keeps only the tiles, so the model's
+    embedding gathered those placeholders' features past the end of the image's (the next image's
+    tiles, and past the last image memory it never wrote: NaN or noise, run to run). The global
+    view is transformers' (the whole image at one tile's size, after the image's tiles), made with
+    mlx-vlm's own resize and normalisation."""
+    from mlx_vlm.models.llama4.processing_llama4 import Llama4ImageProcessor
+    from PIL import Image
+
+    if not isinstance(image_processor, Llama4ImageProcessor) or "aspect_ratios" not in out:
+        return out
+    flat = images if isinstance(images, list) else [images]
+    tiles = list(out["pixel_values"])
+    steps: Any = image_processor  # its methods are unannotated in mlx-vlm
+    kept, taken = [], 0
+    for image, (rows, columns) in zip(flat, out["aspect_ratios"], strict=True):
+        kept += tiles[taken : taken + rows * columns]
+        taken += rows * columns
+        if rows * columns > 1:
+            whole = image if isinstance(image, Image.Image) else Image.fromarray(np.uint8(image))
+            kept.append(steps._preprocess_single(steps._split_into_tiles(whole, (1, 1))[0]))
+    return {**out, "pixel_values": np.stack(kept)}
 
 
 class _PromptTokenizerCall:
