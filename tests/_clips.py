@@ -22,7 +22,9 @@ MOV_HEAD = b"\x00\x00\x00\x14ftypqt  \x00\x00\x02\x00qt  " + b"\x00\x00\x00\x08m
 WEBM_HEAD = b"\x1a\x45\xdf\xa3\x9f\x42\x86\x81\x01\x42\xf7\x81\x01\x42\x82\x84webm\x42\x87\x81\x04"
 MP3_HEAD = b"ID3\x04\x00\x00\x00\x00\x00\x00" + b"\xff\xfb\x90\x64" + b"\x00" * 32
 FLAC_HEAD = b"fLaC\x00\x00\x00\x22" + b"\x00" * 34
-OGG_HEAD = b"OggS\x00\x02" + b"\x00" * 32
+# An Ogg Vorbis stream's first page: its 27-byte header (one segment) and the start of the Vorbis
+# identification packet (Ogg Opus and other Ogg codecs are refused: the engine decodes Vorbis).
+OGG_HEAD = b"OggS\x00\x02" + b"\x00" * 20 + b"\x01\x1e" + b"\x01vorbis" + b"\x00" * 23
 # An AVIF still: an ftyp box, but no clip.
 AVIF_HEAD = b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf"
 

@@ -1,4 +1,5 @@
-"""The pure rules of clip decoding (engine/media/): the signature sniff, frame sampling, frame
+"""The pure rules of clip decoding (engine/media/): the format check (`limits.check_format`, on
+vlmserve.common.clips, whose own table is tests/common/test_clips.py), frame sampling, frame
 sizing and the sampling a part asks for, as tables of cases. No decoding, no process."""
 
 from __future__ import annotations
@@ -7,9 +8,8 @@ import pytest
 
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.media import MediaError, MediaLimits
-from vlmserve.engine.media.limits import SETTING_FLAGS
+from vlmserve.engine.media.limits import SETTING_FLAGS, check_format
 from vlmserve.engine.media.sampling import fit_pixels, frame_indices, sampling_plan
-from vlmserve.engine.media.sniff import sniff_audio, sniff_video
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.server.settings import declared
 
@@ -18,7 +18,9 @@ WEBM = b"\x1a\x45\xdf\xa3" + bytes(20)
 AVI = b"RIFF\x00\x00\x00\x00AVI LIST"
 WAV = b"RIFF\x24\x00\x00\x00WAVEfmt "
 FLAC = b"fLaC\x00\x00\x00\x22"
-OGG = b"OggS\x00\x02" + bytes(20)
+OGG = b"OggS\x00\x02" + bytes(20) + b"\x01\x1e\x01vorbis" + bytes(23)  # an Ogg Vorbis first page
+OPUS = b"OggS\x00\x02" + bytes(20) + b"\x01\x13OpusHead" + bytes(11)
+M4A = b"\x00\x00\x00\x1cftypM4A " + bytes(20)
 MP3_ID3 = b"ID3\x04\x00" + bytes(20)
 MP3_SYNC = b"\xff\xfb\x90\x64" + bytes(20)
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(20)
@@ -36,6 +38,8 @@ SNIFF_VIDEO = [
     (b"GIF89a" + bytes(20), "", "gif", ""),
     (b"\x00\x00\x00\x1cftypheic" + bytes(20), "", None, "video.data"),  # a HEIF still image
     (b"\x00\x00\x00\x1cftypavif" + bytes(20), "video/mp4", None, "video.data"),
+    (M4A, "video/mp4", None, "video.data"),  # MPEG-4 audio: no video stream (the facade's rule too)
+    (M4A, "", None, "video.data"),
     (MP4, "video/webm", None, "video.media_type"),
     (WEBM, "video/mp4", None, "video.media_type"),
     (WAV, "video/mp4", None, "video.data"),  # audio bytes as a video
@@ -48,10 +52,10 @@ SNIFF_VIDEO = [
 @pytest.mark.parametrize(("data", "declared", "expected", "field"), SNIFF_VIDEO)
 def test_video_signatures(data: bytes, declared: str, expected: str | None, field: str) -> None:
     if expected is not None:
-        assert sniff_video(data, declared) == expected
+        assert check_format(data, declared, "video") == expected
         return
     with pytest.raises(MediaError) as caught:
-        sniff_video(data, declared)
+        check_format(data, declared, "video")
     assert caught.value.code == "media_type"
     assert caught.value.field == field
 
@@ -69,16 +73,19 @@ SNIFF_AUDIO = [
     (MP4, "audio/wav", None, "audio.data"),
     (AVI, "", None, "audio.data"),  # RIFF, but not WAVE
     (b"\xff\x00garbage", "", None, "audio.data"),
+    (OPUS, "audio/ogg", None, "audio.data"),  # Ogg, but Opus: miniaudio decodes Vorbis only
+    (M4A, "", None, "audio.data"),  # AAC: no decoder here
+    (OGG[:30], "audio/ogg", None, "audio.data"),  # cut short
 ]
 
 
 @pytest.mark.parametrize(("data", "declared", "expected", "field"), SNIFF_AUDIO)
 def test_audio_signatures(data: bytes, declared: str, expected: str | None, field: str) -> None:
     if expected is not None:
-        assert sniff_audio(data, declared) == expected
+        assert check_format(data, declared, "audio") == expected
         return
     with pytest.raises(MediaError) as caught:
-        sniff_audio(data, declared)
+        check_format(data, declared, "audio")
     assert caught.value.code == "media_type"
     assert caught.value.field == field
 
@@ -165,3 +172,22 @@ def test_the_default_frame_budget_stays_within_the_cap() -> None:
     assert media.replace(video_max_frames=64).video_max_frames == 64
     with pytest.raises(ValueError, match="--video-max-frames must not be more than --max-video-frames"):
         media.replace(video_max_frames=65)
+
+
+def test_format_refusals_say_what_is_accepted_and_what_the_bytes_are() -> None:
+    with pytest.raises(MediaError) as caught:
+        check_format(PNG, "", "video")
+    assert caught.value.reason == (
+        "unsupported or unrecognised video format "
+        "(accepted: video/mp4, video/webm, video/x-msvideo, image/gif)"
+    )
+    with pytest.raises(MediaError) as caught:
+        check_format(OPUS, "audio/ogg", "audio")
+    assert caught.value.reason == (
+        "unsupported or unrecognised audio format (accepted: audio/wav, audio/mpeg, audio/flac, audio/ogg)"
+    )
+    with pytest.raises(MediaError) as caught:
+        check_format(MP4, "video/webm", "video")
+    assert caught.value.reason == (
+        "declared media type 'video/webm' does not match the video bytes (video/mp4)"
+    )

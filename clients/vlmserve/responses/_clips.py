@@ -39,7 +39,7 @@ _FILE_ID = re.compile(r"file-[A-Za-z0-9_-]{1,128}")
 _OTHER_NAMES: dict[ClipKind, tuple[str, ...]] = {"video": ("image/gif",), "audio": ("application/ogg",)}
 _KIND_NAMES = {
     "video": "a video (MP4, MOV, WebM, MKV, AVI, animated GIF)",
-    "audio": "audio (WAV, MP3, FLAC, Ogg)",
+    "audio": "audio (WAV, MP3, FLAC, Ogg Vorbis)",
 }
 
 

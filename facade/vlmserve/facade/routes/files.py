@@ -6,7 +6,7 @@ held in the facade's body budget as it arrives and while it is handled, and must
 the body timeout, at the minimum body rate (request_body.metered_body).
 The file's kind is sniffed from its bytes (`vlmserve.common.documents`, `vlmserve.common.clips`),
 never taken from the client's content type or name: PDFs, images (PNG, JPEG, WebP, GIF), UTF-8
-text, videos (MP4, MOV, WebM, MKV, AVI) and audio (WAV, MP3, FLAC, Ogg) are kept; `vision` takes
+text, videos (MP4, MOV, WebM, MKV, AVI) and audio (WAV, MP3, FLAC, Ogg Vorbis) are kept; `vision` takes
 images only; anything else is a 400 naming `file`. Requests then name a file by its id
 (`input_file.file_id`, `input_image.file_id`, `input_video.file_id`, `input_audio.file_id`;
 `_files.py` and `_clips.py` in the translation).

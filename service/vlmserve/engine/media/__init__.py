@@ -5,12 +5,13 @@
     audio = decode_audio(part.audio, limits)   # DecodedAudio: float32 mono 16 kHz samples, ...
 
 Media decoders are an attack surface, so: the bytes' size and signature are checked first
-(`sniff.py`), the container's header next, against every limit (`limits.py`: duration, source
-frame size, sampled frames x pixels, sample rate, channels), and only then are the sampled
-frames or the samples decoded, in a process of its own with a wall-clock and a memory limit
-(`worker.py`, `decoders.py`). Nothing is written to disk. A broken limit or damaged bytes raise
-`MediaError` (a ValueError) naming the limit and its engine setting: INVALID_ARGUMENT for the
-request. No MLX here: runs in request-preparation threads.
+(`limits.check_format`, on `vlmserve.common.clips`: the rule the facade applies too), the
+container's header next, against every limit (`limits.py`: duration, source frame size, sampled
+frames x pixels, sample rate, channels), and only then are the sampled frames or the samples
+decoded, in a process of its own with a wall-clock and a memory limit (`worker.py`,
+`decoders.py`). Nothing is written to disk. A broken limit or damaged bytes raise `MediaError`
+(a ValueError) naming the limit and its engine setting: INVALID_ARGUMENT for the request.
+No MLX here: runs in request-preparation threads.
 """
 
 from vlmserve.engine.media.audio import DecodedAudio, decode_audio

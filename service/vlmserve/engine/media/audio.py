@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlmserve.engine.media.limits import AUDIO_SAMPLE_RATE, MediaError, MediaLimits, over_limit
-from vlmserve.engine.media.sniff import sniff_audio
+from vlmserve.engine.media.limits import AUDIO_SAMPLE_RATE, MediaError, MediaLimits, check_format, over_limit
 from vlmserve.engine.media.worker import run_bounded
 from vlmserve.engine.metrics import MediaMetrics
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -59,7 +58,7 @@ def _decode(part: pb.AudioPart, limits: MediaLimits) -> DecodedAudio:
             "the audio", f"{len(part.data)} bytes", "max_audio_bytes", f"{limits.max_audio_bytes} bytes",
             code="bytes", field="audio.data",
         )  # fmt: skip
-    audio_format = sniff_audio(part.data, part.media_type)
+    audio_format = check_format(part.data, part.media_type, "audio")
     samples, duration = run_bounded(
         "audio_samples",
         (bytes(part.data), audio_format, limits),

@@ -1,4 +1,5 @@
-"""The bounds of one clip, and the error that names the bound a clip broke.
+"""The bounds of one clip, the check of its format (the rule is `vlmserve.common.clips`, which
+the facade applies too), and the error that names the bound or rule a clip broke.
 
 Every limit is checked from what the container's header says before anything is decoded (see
 `video.py`, `audio.py`); `MediaError` names the limit and the engine setting that raises it, so a
@@ -9,6 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlmserve.common.clips import (
+    CLIP_FORMATS,
+    KIND_FORMATS,
+    ClipKind,
+    clip_format,
+    sniff_audio,
+    sniff_video_part,
+)
 from vlmserve.common.images import ImageLimits
 
 __all__ = [
@@ -18,6 +27,7 @@ __all__ = [
     "SETTING_FLAGS",
     "MediaError",
     "MediaLimits",
+    "check_format",
     "check_sampled_pixels",
     "over_limit",
 ]
@@ -72,6 +82,28 @@ def over_limit(
     """The one wording of a broken limit: what, how much, the limit and its setting."""
     flag = SETTING_FLAGS[limit_name]
     return MediaError(f"{what} is {value}, over the limit of {limit} ({flag})", code=code, field=field)
+
+
+def check_format(data: bytes, declared: str, kind: ClipKind) -> str:
+    """The format ("mp4", "gif", "ogg", ...) of a `kind` part's bytes, which its declared media
+    type (empty: none declared) must name; MediaError when the bytes are no format a `kind` part
+    takes, or another than declared. Before any demuxer sees the bytes."""
+    sniffed = sniff_video_part(data) if kind == "video" else sniff_audio(data)
+    found = None if sniffed is None else clip_format(sniffed)
+    if found is None:
+        accepted = ", ".join(CLIP_FORMATS[name][0] for name in KIND_FORMATS[kind])
+        raise MediaError(
+            f"unsupported or unrecognised {kind} format (accepted: {accepted})",
+            code="media_type",
+            field=f"{kind}.data",
+        )
+    if declared.split(";", 1)[0].strip() and clip_format(declared) != found:
+        raise MediaError(
+            f"declared media type {declared!r} does not match the {kind} bytes ({CLIP_FORMATS[found][0]})",
+            code="media_type",
+            field=f"{kind}.media_type",
+        )
+    return found
 
 
 @dataclass(frozen=True, slots=True)

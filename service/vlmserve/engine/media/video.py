@@ -19,11 +19,11 @@ from vlmserve.engine.media.limits import (
     DEFAULT_VIDEO_FPS,
     MediaError,
     MediaLimits,
+    check_format,
     check_sampled_pixels,
     over_limit,
 )
 from vlmserve.engine.media.sampling import SamplingPlan, fit_pixels, frame_indices, sampling_plan
-from vlmserve.engine.media.sniff import sniff_video
 from vlmserve.engine.media.worker import run_bounded
 from vlmserve.engine.metrics import MediaMetrics
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -75,7 +75,7 @@ def _decode(part: pb.VideoPart, limits: MediaLimits) -> DecodedVideo:
             "the video", f"{len(part.data)} bytes", "max_video_bytes", f"{limits.max_video_bytes} bytes",
             code="bytes", field="video.data",
         )  # fmt: skip
-    sniff_video(part.data, part.media_type)
+    check_format(part.data, part.media_type, "video")
     frames, fps, duration, count = run_bounded(
         "video_frames",
         (bytes(part.data), plan.fps, plan.max_frames, plan.max_frame_pixels, limits),
