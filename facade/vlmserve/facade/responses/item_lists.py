@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import Query
 
 from vlmserve.facade.http.errors import APIError, not_found
 from vlmserve.facade.responses.resource import listed_item
-from vlmserve.facade.store.records import ItemPage, StoredItem, UnknownCursorError
+from vlmserve.facade.store.records import ItemPage, Order, StoredItem, UnknownCursorError
 from vlmserve.responses import IncludeValue
+
+
+class ItemPages(Protocol):
+    """A repository's page of items: `ResponseRepository.list_input_items` (a response's input
+    items) or `ConversationRepository.list_items`; None when the object is unknown."""
+
+    def __call__(
+        self, object_id: str, /, *, after: str | None, limit: int, order: Order, owner: str
+    ) -> Awaitable[ItemPage | None]: ...
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,7 @@ def page_query(
 
 
 async def item_page(
-    fetch: Callable[..., Awaitable[ItemPage | None]],
+    fetch: ItemPages,
     kind: str,
     object_id: str,
     owner: str,

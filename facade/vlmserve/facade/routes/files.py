@@ -88,6 +88,21 @@ def anthropic_files(request: Request) -> bool:
     return named or "anthropic-version" in request.headers
 
 
+def openai_file(record: FileRecord) -> dict[str, Any]:
+    """OpenAI's `FileObject` for a stored file."""
+    return {
+        "id": record.id,
+        "object": "file",
+        "bytes": record.bytes,
+        "created_at": record.created_at,
+        "filename": record.filename,
+        "purpose": record.purpose,
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }
+
+
 def anthropic_file(record: FileRecord) -> dict[str, Any]:
     """Anthropic's `FileMetadata` for a stored file (every upload here can be downloaded)."""
     created = datetime.datetime.fromtimestamp(record.created_at, datetime.UTC)
@@ -187,7 +202,7 @@ async def create_file(request: Request, state: State) -> dict[str, Any] | Respon
             )
         except FileQuotaExceededError as error:
             raise APIError(429, f"Storage quota exceeded: {error}", code="storage_quota_exceeded") from None
-    return JSONResponse(anthropic_file(record)) if anthropic_files(request) else record.resource()
+    return JSONResponse(anthropic_file(record)) if anthropic_files(request) else openai_file(record)
 
 
 @router.get("", operation_id="listFiles", response_model=FileList)
@@ -222,7 +237,7 @@ async def list_files(
         )
     return {
         "object": "list",
-        "data": [record.resource() for record in records],
+        "data": [openai_file(record) for record in records],
         "first_id": records[0].id if records else None,
         "last_id": records[-1].id if records else None,
         "has_more": has_more,
@@ -232,7 +247,7 @@ async def list_files(
 @router.get("/{file_id}", operation_id="retrieveFile", response_model=FileObject)
 async def retrieve_file(file_id: str, request: Request, state: State) -> dict[str, Any] | Response:
     record = await _record(file_id, request, state)
-    return JSONResponse(anthropic_file(record)) if anthropic_files(request) else record.resource()
+    return JSONResponse(anthropic_file(record)) if anthropic_files(request) else openai_file(record)
 
 
 @router.delete("/{file_id}", operation_id="deleteFile", response_model=FileDeleted)

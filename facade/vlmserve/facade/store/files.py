@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from vlmserve.facade.store.disk_space import OutOfSpaceError, is_out_of_space
 from vlmserve.responses import FileContent
@@ -72,20 +72,6 @@ class FileRecord:
     purpose: str
     # Sniffed from the bytes at upload (never the client's content type).
     media_type: str
-
-    def resource(self) -> dict[str, Any]:
-        """The OpenAI `FileObject`."""
-        return {
-            "id": self.id,
-            "object": "file",
-            "bytes": self.bytes,
-            "created_at": self.created_at,
-            "filename": self.filename,
-            "purpose": self.purpose,
-            "status": "processed",
-            "expires_at": None,
-            "status_details": None,
-        }
 
 
 @dataclass(frozen=True)
