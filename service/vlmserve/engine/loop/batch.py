@@ -137,7 +137,7 @@ class DecodeBatch(Generic[K]):
 
     def remove(self, row: K, *, extract: bool) -> list[Any] | None:
         """Drop a request's row (its untaken token too); with `extract`, return its cache (one row
-        per layer) first."""
+        per layer) first: None in place of a layer a verify in flight holds (see below)."""
         import mlx.core as mx
 
         index = self.rows.index(row)
@@ -146,10 +146,17 @@ class DecodeBatch(Generic[K]):
             own = self._row_caches.pop(index)
             return own if extract else None
         # Layers a verify in flight holds until it settles (mid-verify, a recurrent layer's row
-        # holds the state after every position of the forward: no prefix to offer).
+        # holds the state after every position of the forward: no prefix to offer from it, None
+        # in its place). The plain layers' rows still hold the prompt, whose boundary state the
+        # prefix cache keeps (a row that left mid-verify left nothing behind, so an agent's next
+        # turn under speculation re-ran its whole prompt).
         held = self.verifier.row_left(entry, last=not self._entries) if self.verifier is not None else []
-        extract = extract and not held
-        extracted = [layer.extract(index) for layer in self._caches] if extract else None
+        held_ids = {id(layer) for layer in held}
+        extracted = (
+            [None if id(layer) in held_ids else layer.extract(index) for layer in self._caches]
+            if extract
+            else None
+        )
         keep = [i for i in range(len(self._entries) + 1) if i != index]
         if index < self._pending_rows:
             self._pending_rows -= 1
@@ -162,7 +169,6 @@ class DecodeBatch(Generic[K]):
             self._pending, self._pending_rows, self._pending_lists = None, 0, None
             return extracted
         kept = mx.array(keep, dtype=mx.int32)
-        held_ids = {id(layer) for layer in held}
         for layer in self._caches:
             if id(layer) not in held_ids:
                 layer.filter(kept)

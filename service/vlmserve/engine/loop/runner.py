@@ -294,7 +294,16 @@ class StepRunner:
         # exactly `covered` (not past it, as after accepted drafts) and the template renders the
         # generation prompt again (else the next turn parts before the prompt's end anyway).
         checkpoints = dict([generation.prompt_state]) if generation.prompt_state is not None else {}
-        if (
+        if any(layer is None for layer in cache):
+            # Left mid-verify (batch.py `remove`): its held layers' state is past its tokens, so
+            # only the prompt's boundary is kept, those layers from that boundary's state.
+            if generation.prompt_state is None:
+                return
+            cache = [
+                saved if layer is None else layer
+                for layer, saved in zip(cache, generation.prompt_state[1], strict=True)
+            ]
+        elif (
             generation.snapshot_at >= generation.prompt_tokens
             and all(offset == len(covered) for offset in offsets)
             and (end := boundary_state(cache)) is not None
