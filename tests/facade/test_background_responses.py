@@ -22,7 +22,7 @@ from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
 from vlmserve.facade.http.api_keys import ANONYMOUS_OWNER
 from vlmserve.facade.settings import Storage
-from vlmserve.facade.store.records import ResponseRecord
+from vlmserve.facade.store.records import ResponseRecord, StoredEvent
 
 WAIT_S = 5.0
 TERMINAL = ("completed", "failed", "cancelled", "incomplete")
@@ -230,7 +230,7 @@ async def test_shutdown_and_restart_fail_unfinished_runs(
     left = {**stopped, "id": "resp_left", "status": "queued", "error": None}
     await store.responses.put(ResponseRecord.of(left), [], owner=ANONYMOUS_OWNER)
     created = {"type": "response.created", "sequence_number": 0, "response": left}
-    await store.events.append("resp_left", [created], owner=ANONYMOUS_OWNER)
+    await store.events.append("resp_left", [StoredEvent.of(created)], owner=ANONYMOUS_OWNER)
 
     restarted = create_app(settings, engine=engine_client, store=store)
     async with (

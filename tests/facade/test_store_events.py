@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
-from vlmserve.facade.store.records import ResponseRecord
+from vlmserve.facade.store.records import ResponseRecord, StoredEvent
 from vlmserve.facade.store.repositories import Store
 from vlmserve.facade.store.sqlite import SCHEMA_VERSION
 
@@ -22,12 +22,12 @@ def resource(response_id: str, status: str = "in_progress", background: bool = T
     return {"id": response_id, "created_at": 1, "status": status, "background": background, "output": []}
 
 
-def delta(sequence: int, text: str = "x") -> dict[str, Any]:
-    return {"type": "response.output_text.delta", "sequence_number": sequence, "delta": text}
+def delta(sequence: int, text: str = "x") -> StoredEvent:
+    return StoredEvent.of({"type": "response.output_text.delta", "sequence_number": sequence, "delta": text})
 
 
-def size_of(events: list[dict[str, Any]]) -> int:
-    return sum(len(json.dumps(event, separators=(",", ":"))) for event in events)
+def size_of(events: list[StoredEvent]) -> int:
+    return sum(len(json.dumps(stored.event, separators=(",", ":"))) for stored in events)
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ async def test_the_final_write_keeps_the_events_in_the_size(store: Store) -> Non
     await store.responses.put(ResponseRecord.of(resource("resp_1")), [], owner="alice")
     await store.events.append("resp_1", [delta(0)], owner="alice")
     final = {**resource("resp_1", "completed")}
-    last = {"type": "response.completed", "sequence_number": 1, "response": final}
+    last = StoredEvent.of({"type": "response.completed", "sequence_number": 1, "response": final})
     await store.responses.finish(ResponseRecord.of(final), owner="alice", events=[last])
     assert await store.events.list("resp_1", owner="alice") == [delta(0), last]
     expected = len(json.dumps(final)) + size_of([delta(0), last])
@@ -82,11 +82,13 @@ async def test_the_start_up_sweep_ends_a_background_response_s_events(store: Sto
     assert sorted(await store.leases.fail_unfinished(ERROR)) == ["resp_bg", "resp_fg", "resp_queued"]
     failed = {**resource("resp_bg", "failed"), "error": ERROR}
     assert await store.events.list("resp_bg", after=1, owner="alice") == [
-        {"type": "response.failed", "sequence_number": 2, "response": failed}
+        StoredEvent(
+            2, "response.failed", {"type": "response.failed", "sequence_number": 2, "response": failed}
+        )
     ]
     queued = await store.events.list("resp_queued", owner="bob")
     assert queued is not None
-    assert [(event["type"], event["sequence_number"]) for event in queued] == [("response.failed", 0)]
+    assert [(event.type, event.sequence_number) for event in queued] == [("response.failed", 0)]
     assert await store.events.list("resp_fg", owner="alice") == []
 
 

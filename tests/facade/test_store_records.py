@@ -10,7 +10,7 @@ import pytest
 
 from vlmserve.facade.store.database import json_value
 from vlmserve.facade.store.json_text import SLICE_CHARS
-from vlmserve.facade.store.records import ConversationRecord, ResponseRecord, StoredItem
+from vlmserve.facade.store.records import ConversationRecord, ResponseRecord, StoredEvent, StoredItem
 
 # (item_id, the row's item column) -> the record it reads back as.
 ITEM_ROWS: list[tuple[str, str | bytes, StoredItem]] = [
@@ -182,3 +182,42 @@ def test_a_conversation_written_and_read_again_is_the_same_record(record: Conver
     text = record.metadata_text()
     assert text == json.dumps(record.metadata)
     assert ConversationRecord.from_row(record.id, record.created_at, text, record.model) == record
+
+
+# A stored event's row (its `event` column, compact JSON) -> (sequence_number, type).
+EVENT_ROWS: list[tuple[str | bytes, tuple[int, str]]] = [
+    ('{"type":"response.created","sequence_number":0,"response":{"id":"r"}}', (0, "response.created")),
+    (
+        b'{"type":"response.output_text.delta","sequence_number":7,"delta":"caf\\u00e9"}',
+        (7, "response.output_text.delta"),
+    ),
+    ('{"sequence_number":12,"type":"response.completed","response":{}}', (12, "response.completed")),
+]
+
+
+@pytest.mark.parametrize(("row", "fields"), EVENT_ROWS)
+def test_an_event_row_reads_back_as_its_record(row: str | bytes, fields: tuple[int, str]) -> None:
+    stored = StoredEvent.from_row(row)
+    assert (stored.sequence_number, stored.type) == fields
+    text = row.decode() if isinstance(row, bytes) else row
+    # What a resumed stream sends: the row, byte for byte (as the route sent it before records).
+    assert stored.event_text() == text == json.dumps(json.loads(text), separators=(",", ":"))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "response.output_text.delta", "sequence_number": 3, "delta": "é😀", "logprobs": []},
+        {"type": "error", "sequence_number": 9, "code": None, "message": "m", "param": None},
+    ],
+)
+def test_an_event_written_and_read_again_is_the_same_record(event: dict[str, Any]) -> None:
+    stored = StoredEvent.of(event)
+    assert StoredEvent.from_row(stored.event_text()) == stored
+    assert list(StoredEvent.from_row(stored.event_text()).event) == list(event)
+
+
+@pytest.mark.parametrize("event", [{"type": "response.created"}, {"sequence_number": 1}])
+def test_an_event_without_its_number_or_type_is_refused(event: dict[str, Any]) -> None:
+    with pytest.raises(KeyError):
+        StoredEvent.of(event)

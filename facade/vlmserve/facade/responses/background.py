@@ -22,12 +22,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.events import TERMINAL_STATUSES, Event
 from vlmserve.facade.responses.running import Generation
-from vlmserve.facade.store.records import ResponseRecord
+from vlmserve.facade.store.records import ResponseRecord, StoredEvent
 from vlmserve.facade.store.repositories import Store
 
 logger = logging.getLogger("vlmserve.facade")
@@ -59,19 +58,19 @@ class _Run:
     checked_at: float = field(default_factory=time.monotonic)
     # The last events stored by `_record` (consecutive sequence numbers), so that followers in
     # this process need not read back what was just written.
-    recent: list[dict[str, Any]] = field(default_factory=list)
+    recent: list[StoredEvent] = field(default_factory=list)
 
-    def remember(self, events: list[dict[str, Any]]) -> None:
+    def remember(self, events: list[StoredEvent]) -> None:
         self.recent.extend(events)
         if len(self.recent) > RECENT_EVENTS:
             del self.recent[: len(self.recent) - RECENT_EVENTS // 2]
 
-    def since(self, after: int | None) -> list[dict[str, Any]]:
+    def since(self, after: int | None) -> list[StoredEvent]:
         """The remembered events after `after`; empty when there are none or they do not reach
         back that far (the store has them)."""
         if not self.recent:
             return []
-        start = (after + 1 if after is not None else 0) - int(self.recent[0]["sequence_number"])
+        start = (after + 1 if after is not None else 0) - self.recent[0].sequence_number
         return self.recent[start:] if start >= 0 else []
 
 
@@ -101,9 +100,7 @@ class BackgroundRuns:
         run.task.add_done_callback(lambda _: self._runs.pop(response_id, None))
         return created
 
-    async def follow(
-        self, response_id: str, *, owner: str, after: int | None
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, response_id: str, *, owner: str, after: int | None) -> AsyncIterator[StoredEvent]:
         """The stored events of a response after `after`, then the new ones as they are stored,
         until its terminal event (or until it is deleted)."""
         ending = False
@@ -112,7 +109,7 @@ class BackgroundRuns:
                 # Taken before reading: a write after the read sets it, so none is missed.
                 signal = self._signals.setdefault(response_id, asyncio.Event())
                 run = self._runs.get(response_id)
-                events: list[dict[str, Any]] | None = []
+                events: list[StoredEvent] | None = []
                 if run is not None and run.generation.owner == owner:
                     events = run.since(after)
                 if not events:
@@ -121,8 +118,8 @@ class BackgroundRuns:
                     return
                 for event in events:
                     yield event
-                    after = int(event["sequence_number"])
-                    if event["type"] in TERMINAL_EVENTS:
+                    after = event.sequence_number
+                    if event.type in TERMINAL_EVENTS:
                         return
                 if len(events) == PAGE:
                     continue
@@ -177,7 +174,7 @@ class BackgroundRuns:
     async def _record(self, run: _Run, events: Sequence[Event]) -> None:
         """Store events of a run as they are produced; stop a run whose events pass the bound."""
         generation = run.generation
-        payloads = [event.to_json() for event in events]
+        payloads = [StoredEvent.of(event.to_json()) for event in events]
         try:
             stored = await self.store.events.append(generation.response_id, payloads, owner=generation.owner)
             if stored is not None:

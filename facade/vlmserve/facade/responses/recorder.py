@@ -20,7 +20,12 @@ from vlmserve.facade.http.errors import APIError, insufficient_storage
 from vlmserve.facade.responses.events import Event, ResponseEvents
 from vlmserve.facade.store.disk_space import OutOfSpaceError
 from vlmserve.facade.store.quotas import quota_exceeded
-from vlmserve.facade.store.records import ResponseRecord, StorageQuotaExceededError, StoredItem
+from vlmserve.facade.store.records import (
+    ResponseRecord,
+    StorageQuotaExceededError,
+    StoredEvent,
+    StoredItem,
+)
 from vlmserve.facade.store.repositories import Store
 from vlmserve.responses import TranslatedRequest
 
@@ -131,7 +136,7 @@ class ResponseRecorder:
             conversation_id=self.conversation_id if conversation_items else None,
             conversation_items=conversation_items,
             conversation_messages=conversation_messages,
-            events=[event.to_json() for event in final] if self.on_events is not None else (),
+            events=[StoredEvent.of(event.to_json()) for event in final] if self.on_events is not None else (),
             # The conversation continues with the model that answered last.
             conversation_model=resource.model,
         )

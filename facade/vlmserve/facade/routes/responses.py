@@ -47,6 +47,7 @@ from vlmserve.facade.responses.item_lists import PageQuery, item_page, page_quer
 from vlmserve.facade.responses.prewarm import PrewarmEvents, prewarm_request
 from vlmserve.facade.responses.resource import typed_item
 from vlmserve.facade.state import FacadeState, facade_state
+from vlmserve.facade.store.records import StoredEvent
 from vlmserve.responses import DeletedObject, InputTokensCount, ItemList
 
 # The largest sequence number the stores can compare with (SQLite INTEGER, PostgreSQL BIGINT).
@@ -268,9 +269,9 @@ def _done() -> list[ServerSentEvent]:
     return [sse_event("[DONE]")]
 
 
-async def _stored_sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+async def _stored_sse(events: AsyncIterator[StoredEvent]) -> AsyncIterator[ServerSentEvent]:
     """Stored events (background responses) as SSE, as `_frames` sends live ones."""
     async for event in events:
-        yield sse_event(json.dumps(event, separators=(",", ":")), event["type"])
+        yield sse_event(event.event_text(), event.type)
     for frame in _done():
         yield frame

@@ -7,22 +7,20 @@ with its final state (`responses.ResponseRepository.finish`), in the same transa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
 
 from vlmserve.facade.store.database import Database, Transaction
+from vlmserve.facade.store.records import ResponseRecord, StoredEvent
 
-Event = dict[str, Any]
 # Named here: inside the repository `list` is its method.
-Events = list[Event]
+Events = list[StoredEvent]
 
 
 class EventRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def append(self, response_id: str, events: Sequence[Event], *, owner: str = "") -> int | None:
+    async def append(self, response_id: str, events: Sequence[StoredEvent], *, owner: str = "") -> int | None:
         """Store streaming events of a response (each with its `sequence_number`; one already
         stored is kept as it was); the bytes its events now take, None when the response is
         not stored (deleted meanwhile). The bytes count in its size and its owner's usage."""
@@ -35,7 +33,7 @@ class EventRepository:
         (None: from the first), in order; None when the response is not stored."""
         return await self._db.run(self._list, response_id, after, limit, owner)
 
-    def _append(self, response_id: str, events: Sequence[Event], owner: str) -> int | None:
+    def _append(self, response_id: str, events: Sequence[StoredEvent], owner: str) -> int | None:
         with self._db.transaction() as tx:
             return append_events(self._db, tx, response_id, owner, events)
 
@@ -47,11 +45,11 @@ class EventRepository:
             " ORDER BY sequence_number LIMIT ?",
             (response_id, -1 if after is None else after, limit),
         )
-        return [json.loads(event) for (event,) in rows]
+        return [StoredEvent.from_row(event) for (event,) in rows]
 
 
 def append_events(
-    db: Database, tx: Transaction, response_id: str, owner: str, events: Sequence[Event]
+    db: Database, tx: Transaction, response_id: str, owner: str, events: Sequence[StoredEvent]
 ) -> int | None:
     """`EventRepository.append` inside a transaction of another write (a response's end)."""
     rows = tx.execute(
@@ -62,11 +60,11 @@ def append_events(
         return None
     added = 0
     for event in events:
-        text = json.dumps(event, separators=(",", ":"))
+        text = event.event_text()
         inserted = tx.execute(
             "INSERT INTO response_events (response_id, sequence_number, event) VALUES (?, ?, ?)"
             " ON CONFLICT DO NOTHING",
-            (response_id, int(event["sequence_number"]), text),
+            (response_id, event.sequence_number, text),
         ).rowcount
         added += len(text) if inserted else 0
     if added:
@@ -78,10 +76,12 @@ def append_events(
     return int(rows[0][0]) + added
 
 
-def failed_event(tx: Transaction, response_id: str, resource: dict[str, Any]) -> Event:
+def failed_event(tx: Transaction, failed: ResponseRecord) -> StoredEvent:
     """The `response.failed` event that ends a response's stored events, numbered after them."""
     (last,) = tx.execute(
-        "SELECT MAX(sequence_number) FROM response_events WHERE response_id = ?", (response_id,)
+        "SELECT MAX(sequence_number) FROM response_events WHERE response_id = ?", (failed.id,)
     ).fetchone()
     sequence = 0 if last is None else int(last) + 1
-    return {"type": "response.failed", "sequence_number": sequence, "response": resource}
+    return StoredEvent.of(
+        {"type": "response.failed", "sequence_number": sequence, "response": failed.resource}
+    )

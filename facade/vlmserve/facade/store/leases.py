@@ -8,7 +8,6 @@ store (PostgreSQL) without failing each other's runs.
 
 from __future__ import annotations
 
-import json
 import secrets
 
 from vlmserve.facade.store.database import Database
@@ -75,14 +74,12 @@ class LeaseRepository:
                 UNFINISHED_STATUSES,
             ).fetchall()
             for response_id, owner, text in rows:
-                failed = ResponseRecord.of(json.loads(text)).ended("failed", error=error)
+                failed = ResponseRecord.from_row(text).ended("failed", error=error)
                 if failed.background:
-                    append_events(
-                        db, tx, response_id, owner, [failed_event(tx, response_id, failed.resource)]
-                    )
+                    append_events(db, tx, response_id, owner, [failed_event(tx, failed)])
                 tx.execute(
                     "UPDATE responses SET resource = ?, status = 'failed' WHERE id = ?",
-                    (json.dumps(failed.resource), response_id),
+                    (failed.resource_text(), response_id),
                 )
             tx.execute(f"DELETE FROM facades WHERE expires_at <= {db.NOW}")
         return [response_id for response_id, _, _ in rows]

@@ -106,6 +106,31 @@ class ResponseRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One streaming event of a background response, kept for stream resume: its number, its
+    type and its JSON (the API's event: what a resumed stream sends, as it was)."""
+
+    sequence_number: int
+    type: str
+    event: dict[str, Any]
+
+    @classmethod
+    def of(cls, event: dict[str, Any]) -> StoredEvent:
+        """The record of an event (`ResponseStreamEvent.to_json()`, or as it was stored)."""
+        return cls(int(event["sequence_number"]), str(event["type"]), event)
+
+    @classmethod
+    def from_row(cls, event: str | bytes) -> StoredEvent:
+        """The record of an event row's `event` column."""
+        return cls.of(json.loads(event))
+
+    def event_text(self) -> str:
+        """The `event` column, compact (what the event's bytes count), and a resumed stream's
+        `data:` line."""
+        return json.dumps(self.event, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
 class ConversationRecord:
     """A stored conversation (its items are listed apart)."""
 

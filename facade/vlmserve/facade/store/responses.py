@@ -24,7 +24,7 @@ from vlmserve.facade.store.database import (
     messages_value,
     put_images,
 )
-from vlmserve.facade.store.events import Event, append_events
+from vlmserve.facade.store.events import append_events
 from vlmserve.facade.store.leases import LeaseRepository
 from vlmserve.facade.store.message_codec import (
     EncodedMessages,
@@ -39,6 +39,7 @@ from vlmserve.facade.store.records import (
     Order,
     Replay,
     ResponseRecord,
+    StoredEvent,
     StoredItem,
 )
 
@@ -89,7 +90,7 @@ class ResponseRepository:
         conversation_id: str | None = None,
         conversation_items: Sequence[StoredItem] = (),
         conversation_messages: HeldMessages | Sequence[pb.Message] | None = None,
-        events: Sequence[Event] = (),
+        events: Sequence[StoredEvent] = (),
         conversation_model: str | None = None,
     ) -> None:
         """In one transaction: a response's final state (None: not stored) with the messages
@@ -213,7 +214,7 @@ class ResponseRepository:
         conversation_id: str | None,
         conversation_items: Sequence[StoredItem],
         conversation_messages: HeldMessages | Sequence[pb.Message] | None,
-        events: Sequence[Event],
+        events: Sequence[StoredEvent],
         conversation_model: str | None,
     ) -> None:
         encoded = encode_messages(output_messages) if output_messages is not None else None
