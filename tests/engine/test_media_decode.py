@@ -648,14 +648,35 @@ def test_decoding_writes_no_file(
 
 
 def test_started_decoders_take_the_first_clip() -> None:
-    """start_decoders (an engine calls it as it loads) leaves ready workers; the first clip uses
-    one of them instead of starting a process (seconds of imports)."""
+    """start_decoders (an engine calls it as it loads) starts the workers without waiting for
+    their imports; the first clip uses one of them instead of starting a process (seconds of
+    imports), and starting again (a second load) adds none."""
     limits = MediaLimits(decode_memory_mib=1998)  # a memory limit no other test uses: its own workers
+    before = set(worker.live_workers())
     start_decoders(limits)
-    ready = {w.process.pid for w in worker._IDLE if w.memory_mib == 1998 and w.ready}
-    assert len(ready) == worker.DECODE_SLOTS
+    started = {w.process.pid for w in worker._IDLE if w.memory_mib == 1998}
+    assert len(started) == worker.DECODE_SLOTS
+    assert set(worker.live_workers()) - before == started
     decode_audio(pb.AudioPart(data=wav_bytes(0.2)), limits)
-    assert {w.process.pid for w in worker._IDLE if w.memory_mib == 1998} == ready
+    start_decoders(limits)
+    assert {w.process.pid for w in worker._IDLE if w.memory_mib == 1998} == started
+    assert set(worker.live_workers()) - before == started
+
+
+def test_stopped_decoders_leave_no_process() -> None:
+    """stop_workers (the engine's exit) ends every worker: idle ones on their closed pipe (exit
+    0), one still starting killed; the next clip starts a fresh one."""
+    limits = MediaLimits(decode_memory_mib=1997)
+    decode_audio(pb.AudioPart(data=wav_bytes(0.2)), limits)  # one ready, idle worker
+    idle = [w for w in worker._IDLE if w.memory_mib == 1997 and w.ready]
+    start_decoders(limits)  # and one starting
+    workers = [w for w in worker._IDLE if w.memory_mib == 1997]
+    assert len(idle) == 1 and len(workers) == worker.DECODE_SLOTS
+    worker.stop_workers()
+    assert worker.live_workers() == [] and worker._IDLE == []
+    assert all(w.process.poll() is not None for w in workers)
+    assert idle[0].process.returncode == 0  # left on its own, not killed
+    assert decode_audio(pb.AudioPart(data=wav_bytes(0.2)), limits).samples.shape[0] == 3200
 
 
 def test_clips_decode_side_by_side() -> None:

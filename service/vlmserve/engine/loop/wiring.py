@@ -3,8 +3,10 @@
 From the settings: the model's lifecycle (how it is read, when its weights go). From the
 settings and the loaded model: the KV layout (`--kv-bits`), the drafter model
 (`--draft-model`), admission's memory budget, the prefix cache and its disk tier, the vision
-cache, the request preparer, and the step runner's factory with speculative decoding's verifier
-per decode batch. generator.py only runs them; what they decide is theirs.
+cache, the request preparer (and, for a model that takes clips, the clip decoding workers,
+started now so the first clip does not wait for them), and the step runner's factory with
+speculative decoding's verifier per decode batch. generator.py only runs them; what they decide
+is theirs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache
 from vlmserve.engine.loop.vision_disk import VisionDiskTier
 from vlmserve.engine.loop.vision_memory import vision_cost, vision_width
+from vlmserve.engine.media import start_decoders
 from vlmserve.engine.metrics import EngineMetrics
 from vlmserve.engine.model import LoadedModel, fresh_weights, load_model
 from vlmserve.engine.model_lifecycle import ModelLifecycle
@@ -83,6 +86,8 @@ def build_parts(config: EngineConfig, loaded: LoadedModel, metrics: EngineMetric
         decode_slots=config.image_decode_slots,
         media_limits=config.media_limits,
     )
+    if preparer.takes_clips:  # an image-only model spends no memory on decoding workers
+        start_decoders(config.media_limits)
 
     def new_verifier(language_model: Any) -> Verifier[ActiveGeneration] | None:
         return _verifier(config, loaded, drafter, language_model)

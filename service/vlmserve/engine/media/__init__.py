@@ -22,7 +22,8 @@ from vlmserve.engine.media.worker import start_workers
 
 
 def start_decoders(limits: MediaLimits) -> None:
-    """Start the decoding worker processes now (seconds of imports), not on the first clip."""
+    """Start the decoding worker processes now, not on the first clip: an engine whose model
+    takes clips calls this as it loads (their seconds of imports run beside its warm-up)."""
     start_workers(limits.decode_memory_mib)
 
 

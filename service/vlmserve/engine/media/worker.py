@@ -9,8 +9,10 @@ that passes the wall-clock limit is killed, as is one that crashed or ran out of
 next decode starts a fresh one. The clip's bytes and the decoded arrays travel through pipes:
 nothing is written to disk.
 
-Workers are kept between decodes (their imports, OpenCV and SciPy, take seconds); at most
-`DECODE_SLOTS` decode at once, engine-wide, and a decode waits for a slot. multiprocessing's
+Workers are kept between decodes (their imports, OpenCV and SciPy, take seconds), and an engine
+whose model takes clips starts them as it loads (`start_workers`), so its first clip does not pay
+for them; at most `DECODE_SLOTS` decode at once, engine-wide, and a decode waits for a slot. At
+exit every worker still alive is ended (`stop_workers`): none outlives the engine. multiprocessing's
 fork server was the first choice, but its children re-run the parent's main script (the
 engine's entry point, which imports MLX) before doing anything.
 """
@@ -18,6 +20,7 @@ engine's entry point, which imports MLX) before doing anything.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import subprocess
 import sys
@@ -28,7 +31,7 @@ from typing import Any
 
 from vlmserve.engine.media.limits import MediaError
 
-__all__ = ["DECODE_SLOTS", "run_bounded", "start_workers"]
+__all__ = ["DECODE_SLOTS", "live_workers", "run_bounded", "start_workers", "stop_workers"]
 
 # Decodes at once, engine-wide: each may hold its clip and its frames.
 DECODE_SLOTS = 2
@@ -67,6 +70,8 @@ class _Worker:
         self.requests = Connection(request_write, readable=False)
         self.results = Connection(result_read, writable=False)
         self.ready = False
+        with _IDLE_LOCK:
+            _LIVE.add(self)
 
     def wait_ready(self) -> None:
         if self.ready:
@@ -81,9 +86,16 @@ class _Worker:
             )
         self.ready = True
 
-    def close(self) -> None:
+    def close(self, *, idle: bool = False) -> None:
+        """End the process. An idle ready worker leaves on the closed pipe (as it does when the
+        engine dies); one starting, hung, crashed or decoding is killed."""
+        with _IDLE_LOCK:
+            _LIVE.discard(self)
         self.requests.close()
         self.results.close()
+        if idle and self.ready:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(_LEAVE_TIMEOUT_S)
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
@@ -91,16 +103,29 @@ class _Worker:
 
 _SLOTS = threading.BoundedSemaphore(DECODE_SLOTS)
 _IDLE: list[_Worker] = []
+# Every worker started and not yet closed: idle, decoding, or starting.
+_LIVE: set[_Worker] = set()
 _IDLE_LOCK = threading.Lock()
+# How long a ready worker may take to leave once its pipe is closed, before it is killed.
+_LEAVE_TIMEOUT_S = 2.0
+
+
+def live_workers() -> list[int]:
+    """The process ids of the decoding workers alive now (idle, decoding or starting)."""
+    with _IDLE_LOCK:
+        return sorted(worker.process.pid for worker in _LIVE)
 
 
 @atexit.register
-def _close_idle() -> None:
+def stop_workers() -> None:
+    """End every worker (the engine's exit: registered with atexit). A decode still running then
+    fails as damaged; there is no request left to answer."""
     with _IDLE_LOCK:
-        idle = list(_IDLE)
+        idle = set(_IDLE)
+        workers = list(_LIVE)
         _IDLE.clear()
-    for worker in idle:
-        worker.close()
+    for worker in workers:
+        worker.close(idle=worker in idle)
 
 
 def _take(memory_mib: int) -> _Worker:
@@ -117,17 +142,19 @@ def _give_back(worker: _Worker) -> None:
         spare = _IDLE[:-DECODE_SLOTS] if len(_IDLE) > DECODE_SLOTS else []
         del _IDLE[: len(spare)]
     for extra in spare:
-        extra.close()
+        extra.close(idle=True)
 
 
 def start_workers(memory_mib: int) -> None:
     """Start the decoding workers now rather than on the first clip (their imports take seconds:
-    an engine calls this as it loads, so its first clip is as quick as the next)."""
-    workers = [_Worker(memory_mib) for _ in range(DECODE_SLOTS)]
-    for worker in workers:
-        worker.wait_ready()
-    for worker in workers:
-        _give_back(worker)
+    an engine calls this as it loads, so its first clip is as quick as the next). It does not
+    wait for them: their imports run beside the model's warm-up, and the first decode waits for
+    its worker's (a worker that fails to start fails that decode, as one started then would).
+    Tops up to `DECODE_SLOTS` idle workers for this memory limit: a second load adds none."""
+    with _IDLE_LOCK:
+        have = sum(1 for worker in _IDLE if worker.memory_mib == memory_mib)
+    for _ in range(DECODE_SLOTS - have):
+        _give_back(_Worker(memory_mib))
 
 
 def run_bounded(function: str, args: tuple[Any, ...], *, what: str, timeout_s: float, memory_mib: int) -> Any:

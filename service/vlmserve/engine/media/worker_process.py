@@ -7,6 +7,7 @@ engine closes the pipe.
 from __future__ import annotations
 
 import importlib
+import os
 import resource
 import sys
 from multiprocessing.connection import Connection
@@ -21,11 +22,14 @@ _DECODERS = "vlmserve.engine.media.decoders"
 
 def _serve(requests: Connection, results: Connection) -> None:
     decoders = importlib.import_module(_DECODERS)
-    results.send(("ready", None))
+    try:
+        results.send(("ready", None))
+    except OSError:  # the engine left (or closed this worker) while it was starting
+        return
     while True:
         try:
             function, args = requests.recv()
-        except EOFError:  # the engine closed the pipe: it is done with this worker
+        except (EOFError, OSError):  # the engine closed the pipe: it is done with this worker
             return
         try:
             result: tuple[str, Any] = ("ok", getattr(decoders, function)(*args))
@@ -35,7 +39,10 @@ def _serve(requests: Connection, results: Connection) -> None:
             result = ("memory", None)
         except Exception:  # a decoder's own text never reaches a client
             result = ("damaged", None)
-        results.send(result)
+        try:
+            results.send(result)
+        except OSError:  # the engine left mid-decode: nobody is waiting for the answer
+            return
 
 
 def main(argv: list[str]) -> None:
@@ -43,6 +50,9 @@ def main(argv: list[str]) -> None:
     memory = memory_mib * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
     _serve(Connection(request_fd, writable=False), Connection(result_fd, readable=False))
+    # Nothing to flush or save: skip the interpreter's teardown of OpenCV, SciPy and the rest
+    # (a second or more), so an engine that closes its workers as it exits is not kept waiting.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,11 @@ class ClipSupport:
     # Whether its video processor takes per-frame pixel bounds (Qwen's min_pixels / max_pixels).
     pixel_bounds: bool = False
 
+    @property
+    def takes_clips(self) -> bool:
+        """Whether any clip can reach the model (then its decoders are worth starting at load)."""
+        return bool(self.video) or self.audio
+
     def refuse(self, clip: PromptClip, model_id: str) -> None:
         """INVALID_ARGUMENT when this model cannot take `clip`, naming the part and the family."""
         if clip.kind == "video" and not self.video:

@@ -144,6 +144,11 @@ class RequestPreparer:
     def takes_images(self) -> bool:
         return self._images is not None
 
+    @property
+    def takes_clips(self) -> bool:
+        """Whether the model takes video or audio in any form (clip_inputs.ClipSupport)."""
+        return self._clips.support.takes_clips
+
     def prepare(
         self,
         request: pb.GenerateRequest,
