@@ -105,6 +105,37 @@ def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
         assert engine.server.generator.vision_cache.encoded == 1  # type: ignore[union-attr]
 
 
+def conversation(model: Path, *, prefix_cache: bool) -> tuple[list[str], int]:
+    """An agent's three turns, each resending the history (the answers too) with a new
+    screenshot; the vision cache off. Each turn's text and the images the vision tower encoded."""
+    texts: list[str] = []
+    messages = [SYSTEM]
+    settings = {"vision_cache_mib": 0, "prefix_cache_min_tokens": 8 if prefix_cache else 0}
+    with running_engine(model, **settings) as (engine, stub):
+        for screen in SCREENS:
+            messages.append(user(text("What changed on the screen?"), image(screen)))
+            request = greedy(messages, max_tokens=8)
+            result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result
+            texts.append(result.text)
+            messages.append(pb.Message(role=pb.ROLE_ASSISTANT, parts=[text(result.text or "ok")]))
+        vision = engine.server.generator.vision_cache
+        assert vision is not None
+        return texts, vision.encoded
+
+
+@pytest.mark.parametrize("name", ["idefics3", "llama4"])
+def test_tiled_screenshots_inside_a_reused_prefix_are_not_encoded(
+    name: str,
+    family_models: dict[str, Path],  # noqa: F811
+) -> None:
+    """Idefics3's and Llama 4's images come in several placeholder runs (a run a tile): an image
+    whose whole block the prefix cache serves is covered all the same, its tiles never encoded."""
+    reused, encoded = conversation(family_models[name], prefix_cache=True)
+    fresh, encoded_without = conversation(family_models[name], prefix_cache=False)
+    assert (encoded, encoded_without) == (3, 6), "the new screenshot only; without reuse, every one"
+    assert reused == fresh
+
+
 def test_llama4_keeps_the_global_view_its_prompt_places(family_models: dict[str, Path]) -> None:  # noqa: F811
     """mlx-vlm's Llama 4 image processor dropped the global view of an image of several tiles
     while its prompt kept the view's placeholders, so they read features past the image's (NaN

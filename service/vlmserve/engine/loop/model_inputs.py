@@ -22,7 +22,7 @@ from typing import Any
 
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.vision_cache import VisionFeatureCache, embed_with_deepstack, encode_images
-from vlmserve.engine.loop.vision_tiles import embed_tiled
+from vlmserve.engine.loop.vision_tiles import embed_tiled, tiled_blocks
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.prep.clip_inputs import token_runs
 from vlmserve.engine.prep.image_inputs import image_inputs_for
@@ -32,7 +32,8 @@ __all__ = ["ImageSpan", "ModelInputs", "build_model_inputs"]
 
 @dataclass(frozen=True, slots=True)
 class ImageSpan:
-    """One image's placeholder tokens in a prompt: [start, start + length), and whose they are."""
+    """One image's placeholder tokens in a prompt: [start, start + length), and whose they are (a
+    tiled image's: its tiles' runs and the markup between them)."""
 
     start: int
     length: int
@@ -72,12 +73,23 @@ def image_spans(
 
 
 def prompt_image_spans(loaded: LoadedModel, request: PreparedRequest) -> tuple[ImageSpan, ...]:
-    """Every image's and clip's placeholder runs, in prompt order."""
-    images = image_spans(
-        request.prompt_ids,
-        _image_token_id(loaded) if request.images else None,
-        [image.content_hash for image in request.images],
+    """Every image's and clip's placeholder runs, in prompt order. A tiled image (Idefics3, Llama
+    4: a run a tile) spans its block, from its first run to its last (vision_tiles.py)."""
+    hashes = [image.content_hash for image in request.images]
+    token_id = _image_token_id(loaded) if request.images else None
+    model_type = getattr(getattr(loaded.model, "config", None), "model_type", "")
+    blocks = (
+        tiled_blocks(str(model_type), loaded.processor, request.prompt_ids, token_id)
+        if token_id is not None
+        else None
     )
+    if blocks is not None and len(blocks) == len(hashes) and all(blocks):
+        images: tuple[ImageSpan, ...] = tuple(
+            ImageSpan(block[0][0], block[-1][0] + block[-1][1] - block[0][0], content_hash)
+            for content_hash, block in zip(hashes, blocks, strict=True)
+        )
+    else:
+        images = image_spans(request.prompt_ids, token_id, hashes)
     clips = [
         ImageSpan(start, length, clip.content_hash, clip.kind)
         for clip in request.clips
@@ -169,6 +181,7 @@ def build_model_inputs(
                 hashes,
                 partition=request.partition_key,
                 processor=loaded.processor,
+                covered_tokens=covered_tokens,
             )
     if embedding is None:
         embedding = model.get_input_embeddings(embed_ids, pixel_values, mask=mask, **extra)

@@ -22,8 +22,9 @@ mlx-vlm assembles them, so the output is mlx-vlm's either way; an image's tile c
 of "one per run" (transformers' processor, which keeps the global view) and "one per run but the
 global view" adds up to the tiles the processor made.
 
-An image's placeholders come in several runs, so, as for Mistral 3, none is taken as covered by a
-reused prefix (all its features are computed or served from the cache).
+An image whose whole block lies inside a reused prefix is covered: its features are never read
+(the KV of its positions comes from the prefix cache), so zeros stand in for them and its tiles are
+neither encoded nor looked up.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 from vlmserve.engine.loop.vision_cache import FamilyImages, VisionFeatureCache, encode_images
 from vlmserve.engine.prep.clip_inputs import token_runs
 
-__all__ = ["embed_tiled"]
+__all__ = ["embed_tiled", "tiled_blocks"]
 
 TILED = frozenset({"idefics3", "llama4"})
 
@@ -49,6 +50,8 @@ class _Tiled:
     tiles: list[int]
     tokens: list[int]
     keys: list[str]
+    # Where each image's block ends in the prompt (exclusive): covered by a prefix this long.
+    ends: list[int]
 
 
 def embed_tiled(
@@ -61,10 +64,12 @@ def embed_tiled(
     *,
     partition: str,
     processor: Any,
+    covered_tokens: int = 0,
 ) -> Any | None:
     """Idefics3's or Llama 4's input embeddings (mlx-vlm's `InputEmbeddingsFeatures`) with each
     image's tiles' features through the cache; None for any other model, or when the prompt's
-    tiles do not add up to the processor's (then mlx-vlm's own path runs)."""
+    tiles do not add up to the processor's (then mlx-vlm's own path runs). `covered_tokens`: the
+    first prompt tokens whose KV comes from a cached prefix (images wholly inside are covered)."""
     from mlx_vlm.models.base import InputEmbeddingsFeatures
 
     model_type = getattr(getattr(model, "config", None), "model_type", None)
@@ -85,6 +90,10 @@ def embed_tiled(
         kwargs,
         tiled.keys,
         partition=partition,
+        covered=[
+            tokens if end <= covered_tokens else 0
+            for tokens, end in zip(tiled.tokens, tiled.ends, strict=True)
+        ],
         images=_images(model, model_type, pixel_values, kwargs, tiled),
     )
     if features is None:
@@ -122,12 +131,17 @@ def _images(
         ends = [sum(tiled.tokens[i] for i in indices[: j + 1]) for j in range(len(indices))]
         return [embeds[end - tiled.tokens[i] : end] for end, i in zip(ends, indices, strict=True)]
 
+    embed_tokens = (
+        model.language_model.embed_tokens
+        if model_type == "idefics3"
+        else model.language_model.model.embed_tokens
+    )
+    width, dtype = int(embed_tokens.weight.shape[-1]), embed_tokens.weight.dtype
     return FamilyImages(
         len(tiled.tiles),
         encode,
-        lambda tokens: mx.zeros((tokens, 1)),  # never read: no image is taken as covered
+        lambda tokens: mx.zeros((tokens, width), dtype=dtype),
         lambda features: mx.concatenate(features, axis=0),
-        one_run_per_image=False,
     )
 
 
@@ -140,6 +154,43 @@ def _key(content_hash: str, *shaping: object) -> str:
     return hashlib.sha256(f"{content_hash}\0{shaping!r}".encode()).hexdigest()
 
 
+Run = tuple[int, int]  # (start, length) of a run of placeholder tokens
+
+
+def tiled_blocks(
+    model_type: str, processor: Any, ids: Sequence[int], image_token_id: int
+) -> list[list[Run]] | None:
+    """Each image's placeholder runs (one a tile), in prompt order, for the tiled families; None
+    for any other (an image is one run there) or where the markers are not the processor's.
+    Idefics3: an image's runs up to the one after `<global-img>` (its global view, last). Llama 4:
+    the runs between its `<|image_start|>` and `<|image_end|>`."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    runs = _runs(ids, image_token_id)
+    if model_type == "idefics3":
+        global_id = tokenizer.convert_tokens_to_ids(getattr(processor, "global_image_tag", "<global-img>"))
+        if not isinstance(global_id, int):
+            return None
+        blocks: list[list[Run]] = [[]]
+        for start, length in runs:
+            blocks[-1].append((start, length))
+            if start > 0 and ids[start - 1] == global_id:
+                blocks.append([])
+        return blocks[:-1] if not blocks[-1] else blocks
+    if model_type == "llama4":
+        begin = tokenizer.convert_tokens_to_ids(getattr(processor, "start_of_img_token", "<|image_start|>"))
+        end = tokenizer.convert_tokens_to_ids(getattr(processor, "end_of_img_token", "<|image_end|>"))
+        if not isinstance(begin, int) or not isinstance(end, int):
+            return None
+        starts = [index for index, token in enumerate(ids) if token == begin]
+        ends = [index for index, token in enumerate(ids) if token == end]
+        if len(ends) != len(starts):
+            return None
+        return [
+            [run for run in runs if first < run[0] < stop] for first, stop in zip(starts, ends, strict=True)
+        ]
+    return None
+
+
 def _idefics3_tiles(
     model: Any,
     processor: Any,
@@ -148,24 +199,11 @@ def _idefics3_tiles(
     kwargs: dict[str, Any],
     hashes: Sequence[str],
 ) -> _Tiled | None:
-    """Image i's tiles: its runs up to the one after `<global-img>` (its global view, last)."""
-    tokenizer = getattr(processor, "tokenizer", processor)
-    tag = getattr(processor, "global_image_tag", "<global-img>")
-    global_id = tokenizer.convert_tokens_to_ids(tag)
-    if (
-        getattr(pixel_values, "ndim", 0) != 5
-        or int(pixel_values.shape[0]) != 1
-        or not isinstance(global_id, int)
-    ):
+    if getattr(pixel_values, "ndim", 0) != 5 or int(pixel_values.shape[0]) != 1:
         return None
-    blocks: list[list[tuple[int, int]]] = [[]]
-    for start, length in _runs(ids, int(model.config.image_token_id)):
-        blocks[-1].append((start, length))
-        if start > 0 and ids[start - 1] == global_id:
-            blocks.append([])
-    blocks = blocks[:-1] if not blocks[-1] else blocks
-    tiles = [len(block) for block in blocks]
-    if len(blocks) != len(hashes) or sum(tiles) != int(pixel_values.shape[1]):
+    blocks = tiled_blocks("idefics3", processor, ids, int(model.config.image_token_id))
+    tiles = [len(block) for block in blocks or ()]
+    if blocks is None or len(blocks) != len(hashes) or sum(tiles) != int(pixel_values.shape[1]):
         return None
     mask = kwargs.get("pixel_attention_mask")
     areas = mask[0].sum(axis=(-1, -2)).tolist() if mask is not None else []
@@ -175,29 +213,23 @@ def _idefics3_tiles(
         grid = ids[block[0][0] : block[-1][0] + block[-1][1]]
         keys.append(_key(content_hash, "idefics3", size, grid, areas[first : first + count]))
         first += count
-    return _Tiled(tiles, [sum(length for _, length in block) for block in blocks], keys)
+    tokens = [sum(length for _, length in block) for block in blocks]
+    return _Tiled(tiles, tokens, keys, [block[-1][0] + block[-1][1] for block in blocks])
 
 
 def _llama4_tiles(
     model: Any, processor: Any, ids: list[int], pixel_values: Any, hashes: Sequence[str]
 ) -> _Tiled | None:
-    """Image i's runs lie between its `<|image_start|>` and `<|image_end|>`; its tiles are one per
-    run, or one per run but the global view's (see the module docstring)."""
-    config = model.config
-    tokenizer = getattr(processor, "tokenizer", processor)
-    begin = tokenizer.convert_tokens_to_ids(getattr(processor, "start_of_img_token", "<|image_start|>"))
-    end = tokenizer.convert_tokens_to_ids(getattr(processor, "end_of_img_token", "<|image_end|>"))
-    if getattr(pixel_values, "ndim", 0) != 4 or not isinstance(begin, int) or not isinstance(end, int):
+    """An image's tiles are one per run, or one per run but the global view's (see the module
+    docstring)."""
+    if getattr(pixel_values, "ndim", 0) != 4:
         return None
-    starts = [index for index, token in enumerate(ids) if token == begin]
-    ends = [index for index, token in enumerate(ids) if token == end]
-    if len(starts) != len(hashes) or len(ends) != len(starts):
-        return None
-    runs = _runs(ids, int(config.image_token_index))
-    blocks = [
-        [run for run in runs if start < run[0] < stop] for start, stop in zip(starts, ends, strict=True)
-    ]
-    if any(not block or len({length for _, length in block}) != 1 for block in blocks):
+    blocks = tiled_blocks("llama4", processor, ids, int(model.config.image_token_index))
+    if (
+        blocks is None
+        or len(blocks) != len(hashes)
+        or any(not block or len({length for _, length in block}) != 1 for block in blocks)
+    ):
         return None
     total = int(pixel_values.shape[0])
     with_global = [len(block) for block in blocks]
@@ -205,10 +237,11 @@ def _llama4_tiles(
     tiles = with_global if sum(with_global) == total else without_global
     if sum(tiles) != total:
         return None
-    per_tile = [block[0][1] for block in blocks]
     size = tuple(int(side) for side in pixel_values.shape[-2:])
+    # The block's tokens from the first run to the last: its tile grid (the separators between).
     keys = [
-        _key(content_hash, "llama4", size, ids[start : stop + 1])
-        for content_hash, start, stop in zip(hashes, starts, ends, strict=True)
+        _key(content_hash, "llama4", size, ids[block[0][0] : block[-1][0] + block[-1][1]])
+        for content_hash, block in zip(hashes, blocks, strict=True)
     ]
-    return _Tiled(tiles, [count * tokens for count, tokens in zip(tiles, per_tile, strict=True)], keys)
+    tokens = [count * block[0][1] for count, block in zip(tiles, blocks, strict=True)]
+    return _Tiled(tiles, tokens, keys, [block[-1][0] + block[-1][1] for block in blocks])
