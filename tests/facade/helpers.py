@@ -21,8 +21,8 @@ from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common import images as common_images
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.settings import Storage
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection

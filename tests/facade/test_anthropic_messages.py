@@ -23,7 +23,7 @@ from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 RED = (255, 0, 0)
 SCREENSHOT: Any = {"name": "screenshot", "description": "Take one.", "input_schema": {"type": "object"}}

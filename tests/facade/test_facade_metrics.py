@@ -12,7 +12,7 @@ from tests.facade.fake_engine import FakeEngine
 from tests.facade.helpers import png_bytes, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 
 async def scrape(http: httpx.AsyncClient, **headers: str) -> dict[str, float]:

@@ -22,8 +22,8 @@ from tests.responses.responses_testkit import RED
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.settings import Files
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 PDF = text_pdf(["Quarterly report", "Totals"])
 

@@ -1,4 +1,4 @@
-"""Which models a facade serves: `--engine`, `--model-alias`, `--models-file` (engines/config.py)."""
+"""Which models a facade serves: `--engine`, `--model-alias`, `--models-file` (settings/model_routes.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vlmserve.facade.engines.config import (
+from vlmserve.facade.settings.model_routes import (
     ModelRoute,
     model_routes,
     parse_engine_flags,

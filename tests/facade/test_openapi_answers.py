@@ -12,7 +12,7 @@ import pytest
 from tests.facade.fake_engine import FakeEngine, Script
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 KEY = "sk-openapi-answers"
 AUTH = {"Authorization": f"Bearer {KEY}", "x-api-key": KEY}

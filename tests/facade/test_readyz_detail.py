@@ -50,7 +50,7 @@ async def test_probed_without_a_key_it_says_only_ready_or_not(
     401): with keys on, no key (or a wrong one) gets the status and nothing else; the key gets
     the models and the reasons."""
     from vlmserve.facade import create_app
-    from vlmserve.facade.http.api_keys import ApiKeys
+    from vlmserve.facade.settings.api_keys import ApiKeys
 
     app = create_app(
         settings.replace(api_keys=ApiKeys.from_keys(["sk-probe"])), engine=engine_client, store=store

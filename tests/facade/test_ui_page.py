@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from vlmserve.facade import FacadeSettings
-from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 KEY = "sk-ui-test-key-0000000000"
 FILES = Path(__file__).resolve().parents[2] / "facade" / "vlmserve" / "facade" / "routes" / "ui_files"

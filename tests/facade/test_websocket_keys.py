@@ -8,7 +8,7 @@ import websockets.asyncio.client
 import websockets.exceptions
 
 from vlmserve.facade import FacadeSettings
-from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 KEY = "sk-websocket-test-key-0000"
 

@@ -20,7 +20,7 @@ from tests.facade.fake_engine import FakeEngine, Script
 from tests.hardening.test_slow_clients import wait_for
 from vlmserve.facade import FacadeSettings, Limits
 from vlmserve.facade.cli import server_config
-from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 KEY = "sk-websocket-limits-0000"
 HEADERS = {"Authorization": f"Bearer {KEY}"}

@@ -16,8 +16,8 @@ from tests.facade.helpers import owner_id
 from tests.hardening.test_slow_clients import read_all, serving, wait_for
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.http.body_budget import BodyBudget
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 KEY_A, KEY_B = "sk-attacker", "sk-victim"
 

@@ -13,10 +13,8 @@ from fastapi.testclient import TestClient
 
 from tests.facade.helpers import owner_id
 from vlmserve.facade.app import create_app
-from vlmserve.facade.http import api_keys as auth
 from vlmserve.facade.http.api_keys import (
     ANONYMOUS_OWNER,
-    ApiKeys,
     Owner,
     install_api_keys,
     owner_of,
@@ -24,6 +22,7 @@ from vlmserve.facade.http.api_keys import (
 )
 from vlmserve.facade.http.errors import install_error_handlers
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.settings.api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, ApiKeys
 from vlmserve.server import secrets
 
 KEY = "sk-test-0123456789abcdef"
@@ -165,9 +164,7 @@ def test_every_key_is_compared(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_keys_from_env_and_file(tmp_path: Path) -> None:
     key_file = tmp_path / "keys"
     key_file.write_text(f"# team keys\n{OTHER_KEY}\n\n", encoding="utf-8")
-    keys = FacadeSettings.from_env(
-        {auth.API_KEYS_ENV: f" {KEY} ,,", auth.API_KEYS_FILE_ENV: str(key_file)}
-    ).api_keys
+    keys = FacadeSettings.from_env({API_KEYS_ENV: f" {KEY} ,,", API_KEYS_FILE_ENV: str(key_file)}).api_keys
     assert keys.enabled and len(keys.digests) == 2
     assert keys.owner_for_key(OTHER_KEY) == owner_id(OTHER_KEY)
     assert keys.owner_for_key("sk-nope") is None
@@ -178,8 +175,8 @@ def test_keys_from_env_and_file(tmp_path: Path) -> None:
 def test_an_empty_key_file_is_refused(tmp_path: Path) -> None:
     key_file = tmp_path / "keys"
     key_file.write_text("# to be filled\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=auth.API_KEYS_FILE_ENV):
-        FacadeSettings.from_env({auth.API_KEYS_FILE_ENV: str(key_file)})
+    with pytest.raises(ValueError, match=API_KEYS_FILE_ENV):
+        FacadeSettings.from_env({API_KEYS_FILE_ENV: str(key_file)})
 
 
 def test_every_facade_route_but_the_probes_needs_a_key(tmp_path: Path) -> None:

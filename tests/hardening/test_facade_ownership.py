@@ -15,7 +15,7 @@ from tests.facade.helpers import owner_id
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.cli import settings_from_args
-from vlmserve.facade.http.api_keys import ApiKeys
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 ALICE = "sk-alice-0123456789abcdef"
 BOB = "sk-bob-fedcba9876543210xx"

@@ -20,8 +20,8 @@ from tests.hardening._image_corpus import jpeg_scan_bomb
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
 from vlmserve.facade.documents.pdf_workers import PdfWorkers
-from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.settings import Files, Limits
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 ALICE = "sk-alice-0123456789abcdefxx"
 BOB = "sk-bob-fedcba9876543210xx"

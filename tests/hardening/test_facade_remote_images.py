@@ -18,8 +18,9 @@ from tests.hardening._image_server import CLIP, PNG, ImageServer, serve_images
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.cli import settings_from_args
-from vlmserve.facade.remote_images.checks import IPAddress, RemoteImageSettings, is_public_address
+from vlmserve.facade.remote_images.checks import IPAddress, is_public_address
 from vlmserve.facade.remote_images.fetcher import RemoteImageFetcher
+from vlmserve.facade.settings.remote_images import RemoteImageSettings
 
 PARAM = "input[0].content[0].image_url"
 

@@ -15,8 +15,8 @@ from tests.facade.fake_engine import FakeEngine, Script
 from tests.hardening.test_slow_clients import wait_for
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.responses.key_admission import EngineSlots
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 KEY_A, KEY_B = "sk-busy", "sk-other"
 

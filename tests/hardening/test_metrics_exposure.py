@@ -14,8 +14,8 @@ import httpx
 from tests._prometheus import metric_samples
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.http.metrics import bounded_method
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 OPERATOR = "sk-operator"
 

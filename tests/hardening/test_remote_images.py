@@ -16,7 +16,7 @@ import pytest
 
 from tests.hardening._certs import PKIFiles, make_pki
 from tests.hardening._image_server import BIG_BODY_BYTES, PNG, ImageServer, serve_images
-from vlmserve.facade.remote_images.checks import IPAddress, RemoteImageSettings, is_public_address
+from vlmserve.facade.remote_images.checks import IPAddress, is_public_address
 from vlmserve.facade.remote_images.fetcher import (
     RefusalCause,
     RemoteImageError,
@@ -25,6 +25,7 @@ from vlmserve.facade.remote_images.fetcher import (
     image_fetcher_from_settings,
 )
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.settings.remote_images import RemoteImageSettings
 from vlmserve.responses import InvalidRequestError, build_generate_request
 
 LOCALHOST = ipaddress.IPv4Address("127.0.0.1")

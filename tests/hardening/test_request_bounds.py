@@ -16,9 +16,9 @@ import pytest
 
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
-from vlmserve.facade.http.api_keys import ApiKeys
 from vlmserve.facade.http.errors import APIError
 from vlmserve.facade.responses.running import Generation
+from vlmserve.facade.settings.api_keys import ApiKeys
 
 KEY = "sk-round4"
 HEADERS = {"authorization": f"Bearer {KEY}", "x-api-key": KEY}

@@ -123,7 +123,7 @@ def find_models(path: Path) -> list[tuple[str, Path]]:
             return [(path.name, path)]
         found = [(child.name, child) for child in sorted(path.iterdir()) if (child / "config.json").is_file()]
         return found + _hub_cache_models(path)
-    from vlmserve.facade.engines.config import read_models_file
+    from vlmserve.facade.settings.model_routes import read_models_file
 
     # A relative `model` is taken from the current folder, as `vlmserve serve --models-file` does.
     return [

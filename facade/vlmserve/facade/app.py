@@ -17,7 +17,6 @@ from fastapi import params as fastapi_params
 from fastapi.responses import JSONResponse
 
 from vlmserve.client import AsyncEngineClient, Deadlines
-from vlmserve.facade.engines.config import ModelRoute
 from vlmserve.facade.engines.pools import ModelRouter
 from vlmserve.facade.http.api_keys import install_api_keys, require_operator, require_owner
 from vlmserve.facade.http.body_budget import BodyBudget
@@ -41,6 +40,7 @@ from vlmserve.facade.routes import responses as responses_routes
 from vlmserve.facade.routes import responses_ws as responses_ws_routes
 from vlmserve.facade.routes import ui as ui_routes
 from vlmserve.facade.settings import FacadeSettings
+from vlmserve.facade.settings.model_routes import ModelRoute
 from vlmserve.facade.state import FacadeState
 from vlmserve.facade.store.disk_space import DiskSpace, OutOfSpaceError, is_out_of_space
 from vlmserve.facade.store.files import FileRepository

@@ -37,9 +37,9 @@ from pydantic import Field
 
 from vlmserve.client import EngineClient
 from vlmserve.facade.cli import server_shutdown_timeout_s
-from vlmserve.facade.engines.config import read_models_file
-from vlmserve.facade.http.api_keys import probe_key
 from vlmserve.facade.settings import ENGINE_TOKEN_ENV, FacadeSettings
+from vlmserve.facade.settings.api_keys import probe_key
+from vlmserve.facade.settings.model_routes import read_models_file
 from vlmserve.server.lifeline import LIFELINE_ENV
 from vlmserve.server.logs import configure_logging
 from vlmserve.server.settings import DeclaredSettings, Option, SettingsError, add_arguments, load, to_argv

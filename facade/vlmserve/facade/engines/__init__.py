@@ -1,1 +1,2 @@
-"""The models a facade serves: where their engines are (config) and how a request finds its pool."""
+"""The models a facade serves: how a request finds its pool (which models there are is
+`vlmserve.facade.settings.model_routes`) and what each model is (its catalog)."""

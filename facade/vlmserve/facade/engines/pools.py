@@ -14,9 +14,14 @@ from dataclasses import dataclass
 from vlmserve.client import AsyncEngineClient, EngineError
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade.engines.catalog import ModelCatalog
-from vlmserve.facade.engines.config import MODEL_FILE_LIMITS, MODEL_GENERATE_TIMEOUT, MODEL_LIMITS, ModelRoute
 from vlmserve.facade.http.errors import model_not_found
 from vlmserve.facade.settings import Files, Limits, Timeouts
+from vlmserve.facade.settings.model_routes import (
+    MODEL_FILE_LIMITS,
+    MODEL_GENERATE_TIMEOUT,
+    MODEL_LIMITS,
+    ModelRoute,
+)
 
 __all__ = ["ModelPool", "ModelRouter", "PoolStatus", "ResolvedModel"]
 

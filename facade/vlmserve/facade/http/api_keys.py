@@ -1,9 +1,9 @@
 """Optional API keys for the facade: `Authorization: Bearer <key>` or `x-api-key: <key>` (how
 Anthropic's clients send it), checked in constant time.
 
-Keys come (see settings.py) from `VLMSERVE_API_KEYS` (comma-separated) and/or the file named by
-`VLMSERVE_API_KEYS_FILE` (one per line, `#` comments). With no key configured, authentication is
-off and every caller is the owner "anonymous" (the facade binds 127.0.0.1 by default).
+The keys are the settings' `ApiKeys` (settings/api_keys.py: `VLMSERVE_API_KEYS` and/or the file
+named by `VLMSERVE_API_KEYS_FILE`). With no key configured, authentication is off and every
+caller is the owner "anonymous" (the facade binds 127.0.0.1 by default).
 
 `require_owner` is the FastAPI dependency: it answers 401 (OpenAI-shaped) or returns the caller's
 owner id, a truncated SHA-256 of the key, so stored responses can belong to the key that made them
@@ -16,78 +16,31 @@ with no early exit, so the time taken says nothing about which key matched or ho
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from starlette.requests import HTTPConnection
 
 from vlmserve.facade.http.errors import APIError
-from vlmserve.server.secrets import digest, matches_any, read_secret_file
+from vlmserve.facade.settings.api_keys import OPERATOR_KEYS_ENV, ApiKeys
 
 __all__ = [
     "ANONYMOUS_OWNER",
-    "API_KEYS_ENV",
-    "API_KEYS_FILE_ENV",
-    "OPERATOR_KEYS_ENV",
-    "ApiKeys",
     "Owner",
+    "authenticate",
     "install_api_keys",
     "owner_of",
-    "probe_key",
     "require_operator",
     "require_owner",
 ]
 
-API_KEYS_ENV = "VLMSERVE_API_KEYS"
-API_KEYS_FILE_ENV = "VLMSERVE_API_KEYS_FILE"
-OPERATOR_KEYS_ENV = "VLMSERVE_OPERATOR_KEYS"
 ANONYMOUS_OWNER = "anonymous"
-_OWNER_HEX_CHARS = 24  # 96 bits: unique per key, and not the key's full digest
-
-
-def _owner_from_digest(digest: bytes) -> str:
-    return "key_" + digest.hex()[:_OWNER_HEX_CHARS]
 
 
 def owner_of(request: Request) -> str:
     """Whose stored objects a request may see; `require_owner` (or the Anthropic routes' own
     dependency) sets it."""
     return str(getattr(request.state, "owner", ""))
-
-
-@dataclass(frozen=True, slots=True)
-class ApiKeys:
-    """The configured keys, as SHA-256 digests. Empty: authentication off."""
-
-    digests: tuple[bytes, ...] = ()
-
-    @classmethod
-    def from_keys(cls, keys: Iterable[str]) -> ApiKeys:
-        unique = dict.fromkeys(key.strip() for key in keys if key.strip())
-        return cls(tuple(digest(key) for key in unique))
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.digests)
-
-    def owner_for_key(self, key: str) -> str | None:
-        """The owner id if `key` is one of ours, else None. Compares with every key."""
-        presented = digest(key)
-        return _owner_from_digest(presented) if matches_any(self.digests, presented) else None
-
-
-def probe_key(environ: Mapping[str, str] | None = None, *, key_file: Path | None = None) -> str | None:
-    """One configured key (the first), for a local probe of `/readyz` such as the launcher's."""
-    env = os.environ if environ is None else environ
-    keys = [key.strip() for key in env.get(API_KEYS_ENV, "").split(",") if key.strip()]
-    file = key_file or (Path(env[API_KEYS_FILE_ENV]) if env.get(API_KEYS_FILE_ENV) else None)
-    if not keys and file is not None:
-        keys = read_secret_file(file)
-    return keys[0] if keys else None
 
 
 def install_api_keys(app: FastAPI, keys: ApiKeys, operator_keys: ApiKeys | None = None) -> None:

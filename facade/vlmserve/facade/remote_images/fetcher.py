@@ -39,13 +39,13 @@ from vlmserve.facade.remote_images.checks import (
     IPAddress,
     RefusalCause,
     Refused,
-    RemoteImageSettings,
     Target,
     check_url,
     is_public_address,
     join_url,
     parse_url,
 )
+from vlmserve.facade.settings.remote_images import RemoteImageSettings
 from vlmserve.responses import ImageFetchError
 
 __all__ = [
@@ -54,7 +54,6 @@ __all__ = [
     "RefusalCause",
     "RemoteImageError",
     "RemoteImageFetcher",
-    "RemoteImageSettings",
     "RequestImageSource",
     "Resolver",
     "connect_tcp",

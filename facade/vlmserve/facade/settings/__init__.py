@@ -14,9 +14,9 @@ from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from vlmserve.common.documents import DEFAULT_MAX_FILE_BYTES, DocumentLimits
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
-from vlmserve.facade.engines.config import ModelRoute, model_routes, read_models_file
-from vlmserve.facade.http.api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, OPERATOR_KEYS_ENV, ApiKeys
-from vlmserve.facade.remote_images.checks import RemoteImageSettings
+from vlmserve.facade.settings.api_keys import API_KEYS_ENV, API_KEYS_FILE_ENV, OPERATOR_KEYS_ENV, ApiKeys
+from vlmserve.facade.settings.model_routes import ModelRoute, model_routes, read_models_file
+from vlmserve.facade.settings.remote_images import RemoteImageSettings
 from vlmserve.server.logs import LogFormat
 from vlmserve.server.secrets import read_secret_file
 from vlmserve.server.settings import DeclaredSettings, Option
@@ -324,7 +324,7 @@ class FacadeSettings(DeclaredSettings):
         "(a:p,b:p, ipv4:a:p,b:p, dns:///name:port), balanced round-robin over the healthy ones; "
         "unused when --engine or --models-file name the models",
     )
-    # See engines/config.py and docs/deployment.md ("Several models behind one facade").
+    # See settings/model_routes.py and docs/deployment.md ("Several models behind one facade").
     engine: Annotated[tuple[str, ...], Option(metavar="MODEL_ID=ADDRESS[,ADDRESS...]")] = Field(
         (),
         description="a model and the engines serving it (any --engine-address form), selected by "
