@@ -8,6 +8,7 @@ smaller run may differ (Gemma 3's random-weight fixture shows it: its features a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,10 +106,20 @@ def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
         assert engine.server.generator.vision_cache.encoded == 1  # type: ignore[union-attr]
 
 
-def conversation(model: Path, *, prefix_cache: bool) -> tuple[list[str], int]:
+@dataclass
+class Conversation:
+    texts: list[str]
+    encoded: int  # images the vision tower encoded, all turns
+    input_tokens: list[int]
+    cached_tokens: list[int]
+
+
+def conversation(model: Path, *, prefix_cache: bool) -> Conversation:
     """An agent's three turns, each resending the history (the answers too) with a new
-    screenshot; the vision cache off. Each turn's text and the images the vision tower encoded."""
+    screenshot; the vision cache off."""
     texts: list[str] = []
+    inputs: list[int] = []
+    cached: list[int] = []
     messages = [SYSTEM]
     settings = {"vision_cache_mib": 0, "prefix_cache_min_tokens": 8 if prefix_cache else 0}
     with running_engine(model, **settings) as (engine, stub):
@@ -117,10 +128,12 @@ def conversation(model: Path, *, prefix_cache: bool) -> tuple[list[str], int]:
             request = greedy(messages, max_tokens=8)
             result = stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result
             texts.append(result.text)
+            inputs.append(result.usage.input_tokens)
+            cached.append(result.usage.cached_tokens)
             messages.append(pb.Message(role=pb.ROLE_ASSISTANT, parts=[text(result.text or "ok")]))
         vision = engine.server.generator.vision_cache
         assert vision is not None
-        return texts, vision.encoded
+        return Conversation(texts, vision.encoded, inputs, cached)
 
 
 @pytest.mark.parametrize("name", ["idefics3", "llama4"])
@@ -130,10 +143,26 @@ def test_tiled_screenshots_inside_a_reused_prefix_are_not_encoded(
 ) -> None:
     """Idefics3's and Llama 4's images come in several placeholder runs (a run a tile): an image
     whose whole block the prefix cache serves is covered all the same, its tiles never encoded."""
-    reused, encoded = conversation(family_models[name], prefix_cache=True)
-    fresh, encoded_without = conversation(family_models[name], prefix_cache=False)
-    assert (encoded, encoded_without) == (3, 6), "the new screenshot only; without reuse, every one"
-    assert reused == fresh
+    reused = conversation(family_models[name], prefix_cache=True)
+    fresh = conversation(family_models[name], prefix_cache=False)
+    assert (reused.encoded, fresh.encoded) == (3, 6), "the new screenshot only; without reuse, every one"
+    assert reused.texts == fresh.texts
+
+
+@pytest.mark.parametrize("name", ["idefics3", "llama4", "mistral3"])
+def test_each_turn_reuses_the_previous_prompt_past_its_images(
+    name: str,
+    family_models: dict[str, Path],  # noqa: F811
+) -> None:
+    """An image of several placeholder runs (tiles, Mistral 3's rows) is one span for the prefix
+    cache: the next turn, which adds an image after it, reuses the whole previous prompt (it
+    stopped at the first image's second run, where the next image's span was taken to be)."""
+    turns = conversation(family_models[name], prefix_cache=True)
+    for turn in (1, 2):
+        assert turns.cached_tokens[turn] >= turns.input_tokens[turn - 1], (
+            turns.input_tokens,
+            turns.cached_tokens,
+        )
 
 
 def test_llama4_keeps_the_global_view_its_prompt_places(family_models: dict[str, Path]) -> None:  # noqa: F811

@@ -160,10 +160,11 @@ Run = tuple[int, int]  # (start, length) of a run of placeholder tokens
 def tiled_blocks(
     model_type: str, processor: Any, ids: Sequence[int], image_token_id: int
 ) -> list[list[Run]] | None:
-    """Each image's placeholder runs (one a tile), in prompt order, for the tiled families; None
-    for any other (an image is one run there) or where the markers are not the processor's.
-    Idefics3: an image's runs up to the one after `<global-img>` (its global view, last). Llama 4:
-    the runs between its `<|image_start|>` and `<|image_end|>`."""
+    """Each image's placeholder runs, in prompt order, for the families whose image is several
+    runs: Idefics3 (a run a tile: an image's runs up to the one after `<global-img>`, its global
+    view), Llama 4 (a run a tile: the runs between its `<|image_start|>` and `<|image_end|>`) and
+    Mistral 3 (a run a row: its runs up to the one before `[IMG_END]`); None for any other (an
+    image is one run there) or where the markers are not the processor's."""
     tokenizer = getattr(processor, "tokenizer", processor)
     runs = _runs(ids, image_token_id)
     if model_type == "idefics3":
@@ -176,6 +177,16 @@ def tiled_blocks(
             if start > 0 and ids[start - 1] == global_id:
                 blocks.append([])
         return blocks[:-1] if not blocks[-1] else blocks
+    if model_type == "mistral3":
+        end_id = tokenizer.convert_tokens_to_ids(getattr(processor, "image_end_token", "[IMG_END]"))
+        if not isinstance(end_id, int):
+            return None
+        rows: list[list[Run]] = [[]]
+        for start, length in runs:
+            rows[-1].append((start, length))
+            if start + length < len(ids) and ids[start + length] == end_id:
+                rows.append([])
+        return rows[:-1] if not rows[-1] else rows
     if model_type == "llama4":
         begin = tokenizer.convert_tokens_to_ids(getattr(processor, "start_of_img_token", "<|image_start|>"))
         end = tokenizer.convert_tokens_to_ids(getattr(processor, "end_of_img_token", "<|image_end|>"))
