@@ -13,7 +13,7 @@ see even where the tokenizer calls it special (Mistral's `[TOOL_CALLS]`, harmony
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["IncrementalDetokenizer"]
@@ -32,8 +32,19 @@ class IncrementalDetokenizer:
         self._read = 0
 
     def _decode(self, tokens: list[int]) -> str:
-        text: str = self._tokenizer.decode(tokens, skip_special_tokens=True)
-        return text
+        return self._decoder(tokens)
+
+    @functools.cached_property
+    def _decoder(self) -> Callable[[list[int]], str]:
+        """The tokenizer's decode with special tokens skipped; straight through a fast
+        tokenizer's Rust backend where that is the same thing (no clean-up pass after decoding):
+        `add` decodes twice a token on the generation thread, and the Python wrapper costs ~5x
+        the decode (`bench/step_phases.py` measures it per step)."""
+        tokenizer = self._tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+            return lambda tokens: str(tokenizer.decode(tokens, skip_special_tokens=True))
+        return lambda tokens: str(backend.decode(tokens, skip_special_tokens=True))
 
     def add(self, token: int) -> str:
         """Add a generated token; return the new text it completes ("" if not yet decidable)."""
@@ -71,13 +82,9 @@ class IncrementalDetokenizer:
         return texts
 
     def _decode_many(self, sequences: list[list[int]]) -> list[str]:
-        """`_decode` of each; straight through a fast tokenizer's Rust backend where that is the
-        same thing (no clean-up pass after decoding): 20 alternatives a token add up, and the
-        Python wrapper costs ~5x the decode (its `decode_batch` is slower still: thread pool)."""
-        backend = getattr(self._tokenizer, "backend_tokenizer", None)
-        if backend is None or getattr(self._tokenizer, "clean_up_tokenization_spaces", True):
-            return [self._decode(sequence) for sequence in sequences]
-        return [str(backend.decode(sequence, skip_special_tokens=True)) for sequence in sequences]
+        """`_decode` of each (20 alternatives a token add up; the tokenizer's `decode_batch` is
+        slower still: a thread pool)."""
+        return [self._decoder(sequence) for sequence in sequences]
 
     @functools.cached_property
     def _special_ids(self) -> frozenset[int]:
