@@ -3,7 +3,7 @@ prompt's prefill against in-process mlx_vlm.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m bench.bandwidth [--dtypes float32 bfloat16 q4] [--tokens 64] [--prompt-words 2048]
-            [--repeats 5] [--out bench/results/bandwidth.json]
+            [--repeats 5] [--rounds 3] [--out bench/results/bandwidth.json]
 
 1. Bandwidth: a plain streaming copy of a 256 MiB float32 array (numpy `copyto`; mlx `x * 1`
    evaluated), best of N, counting the bytes read and written (STREAM's "copy"); and a streaming
@@ -11,12 +11,18 @@ prompt's prefill against in-process mlx_vlm.
 2. The decode step's bytes read for the 144M random qwen2_vl (bench/bench_model.py) in float32,
    bfloat16 and 4-bit (mlx_vlm.convert, group 64): the language model's weights (the embedding
    table's one row, the output head whole) plus the KV cache at the context's length.
-3. B=1 decode tok/s, three ways: the model forward alone (a loop of `language_model` + argmax,
-   `mx.eval` each step: what mlx can do), the same pipelined (`mx.async_eval` of the next step
-   before reading this one, as mlx-lm does), and our engine (an in-process Generator, one request,
-   greedy: inter-token gaps from its metrics; no gRPC). Each as tok/s × bytes/step ÷ the copy
-   bandwidth; the engine's gap beyond the forward is what the step costs in Python (sampling,
-   detokenising, the batch's bookkeeping).
+3. B=1 decode tok/s, three ways, `--rounds` times in turn (medians; the engine ÷ the pipelined
+   forward paired by round: a busy machine's load moves between rounds): the model forward alone
+   (a loop of `language_model` + argmax, `mx.eval` each step: what mlx can do), the same
+   pipelined (`mx.async_eval` of the next step before reading this one, as mlx-lm does), and our
+   engine (an in-process Generator, one request, greedy, on a prompt as long as the forward's:
+   inter-token gaps from its metrics; no gRPC). Each as tok/s × bytes/step ÷ the copy bandwidth.
+   Where the engine's step goes (bench/step_phases.py): ms per step building the forward's
+   graph, waiting for the device, sampling, detokenising, assembling the output (stop sequences,
+   tool calls), handing events over, the runner's bookkeeping and the loop around the step; the
+   MLX calls per step (token reads, evals); and the CPU time per token of the thread that drives
+   MLX, the engine's generation thread against the forward loop's: the load-proof measure of
+   what the engine adds per step.
 4. Prefill: a prompt of `--prompt-words` words (its tokens are reported), time to first token in
    our engine (submitted to done with max_tokens 1; a fresh prompt each, so no prefix reuse)
    against mlx_vlm's `stream_generate` in-process on the same chat-templated text (its first
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,8 +113,9 @@ def step_bytes(language_model: Any, context: int) -> dict[str, int]:
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 
-def forward_alone(model: Any, prompt: int, tokens: int, *, pipelined: bool) -> float:
-    """Decode tok/s of the language model alone (greedy), after a `prompt`-token prefill."""
+def forward_alone(model: Any, prompt: int, tokens: int, *, pipelined: bool) -> tuple[float, float]:
+    """(decode tok/s, the driving thread's CPU ms per token) of the language model alone (greedy),
+    after a `prompt`-token prefill."""
     import mlx.core as mx
     from mlx_vlm.models.cache import make_prompt_cache
 
@@ -121,7 +129,7 @@ def forward_alone(model: Any, prompt: int, tokens: int, *, pipelined: bool) -> f
         logits = language_model(previous.reshape(1, 1), cache=cache).logits
         return mx.argmax(logits[:, -1, :], axis=-1)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     if pipelined:
         following = step(token)
         mx.async_eval(following)  # type: ignore[no-untyped-call]
@@ -134,7 +142,7 @@ def forward_alone(model: Any, prompt: int, tokens: int, *, pipelined: bool) -> f
         for _ in range(tokens):
             token = step(token)
             mx.eval(token)
-    return tokens / (time.perf_counter() - started)
+    return tokens / (time.perf_counter() - started), 1000 * (time.thread_time() - cpu) / tokens
 
 
 def keeping_dtype(path: Path, max_tokens: int) -> Any:
@@ -157,32 +165,76 @@ def keeping_dtype(path: Path, max_tokens: int) -> Any:
     return generator
 
 
-def engine_decode(path: Path, prompt_text: str, tokens: int) -> tuple[float, float]:
-    """(decode tok/s from the inter-token gaps, time to first token) of one greedy request."""
+def decode_rounds(path: Path, model: Any, prompt_text: str, tokens: int, rounds: int) -> dict[str, Any]:
+    """B=1 greedy decode, the forward alone (synchronous and pipelined, on a prompt as long as
+    the engine's) and our engine (one request on an in-process Generator: tok/s from its
+    inter-token gaps, its step's phases from bench/step_phases.py), `rounds` times in turn: a
+    busy machine's load moves between rounds, so each is compared with its own round."""
     from bench.speculative import request, run
+    from bench.step_phases import StepPhases
 
     generator = keeping_dtype(path, tokens)
     try:
         run(generator, [request(generator, "warm up", temperature=0.0, seed=0, max_tokens=4)], "warm")
+        prepared = request(generator, prompt_text, temperature=0.0, seed=0, max_tokens=tokens)
+        context = len(prepared.prompt_ids)
         registry = generator.metrics.registry
 
-        def value(name: str) -> float:
-            return registry.get_sample_value(name) or 0.0
+        def gaps() -> tuple[float, float]:
+            name = "vlmserve_engine_inter_token_latency_seconds"
+            return (
+                registry.get_sample_value(f"{name}_sum") or 0.0,
+                registry.get_sample_value(f"{name}_count") or 0.0,
+            )
 
-        gaps = (
-            value("vlmserve_engine_inter_token_latency_seconds_sum"),
-            value("vlmserve_engine_inter_token_latency_seconds_count"),
-        )
-        ttft = value("vlmserve_engine_time_to_first_token_seconds_sum")
-        run(
-            generator, [request(generator, prompt_text, temperature=0.0, seed=0, max_tokens=tokens)], "decode"
-        )
-        seconds = value("vlmserve_engine_inter_token_latency_seconds_sum") - gaps[0]
-        count = value("vlmserve_engine_inter_token_latency_seconds_count") - gaps[1]
-        first = value("vlmserve_engine_time_to_first_token_seconds_sum") - ttft
-        return count / seconds, first
+        measured: dict[str, list[float]] = {
+            key: []
+            for key in ("forward_alone", "forward_pipelined", "engine", "forward_cpu_ms", "engine_cpu_ms")
+        }
+        phases: list[dict[str, Any]] = []
+        for index in range(rounds):
+            alone, _ = forward_alone(model, context, tokens, pipelined=False)
+            pipelined, forward_cpu = forward_alone(model, context, tokens, pipelined=True)
+            before = gaps()
+            timers = StepPhases()
+            with timers.watching():
+                run(generator, [prepared], f"decode{index}")
+            after = gaps()
+            step = timers.per_step()
+            phases.append(step)
+            for key, value in (
+                ("forward_alone", alone),
+                ("forward_pipelined", pipelined),
+                ("engine", (after[1] - before[1]) / (after[0] - before[0])),
+                ("forward_cpu_ms", forward_cpu),
+                ("engine_cpu_ms", step["generation_thread_cpu_ms_per_step"]),
+            ):
+                measured[key].append(value)
+        return {"context_tokens": context, "rounds": measured, "engine_phases": phases}
     finally:
         generator.stop()
+
+
+def decode_summary(measured: dict[str, list[float]], phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the rounds: tok/s each way, the engine ÷ the pipelined forward (paired by
+    round), the thread CPU per token, and the engine step's phases (ms per step, calls per step)."""
+    median = statistics.median
+    ratios = [e / p for e, p in zip(measured["engine"], measured["forward_pipelined"], strict=True)]
+    return {
+        "tok_per_s_median": {
+            key: median(measured[key]) for key in ("forward_alone", "forward_pipelined", "engine")
+        },
+        "engine_over_pipelined_forward_median": median(ratios),
+        "driving_thread_cpu_ms_per_token_median": {
+            "forward_pipelined": median(measured["forward_cpu_ms"]),
+            "engine_generation_thread": median(measured["engine_cpu_ms"]),
+        },
+        "engine_ms_per_step_median": {
+            name: median(step["ms_per_step"].get(name, 0.0) for step in phases)
+            for name in sorted({name for step in phases for name in step["ms_per_step"]})
+        },
+        "engine_calls_per_step": phases[-1]["calls_per_step"],
+    }
 
 
 def prefill(path: Path, prompt_text: str, repeats: int) -> dict[str, float]:
@@ -228,9 +280,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], allow_abbrev=False)
     parser.add_argument("--dtypes", nargs="+", choices=tuple(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--context", type=int, default=32, help="prompt tokens before the decode")
+    parser.add_argument(
+        "--context", type=int, default=32, help="about this many prompt tokens before the decode"
+    )
     parser.add_argument("--prompt-words", type=int, default=2048, help="the prefill prompt's length in words")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="bandwidth copies and prefills (best of)")
+    parser.add_argument("--rounds", type=int, default=3, help="decode rounds, each way in turn (median)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/bandwidth.json"))
     args = parser.parse_args(argv)
     from mlx_vlm.utils import load
@@ -246,26 +301,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in args.dtypes:
         path = variant_path(name, base)
         model, _ = load(str(path))
-        size = step_bytes(model.language_model, args.context + args.tokens // 2)
-        alone = max(forward_alone(model, args.context, args.tokens, pipelined=False) for _ in range(2))
-        pipelined = max(forward_alone(model, args.context, args.tokens, pipelined=True) for _ in range(2))
+        decoded = decode_rounds(path, model, decode_text, args.tokens, args.rounds)
+        size = step_bytes(model.language_model, decoded["context_tokens"] + args.tokens // 2)
         del model
-        ours, _ = engine_decode(path, decode_text, args.tokens)
+        summary = decode_summary(decoded["rounds"], decoded["engine_phases"])
         row = {
             "bytes_per_step": size,
-            "tok_per_s": {"forward_alone": alone, "forward_pipelined": pipelined, "engine": ours},
-            "fraction_of_copy_bandwidth": {
-                key: value * size["total"] / ceiling
-                for key, value in {
-                    "forward_alone": alone,
-                    "forward_pipelined": pipelined,
-                    "engine": ours,
-                }.items()
+            **summary,
+            "fraction_of_copy_bandwidth_median": {
+                key: value * size["total"] / ceiling for key, value in summary["tok_per_s_median"].items()
             },
-            "engine_ms_per_step_beyond_pipelined_forward": 1000 * (1 / ours - 1 / pipelined),
+            "rounds": decoded["rounds"],
         }
         results[name] = row
-        print(name, json.dumps(row), flush=True)
+        print(name, json.dumps({key: value for key, value in row.items() if key != "rounds"}), flush=True)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
     long_prompt = " ".join(words[i % len(words)] for i in range(args.prompt_words))
     results["prefill"] = prefill(base, long_prompt, max(2, args.repeats // 2))
