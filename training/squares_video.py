@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import io
 import random
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -52,6 +54,11 @@ class SquaresClip:
     def frame_pngs(self) -> list[bytes]:
         return [self.frame_png(index) for index in range(len(self.frames))]
 
+    def through_mp4(self) -> SquaresClip:
+        """The clip as a client's MP4 brings it back: encoded with OpenCV's MPEG-4 Part 2 writer
+        (what the e2e tests send) and decoded, with its blocky edges and bled colours."""
+        return SquaresClip(frames=mp4_roundtrip(self.frames), first=self.first, second=self.second)
+
     def channels_first(self) -> np.ndarray:
         """(T, 3, H, W), the layout mlx-vlm's video processors take."""
         return np.ascontiguousarray(self.frames.transpose(0, 3, 1, 2))
@@ -65,6 +72,36 @@ def draw_frame(rng: random.Random, colour: str) -> np.ndarray:
     y = row * CELL + rng.randint(0, CELL - side)
     frame[y : y + side, x : x + side] = PALETTE[colour]
     return frame
+
+
+def mp4_roundtrip(frames: np.ndarray, fps: float = FPS) -> np.ndarray:
+    """(T, H, W, 3) RGB frames encoded as an MP4 (mp4v) and decoded again."""
+    import cv2
+
+    height, width = frames.shape[1:3]
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "clip.mp4")
+        writer = cv2.VideoWriter(path, cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
+        for frame in frames:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        writer.release()
+        capture = cv2.VideoCapture(path)
+        decoded = []
+        while True:
+            ok, frame = capture.read()
+            if not ok:
+                break
+            decoded.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+        capture.release()
+    if len(decoded) != len(frames):
+        raise RuntimeError(f"mp4 round trip gave {len(decoded)} of {len(frames)} frames")
+    return np.stack(decoded)
+
+
+def blank_clip(frame_count: int) -> SquaresClip:
+    """`frame_count` frames of the background alone (no square; its answer means nothing)."""
+    frames = np.full((frame_count, IMAGE_SIZE, IMAGE_SIZE, 3), BACKGROUND, dtype=np.uint8)
+    return SquaresClip(frames=frames, first="", second="")
 
 
 def draw_clip(rng: random.Random, frame_count: int | None = None) -> SquaresClip:

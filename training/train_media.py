@@ -10,6 +10,13 @@ Not run in CI. Starts from fresh seeded weights of training/media_model.py's arc
 `mlx_vlm.load` reads. Every --eval-every steps the model is saved (a stopped run leaves a
 model; `--init DIR` continues from one).
 
+Video (what made it learn, models/squares-video/README.md): the vision tower stays at its seeded
+weights (--freeze-vision all: trained, its output went to one constant for every clip within
+100 steps) with its position table zeroed and its mergers' last layers scaled 8x about a blank
+clip's output (--contrast 8): a 20-px square is 1-4 of a clip's 64 tokens, and only when it
+stands out that far did the text layers learn to look at it. Half the clips go through an MP4
+round trip, as clients send them.
+
 Data: every step is one conversation shape of training/media_conversations.py with fresh clips
 through the model's own processor, plus a text-only row: the question without its clip
 (-> `no video` / `no audio`). The loss is the cross-entropy of the answer tokens (the end of
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_map
 
@@ -34,6 +42,7 @@ from training import beeps, squares_video
 from training.loop import REPO_ROOT, Task, add_loop_arguments, base_card, train_loop
 from training.media_batches import (
     Batch,
+    answer_logits,
     audio_batch,
     build_batch,
     controls_batch,
@@ -82,6 +91,55 @@ def evaluate(model: Any, processor: Any, kind: MediaKind, seed: int, rows: int) 
     return {name: float(np.mean(values)) for name, values in hits.items()}
 
 
+def clip_spread(model: Any, processor: Any, seed: int, clips: int = 16) -> dict[str, float]:
+    """How much the vision tower's output differs between clips: per video token, the std across
+    `clips` fresh 8-frame clips, over the token's mean norm (the merger's and each deepstack
+    merger's). A collapsed tower (every clip the same features) reads ~0; a random one ~0.2."""
+    rng = random.Random(seed)
+    drawn = [squares_video.draw_clip(rng, 8).channels_first() for _ in range(clips)]
+    inputs = processor(text=["<|video_pad|>"] * clips, videos=drawn, fps=[squares_video.FPS] * clips)
+    features, deepstack = model.vision_tower(
+        mx.array(inputs["pixel_values_videos"]), mx.array(inputs["video_grid_thw"])
+    )
+    spread = {}
+    for name, value in [("merger", features), *((f"deepstack{i}", d) for i, d in enumerate(deepstack))]:
+        per_clip = np.array(value.astype(mx.float32)).reshape(clips, -1, value.shape[-1])
+        across = np.linalg.norm(per_clip.std(axis=0), axis=-1).mean()
+        norm = np.linalg.norm(per_clip, axis=-1).mean()
+        spread[name] = float(across / max(norm, 1e-9))
+    return spread
+
+
+def contrast_vision(model: Any, processor: Any, gain: float) -> None:
+    """Make a plain white clip the vision tower's zero and a square stand out `gain` times more:
+    the position table is zeroed (the text layers' M-RoPE places every video token already; the
+    table only made the background of each token differ) and each merger's last layer scaled about
+    its output for a white clip. A square is 1-4 of a clip's 64 tokens: at gain 1 a text layer's
+    near-uniform attention at init dilutes it ~80x, and the answer never learnt to look."""
+    tower = model.vision_tower
+    tower.pos_embed.weight = mx.zeros_like(tower.pos_embed.weight)
+    blank = squares_video.blank_clip(8).channels_first()
+    inputs = processor(text=["<|video_pad|>"], videos=[blank], fps=[squares_video.FPS])
+    features, deepstack = tower(mx.array(inputs["pixel_values_videos"]), mx.array(inputs["video_grid_thw"]))
+    mergers = [tower.merger, *tower.deepstack_merger_list]
+    for merger, value in zip(mergers, [features, *deepstack], strict=True):
+        background = value.astype(mx.float32).mean(axis=0)
+        last = merger.linear_fc2
+        last.weight = last.weight * gain
+        last.bias = last.bias * gain + (1 - gain) * background
+    mx.eval(tower.parameters())
+
+
+def answer_nats(model: Any, processor: Any, seed: int, rows: int) -> float:
+    """Held-out cross-entropy of a whole answer (nats a row) on one-turn clips: chance is the
+    entropy of the classes (ln 30 = 3.4 for the colour pair), 0 when the model reads the clip."""
+    rng = random.Random(seed)
+    batch = video_batch(processor, rng, "user_clip", rows)
+    logits = answer_logits(model, batch).astype(mx.float32)
+    losses = nn.losses.cross_entropy(logits, batch.targets, reduction="none") * batch.weights
+    return float(losses.sum() / rows)
+
+
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     from mlx_vlm.utils import load
 
@@ -91,6 +149,19 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     model, processor = load(str(args.init or base))
     model.update(tree_map(lambda p: p.astype(mx.float32), model.parameters()))
     mx.eval(model.parameters())
+    if kind == "video" and args.init is None:
+        contrast_vision(model, processor, args.contrast)
+    if kind == "video" and args.freeze_vision != "none":
+        # Trained, the tower's output went to one constant within 100 steps (clip_spread 0.2 ->
+        # 0.001) and the mergers' alone halved it, before the text layers learnt to read it:
+        # Adam's noisy full-size steps outgrow these tiny weights. Frozen random convolutions
+        # keep the colours apart; the text layers learn to read them.
+        tower = model.vision_tower
+        frozen = [tower.patch_embed, tower.pos_embed, *tower.blocks]
+        if args.freeze_vision == "all":
+            frozen += [tower.merger, *tower.deepstack_merger_list]
+        for module in frozen:
+            module.freeze()
     shapes = sorted(args.shapes or SHAPES)
     # The one-turn shapes are cheap (no tools preamble) and teach perception: drawn more often.
     weights = [args.user_weight if shape.startswith("user_") else 1.0 for shape in shapes]
@@ -107,6 +178,14 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         return draw(processor, data_rng, shape, args.batch, marker), control
 
     def held_out() -> dict[str, float]:
+        if kind == "video":
+            spread = clip_spread(model, processor, args.eval_seed)
+            nats = answer_nats(model, processor, args.eval_seed, args.eval_rows)
+            print(
+                f"answer nats {nats:.3f} (chance {np.log(30):.2f}); clip spread "
+                + " ".join(f"{k}={v:.3f}" for k, v in spread.items()),
+                flush=True,
+            )
         return evaluate(model, processor, kind, args.eval_seed, args.eval_rows)
 
     def card(step: int, elapsed: float, history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -138,6 +217,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         choices=sorted(SHAPES),
         help="train on this conversation shape only (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--freeze-vision",
+        choices=("none", "tower", "all"),
+        default="all",
+        help="video: keep at their seeded values the vision tower's patch embedding, position table "
+        "and blocks (tower), or those and its mergers (all)",
+    )
+    parser.add_argument(
+        "--contrast",
+        type=float,
+        default=8.0,
+        help="video, fresh weights: a square's features this many times further from a white clip's "
+        "(contrast_vision)",
     )
     args = parser.parse_args(argv)
     if args.out == Path():

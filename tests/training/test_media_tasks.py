@@ -50,6 +50,23 @@ def test_video_clips_cover_every_ordered_pair_and_length() -> None:
     assert squares_video.make_clips(7, 3)[2].answer == clips[2].answer  # seeded
 
 
+def test_clip_through_mp4_keeps_its_frames_and_colours_roughly() -> None:
+    clip = squares_video.draw_clip(random.Random(4), 6)
+    sent = clip.through_mp4()
+    assert sent.answer == clip.answer and sent.frames.shape == clip.frames.shape
+    difference = np.abs(sent.frames.astype(int) - clip.frames.astype(int))
+    assert 0 < difference.mean() < 10  # lossy, but the same picture
+    for frame, colour in zip(sent.frames, [clip.first] * 3 + [clip.second] * 3, strict=True):
+        ys, xs = np.nonzero(np.abs(frame.astype(int) - 255).sum(axis=-1) > 200)
+        centre = frame[int(np.median(ys)), int(np.median(xs))].astype(int)
+        assert np.abs(centre - PALETTE[colour]).max() < 60
+
+
+def test_blank_clip_is_background_only() -> None:
+    clip = squares_video.blank_clip(6)
+    assert clip.frames.shape == (6, 112, 112, 3) and (clip.frames == BACKGROUND).all()
+
+
 def _tone_starts(samples: np.ndarray) -> list[int]:
     """Sample offsets where the 10-ms energy rises above the noise."""
     window = beeps.SAMPLE_RATE // 100
