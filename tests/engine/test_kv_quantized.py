@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 
 from tests._fixture_models import RANDOM_MODEL_PATH
+from vlmserve.engine.cli import EngineCommand
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.kv.layout import KVLayout, layout_for
 from vlmserve.engine.kv.merge import merge_rows
 from vlmserve.engine.kv.sizing import bytes_per_token
 from vlmserve.engine.loop.generator import Generator
+from vlmserve.server.settings import SettingsError
 
 from ._runs import run
 from .test_batching import (
@@ -96,9 +98,25 @@ def test_layout_for(name: str, bits: int | None, group: int, head_dim: int, expe
     assert layout_for(bits, group, head_dim, scheme) == expected
 
 
-def test_an_unknown_scheme_is_refused() -> None:
-    with pytest.raises(ValueError, match="kv-quant-scheme"):
-        layout_for(4, 64, 64, "fp8")
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"VLMSERVE_ENGINE_KV_BITS": "3"}, r"\$VLMSERVE_ENGINE_KV_BITS: Input should be 4 or 8"),
+        ({"VLMSERVE_ENGINE_KV_BITS": "eight"}, r"\$VLMSERVE_ENGINE_KV_BITS"),
+        ({"VLMSERVE_ENGINE_KV_QUANT_SCHEME": "fp8"}, r"\$VLMSERVE_ENGINE_KV_QUANT_SCHEME: Input should be"),
+    ],
+)
+def test_a_kv_setting_outside_its_choices_stops_start_up(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        EngineCommand.from_env(environ)
+
+
+def test_the_kv_settings_read_from_text() -> None:
+    engine = EngineCommand.from_env(
+        {"VLMSERVE_ENGINE_KV_BITS": "8", "VLMSERVE_ENGINE_KV_QUANT_SCHEME": "turboquant"}
+    ).engine
+    assert (engine.kv_bits, engine.kv_quant_scheme) == (8, "turboquant")
+    assert EngineCommand.from_env({"VLMSERVE_ENGINE_KV_BITS": "none"}).engine.kv_bits is None
 
 
 def test_a_head_dimension_no_group_divides_is_refused() -> None:

@@ -4,7 +4,7 @@ derived from the field, for a toy model and for the real engine, facade and laun
 from __future__ import annotations
 
 import argparse
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import pytest
 from pydantic import Field
@@ -90,6 +90,37 @@ def test_a_bad_value_names_where_it_came_from() -> None:
         parse(["--depth", "0"], {})
     with pytest.raises(SettingsError, match=r"--size.*greater than or equal to 1"):
         parse(["--size", "0"], {"TOY_SIZE": "5"})
+
+
+class Choices(DeclaredSettings):
+    ENV_PREFIX: ClassVar[str] = "CHOICE_"
+
+    bits: Literal[4, 8] | None = Field(None, description="bits")
+    mode: Literal["fast", "slow"] = Field("fast", description="mode")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        ([], {"CHOICE_BITS": "8", "CHOICE_MODE": "slow"}, (8, "slow")),
+        (["--bits", "4"], {"CHOICE_BITS": "8"}, (4, "fast")),
+        (["--bits", "none"], {}, (None, "fast")),
+    ],
+)
+def test_a_literal_of_ints_is_read_from_text(
+    argv: list[str], environ: dict[str, str], expected: tuple[int | None, str]
+) -> None:
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_arguments(parser, Choices)
+    loaded = load(Choices, environ=environ, args=parser.parse_args(argv))
+    assert (loaded.bits, loaded.mode) == expected
+    assert "--bits {4,8}" in parser.format_help()
+
+
+@pytest.mark.parametrize("raw", ["3", "08x", "-4", "four"])
+def test_a_literal_of_ints_refuses_other_text(raw: str) -> None:
+    with pytest.raises(SettingsError, match=r"\$CHOICE_BITS: Input should be 4 or 8"):
+        load(Choices, environ={"CHOICE_BITS": raw})
 
 
 def test_a_setting_without_help_is_refused() -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from vlmserve.common.images import DEFAULT_MAX_IMAGE_BYTES, ImageLimits
-from vlmserve.engine.kv.layout import UNIFORM, KVQuantScheme
+from vlmserve.engine.kv.layout import UNIFORM, KVBits, KVQuantScheme
 from vlmserve.engine.media import MediaLimits
 from vlmserve.engine.model import DEFAULT_MODEL_PATH, Distribution, Dtype
 from vlmserve.engine.model_lifecycle import LoadWhen
@@ -137,7 +137,7 @@ class EngineConfig(DeclaredSettings):
         "memory less the model's weights)",
     )
     # See kv/layout.py.
-    kv_bits: Annotated[int | None, Option(metavar="{4,8}")] = Field(
+    kv_bits: KVBits | None = Field(
         None,
         description="store the KV cache quantized to this many bits (mlx-vlm's quantized caches: the batch, "
         "prompts shared in flight and the prefix cache and its disk tier); unset: the model's own precision",

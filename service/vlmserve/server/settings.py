@@ -102,6 +102,13 @@ class Setting:
         return typing.get_origin(_strip_optional(self.info.annotation)) in (tuple, list)
 
     @property
+    def int_choices(self) -> bool:
+        """A `Literal` of ints (`--kv-bits {4,8}`): text from a flag or variable is read as an int."""
+        kind = _strip_optional(self.info.annotation)
+        choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else ()
+        return bool(choices) and all(type(choice) is int for choice in choices)
+
+    @property
     def allows_none(self) -> bool:
         return type(None) in typing.get_args(self.info.annotation)
 
@@ -242,6 +249,8 @@ def _from_text(setting: Setting, raw: str) -> Any:
         return None
     if setting.is_sequence:
         return [item.strip() for item in raw.split(",") if item.strip()]
+    if setting.int_choices and raw.strip().lstrip("-").isdigit():
+        return int(raw)  # pydantic matches `Literal[4, 8]` to ints only, never to the text "8"
     return raw
 
 

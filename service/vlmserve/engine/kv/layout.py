@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
 __all__ = [
-    "KV_BITS_CHOICES",
-    "KV_QUANT_SCHEMES",
     "TURBOQUANT",
     "UNIFORM",
     "CacheLayer",
+    "KVBits",
     "KVLayout",
     "KVPart",
     "KVQuantScheme",
@@ -33,13 +32,11 @@ CacheLayer: TypeAlias = Any
 # A request's (or a batch's) cache: one layer per language-model layer.
 PromptCache: TypeAlias = list[CacheLayer]
 
-KV_BITS_CHOICES = (4, 8)
-
-
+# `--kv-bits` and `--kv-quant-scheme` (EngineConfig): the settings refuse any other value.
+KVBits: TypeAlias = Literal[4, 8]
 KVQuantScheme: TypeAlias = Literal["uniform", "turboquant"]
 UNIFORM: KVQuantScheme = "uniform"
 TURBOQUANT: KVQuantScheme = "turboquant"
-KV_QUANT_SCHEMES: tuple[KVQuantScheme, ...] = get_args(KVQuantScheme)
 
 
 @dataclass(frozen=True)
@@ -49,7 +46,7 @@ class KVLayout:
 
     bits: int | None = None
     group_size: int = 64
-    scheme: str = UNIFORM
+    scheme: KVQuantScheme = UNIFORM
 
     @property
     def quantized(self) -> bool:
@@ -68,16 +65,14 @@ class KVLayout:
         return f"{self.bits}-bit, groups of {self.group_size}"
 
 
-def layout_for(bits: int | None, group_size: int, head_dim: int, scheme: str = UNIFORM) -> KVLayout:
+def layout_for(
+    bits: KVBits | None, group_size: int, head_dim: int, scheme: KVQuantScheme = UNIFORM
+) -> KVLayout:
     """The layout `--kv-bits` asks for on a model with `head_dim`: quantization groups must
     divide the head dimension, so a model with small heads uses the largest group that does
     (turboquant has no groups)."""
     if bits is None:
         return KVLayout()
-    if bits not in KV_BITS_CHOICES:
-        raise ValueError(f"--kv-bits must be one of {KV_BITS_CHOICES}, not {bits}")
-    if scheme not in KV_QUANT_SCHEMES:
-        raise ValueError(f"--kv-quant-scheme must be one of {KV_QUANT_SCHEMES}, not {scheme!r}")
     if scheme == TURBOQUANT:
         return KVLayout(bits, group_size, TURBOQUANT)
     for size in (group_size, 64, 32):
