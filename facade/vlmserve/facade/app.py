@@ -289,9 +289,7 @@ def create_app(
     app.state.services = services
     if engine is not None:
         # Ready without a lifespan run (in-process tests drive the app over ASGI directly).
-        app.state.facade = services.state(
-            services.router(), store if store is not None else open_store(settings)
-        )
+        app.state.facade = services.state(services.router(), services.opened_store())
     install_error_handlers(app, classify=_storage_error)
     map_error(app, OutOfSpaceError, lambda error: insufficient_storage(error.what))
     install_openapi(app, settings.limits)
