@@ -19,9 +19,10 @@ order flips every round and every concurrency). Workloads, each request with a p
 
 Per cell: tokens per wall second of each engine (summed over the rounds), the median over the
 rounds of each back-to-back pair's ratio (wall and process CPU time; the table's figures),
-drafts accepted / drafted, verify and plain forwards, and whether every request took the same
-tokens. The load average is recorded beside each cell (the machine is shared: the ratios of
-a cell move with it). Default model: the 144M random bench model (bench/bench_model.py).
+drafts accepted / drafted, verify and plain forwards, the drafter model's forwards (a DFlash
+drafter counts them: one per step however many rows draft, dflash_batch.py), and whether every
+request took the same tokens. The load average is recorded beside each cell (the machine is
+shared: the ratios of a cell move with it). Default model: the 144M random bench model (bench/bench_model.py).
 """
 
 from __future__ import annotations
@@ -59,6 +60,24 @@ def requests(generator: Generator, workload: str, count: int, max_tokens: int) -
     ]
 
 
+def drafter_forwards(generator: Generator) -> int | None:
+    """The drafter model's forwards so far (None: no drafter that counts them)."""
+    runner = generator._runner
+    verifier = runner.batch.verifier if runner is not None else None
+    drafter = verifier.model_drafter if verifier is not None else None
+    forwards = getattr(drafter, "forwards", None)
+    return forwards if isinstance(forwards, int) else None
+
+
+def counted_run(generator: Generator, batch: list[PreparedRequest], tag: str) -> dict[str, Any]:
+    """bench/speculative.py's `run`, with the drafter model's forwards it took."""
+    before = drafter_forwards(generator)
+    result: dict[str, Any] = run(generator, batch, tag)
+    after = drafter_forwards(generator)
+    result["drafter_forwards"] = after - before if after is not None and before is not None else None
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], allow_abbrev=False)
     parser.add_argument("--model", type=Path, default=None)
@@ -86,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 cell = cells.setdefault((workload, count), {name: [] for name in engines})
                 loads.setdefault((workload, count), []).append(os.getloadavg()[0])
                 for name in order:
-                    cell[name].append(run(engines[name], batch, f"{workload}-{count}-{name}-{round_index}"))
+                    tag = f"{workload}-{count}-{name}-{round_index}"
+                    cell[name].append(counted_run(engines[name], batch, tag))
                 off, on = cell["off"][-1], cell[mode][-1]
                 rates = off["tokens"] / off["wall_s"], on["tokens"] / on["wall_s"]
                 print(
@@ -110,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         paired = list(zip(cell["off"], cell[mode], strict=True))
         pairs = sorted(b["tokens"] / b["wall_s"] / (a["tokens"] / a["wall_s"]) for a, b in paired)
         cpu_pairs = sorted(b["tokens"] / b["cpu_s"] / (a["tokens"] / a["cpu_s"]) for a, b in paired)
+        drafter = [r["drafter_forwards"] for r in cell[mode]]
         same = all(a["token_ids"] == b["token_ids"] for a, b in zip(cell["off"], cell[mode], strict=True))
         results["cells"].append(
             {
@@ -126,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "accepted": on["speculative_accepted_tokens"],
                 "verify_forwards": on["verify_forwards"],
                 "plain_forwards": on["plain_forwards"],
+                "drafter_forwards": None if None in drafter else sum(drafter),
                 "same_tokens": same,
                 "load_average": sum(loads[(workload, count)]) / len(loads[(workload, count)]),
             }
@@ -141,8 +163,8 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     """The runs' cells as table rows: mode, workload, concurrency, tok/s, ratios, drafts."""
     lines = [
         "| mode (model) | workload | streams | off tok/s | on tok/s | ÷ off (wall, median pair) | CPU "
-        "| accepted / drafted | verify / plain forwards | same tokens | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| accepted / drafted | verify / plain forwards | drafter forwards | same tokens | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in runs:
         for cell in result["cells"]:
@@ -152,6 +174,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                 f"| {cell['median_pair_ratio_wall']:.2f}× | {cell['median_pair_ratio_cpu']:.2f}× "
                 f"| {cell['accepted']:.0f} / {cell['drafted']:.0f} "
                 f"| {cell['verify_forwards']:.0f} / {cell['plain_forwards']:.0f} "
+                f"| {'—' if cell.get('drafter_forwards') is None else cell['drafter_forwards']} "
                 f"| {'yes' if cell['same_tokens'] else 'NO'} | {cell['load_average']:.1f} |"
             )
     return "\n".join(lines)

@@ -56,7 +56,9 @@ def test_an_outlier_moves_the_average_at_most_three_times_it() -> None:
         (1, {1: 0.1}, 1, 0.1),
         (1, {1: 0.1}, 3, 0.1 * (1 + 0.065 * 2)),  # extrapolated with the prior position cost
         (8, {1: 0.2, 5: 0.5}, 5, 0.5),
-        (8, {1: 0.2, 5: 0.5}, 6, 0.5 * (1 + 0.52 * 5) / (1 + 0.52 * 4)),  # from the nearest (5)
+        (8, {1: 0.2, 5: 0.5}, 6, 0.5 + 0.3 / 4),  # wider than measured: along the two widest
+        (8, {1: 0.2, 5: 0.2}, 9, 0.2),  # ... never cheaper than the widest measured
+        (8, {5: 0.5}, 6, 0.5 * (1 + 0.52 * 5) / (1 + 0.52 * 4)),  # one measured: the prior from it
         (8, {1: 0.2, 5: 0.5}, 2, 0.2 + 0.3 / 4),  # between measured widths: interpolated
         (8, {2: 0.2}, 1, 0.2 / (1 + 0.52)),
         (8, {}, 2, None),
@@ -84,11 +86,11 @@ COPYING, GUESSING, NOTHING, RESTING = (
     [
         # Nothing measured: verify first (what it costs is measured), then plain.
         ([COPYING], None, {}, True),
-        ([COPYING], None, {1: 0.1}, False),
+        ([COPYING], None, {1: 0.1, 9: 0.15}, False),
         # One copying row on a CPU: a 9-wide step at ~1.5x a plain one gives ~7 tokens.
         ([COPYING], 0.1, {1: 0.11, 9: 0.15}, True),
         # Nothing to copy: a verify step dearer than a plain one never pays.
-        ([NOTHING], 0.1, {1: 0.12}, False),
+        ([NOTHING], 0.1, {1: 0.12, 5: 0.2}, False),
         ([RESTING] * 8, 0.2, {1: 0.21}, False),
         # The same drafts at 8 rows: one guessing row does not pay for the batch's wider step.
         ([GUESSING] + [RESTING] * 7, 0.2, {1: 0.22, 3: 0.4}, False),
@@ -108,6 +110,23 @@ def test_a_step_verifies_only_where_the_expected_tokens_pay_for_it(
     assert gate.verifies(offers, 9) is expected
 
 
+def test_wide_verifies_are_measured_before_the_prior_decides() -> None:
+    # 16 copying rows, plain and one-position verifies measured: the prior position cost
+    # (0.065 x 16 per extra position) says no width pays, so without exploring no wide verify
+    # would ever run and none would be measured (issue 37.1: lookup never drafted at 16 streams).
+    costs = _costs(16, 0.5, {1: 0.55})
+    gate = StepGate(costs)
+    assert not costs.explored(16)
+    assert gate.verifies([COPYING] * 16, 9)
+    for width in (5, 6, 7):  # exploration's widths vary with the rows' draft lengths
+        costs.observe(16, width, 0.6)
+    assert costs.explored(16) and costs.verify(16, 6) == pytest.approx(0.6)
+    assert gate.verifies([COPYING] * 16, 9)  # measured: 7 tokens a row for 1.2x a plain step
+    # Rows that hope for drafts lookup never finds explore a few steps, then the prior decides.
+    quiet = StepGate(_costs(16, 0.5, {1: 0.55}))
+    assert [quiet.verifies([NOTHING] * 16, 9) for _ in range(10)] == [True] * 8 + [False] * 2
+
+
 def test_certain_drafts_always_verify() -> None:
     gate = StepGate(_costs(1, 0.1, {1: 0.5}))
     assert gate.verifies([RESTING], 9, certain=True)
@@ -115,7 +134,7 @@ def test_certain_drafts_always_verify() -> None:
 
 @pytest.mark.parametrize(("probe_steps", "expected"), [(1, [16, 48, 112]), (2, [16, 17, 49, 50, 114, 115])])
 def test_while_plain_wins_a_probe_verifies_ever_less_often(probe_steps: int, expected: list[int]) -> None:
-    gate = StepGate(_costs(1, 0.1, {1: 0.2}), probe_steps=probe_steps)
+    gate = StepGate(_costs(1, 0.1, {1: 0.2, 5: 0.4}), probe_steps=probe_steps)
     verified = [step for step in range(1, 121) if gate.verifies([NOTHING], 9)]
     assert verified == expected
 
@@ -162,6 +181,7 @@ def test_a_plain_step_drops_the_drafter_models_rows_and_counts_a_forward() -> No
     for _ in range(3):
         speculator.gate.costs.observe(2, 0, 0.1)
         speculator.gate.costs.observe(2, 1, 0.3)
+        speculator.gate.costs.observe(2, 5, 0.5)
     assert not speculator.speculates(rows)
     assert drafter.held == set() and speculator.counts.forwards == 1
 
@@ -174,6 +194,7 @@ def _plain_wins_at_one_row() -> tuple[_Drafter, Speculator]:
     for _ in range(3):
         speculator.gate.costs.observe(1, 0, 0.1)
         speculator.gate.costs.observe(1, 1, 0.3)
+        speculator.gate.costs.observe(1, 5, 0.5)
     return drafter, speculator
 
 

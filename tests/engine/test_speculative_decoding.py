@@ -143,6 +143,7 @@ def test_speculation_verifies_several_tokens_per_forward(
     # widths and a new row's rate from the priors.
     monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
+    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
     _, speculative = generators
     rows = _counter(speculative, "speculative_verified_rows")

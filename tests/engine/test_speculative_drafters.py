@@ -66,6 +66,7 @@ def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     scripts the gate."""
     monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
+    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
 
 

@@ -38,6 +38,7 @@ def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     the machine's load), as in test_speculative_drafters.py."""
     monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
+    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
 
 

@@ -21,9 +21,11 @@ Wrapped where mlx-vlm's round loops fall short of our rows:
   row ran its prompt itself; the last `PROMPT_HIDDEN_POSITIONS`, after any cached prefix) and
   that verify's; a row that drafts from lookup for a while has its committed positions fed in
   batches (`FEED_POSITIONS`) so they do not pile up.
-- Rows draft one `draft_block` each, evaluated together: mlx-vlm's batched loop does the same
-  ("the DFlash drafter cache is scalar-offset and has proven unsafe as a single batched cache"),
-  and rows' contexts and counts differ.
+- mlx-vlm's batched loop drafts one `draft_block` per row ("the DFlash drafter cache is
+  scalar-offset and has proven unsafe as a single batched cache"); here the rows keep their own
+  caches and one drafter forward drafts for all of them (dflash_batch.py: per-row rotary
+  offsets, left-padded keys and a mask; each row its own block size), for mlx-vlm's plain
+  DFlash layers; other DFlash kinds keep one `draft_block` per row, evaluated together.
 - The block size is the row's count + 1 (policy.py's adaptive length), not mlx-vlm's
   `_dflash_next_block_size` schedule; the drafter's trained `block_size` caps it.
 
@@ -38,6 +40,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.engine.speculation.dflash_batch import batched_hidden, supports_batched
 from vlmserve.engine.speculation.drafter_row import DrafterRow, DraftModelError
 
 __all__ = ["DFlashDrafter", "check_dflash_drafter"]
@@ -126,6 +129,11 @@ class DFlashDrafter:
         self.capture_layer_ids = tuple(sorted(int(i) for i in model.config.target_layer_ids))
         self.block_size = int(getattr(model.config, "runtime_block_size", None) or model.config.block_size)
         self._rows: dict[Hashable, _RowState] = {}
+        # One drafter forward for all drafting rows (dflash_batch.py) where the drafter's
+        # layers are mlx-vlm's plain DFlash ones; else one per row.
+        self._batched = supports_batched(model)
+        # Drafter forwards run so far (each `draft_block`, context feed or batched forward).
+        self.forwards = 0
 
     def bind(self, target: Any) -> None:
         """Draft with `target`'s embeddings and head (the weights may have been read again since:
@@ -154,23 +162,50 @@ class DFlashDrafter:
         return row.key in self._rows
 
     def propose(self, rows: Sequence[DrafterRow], counts: Sequence[int]) -> list[list[int]]:
-        """Up to `counts[i]` drafts for each ready row: one `draft_block` each (its latest token,
-        then masks, over its context), all evaluated together."""
+        """Up to `counts[i]` drafts for each ready row: one drafter forward for all of them
+        (dflash_batch.py; a `draft_block` per row, evaluated together, for the drafters it does
+        not batch), each row's block its latest token then masks, over its context."""
         import mlx.core as mx
 
         model = self._model
-        draft = getattr(model, "draft_block_greedy", model.draft_block)
-        blocks: list[Any] = []
-        for row, count in zip(rows, counts, strict=True):
+        drafting: list[tuple[int, _RowState, int, Any]] = []
+        for index, (row, count) in enumerate(zip(rows, counts, strict=True)):
             state = self._rows[row.key]
-            size = min(count, self.block_size - 1) + 1
             # Every forward feeds a row its latest token's position, so a ready row has context
             # to draft from; none (never seen): no drafts.
-            fresh = state.take_pending() if state.pending else None
-            blocks.append(None if fresh is None else draft(state.token, fresh, state.cache, size, _argmax))
-        drafted = [block for block in blocks if block is not None]
-        mx.eval(drafted, [layer.state for row in rows for layer in self._rows[row.key].cache])
-        return [[] if block is None else block.reshape(-1).tolist() for block in blocks]
+            if state.pending:
+                drafting.append((index, state, min(count, self.block_size - 1) + 1, state.take_pending()))
+        drafts: list[Any] = [None] * len(rows)
+        if self._batched and len(drafting) > 1:
+            hidden = batched_hidden(
+                model,
+                [state.token for _, state, _, _ in drafting],
+                [size for _, _, size, _ in drafting],
+                [fresh for _, _, _, fresh in drafting],
+                [state.cache for _, state, _, _ in drafting],
+            )
+            self.forwards += 1
+            block = self._argmax_drafts(hidden[:, 1:])
+            for row_index, (index, _, size, _) in enumerate(drafting):
+                drafts[index] = block[row_index, : size - 1]
+        else:
+            draft = getattr(model, "draft_block_greedy", model.draft_block)
+            for index, state, size, fresh in drafting:
+                drafts[index] = draft(state.token, fresh, state.cache, size, _argmax)
+                self.forwards += 1
+        mx.eval(
+            [block for block in drafts if block is not None],
+            [layer.state for _, state, _, _ in drafting for layer in state.cache],
+        )
+        return [[] if block is None else block.reshape(-1).tolist() for block in drafts]
+
+    def _argmax_drafts(self, hidden: Any) -> Any:
+        """The drafter's argmax tokens at its block's hidden states, as `draft_block_greedy`
+        takes them (the target's fused argmax where it has one)."""
+        model = self._model
+        if callable(model.argmax_from_hidden):
+            return model.argmax_from_hidden(hidden)
+        return _argmax(model._logits(hidden))
 
     def follow(
         self, verified: Sequence[tuple[int, DrafterRow, Sequence[int], Sequence[int]]], hidden: Any
@@ -191,11 +226,22 @@ class DFlashDrafter:
             state.token = int(tokens[-1])
             if state.pending_positions >= FEED_POSITIONS:
                 feed.append(state)
-        if feed:
-            for state in feed:  # the context only: a one-token block, its output unused
-                self._model._hidden(
-                    mx.array([[state.token]], dtype=mx.int32), state.take_pending(), state.cache
+        if feed:  # the context only: a one-token block, its output unused
+            if self._batched and len(feed) > 1:
+                batched_hidden(
+                    self._model,
+                    [state.token for state in feed],
+                    [1] * len(feed),
+                    [state.take_pending() for state in feed],
+                    [state.cache for state in feed],
                 )
+                self.forwards += 1
+            else:
+                for state in feed:
+                    self._model._hidden(
+                        mx.array([[state.token]], dtype=mx.int32), state.take_pending(), state.cache
+                    )
+                    self.forwards += 1
             mx.eval([layer.state for state in feed for layer in state.cache])
 
     def _start(self, row: DrafterRow) -> _RowState:

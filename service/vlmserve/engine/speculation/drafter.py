@@ -193,6 +193,11 @@ class Speculator:
         proposals: list[list[int]] = []
         offers: list[RowDrafts] = []
         costs = self.relative_costs(len(rows))
+        # Until a wide verify is measured at this batch size its widths are not cut by the
+        # prior position cost (which at 16 rows allows none: they would never be measured).
+        position_cost = self.position_cost
+        if self.gate is not None and not self.gate.costs.explored(len(rows)):
+            costs, position_cost = None, 0.0
         wanting: list[int] = []  # rows asking the drafter model, and how many
         counts: list[int] = []
         for index, (row, waiting) in enumerate(zip(rows, pending, strict=True)):
@@ -212,7 +217,7 @@ class Speculator:
             for index, count, rate in zip(wanting, counts, rates, strict=True):
                 hoped[index] = RowDrafts(count, rate)
             width = verify_width(
-                hoped, position_cost=self.position_cost, max_width=self.max_draft + 1, costs=costs
+                hoped, position_cost=position_cost, max_width=self.max_draft + 1, costs=costs
             )
             if width > 1:
                 asked = [min(count, width - 1) for count in counts]
@@ -220,9 +225,7 @@ class Speculator:
                 for index, drafts, rate in zip(wanting, drafted, rates, strict=True):
                     proposals[index] = drafts
                     offers[index] = RowDrafts(len(drafts), rate)
-        width = verify_width(
-            offers, position_cost=self.position_cost, max_width=self.max_draft + 1, costs=costs
-        )
+        width = verify_width(offers, position_cost=position_cost, max_width=self.max_draft + 1, costs=costs)
         return [drafts[: width - 1] for drafts in proposals]
 
     def follow(

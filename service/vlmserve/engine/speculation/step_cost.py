@@ -12,7 +12,9 @@ per batch-size bucket, for plain steps and for verify steps of each width.
 `StepGate` decides at each step's start, for the batch at hand, whether to verify: the expected
 tokens per second of the best verify width (each row's hoped drafts and acceptance rate,
 policy.py `expected_tokens`) against the plain step's rows per second, with a margin. A cost not
-measured yet is measured first (a few steps of that kind: exploration); while plain wins, a
+measured yet is measured first (a few steps of that kind: exploration; while rows hope for
+drafts, verifies wider than one position, uncut by the prior position cost, until three are
+measured or eight steps tried); while plain wins, a
 probe verifies now and then (every 16 plain steps, doubling while probes lose, up to 512) so a
 batch whose rows start copying is noticed. Rows whose drafts are certain (a grammar's) always
 verify: their tokens cost nothing to guess.
@@ -37,6 +39,9 @@ _KNOWN_AFTER = 3
 MARGIN = 0.05
 _FIRST_PROBE = 16
 _LAST_PROBE = 512
+# Verify steps a bucket may spend measuring wide verifies while rows hope for drafts (lookup may
+# find none for them: then the steps are one position wide and measure nothing wide).
+_EXPLORE_STEPS = 8
 
 
 def bucket(rows: int) -> int:
@@ -89,25 +94,49 @@ class StepCosts:
         average = self._steps.get((bucket(rows), 0))
         return average.seconds if average is not None and average.known else None
 
+    def explored(self, rows: int) -> bool:
+        """Whether verifies wider than one position have been measured for this batch size
+        (`_KNOWN_AFTER` of them, whatever their widths). Until then a verify step is not cut to
+        the widths the prior position cost allows: at 16 rows its prior (0.065 x 16 per extra
+        position) allows none, so no wide verify would ever be measured (issue 37.1)."""
+        size = bucket(rows)
+        return sum(a.count for (b, w), a in self._steps.items() if b == size and w > 1) >= _KNOWN_AFTER
+
+    def _usable(self, size: int) -> list[int]:
+        """The verify widths whose cost is known for this bucket: measured `_KNOWN_AFTER` times,
+        or, once wide verifies are explored, any wide width measured (exploration's widths vary
+        with the rows' draft lengths, rarely the same one three times)."""
+        explored = sum(a.count for (b, w), a in self._steps.items() if b == size and w > 1) >= _KNOWN_AFTER
+        return sorted(
+            w
+            for (b, w), average in self._steps.items()
+            if b == size and w > 0 and (average.known or (explored and w > 1 and average.count > 0))
+        )
+
     def verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds: measured; else interpolated between the measured
-        widths around it, or beyond them scaled from the nearest with the prior position cost
-        (None: no verify width is known for this bucket)."""
+        widths around it, wider than all of them along the two widest (never falling), else
+        scaled from the nearest with the prior position cost (None: no verify width is known
+        for this bucket)."""
         size = bucket(rows)
-        known = sorted(w for (b, w), average in self._steps.items() if b == size and w > 0 and average.known)
+        known = self._usable(size)
         if not known:
             return None
         below = [w for w in known if w <= width]
         above = [w for w in known if w >= width]
+        seconds = {w: self._steps[(size, w)].seconds for w in known}
         if below and above:
             low, high = below[-1], above[0]
-            low_seconds, high_seconds = self._steps[(size, low)].seconds, self._steps[(size, high)].seconds
             if low == high:
-                return low_seconds
-            return low_seconds + (high_seconds - low_seconds) * (width - low) / (high - low)
+                return seconds[low]
+            return seconds[low] + (seconds[high] - seconds[low]) * (width - low) / (high - low)
+        if len(below) >= 2:  # wider than any measured: along the two widest
+            low, high = below[-2:]
+            slope = max(0.0, (seconds[high] - seconds[low]) / (high - low))
+            return seconds[high] + slope * (width - high)
         nearest = below[-1] if below else above[0]
         scale = self.position_cost * rows
-        return self._steps[(size, nearest)].seconds * (1 + scale * (width - 1)) / (1 + scale * (nearest - 1))
+        return seconds[nearest] * (1 + scale * (width - 1)) / (1 + scale * (nearest - 1))
 
     def relative(self, rows: int, max_width: int) -> list[float] | None:
         """Each verify width's cost (1..max_width) as a share of width 1's, for `verify_width`
@@ -148,6 +177,7 @@ class StepGate:
     _plain_run: dict[int, int] = field(default_factory=dict)
     _probe_every: dict[int, int] = field(default_factory=dict)
     _probing: dict[int, int] = field(default_factory=dict)
+    _exploring: dict[int, int] = field(default_factory=dict)
 
     def verifies(self, offers: Sequence[RowDrafts], max_width: int, *, certain: bool = False) -> bool:
         """Whether this step verifies: `offers` are the rows' hoped drafts (how many each would
@@ -160,6 +190,11 @@ class StepGate:
         if probing > 0:
             self._probing[size] = probing - 1
             return True
+        hoping = any(offer.available > 0 and offer.chance > 0 for offer in offers)
+        explored = self._exploring.get(size, 0)
+        if hoping and explored < _EXPLORE_STEPS and not self.costs.explored(rows):
+            self._exploring[size] = explored + 1
+            return self._verified(size, won=False)  # measure what a wide verify costs here
         plain = self.costs.plain(rows)
         verify = verify_rate(offers, self.costs, max_width)
         if verify is None:
