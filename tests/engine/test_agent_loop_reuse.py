@@ -68,7 +68,9 @@ def agent_loop(
     return results, requests
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma3", "gemma4", "llama4"])
+@pytest.mark.parametrize(
+    "name", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma3", "gemma4", "llama4", "glm4v", "glm4v_moe"]
+)
 def test_every_turn_reuses_the_previous_one(name: str, family_models: dict[str, Path]) -> None:  # noqa: F811
     with running_engine(family_models[name]) as (_, stub):
         results, requests = agent_loop(stub, TURNS)

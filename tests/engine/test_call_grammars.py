@@ -194,6 +194,30 @@ def test_one_call_when_parallel_calls_are_off(compiler: GrammarCompiler, tokeniz
     assert not accepts(compiler, tokenizer, constraint, xml("shell") + "\n" + xml("shell"))
 
 
+@pytest.mark.parametrize(
+    ("strict", "city", "allowed"),
+    [
+        (True, "Oslo", True),
+        (True, "Bergen", False),  # over maxLength
+        (True, "O", False),  # under minLength
+        (True, "Ås\nX", True),  # any characters, newlines included, counted as characters
+        (False, "Bergen", True),  # a tool that is not strict: the call's shape only
+    ],
+)
+def test_text_values_keep_the_schema_length_bounds(
+    compiler: GrammarCompiler, tokenizer: Any, strict: bool, city: str, allowed: bool
+) -> None:
+    # Raw-text values (GLM, Qwen3-Coder) are not JSON strings: their bounds are the grammar's own.
+    bounded = {**WEATHER, "properties": {"city": {"type": "string", "minLength": 2, "maxLength": 4}}}
+    bounded["required"] = ["city"]
+    function = pb.FunctionTool(name="weather", parameters_json=json.dumps(bounded), strict=strict)
+    tools = [pb.Tool(function=function)]
+    calls = [("glm47", glm("weather", city=city)), ("qwen3_coder", xml("weather", city=city))]
+    for format_name, text in calls:
+        constraint = build(compiler, format_name, "required", tools=tools)
+        assert accepts(compiler, tokenizer, constraint, text) is allowed, format_name
+
+
 def test_harmony_auto_is_left_free(compiler: GrammarCompiler) -> None:
     # Its answer runs through channels; calls are still parsed, names are not enforced.
     assert build(compiler, "harmony", "auto") is None

@@ -43,6 +43,8 @@ def image_size(part: pb.ImagePart) -> tuple[int, int]:
         ("qwen3_vl", "relative"),
         ("qwen2_5_vl", "resized_pixels"),
         ("gemma3", "relative"),
+        ("glm4v", "relative"),  # GLM-4.5V/4.6V's grounding boxes: 0-1000 across the image
+        ("glm4v_moe", "relative"),
     ],
 )
 def test_each_family_has_its_convention(architecture: str, kind: str) -> None:

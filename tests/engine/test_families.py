@@ -194,7 +194,7 @@ def test_requests_running_together_match_each_alone(family: FamilyEngine) -> Non
 
 # Families whose processor has a cheaper view for `detail: low`: Qwen's pixel budget
 # (image_inputs.DynamicResolution), SmolVLM without tiles, Llama 4 with one tile, Pixtral at half
-# the longest edge. Gemma 3 has a fixed token count per image.
+# the longest edge, GLM-4V at its smallest pixel budget. Gemma 3 has a fixed token count per image.
 DETAIL_CHANGES_TOKENS = frozenset(
     {
         "qwen2_5_vl",
@@ -206,6 +206,8 @@ DETAIL_CHANGES_TOKENS = frozenset(
         "idefics3",
         "mistral3",
         "llama4",
+        "glm4v",
+        "glm4v_moe",
     }
 )
 

@@ -18,7 +18,7 @@ from .test_agent_loop_reuse import NOT_COMPARED, agent_loop
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "gemma3", "gemma4"])
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma3", "gemma4", "glm4v"])
 def test_the_next_turn_after_a_restart_comes_from_disk(
     name: str,
     tmp_path: Path,

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.needs_model
 
 __all__ = ["family"]  # the fixture, imported for this module
 
+GLM_CALL = "<tool_call>screenshot\n<arg_key>window</arg_key>\n<arg_value>main</arg_value>\n</tool_call>"
 # The call each family's model writes (its chat template's own format), for the same call.
 WRITTEN_CALL = {
     "qwen2_5_vl": '<tool_call>\n{"name": "screenshot", "arguments": {"window": "main"}}\n</tool_call>',
@@ -40,6 +41,9 @@ WRITTEN_CALL = {
     "gemma4": '<|tool_call>call:screenshot{window:<|"|>main<|"|>}<tool_call|>',
     "mistral3": '[TOOL_CALLS][{"name": "screenshot", "arguments": {"window": "main"}}]',
     "llama4": '<|python_start|>{"name": "screenshot", "parameters": {"window": "main"}}<|python_end|>',
+    # GLM-4.5V/4.6V: its reasoning first (the splitter takes it), then the XML-ish call.
+    "glm4v": "\n<think>Need a look.</think>\n" + GLM_CALL,
+    "glm4v_moe": GLM_CALL,
 }
 EXPECTED_FORMAT = {
     "qwen2_5_vl": HERMES_FORMAT,
@@ -56,6 +60,8 @@ EXPECTED_FORMAT = {
     "gemma4": "gemma4",  # mlx-vlm's parser, chosen by its registry from the template
     "mistral3": "mistral",  # mlx-vlm's parser, chosen by its registry from the template
     "llama4": LLAMA_JSON_FORMAT,  # its template's JSON-with-`parameters` format (our parser)
+    "glm4v": "glm47",  # mlx-vlm's GLM parser (`<arg_key>` in the template), with our grammar
+    "glm4v_moe": "glm47",
 }
 
 SCREENSHOT = pb.Tool(

@@ -32,6 +32,8 @@ CACHED_FAMILIES = [
     "mistral3",
     "idefics3",
     "llama4",
+    "glm4v",
+    "glm4v_moe",
 ]
 RUN_TOGETHER_VISIBLY = {"gemma3"}
 # An agent's turns: the screen, then the screen and a new screenshot, then a third one; the
@@ -74,7 +76,7 @@ def test_each_screenshot_is_encoded_once_with_the_same_output(
         assert cached == uncached
 
 
-@pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5", "gemma3", "gemma4", "idefics3", "llama4"])
+@pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5", "gemma3", "gemma4", "idefics3", "llama4", "glm4v"])
 def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
     name: str,
     tmp_path: Path,
@@ -104,6 +106,31 @@ def test_a_restarted_engine_does_not_encode_a_screenshot_it_has_seen(
         request.partition_key = "another tenant"
         stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300)
         assert engine.server.generator.vision_cache.encoded == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", ["glm4v", "mistral3", "idefics3"])
+def test_a_screenshot_at_low_detail_is_not_served_its_high_detail_features(
+    name: str,
+    family_models: dict[str, Path],  # noqa: F811
+) -> None:
+    """The processor's cheaper view of the same bytes (`detail: low`) is another image to the
+    cache: its features were served from the full view's entry (GLM-4V: 17 image tokens read
+    from 29 features), so the output differed from a fresh request's."""
+    screen = png(400, 100, seed=3)
+
+    def ask(stub: Any, detail: pb.ImageDetail.ValueType) -> pb.GenerateResult:
+        part = pb.Part(image=pb.ImagePart(data=screen, media_type="image/png", detail=detail))
+        request = greedy([SYSTEM, user(part, text("What is this?"))], max_tokens=8)
+        return stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=300).result
+
+    settings = {"vision_cache_mib": 64, "prefix_cache_min_tokens": 0}
+    with running_engine(family_models[name], **settings) as (engine, stub):
+        ask(stub, pb.IMAGE_DETAIL_HIGH)
+        low = ask(stub, pb.IMAGE_DETAIL_LOW)
+        assert engine.server.generator.vision_cache.hits == 0  # type: ignore[union-attr]
+    with running_engine(family_models[name], vision_cache_mib=0) as (_, stub):
+        fresh = ask(stub, pb.IMAGE_DETAIL_LOW)
+    assert (low.text, low.usage.input_tokens) == (fresh.text, fresh.usage.input_tokens)
 
 
 @dataclass

@@ -41,6 +41,8 @@ EXPECTED_TRAITS = {
     "mistral3": (True, True, True, False, False, True, False),
     "llama4": (True, True, True, True, True, True, True),
     "llava": (False, False, False, True, True, True, False),
+    "glm4v": (True, True, True, True, True, True, False),
+    "glm4v_moe": (True, True, True, True, True, True, False),
 }
 
 

@@ -30,6 +30,9 @@ EXPECTED_CLASSES = {
     "mistral3": ("Mistral3Processor", "PixtralImageProcessor"),
     "llama4": ("Llama4Processor", "Llama4ImageProcessor"),
     "llava": ("LlavaProcessor", "CLIPImageProcessorPil"),
+    # transformers' GLM-4V image processor without torchvision: its PIL backend (no torch needed).
+    "glm4v": ("Glm46VProcessor", "Glm4vImageProcessorPil"),
+    "glm4v_moe": ("Glm46VMoEProcessor", "Glm4vImageProcessorPil"),
 }
 TEMPLATES = {
     "qwen2_5_vl": templates.QWEN2_5_VL,
@@ -44,6 +47,8 @@ TEMPLATES = {
     "mistral3": templates.MISTRAL3,
     "llama4": templates.LLAMA4,
     "llava": templates.LLAVA,
+    "glm4v": templates.GLM4V,
+    "glm4v_moe": templates.GLM4V,
 }
 HUB_FILES = {
     "config.json",
@@ -94,6 +99,8 @@ def test_loads_with_the_family_classes_and_template(name: str, family_models: di
         "mistral3": "</s>",
         "llama4": "<|eot|>",
         "llava": "</s>",
+        "glm4v": "<|user|>",  # GLM ends its turn by starting the next one's role
+        "glm4v_moe": "<|user|>",
     }.get(name, "<|im_end|>")
     assert tokenizer.convert_tokens_to_ids(end_of_turn) in eos_ids
 

@@ -9,13 +9,13 @@ drafter model (`build_drafter` writes it into the target's directory), for specu
 
 from __future__ import annotations
 
-from . import gemma, gemma4, idefics, llama, mistral, qwen, qwen3_5
+from . import gemma, gemma4, glm, idefics, llama, mistral, qwen, qwen3_5
 from ._base import Family, FamilyFiles
 from .build import build_family
 
 __all__ = ["DRAFTER_FAMILIES", "FAMILIES", "Family", "FamilyFiles", "build_drafter", "build_family"]
 
-_MODULES = (qwen, gemma, gemma4, idefics, mistral, llama)
+_MODULES = (qwen, gemma, gemma4, idefics, mistral, llama, glm)
 FAMILIES: dict[str, Family] = {
     **{family.name: family for module in _MODULES for family in module.FAMILIES},
     **{family.name: family for family in qwen3_5.SERVED_FAMILIES},

@@ -108,6 +108,8 @@ def _check_no_checkpoint_code(model_dir: Path) -> None:
 TESTED_FAMILIES = (
     "gemma3",
     "gemma4",
+    "glm4v",
+    "glm4v_moe",
     "idefics3",
     "llama4",
     "llava",

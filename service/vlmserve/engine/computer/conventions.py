@@ -1,8 +1,8 @@
 """Each model family's grounding convention: how the coordinates it writes relate to the
 screenshot it saw (docs/models.md, "Computer use coordinates"). No MLX.
 
-* `relative`: 0..1000 across the image whatever its size (Qwen2-VL, Qwen3-VL, and the default
-  for families that document none);
+* `relative`: 0..1000 across the image whatever its size (Qwen2-VL, Qwen3-VL, GLM-4.5V/4.6V,
+  and the default for families that document none);
 * `resized_pixels`: absolute pixels of the image as the processor resized it (Qwen2.5-VL, whose
   processor's `smart_resize` decides that size; UI-TARS-1.5 is this architecture).
 

@@ -187,6 +187,8 @@ def build_model_inputs(
         embedding = model.get_input_embeddings(embed_ids, pixel_values, mask=mask, **extra)
     extra.pop("cached_image_features", None)
     derived = {k: v for k, v in embedding.to_dict().items() if k != "inputs_embeds" and v is not None}
+    if "position_ids" not in derived and _model_type(model) in _STASHED_POSITIONS:
+        derived |= _stashed_positions(model, input_ids, extra, mask)
     return ModelInputs(
         token_ids=token_ids,
         image_spans=spans,
@@ -195,6 +197,30 @@ def build_model_inputs(
         prefill_kwargs={**extra, **derived},
         rope_deltas=derived.get("rope_deltas"),
     )
+
+
+# mlx-vlm's GLM-4V keeps a prompt's M-RoPE positions on the model (`_position_ids`,
+# `_rope_deltas`, set by `get_input_embeddings`) instead of returning them as Qwen's do, so
+# requests in flight together would read the last one's positions. They are computed here per
+# request, as mlx-vlm computes them, and carried with it like Qwen's (prefill chunks and shared
+# prompt forwards take them explicitly, decode steps its `rope_deltas`).
+_STASHED_POSITIONS = frozenset({"glm4v", "glm4v_moe"})
+
+
+def _model_type(model: Any) -> str | None:
+    return getattr(getattr(model, "config", None), "model_type", None)
+
+
+def _stashed_positions(model: Any, input_ids: Any, extra: dict[str, Any], mask: Any) -> dict[str, Any]:
+    language_model = model.language_model
+    position_ids, rope_deltas = language_model.get_rope_index(
+        input_ids, extra.get("image_grid_thw"), extra.get("video_grid_thw"), mask
+    )
+    # Its decode step reads the `rope_deltas` argument only once its own stash is set (a text
+    # prompt with explicit positions never sets it); the argument then decides every position.
+    if language_model._rope_deltas is None:
+        language_model._rope_deltas = rope_deltas
+    return {"position_ids": position_ids, "rope_deltas": rope_deltas}
 
 
 def _cached_video_features(

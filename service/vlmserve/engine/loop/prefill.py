@@ -49,11 +49,17 @@ def prefill_chunk(
     the chunk's hidden states ([1, n, ...]) is appended to the list (a drafter model starts from
     them: speculation/model_drafter.py, dflash_drafter.py)."""
     extra = verify_forward_kwargs(language_model, hidden[0].capture_layer_ids) if hidden is not None else {}
+    kwargs = inputs.prefill_kwargs
+    positions = kwargs.get("position_ids")
+    if positions is not None and positions.shape[-1] == inputs.input_ids.shape[1]:
+        # The chunk's own positions: Qwen's models cut the whole prompt's to the chunk
+        # themselves, GLM-4V's take what they are given.
+        kwargs = {**kwargs, "position_ids": positions[..., start:end]}
     output = language_model(
         inputs.input_ids[:, start:end],
         inputs_embeds=inputs.embeds[:, start:end],
         cache=cache,
-        **inputs.prefill_kwargs,
+        **kwargs,
         **extra,
     )
     if extra and hidden is not None:

@@ -225,7 +225,8 @@ def _family_images(model: Any, pixel_values: Any, kwargs: dict[str, Any]) -> Fam
 # rows. Each image is encoded alone, as the tower itself does (attention within an image only),
 # and its features are one run of rows. Qwen3-VL is not one of these: its tower also returns
 # deepstack features, which mlx-vlm's cached path drops (Qwen3.5's tower returns none it uses).
-_QWEN_STYLE = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe"})
+# GLM-4V (4.1V, 4.5V, 4.6V) takes the same inputs and the same cached-features path.
+_QWEN_STYLE = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe"})
 
 
 def _qwen_style(model: Any, model_type: str, pixel_values: Any, grids: Any) -> FamilyImages | None:

@@ -224,11 +224,15 @@ def _low_detail(image_processor: Any) -> Any:
     """A copy of the image processor that looks at less, where the family has a knob for it.
 
     Idefics3 / SmolVLM: no tiles, the global image only. Llama 4: one tile. Pixtral (Mistral 3):
-    half the longest edge. Others (Gemma 3, a fixed token count per image): unchanged.
+    half the longest edge. GLM-4V: its smallest pixel budget (its `size` edges are pixel counts,
+    as Qwen's min/max pixels). Others (Gemma 3, a fixed token count per image): unchanged.
     """
     low = copy.copy(image_processor)
     size = getattr(low, "size", None)
-    if getattr(low, "do_image_splitting", False):
+    if type(image_processor).__name__.startswith("Glm4vImageProcessor") and size is not None:
+        fewest = int(size.shortest_edge)
+        low.size = {"shortest_edge": fewest, "longest_edge": fewest}
+    elif getattr(low, "do_image_splitting", False):
         low.do_image_splitting = False
     elif isinstance(getattr(low, "max_patches", None), int) and low.max_patches > 1:
         low.max_patches = 1

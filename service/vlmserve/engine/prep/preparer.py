@@ -210,14 +210,16 @@ class RequestPreparer:
         order = ordered_slots(slots, len(checked))
         if isinstance(self._images, GenericProcessor) and (order or media):
             decoded = self._decode_images(checked, cancelled, lambda _image, pixels: pixels)
+            low_detail = bool(checked) and all(
+                image.source.part.detail == pb.IMAGE_DETAIL_LOW for image in checked
+            )
             try:
                 ids, joint_arrays = self._images.build(
                     rendered.text,
                     [slot_pixels(slot, decoded, decoded_clips) for slot in order],
                     encode,
                     add_special_tokens=add_special_tokens,
-                    low_detail=bool(checked)
-                    and all(image.source.part.detail == pb.IMAGE_DETAIL_LOW for image in checked),
+                    low_detail=low_detail,
                     media=media,
                 )
             except (ValueError, TypeError, OSError) as error:
@@ -227,7 +229,7 @@ class RequestPreparer:
                     field="messages",
                 ) from None
             del decoded
-            images = tuple(_slot_image(slot, checked, decoded_clips) for slot in order)
+            images = tuple(_slot_image(slot, checked, decoded_clips, low_detail=low_detail) for slot in order)
         else:
             if media:  # the clips through the processor; the images' slots are expanded below
                 try:
@@ -419,13 +421,18 @@ class RequestPreparer:
 
 
 def _slot_image(
-    slot: ImageSlot, checked: Sequence[_CheckedImage], clips: Sequence[DecodedClip]
+    slot: ImageSlot, checked: Sequence[_CheckedImage], clips: Sequence[DecodedClip], *, low_detail: bool
 ) -> PreparedImage:
     if slot.image < 0:
         return frame_image(slot, clips)
     image = checked[slot.image]
+    # The hash covers the processing that shaped the pixels (the vision cache's key): the same
+    # bytes in the processor's cheaper view are other features (GLM-4V: fewer image tokens).
+    content_hash = _content_hash(image)
+    if low_detail:
+        content_hash = hashlib.sha256(f"{content_hash}:low".encode()).hexdigest()
     return PreparedImage(
-        content_hash=_content_hash(image), token_count=0, arrays={}, byte_count=len(image.source.part.data)
+        content_hash=content_hash, token_count=0, arrays={}, byte_count=len(image.source.part.data)
     )
 
 

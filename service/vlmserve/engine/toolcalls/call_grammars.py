@@ -181,14 +181,27 @@ def _xml_value(compiler: MarkerSource, rule: str, schema: Any, syntax: _XmlSynta
         if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
             options = " | ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
             return [f"{rule}: ({options}) {end}"]
+        text = _text_pattern(schema)
         token = compiler.token_id(syntax.value_end)
         if token is not None:  # plain text never matches the marker's token
-            return [f"{rule}: /(.|\\n)*/ <[{token}]> {json.dumps(syntax.after_value)}"]
+            return [f"{rule}: {text} <[{token}]> {json.dumps(syntax.after_value)}"]
         return [
             f"{rule}: {rule}_text {json.dumps(syntax.after_value)}",
-            f"{rule}_text[lazy]: /(.|\\n)*/ {json.dumps(syntax.value_end)}",
+            f"{rule}_text[lazy]: {text} {json.dumps(syntax.value_end)}",
         ]
     return [f"{rule}: {schema_rule(schema)} {end}"]
+
+
+def _text_pattern(schema: dict[str, Any]) -> str:
+    """A raw-text value's characters: any, as many as the schema's minLength/maxLength allow
+    (a strict tool's bounds hold for text values as they do for JSON strings)."""
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    lenient = schema.get("x-guidance") == LENIENT  # a tool that is not strict: the shape only
+    if lenient or (not isinstance(low, int) and not isinstance(high, int)):
+        return "/(.|\\n)*/"
+    low = low if isinstance(low, int) and low > 0 else 0
+    bound = str(high) if isinstance(high, int) and high >= low else ""
+    return f"/(.|\\n){{{low},{bound}}}/"
 
 
 def _xml_functions(
