@@ -194,6 +194,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
             "script": f"python -m training.train_media --kind {kind}",
             **base_card(args, step, elapsed, history),
             "architecture": ARCHITECTURES[kind],
+            **({"freeze_vision": args.freeze_vision, "contrast": args.contrast} if kind == "video" else {}),
             "shapes": dict(zip(shapes, weights, strict=True)),
         }
 
