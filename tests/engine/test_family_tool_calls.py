@@ -64,6 +64,9 @@ EXPECTED_FORMAT = {
     "glm4v_moe": "glm47",
 }
 
+# Templates whose model opens `<think>` itself (the grammar lets a thought come first).
+THINKS_FIRST = frozenset({"glm4v", "glm4v_moe"})
+
 SCREENSHOT = pb.Tool(
     function=pb.FunctionTool(
         name="screenshot",
@@ -110,6 +113,10 @@ def test_a_forced_call_comes_out_as_a_tool_call(family: FamilyEngine, choice: pb
         # Byte-fallback vocabularies (Gemma, LLaVA) spend a token per character of markup.
         sampling=pb.SamplingParams(temperature=0.0, max_tokens=160),
     )
+    if family.name in THINKS_FIRST:
+        # Free to think before the call, the random fixture never closes its thought in 160
+        # tokens: thinking off here (a thought before a call: test_glm_family.py).
+        request.enable_thinking = False
     result = family.stub.GenerateUnary(pb.GenerateUnaryRequest(request=request), timeout=120).result
     assert result.finish_reason == pb.FINISH_REASON_TOOL_CALLS
     assert [call.name for call in result.tool_calls] == ["screenshot"]

@@ -11,10 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import llguidance
 import pytest
 from transformers import AutoTokenizer
 
 from tests._family_models import family_models  # noqa: F401  (fixture)
+from vlmserve.engine.grammar.compiler import GrammarCompiler, after_thinking, constraint_for
 from vlmserve.engine.output.assembler import OutputAssembler
 from vlmserve.engine.prep.prompt import render_prompt
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -98,3 +100,59 @@ def test_the_thinking_switch_and_a_replayed_thought(family_models: dict[str, Pat
         in replayed.text
     )
     assert replayed.text.endswith("<|observation|>\n<tool_response>\nok\n</tool_response><|assistant|>")
+
+
+PROMPT = "[gMASK]<sop><|user|>\nClick OK.<|assistant|>"
+CLICK = pb.Tool(
+    function=pb.FunctionTool(
+        name="click",
+        parameters_json='{"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}',
+        strict=True,
+    )
+)
+
+
+@pytest.mark.needs_model
+@pytest.mark.parametrize(
+    ("mode", "prompt_end", "output", "allowed"),
+    [
+        # Tools offered (auto, an agent's default): the model may think, then answer or call.
+        ("auto", "", "\n<think>OK is at the top.</think>\nIt is there.", True),
+        ("auto", "", "\n<think>Click it.\nNow.</think>\n" + CALL, True),
+        ("auto", "", "It is there.", True),
+        # A forced call: one thought at most, then the call; never text.
+        ("required", "", "\n<think>Click it.</think>\n" + CALL, True),
+        ("required", "", CALL, True),
+        ("required", "", "\n<think>Click it.</think>\nNo.", False),
+        ("required", "", "<think>a</think><think>b</think>" + CALL, False),
+        # Thinking off: the prompt closed an empty block, no other thought.
+        ("required", "\n<think></think>", "\n<think>Click it.</think>\n" + CALL, False),
+        ("required", "\n<think></think>", CALL, True),
+    ],
+)
+def test_the_grammar_lets_glm_think_before_it_answers(
+    family_models: dict[str, Path],  # noqa: F811
+    mode: str,
+    prompt_end: str,
+    output: str,
+    allowed: bool,
+) -> None:
+    """GLM opens `<think>` itself, and `<think>` is an added token no text terminal matches: with
+    tools offered the grammar refused it, so the model could not think at all in an agent loop."""
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(family_models["glm4v"]))
+    compiler = GrammarCompiler(tokenizer, [tokenizer.convert_tokens_to_ids("<|user|>")])
+    constraint = constraint_for(
+        compiler,
+        tool_call_format="glm47",
+        tools=[CLICK],
+        tool_mode=mode,
+        forced_name=None,
+        parallel_tool_calls=True,
+        max_tool_calls=None,
+        response_format=None,
+    )
+    assert constraint is not None
+    constraint = after_thinking(constraint, compiler, PROMPT + prompt_end, model_thinks=True)
+    matcher = llguidance.LLMatcher(compiler.tokenizer, constraint.grammar)
+    accepted = all(matcher.consume_token(t) for t in tokenizer.encode(output, add_special_tokens=False))
+    assert (accepted and matcher.is_accepting()) is allowed

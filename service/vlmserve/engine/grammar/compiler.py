@@ -52,15 +52,41 @@ class OutputConstraint:
 
 
 def after_thinking(
-    constraint: OutputConstraint, compiler: GrammarCompiler, prompt_text: str
+    constraint: OutputConstraint, compiler: GrammarCompiler, prompt_text: str, *, model_thinks: bool = False
 ) -> OutputConstraint:
     """`constraint`, waiting for `</think>` when the prompt opens thinking without closing it
-    (Qwen3-VL-Thinking's generation prompt ends with an open `<think>`): constraints bind the answer."""
+    (Qwen3-VL-Thinking's generation prompt ends with an open `<think>`): constraints bind the answer.
+
+    `model_thinks` (the template has a thinking switch) and the prompt opens nothing: the model
+    opens `<think>` itself (GLM-4.5V/4.6V, Qwen3's hybrid templates), so the grammar lets the
+    answer start with one `<think>…</think>` block. `<think>` is an added token there, which no
+    text terminal matches: without this, offering tools (even with tool choice auto) stopped such
+    a model from thinking at all. Not after an empty block the prompt closed (thinking off)."""
     opened, closed = prompt_text.rfind("<think>"), prompt_text.rfind("</think>")
-    end = compiler.token_id("</think>")
+    start, end = compiler.token_id("<think>"), compiler.token_id("</think>")
     if opened > closed and end is not None:
         return replace(constraint, thinking_end_token_id=end)
+    if (
+        model_thinks
+        and start is not None
+        and end is not None
+        and not prompt_text.rstrip().endswith("</think>")
+    ):
+        return replace(constraint, grammar=_thought_first(constraint.grammar, start, end))
     return constraint
+
+
+def _thought_first(grammar: str, start: int, end: int) -> str:
+    """`grammar` with an optional thought block before its answer (`start:` renamed)."""
+    lines = grammar.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith("start:"))
+    answer = lines[index].removeprefix("start:").strip()
+    lines[index : index + 1] = [
+        "start: model_thought? model_answer",
+        f"model_answer: {answer}",
+        f"model_thought: /\\n?/ <[{start}]> /(.|\\n)*/ <[{end}]> /\\n*/",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 class GrammarCompiler:

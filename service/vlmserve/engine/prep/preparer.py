@@ -272,7 +272,9 @@ class RequestPreparer:
                 response_format=request.response_format if request.HasField("response_format") else None,
             )
             if constraint is not None:
-                constraint = after_thinking(constraint, self._grammar, prompt_text)
+                constraint = after_thinking(
+                    constraint, self._grammar, prompt_text, model_thinks=info.thinking
+                )
         return PreparedRequest(
             request_id=request_id,
             kind=kind,
