@@ -156,3 +156,53 @@ def test_the_grammar_lets_glm_think_before_it_answers(
     matcher = llguidance.LLMatcher(compiler.tokenizer, constraint.grammar)
     accepted = all(matcher.consume_token(t) for t in tokenizer.encode(output, add_special_tokens=False))
     assert (accepted and matcher.is_accepting()) is allowed
+
+
+@pytest.mark.needs_model
+def test_each_image_is_encoded_on_its_own(family_models: dict[str, Path]) -> None:  # noqa: F811
+    """GLM-4V's tower attends within each image (transformers' `cu_seqlens` blocks). mlx-vlm
+    0.7.10's splits its attention into at most three blocks (`mx.split` at the first two
+    lengths), so from the third image of a request on, images attend to each other: with four
+    images, its features for images 3 and 4 differ from each image's own. The engine encodes every image alone
+    (its vision cache's path, `loop/vision_cache.py`), so a request's images are seen as
+    transformers sees them; a clip's frames (here, images) too."""
+    import mlx.core as mx
+
+    from vlmserve.engine.config import EngineConfig
+    from vlmserve.engine.jobs import JobKind
+    from vlmserve.engine.loop.model_inputs import build_model_inputs, prompt_image_spans
+    from vlmserve.engine.loop.vision_cache import VisionFeatureCache
+    from vlmserve.engine.model import load_model
+    from vlmserve.engine.prep.preparer import RequestPreparer
+
+    from ._family_engine import SYSTEM, image, png
+
+    config = EngineConfig(model=str(family_models["glm4v"]))
+    loaded = load_model(
+        config.model, max_output_tokens=16, image_limits=config.image_limits, max_images_per_request=4
+    )
+    preparer = RequestPreparer(loaded, max_request_pixels=1 << 24, decode_slots=1)
+    screens = [image(png(64, 48, seed=seed)) for seed in (81, 82, 83, 84)]
+    request = preparer.prepare(greedy([SYSTEM, user(text("Compare"), *screens)]), kind=JobKind.GENERATE)
+    arrays = request.image_arrays()
+    pixels, grids = mx.array(arrays["pixel_values"]), mx.array(arrays["image_grid_thw"])
+    tower = loaded.model.vision_tower
+    rows = [int(t * h * w) for t, h, w in arrays["image_grid_thw"].tolist()]
+    starts = [sum(rows[:i]) for i in range(len(rows))]
+    alone = mx.concatenate(
+        [
+            tower(pixels[s : s + n], grids[i : i + 1], output_hidden_states=False)
+            for i, (s, n) in enumerate(zip(starts, rows, strict=True))
+        ]
+    )
+    together = tower(pixels, grids, output_hidden_states=False)
+    first_two = sum(rows[:2]) // 4  # features: 2 x 2 patches merged
+    assert mx.allclose(together[:first_two], alone[:first_two], atol=1e-5).item()
+    assert not mx.allclose(together[first_two:], alone[first_two:], atol=1e-4).item()  # mlx-vlm's
+    # The engine always has a vision cache (0 MiB: it keeps nothing, the encoding path is the same).
+    cache = VisionFeatureCache(0, namespace="glm4v")
+    inputs = build_model_inputs(loaded, request, prompt_image_spans(loaded, request), vision_cache=cache)
+    positions = [
+        i for i, token in enumerate(request.prompt_ids) if token == loaded.model.config.image_token_id
+    ]
+    assert mx.allclose(inputs.embeds[0][mx.array(positions)], alone, atol=1e-5).item()
