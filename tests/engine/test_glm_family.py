@@ -206,3 +206,43 @@ def test_each_image_is_encoded_on_its_own(family_models: dict[str, Path]) -> Non
         i for i, token in enumerate(request.prompt_ids) if token == loaded.model.config.image_token_id
     ]
     assert mx.allclose(inputs.embeds[0][mx.array(positions)], alone, atol=1e-5).item()
+
+
+@pytest.mark.needs_model
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.5])
+def test_prompt_lookup_on_glm_changes_no_token(
+    family_models: dict[str, Path],  # noqa: F811
+    temperature: float,
+) -> None:
+    """`--speculative lookup` on GLM-4V (M-RoPE positions carried per row, an image in context):
+    each request's tokens equal those without speculation, alone and in a mixed batch."""
+    from vlmserve.engine.jobs import JobKind
+
+    from ._family_engine import image, png
+    from ._runs import run, run_each_alone
+    from .test_speculative_decoding import _counter, _generator, _requests
+
+    settings = {"prefill_chunk_tokens": 32, "step_tokens": 48, "speculative_position_cost": 0.01}
+    plain = _generator("off", family_models["glm4v"], **settings)
+    speculative = _generator("lookup", family_models["glm4v"], **settings)
+    try:
+        requests = _requests(plain, temperature)
+        assert plain.preparer is not None
+        look = pb.GenerateRequest(
+            request_id="image",
+            messages=[user(image(png(64, 48, seed=91)), text("Repeat: red blue red blue red blue red blue"))],
+            sampling=pb.SamplingParams(max_tokens=24, temperature=temperature, seed=6),
+        )
+        requests["image"] = plain.preparer.prepare(look, kind=JobKind.GENERATE)
+        verified = _counter(speculative, "speculative_verified_rows")
+        expected = run_each_alone(plain, requests, f"glm-alone-{temperature}")
+        alone = run_each_alone(speculative, requests, f"glm-spec-alone-{temperature}")
+        together = run(speculative, requests, f"glm-mixed-{temperature}")
+        for name in requests:
+            assert alone[name].token_ids == expected[name].token_ids, name
+            assert together[name].token_ids == expected[name].token_ids, name
+        assert _counter(speculative, "speculative_verified_rows") > verified
+    finally:
+        plain.stop()
+        speculative.stop()
