@@ -47,8 +47,12 @@ facade: install
 
 # With `make run` up: draw a squares image, ask the model, print the expected and the given answer.
 # DEMO=beeps (with `make run MODEL=models/beeps-audio`): a clip of beeps, heard (training/ask_beeps.py).
+# DEMO=video (with `make run MODEL=models/squares-video`): a clip of a square changing colour, watched
+# (training/ask_video.py).
 DEMO ?= squares
+DEMOS := squares beeps video
 demo: install
+	$(if $(filter-out $(DEMOS),$(DEMO)),$(error DEMO=$(DEMO) is not a demo: one of $(DEMOS)))
 	$(BIN)/python -m training.ask_$(DEMO) --url http://$(FACADE_HOST):$(FACADE_PORT) $(DEMO_ARGS)
 
 # The Codex CLI tests need the pinned npm packages; without npm they skip (CI installs npm).

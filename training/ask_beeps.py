@@ -8,15 +8,14 @@ The clip goes as a Responses `input_audio` part; only the standard library talks
 
 from __future__ import annotations
 
-import argparse
 import base64
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from training.ask_squares import responses_text
 from training.beeps import AUDIO_QUESTION, draw_clip
+from training.demo_client import DemoSample, responses_text, run_demo
 
 
 def ask(url: str, wav: bytes, timeout: float = 60) -> str:
@@ -29,21 +28,14 @@ def ask(url: str, wav: bytes, timeout: float = 60) -> str:
     return responses_text(url, content, max_output_tokens=16, timeout=timeout)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
-    )
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the facade's base URL")
-    parser.add_argument("--seed", type=int, default=None, help="clip seed (default: random)")
-    parser.add_argument("--save", type=Path, default=Path("beeps.wav"), help="where to write the clip")
-    args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+def draw(seed: int) -> DemoSample:
     clip = draw_clip(random.Random(seed))
-    wav = clip.wav_bytes()
-    args.save.write_bytes(wav)
-    print(f"clip:     {args.save} (seed {seed})")
-    print(f"expected: {clip.answer}")
-    print(f"model:    {ask(args.url, wav)}")
+    return DemoSample(clip.wav_bytes(), clip.answer)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    description = __doc__.splitlines()[0] if __doc__ else None
+    run_demo(argv, description=description, noun="clip", default_save=Path("beeps.wav"), draw=draw, ask=ask)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,10 @@ class SquaresClip:
     def frame_pngs(self) -> list[bytes]:
         return [self.frame_png(index) for index in range(len(self.frames))]
 
+    def mp4_bytes(self) -> bytes:
+        """The clip as a client sends it: an MP4 at the task's 2 fps (`encode_mp4`)."""
+        return encode_mp4(self.frames)
+
     def through_mp4(self) -> SquaresClip:
         """The clip as a client's MP4 brings it back: encoded with OpenCV's MPEG-4 Part 2 writer
         (what the e2e tests send) and decoded, with its blocky edges and bled colours."""
@@ -74,18 +78,29 @@ def draw_frame(rng: random.Random, colour: str) -> np.ndarray:
     return frame
 
 
-def mp4_roundtrip(frames: np.ndarray, fps: float = FPS) -> np.ndarray:
-    """(T, H, W, 3) RGB frames encoded as an MP4 (mp4v) and decoded again."""
+def encode_mp4(frames: np.ndarray, fps: float = FPS) -> bytes:
+    """(T, H, W, 3) RGB frames as an MP4: MPEG-4 Part 2 (`mp4v`), OpenCV's always-available
+    encoder, what the e2e tests and the video demo send."""
     import cv2
 
     height, width = frames.shape[1:3]
     with tempfile.TemporaryDirectory() as folder:
-        path = str(Path(folder) / "clip.mp4")
-        writer = cv2.VideoWriter(path, cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
+        path = Path(folder) / "clip.mp4"
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
         for frame in frames:
             writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
         writer.release()
-        capture = cv2.VideoCapture(path)
+        return path.read_bytes()
+
+
+def mp4_roundtrip(frames: np.ndarray, fps: float = FPS) -> np.ndarray:
+    """(T, H, W, 3) RGB frames encoded as an MP4 (`encode_mp4`) and decoded again."""
+    import cv2
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "clip.mp4"
+        path.write_bytes(encode_mp4(frames, fps))
+        capture = cv2.VideoCapture(str(path))
         decoded = []
         while True:
             ok, frame = capture.read()

@@ -4,11 +4,7 @@
 from __future__ import annotations
 
 import base64
-import tempfile
-from pathlib import Path
 from typing import Any, Literal
-
-import numpy as np
 
 from tests._data_urls import data_url
 from training import beeps, squares_video
@@ -19,22 +15,8 @@ Clip = squares_video.SquaresClip | beeps.BeepsClip
 MAX_TOKENS = 16
 
 
-def mp4_bytes(frames: np.ndarray, fps: float = squares_video.FPS) -> bytes:
-    """(T, H, W, 3) RGB frames as an MPEG-4 Part 2 MP4 (OpenCV's always-available encoder)."""
-    import cv2
-
-    height, width = frames.shape[1:3]
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "clip.mp4"
-        writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
-        for frame in frames:
-            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-        writer.release()
-        return path.read_bytes()
-
-
 def mp4_url(clip: squares_video.SquaresClip) -> str:
-    return data_url(mp4_bytes(clip.frames), "video/mp4")
+    return data_url(clip.mp4_bytes(), "video/mp4")
 
 
 def wav_base64(clip: beeps.BeepsClip) -> str:

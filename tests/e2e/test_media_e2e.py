@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import openai
@@ -20,12 +21,17 @@ from tests._services import REPO, ServiceProcess, start_engine, start_facade
 from tests.e2e import media_requests as req
 from tests.e2e.squares_requests import run_all
 from tests.e2e.test_no_error_logs_real_stack import ERROR_LINE
-from training import ask_beeps, beeps, squares_video
+from training import ask_beeps, ask_video, beeps, squares_video
 
 E2E_SEED = 20_261_206
 CLIPS_PER_PATH = 20
 MIN_ACCURACY = 0.95
 MODELS = {"video": REPO / "models" / "squares-video", "audio": REPO / "models" / "beeps-audio"}
+# Each kind's `make demo` script, the file it saves, and a check of that file's container.
+DEMOS: dict[str, tuple[ModuleType, str, Callable[[bytes], bool]]] = {
+    "video": (ask_video, "squares.mp4", lambda data: data[4:8] == b"ftyp"),
+    "audio": (ask_beeps, "beeps.wav", lambda data: data[:4] == b"RIFF" and data[8:12] == b"WAVE"),
+}
 # The engine and facade serving each kind, for the last test to read their logs.
 SERVICES: dict[str, tuple[ServiceProcess, ServiceProcess]] = {}
 
@@ -165,20 +171,23 @@ def test_controls(served: tuple[req.Kind, openai.OpenAI]) -> None:
     assert _chat(client, no_audio) == beeps.NO_AUDIO_ANSWER
 
 
-def test_the_audio_demo_hears_the_beeps(
+def test_the_demo_answers_a_clip(
     served: tuple[req.Kind, openai.OpenAI], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`make demo DEMO=beeps` (training/ask_beeps.py: the standard library's HTTP, a Responses
-    `input_audio` part) against the served fixture."""
+    """`make demo DEMO=video` / `DEMO=beeps` (training/ask_video.py, ask_beeps.py: the standard
+    library's HTTP, a Responses `input_video` / `input_audio` part) against the served fixture:
+    the clips each demo draws and sends, answered as the other paths are."""
     kind, client = served
-    if kind != "audio":
-        pytest.skip("the audio demo")
+    demo, saved, container = DEMOS[kind]
     url = str(client.base_url).rstrip("/").removesuffix("/v1")
-    clips = _clips(kind, E2E_SEED + 9)
-    _assert_accurate([ask_beeps.ask(url, clip.wav_bytes()) for clip in clips], clips)
-    ask_beeps.main(["--url", url, "--seed", "7", "--save", str(tmp_path / "beeps.wav")])
+    samples = [demo.draw(E2E_SEED + 9 + index) for index in range(CLIPS_PER_PATH)]
+    answers = [demo.ask(url, sample.data) for sample in samples]
+    expected = [sample.expected for sample in samples]
+    right = sum(answer == wanted for answer, wanted in zip(answers, expected, strict=True))
+    assert right / len(samples) >= MIN_ACCURACY, list(zip(answers, expected, strict=True))
+    demo.main(["--url", url, "--seed", "7", "--save", str(tmp_path / saved)])
     printed = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
-    assert (tmp_path / "beeps.wav").read_bytes()[:4] == b"RIFF"
+    assert container((tmp_path / saved).read_bytes())
     assert printed["model"].strip() == printed["expected"].strip()
 
 

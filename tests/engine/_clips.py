@@ -16,6 +16,7 @@ from PIL import Image
 from tests.engine._family_engine import reference_steps
 from training.families import FAMILIES, build_family
 from training.families._base import FamilyFiles
+from training.squares_video import encode_mp4
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.v1 import engine_pb2 as pb
 
@@ -61,18 +62,7 @@ def video(
 
 def mp4_bytes(pixels: np.ndarray, fps: float) -> bytes:
     """The frames encoded as an MP4 (MPEG-4 Part 2, OpenCV's writer): a container as clients send."""
-    import tempfile
-
-    import cv2
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = str(Path(folder) / "clip.mp4")
-        height, width = pixels.shape[1:3]
-        writer = cv2.VideoWriter(path, cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
-        for frame in pixels:
-            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-        writer.release()
-        return Path(path).read_bytes()
+    return encode_mp4(pixels, fps)
 
 
 def tones(seconds: float = 1.0, hertz: float = 440.0) -> np.ndarray:
