@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,21 +61,50 @@ def requests(generator: Generator, workload: str, count: int, max_tokens: int) -
     ]
 
 
-def drafter_forwards(generator: Generator) -> int | None:
-    """The drafter model's forwards so far (None: no drafter that counts them)."""
+def model_drafter(generator: Generator) -> Any:
+    """The engine's drafter model (None: none)."""
     runner = generator._runner
     verifier = runner.batch.verifier if runner is not None else None
-    drafter = verifier.model_drafter if verifier is not None else None
-    forwards = getattr(drafter, "forwards", None)
+    return verifier.model_drafter if verifier is not None else None
+
+
+def drafter_forwards(generator: Generator) -> int | None:
+    """The drafter model's forwards so far (None: no drafter that counts them)."""
+    forwards = getattr(model_drafter(generator), "forwards", None)
     return forwards if isinstance(forwards, int) else None
 
 
-def counted_run(generator: Generator, batch: list[PreparedRequest], tag: str) -> dict[str, Any]:
-    """bench/speculative.py's `run`, with the drafter model's forwards it took."""
-    before = drafter_forwards(generator)
+def timed_drafts(generator: Generator) -> list[float]:
+    """Seconds the engine's drafter model spends proposing drafts, summed in the returned
+    list's one item (its forwards, built and evaluated: what overlapping them with the
+    target's forward could save at most)."""
+    drafter = model_drafter(generator)
+    spent = [0.0]
+    if drafter is None:
+        return spent
+    propose = drafter.propose
+
+    def timed(rows: Any, counts: Any) -> list[list[int]]:
+        started = time.perf_counter()
+        try:
+            drafts: list[list[int]] = propose(rows, counts)
+            return drafts
+        finally:
+            spent[0] += time.perf_counter() - started
+
+    drafter.propose = timed
+    return spent
+
+
+def counted_run(
+    generator: Generator, batch: list[PreparedRequest], tag: str, drafting: list[float]
+) -> dict[str, Any]:
+    """bench/speculative.py's `run`, with the drafter model's forwards and seconds it took."""
+    before, seconds = drafter_forwards(generator), drafting[0]
     result: dict[str, Any] = run(generator, batch, tag)
     after = drafter_forwards(generator)
     result["drafter_forwards"] = after - before if after is not None and before is not None else None
+    result["drafter_s"] = drafting[0] - seconds
     return result
 
 
@@ -87,12 +117,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--baseline",
+        choices=("off", "per-row-drafter"),
+        default="off",
+        help="what the mode is divided by: --speculative off, or the same mode with a DFlash drafter's "
+        "forwards one per row (dflash_batch.py's batching off)",
+    )
     parser.add_argument("--label", default=None, help="the run's name in the table (default: the mode)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/speculative_cost.json"))
     args = parser.parse_args(argv)
     model = args.model if args.model is not None else build_bench_model(DEFAULT_DIR)[0]
     mode = args.speculative
     engines = {name: start(str(model), name, args.max_tokens, args.draft_model) for name in ("off", mode)}
+    if args.baseline == "per-row-drafter":  # the baseline drafts as the mode does, a forward per row
+        engines["off"].stop()
+        engines["off"] = start(str(model), mode, args.max_tokens, args.draft_model)
+        drafter = model_drafter(engines["off"])
+        if not hasattr(drafter, "_batched"):
+            raise SystemExit("--baseline per-row-drafter needs a DFlash --draft-model")
+        drafter._batched = False
+    drafting = {name: timed_drafts(generator) for name, generator in engines.items()}
     for name, generator in engines.items():  # warm up both (first forwards of each shape)
         run(generator, requests(generator, args.workloads[0], 2, 8), f"warm-{name}")
     cells: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
@@ -106,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 loads.setdefault((workload, count), []).append(os.getloadavg()[0])
                 for name in order:
                     tag = f"{workload}-{count}-{name}-{round_index}"
-                    cell[name].append(counted_run(engines[name], batch, tag))
+                    cell[name].append(counted_run(engines[name], batch, tag, drafting[name]))
                 off, on = cell["off"][-1], cell[mode][-1]
                 rates = off["tokens"] / off["wall_s"], on["tokens"] / on["wall_s"]
                 print(
@@ -119,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "speculative": mode,
         "label": args.label or mode,
         "draft_model": args.draft_model,
+        "baseline": args.baseline,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
         "cells": [],
@@ -148,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "verify_forwards": on["verify_forwards"],
                 "plain_forwards": on["plain_forwards"],
                 "drafter_forwards": None if None in drafter else sum(drafter),
+                "drafter_share_of_wall": sum(r["drafter_s"] for r in cell[mode]) / on["wall_s"],
+                "baseline_drafter_forwards": None
+                if any(r["drafter_forwards"] is None for r in cell["off"])
+                else sum(r["drafter_forwards"] for r in cell["off"]),
                 "same_tokens": same,
                 "load_average": sum(loads[(workload, count)]) / len(loads[(workload, count)]),
             }

@@ -118,8 +118,11 @@ def test_wide_verifies_are_measured_before_the_prior_decides() -> None:
     gate = StepGate(costs)
     assert not costs.explored(16)
     assert gate.verifies([COPYING] * 16, 9)
-    for width in (5, 6, 7):  # exploration's widths vary with the rows' draft lengths
+    for width in (5, 6, 7, 6):  # exploration's widths vary with the rows' draft lengths
         costs.observe(16, width, 0.6)
+    assert not costs.explored(16)  # no wide width measured three times yet: still exploring
+    assert gate.verifies([COPYING] * 16, 9)
+    costs.observe(16, 6, 0.6)
     assert costs.explored(16) and costs.verify(16, 6) == pytest.approx(0.6)
     assert gate.verifies([COPYING] * 16, 9)  # measured: 7 tokens a row for 1.2x a plain step
     # Rows that hope for drafts lookup never finds explore a few steps, then the prior decides.

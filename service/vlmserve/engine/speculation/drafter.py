@@ -194,10 +194,11 @@ class Speculator:
         offers: list[RowDrafts] = []
         costs = self.relative_costs(len(rows))
         # Until a wide verify is measured at this batch size its widths are not cut by the
-        # prior position cost (which at 16 rows allows none: they would never be measured).
-        position_cost = self.position_cost
+        # prior position cost (which at 16 rows allows none: they would never be measured), but
+        # to one width (a new row's draft length + 1), so three steps measure it.
+        position_cost, max_width = self.position_cost, self.max_draft + 1
         if self.gate is not None and not self.gate.costs.explored(len(rows)):
-            costs, position_cost = None, 0.0
+            costs, position_cost, max_width = None, 0.0, 1 + max(1, self.max_draft // 2)
         wanting: list[int] = []  # rows asking the drafter model, and how many
         counts: list[int] = []
         for index, (row, waiting) in enumerate(zip(rows, pending, strict=True)):
@@ -216,16 +217,14 @@ class Speculator:
             hoped = list(offers)
             for index, count, rate in zip(wanting, counts, rates, strict=True):
                 hoped[index] = RowDrafts(count, rate)
-            width = verify_width(
-                hoped, position_cost=position_cost, max_width=self.max_draft + 1, costs=costs
-            )
+            width = verify_width(hoped, position_cost=position_cost, max_width=max_width, costs=costs)
             if width > 1:
                 asked = [min(count, width - 1) for count in counts]
                 drafted = self.model_drafter.propose([rows[i] for i in wanting], asked)
                 for index, drafts, rate in zip(wanting, drafted, rates, strict=True):
                     proposals[index] = drafts
                     offers[index] = RowDrafts(len(drafts), rate)
-        width = verify_width(offers, position_cost=position_cost, max_width=self.max_draft + 1, costs=costs)
+        width = verify_width(offers, position_cost=position_cost, max_width=max_width, costs=costs)
         return [drafts[: width - 1] for drafts in proposals]
 
     def follow(

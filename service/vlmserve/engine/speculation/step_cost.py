@@ -95,23 +95,15 @@ class StepCosts:
         return average.seconds if average is not None and average.known else None
 
     def explored(self, rows: int) -> bool:
-        """Whether verifies wider than one position have been measured for this batch size
-        (`_KNOWN_AFTER` of them, whatever their widths). Until then a verify step is not cut to
-        the widths the prior position cost allows: at 16 rows its prior (0.065 x 16 per extra
-        position) allows none, so no wide verify would ever be measured (issue 37.1)."""
+        """Whether a verify wider than one position has a known cost for this batch size. Until
+        then a verify step is not cut to the widths the prior position cost allows: at 16 rows
+        its prior (0.065 x 16 per extra position) allows none, so no wide verify would ever be
+        measured (issue 37.1)."""
         size = bucket(rows)
-        return sum(a.count for (b, w), a in self._steps.items() if b == size and w > 1) >= _KNOWN_AFTER
+        return any(b == size and w > 1 and a.known for (b, w), a in self._steps.items())
 
-    def _usable(self, size: int) -> list[int]:
-        """The verify widths whose cost is known for this bucket: measured `_KNOWN_AFTER` times,
-        or, once wide verifies are explored, any wide width measured (exploration's widths vary
-        with the rows' draft lengths, rarely the same one three times)."""
-        explored = sum(a.count for (b, w), a in self._steps.items() if b == size and w > 1) >= _KNOWN_AFTER
-        return sorted(
-            w
-            for (b, w), average in self._steps.items()
-            if b == size and w > 0 and (average.known or (explored and w > 1 and average.count > 0))
-        )
+    def _known(self, size: int) -> list[int]:
+        return sorted(w for (b, w), average in self._steps.items() if b == size and w > 0 and average.known)
 
     def verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds: measured; else interpolated between the measured
@@ -119,7 +111,7 @@ class StepCosts:
         scaled from the nearest with the prior position cost (None: no verify width is known
         for this bucket)."""
         size = bucket(rows)
-        known = self._usable(size)
+        known = self._known(size)
         if not known:
             return None
         below = [w for w in known if w <= width]
