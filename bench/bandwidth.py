@@ -26,7 +26,11 @@ prompt's prefill against in-process mlx_vlm.
 4. Prefill: a prompt of `--prompt-words` words (its tokens are reported), time to first token in
    our engine (submitted to done with max_tokens 1; a fresh prompt each, so no prefix reuse)
    against mlx_vlm's `stream_generate` in-process on the same chat-templated text (its first
-   yield), best of N.
+   yield), `--repeats` // 2 rounds (at least 2) with the sides in turn: best of each, the median
+   of the rounds' ratios, and the same for the process's CPU time (the work, load aside).
+   `--dtypes` with no value runs only this and the bandwidth.
+
+bench/stack_cpu.py measures what the served path (facade, the engine's gRPC side) costs a token.
 """
 
 from __future__ import annotations
@@ -237,48 +241,63 @@ def decode_summary(measured: dict[str, list[float]], phases: list[dict[str, Any]
     }
 
 
-def prefill(path: Path, prompt_text: str, repeats: int) -> dict[str, float]:
-    """Time to first token of a long prompt: our engine (best of `repeats`, a fresh prompt each:
-    no prefix reuse) against mlx_vlm's in-process stream_generate."""
+def prefill(path: Path, prompt_text: str, repeats: int) -> dict[str, Any]:
+    """Time to first token of a long prompt: our engine (submitted to done, max_tokens 1) against
+    mlx_vlm's in-process stream_generate (its first yield) on the same chat-templated text, a
+    fresh prompt each (no prefix reuse), `repeats` rounds, the two sides in turn (the order
+    flipping each round); wall seconds and the process's CPU seconds (the work, whatever the
+    load) of each."""
     from mlx_vlm.generate import stream_generate
+    from mlx_vlm.prompt_utils import apply_chat_template
     from mlx_vlm.utils import load
 
     from bench.speculative import request, run
 
-    ours: list[float] = []
+    model, processor = load(str(path))
     generator = keeping_dtype(path, 1)
+    measured: dict[str, list[float]] = {"ours_s": [], "mlx_vlm_s": [], "ours_cpu_s": [], "mlx_vlm_cpu_s": []}
+
+    def ours(index: int) -> None:
+        # Its preparation (template, tokens) timed too, as stream_generate's is.
+        started, cpu = time.perf_counter(), time.process_time()
+        prepared = request(generator, f"{index} {prompt_text}", temperature=0.0, seed=0, max_tokens=1)
+        run(generator, [prepared], f"p{index}")
+        measured["ours_s"].append(time.perf_counter() - started)
+        measured["ours_cpu_s"].append(time.process_time() - cpu)
+
+    def theirs(index: int) -> None:
+        rendered: Any = apply_chat_template(processor, model.config, f"{index} {prompt_text}", num_images=0)
+        started, cpu = time.perf_counter(), time.process_time()
+        for _ in stream_generate(model, processor, rendered, max_tokens=1):  # type: ignore[arg-type]
+            break
+        measured["mlx_vlm_s"].append(time.perf_counter() - started)
+        measured["mlx_vlm_cpu_s"].append(time.process_time() - cpu)
+
     try:
         for index in range(repeats):
-            text = f"{index} {prompt_text}"
-            started = time.perf_counter()
-            run(generator, [request(generator, text, temperature=0.0, seed=0, max_tokens=1)], f"p{index}")
-            ours.append(time.perf_counter() - started)
+            for side in (ours, theirs) if index % 2 == 0 else (theirs, ours):
+                side(index)
         reports = generator.reports
         tokens = reports[-1].prompt_tokens if reports else 0
     finally:
         generator.stop()
-    from mlx_vlm.prompt_utils import apply_chat_template
-
-    model, processor = load(str(path))
-    theirs: list[float] = []
-    for index in range(repeats):
-        # The same chat-templated prompt as ours (a fresh one each: no prompt cache).
-        rendered: Any = apply_chat_template(processor, model.config, f"{index} {prompt_text}", num_images=0)
-        started = time.perf_counter()
-        for _ in stream_generate(model, processor, rendered, max_tokens=1):  # type: ignore[arg-type]
-            break
-        theirs.append(time.perf_counter() - started)
+    ratios = [a / b for a, b in zip(measured["ours_s"], measured["mlx_vlm_s"], strict=True)]
+    cpu_ratios = [a / b for a, b in zip(measured["ours_cpu_s"], measured["mlx_vlm_cpu_s"], strict=True)]
     return {
         "prompt_tokens": tokens,
-        "ours_s": min(ours),
-        "mlx_vlm_s": min(theirs),
-        "ratio": min(ours) / min(theirs),
+        "ours_s": min(measured["ours_s"]),
+        "mlx_vlm_s": min(measured["mlx_vlm_s"]),
+        "ratio_median_paired": statistics.median(ratios),
+        "cpu_ratio_median_paired": statistics.median(cpu_ratios),
+        "rounds": measured,
     }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], allow_abbrev=False)
-    parser.add_argument("--dtypes", nargs="+", choices=tuple(VARIANTS), default=list(VARIANTS))
+    parser.add_argument(
+        "--dtypes", nargs="*", choices=tuple(VARIANTS), default=list(VARIANTS), help="none: no decode rows"
+    )
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument(
         "--context", type=int, default=32, help="about this many prompt tokens before the decode"
