@@ -96,20 +96,46 @@ def build_audio_base(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def build_video_base(out_dir: Path, seed: int = 0) -> Path:
-    """Write the untrained squares-video model (random weights) to `out_dir`; returns it."""
+def build_small_qwen3_vl(
+    out_dir: Path,
+    seed: int,
+    *,
+    text_layers: int,
+    vision_layers: int,
+    processor_file: str,
+    min_pixels: int,
+    max_pixels: int,
+    **processor_fields: Any,
+) -> Path:
+    """The qwen3_vl family fixture with `text_layers` text layers, `vision_layers` vision blocks
+    (deepstack from the first) and `processor_file`'s pixel bounds, fresh seeded weights; used by
+    the squares-video and squares-click fixtures. Returns `out_dir`."""
     build_family(FAMILIES["qwen3_vl"], out_dir, seed=seed)
     config = _read(out_dir / "config.json")
-    config["text_config"]["num_hidden_layers"] = VIDEO_TEXT_LAYERS
-    config["vision_config"].update(depth=VIDEO_VISION_LAYERS, deepstack_visual_indexes=[0])
+    config["text_config"]["num_hidden_layers"] = text_layers
+    config["vision_config"].update(depth=vision_layers, deepstack_visual_indexes=[0])
     _write(out_dir / "config.json", config)
-    video = _read(out_dir / "video_preprocessor_config.json")
-    video.update(
-        min_pixels=VIDEO_MIN_PIXELS,
-        max_pixels=VIDEO_MAX_PIXELS,
-        size={"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS},
-        fps=2.0,
+    processor = _read(out_dir / processor_file)
+    processor.update(
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        **processor_fields,
     )
-    _write(out_dir / "video_preprocessor_config.json", video)
+    _write(out_dir / processor_file, processor)
     _random_weights(out_dir, config, seed)
     return out_dir
+
+
+def build_video_base(out_dir: Path, seed: int = 0) -> Path:
+    """Write the untrained squares-video model (random weights) to `out_dir`; returns it."""
+    return build_small_qwen3_vl(
+        out_dir,
+        seed,
+        text_layers=VIDEO_TEXT_LAYERS,
+        vision_layers=VIDEO_VISION_LAYERS,
+        processor_file="video_preprocessor_config.json",
+        min_pixels=VIDEO_MIN_PIXELS,
+        max_pixels=VIDEO_MAX_PIXELS,
+        fps=2.0,
+    )

@@ -1,4 +1,5 @@
-"""A training forward pass for mlx-vlm's qwen2_vl that shares the prompt prefix across a batch.
+"""A training forward pass for mlx-vlm's qwen2_vl and qwen3_vl that shares the prompt prefix
+across a batch.
 
 Every row of a training batch is the same rendered conversation up to its first image token
 (system prompt, tools block, earlier turns); only the image and the answer differ. The prefix
@@ -112,6 +113,20 @@ def vision_features(model: Any, pixel_values: mx.array, rotary: mx.array, n_imag
     return features
 
 
+def image_features(model: Any, batch: Batch) -> tuple[mx.array, list[mx.array] | None]:
+    """The batch's image features (in row order) and, for Qwen3-VL, its deepstack features
+    (what the tower's chosen blocks add to the first text layers' image tokens)."""
+    assert batch.pixel_values is not None and batch.image_grid_thw is not None
+    if model.config.model_type == "qwen3_vl":  # mlx-vlm's own tower (its attention is per image)
+        tower = model.vision_tower
+        dtype = tower.patch_embed.proj.weight.dtype
+        features, deepstack = tower(batch.pixel_values.astype(dtype), batch.image_grid_thw)
+        return features, list(deepstack)
+    assert batch.vision_rotary is not None
+    images = int(batch.image_grid_thw.shape[0])  # same-size images, one or more per row
+    return vision_features(model, batch.pixel_values, batch.vision_rotary, images), None
+
+
 def answer_logits(model: Any, batch: Batch) -> mx.array:
     """Logits (K, vocab) at the batch's loss positions."""
     text_model = model.language_model.model
@@ -127,20 +142,25 @@ def answer_logits(model: Any, batch: Batch) -> mx.array:
     )
     rows, suffix_len = batch.suffix_ids.shape
     embeds = text_model.embed_tokens(batch.suffix_ids)
+    deepstack: dict[str, Any] = {}
     if batch.pixel_values is not None and batch.embed_index is not None:
-        assert batch.vision_rotary is not None
-        assert batch.image_grid_thw is not None
-        images = int(batch.image_grid_thw.shape[0])  # same-size images, one or more per row
-        features = vision_features(model, batch.pixel_values, batch.vision_rotary, images)
+        features, deepstack_features = image_features(model, batch)
         width = embeds.shape[-1]
         table = mx.concatenate([embeds.reshape(-1, width), features.astype(embeds.dtype)], axis=0)
         embeds = table[batch.embed_index].reshape(rows, suffix_len, width)
+        if deepstack_features is not None:
+            image_token = int(model.config.image_token_id)
+            deepstack = {
+                "visual_pos_masks": batch.suffix_ids == image_token,
+                "deepstack_visual_embeds": [f.astype(embeds.dtype) for f in deepstack_features],
+            }
     hidden = text_model(
         batch.suffix_ids,
         inputs_embeds=embeds,
         mask=suffix_mask(prefix_len, suffix_len),
         cache=caches,
         position_ids=batch.suffix_positions,
+        **deepstack,
     )
     selected = hidden.reshape(rows * suffix_len, -1)[batch.loss_index]
     language_model = model.language_model

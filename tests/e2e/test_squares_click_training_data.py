@@ -1,0 +1,82 @@
+"""The squares-click training data (training/squares_click_batches.py) is what inference sees,
+on the fixture's architecture with fresh weights (no training, no server).
+
+- every screen size becomes the same 4 x 4 image tokens, one per cell: the 0-1000 answer needs
+  no knowledge of D;
+- each cell's click is the `computer` function call at that cell's centre, and the cells'
+  replies differ only in the coordinates' digits (what `--digit-weight` weights);
+- the training forward (shared prefix, deepstack, selected logits) equals mlx-vlm's own forward
+  on every kind of turn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from training.squares import GRID
+from training.squares_batches import Tokens
+from training.squares_click import SCREEN_SIZES, cell_centre_relative, draw_screen
+from training.squares_click_batches import DISPLAYS, Templates, click_batch, done_batch, first_batch
+from training.squares_click_model import build_click_base
+from training.squares_forward import check_against_model
+from vlmserve.engine.computer.conventions import convention_for
+
+pytestmark = pytest.mark.needs_model
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> Templates:
+    from mlx_vlm.utils import load
+
+    base: Path = build_click_base(tmp_path_factory.mktemp("click-base") / "model")
+    model, processor = load(str(base))
+    assert model.config.model_type == "qwen3_vl"
+    return Templates(Tokens(model, processor), convention_for(model.config.model_type))
+
+
+@pytest.mark.parametrize("size", SCREEN_SIZES)
+def test_every_screen_is_one_image_token_per_cell(templates: Templates, size: int) -> None:
+    processor: Any = templates.tokens.processor
+    processed = processor.image_processor(images=[Image.new("RGB", (size, size), (255, 255, 255))])
+    merge = processor.image_processor.merge_size
+    grid = np.asarray(processed["image_grid_thw"]).reshape(-1).tolist()
+    assert grid == templates.grid
+    assert [grid[0], grid[1] // merge, grid[2] // merge] == [1, GRID, GRID]
+    template = templates.second("red", 0)
+    assert int((template.prompt_ids == templates.tokens.image_token_id).sum()) == GRID * GRID
+
+
+def test_each_cells_click_is_its_centre(templates: Templates) -> None:
+    tokenizer = templates.tokens.tokenizer
+    for cell, ids in templates.click_ids.items():
+        text = tokenizer.decode(list(ids))
+        match = re.fullmatch(r"<tool_call>\n(.*)\n</tool_call><\|im_end\|>", text, re.S)
+        assert match, text
+        call = json.loads(match.group(1))
+        assert call == {
+            "name": "computer",
+            "arguments": {"action": "left_click", "coordinate": list(cell_centre_relative(cell))},
+        }
+    reply = templates.click_ids[0]
+    digits = [tokenizer.decode([reply[slot]]) for slot in templates.deciding_slots]
+    assert all(digit.isdigit() for digit in digits), digits
+
+
+@pytest.mark.parametrize("variant", DISPLAYS)
+def test_training_forward_equals_mlx_vlms(templates: Templates, variant: int) -> None:
+    rng = random.Random(35)
+    screens = [draw_screen(rng, size, "blue") for size in (112, 336)]
+    model = templates.tokens.model
+    click = templates.second("blue", variant)
+    assert check_against_model(model, *click_batch(templates, click, screens)) < 1e-3
+    done = templates.third("blue", variant, 6)
+    assert check_against_model(model, *done_batch(templates, done, screens)) < 1e-3
+    assert check_against_model(model, *first_batch(templates, templates.first("blue", variant))) < 1e-3

@@ -1,0 +1,79 @@
+"""The squares-click fixture's architecture (models/squares-click/README.md): the tiny Qwen3-VL
+of the family fixtures (training/families/qwen.py) with four text layers, one vision block and
+an image processor that brings every D x D screen (D in 112, 224, 336) to 128 x 128.
+
+Why Qwen3-VL: its vision tower adds a learned absolute position embedding, interpolated to the
+image's patch grid, to every patch before the blocks (mlx-vlm's `pos_embed` /
+`fast_pos_embed_interpolate`), so an image token's features say where it is relative to the
+image's extent — what a 0-1000 click needs. Qwen2-VL's tower has only 2-D rotary inside its
+attention, and rotary position never reaches the values the text model reads, so a tiny qwen2_vl
+could not find a square's cell (it stayed at chance).
+
+At 128 x 128 with 16-px patches merged 2 x 2 a screen is 4 x 4 image tokens: one per cell of the
+task's 4 x 4 grid, whatever D.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from training.media_model import build_small_qwen3_vl
+from training.squares_click import draw_screen
+
+SCREEN_PIXELS = 128 * 128
+TEXT_LAYERS = 4
+VISION_LAYERS = 1
+
+
+def build_click_base(out_dir: Path, seed: int = 0) -> Path:
+    """Write the untrained squares-click model (random weights) to `out_dir`; returns it."""
+    return build_small_qwen3_vl(
+        out_dir,
+        seed,
+        text_layers=TEXT_LAYERS,
+        vision_layers=VISION_LAYERS,
+        processor_file="preprocessor_config.json",
+        min_pixels=SCREEN_PIXELS,
+        max_pixels=SCREEN_PIXELS,
+    )
+
+
+def recentre_vision(model: Any, processor: Any, rng: random.Random, scale: float) -> dict[str, float]:
+    """Rescale the vision mergers' outputs (the main one and deepstack's) to mean 0 and a mean
+    norm of `scale` over the tokens of random screens, once, before training from fresh weights.
+
+    Fresh, the mergers' outputs are dominated by one shared vector (~70 long against text
+    embeddings of ~1.2; where a token is and whether it holds a square move it by 4 and 13): after
+    the text model's RMSNorm a token's cell and colour are a few per cent of what attention reads,
+    and the click's logits did not move with the screen at all after 200 steps. Adam moves each
+    weight by about the learning rate a step, so unlearning that vector alone would take thousands
+    of steps. Returns the spreads found (the README's figures).
+    """
+    screens = [draw_screen(rng).image for _ in range(16)]
+    processed = processor.image_processor(images=screens)
+    tower = model.vision_tower
+    pixels = mx.array(np.asarray(processed["pixel_values"])).astype(tower.patch_embed.proj.weight.dtype)
+    features, deepstack = tower(pixels, mx.array(np.asarray(processed["image_grid_thw"])))
+    found: dict[str, float] = {}
+    mergers = [("merger", tower.merger, features)]
+    mergers += [
+        (f"deepstack_{i}", m, f)
+        for i, (m, f) in enumerate(zip(tower.deepstack_merger_list, deepstack, strict=True))
+    ]
+    for name, merger, output in mergers:
+        values = np.array(output.astype(mx.float32))
+        mean = values.mean(axis=0)
+        spread = float(np.linalg.norm(values - mean, axis=-1).mean())
+        found[f"{name}_mean_norm"] = float(np.linalg.norm(mean))
+        found[f"{name}_spread"] = spread
+        layer = merger.linear_fc2
+        factor = scale / spread
+        layer.weight = layer.weight * factor
+        layer.bias = (layer.bias - mx.array(mean)) * factor
+    mx.eval(model.parameters())
+    return found
