@@ -159,7 +159,10 @@ def wait_for_models(service: ServiceProcess, headers: dict[str, str], timeout: f
         time.sleep(1)
 
 
-def start_peer(name: str, model_dir: Path, logs: Path, root: Path) -> Server:
+def start_peer(
+    name: str, model_dir: Path, logs: Path, root: Path, env: dict[str, str] | None = None
+) -> Server:
+    """`env`: variables added to the peer's environment (mlx-vlm's prefix cache is one)."""
     spec = PEERS[name]
     venv_bin = root / spec.venv / "bin"
     if not venv_bin.is_dir():
@@ -174,7 +177,7 @@ def start_peer(name: str, model_dir: Path, logs: Path, root: Path) -> Server:
         model_dir = alone / model_dir.name
     port = free_port()
     log_path = logs / f"{name}-{port}.log"
-    env = {**process_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**process_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     # Some peers write into their working folder (mlx-openai-server: logs/app.log): the logs'.
     cwd = model_dir.parent if spec.in_model_parent else logs
     with log_path.open("wb") as log:
