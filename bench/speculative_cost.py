@@ -4,7 +4,8 @@ and 16, side by side in one process, alternating, on one model.
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m bench.speculative_cost [--model DIR] [--speculative lookup|draft|auto]
             [--draft-model DIR] [--workloads nothing greedy copy] [--concurrency 1 2 4 8 16]
-            [--rounds 2] [--max-tokens 32] [--out bench/results/speculative_cost.json]
+            [--rounds 2] [--max-tokens 32] [--baseline off|per-row-drafter]
+            [--out bench/results/speculative_cost.json]
 
 Two in-process engines (bench/speculative.py's `start`: the generation loop, no gRPC) on the same
 weights; each round runs every workload at every concurrency on one engine then the other (the
@@ -213,7 +214,8 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     """The runs' cells as table rows: mode, workload, concurrency, tok/s, ratios, drafts."""
     lines = [
         "| mode (model) | workload | streams | off tok/s | on tok/s | ÷ off (wall, median pair) | CPU "
-        "| accepted / drafted | verify / plain forwards | drafter forwards | same tokens | load |",
+        "| accepted / drafted | verify / plain forwards | drafter forwards (share of wall) "
+        "| same tokens | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in runs:
@@ -224,10 +226,21 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                 f"| {cell['median_pair_ratio_wall']:.2f}× | {cell['median_pair_ratio_cpu']:.2f}× "
                 f"| {cell['accepted']:.0f} / {cell['drafted']:.0f} "
                 f"| {cell['verify_forwards']:.0f} / {cell['plain_forwards']:.0f} "
-                f"| {'—' if cell.get('drafter_forwards') is None else cell['drafter_forwards']} "
+                f"| {drafter_column(cell)} "
                 f"| {'yes' if cell['same_tokens'] else 'NO'} | {cell['load_average']:.1f} |"
             )
     return "\n".join(lines)
+
+
+def drafter_column(cell: dict[str, Any]) -> str:
+    """The drafter's forwards (the baseline's too, when it counts them) and its share of wall."""
+    forwards = cell.get("drafter_forwards")
+    if forwards is None:
+        return "—"
+    baseline = cell.get("baseline_drafter_forwards")
+    text = f"{forwards}" if baseline is None else f"{forwards} (baseline {baseline})"
+    share = cell.get("drafter_share_of_wall")
+    return text if share is None else f"{text}, {100 * share:.0f} %"
 
 
 if __name__ == "__main__":

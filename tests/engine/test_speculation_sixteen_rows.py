@@ -123,8 +123,12 @@ def test_sixteen_copying_rows_verify_drafts_only_where_they_pay(
     monkeypatch.setattr(Verifier, "_measured", _clock(VERIFY_SECONDS[backend]))
     requests = _copying(plain)
     expected = run(plain, requests, f"off-{backend}")
+    # The first batch also measures what steps cost here (exploration: a few wide verifies
+    # whatever they cost); the second shows the steady state.
+    first, _ = _run_counted(lookup, requests, f"lookup-first-{backend}")
     got, moved = _run_counted(lookup, requests, f"lookup-{backend}")
     for key in requests:
+        assert first[key].token_ids == expected[key].token_ids, (backend, key)
         assert got[key].token_ids == expected[key].token_ids, (backend, key)
     tokens = sum(len(report.token_ids) for report in got.values())
     assert tokens > ROWS * MAX_TOKENS / 2
@@ -133,7 +137,7 @@ def test_sixteen_copying_rows_verify_drafts_only_where_they_pay(
         assert moved["verify"] > moved["plain"], moved
         assert moved["speculative_accepted_tokens"] > tokens / 2, moved
     else:
-        # A few wide verifies to measure what one costs (exploration) and a rare probe; the rest
+        # A probe now and then (and the trials its accepted drafts buy: 2 at most); the rest
         # are plain steps (double-buffered).
-        assert moved["verify"] <= 8, moved
+        assert moved["verify"] <= 6, moved
         assert moved["plain"] >= 3 * moved["verify"], moved

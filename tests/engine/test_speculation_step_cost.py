@@ -130,6 +130,49 @@ def test_wide_verifies_are_measured_before_the_prior_decides() -> None:
     assert [quiet.verifies([NOTHING] * 16, 9) for _ in range(10)] == [True] * 8 + [False] * 2
 
 
+def test_a_probe_is_a_trial_whose_drafts_the_rates_do_not_cut() -> None:
+    # Rows whose rate was learnt on text with nothing to copy: plain wins, and a probe every 16
+    # steps is a trial (drafter.py then verifies its drafts at the exploration width instead of
+    # cutting them by that rate: else the rate never moves again).
+    gate = StepGate(_costs(1, 0.1, {1: 0.12, 5: 0.2}))
+    trials = []
+    for _ in range(16):
+        verified = gate.verifies([RowDrafts(4, 0.05)], 9)
+        trials.append((verified, gate.trial))
+    assert trials == [(False, False)] * 15 + [(True, True)]
+    assert gate.verifies([COPYING], 9) and not gate.trial  # a win: the measured widths decide
+    speculator = Speculator(max_draft=8, gate=StepGate(_costs(1, 0.1, {1: 0.12, 5: 0.2})))
+    row = LookupRow(0)
+    row.generated.extend([5, 6, 7, 5, 6, 7, 5, 6])  # lookup has drafts for it
+    speculator._state(row).length.rate = 0.05
+    assert speculator.drafts([row], [[]]) == [[]]  # not a trial: cut by the low rate
+    assert speculator.gate is not None
+    speculator.gate.trial = True
+    assert len(speculator.drafts([row], [[]])[0]) == 4  # a trial: the exploration width (5)
+
+
+@pytest.mark.parametrize(("accepted", "verifies_next"), [(4, True), (1, True), (0, False)])
+def test_a_trial_that_paid_verifies_again(accepted: int, verifies_next: bool) -> None:
+    gate = StepGate(_costs(1, 0.1, {1: 0.12, 5: 0.2}))
+    speculator = Speculator(max_draft=8, gate=gate)
+    row = LookupRow(0)
+    row.generated.extend([5, 6, 7, 5, 6, 7, 5, 6])
+    speculator._state(row).length.rate = 0.05  # learnt where nothing was accepted: plain wins
+    gate.trial = True  # the step being settled was a probe
+    speculator.record(row, 4, accepted)
+    assert speculator.speculates([row]) is verifies_next
+    assert gate.trial is verifies_next
+
+
+def test_paying_trials_buy_two_more_at_most() -> None:
+    gate = StepGate(_costs(1, 0.1, {1: 0.2, 5: 0.4}))  # plain wins for any drafts
+    steps = []
+    for _ in range(3):
+        gate.reward(1)  # every trial paid
+        steps.append(gate.verifies([COPYING], 9))
+    assert steps == [True, True, False]  # then the measured costs decide
+
+
 def test_certain_drafts_always_verify() -> None:
     gate = StepGate(_costs(1, 0.1, {1: 0.5}))
     assert gate.verifies([RESTING], 9, certain=True)

@@ -96,6 +96,8 @@ class Speculator:
     # The acceptance rate of recent verifies over all rows (None: none yet): a new row's
     # starting rate, so the step gate weighs its drafts by what drafts here have been worth.
     _recent_rate: float | None = None
+    # The last step's drafts accepted, if it was the step gate's trial (StepGate.reward).
+    _trial_accepted: int = 0
 
     def __post_init__(self) -> None:
         if self.gate is None:
@@ -152,6 +154,12 @@ class Speculator:
             return False
         if self.gate is None:
             return True
+        if self._trial_accepted:
+            # A trial that paid one accepted draft per row or more (the batch's tokens per
+            # forward at least doubled) is followed by another.
+            if self._trial_accepted >= len(rows):
+                self.gate.reward(len(rows))
+            self._trial_accepted = 0
         offers: list[RowDrafts] = []
         certain = False
         for row in rows:
@@ -193,12 +201,22 @@ class Speculator:
         proposals: list[list[int]] = []
         offers: list[RowDrafts] = []
         costs = self.relative_costs(len(rows))
-        # Until a wide verify is measured at this batch size its widths are not cut by the
-        # prior position cost (which at 16 rows allows none: they would never be measured), but
-        # to one width (a new row's draft length + 1), so three steps measure it.
-        position_cost, max_width = self.position_cost, self.max_draft + 1
-        if self.gate is not None and not self.gate.costs.explored(len(rows)):
-            costs, position_cost, max_width = None, 0.0, 1 + max(1, self.max_draft // 2)
+        # Until a wide verify is measured at this batch size its widths are not chosen by the
+        # prior position cost (which at 16 rows allows none: they would never be measured) but
+        # held to one width (a new row's draft length + 1), so three steps measure it; so is a
+        # trial step's (a probe's), whose drafts are there to measure the rows' rates again
+        # (weighed by a rate learnt where nothing was accepted, none would ever be verified).
+        gate = self.gate
+        trial = gate is not None and (gate.trial or not gate.costs.explored(len(rows)))
+        trial_width = 1 + max(1, self.max_draft // 2)
+
+        def width_for(offers: Sequence[RowDrafts]) -> int:
+            if trial:
+                return min(trial_width, 1 + max((offer.available for offer in offers), default=0))
+            return verify_width(
+                offers, position_cost=self.position_cost, max_width=self.max_draft + 1, costs=costs
+            )
+
         wanting: list[int] = []  # rows asking the drafter model, and how many
         counts: list[int] = []
         for index, (row, waiting) in enumerate(zip(rows, pending, strict=True)):
@@ -217,14 +235,14 @@ class Speculator:
             hoped = list(offers)
             for index, count, rate in zip(wanting, counts, rates, strict=True):
                 hoped[index] = RowDrafts(count, rate)
-            width = verify_width(hoped, position_cost=position_cost, max_width=max_width, costs=costs)
+            width = width_for(hoped)
             if width > 1:
                 asked = [min(count, width - 1) for count in counts]
                 drafted = self.model_drafter.propose([rows[i] for i in wanting], asked)
                 for index, drafts, rate in zip(wanting, drafted, rates, strict=True):
                     proposals[index] = drafts
                     offers[index] = RowDrafts(len(drafts), rate)
-        width = verify_width(offers, position_cost=position_cost, max_width=max_width, costs=costs)
+        width = width_for(offers)
         return [drafts[: width - 1] for drafts in proposals]
 
     def follow(
@@ -305,6 +323,8 @@ class Speculator:
         self.counts.drafting_rows[source] += 1
         if state is not None and drafted and source != "grammar":
             state.length.record(drafted, accepted)
+            if self.gate is not None and self.gate.trial:
+                self._trial_accepted += accepted
             rate = accepted / drafted
             recent = self._recent_rate
             self._recent_rate = rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)

@@ -42,6 +42,8 @@ _LAST_PROBE = 512
 # Verify steps a bucket may spend measuring wide verifies while rows hope for drafts (lookup may
 # find none for them: then the steps are one position wide and measure nothing wide).
 _EXPLORE_STEPS = 8
+# Trials a paying trial may add in a row (StepGate.reward).
+_REWARDS = 2
 
 
 def bucket(rows: int) -> int:
@@ -170,26 +172,37 @@ class StepGate:
     _probe_every: dict[int, int] = field(default_factory=dict)
     _probing: dict[int, int] = field(default_factory=dict)
     _exploring: dict[int, int] = field(default_factory=dict)
+    _rewards: dict[int, int] = field(default_factory=dict)
+    # Whether the step just decided verifies as a trial (exploration or a probe) rather than a
+    # win: its drafts are then verified at the exploration width, not cut by the widths' costs
+    # and the rows' rates, which the trial is there to measure again (drafter.py). A probe cut
+    # by a rate learnt on text with nothing to copy verified nothing, so the rate never moved.
+    trial: bool = False
 
     def verifies(self, offers: Sequence[RowDrafts], max_width: int, *, certain: bool = False) -> bool:
         """Whether this step verifies: `offers` are the rows' hoped drafts (how many each would
         draft, at what acceptance rate); `certain`: some row has drafts that cost no guess."""
         rows = len(offers)
         size = bucket(rows)
+        self.trial = False
         if certain:
             return self._verified(size, won=True)
         probing = self._probing.get(size, 0)
         if probing > 0:
             self._probing[size] = probing - 1
+            self.trial = True
             return True
         hoping = any(offer.available > 0 and offer.chance > 0 for offer in offers)
         explored = self._exploring.get(size, 0)
         if hoping and explored < _EXPLORE_STEPS and not self.costs.explored(rows):
             self._exploring[size] = explored + 1
+            self.trial = True
             return self._verified(size, won=False)  # measure what a wide verify costs here
+        self._rewards[size] = 0  # the measured costs decide this step
         plain = self.costs.plain(rows)
         verify = verify_rate(offers, self.costs, max_width)
         if verify is None:
+            self.trial = True
             return self._verified(size, won=False)  # measure what a verify costs here
         if plain is None:
             return False  # measure what a plain step costs here
@@ -201,9 +214,22 @@ class StepGate:
             self._probe_every[size] = min(_LAST_PROBE, 2 * every)
             self._plain_run[size] = 0
             self._probing[size] = self.probe_steps - 1
+            self.trial = True
             return True
         self._plain_run[size] = run
         return False
+
+    def reward(self, rows: int) -> None:
+        """The last trial paid (one accepted draft per row or more): verify again next step (a
+        trial too), at most `_REWARDS` times in a row, so rows that start copying get their
+        rates up (a verify moves a rate 0.3 of the way: 0 -> 0.3 -> 0.51) before the measured
+        costs decide; the probe gap is not reset (where verifying never pays, accepted drafts
+        must not buy more trials)."""
+        size = bucket(rows)
+        rewards = self._rewards.get(size, 0)
+        if rewards < _REWARDS:
+            self._rewards[size] = rewards + 1
+            self._probing[size] = max(self._probing.get(size, 0), 1)
 
     def losing(self, rows: int) -> bool:
         """Whether plain steps have been winning for this batch size (the last step was plain)."""
