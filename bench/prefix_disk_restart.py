@@ -7,7 +7,11 @@ on the same turn-2 request (turn 1's prompt, its answer and a new user message):
 * `cold`: a fresh engine, no disk tier: turn 2 computes its whole prompt;
 * `warm`: the engine that just served turn 1 (the in-memory prefix cache has it);
 * `restart`: an engine with `--prefix-cache-dir` served turn 1 and was stopped (SIGTERM: the
-  cache is written at shutdown); a new engine on the same folder serves turn 2.
+  cache is written at shutdown); a new engine on the same folder serves turn 2;
+* `restart_primed` (`--primed`): as `restart` (a copy of the same folder), but the new engine
+  first serves turn 1 under another partition (a whole prefill, no hit), as the warm engine did
+  before its turn 2: the first long prompt a process runs pays one-time costs (MLX's compiled
+  functions traced for new shapes) that `warm` has behind it and `restart` does not.
 
 Rounds alternate the three. Reports time to first token (the engine's own figure) per case, and
 restart ÷ warm (goal ≤ 1.5) and restart ÷ cold (the saving).
@@ -116,7 +120,7 @@ def ttft(address: str, request: pb.GenerateRequest) -> dict[str, Any]:
 
 
 def one_round(
-    logs: Path, model: str | None, turns: tuple[pb.GenerateRequest, pb.GenerateRequest]
+    logs: Path, model: str | None, turns: tuple[pb.GenerateRequest, pb.GenerateRequest], primed: bool
 ) -> dict[str, Any]:
     first, second = turns
     out: dict[str, Any] = {}
@@ -142,13 +146,27 @@ def one_round(
             before.stop()  # SIGTERM: the cache is written at shutdown
             out["stop_s"] = round(time.perf_counter() - stopped, 3)
         out["disk_bytes"] = sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+        if primed:
+            shutil.copytree(folder, folder.with_name(folder.name + "-primed"))
         after = start_engine(logs, model=model, extra=flags)
         try:
             out["restart"] = ttft(after.address, second)
         finally:
             after.stop()
+        if primed:
+            copy = folder.with_name(folder.name + "-primed")
+            engine = start_engine(logs, model=model, extra=("--prefix-cache-dir", str(copy)))
+            try:
+                other = pb.GenerateRequest()
+                other.CopyFrom(first)
+                other.partition_key = "another"
+                ttft(engine.address, other)
+                out["restart_primed"] = ttft(engine.address, second)
+            finally:
+                engine.stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder.with_name(folder.name + "-primed"), ignore_errors=True)
     return out
 
 
@@ -160,11 +178,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--history-chars", type=int, default=60_000)
     parser.add_argument("--codex", action="store_true", help="the recorded Codex turn (~24k engine tokens)")
+    parser.add_argument("--primed", action="store_true", help="also `restart_primed` (see above)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     turns = codex_turns() if args.codex else agent_turns(args.history_chars)
     logs = Path(tempfile.mkdtemp(prefix="prefix-disk-bench-"))
-    rounds = [one_round(logs, args.model, turns) for _ in range(args.rounds)]
+    rounds = [one_round(logs, args.model, turns, args.primed) for _ in range(args.rounds)]
+    cases = ("cold", "warm", "restart", *(("restart_primed",) if args.primed else ()))
 
     def median(case: str) -> float:
         return statistics.median(r[case]["ttft_s"] for r in rounds)
@@ -174,8 +194,13 @@ def main() -> None:
         "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         "input_tokens": rounds[0]["cold"]["input_tokens"],
         "cached_tokens_after_restart": [r["restart"]["cached_tokens"] for r in rounds],
-        "ttft_s": {case: median(case) for case in ("cold", "warm", "restart")},
+        "ttft_s": {case: median(case) for case in cases},
         "restart_over_warm": round(median("restart") / median("warm"), 3),
+        **(
+            {"restart_primed_over_warm": round(median("restart_primed") / median("warm"), 3)}
+            if args.primed
+            else {}
+        ),
         "restart_over_cold": round(median("restart") / median("cold"), 3),
         "disk_bytes": rounds[0]["disk_bytes"],
         "rounds": rounds,
