@@ -15,8 +15,10 @@ as in the issue's loop. Rounds alternate cache on and off.
 
 `--http` runs the same loop through streamed `POST /v1/responses` instead, against our engine +
 facade and mlx-vlm's own server (bench/peers.py starts both; its prefix cache on: APC_ENABLED=1,
-disk tier off, as ours), the order flipping each round. The tool's output carries the screenshot
-as a `function_call_output` image part, which both servers lower into a following user turn.
+disk tier off, as ours) on the fixture and on a float32 copy of it (our engine computes in
+float32 on the CPU; mlx-vlm in the checkpoint's dtype), the order flipping each round. The tool's
+output carries the screenshot as a `function_call_output` image part, which both servers lower
+into a following user turn.
 TTFT is the client's (request sent → first delta); the cached share comes from
 `usage.input_tokens_details.cached_tokens` ("n/a" where a server reports none). A server that
 fails on a fixture has its error as the figure. Each server first runs one unmeasured turn (its
@@ -32,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -212,10 +216,43 @@ def http_summary(runs: list[list[dict[str, Any]]], errors: list[str]) -> dict[st
     return table
 
 
+# mlx-vlm's server computes in the checkpoint's dtype (the fixtures': float16); our engine's
+# `--dtype auto` casts half precision to float32 on the CPU. So mlx-vlm runs twice: on the fixture
+# as it is, and on a float32 copy of it (the same weights, the dtype our engine computes in).
+TARGETS = ("vlmserve", "mlx-vlm", "mlx-vlm-float32")
+
+
+def float32_copy(model: Path, destination: Path) -> Path:
+    """`model` with every floating weight cast to float32 and the configs' dtype saying so."""
+    import mlx.core as mx
+
+    if destination.exists():
+        return destination
+    shutil.copytree(model, destination)
+    for path in destination.glob("*.safetensors"):
+        weights = mx.load(str(path))
+        assert isinstance(weights, dict)
+        cast = {
+            k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
+        }
+        mx.save_safetensors(str(path), cast, metadata={"format": "mlx"})
+    config_path = destination / "config.json"
+    config = json.loads(config_path.read_text())
+    for section in (config, *(v for v in config.values() if isinstance(v, dict))):
+        for key in ("dtype", "torch_dtype"):
+            if key in section:
+                section[key] = "float32"
+    config_path.write_text(json.dumps(config, indent=2))
+    return destination
+
+
 def start_target(target: str, model: Path, logs: Path, peers_root: Path) -> Server:
     if target == "vlmserve":
         return start_vlmserve(model, logs)
-    return start_peer(target, model, logs, peers_root, env=MLX_VLM_CACHE)
+    if target == "mlx-vlm-float32":
+        model = float32_copy(model, model.with_name(model.name + "-float32"))
+    server = start_peer("mlx-vlm", model, logs, peers_root, env=MLX_VLM_CACHE)
+    return dataclasses.replace(server, name=target)
 
 
 def over_http(args: argparse.Namespace, root: Path, system: str) -> dict[str, Any]:
@@ -225,8 +262,8 @@ def over_http(args: argparse.Namespace, root: Path, system: str) -> dict[str, An
         logs = root / f"{name}-logs"
         logs.mkdir()
         servers: list[Server] = []
-        runs: dict[str, list[list[dict[str, Any]]]] = {"vlmserve": [], "mlx-vlm": []}
-        errors: dict[str, list[str]] = {"vlmserve": [], "mlx-vlm": []}
+        runs: dict[str, list[list[dict[str, Any]]]] = {target: [] for target in TARGETS}
+        errors: dict[str, list[str]] = {target: [] for target in TARGETS}
         try:
             for target in runs:
                 try:
