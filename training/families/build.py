@@ -11,17 +11,17 @@ from typing import Any
 from ._base import Family
 from .vocab import build_tokenizer
 
-__all__ = ["build_family"]
+__all__ = ["build_family", "random_model", "write_family_files"]
 
 
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _random_weights(out_dir: Path, config: dict[str, Any], seed: int) -> int:
-    """mlx-vlm's own Model for this config, seeded, saved as float16; returns the parameter count."""
+def random_model(config: dict[str, Any], seed: int) -> Any:
+    """mlx-vlm's own Model for this config, seeded; its parameters are lazy until evaluated (so a
+    real-size one can be cast and quantized a shard at a time: bench/accelerator.py)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_vlm import utils
 
     model_class: Any
@@ -36,15 +36,23 @@ def _random_weights(out_dir: Path, config: dict[str, Any], seed: int) -> int:
         model_config, model_class, loaded, ["text", "vision", "perceiver", "projector", "audio"]
     )
     mx.random.seed(seed)
-    model = model_class.Model(model_config)
+    return model_class.Model(model_config)
+
+
+def _random_weights(out_dir: Path, config: dict[str, Any], seed: int) -> int:
+    """The random Model saved as float16; returns the parameter count."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    model = random_model(config, seed)
     flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
     weights = {name: value.astype(mx.float16) for name, value in flat}
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     return sum(int(v.size) for v in weights.values())
 
 
-def build_family(family: Family, out_dir: Path, *, seed: int = 0) -> Path:
-    """Write one family's model directory (replacing it); returns the directory."""
+def write_family_files(family: Family, out_dir: Path) -> dict[str, Any]:
+    """Write one family's directory (replacing it) but its weights; returns its config."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
@@ -59,5 +67,10 @@ def build_family(family: Family, out_dir: Path, *, seed: int = 0) -> Path:
     _write_json(out_dir / "chat_template.json", {"chat_template": files.chat_template})
     for name, data in files.extra_json.items():
         _write_json(out_dir / name, data)
-    _random_weights(out_dir, files.config, seed)
+    return files.config
+
+
+def build_family(family: Family, out_dir: Path, *, seed: int = 0) -> Path:
+    """Write one family's model directory (replacing it); returns the directory."""
+    _random_weights(out_dir, write_family_files(family, out_dir), seed)
     return out_dir
