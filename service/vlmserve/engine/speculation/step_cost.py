@@ -13,11 +13,13 @@ per batch-size bucket, for plain steps and for verify steps of each width.
 tokens per second of the best verify width (each row's hoped drafts and acceptance rate,
 policy.py `expected_tokens`) against the plain step's rows per second, with a margin. A cost not
 measured yet is measured first (a few steps of that kind: exploration; while rows hope for
-drafts, verifies wider than one position, uncut by the prior position cost, until three are
-measured or eight steps tried); while plain wins, a
-probe verifies now and then (every 16 plain steps, doubling while probes lose, up to 512) so a
-batch whose rows start copying is noticed. Rows whose drafts are certain (a grammar's) always
-verify: their tokens cost nothing to guess.
+drafts, verifies of one width wider than one position, uncut by the prior position cost, until
+one is measured three times or eight steps tried); while plain wins, a probe verifies now and
+then (every 16 plain steps, doubling while probes lose, up to 512) so a batch whose rows start
+copying is noticed. Exploration and probes are trials (`trial`): drafter.py verifies their drafts
+whatever the rows' rates (the rates are what a trial tests), and a trial that paid buys up to two
+more (`reward`). Rows whose drafts are certain (a grammar's) always verify: their tokens cost
+nothing to guess.
 """
 
 from __future__ import annotations
