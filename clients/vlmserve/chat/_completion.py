@@ -231,6 +231,18 @@ class ChunkWriter:
             return chunks
         return [self._chunk(ChunkDelta(role="assistant", content="")), *chunks]
 
+    def plain_text(self, event: Any) -> str | None:
+        """The text of an event whose chunks are exactly `[text_chunk(text)]` (a text delta after
+        the role's chunk, no logprobs asked): what a streamed token nearly always is, which the
+        route then writes from a template of that chunk. None for any other event."""
+        if type(event) is OutputTextDeltaEvent and event.delta and self._role_sent and not self._logprobs:
+            return event.delta
+        return None
+
+    def text_chunk(self, text: str) -> ChatCompletionChunk:
+        """The chunk of a text delta, the role already sent."""
+        return self._chunk(ChunkDelta(content=text))
+
     def chunks(self, event: Any) -> list[ChatCompletionChunk]:
         """The chunks one event becomes (none for most lifecycle events)."""
         return self._opened(self._event_chunks(event))
