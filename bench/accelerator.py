@@ -31,7 +31,7 @@ The JSON goes to $OUT/accelerator.json (the device tool's folder; `--out` elsewh
 after each shape so a cut-off run keeps what it measured; a short table is printed at the end.
 
 Device time (sized for ~8 of a session's 15 minutes, with a machine start of 1-2): unpacking
-~20 s; per shape building ~30 s (7B, 4.6 GB) and ~90 s (35B, ~19 GB written), B=1 ~20 s, both
+~20 s; per shape building ~30 s (7B, 5.6 GB) and ~90 s (35B, 20.4 GB written), B=1 ~20 s, both
 servers loading ~40 s, the workloads ~40 s (2 rounds x 2 servers x (3 + 8) x 128 tokens). Run it
 with timeout_s 480; where the 35B does not fit the time left, `--shapes qwen2_5_vl_7b` alone.
 """
@@ -197,6 +197,27 @@ def accelerator() -> str | None:
     return str(info.get("device_name") or info.get("architecture") or "cuda")
 
 
+def probe() -> None:
+    """Raise unless the card runs what the benchmark needs: a JIT-compiled elementwise kernel, a
+    matmul (cuBLAS) and a 4-bit quantized matmul (mlx's own kernels: the carried libmlx.so keeps
+    the sm_90 images alone, bench/accelerator_pack.py)."""
+    import mlx.core as mx
+
+    x = mx.random.normal((64, 256)).astype(mx.bfloat16)
+    w = mx.random.normal((128, 256)).astype(mx.bfloat16)
+    packed, scales, biases = mx.quantize(w, group_size=QUANT_GROUP, bits=QUANT_BITS)
+    checks = {
+        "elementwise": mx.exp(x) * 2,
+        "matmul": x @ w.T,
+        "quantized matmul": mx.quantized_matmul(x, packed, scales, biases, group_size=QUANT_GROUP),
+    }
+    for name, value in checks.items():
+        try:
+            mx.eval(value)
+        except Exception as error:
+            raise RuntimeError(f"{name} failed on the card: {error}") from error
+
+
 def copy_bandwidth(size: int, repeats: int = 5, copies: int = 10) -> float:
     """GB/s of a streaming copy in mlx (`x * 1`, `size` bytes read + written), best of
     `repeats` loops of `copies` (one eval a loop: no per-copy launch wait)."""
@@ -234,7 +255,7 @@ def build_checkpoint(name: str, out_dir: Path, *, smoke: bool, seed: int = 0) ->
     random bfloat16 weights quantized to 4 bits as mlx_vlm.convert does; reuses a finished one.
     `--smoke` keeps float32: mlx's CPU expert kernels (GatherMM) take nothing else."""
     import mlx.core as mx
-    from mlx.utils import tree_map_with_path
+    from mlx.utils import tree_flatten, tree_map_with_path
     from mlx_vlm.quant_utils import quantize_model
     from mlx_vlm.utils import save_config, save_weights, skip_multimodal_module
     from tokenizers import Tokenizer
@@ -273,6 +294,13 @@ def build_checkpoint(name: str, out_dir: Path, *, smoke: bool, seed: int = 0) ->
         return model_predicate(path, module) if model_predicate is not None else True
 
     model, config = quantize_model(model, config, QUANT_GROUP, QUANT_BITS, quant_predicate=predicate)
+    # One array at a time: its random float32 source lives only while it is quantized, so the
+    # peak is the 4-bit model (20 GB for the 35B) plus one expert stack (1 GiB), never the
+    # float model (140 GB), on a card whose memory mlx may take as managed memory.
+    parameters: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for _, value in parameters:
+        mx.eval(value)
+    del parameters
     save_weights(out_dir, model, donate_weights=True)
     save_config(config, config_path=out_dir / "config.json")
     del model
@@ -394,8 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         device = accelerator()
-    except Exception as error:  # mlx missing or broken: the carried packages did not load
-        print(f"accelerator: mlx did not load ({type(error).__name__}: {error})", file=sys.stderr)
+        probe()
+    except Exception as error:  # mlx missing or broken: the carried packages did not load or run
+        print(f"accelerator: mlx did not run ({type(error).__name__}: {error})", file=sys.stderr)
         return NO_ACCELERATOR
     if device is None and not args.smoke:
         print(

@@ -12,7 +12,10 @@ folder, and writes it as `.accel/site.tar.xz` (name `.accel` in the device tool'
 seven targets (sm_75, 80, 90, 100, 120, 121 and PTX). Its symbol table is stripped (`strip
 --strip-unneeded`: dynamic symbols stay) and every kernel image but the H100/H200's (sm_90) is
 zeroed in place, headers kept, so the file's layout is unchanged and the driver picks the sm_90
-image as before; the zeros compress to nothing (~20 MB in all instead of ~90).
+image as before; the zeros compress to nothing: the library is ~16 MB under xz (90 as a wheel),
+the whole bundle 36.8 MiB, 59.7 MiB with the 22.9 MiB tree (2026-12-07) of the 64 allowed
+(`main` prints the sum and fails past it). A CPU rehearsal of `run` on CPython 3.12 with the
+image's older protobuf and grpcio (`--backend cpu`, ACCEL_BUNDLE, PYTHON) passed on the fixtures.
 
     .venv/bin/python -m bench.accelerator_pack [--backend cuda13|cpu] [--out .accel/site.tar.xz]
 
@@ -79,7 +82,7 @@ PLATFORMS = (
     "manylinux2014_x86_64",
 )
 KEEP_ARCH = 90  # the H100's and H200's compute capability
-LIMIT = 40 << 20  # what the carry may take beside the tracked tree (~24 MB) under 64 MiB
+DEVICE_LIMIT = 64 << 20  # the working tree and the carried paths, together, per device call
 FATBIN_MAGIC = 0xBA55ED50
 ELF_IMAGE = 2  # a fatbin entry's kind: 1 PTX, 2 a compiled (ELF) image
 
@@ -171,17 +174,28 @@ def pack(out: Path, backend: str) -> int:
     return out.stat().st_size
 
 
+def tree_bytes(repo: Path) -> int:
+    """What of `repo` travels to the device besides the carried paths: tracked files and
+    untracked ones git does not ignore."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    paths = (repo / name for name in listed.decode().split("\0") if name)
+    return sum(path.stat().st_size for path in paths if path.is_file() and not path.is_symlink())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], allow_abbrev=False)
     parser.add_argument("--backend", choices=list(BACKENDS), default="cuda13")
     parser.add_argument("--out", type=Path, default=Path(".accel/site.tar.xz"))
     args = parser.parse_args(argv)
     size = pack(args.out, args.backend)
-    print(f"{args.out}: {size / (1 << 20):.1f} MiB")
-    if size > LIMIT:
-        print(f"over {LIMIT >> 20} MiB: with the tracked tree it would pass the device tool's 64 MiB")
-        return 1
-    return 0
+    tree = tree_bytes(Path.cwd())
+    print(f"{args.out}: {size / (1 << 20):.1f} MiB; with this tree's {tree / (1 << 20):.1f} MiB", end=" ")
+    print(f"{(size + tree) / (1 << 20):.1f} of the device call's {DEVICE_LIMIT >> 20} MiB")
+    return 0 if size + tree <= DEVICE_LIMIT else 1
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,11 +19,12 @@ from bench.accelerator import (
     active_bytes,
     fraction,
     head_rows_kept,
+    is_expert,
     main,
     published_config,
     text_fields,
 )
-from bench.accelerator_pack import ELF_IMAGE, FATBIN_MAGIC, elf_section, zero_other_images
+from bench.accelerator_pack import ELF_IMAGE, FATBIN_MAGIC, elf_section, tree_bytes, zero_other_images
 from bench.boundary_weight import CONFIGS
 from training.families import FAMILIES
 from training.families.vocab import build_tokenizer
@@ -60,6 +63,36 @@ def test_qwen3_6_takes_boundary_weights_figures_inside_text_config() -> None:
     assert text["eos_token_id"] == fixture["text_config"]["eos_token_id"]  # type: ignore[index]
     assert config["vision_config"]["out_hidden_size"] == 2048
     assert "num_experts" not in config  # nothing leaks to the top level
+
+
+@pytest.mark.parametrize(
+    ("name", "published"),
+    [("qwen2_5_vl_7b", 8.29e9), ("qwen3_6_35b_a3b", 35.1e9)],  # the model cards' counts
+)
+def test_the_shapes_have_the_published_parameter_counts(name: str, published: float) -> None:
+    """mlx-vlm's Model at the laid-over sizes, its parameters lazy (nothing is allocated)."""
+    from mlx.utils import tree_flatten
+
+    from training.families.build import random_model
+
+    shape = SHAPES[name]
+    model = random_model(published_config(fixture_config(shape.family), shape), 0)
+    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    parameters = sum(value.size for _, value in flat)
+    assert parameters == pytest.approx(published, rel=0.01)
+
+
+def test_the_routed_experts_are_found_by_name() -> None:
+    """is_expert finds mlx-vlm's stacked experts: 40 layers x 256 x (gate, up, down) of 512 x 2048;
+    not the shared expert, not the router."""
+    from mlx.utils import tree_flatten
+
+    from training.families.build import random_model
+
+    shape = SHAPES["qwen3_6_35b_a3b"]
+    model = random_model(published_config(fixture_config(shape.family), shape), 0)
+    flat: list[tuple[str, Any]] = tree_flatten(model.language_model.parameters())  # type: ignore[assignment]
+    assert sum(value.size for name, value in flat if is_expert(name)) == 40 * 256 * 3 * 512 * 2048
 
 
 def test_a_dense_step_reads_its_weights_and_every_layers_kv() -> None:
@@ -130,6 +163,17 @@ def test_elf_sections_are_found_by_name() -> None:
     assert text is not None and text[1] > 0
     assert elf_section(binary, ".nv_fatbin") is None
     assert elf_section(b"not an elf file", ".text") is None
+
+
+def test_the_tree_that_travels_is_tracked_and_unignored_files(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/.accel/\n")  # 9 bytes
+    (tmp_path / "tracked.txt").write_bytes(bytes(100))
+    subprocess.run(["git", "-C", str(tmp_path), "add", "tracked.txt", ".gitignore"], check=True)
+    (tmp_path / "untracked.txt").write_bytes(bytes(7))
+    (tmp_path / ".accel").mkdir()
+    (tmp_path / ".accel" / "site.tar.xz").write_bytes(bytes(1000))  # carried, counted apart
+    assert tree_bytes(tmp_path) == 9 + 100 + 7
 
 
 @pytest.mark.slow
