@@ -197,12 +197,20 @@ def accelerator() -> str | None:
     return str(info.get("device_name") or info.get("architecture") or "cuda")
 
 
+# What the servers import at start: a missing one fails here in seconds, not after the build.
+SERVED_MODULES = ("vlmserve.engine.cli", "vlmserve.facade.cli", "mlx_vlm.server", "llguidance.hf")
+
+
 def probe() -> None:
-    """Raise unless the card runs what the benchmark needs: a JIT-compiled elementwise kernel, a
-    matmul (cuBLAS) and a 4-bit quantized matmul (mlx's own kernels: the carried libmlx.so keeps
-    the sm_90 images alone, bench/accelerator_pack.py)."""
+    """Raise unless the servers' modules import and the card runs what the benchmark needs: a
+    JIT-compiled elementwise kernel, a matmul (cuBLAS) and a 4-bit quantized matmul (mlx's own
+    kernels: the carried libmlx.so keeps the sm_90 images alone, bench/accelerator_pack.py)."""
+    import importlib
+
     import mlx.core as mx
 
+    for module in SERVED_MODULES:
+        importlib.import_module(module)
     x = mx.random.normal((64, 256)).astype(mx.bfloat16)
     w = mx.random.normal((128, 256)).astype(mx.bfloat16)
     packed, scales, biases = mx.quantize(w, group_size=QUANT_GROUP, bits=QUANT_BITS)
