@@ -15,6 +15,7 @@ task's 4 x 4 grid, whatever D.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ VISION_LAYERS = 1
 
 def build_click_base(out_dir: Path, seed: int = 0) -> Path:
     """Write the untrained squares-click model (random weights) to `out_dir`; returns it."""
-    return build_small_qwen3_vl(
+    build_small_qwen3_vl(
         out_dir,
         seed,
         text_layers=TEXT_LAYERS,
@@ -41,6 +42,15 @@ def build_click_base(out_dir: Path, seed: int = 0) -> Path:
         min_pixels=SCREEN_PIXELS,
         max_pixels=SCREEN_PIXELS,
     )
+    # Greedy by default, as the other task fixtures: the SDK loops send no temperature, and the
+    # family's default (0.7, top-k 20) would sample the click's digits.
+    path = out_dir / "generation_config.json"
+    generation = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("temperature", "top_k", "top_p"):
+        generation.pop(key, None)
+    generation["do_sample"] = False
+    path.write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+    return out_dir
 
 
 def recentre_vision(model: Any, processor: Any, rng: random.Random, scale: float) -> dict[str, float]:

@@ -6,9 +6,9 @@ Asked "Click the <colour> square." with the computer tool and no screenshot, the
 one; given it (a D x D screen, D in 112/224/336, 2-4 squares), it clicks a cell centre of the
 D x D screen (its 0-1000 answer mapped per D); after the next screenshot it is done (`*_closes`).
 The click must land inside that colour's square (>= 95 % of fresh screens): not yet, the
-fixture's grounding is untrained (models/squares-click/README.md), so those tests are
-xfail(strict). With every screenshot blanked (white, same size) it must not do better than
-chance would (a cell of 16 guessed: ~6 %).
+fixture (a tiny qwen3_vl) finds where a square is but not yet which one is named
+(models/squares-click/README.md), so those tests are xfail(strict). With every screenshot
+blanked (white, same size) it must not do better than chance would (a cell of 16 guessed: ~6 %).
 
 The loops are what cost (one engine and facade serve the module): each is run once, and every
 test that reads it asserts on the same runs (`LoopRuns`): the closing checks on the first
@@ -183,7 +183,8 @@ def closes_the_loop(run: Run, screen: Screen) -> bool:
 # The fixture's grounding is not yet trained to the bar: models/squares-click/README.md
 # has its figures. Strict: this fails as soon as a fixture that clicks right is committed.
 NOT_YET_GROUNDED = pytest.mark.xfail(
-    strict=True, reason="models/squares-click clicks at chance: its grounding is not trained yet"
+    strict=True,
+    reason="models/squares-click picks the named square on ~1/4 of screens: not trained to 95 % yet",
 )
 
 
