@@ -13,6 +13,11 @@ on the same turn-2 request (turn 1's prompt, its answer and a new user message):
   before its turn 2: the first long prompt a process runs pays one-time costs (MLX's compiled
   functions traced for new shapes) that `warm` has behind it and `restart` does not.
 
+Each engine's start-up (process start to SERVING, its warm-up included) is timed (`start_s`).
+`--openblas-threads N` sets OPENBLAS_NUM_THREADS for every engine (see docs/performance.md: on
+an oversubscribed CPU machine, OpenBLAS's worker threads are what a fresh process's first turn
+waits for).
+
 Rounds alternate the three. Reports time to first token (the engine's own figure) per case, and
 restart ÷ warm (goal ≤ 1.5) and restart ÷ cold (the saving).
 
@@ -42,7 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a script: reach tests/ helpers without installing them
 
-from tests._services import start_engine  # noqa: E402
+from tests._services import start_engine as start_service  # noqa: E402
 from vlmserve.client import EngineClient  # noqa: E402
 from vlmserve.engine.v1 import engine_pb2 as pb  # noqa: E402
 
@@ -65,7 +70,8 @@ def agent_turns(history_chars: int) -> tuple[pb.GenerateRequest, pb.GenerateRequ
     system = "You are a coding agent. " + " ".join(
         f"Rule {i}: keep edits small and tested." for i in range(80)
     )
-    log_lines, size = [], 0
+    log_lines: list[str] = []
+    size = 0
     while size < history_chars:
         line = f"$ pytest tests/unit/test_{len(log_lines)}.py -q\n.... {len(log_lines) * 7 % 97} passed\n"
         log_lines.append(line)
@@ -120,10 +126,21 @@ def ttft(address: str, request: pb.GenerateRequest) -> dict[str, Any]:
 
 
 def one_round(
-    logs: Path, model: str | None, turns: tuple[pb.GenerateRequest, pb.GenerateRequest], primed: bool
+    logs: Path,
+    model: str | None,
+    turns: tuple[pb.GenerateRequest, pb.GenerateRequest],
+    primed: bool,
+    env: dict[str, str],
 ) -> dict[str, Any]:
     first, second = turns
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"start_s": []}
+
+    def start_engine(logs: Path, *, model: str | None, extra: tuple[str, ...] = ()) -> Any:
+        started = time.perf_counter()
+        engine = start_service(logs, model=model, extra=extra, env=env)
+        out["start_s"].append(round(time.perf_counter() - started, 3))
+        return engine
+
     cold = start_engine(logs, model=model)
     try:
         out["cold"] = ttft(cold.address, second)
@@ -179,19 +196,25 @@ def main() -> None:
     parser.add_argument("--history-chars", type=int, default=60_000)
     parser.add_argument("--codex", action="store_true", help="the recorded Codex turn (~24k engine tokens)")
     parser.add_argument("--primed", action="store_true", help="also `restart_primed` (see above)")
+    parser.add_argument(
+        "--openblas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS for the engines"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     turns = codex_turns() if args.codex else agent_turns(args.history_chars)
     logs = Path(tempfile.mkdtemp(prefix="prefix-disk-bench-"))
-    rounds = [one_round(logs, args.model, turns, args.primed) for _ in range(args.rounds)]
+    env = {} if args.openblas_threads is None else {"OPENBLAS_NUM_THREADS": str(args.openblas_threads)}
+    rounds = [one_round(logs, args.model, turns, args.primed, env) for _ in range(args.rounds)]
     cases = ("cold", "warm", "restart", *(("restart_primed",) if args.primed else ()))
 
     def median(case: str) -> float:
-        return statistics.median(r[case]["ttft_s"] for r in rounds)
+        return float(statistics.median(r[case]["ttft_s"] for r in rounds))
 
     summary = {
         "load": os.getloadavg(),
         "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+        "env": env,
+        "start_s": statistics.median(s for r in rounds for s in r["start_s"]),
         "input_tokens": rounds[0]["cold"]["input_tokens"],
         "cached_tokens_after_restart": [r["restart"]["cached_tokens"] for r in rounds],
         "ttft_s": {case: median(case) for case in cases},

@@ -219,7 +219,11 @@ class EngineConfig(DeclaredSettings):
         4, ge=1, description="threads preparing requests (decode, render, tokenize) beside generation"
     )
     media: MediaSettings = Field(default_factory=MediaSettings, description="video and audio clips")
-    warmup: bool = Field(True, description="run one tiny generation after loading, before serving")
+    warmup: bool = Field(
+        True,
+        description="before serving, run what a first turn runs (loop/warm_up.py): a short request with "
+        "an image, a prompt of one whole prefill chunk and a bit, and its next turn from the prefix cache",
+    )
     # See distributed.py and docs/deployment.md.
     distributed: Distribution = Field(
         "off",

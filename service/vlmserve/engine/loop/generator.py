@@ -139,7 +139,7 @@ class Generator:
             # A lazy start leaves the warm-up to the first request (it would read the weights).
             if self.config.warmup and self.lifecycle.resident:
                 progress.enter("warming up")
-                warm_up(loaded, parts)
+                warm_up(loaded, parts, chunk_tokens=self.config.prefill_chunk_tokens)
             self._runner = runner = parts.new_runner()
             self.intake.start(parts.preparer)
             progress.done()
