@@ -1,6 +1,7 @@
 """The CPU a streamed token costs in each process of the served stack (issue 37.2: "say where the
 rest goes ... gRPC"), beside the forward's: the engine and the facade started as in
-bench/peers.py, one streamed greedy chat completion at a time, and each process's CPU time (and
+bench/peers.py, one streamed greedy request at a time — a chat completion, a Responses request
+and an Anthropic Messages request in turn (`--api` picks) — and each process's CPU time (and
 each engine thread's) per token read from /proc (Linux).
 
 On two cores the facade's work per token and the engine's gRPC side run on the cores the forward's
@@ -10,7 +11,7 @@ and the generation thread (graph building and dispatch: bench/step_phases.py) le
 the gRPC server's and asyncio's.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m bench.stack_cpu [--tokens 96] [--rounds 3]
+        python -m bench.stack_cpu [--tokens 96] [--rounds 3] [--api chat --api responses --api messages]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import httpx
 
 from bench.bench_model import DEFAULT_DIR, build_bench_model
-from bench.peers import chat, start_vlmserve, stream
+from bench.peers import Server, chat, start_vlmserve, stream
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -51,7 +52,37 @@ def thread_seconds(pid: int) -> dict[int, float]:
     return found
 
 
-async def rounds(tokens: int, count: int) -> list[dict[str, Any]]:
+APIS = ("chat", "responses", "messages")
+
+
+async def stream_api(client: httpx.AsyncClient, server: Server, api: str, text: str, tokens: int) -> int:
+    """One streamed greedy request of `api`, read to its end: the output tokens its usage says."""
+    if api == "chat":
+        request = chat(server.model, [{"role": "user", "content": text}], tokens)
+        return (await stream(client, server, request)).tokens
+    if api == "responses":
+        path, body = "/v1/responses", {"input": text, "max_output_tokens": tokens}
+    else:
+        path = "/v1/messages"
+        body = {"messages": [{"role": "user", "content": text}], "max_tokens": tokens}
+    body |= {"model": server.model, "stream": True, "temperature": 0}
+    produced = 0
+    async with client.stream("POST", path, json=body, headers=server.headers) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line.removeprefix("data: "))
+            if event["type"] == "response.completed":
+                produced = event["response"]["usage"]["output_tokens"]
+            elif event["type"] == "message_delta":
+                produced = event["usage"]["output_tokens"]
+    return produced
+
+
+async def rounds(tokens: int, count: int, apis: Sequence[str]) -> list[dict[str, Any]]:
     logs = Path(tempfile.mkdtemp(prefix="vlmserve-stack-cpu-"))
     server = start_vlmserve(build_bench_model(DEFAULT_DIR)[0], logs)
     facade, engine = server.services
@@ -60,59 +91,67 @@ async def rounds(tokens: int, count: int) -> list[dict[str, Any]]:
         async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
             await stream(client, server, chat(server.model, [{"role": "user", "content": "warm up"}], 4))
             for index in range(count):
-                request = chat(
-                    server.model, [{"role": "user", "content": f"{index} Describe the sea"}], tokens
-                )
-                facade_before = cpu_seconds(f"/proc/{facade.process.pid}/stat")
-                threads_before = thread_seconds(engine.process.pid)
-                engine_before = cpu_seconds(f"/proc/{engine.process.pid}/stat")
-                started = time.perf_counter()
-                streamed = await stream(client, server, request)
-                wall = time.perf_counter() - started
-                threads = thread_seconds(engine.process.pid)
-                produced = max(1, streamed.tokens)
-                per_thread = sorted(
-                    (
-                        1000 * (seconds - threads_before.get(tid, 0.0)) / produced
-                        for tid, seconds in threads.items()
-                    ),
-                    reverse=True,
-                )
-                measured.append(
-                    {
-                        "tokens": streamed.tokens,
-                        "tok_per_s": streamed.tokens / wall,
-                        "facade_cpu_ms_per_token": 1000
-                        * (cpu_seconds(f"/proc/{facade.process.pid}/stat") - facade_before)
-                        / produced,
-                        "engine_cpu_ms_per_token": 1000
-                        * (cpu_seconds(f"/proc/{engine.process.pid}/stat") - engine_before)
-                        / produced,
-                        "engine_threads_cpu_ms_per_token": [
-                            round(value, 2) for value in per_thread if value > 0
-                        ],
-                        "engine_beyond_three_busiest_ms_per_token": sum(per_thread[3:]),
-                    }
-                )
-                print(json.dumps(measured[-1]), flush=True)
+                for api in apis:
+                    facade_before = cpu_seconds(f"/proc/{facade.process.pid}/stat")
+                    threads_before = thread_seconds(engine.process.pid)
+                    engine_before = cpu_seconds(f"/proc/{engine.process.pid}/stat")
+                    started = time.perf_counter()
+                    streamed = await stream_api(client, server, api, f"{index} Describe the sea", tokens)
+                    wall = time.perf_counter() - started
+                    threads = thread_seconds(engine.process.pid)
+                    produced = max(1, streamed)
+                    per_thread = sorted(
+                        (
+                            1000 * (seconds - threads_before.get(tid, 0.0)) / produced
+                            for tid, seconds in threads.items()
+                        ),
+                        reverse=True,
+                    )
+                    measured.append(
+                        {
+                            "api": api,
+                            "tokens": streamed,
+                            "tok_per_s": streamed / wall,
+                            "facade_cpu_ms_per_token": 1000
+                            * (cpu_seconds(f"/proc/{facade.process.pid}/stat") - facade_before)
+                            / produced,
+                            "engine_cpu_ms_per_token": 1000
+                            * (cpu_seconds(f"/proc/{engine.process.pid}/stat") - engine_before)
+                            / produced,
+                            "engine_threads_cpu_ms_per_token": [
+                                round(value, 2) for value in per_thread if value > 0
+                            ],
+                            "engine_beyond_three_busiest_ms_per_token": sum(per_thread[3:]),
+                        }
+                    )
+                    print(json.dumps(measured[-1]), flush=True)
     finally:
         server.stop()
     return measured
 
 
-def summary(measured: list[dict[str, Any]]) -> dict[str, float]:
+def summary(measured: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     keys = ("tok_per_s", "facade_cpu_ms_per_token", "engine_beyond_three_busiest_ms_per_token")
-    return {f"{key}_median": statistics.median(entry[key] for entry in measured) for key in keys}
+    return {
+        api: {
+            f"{key}_median": statistics.median(entry[key] for entry in measured if entry["api"] == api)
+            for key in keys
+        }
+        for api in dict.fromkeys(entry["api"] for entry in measured)
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], allow_abbrev=False)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--api", choices=APIS, action="append", help="the APIs streamed, each round in turn (default all)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/stack_cpu.json"))
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
-    measured = asyncio.run(rounds(args.tokens, args.rounds))
+    measured = asyncio.run(rounds(args.tokens, args.rounds, args.api or APIS))
     result = {
         "load_average": [load_before, os.getloadavg()],
         "summary": summary(measured),
