@@ -75,7 +75,7 @@ async def stream_api(client: httpx.AsyncClient, server: Server, api: str, text: 
             if not line.startswith("data: {"):
                 continue
             event = json.loads(line.removeprefix("data: "))
-            if event["type"] == "response.completed":
+            if event["type"] in ("response.completed", "response.incomplete"):
                 produced = event["response"]["usage"]["output_tokens"]
             elif event["type"] == "message_delta":
                 produced = event["usage"]["output_tokens"]
