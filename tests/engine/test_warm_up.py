@@ -1,7 +1,8 @@
 """The engine's warm-up runs what a first real turn runs (loop/warm_up.py): a whole prefill chunk
 at the configured width through every layer, then a chunk at an offset, and an agent's next turn
 that starts from the prefix cache (for the hybrid qwen3_5 fixture, its recurrent-state snapshot),
-bounded by the context; nothing stays in the caches. Real mlx-vlm on the fixtures; the chunk
+with a decode step through the speculative verifier, bounded by the context; nothing stays in
+the caches. Real mlx-vlm on the fixtures; the chunk
 widths are read by wrapping the prefill function, which still runs."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests._fixture_models import RANDOM_MODEL_PATH
 from training.families import DRAFTER_FAMILIES, build_family
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.loop.prefill import prefill_chunk
+from vlmserve.engine.loop.verifier import Verifier
 from vlmserve.engine.loop.warm_up import MAX_PROMPT_TOKENS, WarmUpReport, warm_up
 from vlmserve.engine.loop.wiring import build_parts, model_lifecycle
 from vlmserve.engine.metrics import EngineMetrics
@@ -51,10 +53,19 @@ def warmed(model: Path, chunk: int, **settings: Any) -> tuple[WarmUpReport, Any]
 
 @pytest.mark.parametrize("family", ["random", "qwen3_5"])
 def test_warm_up_runs_a_whole_chunk_and_a_restored_next_turn(
-    family: str, hybrid_model: Path, chunks: list[tuple[int, int]]
+    family: str, hybrid_model: Path, chunks: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = RANDOM_MODEL_PATH if family == "random" else hybrid_model
-    report, parts = warmed(model, 64)
+    verify_steps: list[int] = []
+    real_launch = Verifier.launch
+
+    def launch(self: Verifier[Any], *args: Any, **kwargs: Any) -> Any:
+        verify_steps.append(1)
+        return real_launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "launch", launch)
+    report, parts = warmed(model, 64)  # speculation: "auto" (the default)
+    assert verify_steps, "no decode step went through the speculative verifier"
     assert [r.finish_reason for r in report.runs] == [report.runs[0].finish_reason] * 3
     assert all(r.output_tokens > 0 for r in report.runs)
     # A chunk of the configured width, and one after it at an offset.
