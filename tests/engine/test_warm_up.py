@@ -76,8 +76,9 @@ def test_warm_up_runs_a_whole_chunk_and_a_restored_next_turn(
     assert long_prompt > 64
     assert report.restored_tokens == long_prompt
     assert chunks[-1][0] == long_prompt
-    # Nothing stays behind.
+    # Nothing stays behind, not even in the hit counts that metrics report.
     assert len(parts.prefix_cache) == 0
+    assert parts.prefix_cache.hits == {"memory": 0, "disk": 0}
 
 
 def test_warm_up_without_a_prefix_cache_prefills_the_next_turn(chunks: list[tuple[int, int]]) -> None:

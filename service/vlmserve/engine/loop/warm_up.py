@@ -12,7 +12,8 @@ own before serving, so the first requests do not pay for what a backend sets up 
    its decode steps verify drafts when speculation is on (the prompt repeats itself, so lookup
    has matches).
 
-What they leave in the caches goes. `WarmUpReport` says what ran (tests, the log)."""
+What they leave in the caches goes, and so do their cache hits. `WarmUpReport` says what ran
+(tests, the log)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ def warm_up(loaded: LoadedModel, parts: EngineParts, *, chunk_tokens: int) -> Wa
     if loaded.template is None:
         return report  # such a model takes no conversation, so no request would run
     started = time.perf_counter()
+    # The warm-up's own hits are not served traffic's (metrics, stats).
+    prefix_hits, vision_hits = dict(parts.prefix_cache.hits), parts.vision_cache.hits
     runner = parts.new_runner()
     report.runs.append(_run(runner, _prepare(parts, "warm-up-image", _image_turn(parts), max_tokens=2)))
     target = min(chunk_tokens + _TAIL_TOKENS, loaded.info.context_length // 2, MAX_PROMPT_TOKENS)
@@ -80,6 +83,7 @@ def warm_up(loaded: LoadedModel, parts: EngineParts, *, chunk_tokens: int) -> Wa
     report.runs.append(_run(runner, _prepare(parts, "warm-up-next-turn", following, max_tokens=6)))
     parts.prefix_cache.clear()
     parts.vision_cache.clear()
+    parts.prefix_cache.hits, parts.vision_cache.hits = prefix_hits, vision_hits
     report.seconds = time.perf_counter() - started
     log.info(
         "warm-up done in %.2fs (prompts of %s tokens, %d from the prefix cache)",
