@@ -1,11 +1,12 @@
 """Speculation on rows restored from a prefix snapshot (issue 33 item 5): on the hybrid Qwen3.5
 fixture (Gated DeltaNet + attention, whose recurrent state an entry keeps at turn boundaries), an
 agent's next turn restored from the snapshot at the end of its previous turn and then decoded
-with prompt lookup, or with the checkpoint's MTP drafter, takes exactly the tokens it takes with
+with prompt lookup, or with a model drafter (the checkpoint's MTP head, a DFlash drafter, an
+EAGLE-3 drafter on the deeper target), takes exactly the tokens it takes with
 `--speculative off` from a fresh prefill: greedy and seeded (a high temperature, so any
 difference in the logits shows), alone and with a fresh row in the same batch. A rejected draft
 rolls the recurrent state back (speculation/rollback.py) from a state that was restored, not
-computed, and the MTP drafter starts over a prompt whose prefix it never saw run."""
+computed, and the drafter starts over a prompt whose prefix it never saw run."""
 
 from __future__ import annotations
 
@@ -42,11 +43,16 @@ def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
 
 
-@pytest.fixture(scope="module")
-def engines(drafter_models: dict[str, tuple[Path, Path]]) -> Iterator[dict[str, Generator]]:  # noqa: F811
-    """`off`, `lookup` and `draft` (the MTP head) on the qwen3_5 fixture, each with the prefix
-    cache of the prefix-reuse tests (tests/engine/_runs.py `reusing_engine`)."""
-    target, drafter = drafter_models["qwen3_5"]
+@pytest.fixture(
+    scope="module", params=["qwen3_5", "qwen3_5_dflash", "qwen3_5_eagle3"], ids=["mtp", "dflash", "eagle3"]
+)
+def engines(
+    request: pytest.FixtureRequest,
+    drafter_models: dict[str, tuple[Path, Path]],  # noqa: F811
+) -> Iterator[dict[str, Generator]]:
+    """`off`, `lookup` and `draft` (the drafter of the param) on its qwen3_5 target, each with
+    the prefix cache of the prefix-reuse tests (tests/engine/_runs.py `reusing_engine`)."""
+    target, drafter = drafter_models[request.param]
     generators = {}
     for mode in MODES:
         generator = Generator(
