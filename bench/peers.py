@@ -22,6 +22,9 @@ the ratio vlmserve ÷ peer from the same run.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m bench.peers --out bench/results/peers.json
+
+Before and after a change (issue 32: "the bench figures do not move"): `--peers` with no name and
+`--baseline-tree DIR`, a checkout at the older commit with its own .venv, served beside this one.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import httpx
 from bench.batching import prompt, screenshot
 from bench.bench_model import DEFAULT_DIR, build_bench_model
 from bench.load import SSEParser
-from tests._services import ServiceProcess, free_port, process_env, start_engine, start_facade
+from tests._services import BIN, ServiceProcess, free_port, process_env, start_engine, start_facade
 
 PEERS_ROOT = Path("/work/peers")
 API_KEY = "bench-key"
@@ -193,10 +196,25 @@ def start_peer(
     return Server(name, service.address, served, headers, [service])
 
 
-def start_vlmserve(model_dir: Path, logs: Path) -> Server:
-    engine = start_engine(logs, model=str(model_dir), extra=("--speculative", "off"))
-    facade = start_facade(logs, engine.address, store_path=logs / f"store-{time.monotonic_ns()}.sqlite3")
-    return Server("vlmserve", facade.address, model_dir.name, {}, [facade, engine])
+def start_vlmserve(model_dir: Path, logs: Path, tree: Path | None = None) -> Server:
+    """Our engine + facade; with `tree`, the same stack from another checkout (its venv at
+    tree/.venv, e.g. a worktree at an older commit), named `vlmserve@<its commit>`: before and
+    after a change, side by side in one run."""
+    bin_dir, name = BIN, "vlmserve"
+    if tree is not None:
+        bin_dir = tree / ".venv" / "bin"
+        commit = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        name = f"vlmserve@{commit}"
+    engine = start_engine(logs, model=str(model_dir), extra=("--speculative", "off"), bin_dir=bin_dir)
+    facade = start_facade(
+        logs, engine.address, store_path=logs / f"store-{time.monotonic_ns()}.sqlite3", bin_dir=bin_dir
+    )
+    return Server(name, facade.address, model_dir.name, {}, [facade, engine])
 
 
 # --- requests ------------------------------------------------------------------------------------
@@ -445,6 +463,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--agent-tokens", type=int, default=16)
     parser.add_argument("--single", type=int, default=3, help="requests in the single-stream workload")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="also serve vlmserve from this checkout (a worktree at another commit with its own .venv)",
+    )
     args = parser.parse_args(argv)
     if not args.model_dir.is_dir():
         build_bench_model(args.model_dir)
@@ -454,6 +478,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         servers.append(start_vlmserve(args.model_dir, logs))
         started["vlmserve"] = "ok"
+        if args.baseline_tree is not None:
+            servers.append(start_vlmserve(args.model_dir, logs, args.baseline_tree))
+            started[servers[-1].name] = "ok"
         for name in args.peers:
             try:
                 servers.append(start_peer(name, args.model_dir, logs, args.peers_root))

@@ -60,16 +60,18 @@ def start_engine(
     address: str | None = None,
     extra: tuple[str, ...] = (),
     env: Mapping[str, str] | None = None,
+    bin_dir: Path = BIN,
 ) -> ServiceProcess:
     """`vlmserve-engine` on `address` (a free loopback port by default), once it reports SERVING.
 
-    `env`: variables added to the process's environment."""
+    `env`: variables added to the process's environment. `bin_dir`: another checkout's venv bin
+    (bench/peers.py `--baseline-tree`: the same stack at another commit)."""
     from vlmserve.client import EngineClient
 
     _marker_guard.check("starts an engine process")
     address = address or f"127.0.0.1:{free_port()}"
     log_path = log_dir / f"engine-{address.replace(':', '_')}-{time.monotonic_ns()}.log"
-    command = [str(BIN / "vlmserve-engine"), "--address", address, *extra]
+    command = [str(bin_dir / "vlmserve-engine"), "--address", address, *extra]
     if model := model or os.environ.get("VLMSERVE_TEST_MODEL"):
         command += ["--model", model]
     with log_path.open("wb") as log:
@@ -88,14 +90,19 @@ def start_engine(
 
 
 def start_facade(
-    log_dir: Path, engine_address: str, *, store_path: Path, extra: tuple[str, ...] = ()
+    log_dir: Path,
+    engine_address: str,
+    *,
+    store_path: Path,
+    extra: tuple[str, ...] = (),
+    bin_dir: Path = BIN,
 ) -> ServiceProcess:
     _marker_guard.check("starts a facade process")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = log_dir / f"facade-{port}.log"
     command = [
-        str(BIN / "vlmserve-facade"),
+        str(bin_dir / "vlmserve-facade"),
         *("--engine-address", engine_address),
         *("--host", "127.0.0.1", "--port", str(port)),
         *("--store-path", str(store_path)),
