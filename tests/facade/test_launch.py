@@ -288,3 +288,33 @@ def test_several_models_one_engine_each(tmp_path: Path) -> None:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_a_stop_signal_takes_no_lock() -> None:
+    """The handler runs between two bytecodes of the main thread, which may hold a lock at that
+    moment (a threading.Event's, inside its wait): a handler that takes a lock can wait on it for
+    ever. An Event.set() there hung the launcher on SIGTERM now and then (seen in CI: the stream
+    ran on, the children stayed up). Recorded with a profiler: it calls nothing that locks."""
+    from vlmserve.facade.launch import Launcher
+
+    launcher = Launcher.__new__(Launcher)  # only the signal state; nothing started
+    launcher._signals = []
+    called: list[str] = []
+
+    def record(frame: object, event: str, arg: object) -> None:
+        if event == "c_call":
+            called.append(getattr(arg, "__qualname__", repr(arg)))
+        elif event == "call":
+            called.append(frame.f_code.co_qualname)  # type: ignore[attr-defined]
+
+    sys.setprofile(record)
+    try:
+        launcher.handle_signal(signal.SIGTERM, None)
+        launcher.handle_signal(signal.SIGTERM, None)
+    finally:
+        sys.setprofile(None)
+    assert launcher.stopping
+    locking = [
+        name for name in called if any(word in name for word in ("acquire", "Event", "Condition", "Lock"))
+    ]
+    assert locking == [], called

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -259,7 +258,6 @@ class Launcher:
         self.facade_flags = list(facade_flags)
         self.stop_timeouts = stop_timeouts(settings.facade)
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self.stopping = threading.Event()
         self.child_env = engine_token_env(settings.facade)
         self._lifeline: tuple[int, int] | None = None
         self._signals: list[int] = []
@@ -286,7 +284,7 @@ class Launcher:
         self, name: str, process: subprocess.Popen[bytes], ready: Callable[[], bool], timeout: float
     ) -> bool:
         deadline = time.monotonic() + timeout
-        while not self.stopping.is_set():
+        while not self.stopping:
             if process.poll() is not None:
                 logger.error("%s exited with status %s before it was ready", name, process.returncode)
                 return False
@@ -349,12 +347,12 @@ class Launcher:
             url,
             ", ".join(f"{engine.model_id or 'engine'} at {engine.address}" for engine in engines),
         )
-        while not self.stopping.is_set():
+        while not self.stopping:
             for name, process in self.processes:
                 if process.poll() is not None:
                     logger.error("%s exited with status %s", name, process.returncode)
                     return self._fail()
-            self.stopping.wait(POLL_S)
+            time.sleep(POLL_S)
         self._log_signal()
         self.stop_all()
         return 0
@@ -365,13 +363,20 @@ class Launcher:
     def _fail(self) -> int:
         self._log_signal()
         self.stop_all()
-        return 0 if self.stopping.is_set() else 1
+        return 0 if self.stopping else 1
+
+    @property
+    def stopping(self) -> bool:
+        """A stop signal came."""
+        return bool(self._signals)
 
     def handle_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Only note it: logging from a signal handler can re-enter a stream being written
-        # (RuntimeError mid-stop). A repeated signal changes nothing.
+        # Only note it, in a list (no lock): the handler runs between two bytecodes of the main
+        # thread, which may hold a lock at that moment — a threading.Event's, inside its wait();
+        # Event.set() here then waited on that lock for ever (the launcher hung on SIGTERM, seen
+        # in CI). Logging likewise can re-enter a stream being written. A repeated signal
+        # changes nothing.
         self._signals.append(signum)
-        self.stopping.set()
 
     def _log_signal(self) -> None:
         if self._signals:
