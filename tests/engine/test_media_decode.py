@@ -647,20 +647,27 @@ def test_decoding_writes_no_file(
     assert list(work.iterdir()) == []
 
 
+def live_workers() -> list[int]:
+    """The process ids of the decoding workers alive now (idle, decoding or starting), read from
+    the worker module's registry under its lock."""
+    with worker._IDLE_LOCK:
+        return sorted(w.process.pid for w in worker._LIVE)
+
+
 def test_started_decoders_take_the_first_clip() -> None:
     """start_decoders (an engine calls it as it loads) starts the workers without waiting for
     their imports; the first clip uses one of them instead of starting a process (seconds of
     imports), and starting again (a second load) adds none."""
     limits = MediaLimits(decode_memory_mib=1998)  # a memory limit no other test uses: its own workers
-    before = set(worker.live_workers())
+    before = set(live_workers())
     start_decoders(limits)
     started = {w.process.pid for w in worker._IDLE if w.memory_mib == 1998}
     assert len(started) == worker.DECODE_SLOTS
-    assert set(worker.live_workers()) - before == started
+    assert set(live_workers()) - before == started
     decode_audio(pb.AudioPart(data=wav_bytes(0.2)), limits)
     start_decoders(limits)
     assert {w.process.pid for w in worker._IDLE if w.memory_mib == 1998} == started
-    assert set(worker.live_workers()) - before == started
+    assert set(live_workers()) - before == started
 
 
 def test_stopped_decoders_leave_no_process() -> None:
@@ -673,7 +680,7 @@ def test_stopped_decoders_leave_no_process() -> None:
     workers = [w for w in worker._IDLE if w.memory_mib == 1997]
     assert len(idle) == 1 and len(workers) == worker.DECODE_SLOTS
     worker.stop_workers()
-    assert worker.live_workers() == [] and worker._IDLE == []
+    assert live_workers() == [] and worker._IDLE == []
     assert all(w.process.poll() is not None for w in workers)
     assert idle[0].process.returncode == 0  # left on its own, not killed
     assert decode_audio(pb.AudioPart(data=wav_bytes(0.2)), limits).samples.shape[0] == 3200

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import re
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -15,7 +16,6 @@ from tests.facade.helpers import owner_id
 from vlmserve.facade.app import create_app
 from vlmserve.facade.http.api_keys import (
     ANONYMOUS_OWNER,
-    Owner,
     install_api_keys,
     owner_of,
     require_owner,
@@ -27,6 +27,8 @@ from vlmserve.server import secrets
 
 KEY = "sk-test-0123456789abcdef"
 OTHER_KEY = "sk-test-fedcba9876543210"
+# A route may also take the owner as a parameter: require_owner returns it.
+Owner = Annotated[str, Depends(require_owner)]
 INCORRECT = {
     "error": {
         "message": "Incorrect API key provided.",

@@ -8,7 +8,7 @@ caller is the owner "anonymous" (the facade binds 127.0.0.1 by default).
 `require_owner` is the FastAPI dependency: it answers 401 (OpenAI-shaped) or returns the caller's
 owner id, a truncated SHA-256 of the key, so stored responses can belong to the key that made them
 without the key itself being stored. `create_app` attaches it to every router except the one
-holding `/healthz`; routes that need the owner declare a parameter `owner: Owner`. `/metrics`
+holding `/healthz`; routes that need the owner read it with `owner_of(request)`. `/metrics`
 takes `require_operator` instead: an operator key, never a client's (its figures count every key).
 Keys are held only as digests; the presented key is hashed once and compared with every digest,
 with no early exit, so the time taken says nothing about which key matched or how close a guess is.
@@ -16,9 +16,7 @@ with no early exit, so the time taken says nothing about which key matched or ho
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from starlette.requests import HTTPConnection
 
 from vlmserve.facade.http.errors import APIError
@@ -26,7 +24,6 @@ from vlmserve.facade.settings.api_keys import OPERATOR_KEYS_ENV, ApiKeys
 
 __all__ = [
     "ANONYMOUS_OWNER",
-    "Owner",
     "authenticate",
     "install_api_keys",
     "owner_of",
@@ -134,6 +131,3 @@ async def require_operator(request: Request) -> None:
         + "), not an API key.",
         code="permission_denied",
     )
-
-
-Owner = Annotated[str, Depends(require_owner)]

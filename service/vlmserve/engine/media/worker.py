@@ -31,7 +31,7 @@ from typing import Any
 
 from vlmserve.engine.media.limits import MediaError
 
-__all__ = ["DECODE_SLOTS", "live_workers", "run_bounded", "start_workers", "stop_workers"]
+__all__ = ["DECODE_SLOTS", "run_bounded", "start_workers", "stop_workers"]
 
 # Decodes at once, engine-wide: each may hold its clip and its frames.
 DECODE_SLOTS = 2
@@ -108,12 +108,6 @@ _LIVE: set[_Worker] = set()
 _IDLE_LOCK = threading.Lock()
 # How long a ready worker may take to leave once its pipe is closed, before it is killed.
 _LEAVE_TIMEOUT_S = 2.0
-
-
-def live_workers() -> list[int]:
-    """The process ids of the decoding workers alive now (idle, decoding or starting)."""
-    with _IDLE_LOCK:
-        return sorted(worker.process.pid for worker in _LIVE)
 
 
 @atexit.register
