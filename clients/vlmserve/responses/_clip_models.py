@@ -22,10 +22,7 @@ from pydantic_core import PydanticCustomError
 from ._validation import RequestModel, by_json_type
 
 __all__ = [
-    "AUDIO_PART_TYPES",
-    "CLIP_PART_TYPES",
     "MAX_GIVEN_FRAMES",
-    "VIDEO_PART_TYPES",
     "AudioDataParam",
     "AudioURLPartParam",
     "ChatVideoURLPartParam",
@@ -35,9 +32,6 @@ __all__ = [
     "VideoURLParam",
 ]
 
-VIDEO_PART_TYPES = ("input_video", "video_url", "video")
-AUDIO_PART_TYPES = ("input_audio", "audio_url")
-CLIP_PART_TYPES = (*VIDEO_PART_TYPES, *AUDIO_PART_TYPES)
 # Frames a `video` list may give (each is an image, decoded and bounded as images are; the engine
 # samples at most `max_frames` of them). Bounded before any is decoded.
 MAX_GIVEN_FRAMES = 256

@@ -15,7 +15,6 @@ from pydantic import (
 )
 
 from ._clip_models import (
-    CLIP_PART_TYPES,
     AudioURLPartParam,
     ChatVideoURLPartParam,
     InputAudioPartParam,
@@ -45,7 +44,6 @@ EXAMPLE_IMAGE_URL = (
 )
 TEXT_PART_TYPES = ("input_text", "text", "output_text")
 IMAGE_PART_TYPES = ("input_image", "image_url")
-MESSAGE_PART_TYPES = (*TEXT_PART_TYPES, *IMAGE_PART_TYPES, *CLIP_PART_TYPES, "input_file", "refusal")
 
 # Parts with a known meaning that we cannot serve yet: refused by name wherever they appear.
 UNSUPPORTED_PARTS = {

@@ -14,7 +14,7 @@ these same models.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeAlias, get_args
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BeforeValidator,
@@ -84,7 +84,6 @@ IncludeValue: TypeAlias = Literal[
     "web_search_call.action.sources",
     "code_interpreter_call.outputs",
 ]
-INCLUDABLE: tuple[str, ...] = get_args(IncludeValue)
 ServiceTier: TypeAlias = Literal["auto", "default", "flex", "priority"]
 
 

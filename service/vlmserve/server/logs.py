@@ -20,12 +20,10 @@ from typing import Literal
 from opentelemetry import trace
 
 LogFormat = Literal["text", "json"]
-LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Renamed so the JSON reads like other services' logs (and `message`, not `msg`).
 _JSON_FIELDS = {"asctime": "time", "levelname": "level", "name": "logger"}
-CONTEXT_FIELDS = ("request_id", "response_id", "trace_id", "span_id")
 
 request_id_var: ContextVar[str | None] = ContextVar("vlmserve_request_id", default=None)
 response_id_var: ContextVar[str | None] = ContextVar("vlmserve_response_id", default=None)

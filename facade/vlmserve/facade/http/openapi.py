@@ -262,7 +262,6 @@ _COUNTING = ("/v1/responses/input_tokens", "/v1/messages/count_tokens")
 _STORING_PREFIXES = ("/v1/conversations", "/v1/files")
 # Routes that read a JSON body themselves (FastAPI does not see it, so the document may not).
 _OWN_BODIES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses/compact")
-_PROBES = ("/healthz", "/readyz")
 _FILE_TYPES = ("application/pdf", "image/png", "image/jpeg", "image/webp", "image/gif", "text/plain")
 
 

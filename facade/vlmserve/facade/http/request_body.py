@@ -141,13 +141,6 @@ class _Dropped:
 _DROPPED = _Dropped()
 
 
-def parse_json(raw: bytes | bytearray, *, bounds: JsonBounds) -> Any:
-    """Strict JSON (no NaN/Infinity), nested at most MAX_JSON_DEPTH deep, strings valid Unicode,
-    within `bounds`."""
-    text, check_strings = decode_body(raw)
-    return parse_text(text, check_strings=check_strings, bounds=bounds)
-
-
 def parse_message(text: str, *, limits: Limits) -> Any:
     """A JSON text that arrived as text (a WebSocket message) under the same rules and bounds as
     a request body."""

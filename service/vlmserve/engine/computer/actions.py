@@ -38,8 +38,6 @@ BUTTON_ACTIONS: dict[str, str] = {
     "forward": "forward_click",
 }
 _BUTTONS = {action: button for button, action in BUTTON_ACTIONS.items()}
-# Actions without coordinates: the only ones offered before there is a screen to point at.
-_BLIND_ACTIONS = ("screenshot", "type", "key", "wait")
 _POINTER_ACTIONS = (*BUTTON_ACTIONS.values(), "double_click", "mouse_move")
 MAX_DRAG_POINTS = 64
 
@@ -104,12 +102,6 @@ def model_schema(space: Space | None) -> dict[str, Any]:
         ),
     ]
     return {"type": "object", "anyOf": branches, "$defs": {"point": _coordinate(space)}}
-
-
-def action_names(space: Space | None) -> tuple[str, ...]:
-    if space is None:
-        return _BLIND_ACTIONS
-    return (*_BLIND_ACTIONS, *_POINTER_ACTIONS, "scroll", "left_click_drag")
 
 
 # -- contract -> model (a replayed call) ---------------------------------------------------------
