@@ -26,6 +26,7 @@ from vlmserve.engine.speculation.rollback import RecurrentVerify
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._logits_hooks import with_hooks
+from ._runs import report_of, run, run_jobs, run_jobs_each_alone
 from .test_batching import AtToken
 from .test_engine_grpc import text_part
 from .test_speculation import _chi_square_critical, _chi_square_homogeneity
@@ -48,29 +49,6 @@ class RecordedJob(Job):
         return finished[0].result
 
 
-def run(generator: Generator, requests: dict[str, PreparedRequest], tag: str) -> dict[str, RecordedJob]:
-    jobs = {
-        name: RecordedJob(dataclasses.replace(request, request_id=f"{tag}-{name}"), None)
-        for name, request in requests.items()
-    }
-    for job in jobs.values():
-        generator.submit(job)
-    assert generator.wait_idle(300)
-    return jobs
-
-
-def run_each_alone(
-    generator: Generator, requests: dict[str, PreparedRequest], tag: str
-) -> dict[str, RecordedJob]:
-    """Each request in a batch of its own."""
-    return {name: run(generator, {name: request}, tag)[name] for name, request in requests.items()}
-
-
-def tokens(generator: Generator, job: Job) -> tuple[int, ...]:
-    reports = {report.request_id: report for report in generator.reports}
-    return reports[job.request_id].token_ids
-
-
 def check_same_tokens(
     reference: Generator, generator: Generator, requests: dict[str, PreparedRequest], tag: str
 ) -> None:
@@ -78,7 +56,7 @@ def check_same_tokens(
     expected = run(reference, requests, tag)
     got = run(generator, requests, tag)
     for name in requests:
-        assert tokens(generator, got[name]) == tokens(reference, expected[name]), name
+        assert got[name].token_ids == expected[name].token_ids, name
 
 
 def logprobs(result: pb.GenerateResult) -> list[tuple[tuple[str, ...], list[float]]]:
@@ -127,22 +105,27 @@ class MixedBatch:
     @classmethod
     def on(cls, plain: Generator, temperature: float) -> MixedBatch:
         requests = _requests(plain, temperature)
-        return cls(plain, temperature, requests, run_each_alone(plain, requests, f"alone-{temperature}"))
+        return cls(
+            plain,
+            temperature,
+            requests,
+            run_jobs_each_alone(plain, requests, f"alone-{temperature}", RecordedJob),
+        )
 
     def alone(self, generator: Generator) -> dict[str, RecordedJob]:
-        return run_each_alone(generator, self.requests, f"alone-{self.temperature}")
+        return run_jobs_each_alone(generator, self.requests, f"alone-{self.temperature}", RecordedJob)
 
     def together(self, generator: Generator) -> dict[str, RecordedJob]:
-        return run(generator, self.requests, f"mixed-{self.temperature}")
+        return run_jobs(generator, self.requests, f"mixed-{self.temperature}", RecordedJob)
 
     def check_tokens(
         self, generator: Generator, alone: dict[str, RecordedJob], together: dict[str, RecordedJob], mode: str
     ) -> None:
         """Every row takes its plain tokens alone and together, and its plain usage together."""
         for name in self.requests:
-            want = tokens(self.plain, self.expected[name])
-            assert tokens(generator, alone[name]) == want, (mode, name)
-            assert tokens(generator, together[name]) == want, (mode, name)
+            want = report_of(self.plain, self.expected[name]).token_ids
+            assert report_of(generator, alone[name]).token_ids == want, (mode, name)
+            assert report_of(generator, together[name]).token_ids == want, (mode, name)
             assert together[name].result.usage == self.expected[name].result.usage, (mode, name)
 
     def check_logprobs(self, together: dict[str, RecordedJob], mode: str) -> None:
@@ -202,7 +185,7 @@ def check_join_and_cancel_while_drafting(plain: Generator, drafting: Generator) 
     late = {"short": base["short"], "copy-late": dataclasses.replace(base["copy"], request_id="copy-late")}
     pacer = base["schema"]  # a constrained row (one token a step, hooked: no drafts)
     expected = {
-        name: tokens(plain, run(plain, {name: request}, "join-alone")[name])
+        name: run(plain, {name: request}, "join-alone")[name].token_ids
         for name, request in {**early, **late, "pacer": pacer}.items()
     }
     jobs = {
@@ -257,8 +240,8 @@ def check_seeded_distribution(engines: dict[str, Generator]) -> None:
         counts: Counter[int] = Counter()
         for start in range(first_seed, first_seed + seeds, 40):  # within the engine's queue
             requests = {str(seed): request(generator.preparer, seed) for seed in range(start, start + 40)}
-            for job in run(generator, requests, f"dist-{start}").values():
-                taken = tokens(generator, job)
+            for report in run(generator, requests, f"dist-{start}").values():
+                taken = report.token_ids
                 if len(taken) > 2:
                     counts[taken[2]] += 1
         return counts

@@ -28,6 +28,7 @@ from vlmserve.engine.speculation.model_drafter import load_model_drafter
 from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 from . import _drafter_scenarios as scenarios
+from ._runs import run
 from .test_speculative_decoding import _generator, _requests
 
 pytestmark = pytest.mark.needs_model
@@ -126,20 +127,17 @@ def test_rows_draft_in_one_forward_what_a_forward_each_drafts(
 
     monkeypatch.setattr(DFlashDrafter, "propose", counted)
     requests = scenarios.with_max_tokens(_requests(engines["off"], 0.0), (7, 13, 40))
-    expected = {
-        n: scenarios.tokens(engines["off"], j)
-        for n, j in scenarios.run(engines["off"], requests, "off").items()
-    }
+    expected = {n: report.token_ids for n, report in run(engines["off"], requests, "off").items()}
     results = {}
     for name in ("batched", "per-row"):
         generator = engines[name]
         steps.clear()
         before = list(scenarios.draft_counts(generator).values())
-        jobs = scenarios.run(generator, requests, name)
+        reports = run(generator, requests, name)
         after = list(scenarios.draft_counts(generator).values())
         results[name] = (
             [b - a for a, b in zip(before, after, strict=True)],
-            {n: scenarios.tokens(generator, j) for n, j in jobs.items()},
+            {n: report.token_ids for n, report in reports.items()},
         )
         assert results[name][1] == expected, name
         several = [(rows, forwards) for rows, forwards in steps if rows > 1]

@@ -34,6 +34,7 @@ from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDraf
 from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 from . import _drafter_scenarios as scenarios
+from ._runs import run
 from .test_speculative_decoding import _generator, _requests
 
 
@@ -290,7 +291,7 @@ def test_a_row_drafter_starts_over_the_prompt(
 
     monkeypatch.setattr(ModelDrafter, "_start", start)
     requests = _requests(engines["draft"], 0.0)
-    scenarios.run(engines["draft"], {"copy": requests["copy"], "short": requests["short"]}, "prompt-start")
+    run(engines["draft"], {"copy": requests["copy"], "short": requests["short"]}, "prompt-start")
     assert len(started) == 2
     assert all(prompt > 1 and offset == prompt for prompt, offset in started), started
 
@@ -392,11 +393,11 @@ def test_eagle3_rows_batched_draft_what_a_state_per_row_drafts(
         counts = {}
         for name, generator in (("shared", engines["draft"]), ("per-row", per_row)):
             before = list(scenarios.draft_counts(generator).values())
-            jobs = scenarios.run(generator, requests, f"batched-{name}")
+            reports = run(generator, requests, f"batched-{name}")
             after = list(scenarios.draft_counts(generator).values())
             counts[name] = (
                 [b - a for a, b in zip(before, after, strict=True)],
-                {n: scenarios.tokens(generator, job) for n, job in jobs.items()},
+                {n: report.token_ids for n, report in reports.items()},
             )
             if name == "shared":
                 assert max(held) >= 2, held
