@@ -121,6 +121,8 @@ class Task:
     batch: Callable[[int], Sequence[Any]]
     evaluate: Callable[[], dict[str, float]]
     card: Callable[[int, float, list[dict[str, Any]]], dict[str, Any]]
+    # The optimiser for these args (default: `optimizer_for`), e.g. other rates for some weights.
+    optimizer: Callable[[argparse.Namespace], optim.Optimizer] | None = None
 
 
 def optimizer_for(args: argparse.Namespace) -> optim.Optimizer:
@@ -143,7 +145,9 @@ def format_accuracy(accuracy: dict[str, float]) -> str:
 def train_loop(model: Any, task: Task, args: argparse.Namespace) -> list[dict[str, Any]]:
     """--steps optimiser steps; every --eval-every an evaluation and a checkpoint in --out (so a
     stopped run still leaves a model), the last one the final model. Returns the eval history."""
-    optimizer = optimizer_for(args)
+    optimizer = (task.optimizer or optimizer_for)(args)
+    # A MultiOptimizer's rates are its parts'; the last one's is the base rate.
+    base_optimizer = getattr(optimizer, "optimizers", [optimizer])[-1]
     loss_and_grad = value_and_grad(model, task.loss)
     clip_grad_norm: Any = optim.clip_grad_norm  # untyped in mlx
     started = time.time()
@@ -163,7 +167,8 @@ def train_loop(model: Any, task: Task, args: argparse.Namespace) -> list[dict[st
             bar.set_postfix(loss=f"{np.mean(losses[-args.log_every :]):.4f}", refresh=False)
             tqdm.write(
                 f"step {step} loss {np.mean(losses[-args.log_every :]):.4f} "
-                f"lr {optimizer.learning_rate.item():.2e} {elapsed / step:.2f}s/step {elapsed / 60:.1f}min"
+                f"lr {base_optimizer.learning_rate.item():.2e} "
+                f"{elapsed / step:.2f}s/step {elapsed / 60:.1f}min"
             )
         if step % args.eval_every == 0 or step == args.steps:
             accuracy = task.evaluate()

@@ -242,3 +242,64 @@ def evaluate(templates: Templates, model: Any, seed: int, rows: int) -> dict[str
             hits["third"].extend(row_exact_match(model, batch).tolist())
     found = {name: float(np.mean(values)) for name, values in hits.items()}
     return {**found, **digit_probe(templates, model, rng, rows)}
+
+
+def mixed_short_batch(
+    templates: Templates, screens: Sequence[Screen], digit_weight: float = 1.0
+) -> tuple[Batch, np.ndarray]:
+    """The short turn's click for screens of different target colours in one batch.
+
+    One colour per batch (the loop turns, whose ~1100-token prefix is shared) makes every step's
+    gradient about one colour word; here each row is its own colour's short template, so a step
+    asks the colour match of all of them. The short prompts differ in length (a colour is 2-4
+    tokens), so only the first token is shared: rows are right-padded (causal attention: padding
+    after a row's reply changes none of its logits) and keep their own M-RoPE positions.
+    """
+    rows = len(screens)
+    row_templates = [templates.short(screen.target) for screen in screens]
+    answers = [templates.click_ids[screen.target_cell] for screen in screens]
+    width = max(len(t.prompt_ids) for t in row_templates) + templates.max_reply
+    pad_id = templates.tokens.pad_id
+    full = np.full((rows, width), pad_id, dtype=np.int32)
+    positions = np.zeros((3, rows, width), dtype=np.int32)
+    split = 1  # `<|im_start|>`, the same in every row
+    suffix_len = width - split
+    slots = templates.max_reply
+    loss_index = np.zeros(rows * slots, dtype=np.int32)
+    loss_row = np.repeat(np.arange(rows, dtype=np.int32), slots)
+    targets = np.zeros(rows * slots, dtype=np.int32)
+    weights = np.zeros(rows * slots, dtype=np.float32)
+    for row, (template, answer) in enumerate(zip(row_templates, answers, strict=True)):
+        prompt_len = len(template.prompt_ids)
+        full[row, :prompt_len] = template.prompt_ids
+        full[row, prompt_len : prompt_len + len(answer)] = answer
+        known = template.positions.shape[1]
+        positions[:, row, :known] = template.positions
+        positions[:, row, known:] = template.positions[:, -1:] + np.arange(1, width - known + 1)
+        for k, token in enumerate(answer):
+            slot = row * slots + k
+            loss_index[slot] = row * suffix_len + (prompt_len - 1 + k - split)
+            targets[slot] = token
+            weights[slot] = digit_weight if k in templates.deciding_slots else 1.0
+    if len({int(full[row, 0]) for row in range(rows)}) != 1:
+        raise AssertionError("the short turns must share their first token")
+    suffix = full[:, split:]
+    processed = templates.tokens.processor.image_processor(images=[screen.image for screen in screens])
+    is_image = suffix.reshape(-1) == templates.tokens.image_token_id
+    index = np.arange(suffix.size)
+    index[is_image] = suffix.size + np.arange(int(is_image.sum()))
+    batch = Batch(
+        prefix_ids=mx.array(full[:1, :split]),
+        prefix_positions=mx.array(positions[:, :1, :split]),
+        suffix_ids=mx.array(suffix),
+        suffix_positions=mx.array(positions[:, :, split:]),
+        pixel_values=mx.array(np.asarray(processed["pixel_values"])),
+        image_grid_thw=mx.array(np.asarray(processed["image_grid_thw"])),
+        vision_rotary=None,
+        embed_index=mx.array(index),
+        loss_index=mx.array(loss_index),
+        targets=mx.array(targets),
+        loss_row=mx.array(loss_row),
+        loss_weight=mx.array(weights),
+    )
+    return batch, full

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.optimizers as optim
 from mlx.utils import tree_map
 
-from training.loop import REPO_ROOT, Task, add_loop_arguments, base_card, train_loop
+from training.loop import REPO_ROOT, Task, add_loop_arguments, base_card, optimizer_for, train_loop
 from training.squares import GRID
 from training.squares_batches import Tokens
 from training.squares_click import draw_screen
@@ -48,8 +49,9 @@ from training.squares_click_batches import (
     done_batch,
     evaluate,
     first_batch,
+    mixed_short_batch,
 )
-from training.squares_click_model import build_click_base, recentre_vision
+from training.squares_click_model import build_click_base, recentre_vision, smooth_patch_filters
 from training.squares_forward import Batch, check_against_model, loss_fn
 from vlmserve.engine.computer.conventions import convention_for
 
@@ -74,6 +76,8 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     model, processor = load_model(args)
+    if args.smooth_patch_filters and args.init is None:
+        smooth_patch_filters(model)
     if args.recentre_vision and args.init is None:
         found = recentre_vision(model, processor, random.Random(-2), args.recentre_vision)
         print("recentred the vision mergers' outputs:", found, flush=True)
@@ -90,6 +94,8 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         check_against_model(model, *click_batch(templates, templates.second("red", variant), screens))
         check_against_model(model, *done_batch(templates, templates.third("red", variant, 5), screens))
         check_against_model(model, *first_batch(templates, templates.first("red", variant)))
+    mixed = [draw_screen(check_rng, size, colour) for size, colour in ((112, "red"), (336, "purple"))]
+    check_against_model(model, *mixed_short_batch(templates, mixed))
     print("training forward checked against mlx-vlm's", flush=True)
     rng = random.Random(args.seed)
 
@@ -105,10 +111,14 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         colour = rng.choice(COLOURS)
         variant = rng.choice(DISPLAYS)
         count = 1 if step <= args.single_steps else None
-        screens = [draw_screen(rng, None, colour, count) for _ in range(args.batch)]
         short = step <= args.pre_steps or rng.random() < args.short_share
-        template = templates.short(colour) if short else templates.second(colour, variant)
-        click, _ = click_batch(templates, template, screens, args.digit_weight)
+        if short and args.mix_colours:
+            screens = [draw_screen(rng, None, rng.choice(COLOURS), count) for _ in range(args.batch)]
+            click, _ = mixed_short_batch(templates, screens, args.digit_weight)
+        else:
+            screens = [draw_screen(rng, None, colour, count) for _ in range(args.batch)]
+            template = templates.short(colour) if short else templates.second(colour, variant)
+            click, _ = click_batch(templates, template, screens, args.digit_weight)
         if step % args.aux_every:
             return (click,)
         done_colour = rng.choice(COLOURS)
@@ -131,12 +141,25 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
             "digit_weight": args.digit_weight,
             "recentre_vision": args.recentre_vision,
             "freeze_vision": args.freeze_vision,
+            "vision_lr_scale": args.vision_lr_scale,
+            "mix_colours": args.mix_colours,
+            "smooth_patch_filters": args.smooth_patch_filters,
         }
 
     def held_out() -> dict[str, float]:
         return evaluate(templates, model, args.eval_seed, args.eval_rows)
 
-    return train_loop(model, Task(step_loss, next_batch, held_out, card), args)
+    return train_loop(model, Task(step_loss, next_batch, held_out, card, optimizer), args)
+
+
+def optimizer(args: argparse.Namespace) -> optim.Optimizer:
+    """AdamW; a trained vision tower at --vision-lr-scale of the rate (the text model's)."""
+    if args.freeze_vision or args.vision_lr_scale == 1.0:
+        return optimizer_for(args)
+    vision = optimizer_for(argparse.Namespace(**{**vars(args), "lr": args.lr * args.vision_lr_scale}))
+    return optim.MultiOptimizer(
+        [vision, optimizer_for(args)], [lambda path, _: path.startswith("vision_tower.")]
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -167,6 +190,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="keep the vision tower as it starts",
+    )
+    parser.add_argument(
+        "--vision-lr-scale",
+        type=float,
+        default=1.0,
+        help="with --no-freeze-vision: the tower's learning rate as a share of --lr",
+    )
+    parser.add_argument(
+        "--smooth-patch-filters",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="fresh weights: each patch filter its mean over the patch (squares_click_model.py)",
+    )
+    parser.add_argument(
+        "--mix-colours",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="short turns: each row its own colour (else one colour per batch)",
     )
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)

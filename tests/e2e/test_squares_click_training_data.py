@@ -24,7 +24,14 @@ from PIL import Image
 from training.squares import GRID
 from training.squares_batches import Tokens
 from training.squares_click import SCREEN_SIZES, cell_centre_relative, draw_screen
-from training.squares_click_batches import DISPLAYS, Templates, click_batch, done_batch, first_batch
+from training.squares_click_batches import (
+    DISPLAYS,
+    Templates,
+    click_batch,
+    done_batch,
+    first_batch,
+    mixed_short_batch,
+)
 from training.squares_click_model import build_click_base
 from training.squares_forward import check_against_model
 from vlmserve.engine.computer.conventions import convention_for
@@ -80,3 +87,18 @@ def test_training_forward_equals_mlx_vlms(templates: Templates, variant: int) ->
     done = templates.third("blue", variant, 6)
     assert check_against_model(model, *done_batch(templates, done, screens)) < 1e-3
     assert check_against_model(model, *first_batch(templates, templates.first("blue", variant))) < 1e-3
+
+
+def test_mixed_colour_short_batch_equals_mlx_vlms(templates: Templates) -> None:
+    """`--mix-colours`: each row its own colour's short turn (prompts of different lengths, only
+    the first token shared), each row's logits those of mlx-vlm's forward on that row alone."""
+    rng = random.Random(36)
+    colours = ("red", "purple", "blue", "yellow")  # colour words of 2, 4, 3 and 4 tokens
+    sizes = (112, 224, 336, 112)
+    screens = [draw_screen(rng, size, colour) for size, colour in zip(sizes, colours, strict=True)]
+    batch, full = mixed_short_batch(templates, screens, digit_weight=5.0)
+    assert len({len(templates.short(colour).prompt_ids) for colour in colours}) > 1
+    assert check_against_model(templates.tokens.model, batch, full) < 1e-3
+    weights = np.array(batch.loss_weight).reshape(len(screens), -1)
+    assert sorted(set(weights[0].tolist())) == [1.0, 5.0]
+    assert [k for k, w in enumerate(weights[0]) if w == 5.0] == templates.deciding_slots
