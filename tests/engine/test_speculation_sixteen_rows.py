@@ -3,7 +3,7 @@ when a verify step pays for itself and runs plain steps when it does not, on the
 (its greedy loops give lookup drafts that are accepted), tokens identical to `--speculative off`
 either way.
 
-What a step costs is the one thing scripted (the verifier's clock, `Verifier._measured`): the
+What a step costs is the one thing scripted (the verifier's clock, `StepClock._observe`): the
 bench measures it on this CPU, where a step of 16 rows moves with the other jobs on the machine,
 so a test of the decision feeds it the costs of two backends instead — one where a verify step
 costs little more than a plain one (a memory-bound decode: Apple silicon, a GPU) and one where
@@ -22,7 +22,7 @@ import pytest
 
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.loop.verifier import Verifier
+from vlmserve.engine.speculation.step_cost import StepClock
 
 from ._runs import run
 from .test_speculative_decoding import _counter, _generator
@@ -69,19 +69,16 @@ def _copying(generator: Generator) -> dict[str, PreparedRequest]:
     return requests
 
 
-def _clock(verify_seconds: Callable[[int], float]) -> Callable[[Verifier[object], float, int], None]:
-    """`Verifier._measured` with a step's cost from its kind instead of the wall clock: a plain
+def _clock(verify_seconds: Callable[[int], float]) -> Callable[[StepClock, Any, float, int], None]:
+    """`StepClock._observe` with a step's cost from its kind instead of the wall clock: a plain
     step (width 0) PLAIN_SECONDS, a verify of width w `verify_seconds(w)`."""
 
-    def measured(self: Verifier[object], now: float, rows: int) -> None:
-        costs = self.speculator.costs
-        if self._step is None or costs is None:
-            return
-        _started, step_rows, width = self._step
-        if step_rows == rows:
-            costs.observe(rows, width, PLAIN_SECONDS if width == 0 else verify_seconds(width))
+    def observe(self: StepClock, step: tuple[float, int, int] | None, now: float, rows: int) -> None:
+        if step is not None and step[1] == rows:
+            width = step[2]
+            self.costs.observe(rows, width, PLAIN_SECONDS if width == 0 else verify_seconds(width))
 
-    return measured
+    return observe
 
 
 def _forwards(generator: Generator, kind: str) -> float:
@@ -120,7 +117,7 @@ VERIFY_SECONDS: dict[str, Callable[[int], float]] = {
 def test_sixteen_copying_rows_verify_drafts_only_where_they_pay(
     plain: Generator, lookup: Generator, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
-    monkeypatch.setattr(Verifier, "_measured", _clock(VERIFY_SECONDS[backend]))
+    monkeypatch.setattr(StepClock, "_observe", _clock(VERIFY_SECONDS[backend]))
     requests = _copying(plain)
     expected = run(plain, requests, f"off-{backend}")
     # The first batch also measures what steps cost here (exploration: a few wide verifies

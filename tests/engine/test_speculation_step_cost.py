@@ -11,7 +11,7 @@ import pytest
 from tests.engine._drafting_row import LookupRow
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.policy import RowDrafts, verify_width
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate, bucket
+from vlmserve.engine.speculation.step_cost import StepClock, StepCosts, StepGate, bucket
 
 
 @pytest.mark.parametrize(
@@ -71,6 +71,77 @@ def test_a_verify_width_not_measured_is_interpolated_or_extrapolated(
     assert got == (pytest.approx(expected) if expected is not None else None)
 
 
+class _Recorded(StepCosts):
+    def __init__(self) -> None:
+        super().__init__()
+        self.samples: list[tuple[int, int, float]] = []
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        self.samples.append((rows, width, seconds))
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # Plain steps: each from its start to the next one's.
+        ([("start", 0, 1, False), ("start", 1, 1, False), ("start", 3, 1, False)], [(1, 0, 1), (1, 0, 2)]),
+        # A verify after a plain step waits for its forward (reading the tokens in flight) until
+        # its launch at 4: that wait is the plain step's, the verify runs from 4 to 6.
+        (
+            [("start", 0, 1, False), ("start", 1, 1, True), ("launch", 4, 5), ("start", 6, 1, False)],
+            [(1, 0, 4), (1, 5, 2)],
+        ),
+        # Verifies after verifies (their tokens are read already): start to start.
+        (
+            [
+                ("start", 0, 2, True),
+                ("launch", 0.5, 3),
+                ("start", 2, 2, True),
+                ("launch", 2.1, 3),
+                ("start", 4, 2, False),
+            ],
+            [(2, 3, 2), (2, 3, 2)],
+        ),
+        # A plain step after a verify, then a verify again: the plain one ends at that launch.
+        (
+            [
+                ("start", 0, 1, True),
+                ("launch", 0, 2),
+                ("start", 2, 1, False),
+                ("start", 2.1, 1, True),
+                ("launch", 3, 2),
+            ],
+            [(1, 2, 2), (1, 0, 1)],
+        ),
+        # The batch changed size (a row joined: the gap holds its prompt) or emptied: not counted.
+        (
+            [("start", 0, 2, False), ("start", 1, 3, False), ("start", 2, 3, True), ("launch", 2.5, 4)],
+            [(3, 0, 1.5)],
+        ),
+        (
+            [("start", 0, 2, False), ("start", 1, 3, True), ("launch", 2, 4), ("start", 5, 3, False)],
+            [(3, 4, 3)],
+        ),
+        ([("start", 0, 1, False), ("stop",), ("start", 5, 1, False)], []),
+        ([("start", 0, 1, False), ("start", 1, 1, True), ("stop",), ("launch", 2, 3)], []),
+    ],
+)
+def test_the_step_clock_charges_a_plain_steps_forward_to_it_not_to_the_verify_after_it(
+    events: list[tuple[object, ...]], expected: list[tuple[int, int, float]]
+) -> None:
+    costs = _Recorded()
+    clock = StepClock(costs)
+    for event in events:
+        match event:
+            case ("start", float() | int() as now, int() as rows, bool() as verifies):
+                clock.start(now, rows, verifies=verifies)
+            case ("launch", float() | int() as now, int() as width):
+                clock.launch(now, width)
+            case ("stop",):
+                clock.stop()
+    assert [(rows, width, round(seconds, 9)) for rows, width, seconds in costs.samples] == expected
+
+
 # One copying row (8 drafts at 0.9), one guessing row (2 at 0.3), nothing to copy (lookup found
 # nothing lately: chance 0.1).
 COPYING, GUESSING, NOTHING, RESTING = (
@@ -98,6 +169,11 @@ COPYING, GUESSING, NOTHING, RESTING = (
         # that are mostly right pay for it.
         ([RowDrafts(4, 0.5)] * 8, 0.2, {1: 0.4, 5: 0.6}, False),
         ([RowDrafts(4, 0.95)] * 8, 0.2, {1: 0.4, 5: 0.6}, True),
+        # A verify one position wide gives what a plain step gives at no less cost: where its
+        # measured cost came out below the plain step's (noise), it still does not win.
+        ([NOTHING], 0.1, {1: 0.08, 2: 0.12}, False),
+        ([RESTING] * 8, 0.2, {1: 0.15}, False),
+        ([RowDrafts(1, 0.5)], 0.1, {1: 0.05, 2: 0.2}, False),
         # Within the margin (5 %): plain.
         ([RowDrafts(1, 0.5)], 0.1, {1: 0.1, 2: 0.143}, False),
         ([RowDrafts(1, 0.5)], 0.1, {1: 0.1, 2: 0.135}, True),

@@ -45,6 +45,7 @@ from vlmserve.engine.speculation.rollback import (
     roll_back_rows,
     verify_forward_kwargs,
 )
+from vlmserve.engine.speculation.step_cost import StepClock
 
 __all__ = ["Forward", "Verifier"]
 
@@ -72,9 +73,9 @@ class Verifier(Generic[K]):
         self._language_model = language_model
         self.speculator = speculator
         self._launched: _Launched[K] | None = None
-        # The step under way, for its measured cost (speculation/step_cost.py): when it started,
-        # its rows and width (0: plain); None: none, or the batch emptied since.
-        self._step: tuple[float, int, int] | None = None
+        # Times every step for the step gate's measured costs (speculation/step_cost.py).
+        costs = speculator.costs
+        self._clock = StepClock(costs) if costs is not None else None
 
     @property
     def model_drafter(self) -> AnyDrafter | None:
@@ -100,19 +101,10 @@ class Verifier(Generic[K]):
         calls `launch`); else the batch launches a plain step, double-buffered. Every step starts
         here, so the time since the last one started is what that one cost."""
         now = time.perf_counter()
-        self._measured(now, len(rows))
-        self._step = (now, len(rows), 0)
-        return can_roll_back(caches) and self.speculator.speculates(rows)
-
-    def _measured(self, now: float, rows: int) -> None:
-        """The previous step's cost, from its start to this one's, where the batch kept its rows
-        (else the gap also holds a joining row's prompt, or the batch's changes)."""
-        costs = self.speculator.costs
-        if self._step is None or costs is None:
-            return
-        started, step_rows, width = self._step
-        if step_rows == rows:
-            costs.observe(rows, width, now - started)
+        verifies = can_roll_back(caches) and self.speculator.speculates(rows)
+        if self._clock is not None:
+            self._clock.start(now, len(rows), verifies=verifies)
+        return verifies
 
     def launch(
         self,
@@ -139,12 +131,12 @@ class Verifier(Generic[K]):
         ]
         extra = verify_forward_kwargs(self._language_model, speculator.capture_layer_ids)
         keys = [row.key for row in rows]
+        if self._clock is not None:  # the tokens in flight are read: the verify's forward starts
+            self._clock.launch(time.perf_counter(), width)
         transaction = begin_verify(caches, width, keys)
         with verify_forward(caches):
             output = forward(mx.array(inputs, dtype=mx.int32), **extra)
         speculator.counts.forwards += 1
-        if self._step is not None:
-            self._step = (self._step[0], self._step[1], width)
         if width == 1 and not speculator.reads_hidden_states:
             logits = output.logits[:, -1, :]
             mx.async_eval(logits)  # type: ignore[no-untyped-call]
@@ -225,7 +217,8 @@ class Verifier(Generic[K]):
             if transaction is not None:
                 transaction.abort()
             self._launched = None
-            self._step = None
+            if self._clock is not None:
+                self._clock.stop()
         return transaction.layers if transaction is not None else []
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from vlmserve.engine.speculation.policy import RowDrafts
 
-__all__ = ["StepCosts", "StepGate", "bucket"]
+__all__ = ["StepClock", "StepCosts", "StepGate", "bucket"]
 
 # The weight of a new measurement in the average, and how far one may stray from it (a step that
 # also ran a prompt chunk or waited for admission is not what a step costs).
@@ -143,13 +143,67 @@ class StepCosts:
         return [(self.verify(rows, width) or base) / base for width in range(1, max_width + 1)]
 
 
+@dataclass
+class StepClock:
+    """Times each decode step for `StepCosts` from the clock readings the verifier gives it:
+    every step starts at `start` (its rows, whether it verifies), a verify step's forward at
+    `launch` (its width), and a step's cost runs to the next step's start, except for a plain
+    step followed by a verify: a plain step's forward runs on while the next step starts
+    (double-buffered), and a verify first waits for it (the batch reads the tokens in flight
+    before `launch`), so that plain step ends, and the verify starts, at the verify's `launch`.
+    Timed from start to start, each verify after a plain step was charged the plain forward it
+    waited for and that plain step almost nothing, so verifies looked dearer than they are and
+    plain steps cheaper (issue 37.1). A step whose batch changed size is not counted (the gap
+    also holds a joining row's prompt, or the batch's changes)."""
+
+    costs: StepCosts
+    # The step under way: when it started, its rows and width (0: plain); None: none, or the
+    # batch emptied since.
+    _step: tuple[float, int, int] | None = None
+    # A plain step whose cost ends at the next verify's `launch`.
+    _waiting: tuple[float, int, int] | None = None
+
+    def start(self, now: float, rows: int, *, verifies: bool) -> None:
+        previous, self._step = self._step, (now, rows, 0)
+        if verifies and previous is not None and previous[2] == 0:
+            self._waiting = previous
+        else:
+            self._waiting = None
+            self._observe(previous, now, rows)
+
+    def launch(self, now: float, width: int) -> None:
+        """The step's verify forward starts (the tokens in flight are read), `width` wide."""
+        if self._step is None:
+            return
+        started, rows, _ = self._step
+        if self._waiting is not None:
+            self._observe(self._waiting, now, rows)
+            self._waiting, started = None, now
+        self._step = (started, rows, width)
+
+    def stop(self) -> None:
+        """The batch emptied: the step under way is not measured."""
+        self._step = self._waiting = None
+
+    def _observe(self, step: tuple[float, int, int] | None, now: float, rows: int) -> None:
+        if step is not None and step[1] == rows:
+            self.costs.observe(rows, step[2], now - step[0])
+
+
 def verify_rate(offers: Sequence[RowDrafts], costs: StepCosts, max_width: int) -> float | None:
     """The best verify width's expected tokens per second for these rows' offers (None: no verify
-    cost known)."""
+    cost known; 0: no row has drafts to offer). Only widths that verify a draft count: a verify
+    step one position wide gives the tokens a plain step gives and never costs less (it reads
+    the tokens in flight first, and with a drafter model also reads hidden states and runs the
+    drafter's follow), so where its measured cost came out below the plain step's (noise, a
+    preempted plain step) it must not win: on the MTP fixture with nothing to copy the gate
+    chose 230 one-position verifies in 256 steps of one row (issue 37.1)."""
     rows = len(offers)
     best: float | None = None
     widest = min(max_width, 1 + max((offer.available for offer in offers), default=0))
-    for width in range(1, widest + 1):
+    if widest < 2:
+        return 0.0
+    for width in range(2, widest + 1):
         seconds = costs.verify(rows, width)
         if seconds is None:
             return None
