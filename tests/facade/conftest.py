@@ -8,6 +8,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 
@@ -19,6 +20,5 @@ def app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 
 @pytest.fixture
 async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://facade.test") as client:
+    async with in_process(app) as client:
         yield client

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from PIL import Image
 
 from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
@@ -105,6 +106,14 @@ def screenshot_tool_input(image_url: str) -> list[dict[str, Any]]:
     ]
 
 
+def in_process(app: FastAPI, *, raise_app_exceptions: bool = True, **options: Any) -> httpx.AsyncClient:
+    """An httpx client of `app` in this process (no socket, no lifespan) that sends and receives
+    what any client does: nothing normalised. `async with in_process(app) as http:`. `options`
+    go to httpx.AsyncClient (a `timeout`; a `base_url` where two apps are told apart)."""
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
+    return httpx.AsyncClient(transport=transport, **{"base_url": "http://facade.test", **options})
+
+
 @dataclass
 class AppClients:
     """In-process clients of apps built on one engine client and store; `aclose` closes them all."""
@@ -115,7 +124,7 @@ class AppClients:
 
     def open(self, settings: FacadeSettings) -> httpx.AsyncClient:
         app = create_app(settings, engine=self.engine, store=self.store)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        client = in_process(app)
         self.opened.append(client)
         return client
 
