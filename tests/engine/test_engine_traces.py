@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests._services import start_engine
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient, EngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -195,8 +196,7 @@ def test_one_trace_from_the_facade_request_to_the_engine_phases(
         store = Store.sqlite(tmp_path / "facade.sqlite3")
         app = create_app(FacadeSettings(store_path=tmp_path / "facade.sqlite3"), engine=client, store=store)
         try:
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://facade.test") as http:
+            async with in_process(app) as http:
                 return await http.post(
                     "/v1/responses",
                     json={"model": "default", "input": "Hello", "max_output_tokens": 4},
