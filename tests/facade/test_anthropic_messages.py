@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from tests._pdfs import text_pdf
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
-from tests.facade.helpers import parse_sse, png_bytes
+from tests.facade.helpers import in_process, parse_sse, png_bytes
 from vlmserve.anthropic import TOOL_ERROR_PREFIX
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
@@ -354,7 +354,7 @@ async def test_pings_while_a_long_prompt_prefills(
         "stream": True,
         "messages": [{"role": "user", "content": "Hi"}],
     }
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         types = [event.event for event in parse_sse((await http.post("/v1/messages", json=body)).text)]
     first_block = types.index("content_block_start")
     assert types[0] == "message_start"
@@ -518,7 +518,7 @@ async def test_api_keys_by_x_api_key_or_bearer(
     app = create_app(keyed, engine=engine_client, store=store)
     body = {"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
     versioned = {"anthropic-version": "2023-06-01", "anthropic-beta": "prompt-caching-2024-07-31", **headers}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         response = await http.post("/v1/messages", json=body, headers=versioned)
         models = await http.get("/v1/models", headers=versioned)
     assert (response.status_code, models.status_code) == (status, status)
