@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from tests._sse import aiter_lines
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import EVENT_SCHEMAS, assert_valid, stream_events
+from tests.facade.helpers import EVENT_SCHEMAS, assert_valid, in_process, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.facade import FacadeSettings, Store, create_app
@@ -200,7 +200,7 @@ async def test_a_run_whose_events_pass_the_bound_is_stopped(
     )
     engine.script = Script(text_chunks=["x"] * 1000, delay_s=0.01)
     app = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         queued = (await http.post("/v1/responses", json=BACKGROUND)).json()
         failed = await poll(http, queued["id"])
         events = await resumed(http, queued["id"])
@@ -217,7 +217,7 @@ async def test_shutdown_and_restart_fail_unfinished_runs(
     first = create_app(settings, engine=engine_client, store=store)
     async with (
         first.router.lifespan_context(first),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=first), base_url="http://t") as http,
+        in_process(first) as http,
     ):
         running = (await http.post("/v1/responses", json=BACKGROUND)).json()
         await poll(http, running["id"], until=("in_progress",))
@@ -235,7 +235,7 @@ async def test_shutdown_and_restart_fail_unfinished_runs(
     restarted = create_app(settings, engine=engine_client, store=store)
     async with (
         restarted.router.lifespan_context(restarted),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=restarted), base_url="http://t") as http,
+        in_process(restarted) as http,
     ):
         failed = (await http.get("/v1/responses/resp_left")).json()
         assert (failed["status"], failed["error"]) == ("failed", INTERRUPTED_ERROR)
@@ -257,8 +257,8 @@ async def test_a_cancel_that_reaches_another_facade_stops_the_run(
     elsewhere = create_app(settings, engine=engine_client, store=other_store)
     try:
         async with (
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=running_here), base_url="http://a") as here,
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=elsewhere), base_url="http://b") as there,
+            in_process(running_here) as here,
+            in_process(elsewhere) as there,
         ):
             queued = (await here.post("/v1/responses", json=BACKGROUND)).json()
             await poll(there, queued["id"], until=("in_progress",))
