@@ -9,7 +9,14 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import MODEL_ID, FakeEngine
-from tests.facade.helpers import SCREENSHOT_TOOL, assert_valid, png_bytes, png_data_url, screenshot_tool_input
+from tests.facade.helpers import (
+    SCREENSHOT_TOOL,
+    assert_valid,
+    in_process,
+    png_bytes,
+    png_data_url,
+    screenshot_tool_input,
+)
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import IMAGE_FOLLOW_UP_MARKER, lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -292,7 +299,7 @@ async def test_output_token_default_and_cap(
 ) -> None:
     limits = Limits(default_max_output_tokens=default, max_output_tokens=cap)
     app = create_app(settings.replace(limits=limits), engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         body: dict[str, Any] = {"input": "hi"}
         if requested is not None:
             body["max_output_tokens"] = requested
@@ -310,6 +317,6 @@ async def test_max_output_tokens_above_the_cap_is_400(
     app = create_app(
         settings.replace(limits=Limits(max_output_tokens=100)), engine=engine_client, store=store
     )
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         response = await http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 101})
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_output_tokens"
