@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.facade.fake_engine import MODEL_ID, FakeEngine, model_info
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 
@@ -43,7 +43,7 @@ async def test_a_model_changed_under_the_facade_is_found_again_at_once(
     body: dict[str, Any],
 ) -> None:
     app = create_app(settings.replace(model_info_ttl_s=3600.0), engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         assert (await http.post(path, json=body)).status_code == 200
         _restarted_on_another_model(engine)
         reply = await http.post(path, json=body)
@@ -60,7 +60,7 @@ async def test_a_request_for_the_old_engine_id_is_not_sent_to_the_new_model(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store, engine: FakeEngine
 ) -> None:
     app = create_app(settings.replace(model_info_ttl_s=3600.0), engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         assert (await http.post("/v1/responses", json={"model": MODEL_ID, "input": "hi"})).status_code == 200
         _restarted_on_another_model(engine)
         reply = await http.post("/v1/responses", json={"model": MODEL_ID, "input": "hi"})
