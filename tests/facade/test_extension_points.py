@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 from fastapi import Depends, Request
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import png_bytes
+from tests.facade.helpers import in_process, png_bytes
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 
@@ -23,7 +22,7 @@ async def test_image_source_factory_fetches_remote_urls(
 
     app = create_app(settings, engine=engine_client, store=store, image_sources=lambda: fetch)
     content = [{"type": "input_image", "image_url": "https://images.example/a.png"}]
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         response = await http.post("/v1/responses", json={"input": [{"role": "user", "content": content}]})
     assert response.status_code == 200, response.text
     assert fetched == ["https://images.example/a.png"]
@@ -37,7 +36,7 @@ async def test_owner_dependency_separates_stored_objects(
         request.state.owner = request.headers.get("x-test-owner", "")
 
     app = create_app(settings, engine=engine_client, store=store, dependencies=[Depends(owner_from_header)])
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         alice, bob = {"x-test-owner": "alice"}, {"x-test-owner": "bob"}
         created = (await http.post("/v1/responses", json={"input": "hi"}, headers=alice)).json()
         path = f"/v1/responses/{created['id']}"
