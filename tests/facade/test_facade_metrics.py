@@ -6,10 +6,11 @@ from __future__ import annotations
 import grpc
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from tests._prometheus import metric_samples, moved
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import png_bytes, png_data_url
+from tests.facade.helpers import in_process, png_bytes, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.settings.api_keys import ApiKeys
@@ -76,16 +77,15 @@ async def test_a_failed_response_is_counted_as_failed(http: httpx.AsyncClient, e
 
 
 @pytest.fixture
-def keyed_app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store) -> object:
+def keyed_app(settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store) -> FastAPI:
     keys = settings.replace(
         api_keys=ApiKeys.from_keys(["sk-client"]), operator_keys=ApiKeys.from_keys(["sk-metrics-test"])
     )
     return create_app(keys, engine=engine_client, store=store)
 
 
-async def test_metrics_need_an_operator_key_when_keys_are_configured(keyed_app: object) -> None:
-    transport = httpx.ASGITransport(app=keyed_app)  # type: ignore[arg-type]
-    async with httpx.AsyncClient(transport=transport, base_url="http://facade.test") as client:
+async def test_metrics_need_an_operator_key_when_keys_are_configured(keyed_app: FastAPI) -> None:
+    async with in_process(keyed_app) as client:
         assert (await client.get("/metrics")).status_code == 401
         # A client's key is not enough (tests/hardening/test_metrics_exposure.py).
         assert (
