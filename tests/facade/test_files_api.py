@@ -17,7 +17,7 @@ from PIL import Image
 
 from tests._pdfs import text_pdf
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import owner_id
+from tests.facade.helpers import in_process, owner_id
 from tests.responses.responses_testkit import RED
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import lower_messages
@@ -164,8 +164,7 @@ async def test_files_belong_to_their_key(
 ) -> None:
     keyed = settings.model_copy(update={"api_keys": ApiKeys.from_keys(["key-a", "key-b"])})
     app: FastAPI = create_app(keyed, engine=engine_client, store=store)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://facade.test") as http:
+    async with in_process(app) as http:
         a = {"authorization": "Bearer key-a"}
         b = {"authorization": "Bearer key-b"}
         created = (await upload(http, RED, name="red.png", headers=a)).json()
@@ -245,9 +244,7 @@ async def test_pdf_pages_count_against_the_image_limit(
         update={"limits": settings.limits.model_copy(update={"max_images_per_request": 3})}
     )
     app = create_app(limited, engine=engine_client, store=store)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://facade.test"
-    ) as http:
+    async with in_process(app) as http:
         url = "data:application/pdf;base64," + base64.b64encode(PDF).decode()
         parts = [{"type": "input_file", "file_data": url}, {"type": "input_file", "file_data": url}]
         refused = await http.post(
@@ -264,9 +261,7 @@ async def test_files_by_id_count_against_the_request_size(
         update={"limits": settings.limits.model_copy(update={"max_request_bytes": 8000})}
     )
     app = create_app(limited, engine=engine_client, store=store)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://facade.test"
-    ) as http:
+    async with in_process(app) as http:
         text = (await upload(http, b"x" * 3000, name="x.txt")).json()["id"]
         part = {"type": "input_file", "file_id": text}
         for uses, status in ((2, 200), (3, 400)):
