@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
-from tests.facade.helpers import assert_valid
+from tests.facade.helpers import assert_valid, in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
@@ -34,7 +32,7 @@ async def test_start_up_fails_responses_left_in_progress(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     first = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=first), base_url="http://t") as http:
+    async with in_process(first) as http:
         finished = (await http.post("/v1/responses", json={"model": "default", "input": "hi"})).json()
     assert finished["status"] == "completed"
     # What a facade killed mid-generation leaves behind, for two owners.
@@ -47,7 +45,7 @@ async def test_start_up_fails_responses_left_in_progress(
     restarted = create_app(settings, engine=engine_client, store=store)
     async with (
         restarted.router.lifespan_context(restarted),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=restarted), base_url="http://t") as http,
+        in_process(restarted) as http,
     ):
         stored = (await http.get("/v1/responses/resp_interrupted")).json()
         assert stored["error"] == {
