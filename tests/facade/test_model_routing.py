@@ -19,7 +19,7 @@ from PIL import Image
 
 from tests._pdfs import text_pdf
 from tests.facade.fake_engine import FakeEngine, RunningFakeEngine, start_fake_engine
-from tests.facade.helpers import png_data_url
+from tests.facade.helpers import in_process, png_data_url
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, Store, create_app
@@ -67,9 +67,7 @@ limits = {{ {b_limits} }}
     )
     clients = {"a": AsyncEngineClient(engines[0].address), "b": AsyncEngineClient(engines[1].address)}
     app = create_app(two_models, engine=clients, store=store)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://facade.test"
-    ) as http:
+    async with in_process(app) as http:
         yield Two(http, a, b)
     for client in clients.values():
         await client.close()
