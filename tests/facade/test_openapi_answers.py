@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine, Script
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.settings.api_keys import ApiKeys
@@ -74,7 +74,7 @@ async def test_the_statuses_the_routes_answer_are_documented(
         ("POST", "/v1/responses/compact", {"json": {"model": "default"}}, 400),
         ("GET", "/v1/models", {"headers": {}}, 401),
     ]
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         for method, path, options, status in calls:
             url = path.split("{")[0] + options.get("path", "") if "{" in path else path
             if path == "/v1/conversations/{conversation_id}/items":
