@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from tests.facade.fake_engine import MODEL_ID, RunningFakeEngine
+from tests.facade.helpers import in_process
 from vlmserve.client import UnavailableError
 from vlmserve.facade.routes.models import _why_not
 
@@ -56,7 +57,7 @@ async def test_probed_without_a_key_it_says_only_ready_or_not(
         settings.replace(api_keys=ApiKeys.from_keys(["sk-probe"])), engine=engine_client, store=store
     )
     keyed = {"Authorization": "Bearer sk-probe"}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
             assert (await http.get("/readyz", headers=headers)).json() == {"status": "ready"}
         assert (await http.get("/readyz", headers=keyed)).json()["models"] == {MODEL_ID: "serving"}
