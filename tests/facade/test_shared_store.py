@@ -20,7 +20,7 @@ import pytest
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import SCREENSHOT_TOOL, png_data_url, screenshot_tool_input
+from tests.facade.helpers import SCREENSHOT_TOOL, in_process, png_data_url, screenshot_tool_input
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, create_app
 from vlmserve.facade.app import INTERRUPTED_ERROR
@@ -41,7 +41,7 @@ async def facade(
     app = create_app(settings, engine=engine_client, store=store)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://facade.test") as http,
+        in_process(app) as http,
     ):
         yield http
 
