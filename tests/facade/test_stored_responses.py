@@ -11,7 +11,13 @@ from fastapi import FastAPI
 
 from tests.facade.both_stores import on_both_store_backends  # noqa: F401
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import SCREENSHOT_TOOL, assert_valid, png_data_url, screenshot_tool_input
+from tests.facade.helpers import (
+    SCREENSHOT_TOOL,
+    assert_valid,
+    in_process,
+    png_data_url,
+    screenshot_tool_input,
+)
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.prep.lowering import lower_messages
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -281,7 +287,7 @@ async def test_stored_responses_survive_a_restart(
     another_store: Callable[[], Store],
 ) -> None:
     async def client_for(app: FastAPI) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://facade.test")
+        return in_process(app)
 
     store = another_store()
     async with await client_for(create_app(settings, engine=engine_client, store=store)) as http:
