@@ -8,7 +8,7 @@ import grpc
 import httpx
 
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import EVENT_SCHEMAS, SCREENSHOT_TOOL, assert_valid, stream_events
+from tests.facade.helpers import EVENT_SCHEMAS, SCREENSHOT_TOOL, assert_valid, in_process, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.v1 import engine_pb2 as pb
 from vlmserve.facade import FacadeSettings, Store, Timeouts, create_app
@@ -140,7 +140,7 @@ async def test_heartbeats_during_a_long_prefill(
     quick = settings.replace(timeouts=Timeouts(heartbeat=0.05, stream_first_message=0.01))
     app = create_app(quick, engine=engine_client, store=store)
     engine.script.first_delay_s = 0.6
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         _, events = await stream(http, input="hi")
     check_events(events)
     types = [event["type"] for event in events]
