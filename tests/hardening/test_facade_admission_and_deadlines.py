@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import stream_events
+from tests.facade.helpers import in_process, stream_events
 from vlmserve.client import ENGINE_SERVICE_NAME, AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.engine.v1 import engine_pb2 as pb
@@ -45,7 +45,7 @@ async def test_a_full_engine_queue_is_a_503_with_the_configured_retry_after(
         error=RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (64 waiting)", retry_after_s=1.0)
     )
     app = create_app(settings.replace(retry_after_s=7), engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         reply = await http.post(path, json=body)
     assert reply.status_code == 503
     assert reply.headers["retry-after"] == "7"
@@ -67,7 +67,7 @@ async def test_a_message_over_grpc_size_limits_is_a_413_not_a_retry(
     """RESOURCE_EXHAUSTED without the engine's RetryInfo is gRPC's "message larger than max":
     retrying would never help."""
     app = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         engine.script = Script(
             error=(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -137,7 +137,7 @@ async def test_a_hung_engine_never_hangs_a_request(
     # The client's own default deadlines are long: the facade must pass its own.
     async with AsyncEngineClient(address) as client:
         app = create_app(settings.replace(timeouts=quick), engine=client, store=store)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        async with in_process(app) as http:
 
             async def timed(method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, float]:
                 started = time.monotonic()
@@ -162,9 +162,7 @@ async def test_a_hung_engine_never_hangs_a_request(
             assert (reply.status_code, took < 5) == (504, True)
             servicer.hang = {"info"}
             fresh = create_app(settings.replace(timeouts=quick), engine=client, store=store)
-            async with httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=fresh), base_url="http://t"
-            ) as cold:
+            async with in_process(fresh) as cold:
                 for method, path, kwargs in (
                     ("POST", "/v1/responses", {"json": {"input": "hi"}}),
                     ("GET", "/v1/models", {}),
