@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.facade.fake_engine import FakeEngine
+from tests.facade.helpers import in_process
 from tests.hardening._certs import PKIFiles, make_pki
 from vlmserve.client import ENGINE_SERVICE_NAME, server_options
 from vlmserve.engine.rpc.auth import EngineSecurity
@@ -44,7 +44,7 @@ async def create_status(settings: FacadeSettings, store: Store) -> int:
     client = engine_client(settings)
     try:
         app = create_app(settings, engine=client, store=store)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        async with in_process(app) as http:
             return (await http.post("/v1/responses", json={"input": "hi"})).status_code
     finally:
         await client.close()
