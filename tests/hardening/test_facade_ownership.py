@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import owner_id
+from tests.facade.helpers import in_process, owner_id
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.cli import settings_from_args
@@ -31,7 +31,7 @@ async def http(
 ) -> AsyncIterator[httpx.AsyncClient]:
     keyed = settings.replace(api_keys=ApiKeys.from_keys([ALICE, BOB]))
     app = create_app(keyed, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+    async with in_process(app) as client:
         yield client
 
 
