@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine
-from tests.facade.helpers import png_bytes
+from tests.facade.helpers import in_process, png_bytes
 from tests.hardening._image_server import CLIP, PNG, ImageServer, serve_images
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
@@ -31,7 +31,7 @@ def image_body(*urls: str) -> dict[str, Any]:
 
 
 async def post(app: Any, body: dict[str, Any]) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         return await http.post("/v1/responses", json=body)
 
 
@@ -128,7 +128,7 @@ async def test_slow_fetches_hold_only_the_translation_pool(
 
     limited = settings.replace(limits=Limits(translation_workers=workers))
     app = create_app(limited, engine=engine_client, store=store, image_sources=lambda: blocking_source)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         stored = (await http.post("/v1/responses", json={"input": "hi"})).json()
         blocked = [
             asyncio.create_task(http.post("/v1/responses", json=image_body("https://slow.example/a.png")))
