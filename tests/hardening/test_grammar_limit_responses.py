@@ -6,10 +6,9 @@ tests/engine/test_request_prep.py.)"""
 from __future__ import annotations
 
 import grpc
-import httpx
 
 from tests.facade.fake_engine import FakeEngine, Script
-from tests.facade.helpers import stream_events
+from tests.facade.helpers import in_process, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.engine.request_errors import RequestError
 from vlmserve.facade import FacadeSettings, Store, create_app
@@ -32,7 +31,7 @@ async def test_a_grammar_limit_is_a_failed_response_with_its_reason(
         "tool_choice": "required",
     }
     app = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         plain = await http.post("/v1/responses", json=body)
         assert plain.status_code == 500
         error = plain.json()["error"]
