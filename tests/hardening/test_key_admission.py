@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.facade.fake_engine import FakeEngine, Script
+from tests.facade.helpers import in_process
 from tests.hardening.test_slow_clients import wait_for
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
@@ -72,7 +72,7 @@ async def test_one_key_cannot_fill_the_engine_and_the_other_key_goes_first(
     engine.script = Script(text_chunks=["x"], hang=True, delay_s=0.05)
     app = create_app(keyed, engine=engine_client, store=store)
     body: dict[str, Any] = {"input": "hi", "background": True}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         replies = [await http.post("/v1/responses", json=body, headers=as_key(KEY_A)) for _ in range(6)]
         # Four accepted (queued), the rest refused before anything was stored or generated.
         assert [reply.status_code for reply in replies] == [200] * 4 + [429] * 2
@@ -112,7 +112,7 @@ async def test_without_api_keys_there_is_no_per_key_limit(
     app = create_app(
         settings.replace(limits=Limits(max_responses_per_key=1)), engine=engine_client, store=store
     )
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         replies = await asyncio.gather(*(http.post("/v1/responses", json={"input": "hi"}) for _ in range(4)))
     assert [reply.status_code for reply in replies] == [200] * 4
 
@@ -134,7 +134,7 @@ async def test_responses_with_logprobs_have_a_limit_of_their_own(
         "top_logprobs": 20,
         "include": ["message.output_text.logprobs"],
     }
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         replies = [await http.post("/v1/responses", json=costly, headers=as_key(KEY_A)) for _ in range(3)]
         assert [reply.status_code for reply in replies] == [200, 200, 429]
         assert "with logprobs" in replies[2].json()["error"]["message"]
