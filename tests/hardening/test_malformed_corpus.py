@@ -23,6 +23,7 @@ import pytest
 
 from tests._data_urls import data_url
 from tests.facade.fake_engine import FakeEngine
+from tests.facade.helpers import in_process
 from tests.hardening import _image_corpus as corpus
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common.images import decode_image
@@ -122,9 +123,7 @@ async def http(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=30
-    ) as client:
+    async with in_process(app, timeout=30) as client:
         yield client
 
 
