@@ -9,9 +9,8 @@ operator key; no figure there is labelled by owner."""
 
 from __future__ import annotations
 
-import httpx
-
 from tests._prometheus import metric_samples
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.http.metrics import bounded_method
@@ -33,7 +32,7 @@ async def test_made_up_methods_and_paths_do_not_grow_the_metrics(
         api_keys=ApiKeys.from_keys(["sk-a"]), operator_keys=ApiKeys.from_keys([OPERATOR])
     )
     app = create_app(keyed, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
 
         async def scrape() -> str:
             reply = await http.get("/metrics", headers={"authorization": f"Bearer {OPERATOR}"})
@@ -66,7 +65,7 @@ async def test_metrics_are_the_operators_and_carry_no_owner(
         engine=engine_client,
         store=store,
     )
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         assert (
             await http.post("/v1/responses", json={"input": "hi"}, headers={"authorization": "Bearer sk-a"})
         ).status_code == 200
@@ -86,9 +85,9 @@ async def test_metrics_are_the_operators_and_carry_no_owner(
         assert "key_" not in scraped.text and "owner" not in scraped.text
     # API keys on and no operator key configured: closed to every client key.
     closed = create_app(settings.replace(api_keys=keys), engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=closed), base_url="http://t") as http:
+    async with in_process(closed) as http:
         assert (await http.get("/metrics", headers={"authorization": "Bearer sk-a"})).status_code == 403
     # Keys off (a local server): open, as before.
     open_app = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=open_app), base_url="http://t") as http:
+    async with in_process(open_app) as http:
         assert (await http.get("/metrics")).status_code == 200
