@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from tests.facade.fake_engine import FakeEngine, Script
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 
@@ -101,7 +101,7 @@ async def test_image_payloads_never_reach_the_logs(
 ) -> None:
     app = create_app(settings, engine=engine_client, store=store)
     statuses: dict[str, int] = {}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         for label, url in IMAGES:
             for name, body in (
                 ("message", user_image(url)),
@@ -163,7 +163,7 @@ async def test_file_payloads_never_reach_the_logs(
     def file_part(**fields: str) -> dict[str, Any]:
         return {"input": [{"role": "user", "content": [{"type": "input_file", **fields}]}]}
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         ids = {}
         for label, content in (("text", text), ("pdf", pdf), ("zip", zipped), ("pdf as vision", pdf)):
             purpose = "vision" if label == "pdf as vision" else "user_data"
