@@ -11,9 +11,9 @@ import json
 import logging
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
 from vlmserve.facade.http.errors import APIError
@@ -104,7 +104,7 @@ async def test_every_numeric_field_is_bounded_where_it_is_parsed(
     param: str,
 ) -> None:
     app = create_app(keyed, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         reply = await http.post(path, json=body, headers=HEADERS)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
@@ -174,8 +174,7 @@ async def _requests_fail_and_leave_nothing(
     app = create_app(keyed, engine=engine_client, store=store)
     service = app.state.facade.responses
     budget = app.state.facade.body_budget
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+    async with in_process(app, raise_app_exceptions=False) as http:
         with monkeypatch.context() as patched:
             patched.setattr(target, _fail)
             # Each 500's log record would hold its traceback (and so the route's frame) in the
@@ -230,7 +229,7 @@ async def test_parts_per_request_are_bounded_before_translating(
 ) -> None:
     limited = settings.replace(limits=Limits(max_request_parts=50))
     app = create_app(limited, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         body, where = _tiny_parts(path, 49)  # + the message: 50
         assert (await http.post(path, json=body)).status_code == 200
         body, where = _tiny_parts(path, 50)
