@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from tests.facade.helpers import stream_events
+from tests.facade.helpers import in_process, stream_events
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 from vlmserve.facade.settings import Files, Storage
@@ -46,7 +46,7 @@ async def http(
 ) -> AsyncIterator[httpx.AsyncClient]:
     limited = settings.replace(files=Files(max_file_bytes_per_key=100 * 1024, max_files_per_key=50))
     app = create_app(limited, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+    async with in_process(app) as client:
         yield client
 
 
@@ -96,7 +96,7 @@ async def test_files_per_key_are_capped(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     app = create_app(settings.replace(files=Files(max_files_per_key=3)), engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         statuses = [(await upload(http, TEXT, name=f"{index}.txt")).status_code for index in range(4)]
         assert statuses == [200, 200, 200, 429]
         refused = await upload(http, TEXT)
@@ -146,7 +146,7 @@ async def test_low_disk_makes_readyz_503_and_refuses_writes_up_front(
     app = create_app(
         settings.replace(storage=Storage(min_free_disk_bytes=1024 * 1024)), engine=engine_client, store=store
     )
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         ready = await http.get("/readyz")
         assert ready.status_code == 503 and ready.json()["error"]["code"] == "insufficient_storage"
         assert "1000 bytes free" in ready.json()["error"]["message"]
@@ -174,7 +174,7 @@ async def test_a_store_that_finds_the_disk_full_fails_the_response_clearly(
     # The blocking write, so the error comes from the worker thread as a real one does.
     monkeypatch.setattr(store.responses, "_put", full)
     app = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         plain = await http.post("/v1/responses", json={"input": "hi"})
         assert plain.status_code == 507 and plain.json()["error"]["code"] == "insufficient_storage"
         streamed = await http.post("/v1/responses", json={"input": "hi", "stream": True})
@@ -195,7 +195,7 @@ async def test_low_disk_refuses_conversation_writes_up_front(
         settings.replace(storage=Storage(min_free_disk_bytes=1024 * 1024)), engine=engine_client, store=store
     )
     item = {"type": "message", "role": "user", "content": "hi"}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         created = await http.post("/v1/conversations", json={"items": [item]})
         assert created.status_code == 200, created.text
         conversation_id = created.json()["id"]
@@ -206,7 +206,7 @@ async def test_low_disk_refuses_conversation_writes_up_front(
             engine=engine_client,
             store=store,
         )
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         for reply in (
             await http.post("/v1/conversations", json={"items": [item]}),
             await http.post("/v1/conversations", json={}),
@@ -232,7 +232,7 @@ async def test_a_conversation_write_that_finds_the_disk_full_leaves_nothing(
 ) -> None:
     app = create_app(settings, engine=engine_client, store=store)
     item = {"type": "message", "role": "user", "content": "hi"}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         conversation_id = (await http.post("/v1/conversations", json={"items": [item]})).json()["id"]
         used = await store.stored_bytes("")
 
