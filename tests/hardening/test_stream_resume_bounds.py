@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 
+from tests.facade.helpers import in_process
 from vlmserve.client import AsyncEngineClient
 from vlmserve.facade import FacadeSettings, Store, create_app
 
@@ -14,7 +15,7 @@ async def test_a_resume_point_past_64_bits_is_a_400_naming_it(
     settings: FacadeSettings, engine_client: AsyncEngineClient, store: Store
 ) -> None:
     app = create_app(settings, engine=engine_client, store=store)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+    async with in_process(app) as http:
         await _resume_past_64_bits(http)
 
 
