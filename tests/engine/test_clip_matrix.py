@@ -106,7 +106,7 @@ def test_the_cells_say_what_the_engine_does(row: str, fixture_dirs: dict[str, Pa
             str(fixture_dirs[fixture]), max_output_tokens=8, image_limits=limits, max_images_per_request=16
         )
         preparer = RequestPreparer(loaded, max_request_pixels=1 << 24, decode_slots=1)
-        support: ClipSupport = preparer.clip_support
+        support: ClipSupport = preparer._clips.support  # what it decided for this model
         video = {"native": "native", "frames": "frames as images", "": "refused"}[support.video]
         video_outcomes.add(video)
         audio_outcomes.add("✓" if support.audio else "refused")

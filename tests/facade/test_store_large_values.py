@@ -62,7 +62,7 @@ async def test_a_large_input_reads_back_as_it_was_sent(backend: tuple[str, Store
     replay = await store.responses.replay("resp_1", owner="o")
     assert replay is not None and replay.messages == messages
     # Charged as before: the items' JSON and the messages' bytes.
-    stored = len(json.dumps(small.item)) + len(json.dumps(large.item)) + len(encode_messages(messages).blob)
+    stored = len(json.dumps(small.item)) + len(json.dumps(large.item)) + encode_messages(messages).size
     assert await store.stored_bytes("o") == stored + len(json.dumps(resource("resp_1")))
     if name == "sqlite":
         with sqlite3.connect(tmp_path / "store.sqlite3") as db:
@@ -73,7 +73,7 @@ async def test_a_large_input_reads_back_as_it_was_sent(backend: tuple[str, Store
         # The large one was written in place (a blob of the same bytes); the small one bound whole.
         assert rows[0][:2] == ("msg_small", "text") and rows[0][2] == json.dumps(small.item)
         assert rows[1][:2] == ("msg_large", "blob") and rows[1][2] == json.dumps(large.item).encode()
-        assert blob == encode_messages(messages).blob
+        assert blob == b"".join(encode_messages(messages).pieces)
 
 
 async def test_a_large_conversation_item_reads_back_as_it_was_sent(backend: tuple[str, Store]) -> None:

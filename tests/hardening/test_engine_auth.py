@@ -318,7 +318,7 @@ def test_security_from_flags_and_environment(tmp_path: Path, pki: PKIFiles) -> N
         {auth.TOKEN_ENV: "ignored-when-a-file-is-named-0123"},
     )
     assert security.tokens == (TOKEN, ROTATED)
-    assert security.uses_tls and security.is_protected
+    assert security.tls_cert is not None and security.is_protected
     assert security_from([], {auth.TOKEN_ENV: TOKEN}).tokens == (TOKEN,)
     assert security_from([], {}) == EngineSecurity()
     assert TOKEN not in repr(security)

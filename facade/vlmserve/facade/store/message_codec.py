@@ -36,11 +36,6 @@ class EncodedMessages:
     images: dict[str, bytes] = field(default_factory=dict)
 
     @property
-    def blob(self) -> bytes:
-        """The pieces joined (a copy: for a store that binds the value whole)."""
-        return b"".join(self.pieces)
-
-    @property
     def size(self) -> int:
         return sum(len(piece) for piece in self.pieces)
 

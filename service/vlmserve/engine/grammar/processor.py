@@ -81,11 +81,6 @@ class GrammarLogitsProcessor:
         # Why the grammar could not be followed to its end (the matcher's error), once it could not.
         self.failure: str | None = None
 
-    @property
-    def accepting(self) -> bool:
-        """The output so far is a complete sentence of the grammar."""
-        return bool(self._matcher.is_accepting())
-
     def __call__(self, tokens: Any, logits: Any) -> Any:
         new = self._new_tokens(tokens)
         self._generated += len(new)

@@ -54,10 +54,6 @@ class WarmUpReport:
     seconds: float = 0.0
 
     @property
-    def longest_prompt(self) -> int:
-        return max((r.prompt_tokens for r in self.runs), default=0)
-
-    @property
     def restored_tokens(self) -> int:
         """Prompt tokens the last run (the next turn) took from the prefix cache."""
         return self.runs[-1].cached_tokens if self.runs else 0

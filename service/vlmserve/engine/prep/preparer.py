@@ -44,7 +44,6 @@ from vlmserve.engine.media import MediaLimits
 from vlmserve.engine.model import LoadedModel, ModelInfo, prompt_needs_special_tokens
 from vlmserve.engine.output.assembler import prompt_leaves_thinking
 from vlmserve.engine.prep.clip_inputs import (
-    ClipSupport,
     DecodedClip,
     check_placeholders,
     clip_support_for,
@@ -144,11 +143,6 @@ class RequestPreparer:
     @property
     def takes_images(self) -> bool:
         return self._images is not None
-
-    @property
-    def clip_support(self) -> ClipSupport:
-        """What this model does with video and audio (docs/models.md's video and audio columns)."""
-        return self._clips.support
 
     @property
     def takes_clips(self) -> bool:

@@ -169,10 +169,6 @@ class EngineSecurity(DeclaredSettings):
         return self
 
     @property
-    def uses_tls(self) -> bool:
-        return self.tls_cert is not None
-
-    @property
     def is_protected(self) -> bool:
         """Whether a caller must prove something (a token or a client certificate)."""
         return bool(self.tokens) or self.tls_client_ca is not None
