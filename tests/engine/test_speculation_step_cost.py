@@ -353,3 +353,46 @@ def test_a_new_row_starts_from_the_recent_rows_acceptance_rate() -> None:
     third = LookupRow(200)
     speculator.speculates([third])
     assert speculator._rows[third].length.rate == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    ("lookup", "ready", "lookup_hit", "verifies"),
+    [
+        (False, True, 1.0, True),  # its drafter follows: the drafts pay
+        # A plain step dropped its drafter's state: this step it could only follow (one
+        # position wide, a cost), so no verify is won for it ...
+        (False, False, 1.0, False),
+        # ... unless lookup drafts for it (auto), as often as lookup has had drafts for it.
+        (True, False, 1.0, True),
+        (True, False, 0.05, False),
+        (True, True, 0.05, True),
+    ],
+)
+def test_a_row_whose_drafter_has_no_state_hopes_only_for_lookups_drafts(
+    lookup: bool, ready: bool, lookup_hit: float, verifies: bool
+) -> None:
+    drafter = _Drafter()
+    speculator = Speculator(max_draft=4, lookup=lookup, model_drafter=drafter)  # type: ignore[arg-type]
+    assert speculator.gate is not None
+    for _ in range(3):  # a verify of 3 costs 1.1 plain steps: drafts at the prior rate 0.6 pay
+        speculator.gate.costs.observe(1, 0, 0.1)
+        speculator.gate.costs.observe(1, 1, 0.1)
+        speculator.gate.costs.observe(1, 5, 0.12)
+    row = LookupRow(0)
+    row.generated.append(1)  # not its first decode step
+    drafter.held = {row.key} if ready else set()
+    speculator._state(row).length.lookup_hit = lookup_hit
+    assert speculator.speculates([row]) is verifies
+
+
+def test_width_one_costs_at_least_a_plain_step_when_widths_are_weighed() -> None:
+    # Width 1 measured (noisily) at half a plain step: the step gate finds drafts paying
+    # against the plain step, and the width is weighed against the plain step too: 2 (1.6
+    # tokens for 0.85 plain steps' cost), not cut to one position (against width 1's measured
+    # cost no width pays: a verify that drafts nothing).
+    rows = [RowDrafts(2, 0.6)]
+    costs = _costs(1, 0.1, {1: 0.05, 3: 0.12})
+    assert StepGate(costs).verifies(rows, 9)
+    relative = costs.relative(1, 9)
+    assert relative is not None and relative[2] == pytest.approx(1.2)
+    assert verify_width(rows, position_cost=0.065, max_width=9, costs=relative) == 2

@@ -172,7 +172,7 @@ class Speculator:
             # lately: its start would cost a verify step for drafts that are unlikely to).
             starts = self._starts_drafter(row) and not self.gate.losing(len(rows))
             certain = certain or row.constrained or starts
-            offers.append(self._state(row).length.hoped(room))
+            offers.append(self._offer(row, room))
         if self.gate.verifies(offers, self.max_draft + 1, certain=certain):
             return True
         for row in rows:
@@ -183,6 +183,21 @@ class Speculator:
                 self.model_drafter.forget(row)
         self.counts.forwards += 1
         return False
+
+    def _offer(self, row: DraftingRow, room: int) -> RowDrafts:
+        """What the row hopes to draft this step. A row whose drafter model holds no state for
+        it (it has not followed a forward since a plain step) cannot have the drafter's drafts
+        this step, only lookup's (auto): the verify would be one position wide for it, a step
+        that costs more than a plain one and gives the same token while its drafter follows.
+        Hoped for all the same, a won verify after a plain step was one position wide: on the
+        DFlash fixture, one row, greedy, 89 of 125 won verifies (issue 37.1). It drafts again
+        after a trial (a drafter model's probe lasts two steps) or a verify that lookup's
+        drafts win."""
+        length = self._state(row).length
+        drafter = self.model_drafter
+        if drafter is None or drafter.ready(row):
+            return length.hoped(room)
+        return length.hoped(room, lookup_only=True) if self.lookup else RowDrafts(0, 0.0)
 
     def _starts_drafter(self, row: DraftingRow) -> bool:
         """Whether this is the row's first decode step with a drafter model that has no state
@@ -286,6 +301,8 @@ class Speculator:
                 return proposal, state.length.rate
             if self.model_drafter is None:
                 state.length.found_nothing()
+            else:
+                state.length.lookup_missed()
         # A row's drafter model is ready once it has followed one forward (its first decode step).
         if self.model_drafter is not None and self.model_drafter.ready(row):
             state.source = "draft"

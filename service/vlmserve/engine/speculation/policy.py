@@ -48,8 +48,10 @@ class DraftLength:
         self._backoff = 1
         self._empty = 0
         self._rest = 1
-        # How often lookup had drafts when asked (the step gate's expected tokens: step_cost.py).
+        # How often the row had drafts when asked (the step gate's expected tokens: step_cost.py),
+        # and how often lookup itself had (beside a drafter model, which drafts where it has none).
         self.hit = 1.0
+        self.lookup_hit = 1.0
 
     @property
     def resting(self) -> bool:
@@ -64,10 +66,16 @@ class DraftLength:
         """Lookup proposed drafts this step."""
         self._empty, self._rest = 0, 1
         self.hit += _RATE_WEIGHT * (1 - self.hit)
+        self.lookup_hit += _RATE_WEIGHT * (1 - self.lookup_hit)
+
+    def lookup_missed(self) -> None:
+        """Lookup had nothing, and a drafter model drafts for the row instead (no rest)."""
+        self.lookup_hit -= _RATE_WEIGHT * self.lookup_hit
 
     def found_nothing(self) -> None:
         """Lookup had nothing to propose: after a few such steps, rest (1, 2, 4... steps)."""
         self.hit -= _RATE_WEIGHT * self.hit
+        self.lookup_hit -= _RATE_WEIGHT * self.lookup_hit
         self._empty += 1
         if self._empty >= _EMPTY_BEFORE_REST:
             self._cooldown, self._empty = max(self._cooldown, self._rest), 0
@@ -80,11 +88,12 @@ class DraftLength:
             return 0
         return self.length
 
-    def hoped(self, room: int) -> RowDrafts:
-        """What the row would offer a step now (without asking: no cooldown step is used)."""
+    def hoped(self, room: int, *, lookup_only: bool = False) -> RowDrafts:
+        """What the row would offer a step now (without asking: no cooldown step is used);
+        `lookup_only`: what lookup alone would (its drafter model cannot draft this step)."""
         if self._cooldown > 0 or room <= 0:
             return RowDrafts(0, 0.0)
-        return RowDrafts(min(self.length, room), self.rate, self.hit)
+        return RowDrafts(min(self.length, room), self.rate, self.lookup_hit if lookup_only else self.hit)
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:

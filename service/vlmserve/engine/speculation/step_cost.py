@@ -136,10 +136,13 @@ class StepCosts:
 
     def relative(self, rows: int, max_width: int) -> list[float] | None:
         """Each verify width's cost (1..max_width) as a share of width 1's, for `verify_width`
-        (None: not measured yet)."""
+        (None: not measured yet). Width 1 costs at least a plain step: where its measured cost
+        came out below the plain step's (noise), the widths the step gate found paying against
+        the plain step would be cut to one position here, a verify that drafts nothing."""
         base = self.verify(rows, 1)
         if base is None:
             return None
+        base = max(base, self.plain(rows) or 0.0)
         return [(self.verify(rows, width) or base) / base for width in range(1, max_width + 1)]
 
 
