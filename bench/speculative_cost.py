@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         drafter._batched = False
     drafting = {name: timed_drafts(generator) for name, generator in engines.items()}
     gates = {name: gate_counts(generator) for name, generator in engines.items()}
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    started, code = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), code_commit()
     # Each cell's waves: its first is both engines' warm-up of that shape and measures how many
     # the cell needs to last `--seconds` on `off`.
     plans: dict[tuple[str, int], list[list[PreparedRequest]]] = {}
@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "max_tokens": args.max_tokens,
         "seconds": args.seconds,
         "started": started,
-        "code": code_commit(),
+        "code": code,
         "cells": [],
     }
     for (workload, count), cell in cells.items():
