@@ -12,6 +12,14 @@ the gRPC server's and asyncio's.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m bench.stack_cpu [--tokens 96] [--rounds 3] [--api chat --api responses --api messages]
+
+Before and after a change, in one run: `--baseline-tree DIR` (a checkout at the older commit with
+its own .venv, as bench/peers.py takes) serves the same stack from there too, and each round
+streams each API from both, the order flipping each round. `--fake-engine-pace S` puts the
+scripted engine of the tests (tests/facade/fake_engine_server.py: one text chunk per token, S
+seconds apart) behind each facade instead of the model, so the facade's CPU per token is
+measured without the forward's two busy cores beside it (the engine's figures are then the
+stand-in's).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,7 +39,8 @@ from typing import Any
 import httpx
 
 from bench.bench_model import DEFAULT_DIR, build_bench_model
-from bench.peers import Server, chat, start_vlmserve, stream
+from bench.peers import Server, chat, start_vlmserve, stream, wait_for_models
+from tests._services import BIN, REPO, ServiceProcess, free_port, process_env, start_facade
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -82,62 +92,116 @@ async def stream_api(client: httpx.AsyncClient, server: Server, api: str, text: 
     return produced
 
 
-async def rounds(tokens: int, count: int, apis: Sequence[str]) -> list[dict[str, Any]]:
-    logs = Path(tempfile.mkdtemp(prefix="vlmserve-stack-cpu-"))
-    server = start_vlmserve(build_bench_model(DEFAULT_DIR)[0], logs)
-    facade, engine = server.services
-    measured = []
+def start_fake_stack(logs: Path, tree: Path | None, chunks: int, pace_s: float) -> Server:
+    """A facade (this tree's, or `tree`'s) in front of the scripted engine: `chunks` text chunks,
+    `pace_s` apart, whatever is asked."""
+    address = f"127.0.0.1:{free_port()}"
+    log_path = logs / f"fake-engine-{address.replace(':', '_')}.log"
+    command = [
+        str(BIN / "python"),
+        *("-m", "tests.facade.fake_engine_server", "--address", address),
+        *("--chunks", str(chunks), "--delay-s", str(pace_s)),
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO)
+    engine = ServiceProcess(process, address, log_path)
+    bin_dir = BIN if tree is None else tree / ".venv" / "bin"
     try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
-            await stream(client, server, chat(server.model, [{"role": "user", "content": "warm up"}], 4))
-            for index in range(count):
-                for api in apis:
-                    facade_before = cpu_seconds(f"/proc/{facade.process.pid}/stat")
-                    threads_before = thread_seconds(engine.process.pid)
-                    engine_before = cpu_seconds(f"/proc/{engine.process.pid}/stat")
-                    started = time.perf_counter()
-                    streamed = await stream_api(client, server, api, f"{index} Describe the sea", tokens)
-                    wall = time.perf_counter() - started
-                    threads = thread_seconds(engine.process.pid)
-                    produced = max(1, streamed)
-                    per_thread = sorted(
-                        (
-                            1000 * (seconds - threads_before.get(tid, 0.0)) / produced
-                            for tid, seconds in threads.items()
-                        ),
-                        reverse=True,
-                    )
+        facade = start_facade(
+            logs, address, store_path=logs / f"store-{time.monotonic_ns()}.sqlite3", bin_dir=bin_dir
+        )
+    except BaseException:
+        engine.stop()
+        raise
+    model = wait_for_models(facade, {}, timeout=60)
+    return Server(tree_name(tree), facade.address, model, {}, [facade, engine])
+
+
+def tree_name(tree: Path | None) -> str:
+    if tree is None:
+        return "vlmserve"
+    commit = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return f"vlmserve@{commit}"
+
+
+async def rounds(
+    tokens: int,
+    count: int,
+    apis: Sequence[str],
+    baseline_tree: Path | None = None,
+    fake_engine_pace_s: float | None = None,
+) -> list[dict[str, Any]]:
+    logs = Path(tempfile.mkdtemp(prefix="vlmserve-stack-cpu-"))
+    servers: list[Server] = []
+    measured: list[dict[str, Any]] = []
+    try:
+        for tree in (None, baseline_tree) if baseline_tree is not None else (None,):
+            if fake_engine_pace_s is None:
+                servers.append(start_vlmserve(build_bench_model(DEFAULT_DIR)[0], logs, tree))
+            else:
+                servers.append(start_fake_stack(logs, tree, tokens, fake_engine_pace_s))
+        for server in servers:
+            async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
+                await stream(client, server, chat(server.model, [{"role": "user", "content": "warm up"}], 4))
+        for index in range(count):
+            order = servers if index % 2 == 0 else servers[::-1]
+            for api in apis:
+                for server in order:
                     measured.append(
-                        {
-                            "api": api,
-                            "tokens": streamed,
-                            "tok_per_s": streamed / wall,
-                            "facade_cpu_ms_per_token": 1000
-                            * (cpu_seconds(f"/proc/{facade.process.pid}/stat") - facade_before)
-                            / produced,
-                            "engine_cpu_ms_per_token": 1000
-                            * (cpu_seconds(f"/proc/{engine.process.pid}/stat") - engine_before)
-                            / produced,
-                            "engine_threads_cpu_ms_per_token": [
-                                round(value, 2) for value in per_thread if value > 0
-                            ],
-                            "engine_beyond_three_busiest_ms_per_token": sum(per_thread[3:]),
-                        }
+                        await one_stream(server, api, index, tokens, fake_engine_pace_s is not None)
                     )
                     print(json.dumps(measured[-1]), flush=True)
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
     return measured
 
 
-def summary(measured: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    keys = ("tok_per_s", "facade_cpu_ms_per_token", "engine_beyond_three_busiest_ms_per_token")
+async def one_stream(server: Server, api: str, index: int, tokens: int, fake: bool) -> dict[str, Any]:
+    """One streamed request of `api`: each process's CPU per token it took."""
+    facade, engine = server.services
+    async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
+        facade_before = cpu_seconds(f"/proc/{facade.process.pid}/stat")
+        threads_before = thread_seconds(engine.process.pid)
+        engine_before = cpu_seconds(f"/proc/{engine.process.pid}/stat")
+        started = time.perf_counter()
+        streamed = await stream_api(client, server, api, f"{index} Describe the sea", tokens)
+        wall = time.perf_counter() - started
+        threads = thread_seconds(engine.process.pid)
+        facade_after = cpu_seconds(f"/proc/{facade.process.pid}/stat")
+        engine_after = cpu_seconds(f"/proc/{engine.process.pid}/stat")
+    # The scripted engine's usage is fixed: its chunks are the tokens.
+    produced = tokens if fake else max(1, streamed)
+    per_thread = sorted(
+        (1000 * (seconds - threads_before.get(tid, 0.0)) / produced for tid, seconds in threads.items()),
+        reverse=True,
+    )
     return {
-        api: {
-            f"{key}_median": statistics.median(entry[key] for entry in measured if entry["api"] == api)
+        "target": server.name,
+        "api": api,
+        "tokens": produced,
+        "tok_per_s": produced / wall,
+        "facade_cpu_ms_per_token": 1000 * (facade_after - facade_before) / produced,
+        "engine_cpu_ms_per_token": 1000 * (engine_after - engine_before) / produced,
+        "engine_threads_cpu_ms_per_token": [round(value, 2) for value in per_thread if value > 0],
+        "engine_beyond_three_busiest_ms_per_token": sum(per_thread[3:]),
+    }
+
+
+def summary(measured: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Medians per target and API (`target api`)."""
+    keys = ("tok_per_s", "facade_cpu_ms_per_token", "engine_beyond_three_busiest_ms_per_token")
+    groups = dict.fromkeys((entry["target"], entry["api"]) for entry in measured)
+    return {
+        f"{target} {api}": {
+            f"{key}_median": statistics.median(
+                entry[key] for entry in measured if (entry["target"], entry["api"]) == (target, api)
+            )
             for key in keys
         }
-        for api in dict.fromkeys(entry["api"] for entry in measured)
+        for target, api in groups
     }
 
 
@@ -148,10 +212,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--api", choices=APIS, action="append", help="the APIs streamed, each round in turn (default all)"
     )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also serve from this checkout (its own .venv), in turn with this one",
+    )
+    parser.add_argument(
+        "--fake-engine-pace",
+        type=float,
+        metavar="S",
+        help="the tests' scripted engine behind each facade, a chunk every S seconds, instead of the model",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/stack_cpu.json"))
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
-    measured = asyncio.run(rounds(args.tokens, args.rounds, args.api or APIS))
+    measured = asyncio.run(
+        rounds(args.tokens, args.rounds, args.api or APIS, args.baseline_tree, args.fake_engine_pace)
+    )
     result = {
         "load_average": [load_before, os.getloadavg()],
         "summary": summary(measured),

@@ -9,6 +9,11 @@ whose extra is not installed says which extra to install instead of a traceback.
 
 from __future__ import annotations
 
+# First: gRPC's environment, before anything imports grpc (grpc_env.py).
+import vlmserve.server.grpc_env  # noqa: F401
+
+# isort: split
+
 import argparse
 import importlib
 import os

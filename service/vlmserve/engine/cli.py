@@ -12,6 +12,11 @@ Authentication (see rpc/auth.py): loopback and unix sockets may run open; any ot
 
 from __future__ import annotations
 
+# First: gRPC's environment, before anything imports grpc (grpc_env.py).
+import vlmserve.server.grpc_env  # noqa: F401
+
+# isort: split
+
 import argparse
 import asyncio
 import atexit
