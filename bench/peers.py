@@ -23,6 +23,10 @@ the ratio vlmserve ÷ peer from the same run.
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m bench.peers --out bench/results/peers.json
 
+`--best`: each side in its fastest documented configuration instead (BEST: ours with
+`--speculative auto`, the peers with their prompt caches and n-gram drafting where they run
+here), the same workloads and ratios: the "then each side's best" table.
+
 Before and after a change (issue 32: "the bench figures do not move"): `--peers` with no name and
 `--baseline-tree DIR`, a checkout at the older commit with its own .venv, served beside this one.
 """
@@ -132,6 +136,74 @@ PEERS: dict[str, PeerCommand] = {
 }
 
 
+@dataclass(frozen=True)
+class BestConfig:
+    """A side's fastest documented configuration that runs here (Linux CPU MLX, no download):
+    flags set on top of its like-for-like command (`{flag: value}`; value None: a bare flag),
+    flags removed, environment added, and what it turns on (for the report)."""
+
+    set_flags: dict[str, str | None] = field(default_factory=dict)
+    drop_flags: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    what: str = ""
+
+
+def with_flags(argv: Sequence[str], config: BestConfig) -> list[str]:
+    """`argv` with `config.drop_flags` removed (each with its value, when one follows) and
+    `config.set_flags` set: an existing flag's value replaced in place, a missing one appended."""
+    flags = {**config.set_flags}
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        has_value = index + 1 < len(argv) and not argv[index + 1].startswith("--")
+        if token in config.drop_flags:
+            index += 2 if has_value else 1
+            continue
+        if token in flags:
+            value = flags.pop(token)
+            out.append(token)
+            if value is not None:
+                out.append(value)
+            index += 2 if has_value else 1
+            continue
+        out.append(token)
+        index += 1
+    for flag, value in flags.items():
+        out.extend([flag] if value is None else [flag, value])
+    return out
+
+
+# Each side's fastest documented configuration that serves the bench model here (issue 37.3,
+# "then each side's best"). What was tried and did not run is in docs/performance.md.
+BEST: dict[str, BestConfig] = {
+    "vlmserve": BestConfig(
+        set_flags={"--speculative": "auto"},
+        what="--speculative auto (prompt lookup + grammar fast-forward; no draft model) and the "
+        "prefix cache as shipped",
+    ),
+    "mlx-vlm": BestConfig(
+        env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
+        what="automatic prefix cache in memory (APC_ENABLED=1, off by default; on qwen2_vl its "
+        "self-check fails, 'model has no make_cache', and it caches nothing)",
+    ),
+    "vllm-mlx": BestConfig(
+        what="its defaults: continuous batching, prefix cache (--use-paged-cache leaves the vision "
+        "lane's cache as it is; MTP needs MTP heads; --mllm-draft-model takes Gemma 4 drafters)",
+    ),
+    "rapid-mlx": BestConfig(
+        what="its defaults: prefix cache, media prefix cache (explicit speculative decoding is "
+        "rejected with --mllm)",
+    ),
+    "fusion-mlx": BestConfig(
+        set_flags={"--spec-decode": "auto"},
+        what="--spec-decode auto (n-gram suffix drafting for a model without MTP heads), prefix "
+        "cache, int4 KV (its defaults)",
+    ),
+    "mlx-openai-server": BestConfig(what="its defaults (nothing it offers runs here)"),
+}
+
+
 @dataclass
 class Server:
     name: str
@@ -163,9 +235,16 @@ def wait_for_models(service: ServiceProcess, headers: dict[str, str], timeout: f
 
 
 def start_peer(
-    name: str, model_dir: Path, logs: Path, root: Path, env: dict[str, str] | None = None
+    name: str,
+    model_dir: Path,
+    logs: Path,
+    root: Path,
+    env: dict[str, str] | None = None,
+    *,
+    best: BestConfig | None = None,
 ) -> Server:
-    """`env`: variables added to the peer's environment (mlx-vlm's prefix cache is one)."""
+    """`env`: variables added to the peer's environment (mlx-vlm's prefix cache is one); `best`:
+    its flags and environment on top of the like-for-like command."""
     spec = PEERS[name]
     venv_bin = root / spec.venv / "bin"
     if not venv_bin.is_dir():
@@ -180,13 +259,24 @@ def start_peer(
         model_dir = alone / model_dir.name
     port = free_port()
     log_path = logs / f"{name}-{port}.log"
-    env = {**process_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    env = {
+        **process_env(),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        # Rapid-MLX and fusion-mlx report usage by default; a benchmark sends nothing anywhere.
+        "DO_NOT_TRACK": "1",
+        "RAPID_MLX_TELEMETRY": "0",
+        "FUSION_MLX_TELEMETRY": "0",
+        **(best.env if best else {}),
+        **(env or {}),
+    }
+    argv = spec.argv(venv_bin, model_dir, port)
+    if best is not None:
+        argv = with_flags(argv, best)
     # Some peers write into their working folder (mlx-openai-server: logs/app.log): the logs'.
     cwd = model_dir.parent if spec.in_model_parent else logs
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            spec.argv(venv_bin, model_dir, port), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
-        )
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     service = ServiceProcess(process, f"http://127.0.0.1:{port}", log_path)
     headers = {"Authorization": f"Bearer {API_KEY}"} if spec.needs_key else {}
     served = wait_for_models(service, headers, timeout=300)
@@ -196,10 +286,12 @@ def start_peer(
     return Server(name, service.address, served, headers, [service])
 
 
-def start_vlmserve(model_dir: Path, logs: Path, tree: Path | None = None) -> Server:
+def start_vlmserve(
+    model_dir: Path, logs: Path, tree: Path | None = None, *, best: BestConfig | None = None
+) -> Server:
     """Our engine + facade; with `tree`, the same stack from another checkout (its venv at
     tree/.venv, e.g. a worktree at an older commit), named `vlmserve@<its commit>`: before and
-    after a change, side by side in one run."""
+    after a change, side by side in one run. Speculation off, or `best`'s flags."""
     bin_dir, name = BIN, "vlmserve"
     if tree is not None:
         bin_dir = tree / ".venv" / "bin"
@@ -210,7 +302,10 @@ def start_vlmserve(model_dir: Path, logs: Path, tree: Path | None = None) -> Ser
             check=True,
         ).stdout.strip()
         name = f"vlmserve@{commit}"
-    engine = start_engine(logs, model=str(model_dir), extra=("--speculative", "off"), bin_dir=bin_dir)
+    flags = ["--speculative", "off"]
+    if best is not None:
+        flags = with_flags(flags, best)
+    engine = start_engine(logs, model=str(model_dir), extra=tuple(flags), bin_dir=bin_dir)
     facade = start_facade(
         logs, engine.address, store_path=logs / f"store-{time.monotonic_ns()}.sqlite3", bin_dir=bin_dir
     )
@@ -469,21 +564,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="also serve vlmserve from this checkout (a worktree at another commit with its own .venv)",
     )
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="each side in its fastest documented configuration (BEST) instead of speculation off",
+    )
     args = parser.parse_args(argv)
     if not args.model_dir.is_dir():
         build_bench_model(args.model_dir)
     logs = Path(tempfile.mkdtemp(prefix="vlmserve-peers-"))
     servers: list[Server] = []
     started: dict[str, str] = {}
+    ours = BEST["vlmserve"] if args.best else None
+    load_start = os.getloadavg()
     try:
-        servers.append(start_vlmserve(args.model_dir, logs))
+        servers.append(start_vlmserve(args.model_dir, logs, best=ours))
         started["vlmserve"] = "ok"
         if args.baseline_tree is not None:
-            servers.append(start_vlmserve(args.model_dir, logs, args.baseline_tree))
+            servers.append(start_vlmserve(args.model_dir, logs, args.baseline_tree, best=ours))
             started[servers[-1].name] = "ok"
         for name in args.peers:
             try:
-                servers.append(start_peer(name, args.model_dir, logs, args.peers_root))
+                config = BEST[name] if args.best else None
+                servers.append(start_peer(name, args.model_dir, logs, args.peers_root, best=config))
                 started[name] = "ok"
             except Exception as error:  # reported; the others still run
                 started[name] = f"{type(error).__name__}: {str(error)[-600:]}"
@@ -494,6 +597,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.stop()
     report = {
         "model": str(args.model_dir),
+        "mode": "best" if args.best else "speculation off",
+        "configs": {name: asdict(BEST[name]) for name in ["vlmserve", *args.peers]} if args.best else {},
+        "load_average_start": load_start,
         "load_average": os.getloadavg(),
         "started": started,
         "summary": summary(figures),
