@@ -421,6 +421,8 @@ class Figures:
     errors: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     valid: dict[str, dict[str, list[bool]]] = field(default_factory=dict)
     counted_by_usage: dict[str, bool] = field(default_factory=dict)
+    # The 1-minute load average as each round's workload began (other jobs share the CPU).
+    load: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, target: str, workload: str, value: float) -> None:
         self.rounds.setdefault(target, {}).setdefault(workload, []).append(value)
@@ -536,6 +538,9 @@ async def measure(servers: list[Server], args: argparse.Namespace) -> Figures:
     for round_index in range(args.rounds):
         for workload in args.workloads:
             order = servers if round_index % 2 == 0 else list(reversed(servers))
+            figures.load.append(
+                {"round": round_index, "workload": workload, "load_1m": round(os.getloadavg()[0], 2)}
+            )
             for server in order:
                 try:
                     await run_workload(server, workload, figures, args)
