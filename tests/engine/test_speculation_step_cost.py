@@ -136,7 +136,8 @@ def test_the_step_clock_charges_a_plain_steps_forward_to_it_not_to_the_verify_af
             case ("start", float() | int() as now, int() as rows, bool() as verifies):
                 clock.start(now, rows, verifies=verifies)
             case ("launch", float() | int() as now, int() as width):
-                clock.launch(now, width)
+                clock.launch(now)  # the tokens in flight are read: it drafts, then its width
+                clock.width(width)
             case ("stop",):
                 clock.stop()
     assert [(rows, width, round(seconds, 9)) for rows, width, seconds in costs.samples] == expected
@@ -210,7 +211,7 @@ def test_a_probe_is_a_trial_whose_drafts_the_rates_do_not_cut() -> None:
     # Rows whose rate was learnt on text with nothing to copy: plain wins, and a probe every 16
     # steps is a trial (drafter.py then verifies its drafts at the exploration width instead of
     # cutting them by that rate: else the rate never moves again).
-    gate = StepGate(_costs(1, 0.1, {1: 0.12, 5: 0.2}))
+    gate = StepGate(_costs(1, 0.1, {1: 0.105, 5: 0.108}))  # probes cheap enough for every 16 steps
     trials = []
     for _ in range(16):
         verified = gate.verifies([RowDrafts(4, 0.05)], 9)
@@ -256,13 +257,34 @@ def test_certain_drafts_always_verify() -> None:
 
 @pytest.mark.parametrize(("probe_steps", "expected"), [(1, [16, 48, 112]), (2, [16, 17, 49, 50, 114, 115])])
 def test_while_plain_wins_a_probe_verifies_ever_less_often(probe_steps: int, expected: list[int]) -> None:
-    gate = StepGate(_costs(1, 0.1, {1: 0.2, 5: 0.4}), probe_steps=probe_steps)
+    gate = StepGate(_costs(1, 0.1, {1: 0.105, 5: 0.108}), probe_steps=probe_steps)
     verified = [step for step in range(1, 121) if gate.verifies([NOTHING], 9)]
     assert verified == expected
 
 
+@pytest.mark.parametrize(
+    ("verify", "probe_steps", "expected"),
+    [
+        # A probe step costs 0.008 s more than a plain one (0.1 s): the doubling gap governs.
+        (0.108, 1, [16, 48, 112, 240]),
+        # 0.1 s more: every 100 steps at most (1 % of their time), until the doubling gap is wider
+        (0.2, 1, [100, 200, 300, 428]),
+        # ... two verify steps a probe (a drafter model's): every 200.
+        (0.2, 2, [200, 201, 401, 402]),
+        # A verify at 8 plain steps (this CPU's five-wide MTP verify of one row): every 700.
+        (0.8, 1, [700, 1400, 2100, 2800]),
+    ],
+)
+def test_probes_cost_at_most_one_percent_of_the_plain_steps_between_them(
+    verify: float, probe_steps: int, expected: list[int]
+) -> None:
+    gate = StepGate(_costs(1, 0.1, {1: 0.105, 5: verify}), probe_steps=probe_steps)
+    verified = [step for step in range(1, 3000) if gate.verifies([NOTHING], 9)]
+    assert verified[:4] == expected
+
+
 def test_a_win_resets_the_probe_gap() -> None:
-    gate = StepGate(_costs(1, 0.1, {1: 0.2, 9: 0.2}))
+    gate = StepGate(_costs(1, 0.1, {1: 0.108, 9: 0.108}))
     steps = [gate.verifies([NOTHING], 9) for _ in range(48)]
     assert steps.count(True) == 2  # at 16 and 48
     assert gate.verifies([COPYING], 9)  # copying now: verifies, the gap is 16 again

@@ -120,6 +120,8 @@ class Verifier(Generic[K]):
         import mlx.core as mx
 
         speculator = self.speculator
+        if self._clock is not None:  # the tokens in flight are read: the verify step drafts now
+            self._clock.launch(time.perf_counter())
         waiting = [*pending, *([] for _ in rows[len(pending) :])]
         if all(row.tokens_left <= 0 for row in rows):
             return None
@@ -131,8 +133,8 @@ class Verifier(Generic[K]):
         ]
         extra = verify_forward_kwargs(self._language_model, speculator.capture_layer_ids)
         keys = [row.key for row in rows]
-        if self._clock is not None:  # the tokens in flight are read: the verify's forward starts
-            self._clock.launch(time.perf_counter(), width)
+        if self._clock is not None:
+            self._clock.width(width)
         transaction = begin_verify(caches, width, keys)
         with verify_forward(caches):
             output = forward(mx.array(inputs, dtype=mx.int32), **extra)

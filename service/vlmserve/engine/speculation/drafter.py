@@ -103,7 +103,14 @@ class Speculator:
         if self.gate is None:
             # A drafter model's rows follow one step before they draft again after plain steps.
             probe = 2 if self.model_drafter is not None else 1
-            self.gate = StepGate(StepCosts(self.position_cost), probe_steps=probe)
+            self.gate = StepGate(
+                StepCosts(self.position_cost), probe_steps=probe, trial_width=self.trial_width
+            )
+
+    @property
+    def trial_width(self) -> int:
+        """The width a trial verifies at: a new row's draft length + 1."""
+        return 1 + max(1, self.max_draft // 2)
 
     @property
     def costs(self) -> StepCosts | None:
@@ -223,7 +230,7 @@ class Speculator:
         # (weighed by a rate learnt where nothing was accepted, none would ever be verified).
         gate = self.gate
         trial = gate is not None and (gate.trial or not gate.costs.explored(len(rows)))
-        trial_width = 1 + max(1, self.max_draft // 2)
+        trial_width = self.trial_width
 
         def width_for(offers: Sequence[RowDrafts]) -> int:
             if trial:

@@ -15,8 +15,9 @@ policy.py `expected_tokens`) against the plain step's rows per second, with a ma
 measured yet is measured first (a few steps of that kind: exploration; while rows hope for
 drafts, verifies of one width wider than one position, uncut by the prior position cost, until
 one is measured three times or eight steps tried); while plain wins, a probe verifies now and
-then (every 16 plain steps, doubling while probes lose, up to 512) so a batch whose rows start
-copying is noticed. Exploration and probes are trials (`trial`): drafter.py verifies their drafts
+then (every 16 plain steps, doubling while probes lose, up to 512, and no more often than keeps
+their extra cost to 1 % of the plain steps between them) so a batch whose rows start copying is
+noticed. Exploration and probes are trials (`trial`): drafter.py verifies their drafts
 whatever the rows' rates (the rates are what a trial tests), and a trial that paid buys up to two
 more (`reward`). Rows whose drafts are certain (a grammar's) always verify: their tokens cost
 nothing to guess.
@@ -41,6 +42,10 @@ _KNOWN_AFTER = 3
 MARGIN = 0.05
 _FIRST_PROBE = 16
 _LAST_PROBE = 512
+# What probes may cost beside the plain steps between them (their extra time as a share of
+# those steps'), and the longest gap that keeps them to it.
+PROBE_BUDGET = 0.01
+_LAST_BUDGETED_PROBE = 4096
 # Verify steps a bucket may spend measuring wide verifies while rows hope for drafts (lookup may
 # find none for them: then the steps are one position wide and measure nothing wide).
 _EXPLORE_STEPS = 8
@@ -149,15 +154,16 @@ class StepCosts:
 @dataclass
 class StepClock:
     """Times each decode step for `StepCosts` from the clock readings the verifier gives it:
-    every step starts at `start` (its rows, whether it verifies), a verify step's forward at
-    `launch` (its width), and a step's cost runs to the next step's start, except for a plain
-    step followed by a verify: a plain step's forward runs on while the next step starts
-    (double-buffered), and a verify first waits for it (the batch reads the tokens in flight
-    before `launch`), so that plain step ends, and the verify starts, at the verify's `launch`.
-    Timed from start to start, each verify after a plain step was charged the plain forward it
-    waited for and that plain step almost nothing, so verifies looked dearer than they are and
-    plain steps cheaper (issue 37.1). A step whose batch changed size is not counted (the gap
-    also holds a joining row's prompt, or the batch's changes)."""
+    every step starts at `start` (its rows, whether it verifies), a verify step drafts and
+    starts its forward at `launch` (its width then set by `width`), and a step's cost runs to
+    the next step's start, except for a plain step followed by a verify: a plain step's forward
+    runs on while the next step starts (double-buffered), and a verify first waits for it (the
+    batch reads the tokens in flight before `launch`), so that plain step ends, and the verify
+    starts, at the verify's `launch` (its drafting, a drafter model's forwards included, is the
+    verify's). Timed from start to start, each verify after a plain step was charged the plain
+    forward it waited for and that plain step almost nothing, so verifies looked dearer than
+    they are and plain steps cheaper (issue 37.1). A step whose batch changed size is not
+    counted (the gap also holds a joining row's prompt, or the batch's changes)."""
 
     costs: StepCosts
     # The step under way: when it started, its rows and width (0: plain); None: none, or the
@@ -174,15 +180,17 @@ class StepClock:
             self._waiting = None
             self._observe(previous, now, rows)
 
-    def launch(self, now: float, width: int) -> None:
-        """The step's verify forward starts (the tokens in flight are read), `width` wide."""
-        if self._step is None:
+    def launch(self, now: float) -> None:
+        """The verify step has read the tokens in flight: it drafts and starts its forward."""
+        if self._step is None or self._waiting is None:
             return
-        started, rows, _ = self._step
-        if self._waiting is not None:
-            self._observe(self._waiting, now, rows)
-            self._waiting, started = None, now
-        self._step = (started, rows, width)
+        self._observe(self._waiting, now, self._step[1])
+        self._waiting, self._step = None, (now, self._step[1], self._step[2])
+
+    def width(self, width: int) -> None:
+        """The verify forward's width (1 + the longest drafts it verifies)."""
+        if self._step is not None:
+            self._step = (self._step[0], self._step[1], width)
 
     def stop(self) -> None:
         """The batch emptied: the step under way is not measured."""
@@ -225,6 +233,9 @@ class StepGate:
     # Verify steps a probe lasts (a drafter model's rows need one step to follow the target
     # before they draft again).
     probe_steps: int = 1
+    # The width a trial verifies at (drafter.py: a new row's draft length + 1), for what a
+    # probe costs.
+    trial_width: int = 5
     # Per bucket: plain steps since the last verify, the gap before the next probe, and the
     # probe's verify steps still to run.
     _plain_run: dict[int, int] = field(default_factory=dict)
@@ -269,7 +280,7 @@ class StepGate:
             return self._verified(size, won=True)
         run = self._plain_run.get(size, 0) + 1
         every = self._probe_every.get(size, _FIRST_PROBE)
-        if run >= every:
+        if run >= max(every, self._budgeted_gap(rows, plain)):
             self._probe_every[size] = min(_LAST_PROBE, 2 * every)
             self._plain_run[size] = 0
             self._probing[size] = self.probe_steps - 1
@@ -277,6 +288,19 @@ class StepGate:
             return True
         self._plain_run[size] = run
         return False
+
+    def _budgeted_gap(self, rows: int, plain: float) -> int:
+        """The fewest plain steps between probes that keep their extra cost (each of the
+        probe's steps a verify at the trial width instead of a plain step) to PROBE_BUDGET of
+        those steps' time. Where a verify costs little more than a plain step (a memory-bound
+        decode) the doubling gap governs; where it costs several (this CPU on the fixtures: a
+        five-wide MTP verify of one row ~8 plain steps), probes every 512 plain steps alone cost
+        a 2 % of throughput that no draft paid for (issue 37.1)."""
+        verify = self.costs.verify(rows, self.trial_width)
+        if verify is None:
+            return 0
+        extra = self.probe_steps * max(0.0, verify - plain)
+        return min(_LAST_BUDGETED_PROBE, int(extra / (PROBE_BUDGET * plain)))
 
     def reward(self, rows: int) -> None:
         """The last trial paid (one accepted draft per row or more): verify again next step (a
