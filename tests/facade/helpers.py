@@ -22,6 +22,7 @@ from tests._openresponses import EVENT_SCHEMAS, assert_valid, validator
 from vlmserve.client import AsyncEngineClient
 from vlmserve.common import images as common_images
 from vlmserve.facade import FacadeSettings, Limits, Store, create_app
+from vlmserve.facade.http.server import FacadeServer
 from vlmserve.facade.settings import Storage
 from vlmserve.facade.settings.api_keys import ApiKeys
 
@@ -158,8 +159,9 @@ def loopback(app: Any, *, lifespan: str = "off") -> uvicorn.Config:
 
 @asynccontextmanager
 async def serving(config: uvicorn.Config, stop_timeout_s: float = 20) -> AsyncIterator[int]:
-    """A real uvicorn server on `config` while the block runs; yields its port."""
-    server = uvicorn.Server(config)
+    """The facade's uvicorn server (http/server.py) on `config` while the block runs; yields its
+    port."""
+    server = FacadeServer(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

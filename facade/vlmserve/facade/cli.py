@@ -16,6 +16,7 @@ from vlmserve.common.tracing import configure_tracing
 from vlmserve.facade.app import create_app
 from vlmserve.facade.http.body_memory import return_large_blocks_to_the_os
 from vlmserve.facade.http.protocol import bounded_protocol
+from vlmserve.facade.http.server import FacadeServer
 from vlmserve.facade.responses.delivery import STREAM_CUTOFF_AFTER_GRACE_S
 from vlmserve.facade.settings import FacadeSettings
 from vlmserve.server.lifeline import watch_lifeline
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmserve-facade") -> in
         logger.warning("listening on %s without API keys: anyone who can reach it can use it", settings.host)
     watch_lifeline()
     return_large_blocks_to_the_os()
-    uvicorn.Server(server_config(create_app(settings), settings)).run()
+    FacadeServer(server_config(create_app(settings), settings)).run()
     return 0
 
 

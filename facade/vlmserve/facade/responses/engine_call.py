@@ -34,6 +34,52 @@ class CallStopped(Exception):
     engine because we asked it to."""
 
 
+class _Handoff:
+    """One message (or how the read ended) handed from a call's pump to its reader."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self._message: pb.GenerateResponse | None = None
+        self._error: BaseException | None = None
+        # The reader's, while it waits for a message (or a heartbeat, or the close).
+        self.waiter: asyncio.Future[None] | None = None
+        # The pump's, while it waits for the reader to take what it holds.
+        self._taken: asyncio.Future[None] | None = None
+        # The pump's, after the last message: until the reader asks for more.
+        self._asked: asyncio.Future[None] | None = None
+
+    def wake(self, _: object = None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def put(self, message: pb.GenerateResponse | None, error: BaseException | None = None) -> None:
+        await self.taken()
+        self._message, self._error, self.ready = message, error, True
+        self.wake()
+
+    async def taken(self) -> None:
+        """Until the reader took what was put (at once if it has)."""
+        while self.ready:
+            self._taken = asyncio.get_running_loop().create_future()
+            await self._taken
+
+    async def asked(self) -> None:
+        """Until the reader comes back for more."""
+        self._asked = asyncio.get_running_loop().create_future()
+        await self._asked
+
+    def ask(self) -> None:
+        if self._asked is not None and not self._asked.done():
+            self._asked.set_result(None)
+
+    def take(self) -> tuple[pb.GenerateResponse | None, BaseException | None]:
+        taken = self._message, self._error
+        self._message, self._error, self.ready = None, None, False
+        if self._taken is not None and not self._taken.done():
+            self._taken.set_result(None)
+        return taken
+
+
 @dataclass
 class EngineCall:
     # Sent with the texts it holds apart (`TranslatedRequest.outgoing`).
@@ -101,58 +147,51 @@ class EngineCall:
         errors raise APIError, a call stopped from our side CallStopped."""
         self.start()
         loop = asyncio.get_running_loop()
-        pending: asyncio.Future[pb.GenerateResponse] | None = self._first
+        handoff = _Handoff()
+        # The call's messages are read by a task of their own (`_pump`), so this reader can wait
+        # with a heartbeat and a close without cancelling the read (which would cancel the
+        # call). The pump hands each message over itself and starts the next read at once: per
+        # message one loop turn wakes the pump (gRPC's), one the reader. A read task per
+        # message, woken through its done callbacks, took five (bench/stack_cpu.py).
+        pump = asyncio.ensure_future(self._pump(handoff))
         close_call = asyncio.ensure_future(self._close_call.wait())
-        # One future this reader waits on, woken by the next message, the close or the heartbeat
-        # timer. Not `asyncio.wait` per message: its set, its callbacks on every future and its
-        # timer, armed and cancelled each time, were a fifth of the facade's CPU per streamed
-        # token (bench/stack_cpu.py). The timer is armed once and re-armed only when it fires
-        # before the current wait's deadline (a message came meanwhile).
-        waiter: asyncio.Future[None] = loop.create_future()
+        close_call.add_done_callback(handoff.wake)
+        # The heartbeat timer is armed once and re-armed only when it fires before the current
+        # wait's deadline (a message came meanwhile), not per message.
         timer: asyncio.TimerHandle | None = None
-        watched: asyncio.Future[pb.GenerateResponse] | None = None
-
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
 
         def timer_fired() -> None:
             nonlocal timer
             timer = None
-            wake()
+            handoff.wake()
 
-        close_call.add_done_callback(wake)
         try:
             while True:
-                if pending is None:
-                    assert self._stream is not None  # the first message came from it
-                    pending = asyncio.ensure_future(anext(self._stream))
+                handoff.ask()
                 deadline = None if self.heartbeat_s is None else loop.time() + self.heartbeat_s
-                while not (pending.done() or close_call.done()):
+                while not (handoff.ready or close_call.done()):
                     if deadline is not None and loop.time() >= deadline:
                         break
-                    if watched is not pending:
-                        watched = pending
-                        pending.add_done_callback(wake)
                     if deadline is not None and timer is None:
                         timer = loop.call_at(deadline, timer_fired)
-                    waiter = loop.create_future()
-                    await waiter
+                    handoff.waiter = loop.create_future()
+                    await handoff.waiter
                 # Checked first: an engine that ignores Abort may keep messages coming forever.
                 if close_call.done():
                     raise CallStopped
-                if not pending.done():
+                if not handoff.ready:
                     yield None
                     continue
-                try:
-                    message = pending.result()
-                except StopAsyncIteration:
-                    return
-                except EngineError as error:
-                    if self._cancel_requested and error.code == grpc.StatusCode.CANCELLED:
-                        raise CallStopped from None
-                    raise self.api_error(error) from None
-                pending = None
+                message, error = handoff.take()
+                if error is not None:
+                    if isinstance(error, StopAsyncIteration):
+                        return
+                    if isinstance(error, EngineError):
+                        if self._cancel_requested and error.code == grpc.StatusCode.CANCELLED:
+                            raise CallStopped from None
+                        raise self.api_error(error) from None
+                    raise error
+                assert message is not None
                 if self.first_output_at is None and message.WhichOneof("event") == "chunk":
                     self.first_output_at = time.perf_counter()
                 yield message
@@ -160,12 +199,32 @@ class EngineCall:
             if timer is not None:
                 timer.cancel()
             close_call.cancel()
-            # Nothing cancels what this reader waits for but this: a consumer that stops (or is
+            # Nothing cancels what the pump waits for but this: a consumer that stops (or is
             # cancelled) must not leave the read, and so the engine call, running.
-            if pending is not None and not pending.done():
-                pending.cancel()
+            if not pump.done():
+                pump.cancel()
                 with contextlib.suppress(BaseException):
-                    await pending
+                    await pump
+
+    async def _pump(self, handoff: _Handoff) -> None:
+        """Read the call's messages into `handoff`: the next read starts as soon as a message is
+        handed over, and its message waits there until the reader took the one before (at most
+        two messages ahead of the reader: one handed over, one read)."""
+        assert self._first is not None
+        try:
+            message = await self._first
+            while True:
+                await handoff.put(message)
+                if message.WhichOneof("event") == "complete":
+                    # The last message: a read started now and cut short by the reader's end
+                    # would cancel a call that ended well. Read on only when asked.
+                    await handoff.asked()
+                assert self._stream is not None  # the first message came from it
+                message = await anext(self._stream)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # StopAsyncIteration included: the reader ends there
+            await handoff.put(None, error)
 
     async def cancel(self, wait_s: float) -> None:
         """Ask the engine to stop this call; wait up to `wait_s` (a stage) for it to end."""

@@ -1,0 +1,91 @@
+"""The facade's uvicorn server (http/server.py): idle, its main loop wakes once a second, not ten
+times; the date header is still there and current; a stop (`should_exit`, a stop signal) ends it
+at once, not at the next tick."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from email.utils import parsedate_to_datetime
+
+import httpx
+from fastapi import FastAPI
+
+from tests.facade.helpers import loopback
+from vlmserve.facade.http.server import TICK_S, FacadeServer
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+async def _started(server: FacadeServer) -> asyncio.Task[None]:
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    return task
+
+
+async def test_idle_the_main_loop_ticks_once_a_second() -> None:
+    server = FacadeServer(loopback(_app()))
+    ticks: list[float] = []
+    on_tick = server.on_tick
+
+    async def counted(counter: int) -> bool:
+        ticks.append(time.monotonic())
+        return await on_tick(counter)
+
+    server.on_tick = counted  # type: ignore[method-assign]
+    task = await _started(server)
+    await asyncio.sleep(2.5)
+    server.should_exit = True
+    await asyncio.wait_for(task, 10)
+    # uvicorn's own loop: ~25 ticks in 2.5 s. Ours: the first, about two more, and the exit's.
+    assert 2 <= len(ticks) <= 5, ticks
+
+
+async def test_the_date_header_is_there_and_current() -> None:
+    server = FacadeServer(loopback(_app()))
+    task = await _started(server)
+    try:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        await asyncio.sleep(TICK_S * 1.5)  # past a tick: the header renewed by ours
+        async with httpx.AsyncClient() as client:
+            answer = await client.get(f"http://127.0.0.1:{port}/ping")
+        sent = parsedate_to_datetime(answer.headers["date"]).timestamp()
+        assert abs(sent - time.time()) <= TICK_S + 1
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+async def test_should_exit_stops_it_at_once() -> None:
+    server = FacadeServer(loopback(_app()))
+    task = await _started(server)
+    await asyncio.sleep(0.05)  # inside a tick's wait
+    stopped_at = time.monotonic()
+    server.should_exit = True
+    await asyncio.wait_for(task, 10)
+    assert time.monotonic() - stopped_at < TICK_S / 2
+
+
+async def test_a_stop_signal_stops_it_at_once() -> None:
+    server = FacadeServer(loopback(_app()))
+    task = await _started(server)
+    await asyncio.sleep(0.05)
+    stopped_at = time.monotonic()
+    # What uvicorn's signal handler calls (sse-starlette wraps it to drain its streams too).
+    server.handle_exit(signal.SIGTERM, None)
+    # uvicorn raises the signals it caught again once it has stopped: not in the test process.
+    server._captured_signals.clear()
+    await asyncio.wait_for(task, 10)
+    assert time.monotonic() - stopped_at < TICK_S / 2
