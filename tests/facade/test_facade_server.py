@@ -1,19 +1,23 @@
 """The facade's uvicorn server (http/server.py): idle, its main loop wakes once a second, not ten
 times; the date header is still there and current; a stop (`should_exit`, a stop signal) ends it
-at once, not at the next tick."""
+at once, not at the next tick, and reaches its event streams (delivery.EventStream) without
+sse-starlette's polling watcher."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import time
+from collections.abc import AsyncIterator
 from email.utils import parsedate_to_datetime
 
+import anyio
 import httpx
 from fastapi import FastAPI
 
 from tests.facade.helpers import loopback
 from vlmserve.facade.http.server import TICK_S, FacadeServer
+from vlmserve.facade.responses.delivery import EventStream
 
 
 def _app() -> FastAPI:
@@ -89,3 +93,42 @@ async def test_a_stop_signal_stops_it_at_once() -> None:
     server._captured_signals.clear()
     await asyncio.wait_for(task, 10)
     assert time.monotonic() - stopped_at < TICK_S / 2
+
+
+async def test_a_stream_waits_on_the_servers_stop_not_on_a_polling_watcher() -> None:
+    app = FastAPI()
+    shutdown = anyio.Event()
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield b"data: first\n\n"
+        await shutdown.wait()  # set by the stream when the server stops
+        yield b"data: bye\n\n"
+
+    @app.get("/events")
+    async def events() -> EventStream:
+        return EventStream(frames(), sep="\n", shutdown_event=shutdown, shutdown_grace_period=5)
+
+    server = FacadeServer(loopback(app))
+    task = await _started(server)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    received: list[str] = []
+    async with (
+        httpx.AsyncClient() as client,
+        client.stream("GET", f"http://127.0.0.1:{port}/events") as answer,
+    ):
+        lines = answer.aiter_lines()
+        while not received:
+            line = await anext(lines)
+            if line.startswith("data: "):
+                received.append(line)
+        # sse-starlette's watcher (a task polling every 0.5 s) never started.
+        watchers = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "_shutdown_watcher"]  # type: ignore[union-attr]
+        assert watchers == []
+        stopped_at = time.monotonic()
+        server.should_exit = True
+        async for line in lines:
+            if line.startswith("data: "):
+                received.append(line)
+        assert time.monotonic() - stopped_at < 0.4
+    assert received == ["data: first", "data: bye"]
+    await asyncio.wait_for(task, 10)

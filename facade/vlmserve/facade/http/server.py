@@ -27,6 +27,8 @@ class FacadeServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick: asyncio.Future[None] | None = None
         self._exit_requested = False
+        # Set (in the loop) once a stop is asked for: what the event streams wait on.
+        self._stopping: asyncio.Event | None = None
         super().__init__(config)
 
     @property
@@ -44,21 +46,42 @@ class FacadeServer(uvicorn.Server):
         # thread-safe call (a deque append and a byte to its self-pipe).
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._end_tick)
+            loop.call_soon_threadsafe(self._stop_asked)
+
+    def _stop_asked(self) -> None:
+        self._end_tick()
+        if self._stopping is not None:
+            self._stopping.set()
 
     def _end_tick(self) -> None:
         if self._tick is not None and not self._tick.done():
             self._tick.set_result(None)
 
+    async def exit_requested(self) -> None:
+        """Until a stop is asked for (at once if it was). The event streams wait on this
+        (delivery.EventStream) instead of sse-starlette's watcher, which polls for it every
+        0.5 s for the life of the process once a stream has run."""
+        if self._stopping is None:
+            self._stopping = asyncio.Event()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        if not self.should_exit:
+            await self._stopping.wait()
+
     async def main_loop(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + _UVICORN_TICKS_PER_SECOND) % 864000
-            self._tick = loop.create_future()
-            timer = loop.call_later(TICK_S, self._end_tick)
-            if not self.should_exit:  # set between the last tick and now
-                await self._tick
-            timer.cancel()
+        try:
             should_exit = await self.on_tick(counter)
+            while not should_exit:
+                counter = (counter + _UVICORN_TICKS_PER_SECOND) % 864000
+                self._tick = loop.create_future()
+                timer = loop.call_later(TICK_S, self._end_tick)
+                if not self.should_exit:  # set between the last tick and now
+                    await self._tick
+                timer.cancel()
+                should_exit = await self.on_tick(counter)
+        finally:
+            # However the loop ended (a stop, uvicorn's request limit): the streams drain.
+            if self._stopping is not None:
+                self._stopping.set()

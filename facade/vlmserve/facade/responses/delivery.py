@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -16,11 +17,13 @@ import anyio
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import AppStatus
 from starlette.background import BackgroundTask
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vlmserve.facade.http.api_keys import owner_of
 from vlmserve.facade.http.errors import APIError
+from vlmserve.facade.http.server import FacadeServer
 from vlmserve.facade.responses.events import Event
 from vlmserve.facade.responses.preparation import ResponsesService, Translation
 from vlmserve.facade.responses.running import Generation, unclaimed_generations
@@ -51,6 +54,19 @@ class EventStream(EventSourceResponse):
     (ours: a slow client is bounded by the connection's limits, not per send). Its base opens an
     anyio cancel scope with a timer around every send, `move_on_after(None)` included: per
     streamed token that was about a tenth of the facade's CPU (bench/stack_cpu.py)."""
+
+    @staticmethod
+    async def _listen_for_exit_signal() -> None:
+        """Until the server stops: under the facade's own server (http/server.py), its stop
+        itself; sse-starlette's watcher, which it replaces, polls for the stop every 0.5 s for
+        the life of the process once a stream has run (two wake-ups a second, idle or not).
+        The server is found as sse-starlette finds it: the SIGTERM handler uvicorn installed is
+        its bound method."""
+        server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+        if not isinstance(server, FacadeServer):
+            await EventSourceResponse._listen_for_exit_signal()
+        elif not AppStatus.should_exit:
+            await server.exit_requested()
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is not None:
