@@ -151,6 +151,17 @@ class Templates:
             self._cache[key] = self._build("short", messages, [], None)
         return self._cache[key]
 
+    def untooled(self, colour: str, variant: int) -> Template:
+        """The loop's second turn without its tools block: the same tokens from the request on
+        (the colour word as far before the image, the image as far before the click), so what is
+        learnt here by relative position holds in the loop; ~60 prompt tokens, not ~1100."""
+        key = ("untooled", colour, variant)
+        if key not in self._cache:
+            turn = second_turn(colour, _placeholder_png())
+            messages, _ = self.adapted(turn, variant * PLACEHOLDER_SIZE)
+            self._cache[key] = self._build("untooled", messages, [], None)
+        return self._cache[key]
+
     def second(self, colour: str, variant: int) -> Template:
         key = ("second", colour, variant)
         if key not in self._cache:
@@ -245,7 +256,10 @@ def evaluate(templates: Templates, model: Any, seed: int, rows: int) -> dict[str
 
 
 def mixed_short_batch(
-    templates: Templates, screens: Sequence[Screen], digit_weight: float = 1.0
+    templates: Templates,
+    screens: Sequence[Screen],
+    digit_weight: float = 1.0,
+    untooled: Sequence[int] | None = None,
 ) -> tuple[Batch, np.ndarray]:
     """The short turn's click for screens of different target colours in one batch.
 
@@ -254,9 +268,13 @@ def mixed_short_batch(
     asks the colour match of all of them. The short prompts differ in length (a colour is 2-4
     tokens), so only the first token is shared: rows are right-padded (causal attention: padding
     after a row's reply changes none of its logits) and keep their own M-RoPE positions.
+    `untooled`: per row, the tool variant of `Templates.untooled` instead of the short turn.
     """
     rows = len(screens)
-    row_templates = [templates.short(screen.target) for screen in screens]
+    row_templates = [
+        templates.short(screen.target) if untooled is None else templates.untooled(screen.target, variant)
+        for screen, variant in zip(screens, untooled or [0] * rows, strict=True)
+    ]
     answers = [templates.click_ids[screen.target_cell] for screen in screens]
     width = max(len(t.prompt_ids) for t in row_templates) + templates.max_reply
     pad_id = templates.tokens.pad_id

@@ -53,9 +53,10 @@ def build_click_base(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def smooth_patch_filters(model: Any) -> None:
+def smooth_patch_filters(model: Any, scale: float) -> None:
     """Replace each random patch filter by its mean over the patch's pixels and frames (per output
-    feature and colour channel), at the same weight scale, once, on fresh weights.
+    feature and colour channel), its weights' spread `scale` times the random ones', once, on
+    fresh weights.
 
     With iid random weights per pixel, what a square's colour adds to a token depends on which of
     the patch's pixels it covers (a square lies anywhere in its cell), so the same colour gives
@@ -69,7 +70,7 @@ def smooth_patch_filters(model: Any) -> None:
     proj = model.vision_tower.patch_embed.proj
     weight = proj.weight.astype(mx.float32)  # (out, frames, height, width, channels)
     mean = weight.mean(axis=(1, 2, 3), keepdims=True)
-    smoothed = mx.broadcast_to(mean * (weight.std() / mean.std()), weight.shape)
+    smoothed = mx.broadcast_to(mean * (scale * weight.std() / mean.std()), weight.shape)
     proj.weight = smoothed.astype(proj.weight.dtype)
     mx.eval(proj.weight)
 

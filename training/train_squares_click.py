@@ -77,7 +77,7 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     model, processor = load_model(args)
     if args.smooth_patch_filters and args.init is None:
-        smooth_patch_filters(model)
+        smooth_patch_filters(model, args.smooth_patch_filters)
     if args.recentre_vision and args.init is None:
         found = recentre_vision(model, processor, random.Random(-2), args.recentre_vision)
         print("recentred the vision mergers' outputs:", found, flush=True)
@@ -96,6 +96,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         check_against_model(model, *first_batch(templates, templates.first("red", variant)))
     mixed = [draw_screen(check_rng, size, colour) for size, colour in ((112, "red"), (336, "purple"))]
     check_against_model(model, *mixed_short_batch(templates, mixed))
+    check_against_model(model, *mixed_short_batch(templates, mixed, untooled=[0, 1]))
     print("training forward checked against mlx-vlm's", flush=True)
     rng = random.Random(args.seed)
 
@@ -114,7 +115,10 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         short = step <= args.pre_steps or rng.random() < args.short_share
         if short and args.mix_colours:
             screens = [draw_screen(rng, None, rng.choice(COLOURS), count) for _ in range(args.batch)]
-            click, _ = mixed_short_batch(templates, screens, args.digit_weight)
+            untooled = None
+            if rng.random() < args.untooled_share:
+                untooled = [rng.choice(DISPLAYS) for _ in screens]
+            click, _ = mixed_short_batch(templates, screens, args.digit_weight, untooled)
         else:
             screens = [draw_screen(rng, None, colour, count) for _ in range(args.batch)]
             template = templates.short(colour) if short else templates.second(colour, variant)
@@ -143,6 +147,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
             "freeze_vision": args.freeze_vision,
             "vision_lr_scale": args.vision_lr_scale,
             "mix_colours": args.mix_colours,
+            "untooled_share": args.untooled_share,
             "smooth_patch_filters": args.smooth_patch_filters,
         }
 
@@ -199,15 +204,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--smooth-patch-filters",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="fresh weights: each patch filter its mean over the patch (squares_click_model.py)",
+        type=float,
+        default=0.0,
+        help="fresh weights: each patch filter its mean over the patch, at this share of the "
+        "random weights' spread (0: off; squares_click_model.py)",
     )
     parser.add_argument(
         "--mix-colours",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="short turns: each row its own colour (else one colour per batch)",
+    )
+    parser.add_argument(
+        "--untooled-share",
+        type=float,
+        default=0.0,
+        help="with --mix-colours: share of short steps on the loop's turn without its tools block",
     )
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)

@@ -102,3 +102,18 @@ def test_mixed_colour_short_batch_equals_mlx_vlms(templates: Templates) -> None:
     weights = np.array(batch.loss_weight).reshape(len(screens), -1)
     assert sorted(set(weights[0].tolist())) == [1.0, 5.0]
     assert [k for k, w in enumerate(weights[0]) if w == 5.0] == templates.deciding_slots
+
+
+@pytest.mark.parametrize("variant", DISPLAYS)
+def test_untooled_turn_is_the_loop_turn_after_its_tools_block(templates: Templates, variant: int) -> None:
+    """`--untooled-share`: the loop's second turn without the tools block is the same tokens from
+    the request on, so relative positions (all rotary sees) match the loop's; mixed colours in a
+    batch equal mlx-vlm's forward row by row."""
+    untooled = templates.untooled("green", variant).prompt_ids
+    loop = templates.second("green", variant).prompt_ids
+    assert len(untooled) < len(loop) // 5
+    assert (loop[-(len(untooled) - 1) :] == untooled[1:]).all()
+    rng = random.Random(37)
+    screens = [draw_screen(rng, size, colour) for size, colour in ((112, "orange"), (336, "green"))]
+    batch, full = mixed_short_batch(templates, screens, untooled=[variant, variant])
+    assert check_against_model(templates.tokens.model, batch, full) < 1e-3
