@@ -174,6 +174,9 @@ COPYING, GUESSING, NOTHING, RESTING = (
         # measured cost came out below the plain step's (noise), it still does not win.
         ([NOTHING], 0.1, {1: 0.08, 2: 0.12}, False),
         ([RESTING] * 8, 0.2, {1: 0.15}, False),
+        # No verify measured at this batch size: measured first, whatever the rows offer now
+        # (a drafter model's rows offer nothing until a verify gives them a state).
+        ([RESTING] * 16, 0.2, {}, True),
         ([RowDrafts(1, 0.5)], 0.1, {1: 0.05, 2: 0.2}, False),
         # Within the margin (5 %): plain.
         ([RowDrafts(1, 0.5)], 0.1, {1: 0.1, 2: 0.143}, False),

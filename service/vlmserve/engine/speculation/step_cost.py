@@ -211,6 +211,11 @@ def verify_rate(offers: Sequence[RowDrafts], costs: StepCosts, max_width: int) -
     chose 230 one-position verifies in 256 steps of one row (issue 37.1)."""
     rows = len(offers)
     best: float | None = None
+    if costs.verify(rows, 2) is None:
+        # Measured first even when no row offers drafts now: rows whose drafter model holds no
+        # state offer none until a verify, so at 16 DFlash rows (their first step plain) no
+        # verify was ever measured or taken (issue 37.1).
+        return None
     widest = min(max_width, 1 + max((offer.available for offer in offers), default=0))
     if widest < 2:
         return 0.0
