@@ -6,7 +6,7 @@
 Why a peer is ahead on a single stream (issue 37.3): vllm-mlx 0.6.0 (`--mllm
 --continuous-batching`) serves a text-only chat request on a qwen2_vl checkpoint through its
 `MLLMBatchGenerator`: mlx-vlm's own `language_model` (the same Python as ours; its
-text_model_from_vlm.py extracts an mlx-lm model only for Qwen3.5 and Gemma 4), a one-row
+vllm_mlx.text_model_from_vlm extracts an mlx-lm model only for Qwen3.5 and Gemma 4), a one-row
 `BatchKVCache` merged from mlx-lm's `KVCache` (the same class as mlx-vlm's), and per step
 `_step` + `mx.async_eval(y, logprobs)` then the previous token's `tolist()`, inside
 `mx.stream(new_stream)`. `vllm_step` below is that loop; `engine` is our in-process Generator
@@ -39,7 +39,7 @@ def _first(array: Any) -> int:
 
 def vllm_step(model: Any, prompt_ids: Sequence[int], tokens: int) -> tuple[float, float, list[int]]:
     """(decode tok/s, thread CPU ms per decode token, tokens) of vllm-mlx's MLLMBatchGenerator
-    loop for one text-only row (mllm_batch_generator.py `_process_prompts`, `_next`, `_step`)."""
+    loop for one text-only row (vllm_mlx.mllm_batch_generator `_process_prompts`, `_next`, `_step`)."""
     import mlx.core as mx
     from mlx_vlm.models.cache import BatchKVCache, make_prompt_cache
 
