@@ -8,16 +8,27 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from email.utils import parsedate_to_datetime
 
 import anyio
 import httpx
+import pytest
 from fastapi import FastAPI
+from sse_starlette.sse import AppStatus
 
 from tests.facade.helpers import loopback
 from vlmserve.facade.http.server import TICK_S, FacadeServer
 from vlmserve.facade.responses.delivery import EventStream
+
+
+@pytest.fixture(autouse=True)
+def _no_process_wide_stop() -> Iterator[None]:
+    """A stop signal here goes through sse-starlette's patch of uvicorn's handle_exit, which sets
+    the process-global `AppStatus.should_exit` that nothing resets: every stream served later in
+    this test process would end at once (empty 200 bodies in other files' tests)."""
+    yield
+    AppStatus.should_exit = False
 
 
 def _app() -> FastAPI:
