@@ -103,8 +103,11 @@ def request(
     )
 
 
-def numbered_requests(generator: Generator, count: int, max_tokens: int) -> list[PreparedRequest]:
-    """`count` greedy requests, each with a prompt of its own ("Request i: " and numbers)."""
+def numbered_requests(
+    generator: Generator, count: int, max_tokens: int, first: int = 0
+) -> list[PreparedRequest]:
+    """`count` greedy requests, each with a prompt of its own ("Request i: " and numbers), numbered
+    from `first`."""
     return [
         request(
             generator,
@@ -113,7 +116,7 @@ def numbered_requests(generator: Generator, count: int, max_tokens: int) -> list
             seed=i,
             max_tokens=max_tokens,
         )
-        for i in range(count)
+        for i in range(first, first + count)
     ]
 
 

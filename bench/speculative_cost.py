@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_model import DEFAULT_DIR, build_bench_model
-from bench.speculative import COUNTERS, request, run, start, summarise
+from bench.speculative import COUNTERS, numbered_requests, request, run, start, summarise
 from training.copying import copy_case
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.generator import Generator
@@ -68,16 +68,7 @@ def requests(
             for i in numbers
         ]
     if workload == "greedy":
-        return [
-            request(
-                generator,
-                f"Request {i}: {' '.join(str(i * j) for j in range(12))}",
-                temperature=0.0,
-                seed=i,
-                max_tokens=max_tokens,
-            )
-            for i in numbers
-        ]
+        return numbered_requests(generator, count, max_tokens, first)
     cases = [copy_case(random.Random(900_000 + i)).prompt for i in numbers]
     return [
         request(generator, text, temperature=0.0, seed=i, max_tokens=max_tokens)
