@@ -6,6 +6,7 @@ sse-starlette's polling watcher."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +16,7 @@ import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
+from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
 
 from tests.facade.helpers import loopback
@@ -106,7 +108,19 @@ async def test_a_stop_signal_stops_it_at_once() -> None:
     assert time.monotonic() - stopped_at < TICK_S / 2
 
 
-async def test_a_stream_waits_on_the_servers_stop_not_on_a_polling_watcher() -> None:
+async def test_a_stream_waits_on_the_servers_stop_not_on_a_polling_watcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # sse-starlette's way (a shared task polling every 0.5 s), counted: the stream must not take
+    # it. (Its watcher task itself may exist already: an earlier test's stream on this loop.)
+    polled: list[bool] = []
+    polling = EventSourceResponse._listen_for_exit_signal
+
+    async def counted() -> None:
+        polled.append(True)
+        await polling()
+
+    monkeypatch.setattr(EventSourceResponse, "_listen_for_exit_signal", staticmethod(counted))
     app = FastAPI()
     shutdown = anyio.Event()
 
@@ -132,9 +146,7 @@ async def test_a_stream_waits_on_the_servers_stop_not_on_a_polling_watcher() -> 
             line = await anext(lines)
             if line.startswith("data: "):
                 received.append(line)
-        # sse-starlette's watcher (a task polling every 0.5 s) never started.
-        watchers = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "_shutdown_watcher"]  # type: ignore[union-attr]
-        assert watchers == []
+        assert polled == []
         stopped_at = time.monotonic()
         server.should_exit = True
         async for line in lines:
@@ -143,3 +155,25 @@ async def test_a_stream_waits_on_the_servers_stop_not_on_a_polling_watcher() -> 
         assert time.monotonic() - stopped_at < 0.4
     assert received == ["data: first", "data: bye"]
     await asyncio.wait_for(task, 10)
+
+
+async def test_a_server_of_another_loop_found_by_the_signal_handler_is_not_waited_on() -> None:
+    """The streams find their server through the SIGTERM handler. In a process that also ran a
+    server in another loop (tests; an app served in a thread of its own, as schemathesis does)
+    that handler can be that server's: waiting on its stop raised "bound to a different event
+    loop" inside the stream (a 500). The stream then waits as sse-starlette does."""
+    other = FacadeServer(loopback(_app()))
+
+    async def waited_on_once() -> None:  # binds the server's stop event to that loop
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(other.exit_requested(), 0.01)
+
+    await asyncio.to_thread(asyncio.run, waited_on_once())
+    previous = signal.signal(signal.SIGTERM, other.handle_exit)
+    try:
+        assert not other.serves_in(asyncio.get_running_loop())
+        with anyio.move_on_after(0.3) as waited:
+            await EventStream._listen_for_exit_signal()
+        assert waited.cancel_called  # still waiting for a stop, no error
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -29,6 +29,7 @@ class FacadeServer(uvicorn.Server):
         self._exit_requested = False
         # Set (in the loop) once a stop is asked for: what the event streams wait on.
         self._stopping: asyncio.Event | None = None
+        self._serving = False
         super().__init__(config)
 
     @property
@@ -57,6 +58,13 @@ class FacadeServer(uvicorn.Server):
         if self._tick is not None and not self._tick.done():
             self._tick.set_result(None)
 
+    def serves_in(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether this server's main loop is running, in `loop`. The streams find their server
+        through the SIGTERM handler, and in a process that ran others (tests, an app served by a
+        client library in a thread of its own) that can be a server of another loop: its stop
+        (an event of that loop) is not theirs to wait on."""
+        return self._loop is loop and self._serving
+
     async def exit_requested(self) -> None:
         """Until a stop is asked for (at once if it was). The event streams wait on this
         (delivery.EventStream) instead of sse-starlette's watcher, which polls for it every
@@ -71,6 +79,7 @@ class FacadeServer(uvicorn.Server):
     async def main_loop(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         counter = 0
+        self._serving = True
         try:
             should_exit = await self.on_tick(counter)
             while not should_exit:
@@ -82,6 +91,7 @@ class FacadeServer(uvicorn.Server):
                 timer.cancel()
                 should_exit = await self.on_tick(counter)
         finally:
+            self._serving = False
             # However the loop ended (a stop, uvicorn's request limit): the streams drain.
             if self._stopping is not None:
                 self._stopping.set()

@@ -61,9 +61,9 @@ class EventStream(EventSourceResponse):
         itself; sse-starlette's watcher, which it replaces, polls for the stop every 0.5 s for
         the life of the process once a stream has run (two wake-ups a second, idle or not).
         The server is found as sse-starlette finds it: the SIGTERM handler uvicorn installed is
-        its bound method."""
+        its bound method; used only while it serves in this stream's loop (`serves_in`)."""
         server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
-        if not isinstance(server, FacadeServer):
+        if not isinstance(server, FacadeServer) or not server.serves_in(asyncio.get_running_loop()):
             await EventSourceResponse._listen_for_exit_signal()
         elif not AppStatus.should_exit:
             await server.exit_requested()
