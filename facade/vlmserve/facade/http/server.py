@@ -24,12 +24,12 @@ _UVICORN_TICKS_PER_SECOND = 10
 
 class FacadeServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config) -> None:
+        # The loop the main loop runs in, while it runs.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick: asyncio.Future[None] | None = None
         self._exit_requested = False
         # Set (in the loop) once a stop is asked for: what the event streams wait on.
         self._stopping: asyncio.Event | None = None
-        self._serving = False
         super().__init__(config)
 
     @property
@@ -63,7 +63,7 @@ class FacadeServer(uvicorn.Server):
         through the SIGTERM handler, and in a process that ran others (tests, an app served by a
         client library in a thread of its own) that can be a server of another loop: its stop
         (an event of that loop) is not theirs to wait on."""
-        return self._loop is loop and self._serving
+        return self._loop is loop
 
     async def exit_requested(self) -> None:
         """Until a stop is asked for (at once if it was). The event streams wait on this
@@ -71,15 +71,12 @@ class FacadeServer(uvicorn.Server):
         0.5 s for the life of the process once a stream has run."""
         if self._stopping is None:
             self._stopping = asyncio.Event()
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
         if not self.should_exit:
             await self._stopping.wait()
 
     async def main_loop(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         counter = 0
-        self._serving = True
         try:
             should_exit = await self.on_tick(counter)
             while not should_exit:
@@ -91,7 +88,7 @@ class FacadeServer(uvicorn.Server):
                 timer.cancel()
                 should_exit = await self.on_tick(counter)
         finally:
-            self._serving = False
+            self._loop = None
             # However the loop ended (a stop, uvicorn's request limit): the streams drain.
             if self._stopping is not None:
                 self._stopping.set()
