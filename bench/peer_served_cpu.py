@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -27,15 +26,14 @@ import httpx
 
 from bench.bench_model import build_bench_model
 from bench.peers import PEERS, PEERS_ROOT, Server, chat, start_peer, start_vlmserve, stream
+from bench.stack_cpu import cpu_seconds
 
-TICK = os.sysconf("SC_CLK_TCK")
 PROMPT = "Write a long story about a lighthouse keeper and the storm that changed everything."
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and its waited-for children (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(value) for value in fields[11:15]) / TICK
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its waited-for children."""
+    return cpu_seconds(f"/proc/{pid}/stat", children=True)
 
 
 def processes(server: Server) -> dict[str, int]:
@@ -44,12 +42,12 @@ def processes(server: Server) -> dict[str, int]:
 
 async def one(server: Server, tokens: int) -> dict[str, Any]:
     pids = {f"{server.name}:{port}": pid for port, pid in processes(server).items()}
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    before = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
     async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
         streamed = await stream(
             client, server, chat(server.model, [{"role": "user", "content": PROMPT}], tokens)
         )
-    spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    spent = {name: process_cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     decode = streamed.latency_s - (streamed.ttft_s or 0.0)
     return {
         "tokens": streamed.tokens,

@@ -40,16 +40,17 @@ import httpx
 
 from bench.bench_model import DEFAULT_DIR, build_bench_model
 from bench.peers import Server, chat, start_vlmserve, stream, wait_for_models
-from tests._services import BIN, REPO, ServiceProcess, free_port, process_env, start_facade
+from tests._services import BIN, start_facade, start_fake_engine
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(stat_path: str) -> float:
-    """utime + stime of a /proc stat file."""
+def cpu_seconds(stat_path: str, *, children: bool = False) -> float:
+    """utime + stime of a /proc stat file (`children`: and cutime + cstime, its waited-for
+    children's)."""
     with open(stat_path) as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return sum(int(value) for value in fields[11 : 15 if children else 13]) / TICKS
 
 
 def thread_seconds(pid: int) -> dict[int, float]:
@@ -95,16 +96,8 @@ async def stream_api(client: httpx.AsyncClient, server: Server, api: str, text: 
 def start_fake_stack(logs: Path, tree: Path | None, chunks: int, pace_s: float) -> Server:
     """A facade (this tree's, or `tree`'s) in front of the scripted engine: `chunks` text chunks,
     `pace_s` apart, whatever is asked."""
-    address = f"127.0.0.1:{free_port()}"
-    log_path = logs / f"fake-engine-{address.replace(':', '_')}.log"
-    command = [
-        str(BIN / "python"),
-        *("-m", "tests.facade.fake_engine_server", "--address", address),
-        *("--chunks", str(chunks), "--delay-s", str(pace_s)),
-    ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=process_env(), cwd=REPO)
-    engine = ServiceProcess(process, address, log_path)
+    engine = start_fake_engine(logs, chunks=chunks, delay_s=pace_s)
+    address = engine.address
     bin_dir = BIN if tree is None else tree / ".venv" / "bin"
     try:
         facade = start_facade(

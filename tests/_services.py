@@ -89,6 +89,23 @@ def start_engine(
     return service
 
 
+def start_fake_engine(log_dir: Path, *, chunks: int, delay_s: float) -> ServiceProcess:
+    """The tests' scripted engine (tests/facade/fake_engine_server.py) as a process on a free
+    loopback port: every answer is `chunks` text chunks, `delay_s` apart. Not waited for: a
+    facade started on it waits for it to serve."""
+    address = f"127.0.0.1:{free_port()}"
+    log_path = log_dir / f"fake-engine-{address.replace(':', '_')}.log"
+    command = [
+        sys.executable,
+        *("-m", "tests.facade.fake_engine_server", "--address", address),
+        *("--chunks", str(chunks), "--delay-s", str(delay_s)),
+    ]
+    env = dict(process_env(), PYTHONPATH=str(REPO))
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return ServiceProcess(process, address, log_path)
+
+
 def start_facade(
     log_dir: Path,
     engine_address: str,

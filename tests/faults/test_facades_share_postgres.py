@@ -7,8 +7,6 @@ live one's running stream alone (it completes)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,27 +17,12 @@ import httpx
 import pytest
 
 from tests._postgres import PostgresServer
-from tests._services import REPO, ServiceProcess, free_port, process_env, start_facade
+from tests._services import ServiceProcess, start_facade, start_fake_engine
 from tests.faults.stack import WAIT_S, kill, read_until, sse_events
 
 LEASE = ("--lease-ttl", "1")
 
 pytestmark = [pytest.mark.needs_model, pytest.mark.slow]
-
-
-def start_engine(log_dir: Path, chunks: int, delay_s: float) -> ServiceProcess:
-    """The scripted engine as a process: every answer is `chunks` text chunks, `delay_s` apart."""
-    address = f"127.0.0.1:{free_port()}"
-    command = [
-        sys.executable,
-        *("-m", "tests.facade.fake_engine_server", "--address", address),
-        *("--chunks", str(chunks), "--delay-s", str(delay_s)),
-    ]
-    env = dict(process_env(), PYTHONPATH=str(REPO))
-    log_path = log_dir / "engine.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    return ServiceProcess(process, address, log_path)
 
 
 @pytest.fixture
@@ -51,7 +34,7 @@ def facades(tmp_path: Path, postgres_server: PostgresServer) -> Iterator[Callabl
 
     def start(*, chunks: int = 2, delay_s: float = 0.0) -> ServiceProcess:
         if (chunks, delay_s) not in engines:
-            engines[(chunks, delay_s)] = start_engine(tmp_path, chunks, delay_s)
+            engines[(chunks, delay_s)] = start_fake_engine(tmp_path, chunks=chunks, delay_s=delay_s)
         folder = tmp_path / f"facade{len(started)}"
         folder.mkdir()
         service = start_facade(

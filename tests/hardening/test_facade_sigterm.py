@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests._services import BIN, REPO, ServiceProcess, free_port, process_env
+from tests._services import BIN, REPO, ServiceProcess, free_port, process_env, start_fake_engine
 from tests._sse import iter_lines
 
 pytestmark = pytest.mark.needs_model
@@ -30,19 +29,9 @@ CHUNK_DELAY_S = 0.1  # every answer streams for about 3 s
 
 @pytest.fixture(scope="module")
 def engine_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    address = f"127.0.0.1:{free_port()}"
-    log_path = tmp_path_factory.mktemp("engine") / "engine.log"
-    command = [
-        sys.executable,
-        *("-m", "tests.facade.fake_engine_server", "--address", address),
-        *("--chunks", str(CHUNKS), "--delay-s", str(CHUNK_DELAY_S)),
-    ]
-    env = dict(process_env(), PYTHONPATH=str(REPO))
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    engine = ServiceProcess(process, address, log_path)
+    engine = start_fake_engine(tmp_path_factory.mktemp("engine"), chunks=CHUNKS, delay_s=CHUNK_DELAY_S)
     try:
-        yield address
+        yield engine.address
     finally:
         engine.stop()
 
