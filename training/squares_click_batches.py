@@ -162,6 +162,27 @@ class Templates:
             self._cache[key] = self._build("untooled", messages, [], None)
         return self._cache[key]
 
+    def prefix_limit(self, colour: str, variant: int) -> int:
+        """How many tokens stand between the loop prompt's first token and the request: the most
+        `prefixed` puts back (then its prompt is the loop's second turn)."""
+        return len(self.second(colour, variant).prompt_ids) - len(self.untooled(colour, variant).prompt_ids)
+
+    def prefixed(self, colour: str, variant: int, prefix: int) -> Template:
+        """The untooled turn with the last `prefix` tokens of what precedes the request in the
+        loop (the tools block, the system turn's end) put back between its first token and the
+        request: 0 is `untooled`, `prefix_limit` the loop's second turn. From the request on the
+        tokens and their relative positions are the loop's; only the request's distance from
+        the sequence's start changes, so a model trained on every `prefix` cannot find the
+        colour word by where it stands from the start (models/squares-click/README.md)."""
+        loop = self.second(colour, variant).prompt_ids
+        limit = self.prefix_limit(colour, variant)
+        if not 0 <= prefix <= limit:
+            raise ValueError(f"prefix {prefix} outside 0..{limit}")
+        ids = np.concatenate([loop[:1], loop[limit - prefix + 1 :]])
+        padded = np.concatenate([ids, np.full(self.max_reply, self.tokens.pad_id, dtype=np.int32)])
+        split = int(np.nonzero(ids == self.tokens.image_token_id)[0][0])
+        return Template("prefixed", ids, 1, None, self._positions(padded, 1), split)
+
     def second(self, colour: str, variant: int) -> Template:
         key = ("second", colour, variant)
         if key not in self._cache:
@@ -252,7 +273,28 @@ def evaluate(templates: Templates, model: Any, seed: int, rows: int) -> dict[str
             batch, _ = done_batch(templates, templates.third(colour, variant, cell), screens)
             hits["third"].extend(row_exact_match(model, batch).tolist())
     found = {name: float(np.mean(values)) for name, values in hits.items()}
-    return {**found, **digit_probe(templates, model, rng, rows)}
+    return {
+        **found,
+        **digit_probe(templates, model, rng, rows),
+        **prefixed_click(templates, model, rng, rows),
+    }
+
+
+def prefixed_click(templates: Templates, model: Any, rng: random.Random, rows: int) -> dict[str, float]:
+    """The click on the prefixed turn (mixed colours, N drawn from 0 to all of the tools block,
+    so from the untooled turn to the loop's): whether the colour word is found wherever the
+    request stands from the sequence's start."""
+    hits: list[bool] = []
+    for _ in range(max(1, rows // 16)):
+        screens = [draw_screen(rng, None, rng.choice(COLOURS)) for _ in range(16)]
+        variants = [rng.choice(DISPLAYS) for _ in screens]
+        prefix = [
+            rng.randint(0, templates.prefix_limit(s.target, v))
+            for s, v in zip(screens, variants, strict=True)
+        ]
+        batch, _ = mixed_short_batch(templates, screens, untooled=variants, prefix=prefix)
+        hits.extend(row_exact_match(model, batch).tolist())
+    return {"prefixed": float(np.mean(hits))}
 
 
 def mixed_short_batch(
@@ -260,6 +302,7 @@ def mixed_short_batch(
     screens: Sequence[Screen],
     digit_weight: float = 1.0,
     untooled: Sequence[int] | None = None,
+    prefix: Sequence[int] | None = None,
 ) -> tuple[Batch, np.ndarray]:
     """The short turn's click for screens of different target colours in one batch.
 
@@ -268,12 +311,19 @@ def mixed_short_batch(
     asks the colour match of all of them. The short prompts differ in length (a colour is 2-4
     tokens), so only the first token is shared: rows are right-padded (causal attention: padding
     after a row's reply changes none of its logits) and keep their own M-RoPE positions.
-    `untooled`: per row, the tool variant of `Templates.untooled` instead of the short turn.
+    `untooled`: per row, the tool variant of `Templates.untooled` instead of the short turn;
+    with `prefix`, per row the tokens of `Templates.prefixed` put back before its request.
     """
     rows = len(screens)
+    if prefix is not None and untooled is None:
+        raise ValueError("prefix needs untooled (the tool variant of each row)")
     row_templates = [
-        templates.short(screen.target) if untooled is None else templates.untooled(screen.target, variant)
-        for screen, variant in zip(screens, untooled or [0] * rows, strict=True)
+        templates.short(screen.target)
+        if untooled is None
+        else templates.untooled(screen.target, variant)
+        if prefix is None
+        else templates.prefixed(screen.target, variant, n)
+        for screen, variant, n in zip(screens, untooled or [0] * rows, prefix or [0] * rows, strict=True)
     ]
     answers = [templates.click_ids[screen.target_cell] for screen in screens]
     width = max(len(t.prompt_ids) for t in row_templates) + templates.max_reply

@@ -22,6 +22,11 @@ Every step trains the click on fresh screens of one colour and tool variant; the
 (the screenshot call, "Done.") are learned in a few dozen steps, so `--aux-every N` trains them
 every Nth step only. `--single-steps N`: the first N steps draw one square per screen (where is
 it?) before choosing among several (which one?).
+
+`--prefix-max N` (with `--mix-colours --untooled-share`): the untooled turns get back the last
+0..N tokens of the loop's tools block before the request, drawn per row (a `--prefix-all-share`
+of those steps from 0 to all of it, the loop's own prompt): trained without them, the click found
+the colour word by its distance from the sequence's start and lost it behind any tools block.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     mixed = [draw_screen(check_rng, size, colour) for size, colour in ((112, "red"), (336, "purple"))]
     check_against_model(model, *mixed_short_batch(templates, mixed))
     check_against_model(model, *mixed_short_batch(templates, mixed, untooled=[0, 1]))
+    check_against_model(model, *mixed_short_batch(templates, mixed, untooled=[0, 1], prefix=[40, 1]))
     print("training forward checked against mlx-vlm's", flush=True)
     rng = random.Random(args.seed)
 
@@ -115,10 +121,17 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         short = step <= args.pre_steps or rng.random() < args.short_share
         if short and args.mix_colours:
             screens = [draw_screen(rng, None, rng.choice(COLOURS), count) for _ in range(args.batch)]
-            untooled = None
+            untooled = prefix = None
             if rng.random() < args.untooled_share:
                 untooled = [rng.choice(DISPLAYS) for _ in screens]
-            click, _ = mixed_short_batch(templates, screens, args.digit_weight, untooled)
+            if untooled is not None and args.prefix_max:
+                whole = rng.random() < args.prefix_all_share
+                prefix = [
+                    rng.randint(0, limit if whole else min(args.prefix_max, limit))
+                    for screen, variant in zip(screens, untooled, strict=True)
+                    for limit in [templates.prefix_limit(screen.target, variant)]
+                ]
+            click, _ = mixed_short_batch(templates, screens, args.digit_weight, untooled, prefix)
         else:
             screens = [draw_screen(rng, None, colour, count) for _ in range(args.batch)]
             template = templates.short(colour) if short else templates.second(colour, variant)
@@ -149,6 +162,8 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
             "mix_colours": args.mix_colours,
             "untooled_share": args.untooled_share,
             "smooth_patch_filters": args.smooth_patch_filters,
+            "prefix_max": args.prefix_max,
+            "prefix_all_share": args.prefix_all_share,
         }
 
     def held_out() -> dict[str, float]:
@@ -220,6 +235,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="with --mix-colours: share of short steps on the loop's turn without its tools block",
+    )
+    parser.add_argument(
+        "--prefix-max",
+        type=int,
+        default=0,
+        help="untooled steps: put the last N tokens of the loop's tools block back before the "
+        "request, N drawn per row from 0 to this (0: off; squares_click_batches.py `prefixed`)",
+    )
+    parser.add_argument(
+        "--prefix-all-share",
+        type=float,
+        default=0.0,
+        help="with --prefix-max: share of those steps drawing N from 0 to all of the tools block",
     )
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)

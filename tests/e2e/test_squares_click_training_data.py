@@ -117,3 +117,37 @@ def test_untooled_turn_is_the_loop_turn_after_its_tools_block(templates: Templat
     screens = [draw_screen(rng, size, colour) for size, colour in ((112, "orange"), (336, "green"))]
     batch, full = mixed_short_batch(templates, screens, untooled=[variant, variant])
     assert check_against_model(templates.tokens.model, batch, full) < 1e-3
+
+
+@pytest.mark.parametrize("variant", DISPLAYS)
+def test_prefixed_turn_puts_the_tools_blocks_tail_before_the_request(
+    templates: Templates, variant: int
+) -> None:
+    """`--prefix-share`: the untooled turn with the last N tokens before the loop's request put
+    back: N = 0 is the untooled turn, N = all the loop's second turn (and their M-RoPE
+    positions the model's own), every N the loop's tokens from the request on; a batch of rows
+    with different colours and N equals mlx-vlm's forward row by row."""
+    untooled = templates.untooled("red", variant)
+    loop = templates.second("red", variant)
+    limit = templates.prefix_limit("red", variant)
+    assert limit == len(loop.prompt_ids) - len(untooled.prompt_ids) > 900
+    for mine, theirs in (
+        (templates.prefixed("red", variant, 0), untooled),
+        (templates.prefixed("red", variant, limit), loop),
+    ):
+        assert (mine.prompt_ids == theirs.prompt_ids).all()
+        assert (mine.positions == theirs.positions).all()
+        assert mine.split == theirs.split
+    middle = templates.prefixed("red", variant, 300).prompt_ids
+    assert len(middle) == len(untooled.prompt_ids) + 300
+    assert middle[0] == loop.prompt_ids[0] and (middle[1:] == loop.prompt_ids[-(len(middle) - 1) :]).all()
+    with pytest.raises(ValueError):
+        templates.prefixed("red", variant, limit + 1)
+    rng = random.Random(38)
+    picks = ((112, "orange", 0), (336, "green", 17), (224, "purple", 300))
+    screens = [draw_screen(rng, size, colour) for size, colour, _ in picks]
+    prefix = [n for _, _, n in picks]
+    batch, full = mixed_short_batch(templates, screens, 5.0, untooled=[variant] * 3, prefix=prefix)
+    assert check_against_model(templates.tokens.model, batch, full) < 1e-3
+    with pytest.raises(ValueError):
+        mixed_short_batch(templates, screens, prefix=prefix)
