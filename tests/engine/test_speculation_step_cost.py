@@ -32,7 +32,7 @@ def _costs(rows: int, plain: float | None, verify: dict[int, float], times: int 
     return costs
 
 
-def test_a_cost_is_known_after_three_measurements_then_averages_later_ones() -> None:
+def test_a_cost_is_known_after_three_measurements_then_is_the_median_of_the_recent_ones() -> None:
     costs = StepCosts()
     costs.observe(8, 0, 0.1)
     costs.observe(8, 0, 5.0)  # preempted: the median of the first three ignores it
@@ -40,14 +40,50 @@ def test_a_cost_is_known_after_three_measurements_then_averages_later_ones() -> 
     costs.observe(7, 0, 0.2)  # 7 rows: the same bucket as 8
     assert costs.plain(8) == pytest.approx(0.2)
     costs.observe(8, 0, 0.1)
-    assert costs.plain(8) == pytest.approx(0.2 + 0.2 * (0.1 - 0.2))
+    assert costs.plain(8) == pytest.approx(0.1)  # median of 0.1, 0.1, 0.2, 5.0 (the lower middle)
     assert costs.plain(4) is None and costs.verify(8, 1) is None
+    for _ in range(9):  # the last nine only: the machine got slower
+        costs.observe(8, 0, 0.3)
+    assert costs.plain(8) == pytest.approx(0.3)
 
 
-def test_an_outlier_moves_the_average_at_most_three_times_it() -> None:
-    costs = _costs(1, 0.1, {})
-    costs.observe(1, 0, 100.0)  # the gap also ran a prompt: clipped to 0.3
-    assert costs.plain(1) == pytest.approx(0.1 + 0.2 * (0.3 - 0.1))
+@pytest.mark.parametrize(
+    ("odd", "expected"),
+    [
+        ([100.0], 0.1),  # the gap also ran a prompt
+        ([0.001], 0.1),  # every row ended: nothing computed
+        ([100.0, 0.001, 50.0], 0.1),  # three odd ones in nine
+        ([100.0] * 5, 100.0),  # most of the recent ones: that is what it costs now
+    ],
+)
+def test_odd_steps_do_not_move_a_cost_until_they_are_most_of_the_recent_ones(
+    odd: list[float], expected: float
+) -> None:
+    costs = _costs(1, 0.1, {}, times=9)
+    for seconds in odd:
+        costs.observe(1, 0, seconds)
+    assert costs.plain(1) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("rows", "plain", "measured", "width", "expected"),
+    [
+        # Only a five-wide verify measured at 16 rows: width 2 on the line from the plain step
+        # (5 ms) to it, a quarter of the way, not the prior's 0.4 of it (6.8 ms).
+        (16, 0.005, {5: 0.017}, 2, 0.008),
+        (16, 0.005, {5: 0.017}, 6, 0.020),  # wider: along the same line
+        (16, 0.005, {3: 0.007, 5: 0.017}, 2, 0.006),
+        (16, 0.005, {1: 0.006, 5: 0.017}, 3, 0.0115),  # width 1 measured: between the two
+        # Never below a plain step: a nine-wide verify of 9 rows measured under the plain
+        # steps of 16 in the same bucket.
+        (16, 0.0135, {9: 0.0094}, 9, 0.0135),
+        (16, 0.0135, {2: 0.014, 9: 0.0094}, 5, 0.0135),
+    ],
+)
+def test_a_verify_is_priced_from_the_plain_step_and_never_below_it(
+    rows: int, plain: float, measured: dict[int, float], width: int, expected: float
+) -> None:
+    assert _costs(rows, plain, measured).verify(rows, width) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +159,14 @@ class _Recorded(StepCosts):
             [(3, 4, 3)],
         ),
         ([("start", 0, 1, False), ("stop",), ("start", 5, 1, False)], []),
+        # A step after which the runner ran a prompt chunk, or that computed nothing: not
+        # counted (a plain one followed by a verify neither), the next one is.
+        (
+            [("start", 0, 1, False), ("disturbed",), ("start", 3, 1, False), ("start", 4, 1, False)],
+            [(1, 0, 1)],
+        ),
+        ([("start", 0, 1, False), ("disturbed",), ("start", 3, 1, True), ("launch", 4, 5)], []),
+        ([("start", 0, 1, True), ("launch", 0, 5), ("disturbed",), ("start", 3, 1, True)], []),
         ([("start", 0, 1, False), ("start", 1, 1, True), ("stop",), ("launch", 2, 3)], []),
     ],
 )
@@ -140,6 +184,8 @@ def test_the_step_clock_charges_a_plain_steps_forward_to_it_not_to_the_verify_af
                 clock.width(width)
             case ("stop",):
                 clock.stop()
+            case ("disturbed",):
+                clock.disturbed()
     assert [(rows, width, round(seconds, 9)) for rows, width, seconds in costs.samples] == expected
 
 
@@ -412,12 +458,104 @@ def test_a_row_whose_drafter_has_no_state_hopes_only_for_lookups_drafts(
 
 def test_width_one_costs_at_least_a_plain_step_when_widths_are_weighed() -> None:
     # Width 1 measured (noisily) at half a plain step: the step gate finds drafts paying
-    # against the plain step, and the width is weighed against the plain step too: 2 (1.6
-    # tokens for 0.85 plain steps' cost), not cut to one position (against width 1's measured
-    # cost no width pays: a verify that drafts nothing).
+    # against the plain step, and the width is weighed against the plain step too: 3 (1.96
+    # tokens for 1.2 plain steps' cost; width 2 costs at least a plain step, 1.6 tokens), not
+    # cut to one position (against width 1's measured cost no width pays: a verify that
+    # drafts nothing).
     rows = [RowDrafts(2, 0.6)]
     costs = _costs(1, 0.1, {1: 0.05, 3: 0.12})
     assert StepGate(costs).verifies(rows, 9)
     relative = costs.relative(1, 9)
     assert relative is not None and relative[2] == pytest.approx(1.2)
-    assert verify_width(rows, position_cost=0.065, max_width=9, costs=relative) == 2
+    assert verify_width(rows, position_cost=0.065, max_width=9, costs=relative) == 3
+
+
+def test_while_verifies_win_the_plain_steps_cost_is_measured_again() -> None:
+    # The plain step measured when the machine was busy (20 ms), the verifies since (8 ms):
+    # verifies win on paper. After 64 won in a row, plain steps until its cost is known again
+    # (three), then the measured costs decide: plain (5 ms) wins now.
+    costs = _costs(16, 0.020, {2: 0.008, 5: 0.017})
+    gate = StepGate(costs)
+    offers = [RowDrafts(1, 0.2)] * 16
+    assert [gate.verifies(offers, 9) for _ in range(64)] == [True] * 63 + [False]
+    assert costs.plain(16) is None
+    for _ in range(3):
+        assert not gate.verifies(offers, 9)
+        costs.observe(16, 0, 0.005)
+    assert not gate.verifies(offers, 9)
+
+
+def test_a_drafter_models_rows_draft_again_at_a_probe_after_the_plain_cost_is_measured() -> None:
+    costs = _costs(1, 0.1, {2: 0.05, 5: 0.06})
+    gate = StepGate(costs, probe_steps=2)
+    assert all(gate.verifies([COPYING], 9) for _ in range(63))
+    assert not gate.verifies([COPYING], 9)  # the 64th: the plain cost is measured again
+    for _ in range(3):
+        costs.observe(1, 0, 0.1)
+    assert gate.verifies([RESTING], 9) and gate.trial  # a two-step probe: its rows draft again
+    assert gate.verifies([RESTING], 9) and gate.trial
+
+
+@pytest.mark.parametrize(
+    ("offers", "plain_run", "expected"),
+    [
+        # Plain wins for these offers even once their rests are over: quiet until the probe
+        # due after 16 plain steps (the one deciding was the first), at most QUIET_STEPS.
+        ([NOTHING], 1, 14),
+        ([NOTHING], 10, 5),
+        ([NOTHING], 15, 0),
+        ([COPYING], 1, 0),  # a copying row would win: weighed every step
+    ],
+)
+def test_plain_steps_pass_quietly_until_a_probe_is_due_or_the_offers_would_win(
+    offers: list[RowDrafts], plain_run: int, expected: int
+) -> None:
+    gate = StepGate(_costs(1, 0.1, {1: 0.105, 5: 0.108}))
+    gate._plain_run[1] = plain_run
+    assert gate.quiet(offers, 9) == expected
+
+
+def test_quiet_steps_skip_the_gate_while_the_rows_stay_and_keep_the_probes_on_time() -> None:
+    # Lookup finds nothing for these rows: plain wins. The gate is asked again only when the
+    # quiet steps are over or a row joins, and its probe comes on the same step as when asked
+    # every step (16).
+    speculator = Speculator(max_draft=8)
+    assert speculator.gate is not None
+    gate = speculator.gate
+    for width in (0, 2, 5):
+        for _ in range(3):
+            gate.costs.observe(2, width, {0: 0.1, 2: 0.105, 5: 0.108}[width])
+    rows = [LookupRow(0), LookupRow(1000)]
+    for row in rows:
+        speculator._state(row).length.rate = 0.01
+    asked: list[int] = []
+    decide = gate.verifies
+
+    def counted(*args: object, **kwargs: bool) -> bool:
+        asked.append(len(args[0]))  # type: ignore[arg-type]
+        return decide(*args, **kwargs)  # type: ignore[arg-type]
+
+    gate.verifies = counted  # type: ignore[method-assign]
+    verified = [step for step in range(1, 17) if speculator.speculates(rows)]
+    assert verified == [16] and len(asked) == 2  # the first step, then the probe
+    assert speculator.counts.forwards == 15
+    rows.append(LookupRow(2000))  # a row joins: weighed again at once
+    speculator.speculates(rows)
+    assert len(asked) == 3
+
+
+def test_quiet_steps_count_down_the_rows_rests() -> None:
+    speculator = Speculator(max_draft=8)
+    assert speculator.gate is not None
+    for width in (0, 2, 5):
+        for _ in range(3):
+            speculator.gate.costs.observe(1, width, {0: 0.1, 2: 0.3, 5: 0.5}[width])
+    row = LookupRow(0)
+    length = speculator._state(row).length
+    length.rate = 0.1
+    length._cooldown = 8
+    for _ in range(6):
+        assert not speculator.speculates([row])
+    other = LookupRow(1000)
+    speculator.speculates([row, other])  # the rows changed: the quiet steps' rests count
+    assert length._cooldown == 2

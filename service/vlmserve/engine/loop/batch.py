@@ -207,6 +207,7 @@ class DecodeBatch(Generic[K]):
             return
         fresh = [entry.last_token for entry in self._entries[self._pending_rows :]]
         if not fresh and all(entry.tokens_left <= 0 for entry in self._entries):
+            self.disturbed()  # a step that computes nothing is not what a step costs
             return  # every row ends with its token in flight: nothing to compute for
         pending = self._pending
         if pending is None and self._pending_lists is not None:
@@ -221,6 +222,12 @@ class DecodeBatch(Generic[K]):
         output = self._forward(inputs.reshape(-1, 1))
         self._logits = output.logits[:, -1, :]
         mx.async_eval(self._logits)  # type: ignore[no-untyped-call]
+
+    def disturbed(self) -> None:
+        """The step under way is not what a step costs (it computes nothing, or the runner ran a
+        prompt's preparation or chunk after it): the verifier does not count its time."""
+        if self.verifier is not None:
+            self.verifier.disturbed()
 
     def _forward(self, inputs: Any, **extra: Any) -> Any:
         """The language model on every row's `inputs` [rows, width], on the batch's caches."""

@@ -148,9 +148,13 @@ class StepRunner:
             if generation.job.cancelled:
                 generation.finish(pb.FINISH_REASON_CANCELLED)
                 self._leave(generation)
-        if self.batch:
+        decoded = bool(self.batch)
+        if decoded:
             self._decode()
-        self._start(Budget(self._step_tokens - len(self.batch)))
+        budget = Budget(self._step_tokens - len(self.batch))
+        self._start(budget)
+        if decoded and budget.ran:
+            self.batch.disturbed()  # the decode step's time also holds this prompt work
         return result
 
     def end_all(

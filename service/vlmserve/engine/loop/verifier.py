@@ -124,6 +124,7 @@ class Verifier(Generic[K]):
             self._clock.launch(time.perf_counter())
         waiting = [*pending, *([] for _ in rows[len(pending) :])]
         if all(row.tokens_left <= 0 for row in rows):
+            self.disturbed()  # nothing computed: not what a step costs
             return None
         drafts = speculator.drafts(rows, waiting)
         width = 1 + max(len(d) for d in drafts)
@@ -204,6 +205,12 @@ class Verifier(Generic[K]):
         if width > 1:
             speculator.counts.verifies += 1
         return lists
+
+    def disturbed(self) -> None:
+        """The step under way computes nothing or also ran a prompt's work: its time is not
+        what a step costs."""
+        if self._clock is not None:
+            self._clock.disturbed()
 
     # -- a row leaves -------------------------------------------------------------------------
 

@@ -98,6 +98,10 @@ class Speculator:
     _recent_rate: float | None = None
     # The last step's drafts accepted, if it was the step gate's trial (StepGate.reward).
     _trial_accepted: int = 0
+    # Steps the gate said are plain for these rows (StepGate.quiet), and how many of them ran.
+    _quiet_keys: tuple[Hashable, ...] = ()
+    _quiet_steps: int = 0
+    _quiet_ran: int = 0
 
     def __post_init__(self) -> None:
         if self.gate is None:
@@ -157,10 +161,20 @@ class Speculator:
         costs a drafter model its rows' states (they cannot follow a forward without hidden
         states): they start over when the batch verifies again, from the tokens since (a row's
         first decode step verifies: its drafter starts over the prompt)."""
+        if self.gate is None:
+            return not self.rests(rows)
+        if self._quiet_steps > 0:
+            if self._quiet_keys == tuple(row.key for row in rows):
+                self._quiet_steps -= 1
+                self._quiet_ran += 1
+                self.gate.plain_step(len(rows))
+                self.counts.forwards += 1
+                return False
+            self._quiet_steps = 0
+        if self._quiet_ran:
+            self._end_quiet()
         if self.rests(rows):
             return False
-        if self.gate is None:
-            return True
         if self._trial_accepted:
             # A trial that paid one accepted draft per row or more (the batch's tokens per
             # forward at least doubled) is followed by another.
@@ -189,7 +203,38 @@ class Speculator:
             if self.model_drafter is not None and self.model_drafter.ready(row):
                 self.model_drafter.forget(row)
         self.counts.forwards += 1
+        if not certain and not self.gate.trial:
+            self._quiet_keys = tuple(row.key for row in rows)
+            self._quiet_steps = self.gate.quiet(self._rested_offers(rows), self.max_draft + 1)
         return False
+
+    def _rested_offers(self, rows: Sequence[DraftingRow]) -> list[RowDrafts]:
+        """What each row will offer once its rest is over (StepGate.quiet): between verifies
+        nothing else changes what a row hopes (its rates move at verifies, its hit rates when
+        lookup is asked, its drafter model's state only at a verify)."""
+        offers: list[RowDrafts] = []
+        for row in rows:
+            room = min(self.max_draft, row.tokens_left - 1)
+            if room <= 0 or not row.can_draft:
+                offers.append(RowDrafts(0, 0.0))
+                continue
+            state = self._state(row)
+            drafter = self.model_drafter
+            if drafter is None or drafter.ready(row):
+                offers.append(state.length.hoped(room, rested=True))
+            elif self.lookup:
+                offers.append(state.length.hoped(room, lookup_only=True, rested=True))
+            else:
+                offers.append(RowDrafts(0, 0.0))
+        return offers
+
+    def _end_quiet(self) -> None:
+        """The quiet steps' rests count for the rows that were in them."""
+        for key in self._quiet_keys:
+            state = self._rows.get(key)
+            if state is not None:
+                state.length.rest(self._quiet_ran)
+        self._quiet_ran = 0
 
     def _offer(self, row: DraftingRow, room: int) -> RowDrafts:
         """What the row hopes to draft this step. A row whose drafter model holds no state for

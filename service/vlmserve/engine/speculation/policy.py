@@ -58,9 +58,9 @@ class DraftLength:
         """Whether this step is one it may not draft in (`allowed()` would say 0)."""
         return self._cooldown > 0
 
-    def rest(self) -> None:
-        """A step passed without asking `allowed()` (a plain step while it rests)."""
-        self._cooldown = max(0, self._cooldown - 1)
+    def rest(self, steps: int = 1) -> None:
+        """Steps passed without asking `allowed()` (plain steps while it rests)."""
+        self._cooldown = max(0, self._cooldown - steps)
 
     def found(self) -> None:
         """Lookup proposed drafts this step."""
@@ -88,10 +88,12 @@ class DraftLength:
             return 0
         return self.length
 
-    def hoped(self, room: int, *, lookup_only: bool = False) -> RowDrafts:
+    def hoped(self, room: int, *, lookup_only: bool = False, rested: bool = False) -> RowDrafts:
         """What the row would offer a step now (without asking: no cooldown step is used);
-        `lookup_only`: what lookup alone would (its drafter model cannot draft this step)."""
-        if self._cooldown > 0 or room <= 0:
+        `lookup_only`: what lookup alone would (its drafter model cannot draft this step);
+        `rested`: what it will offer once its rest is over (nothing else changes it between
+        verifies)."""
+        if (self._cooldown > 0 and not rested) or room <= 0:
             return RowDrafts(0, 0.0)
         return RowDrafts(min(self.length, room), self.rate, self.lookup_hit if lookup_only else self.hit)
 

@@ -5,9 +5,11 @@ A verify step is not free even when nothing is drafted: it reads the tokens in f
 starts (the plain step's double buffering is lost), runs a wider forward, and with a drafter
 model asks the target for hidden states and runs the drafter's forwards. How much that costs
 depends on the backend, the model, the batch size and the drafter, so it is measured, not
-assumed: `StepCosts` keeps an exponentially weighted average of the wall time from one step's
-start to the next's (everything the step costs: forward, drafting, sampling, handing out tokens),
-per batch-size bucket, for plain steps and for verify steps of each width.
+assumed: `StepCosts` keeps the median of the recent wall times from one step's start to the
+next's (everything the step costs: forward, drafting, sampling, handing out tokens), per
+batch-size bucket, for plain steps and for verify steps of each width; a verify never costs
+less than a plain step. A step that also ran a prompt's work or computed
+nothing is not counted (`StepClock.disturbed`).
 
 `StepGate` decides at each step's start, for the batch at hand, whether to verify: the expected
 tokens per second of the best verify width (each row's hoped drafts and acceptance rate,
@@ -17,14 +19,17 @@ drafts, verifies of one width wider than one position, uncut by the prior positi
 one is measured three times or eight steps tried); while plain wins, a probe verifies now and
 then (every 16 plain steps, doubling while probes lose, up to 512, and no more often than keeps
 their extra cost to 1 % of the plain steps between them) so a batch whose rows start copying is
-noticed. Exploration and probes are trials (`trial`): drafter.py verifies their drafts
-whatever the rows' rates (the rates are what a trial tests), and a trial that paid buys up to two
-more (`reward`). Rows whose drafts are certain (a grammar's) always verify: their tokens cost
-nothing to guess.
+noticed; while verifies win, the plain step's cost is measured again every 64 verify steps
+(`REFRESH_EVERY`), and while plain wins for the same rows the gate is not asked again until a
+probe is due (`quiet`, at most 16 steps). Exploration and probes are trials (`trial`):
+drafter.py verifies their drafts whatever the rows' rates (the rates are what a trial tests),
+and a trial that paid buys up to two more (`reward`). Rows whose drafts are certain (a
+grammar's) always verify: their tokens cost nothing to guess.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,10 +37,9 @@ from vlmserve.engine.speculation.policy import RowDrafts
 
 __all__ = ["StepClock", "StepCosts", "StepGate", "bucket"]
 
-# The weight of a new measurement in the average, and how far one may stray from it (a step that
-# also ran a prompt chunk or waited for admission is not what a step costs).
-_WEIGHT = 0.2
-_OUTLIER = 3.0
+# How many recent measurements a cost is the median of: one step that also ran other work, was
+# preempted or computed nothing (every row ended) does not move it.
+_WINDOW = 9
 # Measurements of a kind before the average is trusted.
 _KNOWN_AFTER = 3
 # How much better the verify step must be expected to do (tokens per second) than the plain one.
@@ -51,6 +55,10 @@ _LAST_BUDGETED_PROBE = 4096
 _EXPLORE_STEPS = 8
 # Trials a paying trial may add in a row (StepGate.reward).
 _REWARDS = 2
+# Verify steps won in a row before the plain step's cost is measured again (StepGate).
+REFRESH_EVERY = 64
+# The most steps StepGate.quiet lets pass without weighing the costs again.
+QUIET_STEPS = 16
 
 
 def bucket(rows: int) -> int:
@@ -62,21 +70,21 @@ def bucket(rows: int) -> int:
 
 @dataclass(slots=True)
 class _Average:
-    """The median of the first measurements (one preempted step does not set the start), then an
-    exponentially weighted average of later ones, each clipped to a few times the average."""
+    """The median of the last _WINDOW measurements. An exponentially weighted average (weight
+    0.2, clipped above at 3x) moved with every odd step: a step that computed nothing (every row
+    ended with its token in flight) pulled a plain step's cost at 16 rows from ~5 ms to 1.6 ms,
+    and the gate ran greedy rows whose drafts were all accepted plain (10 verify steps of 406);
+    a load spike pushed it up past the verifies' (issue 37.1)."""
 
     seconds: float = 0.0
     count: int = 0
-    _first: list[float] = field(default_factory=list)
+    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
 
     def add(self, seconds: float) -> None:
         self.count += 1
-        if self.count <= _KNOWN_AFTER:
-            self._first.append(seconds)
-            self.seconds = sorted(self._first)[(len(self._first) - 1) // 2]
-            return
-        seconds = min(seconds, _OUTLIER * self.seconds)
-        self.seconds += _WEIGHT * (seconds - self.seconds)
+        self._recent.append(seconds)
+        ordered = sorted(self._recent)
+        self.seconds = ordered[(len(ordered) - 1) // 2]
 
     @property
     def known(self) -> bool:
@@ -103,6 +111,10 @@ class StepCosts:
         average = self._steps.get((bucket(rows), 0))
         return average.seconds if average is not None and average.known else None
 
+    def forget_plain(self, rows: int) -> None:
+        """The plain step's cost for this batch size is to be measured again (StepGate)."""
+        self._steps.pop((bucket(rows), 0), None)
+
     def explored(self, rows: int) -> bool:
         """Whether a verify wider than one position has a known cost for this batch size. Until
         then a verify step is not cut to the widths the prior position cost allows: at 16 rows
@@ -115,10 +127,24 @@ class StepCosts:
         return sorted(w for (b, w), average in self._steps.items() if b == size and w > 0 and average.known)
 
     def verify(self, rows: int, width: int) -> float | None:
+        """A verify step of `width`'s seconds (`_verify`), never less than a plain step's: a
+        verify does all a plain step does and more, so a cheaper measurement is noise or a
+        batch of fewer rows in the same bucket (a nine-wide verify of
+        9 rows measured at 9.4 ms against 13.5 ms for plain steps of 16, and every verify then
+        "won", drafts or none: issue 37.1)."""
+        size = bucket(rows)
+        seconds = self._verify(rows, width)
+        if seconds is None:
+            return None
+        plain = self._steps.get((size, 0))
+        return max(seconds, plain.seconds) if plain is not None and plain.known else seconds
+
+    def _verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds: measured; else interpolated between the measured
         widths around it, wider than all of them along the two widest (never falling), else
-        scaled from the nearest with the prior position cost (None: no verify width is known
-        for this bucket)."""
+        along the line from the plain step (width 1 costs at least that) to the narrowest measured
+        where only that one or wider ones are, else scaled from the nearest with the prior
+        position cost (None: no verify width is known for this bucket)."""
         size = bucket(rows)
         known = self._known(size)
         if not known:
@@ -135,6 +161,16 @@ class StepCosts:
             low, high = below[-2:]
             slope = max(0.0, (seconds[high] - seconds[low]) / (high - low))
             return seconds[high] + slope * (width - high)
+        plain = self.plain(rows)
+        if plain is not None and known[0] > 1:
+            # Width 1 costs at least a plain step, measured: a width below the narrowest measured
+            # lies on the line from (1, plain) to it, a width wider than the only one measured
+            # along that line. The prior scaled a five-wide verify's cost at 16 rows down to 0.4
+            # of it for two positions, where this CPU measures 0.5-0.65: one copied token in six
+            # looked worth a verify that cost 1.3-2 plain steps (issue 37.1).
+            narrowest = known[0]
+            slope = max(0.0, (seconds[narrowest] - plain) / (narrowest - 1))
+            return seconds[narrowest] + slope * (width - narrowest)
         nearest = below[-1] if below else above[0]
         scale = self.position_cost * rows
         return seconds[nearest] * (1 + scale * (width - 1)) / (1 + scale * (nearest - 1))
@@ -196,8 +232,16 @@ class StepClock:
         """The batch emptied: the step under way is not measured."""
         self._step = self._waiting = None
 
+    def disturbed(self) -> None:
+        """The step under way also ran other work (the runner ran a prompt chunk after it):
+        not what a step costs, so it is not measured. Clipped to 3x the average, such steps
+        still pulled a plain step's cost up (DFlash greedy, 16 rows: plain 20 ms against a
+        two-wide verify's 7.3 ms), and a plain cost too high opens the gate (issue 37.1)."""
+        if self._step is not None:
+            self._step = (self._step[0], -1, self._step[2])
+
     def _observe(self, step: tuple[float, int, int] | None, now: float, rows: int) -> None:
-        if step is not None and step[1] == rows:
+        if step is not None and step[1] == rows:  # (a disturbed step's rows are -1)
             self.costs.observe(rows, step[2], now - step[0])
 
 
@@ -248,6 +292,10 @@ class StepGate:
     _probing: dict[int, int] = field(default_factory=dict)
     _exploring: dict[int, int] = field(default_factory=dict)
     _rewards: dict[int, int] = field(default_factory=dict)
+    # Per bucket: verify steps won in a row (REFRESH_EVERY), and whether the plain step's cost
+    # is being measured again.
+    _won_run: dict[int, int] = field(default_factory=dict)
+    _refreshing: dict[int, bool] = field(default_factory=dict)
     # Whether the step just decided verifies as a trial (exploration or a probe) rather than a
     # win: its drafts are then verified at the exploration width, not cut by the widths' costs
     # and the rows' rates, which the trial is there to measure again (drafter.py). A probe cut
@@ -281,8 +329,19 @@ class StepGate:
             return self._verified(size, won=False)  # measure what a verify costs here
         if plain is None:
             return False  # measure what a plain step costs here
+        if self._refreshing.pop(size, False) and self.probe_steps > 1:
+            # The plain step's cost is measured again: a drafter model's rows, which the plain
+            # steps left without state, draft again at a probe before the costs decide.
+            self._probing[size] = self.probe_steps - 1
+            self.trial = True
+            return self._verified(size, won=False)
         if verify > (1 + self.margin) * rows / plain:
+            won = self._won_run.get(size, 0) + 1
+            if won >= REFRESH_EVERY:
+                return self._refresh(rows)
+            self._won_run[size] = won
             return self._verified(size, won=True)
+        self._won_run[size] = 0
         run = self._plain_run.get(size, 0) + 1
         every = self._probe_every.get(size, _FIRST_PROBE)
         if run >= max(every, self._budgeted_gap(rows, plain)):
@@ -292,6 +351,46 @@ class StepGate:
             self.trial = True
             return True
         self._plain_run[size] = run
+        return False
+
+    def quiet(self, offers: Sequence[RowDrafts], max_width: int) -> int:
+        """After a plain step won: how many steps after it are plain whatever happens, for rows
+        that will offer at most `offers` (what they hope once their rests are over) as long as
+        the batch keeps its rows: none verifies before the next probe is due unless the offers
+        or the costs change, and those offers lose now. The speculator skips its per-row work
+        and this gate on those steps (`plain_step`): ~60 us a step at 8 rows, 2 % of the
+        fixtures' ~3 ms steps (issue 37.1). At most QUIET_STEPS, so the costs are weighed
+        again that often."""
+        rows = len(offers)
+        size = bucket(rows)
+        plain = self.costs.plain(rows)
+        if plain is None or self._probing.get(size, 0) > 0 or self._refreshing.get(size, False):
+            return 0
+        hoping = any(offer.available > 0 and offer.chance > 0 for offer in offers)
+        if hoping and self._exploring.get(size, 0) < _EXPLORE_STEPS and not self.costs.explored(rows):
+            return 0
+        verify = verify_rate(offers, self.costs, max_width)
+        if verify is None or verify > (1 + self.margin) * rows / plain:
+            return 0
+        every = max(self._probe_every.get(size, _FIRST_PROBE), self._budgeted_gap(rows, plain))
+        return max(0, min(QUIET_STEPS, every - self._plain_run.get(size, 0) - 1))
+
+    def plain_step(self, rows: int) -> None:
+        """A step `quiet` said is plain ran (it counts toward the next probe)."""
+        size = bucket(rows)
+        self._plain_run[size] = self._plain_run.get(size, 0) + 1
+
+    def _refresh(self, rows: int) -> bool:
+        """After REFRESH_EVERY verify steps won in a row, a plain step (then three, until its
+        cost is known again): while verifies win, plain steps are not measured, so a plain cost
+        measured while the machine was busy (load on a shared CPU; a prompt chunk) stayed high
+        while the verifies' came down with the load, and the gate kept verifying at 0.43x of
+        `off` (MTP auto, nothing to copy, 16 rows: 260 verify steps to 127 plain in a cell)
+        until the batch ended. Where verifies do pay, this costs a few plain steps in 64."""
+        size = bucket(rows)
+        self._won_run[size] = 0
+        self._refreshing[size] = True
+        self.costs.forget_plain(rows)
         return False
 
     def _budgeted_gap(self, rows: int, plain: float) -> int:
