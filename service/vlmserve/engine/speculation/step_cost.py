@@ -18,7 +18,7 @@ measured yet is measured first (a few steps of that kind: exploration; while row
 drafts, verifies of one width wider than one position, uncut by the prior position cost, until
 one is measured three times or eight steps tried); while plain wins, a probe verifies now and
 then (every 16 plain steps, doubling while probes lose, up to 512, and no more often than keeps
-their extra cost to 0.5 % of the plain steps between them) so a batch whose rows start copying is
+their extra cost to 1 % of the plain steps between them) so a batch whose rows start copying is
 noticed; while verifies win, the plain step's cost is measured again every 64 verify steps
 (`REFRESH_EVERY`), and while plain wins for the same rows the gate is not asked again until a
 probe is due (`quiet`, at most 16 steps). Exploration and probes are trials (`trial`):
@@ -48,7 +48,7 @@ _FIRST_PROBE = 16
 _LAST_PROBE = 512
 # What probes may cost beside the plain steps between them (their extra time as a share of
 # those steps'), and the longest gap that keeps them to it.
-PROBE_BUDGET = 0.005
+PROBE_BUDGET = 0.01
 _LAST_BUDGETED_PROBE = 4096
 # Verify steps a bucket may spend measuring wide verifies while rows hope for drafts (lookup may
 # find none for them: then the steps are one position wide and measure nothing wide).
