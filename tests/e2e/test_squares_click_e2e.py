@@ -184,7 +184,7 @@ def closes_the_loop(run: Run, screen: Screen) -> bool:
 # has its figures. Strict: this fails as soon as a fixture that clicks right is committed.
 NOT_YET_GROUNDED = pytest.mark.xfail(
     strict=True,
-    reason="models/squares-click picks the named square on ~1/4 of screens: not trained to 95 % yet",
+    reason="models/squares-click picks the named square on ~0.4 of screens: not trained to 95 % yet",
 )
 
 
