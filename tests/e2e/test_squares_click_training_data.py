@@ -123,7 +123,7 @@ def test_untooled_turn_is_the_loop_turn_after_its_tools_block(templates: Templat
 def test_prefixed_turn_puts_the_tools_blocks_tail_before_the_request(
     templates: Templates, variant: int
 ) -> None:
-    """`--prefix-share`: the untooled turn with the last N tokens before the loop's request put
+    """`--prefix-max`: the untooled turn with the last N tokens before the loop's request put
     back: N = 0 is the untooled turn, N = all the loop's second turn (and their M-RoPE
     positions the model's own), every N the loop's tokens from the request on; a batch of rows
     with different colours and N equals mlx-vlm's forward row by row."""
