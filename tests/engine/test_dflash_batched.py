@@ -38,7 +38,9 @@ pytestmark = pytest.mark.needs_model
 def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step verifies with the prior widths and rates (as the drafter suite: two engines
     then draft alike whatever this machine's measured costs)."""
-    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
+    monkeypatch.setattr(
+        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
+    )
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
     monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)

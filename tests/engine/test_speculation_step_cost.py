@@ -528,6 +528,9 @@ def test_quiet_steps_skip_the_gate_while_the_rows_stay_and_keep_the_probes_on_ti
     rows = [LookupRow(0), LookupRow(1000)]
     for row in rows:
         speculator._state(row).length.rate = 0.01
+        # Their shadow drafts observed them already (unobserved rows are looked at every few
+        # steps: test_speculation_shadow.py); a verify costs about a plain step, so probes stay.
+        speculator._state(row).shadow.looks = 2
     asked: list[int] = []
     decide = gate.verifies
 

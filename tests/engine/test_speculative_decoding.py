@@ -141,7 +141,9 @@ def test_speculation_verifies_several_tokens_per_forward(
     # What a verify of a copy keeps, whatever the step gate (speculation/step_cost.py) would
     # choose from this machine's measured costs and the tests before: every step may verify,
     # widths and a new row's rate from the priors.
-    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
+    monkeypatch.setattr(
+        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
+    )
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
     monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)

@@ -65,7 +65,9 @@ def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     which varies with the tests before): the drafters' bookkeeping below holds while the batch
     verifies, and two engines draft alike; `test_plain_steps_between_verifies_change_no_token`
     scripts the gate."""
-    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
+    monkeypatch.setattr(
+        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
+    )
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
     monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
@@ -415,7 +417,9 @@ def test_plain_steps_between_verifies_change_no_token(
     drop their states and start over when the batch verifies again: every request still takes
     the tokens it takes without speculation, alone and in a mixed batch."""
     script = iter([True, True, True, False, False] * 10_000)
-    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: next(script))
+    monkeypatch.setattr(
+        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: next(script)
+    )
     holder = ModelDrafter if kind != "dflash" else DFlashDrafter
     forgotten: list[object] = []
     forget = holder.forget

@@ -177,7 +177,9 @@ def test_a_join_and_a_cancel_on_quantized_kv_change_no_token(
     # a verify from the measured plain step, not the low prior position cost set above, and on
     # this CPU finds the mixed batch's drafts not worth one): what is tested is that verifying
     # on a quantized cache through a join and a cancel changes no token.
-    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
+    monkeypatch.setattr(
+        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
+    )
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
     monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     plain, speculative = generators

@@ -37,7 +37,9 @@ MODES = ("off", "lookup", "draft")
 def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step verifies (the step gate decides from measured costs otherwise, which vary with
     the machine's load), as in test_speculative_drafters.py."""
-    monkeypatch.setattr(StepGate, "verifies", lambda self, offers, max_width, *, certain=False: True)
+    monkeypatch.setattr(
+        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
+    )
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
     monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
     monkeypatch.setattr(Speculator, "start_rate", lambda self: None)

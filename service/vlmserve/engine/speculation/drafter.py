@@ -9,7 +9,9 @@ other row the continuation of its longest recent n-gram match (lookup.py), as ma
 `DraftLength` allows; with a drafter model, a row that lookup has nothing for (or every row,
 `--speculative draft`) takes the drafter's. The step's width then comes from `verify_width`
 (policy.py), and every row's drafts are cut to it. Rows that cannot verify drafts (logprobs,
-custom logits processors) draft nothing and run as in a plain step.
+custom logits processors) draft nothing and run as in a plain step. Where lookup is the only
+drafter, the rows' rates are also learnt on plain steps, from what lookup would have drafted
+(shadow.py), so the step gate needs no probe to see whether drafts would be accepted.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 from vlmserve.engine.speculation.lookup import PromptLookup
 from vlmserve.engine.speculation.model_drafter import AnyDrafter
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, verify_width
+from vlmserve.engine.speculation.shadow import SHADOW_EVERY, Shadow
 from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 __all__ = ["DraftingRow", "SpeculationCounts", "Speculator"]
@@ -79,6 +82,8 @@ class _RowState:
     fed: int = 0
     # The source of the drafts proposed this step (SOURCES): forced ones do not train the length.
     source: str = "lookup"
+    # Lookup's drafts scored on plain steps (shadow.py).
+    shadow: Shadow = field(default_factory=Shadow)
 
 
 @dataclass
@@ -183,18 +188,22 @@ class Speculator:
             self._trial_accepted = 0
         offers: list[RowDrafts] = []
         certain = False
+        observed, watched = self.shadows, False
         for row in rows:
             room = min(self.max_draft, row.tokens_left - 1)
             if room <= 0 or not row.can_draft:
                 offers.append(RowDrafts(0, 0.0))
                 continue
+            if self.shadows and not row.constrained:
+                shadow = self._shadow(row)
+                observed, watched = observed and shadow.observed, watched or shadow.watched
             # A new row's drafter starts over its prompt only at its first step, which then
             # verifies, unless plain steps are winning at this batch size (drafting did not pay
             # lately: its start would cost a verify step for drafts that are unlikely to).
             starts = self._starts_drafter(row) and not self.gate.losing(len(rows))
             certain = certain or row.constrained or starts
             offers.append(self._offer(row, room))
-        if self.gate.verifies(offers, self.max_draft + 1, certain=certain):
+        if self.gate.verifies(offers, self.max_draft + 1, certain=certain, observed=observed):
             return True
         for row in rows:
             state = self._rows.get(row.key)
@@ -206,7 +215,28 @@ class Speculator:
         if not certain and not self.gate.trial:
             self._quiet_keys = tuple(row.key for row in rows)
             self._quiet_steps = self.gate.quiet(self._rested_offers(rows), self.max_draft + 1)
+            if watched:
+                # Rows not observed yet, or whose shadow drafts are being accepted, are looked
+                # at every few tokens (Shadow.watched).
+                self._quiet_steps = min(self._quiet_steps, SHADOW_EVERY - 1)
         return False
+
+    @property
+    def shadows(self) -> bool:
+        """Whether rows' rates are learnt on plain steps too (shadow.py): where lookup is the only
+        drafter. A drafter model's drafts cannot be scored without its forwards, so with one the
+        gate still probes."""
+        return self.lookup and self.model_drafter is None
+
+    def _shadow(self, row: DraftingRow) -> Shadow:
+        """Score the row's shadow draft and draft again when a look is due (every few tokens)."""
+        state = self._state(row)
+        shadow = state.shadow
+        prompt, generated = row.context_tokens
+        if shadow.due(len(prompt) + len(generated)):
+            self._feed(row, state, ())
+            shadow.look(state.lookup, state.length)
+        return shadow
 
     def _rested_offers(self, rows: Sequence[DraftingRow]) -> list[RowDrafts]:
         """What each row will offer once its rest is over (StepGate.quiet): between verifies
@@ -394,9 +424,13 @@ class Speculator:
             state.length.record(drafted, accepted)
             if self.gate is not None and self.gate.trial:
                 self._trial_accepted += accepted
+            # Only verifies teach the recent rows' rate (a new row's start): shadow drafts are
+            # scored over a row's first tokens too, where a copy has not begun (a random model's
+            # greedy text before it loops), and new rows starting from those scores waited
+            # tens of steps for their own (issue 37.1).
             rate = accepted / drafted
-            recent = self._recent_rate
-            self._recent_rate = rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)
+        recent = self._recent_rate
+        self._recent_rate = rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)
 
     def forget(self, row: DraftingRow) -> None:
         self._rows.pop(row.key, None)

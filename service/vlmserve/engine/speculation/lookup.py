@@ -41,6 +41,10 @@ class PromptLookup:
                 if end >= n:
                     index[tuple(history[end - n : end])] = end
 
+    def window(self, start: int, count: int) -> list[int]:
+        """The history's tokens at positions start..start + count - 1 (fewer at its end)."""
+        return self._tokens[start : start + count]
+
     def propose(self, count: int) -> list[int]:
         """Up to `count` tokens that followed the longest recent match of the history's suffix
         (none when no n-gram of at least `min_ngram` tokens recurs)."""

@@ -88,6 +88,25 @@ class DraftLength:
             return 0
         return self.length
 
+    def observed(self, drafted: int, accepted: int) -> None:
+        """Drafts scored against the tokens the row took (a verify's, or a shadow draft's on a
+        plain step: shadow.py): the rate and length move; only a verify's misses rest the row
+        (resting saves lookups and verifies, and a shadow draft cost neither)."""
+        if drafted <= 0:
+            return
+        self.rate += _RATE_WEIGHT * (accepted / drafted - self.rate)
+        if accepted == drafted:
+            self.length = min(self.max_tokens, self.length + 1)
+        else:
+            self.length = max(1, min(self.length, accepted + 1))
+
+    def observed_lookup(self, *, found: bool) -> None:
+        """Whether lookup had drafts for the row at a shadow look (shadow.py): its hit rates move
+        as when asked at a verify, its rests do not."""
+        target = 1.0 if found else 0.0
+        self.hit += _RATE_WEIGHT * (target - self.hit)
+        self.lookup_hit += _RATE_WEIGHT * (target - self.lookup_hit)
+
     def hoped(self, room: int, *, lookup_only: bool = False, rested: bool = False) -> RowDrafts:
         """What the row would offer a step now (without asking: no cooldown step is used);
         `lookup_only`: what lookup alone would (its drafter model cannot draft this step);
@@ -100,12 +119,7 @@ class DraftLength:
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
-        rate = accepted / drafted
-        self.rate = (1 - _RATE_WEIGHT) * self.rate + _RATE_WEIGHT * rate
-        if accepted == drafted:
-            self.length = min(self.max_tokens, self.length + 1)
-        else:
-            self.length = max(1, min(self.length, accepted + 1))
+        self.observed(drafted, accepted)
         if accepted == 0:
             self._misses += 1
             if self._misses >= _MISSES_BEFORE_COOLDOWN:

@@ -19,7 +19,9 @@ drafts, verifies of one width wider than one position, uncut by the prior positi
 one is measured three times or eight steps tried); while plain wins, a probe verifies now and
 then (every 16 plain steps, doubling while probes lose, up to 512, and no more often than keeps
 their extra cost to 1 % of the plain steps between them) so a batch whose rows start copying is
-noticed; while verifies win, the plain step's cost is measured again every 64 verify steps
+noticed, except where the rows' rates are learnt on plain steps (lookup's shadow drafts:
+shadow.py) and say their drafts would lose even at a verify `COST_DOUBT` cheaper than measured;
+while verifies win, the plain step's cost is measured again every 64 verify steps
 (`REFRESH_EVERY`), and while plain wins for the same rows the gate is not asked again until a
 probe is due (`quiet`, at most 16 steps). Exploration and probes are trials (`trial`):
 drafter.py verifies their drafts whatever the rows' rates (the rates are what a trial tests),
@@ -59,6 +61,10 @@ _REWARDS = 2
 REFRESH_EVERY = 64
 # The most steps StepGate.quiet lets pass without weighing the costs again.
 QUIET_STEPS = 16
+# Where the rows' rates are observed on plain steps (shadow.py), how much cheaper than measured a
+# verify must be for their drafts to pay before a probe is worth its cost: the rates are known,
+# a probe then only re-measures a verify's cost, which may be stale (measured under other load).
+COST_DOUBT = 0.25
 
 
 def bucket(rows: int) -> int:
@@ -302,9 +308,13 @@ class StepGate:
     # by a rate learnt on text with nothing to copy verified nothing, so the rate never moved.
     trial: bool = False
 
-    def verifies(self, offers: Sequence[RowDrafts], max_width: int, *, certain: bool = False) -> bool:
+    def verifies(
+        self, offers: Sequence[RowDrafts], max_width: int, *, certain: bool = False, observed: bool = False
+    ) -> bool:
         """Whether this step verifies: `offers` are the rows' hoped drafts (how many each would
-        draft, at what acceptance rate); `certain`: some row has drafts that cost no guess."""
+        draft, at what acceptance rate); `certain`: some row has drafts that cost no guess;
+        `observed`: every row's rate is learnt on plain steps too (shadow.py), so a probe is
+        needed only where the drafts would pay at a somewhat cheaper verify (`COST_DOUBT`)."""
         rows = len(offers)
         size = bucket(rows)
         self.trial = False
@@ -347,6 +357,10 @@ class StepGate:
         if run >= max(every, self._budgeted_gap(rows, plain)):
             self._probe_every[size] = min(_LAST_PROBE, 2 * every)
             self._plain_run[size] = 0
+            if observed and verify * (1 + COST_DOUBT) <= (1 + self.margin) * rows / plain:
+                # The probe would only tell what the shadow drafts have told: it is skipped, as
+                # if it had lost (the gap still doubles, so the quiet steps stay long).
+                return False
             self._probing[size] = self.probe_steps - 1
             self.trial = True
             return True
