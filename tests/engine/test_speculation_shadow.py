@@ -172,7 +172,7 @@ def test_nothing_to_copy_runs_plain_without_probes_and_a_copy_after_it_is_notice
     assert sum(accepted for _, accepted in copied) >= 120
 
 
-def test_rows_not_yet_observed_are_looked_at_every_few_steps_then_quietly() -> None:
+def test_watched_rows_are_looked_at_every_few_steps_without_asking_the_gate() -> None:
     speculator = Speculator(max_draft=8, gate=StepGate(_costs(1, 0.1, {2: 0.2, 5: 0.25, 9: 0.3})))
     assert speculator.gate is not None
     row = _ScriptedRow(list(range(5000, 5020)), list(range(10_000, 10_200)))
@@ -184,9 +184,14 @@ def test_rows_not_yet_observed_are_looked_at_every_few_steps_then_quietly() -> N
         return decide(*args, **kwargs)  # type: ignore[arg-type]
 
     speculator.gate.verifies = counted  # type: ignore[method-assign]
+    looked: list[int] = []
     for _ in range(60):
+        seen = speculator._rows[row].shadow.seen if row in speculator._rows else 0
         assert not speculator.speculates([row])  # nothing to copy: plain throughout
+        if speculator._rows[row].shadow.seen != seen:
+            looked.append(len(row.generated))
         row.generated.append(row.script[len(row.generated)])
-    assert speculator._rows[row].shadow.observed
-    # Two looks four tokens apart observe it; then 16 quiet steps pass between asks.
-    assert asked == [1, 5, 22, 39, 56]
+    # Looked at every four tokens until observed (two looks), then only when the gate is asked
+    # (16 quiet steps between).
+    assert looked == [1, 5, 18, 35, 52]
+    assert asked == [1, 18, 35, 52]

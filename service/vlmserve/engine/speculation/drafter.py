@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from vlmserve.engine.speculation.lookup import PromptLookup
 from vlmserve.engine.speculation.model_drafter import AnyDrafter
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, verify_width
-from vlmserve.engine.speculation.shadow import SHADOW_EVERY, Shadow
+from vlmserve.engine.speculation.shadow import Shadow
 from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 __all__ = ["DraftingRow", "SpeculationCounts", "Speculator"]
@@ -107,6 +107,8 @@ class Speculator:
     _quiet_keys: tuple[Hashable, ...] = ()
     _quiet_steps: int = 0
     _quiet_ran: int = 0
+    # Rows looked at on the quiet steps too (Shadow.watched).
+    _watched: list[DraftingRow] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.gate is None:
@@ -174,6 +176,8 @@ class Speculator:
                 self._quiet_ran += 1
                 self.gate.plain_step(len(rows))
                 self.counts.forwards += 1
+                if self._watched and self._watch():
+                    self._quiet_steps = 0  # a watched row copies: the gate is asked next step
                 return False
             self._quiet_steps = 0
         if self._quiet_ran:
@@ -188,15 +192,18 @@ class Speculator:
             self._trial_accepted = 0
         offers: list[RowDrafts] = []
         certain = False
-        observed, watched = self.shadows, False
+        observed, watched = self.shadows, []
         for row in rows:
             room = min(self.max_draft, row.tokens_left - 1)
             if room <= 0 or not row.can_draft:
                 offers.append(RowDrafts(0, 0.0))
                 continue
             if self.shadows and not row.constrained:
-                shadow = self._shadow(row)
-                observed, watched = observed and shadow.observed, watched or shadow.watched
+                shadow = self._state(row).shadow
+                self._look(row)
+                observed = observed and shadow.observed
+                if shadow.watched:
+                    watched.append(row)
             # A new row's drafter starts over its prompt only at its first step, which then
             # verifies, unless plain steps are winning at this batch size (drafting did not pay
             # lately: its start would cost a verify step for drafts that are unlikely to).
@@ -215,10 +222,7 @@ class Speculator:
         if not certain and not self.gate.trial:
             self._quiet_keys = tuple(row.key for row in rows)
             self._quiet_steps = self.gate.quiet(self._rested_offers(rows), self.max_draft + 1)
-            if watched:
-                # Rows not observed yet, or whose shadow drafts are being accepted, are looked
-                # at every few tokens (Shadow.watched).
-                self._quiet_steps = min(self._quiet_steps, SHADOW_EVERY - 1)
+            self._watched = watched
         return False
 
     @property
@@ -228,15 +232,26 @@ class Speculator:
         gate still probes."""
         return self.lookup and self.model_drafter is None
 
-    def _shadow(self, row: DraftingRow) -> Shadow:
-        """Score the row's shadow draft and draft again when a look is due (every few tokens)."""
+    def _look(self, row: DraftingRow) -> tuple[int, int] | None:
+        """Score the row's shadow draft and draft again when a look is due (every few tokens);
+        the draft scored, if any."""
         state = self._state(row)
         shadow = state.shadow
         prompt, generated = row.context_tokens
-        if shadow.due(len(prompt) + len(generated)):
-            self._feed(row, state, ())
-            shadow.look(state.lookup, state.length)
-        return shadow
+        if not shadow.due(len(prompt) + len(generated)):
+            return None
+        self._feed(row, state, ())
+        return shadow.look(state.lookup, state.length)
+
+    def _watch(self) -> bool:
+        """The watched rows' looks on a quiet step (Shadow.watched: a look every few tokens
+        costs a few microseconds a row, asking the gate tens); whether one of them copies."""
+        copying = False
+        for row in self._watched:
+            shadow = self._rows[row.key].shadow
+            if shadow.watched and self._look(row) is not None and shadow.copying:
+                copying = True
+        return copying
 
     def _rested_offers(self, rows: Sequence[DraftingRow]) -> list[RowDrafts]:
         """What each row will offer once its rest is over (StepGate.quiet): between verifies

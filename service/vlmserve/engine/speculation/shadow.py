@@ -55,13 +55,13 @@ def score_shadow(draft: ShadowDraft, taken: Sequence[int]) -> tuple[int, int] | 
 @dataclass(slots=True)
 class Shadow:
     """One row's shadow: the draft waiting for its tokens, where the row's history stood at the
-    last look, how many looks told something (a draft scored, or nothing to draft) and how many
-    drafts the last scored one had accepted."""
+    last look, how many looks told something (a draft scored, or nothing to draft) and the last
+    scored draft's (drafted, accepted)."""
 
     draft: ShadowDraft | None = None
     seen: int = 0
     looks: int = 0
-    accepted: int = 0
+    scored: tuple[int, int] = (0, 0)
 
     @property
     def observed(self) -> bool:
@@ -69,11 +69,18 @@ class Shadow:
 
     @property
     def watched(self) -> bool:
-        """Whether the row is to be looked at every few tokens rather than whenever the gate is
-        asked (every 16 steps while plain wins): until it is observed, and while its shadow
-        drafts are accepted (it may be starting to copy: each look moves its rate 0.3 of the
-        way, so at one look in 16 steps a copy was noticed only tens of steps late)."""
-        return not self.observed or self.accepted > 0
+        """Whether the row is to be looked at every few tokens, also between the gate's asks
+        (every 16 steps while plain wins): until it is observed, and while its shadow drafts
+        are accepted (it may be starting to copy: each look moves its rate 0.3 of the way, so
+        at one look in 16 steps a copy was noticed only tens of steps late)."""
+        return not self.observed or self.scored[1] > 0
+
+    @property
+    def copying(self) -> bool:
+        """Whether the last scored draft was accepted whole, two tokens or more: the gate is
+        asked again at once (the row's rate and length just rose)."""
+        drafted, accepted = self.scored
+        return accepted >= 2 and accepted == drafted
 
     def due(self, known: int) -> bool:
         """Whether a look is due now that the row has taken tokens up to history length `known`."""
@@ -95,7 +102,7 @@ class Shadow:
             self.draft = None
             length.observed(*scored)
             self.looks += 1
-            self.accepted = scored[1]
+            self.scored = scored
         proposal = lookup.propose(max(1, length.length))
         length.observed_lookup(found=bool(proposal))
         if proposal:
