@@ -444,8 +444,8 @@ class Speculator:
             # greedy text before it loops), and new rows starting from those scores waited
             # tens of steps for their own (issue 37.1).
             rate = accepted / drafted
-        recent = self._recent_rate
-        self._recent_rate = rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)
+            recent = self._recent_rate
+            self._recent_rate = rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)
 
     def forget(self, row: DraftingRow) -> None:
         self._rows.pop(row.key, None)
