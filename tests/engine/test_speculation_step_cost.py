@@ -410,6 +410,20 @@ def test_a_new_rows_drafter_is_not_started_while_plain_steps_win() -> None:
     assert not speculator.speculates([LookupRow(100)])  # a new row's first step: plain all the same
 
 
+def test_a_prompts_hidden_states_are_kept_only_while_its_drafter_would_start_over_them() -> None:
+    _, speculator = _plain_wins_at_one_row()
+    assert speculator.keeps_prompt_hidden()  # nothing decided yet: its first step verifies
+    older = LookupRow(0)
+    older.generated.append(1)
+    assert not speculator.speculates([older])  # plain wins at one row
+    assert speculator.keeps_prompt_hidden()  # it would join as a second row: nothing decided there
+    speculator.forget(older)
+    # Alone, where plain wins: its first step is plain, its drafter starts later from
+    # the tokens since, so the prompt's hidden states would be kept for nothing.
+    assert not speculator.keeps_prompt_hidden()
+    assert not Speculator(max_draft=4).keeps_prompt_hidden()  # no drafter model, nothing to keep
+
+
 def test_a_new_row_starts_from_the_recent_rows_acceptance_rate() -> None:
     speculator = Speculator(max_draft=4)
     first = LookupRow(0)

@@ -29,6 +29,11 @@ class HiddenReader(Protocol):
 
     def target_hidden(self, hidden_states: Any) -> Any: ...
 
+    def keeps_prompt_hidden(self) -> bool:
+        """Whether a prompt admitted now keeps its hidden states: its drafter would start over
+        them at the row's first decode step."""
+        ...
+
 
 # Prefill arguments a shared, left-padded prefill forward knows how to carry (the grids only
 # matter to a forward that computes positions itself; this one is given them).

@@ -91,7 +91,7 @@ class PromptBatch:
         return self._prefix_cache is not None and self._prefix_cache.enabled
 
     def add(self, row: ActiveGeneration) -> None:
-        if self.hidden_reader is not None:
+        if self.hidden_reader is not None and self.hidden_reader.keeps_prompt_hidden():
             row.prompt_hidden = []
         self.rows.append(row)
 

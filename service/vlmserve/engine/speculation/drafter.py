@@ -137,6 +137,18 @@ class Speculator:
         """The target layers whose hidden states the drafter model reads (besides the last)."""
         return self.model_drafter.capture_layer_ids if self.model_drafter is not None else ()
 
+    def keeps_prompt_hidden(self) -> bool:
+        """Whether a row admitted now keeps its prompt's hidden states (loop/prompt_batch.py):
+        only while its drafter would start over them, at its first decode step, which verifies
+        unless plain steps win at its batch size (`speculates`); then its drafter starts later
+        from the tokens since, and the hidden states (up to 4,096 positions of the captured
+        layers: hundreds of MB a row for a DFlash drafter on a real model) were kept for nothing
+        (issue 37.1). The row's batch size is guessed from the rows held now (it may join with
+        others: if wrong, its drafter starts from the tokens since, losslessly)."""
+        if self.model_drafter is None:
+            return False
+        return self.gate is None or not self.gate.losing(len(self._rows) + 1)
+
     def target_hidden(self, hidden_states: Any) -> Any:
         """What the drafter model reads of a forward's `hidden_states` (there is one)."""
         assert self.model_drafter is not None
