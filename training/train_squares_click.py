@@ -32,9 +32,9 @@ named colour): the most put back rises from none to all of the tools block over 
 steps, so the match learnt on ~40-token prompts is carried to the loop's ~1100 a step at a
 time (`ramped_prefix_cap`); trained on every length at once from fresh weights, the match was
 learnt on none of them (0.35 at every length after 3000 steps). The click follows the ramp (at
-step 1250 of a 1500-step one it was 1.0 up to 80 % of the block, at chance above 90 %), and
-drawn uniformly few rows are near all: `--prefix-whole-share` of the rows get all of it, the
-loop's own prompt.
+step 1250 of a 1500-step one it was 1.0 up to 80 % of the block, at chance above 90 %); a third
+stage on the loop's own turn (`--pre-steps 0`, its prompt shared across the batch, so cheaper a
+row than a prefixed one) took it to 1.0 (models/squares-click/README.md has the three commands).
 """
 
 from __future__ import annotations
@@ -142,9 +142,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
                 untooled = [rng.choice(DISPLAYS) for _ in screens]
             if untooled is not None and args.prefix_ramp:
                 prefix = [
-                    limit
-                    if rng.random() < args.prefix_whole_share
-                    else rng.randint(0, ramped_prefix_cap(step, args.prefix_ramp, limit))
+                    rng.randint(0, ramped_prefix_cap(step, args.prefix_ramp, limit))
                     for screen, variant in zip(screens, untooled, strict=True)
                     for limit in [templates.prefix_limit(screen.target, variant)]
                 ]
@@ -189,7 +187,6 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
             "prefix_max": args.prefix_max,
             "prefix_all_share": args.prefix_all_share,
             "prefix_ramp": args.prefix_ramp,
-            "prefix_whole_share": args.prefix_whole_share,
         }
 
     def held_out() -> dict[str, float]:
@@ -281,13 +278,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0,
         help="untooled steps: the most of the tools block put back rises from none to all of "
         "it over this many steps (0: off; overrides --prefix-max)",
-    )
-    parser.add_argument(
-        "--prefix-whole-share",
-        type=float,
-        default=0.0,
-        help="with --prefix-ramp: share of untooled rows given all of the tools block (the loop's "
-        "own prompt) whatever the ramp",
     )
     parser.add_argument("--done-weight", type=float, default=0.5)
     parser.add_argument("--first-weight", type=float, default=0.5)

@@ -5,10 +5,10 @@ and facade, driven by the official `openai` SDK loop of OpenAI's computer-use gu
 Asked "Click the <colour> square." with the computer tool and no screenshot, the model asks for
 one; given it (a D x D screen, D in 112/224/336, 2-4 squares), it clicks a cell centre of the
 D x D screen (its 0-1000 answer mapped per D); after the next screenshot it is done (`*_closes`).
-The click must land inside that colour's square (>= 95 % of fresh screens): not yet, the
-fixture (a tiny qwen3_vl) finds where a square is but not yet which one is named
-(models/squares-click/README.md), so those tests are xfail(strict). With every screenshot
-blanked (white, same size) it must not do better than chance would (a cell of 16 guessed: ~6 %).
+The click must land inside that colour's square on >= 95 % of 40 fresh screens per loop (the
+issue's bar; models/squares-click/README.md has the figures). With every screenshot blanked
+(white, same size) it must not do better than chance would (a cell of 16 guessed: ~6 %): what
+it clicks is read from the screenshot.
 
 The loops are what cost (one engine and facade serve the module): each is run once, and every
 test that reads it asserts on the same runs (`LoopRuns`): the closing checks on the first
@@ -33,11 +33,11 @@ from training.squares_click import SCREEN_SIZES, Screen, draw_screen, prompt_for
 
 MODEL = REPO / "models" / "squares-click"
 E2E_SEED = 35_035
-# Blank screenshots: enough screens that chance (~6 %) stays far below MAX_BLANK_ACCURACY.
+# Blank screenshots: enough screens that chance (~6 %) stays far below MAX_BLANK_ACCURACY; the
+# grounding checks score every one (95 %: at most two misses of 40), the loop closing checks
+# the first 12 of the same runs.
 SCREENS = 40
-# The grounding checks (xfail(strict) at 95 %: at most one miss of 20 passes), and the loop
-# closing checks on the first 12 of the same runs.
-GROUNDING_SCREENS = 20
+GROUNDING_SCREENS = SCREENS
 CLOSING_SCREENS = 12
 MIN_ACCURACY = 0.95
 MAX_BLANK_ACCURACY = 0.25
@@ -180,14 +180,6 @@ def closes_the_loop(run: Run, screen: Screen) -> bool:
     return click["x"] in cell_centres(screen.size) and click["y"] in cell_centres(screen.size)
 
 
-# The fixture's grounding is not yet trained to the bar: models/squares-click/README.md
-# has its figures. Strict: this fails as soon as a fixture that clicks right is committed.
-NOT_YET_GROUNDED = pytest.mark.xfail(
-    strict=True,
-    reason="models/squares-click picks the named square on ~0.4 of screens: not trained to 95 % yet",
-)
-
-
 def screen_loop(client: openai.OpenAI, kind: str, screen: Screen) -> Run:
     return openai_loop(client, screen, tool_for(kind, screen.size), blank=False)
 
@@ -208,7 +200,6 @@ def test_openai_sdk_loop_closes(openai_runs: dict[str, LoopRuns], kind: str) -> 
     assert sum(closed) >= MIN_ACCURACY * len(closed), [run.actions for _, run in runs]
 
 
-@NOT_YET_GROUNDED
 @pytest.mark.parametrize("kind", ["computer", "computer_use_preview"])
 def test_openai_sdk_loop_clicks_the_named_square(openai_runs: dict[str, LoopRuns], kind: str) -> None:
     runs = openai_runs[kind].first(GROUNDING_SCREENS)
@@ -308,7 +299,6 @@ def test_anthropic_sdk_loop_closes(anthropic_runs: dict[str, LoopRuns], tool_typ
     assert sum(closed) >= MIN_ACCURACY * len(closed), [run.actions for _, run in runs]
 
 
-@NOT_YET_GROUNDED
 def test_anthropic_sdk_loop_clicks_the_named_square(anthropic_runs: dict[str, LoopRuns]) -> None:
     runs = anthropic_runs["computer_20250124"].first(GROUNDING_SCREENS)
     accuracy = sum(run.hit(screen) for screen, run in runs) / len(runs)

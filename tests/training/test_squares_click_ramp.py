@@ -35,5 +35,3 @@ def test_a_ramp_of_no_steps_is_refused(ramp: int) -> None:
 def test_the_ramp_is_off_unless_asked_and_read_from_the_command_line() -> None:
     assert parse_args([]).prefix_ramp == 0
     assert parse_args(["--prefix-ramp", "1200"]).prefix_ramp == 1200
-    assert parse_args([]).prefix_whole_share == 0.0
-    assert parse_args(["--prefix-whole-share", "0.4"]).prefix_whole_share == 0.4
