@@ -23,12 +23,11 @@ import pytest
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.speculation.dflash_batch import batched_hidden, supports_batched
 from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
-from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.model_drafter import load_model_drafter
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 from . import _drafter_scenarios as scenarios
 from ._runs import run
+from ._step_gate import verify_every_step
 from .test_speculative_decoding import _generator, _requests
 
 pytestmark = pytest.mark.needs_model
@@ -38,12 +37,7 @@ pytestmark = pytest.mark.needs_model
 def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step verifies with the prior widths and rates (as the drafter suite: two engines
     then draft alike whatever this machine's measured costs)."""
-    monkeypatch.setattr(
-        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
-    )
-    monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
-    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
-    monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
+    verify_every_step(monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import JobKind, JobReport, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.speculation.drafter import SOURCES, Speculator
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
+from vlmserve.engine.speculation.drafter import SOURCES
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._runs import run, run_each_alone
+from ._step_gate import verify_every_step
 from .test_engine_grpc import text_part
 
 MAX_TOKENS = 40
@@ -141,12 +141,7 @@ def test_speculation_verifies_several_tokens_per_forward(
     # What a verify of a copy keeps, whatever the step gate (speculation/step_cost.py) would
     # choose from this machine's measured costs and the tests before: every step may verify,
     # widths and a new row's rate from the priors.
-    monkeypatch.setattr(
-        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
-    )
-    monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
-    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
-    monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
+    verify_every_step(monkeypatch)
     _, speculative = generators
     rows = _counter(speculative, "speculative_verified_rows")
     accepted = _counter(speculative, "speculative_accepted_tokens")

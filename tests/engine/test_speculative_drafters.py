@@ -29,12 +29,11 @@ from tests._fixture_models import RANDOM_MODEL_PATH
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.loop.generator import Generator
 from vlmserve.engine.speculation.dflash_drafter import DFlashDrafter
-from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.model_drafter import DraftModelError, ModelDrafter
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 from . import _drafter_scenarios as scenarios
 from ._runs import run
+from ._step_gate import script_gate, verify_every_step
 from .test_speculative_decoding import _generator, _requests
 
 
@@ -65,12 +64,7 @@ def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     which varies with the tests before): the drafters' bookkeeping below holds while the batch
     verifies, and two engines draft alike; `test_plain_steps_between_verifies_change_no_token`
     scripts the gate."""
-    monkeypatch.setattr(
-        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
-    )
-    monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
-    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
-    monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
+    verify_every_step(monkeypatch)
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -417,9 +411,7 @@ def test_plain_steps_between_verifies_change_no_token(
     drop their states and start over when the batch verifies again: every request still takes
     the tokens it takes without speculation, alone and in a mixed batch."""
     script = iter([True, True, True, False, False] * 10_000)
-    monkeypatch.setattr(
-        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: next(script)
-    )
+    script_gate(monkeypatch, lambda: next(script))
     holder = ModelDrafter if kind != "dflash" else DFlashDrafter
     forgotten: list[object] = []
     forget = holder.forget

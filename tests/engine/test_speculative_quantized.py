@@ -31,11 +31,11 @@ import pytest
 from vlmserve.engine.jobs import Job, JobKind, JobReport, PreparedRequest
 from vlmserve.engine.loop.draw import TokenDraw
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 from ._logits_hooks import with_hooks
 from ._runs import run, run_each_alone
+from ._step_gate import verify_every_step
 from .test_batching import AtToken
 from .test_engine_grpc import text_part
 from .test_kv_quantized import QUANTIZED_ATOL, TURBO_4_ATOL
@@ -177,11 +177,7 @@ def test_a_join_and_a_cancel_on_quantized_kv_change_no_token(
     # a verify from the measured plain step, not the low prior position cost set above, and on
     # this CPU finds the mixed batch's drafts not worth one): what is tested is that verifying
     # on a quantized cache through a join and a cancel changes no token.
-    monkeypatch.setattr(
-        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
-    )
-    monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
-    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
+    verify_every_step(monkeypatch, prior_start_rate=False)
     plain, speculative = generators
     requests = _requests(plain, temperature)
     requests["cancelled"] = _prepared(plain, "Cancel me " * 5, temperature, seed=6)

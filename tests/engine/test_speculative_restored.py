@@ -20,11 +20,10 @@ from tests._family_models import drafter_models  # noqa: F401  (fixture)
 from vlmserve.engine.config import EngineConfig
 from vlmserve.engine.jobs import JobReport, PreparedRequest
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.speculation.drafter import Speculator
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
 
 from . import _drafter_scenarios as scenarios
 from ._runs import run
+from ._step_gate import verify_every_step
 from .test_batching import prepared
 from .test_engine_grpc import image_part, png, text_part
 
@@ -37,12 +36,7 @@ MODES = ("off", "lookup", "draft")
 def verifying(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step verifies (the step gate decides from measured costs otherwise, which vary with
     the machine's load), as in test_speculative_drafters.py."""
-    monkeypatch.setattr(
-        StepGate, "verifies", lambda self, offers, max_width, *, certain=False, observed=False: True
-    )
-    monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
-    monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)  # no exploring widths
-    monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
+    verify_every_step(monkeypatch)
 
 
 @pytest.fixture(
