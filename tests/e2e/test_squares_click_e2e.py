@@ -29,6 +29,7 @@ import openai
 import pytest
 
 from tests._services import REPO, ServiceProcess, start_engine, start_facade
+from tests.e2e.test_no_error_logs_real_stack import ERROR_LINE
 from training.squares_click import SCREEN_SIZES, Screen, draw_screen, prompt_for
 
 MODEL = REPO / "models" / "squares-click"
@@ -47,17 +48,23 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def facade_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
+    """The engine on the fixture and the facade before it, for the whole module."""
     logs = tmp_path_factory.mktemp("squares-click")
     engine: ServiceProcess = start_engine(logs, model=str(MODEL))
     try:
         facade = start_facade(logs, engine.address, store_path=logs / "responses.sqlite3")
         try:
-            yield facade.address
+            yield engine, facade
         finally:
             facade.stop()
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="module")
+def facade_url(services: tuple[ServiceProcess, ServiceProcess]) -> str:
+    return services[1].address
 
 
 def screens(seed: int) -> list[Screen]:
@@ -304,3 +311,12 @@ def test_anthropic_sdk_loop_clicks_the_named_square(anthropic_runs: dict[str, Lo
     accuracy = sum(run.hit(screen) for screen, run in runs) / len(runs)
     print(f"\nanthropic: clicks inside the named square {accuracy:.3f} of {len(runs)} screens")
     assert accuracy >= MIN_ACCURACY
+
+
+def test_healthy_computer_use_traffic_logs_no_error(services: tuple[ServiceProcess, ServiceProcess]) -> None:
+    """Every loop above succeeded (blank screenshots too: the model was answered, not refused):
+    neither process logged an ERROR line for them. Last in the module: it reads what the loops
+    left in the logs."""
+    for service in services:
+        errors = [line for line in service.log().splitlines() if ERROR_LINE.search(line)]
+        assert errors == [], errors
