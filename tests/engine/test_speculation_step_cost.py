@@ -107,6 +107,63 @@ def test_a_verify_width_not_measured_is_interpolated_or_extrapolated(
     assert got == (pytest.approx(expected) if expected is not None else None)
 
 
+def _measured(samples: list[tuple[int, int, float, int]]) -> StepCosts:
+    """(rows, width, seconds, times) measurements, in order."""
+    costs = StepCosts(position_cost=0.065)
+    for rows, width, seconds, times in samples:
+        for _ in range(times):
+            costs.observe(rows, width, seconds)
+    return costs
+
+
+# The copying fixture at 16 streams (issue 37.1, `StepClock._observe` recorded): plain steps of
+# 16 rows, three-wide verifies of 16 rows and of 9 (a wave's tail) in the same bucket.
+_WAVE = [(16, 0, 0.00310, 9), (16, 3, 0.00814, 5), (9, 3, 0.00592, 4)]
+
+
+@pytest.mark.parametrize(
+    ("samples", "rows", "width", "expected"),
+    [
+        # Priced at the step's rows along the per-row slope between the measurements (0.317 ms
+        # a row), not at the bucket's one median (5.92 ms at 16 rows: the 9-row verifies).
+        (_WAVE, 16, 3, 0.00814),
+        (_WAVE, 9, 3, 0.00592),
+        (_WAVE, 12, 3, 0.00592 + 3 * (0.00814 - 0.00592) / 7),
+        # Plain steps measured at 16 rows only: their median at any rows of the bucket.
+        (_WAVE, 9, 0, 0.00310),
+        # A verify measured at one batch size takes the plain step's per-row slope (0.2 ms a row).
+        ([(16, 0, 0.005, 3), (12, 0, 0.0042, 3), (12, 3, 0.006, 3)], 16, 3, 0.0068),
+        ([(16, 0, 0.005, 3), (12, 0, 0.0042, 3), (12, 3, 0.006, 3)], 12, 0, 0.0042),
+        # A step with more rows never costs less: a falling slope (noise) is none.
+        ([(16, 0, 0.003, 3), (9, 0, 0.004, 3)], 16, 0, 0.003),
+        ([(16, 0, 0.003, 3), (9, 0, 0.004, 3)], 9, 0, 0.003),
+        # One preempted step at other rows moves neither the slope nor the cost.
+        ([(16, 0, 0.003, 8), (9, 0, 0.100, 1)], 16, 0, 0.003),
+        ([(16, 0, 0.003, 8), (9, 0, 0.100, 1)], 9, 0, 0.003),
+        ([(16, 0, 0.003, 4), (9, 0, 0.0001, 1), (16, 0, 0.003, 4)], 9, 0, 0.003),
+        # ... nor two at one size of two measured there (the lower middle).
+        ([(16, 0, 0.003, 5), (9, 0, 0.0018, 1), (9, 0, 0.100, 1)], 16, 0, 0.003),
+        ([(16, 0, 0.003, 5), (9, 0, 0.0018, 1), (9, 0, 0.100, 1)], 9, 0, 0.0018),
+    ],
+)
+def test_a_cost_is_priced_at_the_steps_rows_within_its_bucket(
+    samples: list[tuple[int, int, float, int]], rows: int, width: int, expected: float
+) -> None:
+    costs = _measured(samples)
+    got = costs.plain(rows) if width == 0 else costs.verify(rows, width)
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("rows", "verifies"), [(16, False), (9, True)])
+def test_a_verify_measured_on_a_waves_tail_does_not_price_the_full_batchs(rows: int, verifies: bool) -> None:
+    # Lookup's drafts accepted at 75 %, two a row: ~2.3 tokens a row a three-wide verify. At 16
+    # rows 16 x 2.3 / 8.14 ms = 4.5 tokens a ms against 16 / 3.10 = 5.2 plain: plain (the gate
+    # verified 35-40 % of these steps at the bucket's one median, 0.92x of `off`); at 9 rows
+    # 9 x 2.3 / 5.92 = 3.5 against 2.9: it verifies.
+    gate = StepGate(_measured(_WAVE))
+    assert gate.verifies([RowDrafts(2, 0.75)] * rows, 3) is verifies
+
+
 class _Recorded(StepCosts):
     def __init__(self) -> None:
         super().__init__()

@@ -74,48 +74,109 @@ def bucket(rows: int) -> int:
     return 1 << (rows - 1).bit_length()
 
 
+def _median(values: list[float]) -> float:
+    """The lower middle: a step preempted (too slow) among two does not count."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 @dataclass(slots=True)
-class _Average:
-    """The median of the last _WINDOW measurements. An exponentially weighted average (weight
-    0.2, clipped above at 3x) moved with every odd step: a step that computed nothing (every row
-    ended with its token in flight) pulled a plain step's cost at 16 rows from ~5 ms to 1.6 ms,
-    and the gate ran greedy rows whose drafts were all accepted plain (10 verify steps of 406);
-    a load spike pushed it up past the verifies' (issue 37.1)."""
+class _Cost:
+    """One kind of step's cost in a bucket, from the last _WINDOW measurements and their rows: at
+    `rows`, the median of the measurements each moved to `rows` along a per-row slope (the
+    median of the slopes between the batch sizes measured, never below 0, so one preempted step
+    moves neither). A bucket spans batch sizes (9-16 rows): priced at one
+    median whatever the rows, a three-wide verify measured on a wave's tail (9 rows: 5.92 ms)
+    priced the full batch's (16 rows: 8.14 ms), and the gate verified 35-40 % of the copying
+    fixture's steps at 16 streams for 0.92x of `off` (issue 37.1). Where all measurements have
+    one batch size the slope is borrowed (`StepCosts._slope`) or 0: the median, as before.
 
-    seconds: float = 0.0
+    Before the median, an exponentially weighted average (weight 0.2, clipped above at 3x)
+    moved with every odd step: a step that computed nothing (every row ended with its token in
+    flight) pulled a plain step's cost at 16 rows from ~5 ms to 1.6 ms, and the gate ran greedy
+    rows whose drafts were all accepted plain (10 verify steps of 406); a load spike pushed it
+    up past the verifies' (issue 37.1)."""
+
     count: int = 0
-    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    _recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    # What the gate asks again and again between measurements: the slope (None: not worked out
+    # since the last measurement) and the seconds at (rows, slope).
+    _slope: tuple[float | None] | None = None
+    _at: dict[tuple[int, float], float] = field(default_factory=dict)
 
-    def add(self, seconds: float) -> None:
+    def add(self, rows: int, seconds: float) -> None:
         self.count += 1
-        self._recent.append(seconds)
-        ordered = sorted(self._recent)
-        self.seconds = ordered[(len(ordered) - 1) // 2]
+        self._recent.append((rows, seconds))
+        self._slope = None
+        self._at.clear()
 
     @property
     def known(self) -> bool:
         return self.count >= _KNOWN_AFTER
 
+    def slope(self) -> float | None:
+        """Seconds per row (None: fewer than two batch sizes measured twice each): the median of
+        the slopes between the batch sizes' medians. Each batch size needs two measurements, or
+        one step at another size (a preempted one; a wave's tail is often one step a size)
+        would be the slope's only measure."""
+        if self._slope is None:
+            sizes: dict[int, list[float]] = {}
+            for rows, seconds in self._recent:
+                sizes.setdefault(rows, []).append(seconds)
+            medians = sorted((rows, _median(times)) for rows, times in sizes.items() if len(times) >= 2)
+            slopes = sorted(
+                (s2 - s1) / (r2 - r1) for i, (r1, s1) in enumerate(medians) for r2, s2 in medians[i + 1 :]
+            )
+            self._slope = (max(0.0, _median(slopes)) if slopes else None,)
+        return self._slope[0]
+
+    def at(self, rows: int, slope: float) -> float:
+        """The seconds at `rows`, each measurement moved there along `slope`."""
+        key = (rows, slope)
+        seconds = self._at.get(key)
+        if seconds is None:
+            seconds = self._at[key] = _median([s + slope * (rows - r) for r, s in self._recent])
+        return seconds
+
 
 @dataclass
 class StepCosts:
-    """Measured seconds per step, per batch-size bucket: plain steps (width 0 here) and verify
-    steps by width. `position_cost` (policy.py's prior: one more position per row, as a share of
-    a step) extrapolates a verify width not measured from the nearest one that is."""
+    """Measured seconds per step, per batch-size bucket and priced at the step's rows within it
+    (`_Cost`): plain steps (width 0 here) and verify steps by width. `position_cost` (policy.py's
+    prior: one more position per row, as a share of a step) extrapolates a verify width not
+    measured from the nearest one that is."""
 
     position_cost: float = 0.065
-    _steps: dict[tuple[int, int], _Average] = field(default_factory=dict)
+    _steps: dict[tuple[int, int], _Cost] = field(default_factory=dict)
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A step of `rows` rows took `seconds`; width 0: a plain step, else a verify's."""
         if rows <= 0 or seconds <= 0:
             return
-        self._steps.setdefault((bucket(rows), width), _Average()).add(seconds)
+        self._steps.setdefault((bucket(rows), width), _Cost()).add(rows, seconds)
 
     def plain(self, rows: int) -> float | None:
         """A plain step's measured seconds (None: not known yet)."""
-        average = self._steps.get((bucket(rows), 0))
-        return average.seconds if average is not None and average.known else None
+        return self._seconds(rows, 0)
+
+    def _seconds(self, rows: int, width: int) -> float | None:
+        """A known kind's seconds at `rows` (None: not known yet)."""
+        size = bucket(rows)
+        cost = self._steps.get((size, width))
+        return cost.at(rows, self._slope(size, width)) if cost is not None and cost.known else None
+
+    def _slope(self, size: int, width: int) -> float:
+        """A kind's seconds per row: its own, else the nearest narrower kind's in the bucket that
+        has one (often the plain step's, whose measurements span the most batch sizes; a wider
+        step's per-row part is never smaller, so a verify priced at fewer rows than it was
+        measured at comes out no cheaper than it is), else 0 (one batch size measured: the
+        median)."""
+        for narrower in range(width, -1, -1):
+            cost = self._steps.get((size, narrower))
+            slope = cost.slope() if cost is not None else None
+            if slope is not None:
+                return slope
+        return 0.0
 
     def forget_plain(self, rows: int) -> None:
         """The plain step's cost for this batch size is to be measured again (StepGate)."""
@@ -138,12 +199,11 @@ class StepCosts:
         batch of fewer rows in the same bucket (a nine-wide verify of
         9 rows measured at 9.4 ms against 13.5 ms for plain steps of 16, and every verify then
         "won", drafts or none: issue 37.1)."""
-        size = bucket(rows)
         seconds = self._verify(rows, width)
         if seconds is None:
             return None
-        plain = self._steps.get((size, 0))
-        return max(seconds, plain.seconds) if plain is not None and plain.known else seconds
+        plain = self.plain(rows)
+        return max(seconds, plain) if plain is not None else seconds
 
     def _verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds: measured; else interpolated between the measured
@@ -157,7 +217,7 @@ class StepCosts:
             return None
         below = [w for w in known if w <= width]
         above = [w for w in known if w >= width]
-        seconds = {w: self._steps[(size, w)].seconds for w in known}
+        seconds = {w: self._steps[(size, w)].at(rows, self._slope(size, w)) for w in known}
         if below and above:
             low, high = below[-1], above[0]
             if low == high:
