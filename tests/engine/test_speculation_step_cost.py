@@ -131,7 +131,15 @@ _WAVE = [(16, 0, 0.00310, 9), (16, 3, 0.00814, 5), (9, 3, 0.00592, 4)]
         (_WAVE, 12, 3, 0.00592 + 3 * (0.00814 - 0.00592) / 7),
         # Plain steps measured at 16 rows only: their median at any rows of the bucket.
         (_WAVE, 9, 0, 0.00310),
-        # A verify measured at one batch size takes the plain step's per-row slope (0.2 ms a row).
+        # A verify measured at one batch size takes its width times the bucket's other verifies'
+        # slope a row and position (five-wide: 4.7 ms over 7 rows), not the plain step's (~0).
+        (
+            [(16, 0, 0.0034, 3), (9, 0, 0.0034, 3), (16, 5, 0.013, 2), (9, 5, 0.0083, 2), (16, 3, 0.0101, 3)],
+            9,
+            3,
+            0.0101 - 7 * 3 * (0.013 - 0.0083) / 7 / 5,
+        ),
+        # No verify with a slope: the plain step's (0.2 ms a row).
         ([(16, 0, 0.005, 3), (12, 0, 0.0042, 3), (12, 3, 0.006, 3)], 16, 3, 0.0068),
         ([(16, 0, 0.005, 3), (12, 0, 0.0042, 3), (12, 3, 0.006, 3)], 12, 0, 0.0042),
         # A step with more rows never costs less: a falling slope (noise) is none.
