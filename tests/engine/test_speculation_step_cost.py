@@ -149,6 +149,9 @@ _WAVE = [(16, 0, 0.00310, 9), (16, 3, 0.00814, 5), (9, 3, 0.00592, 4)]
         ([(16, 0, 0.003, 8), (9, 0, 0.100, 1)], 16, 0, 0.003),
         ([(16, 0, 0.003, 8), (9, 0, 0.100, 1)], 9, 0, 0.003),
         ([(16, 0, 0.003, 4), (9, 0, 0.0001, 1), (16, 0, 0.003, 4)], 9, 0, 0.003),
+        # At most all of a step's cost is per row: a slope of 9 ms a row between 9 and 10 rows
+        # (steps that also ran other work) is cut to 3 ms / 9 rows.
+        ([(9, 0, 0.003, 2), (10, 0, 0.012, 2)], 16, 0, 0.003 + 7 * 0.003 / 9),
         # ... nor two at one size of two measured there (the lower middle).
         ([(16, 0, 0.003, 5), (9, 0, 0.0018, 1), (9, 0, 0.100, 1)], 16, 0, 0.003),
         ([(16, 0, 0.003, 5), (9, 0, 0.0018, 1), (9, 0, 0.100, 1)], 9, 0, 0.0018),
@@ -173,72 +176,20 @@ def test_a_verify_measured_on_a_waves_tail_does_not_price_the_full_batchs(rows: 
 
 
 class _Recorded(StepCosts):
-    def __init__(self) -> None:
+    def __init__(self, plain: float | None = None) -> None:
         super().__init__()
         self.samples: list[tuple[int, int, float]] = []
+        self._plain = plain
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         self.samples.append((rows, width, seconds))
 
+    def plain(self, rows: int) -> float | None:
+        return self._plain
 
-@pytest.mark.parametrize(
-    ("events", "expected"),
-    [
-        # Plain steps: each from its start to the next one's.
-        ([("start", 0, 1, False), ("start", 1, 1, False), ("start", 3, 1, False)], [(1, 0, 1), (1, 0, 2)]),
-        # A verify after a plain step waits for its forward (reading the tokens in flight) until
-        # its launch at 4: that wait is the plain step's, the verify runs from 4 to 6.
-        (
-            [("start", 0, 1, False), ("start", 1, 1, True), ("launch", 4, 5), ("start", 6, 1, False)],
-            [(1, 0, 4), (1, 5, 2)],
-        ),
-        # Verifies after verifies (their tokens are read already): start to start.
-        (
-            [
-                ("start", 0, 2, True),
-                ("launch", 0.5, 3),
-                ("start", 2, 2, True),
-                ("launch", 2.1, 3),
-                ("start", 4, 2, False),
-            ],
-            [(2, 3, 2), (2, 3, 2)],
-        ),
-        # A plain step after a verify, then a verify again: the plain one ends at that launch.
-        (
-            [
-                ("start", 0, 1, True),
-                ("launch", 0, 2),
-                ("start", 2, 1, False),
-                ("start", 2.1, 1, True),
-                ("launch", 3, 2),
-            ],
-            [(1, 2, 2), (1, 0, 1)],
-        ),
-        # The batch changed size (a row joined: the gap holds its prompt) or emptied: not counted.
-        (
-            [("start", 0, 2, False), ("start", 1, 3, False), ("start", 2, 3, True), ("launch", 2.5, 4)],
-            [(3, 0, 1.5)],
-        ),
-        (
-            [("start", 0, 2, False), ("start", 1, 3, True), ("launch", 2, 4), ("start", 5, 3, False)],
-            [(3, 4, 3)],
-        ),
-        ([("start", 0, 1, False), ("stop",), ("start", 5, 1, False)], []),
-        # A step after which the runner ran a prompt chunk, or that computed nothing: not
-        # counted (a plain one followed by a verify neither), the next one is.
-        (
-            [("start", 0, 1, False), ("disturbed",), ("start", 3, 1, False), ("start", 4, 1, False)],
-            [(1, 0, 1)],
-        ),
-        ([("start", 0, 1, False), ("disturbed",), ("start", 3, 1, True), ("launch", 4, 5)], []),
-        ([("start", 0, 1, True), ("launch", 0, 5), ("disturbed",), ("start", 3, 1, True)], []),
-        ([("start", 0, 1, False), ("start", 1, 1, True), ("stop",), ("launch", 2, 3)], []),
-    ],
-)
-def test_the_step_clock_charges_a_plain_steps_forward_to_it_not_to_the_verify_after_it(
-    events: list[tuple[object, ...]], expected: list[tuple[int, int, float]]
-) -> None:
-    costs = _Recorded()
+
+def _clocked(events: list[tuple[object, ...]], plain: float | None = None) -> list[tuple[int, int, float]]:
+    costs = _Recorded(plain)
     clock = StepClock(costs)
     for event in events:
         match event:
@@ -251,7 +202,119 @@ def test_the_step_clock_charges_a_plain_steps_forward_to_it_not_to_the_verify_af
                 clock.stop()
             case ("disturbed",):
                 clock.disturbed()
-    assert [(rows, width, round(seconds, 9)) for rows, width, seconds in costs.samples] == expected
+    return [(rows, width, round(seconds, 9)) for rows, width, seconds in costs.samples]
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # Plain steps: each from its start to the next one's.
+        ([("start", 0, 1, False), ("start", 1, 1, False), ("start", 3, 1, False)], [(1, 0, 1), (1, 0, 2)]),
+        # A verify after a plain step waits for its forward (reading the tokens in flight) until
+        # its launch at 4: the verify runs from 4 to 6. Plain steps next to a verify are not
+        # plain steps' costs (what they cost beyond one is the verify's: the next test).
+        (
+            [
+                ("start", 0, 1, False),
+                ("start", 1, 1, True),
+                ("launch", 4, 5),
+                ("start", 6, 1, False),
+                ("start", 7, 1, False),
+                ("start", 8, 1, False),
+            ],
+            [(1, 5, 2), (1, 0, 1)],
+        ),
+        # Verifies after verifies (their tokens are read already): start to start.
+        (
+            [
+                ("start", 0, 2, True),
+                ("launch", 0.5, 3),
+                ("start", 2, 2, True),
+                ("launch", 2.1, 3),
+                ("start", 4, 2, False),
+                ("start", 5, 2, False),
+            ],
+            [(2, 3, 2), (2, 3, 2)],
+        ),
+        # The batch changed size (a row joined: the gap holds its prompt) or emptied: not counted.
+        (
+            [("start", 0, 2, False), ("start", 1, 3, False), ("start", 2, 3, False), ("start", 3, 3, False)],
+            [(3, 0, 1), (3, 0, 1)],
+        ),
+        (
+            [
+                ("start", 0, 2, False),
+                ("start", 1, 3, True),
+                ("launch", 2, 4),
+                ("start", 5, 3, False),
+                ("start", 6, 3, False),
+            ],
+            [(3, 4, 3)],
+        ),
+        ([("start", 0, 1, False), ("stop",), ("start", 5, 1, False)], []),
+        # A step after which the runner ran a prompt chunk, or that computed nothing: not
+        # counted, the next one is.
+        (
+            [("start", 0, 1, False), ("disturbed",), ("start", 3, 1, False), ("start", 4, 1, False)],
+            [(1, 0, 1)],
+        ),
+        ([("start", 0, 1, False), ("disturbed",), ("start", 3, 1, True), ("launch", 4, 5)], []),
+        ([("start", 0, 1, True), ("launch", 0, 5), ("disturbed",), ("start", 3, 1, True)], []),
+        ([("start", 0, 1, False), ("start", 1, 1, True), ("stop",), ("launch", 2, 3)], []),
+    ],
+)
+def test_the_step_clock_times_a_verify_from_its_launch_and_a_plain_step_between_plain_steps(
+    events: list[tuple[object, ...]], expected: list[tuple[int, int, float]]
+) -> None:
+    assert _clocked(events) == expected
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # Plain steps cost 1 s. The one before the verify ends at its launch 2.5 s in (1.5 s
+        # more) and the one after it lasts 2 s (1 s more): both extras are the verify's
+        # (2.5 + 1.5 + 1 s), neither plain step is measured.
+        (
+            [
+                ("start", 0, 1, False),
+                ("start", 1, 1, False),
+                ("start", 2, 1, True),
+                ("launch", 3.5, 5),
+                ("start", 6, 1, False),
+                ("start", 8, 1, False),
+                ("start", 9, 1, False),
+            ],
+            [(1, 0, 1), (1, 5, 5.0), (1, 0, 1)],
+        ),
+        # A plain step between two verifies: its extra is the first's only.
+        (
+            [
+                ("start", 0, 1, True),
+                ("launch", 0, 2),
+                ("start", 2, 1, False),
+                ("start", 3.5, 1, True),
+                ("launch", 4, 2),
+                ("start", 6, 1, True),
+            ],
+            [(1, 2, 3.0), (1, 2, 2)],
+        ),
+        # A plain step no dearer than plain steps: nothing added; the batch changed size after
+        # the verify: the verify alone.
+        (
+            [("start", 0, 1, True), ("launch", 0, 2), ("start", 2, 1, False), ("start", 2.5, 1, False)],
+            [(1, 2, 2)],
+        ),
+        (
+            [("start", 0, 1, True), ("launch", 0, 2), ("start", 2, 1, False), ("start", 4, 2, False)],
+            [(1, 2, 2)],
+        ),
+    ],
+)
+def test_what_a_plain_step_next_to_a_verify_costs_beyond_a_plain_step_is_the_verifys(
+    events: list[tuple[object, ...]], expected: list[tuple[int, int, float]]
+) -> None:
+    assert _clocked(events, plain=1.0) == expected
 
 
 # One copying row (8 drafts at 0.9), one guessing row (2 at 0.3), nothing to copy (lookup found
