@@ -65,6 +65,8 @@ QUIET_STEPS = 16
 # verify must be for their drafts to pay before a probe is worth its cost: the rates are known,
 # a probe then only re-measures a verify's cost, which may be stale (measured under other load).
 COST_DOUBT = 0.25
+# The most a verify's price is raised by what verifies cost against their prices (StepCosts).
+MAX_CORRECTION = 2.0
 
 
 def bucket(rows: int) -> int:
@@ -155,6 +157,9 @@ class StepCosts:
     # worked out again after a measurement in the bucket (`_slope`).
     _per_position: dict[int, float | None] = field(default_factory=dict)
     _prices: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
+    # Per bucket: verifies' measured seconds over their prices (`checked`), and their median.
+    _checks: dict[int, deque[float]] = field(default_factory=dict)
+    _corrections: dict[int, float] = field(default_factory=dict)
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A step of `rows` rows took `seconds`; width 0: a plain step, else a verify's."""
@@ -238,16 +243,44 @@ class StepCosts:
         return priced
 
     def verify(self, rows: int, width: int) -> float | None:
-        """A verify step of `width`'s seconds (`_verify`), never less than a plain step's: a
-        verify does all a plain step does and more, so a cheaper measurement is noise or a
-        batch of fewer rows in the same bucket (a nine-wide verify of
-        9 rows measured at 9.4 ms against 13.5 ms for plain steps of 16, and every verify then
-        "won", drafts or none: issue 37.1)."""
+        """A verify step of `width`'s seconds: its price (`priced`) times what verifies cost
+        here against their prices (`checked`)."""
+        seconds = self.priced(rows, width)
+        return seconds * self._correction(bucket(rows)) if seconds is not None else None
+
+    def priced(self, rows: int, width: int) -> float | None:
+        """A verify step of `width`'s seconds from the measurements (`_verify`), never less than
+        a plain step's: a verify does all a plain step does and more, so a cheaper measurement
+        is noise or a batch of fewer rows in the same bucket (a nine-wide verify of 9 rows
+        measured at 9.4 ms against 13.5 ms for plain steps of 16, and every verify then "won",
+        drafts or none: issue 37.1)."""
         seconds = self._verify(rows, width)
         if seconds is None:
             return None
         plain = self.plain(rows)
         return max(seconds, plain) if plain is not None else seconds
+
+    def checked(self, rows: int, price: float, seconds: float) -> None:
+        """A verify step priced `price` (`priced`, when it was chosen) cost `seconds`."""
+        if price > 0 and seconds > 0:
+            size = bucket(rows)
+            self._checks.setdefault(size, deque(maxlen=_WINDOW)).append(seconds / price)
+            self._corrections.pop(size, None)
+
+    def _correction(self, size: int) -> float:
+        """What verifies cost against their prices here: the median of the recent ratios, from
+        1 (a verify is never priced below its measurements) to MAX_CORRECTION; 1 until
+        measured _KNOWN_AFTER times. The gate verifies where a verify's price looks best, so
+        among near ties the prices it acts on are the ones that came out low (each the median
+        of a few noisy steps, moved to the step's rows and widths): on the copying fixture at
+        9-16 rows the verifies it chose ran 10 % below the tokens a millisecond their prices
+        promised, and verifies that tie with plain steps lost (issue 37.1)."""
+        correction = self._corrections.get(size)
+        if correction is None:
+            checks = self._checks.get(size)
+            ratio = _median(list(checks)) if checks is not None and len(checks) >= _KNOWN_AFTER else 1.0
+            correction = self._corrections[size] = min(MAX_CORRECTION, max(1.0, ratio))
+        return correction
 
     def _verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds: measured; else interpolated between the measured
@@ -324,11 +357,13 @@ class StepClock:
     _step: tuple[float, int, int] | None = None
     # A plain step whose cost ends at the next verify's `launch`.
     _waiting: tuple[float, int, int] | None = None
-    # A verify measured (its rows, width and seconds), to be observed with the extra time of
-    # the plain step after it.
-    _held: tuple[int, int, float] | None = None
+    # A verify measured (its rows, width, seconds and price), to be observed with the extra
+    # time of the plain step after it.
+    _held: tuple[int, int, float, float | None] | None = None
     # The extra time of the plain step before the verify under way, the verify's.
     _extra: float = 0.0
+    # What the costs priced the verify under way at, at its width (StepCosts.priced).
+    _price: float | None = None
 
     def start(self, now: float, rows: int, *, verifies: bool) -> None:
         previous, self._step = self._step, (now, rows, 0)
@@ -349,10 +384,11 @@ class StepClock:
         """The verify forward's width (1 + the longest drafts it verifies)."""
         if self._step is not None:
             self._step = (self._step[0], self._step[1], width)
+            self._price = self.costs.priced(self._step[1], width) if self._step[1] > 0 else None
 
     def stop(self) -> None:
         """The batch emptied: the step under way is not measured."""
-        self._step = self._waiting = self._held = None
+        self._step = self._waiting = self._held = self._price = None
         self._extra = 0.0
 
     def disturbed(self) -> None:
@@ -370,15 +406,18 @@ class StepClock:
         held, self._held = self._held, None
         extra, self._extra = self._extra, 0.0
         measured = step is not None and step[1] == rows  # (a disturbed step's rows are -1)
+        price = None
+        if step is not None and step[2] > 0:
+            price, self._price = self._price, None
         if step is None or not measured:
             if held is not None:
-                self.costs.observe(*held)
+                self._verified(*held)
             return
         seconds = now - step[0]
         if step[2] > 0:  # a verify: with the plain step after it, if one follows
-            verify = (rows, step[2], seconds + extra)
+            verify = (rows, step[2], seconds + extra, price)
             if verify_next:
-                self.costs.observe(*verify)
+                self._verified(*verify)
             else:
                 self._held = verify
             return
@@ -391,9 +430,15 @@ class StepClock:
         plain = self.costs.plain(rows)
         beyond = max(0.0, seconds - plain) if plain is not None else 0.0
         if held is not None:
-            self.costs.observe(held[0], held[1], held[2] + beyond)
+            self._verified(held[0], held[1], held[2] + beyond, held[3])
         else:
             self._extra = beyond
+
+    def _verified(self, rows: int, width: int, seconds: float, price: float | None) -> None:
+        """A verify step measured: its cost, and against what it was priced at."""
+        if price is not None:
+            self.costs.checked(rows, price, seconds)
+        self.costs.observe(rows, width, seconds)
 
 
 def verify_rate(offers: Sequence[RowDrafts], costs: StepCosts, max_width: int) -> float | None:
