@@ -19,7 +19,13 @@ from vlmserve.engine.sampling import SamplingSettings, TokenSampler
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.lookup import PromptLookup
-from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, expected_tokens, verify_width
+from vlmserve.engine.speculation.policy import (
+    DraftLength,
+    RowDrafts,
+    expected_tokens,
+    expected_totals,
+    verify_width,
+)
 
 # -- prompt lookup -------------------------------------------------------------------------
 
@@ -150,6 +156,20 @@ def test_a_step_is_plain_when_every_row_that_could_draft_rests(
 )
 def test_expected_tokens(rate: float, drafts: int, expected: float) -> None:
     assert expected_tokens(rate, drafts) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [],
+        [RowDrafts(3, 0.5)],
+        [RowDrafts(3, 0.5), RowDrafts(8, 0.9, chance=0.4), RowDrafts(0, 0.7), RowDrafts(2, 1.0)],
+        [RowDrafts(5, 0.0), RowDrafts(5, 0.3, chance=0.0), RowDrafts(9, 0.75)],
+    ],
+)
+def test_expected_totals_sum_each_rows_expected_drafts_at_every_width(rows: list[RowDrafts]) -> None:
+    totals = expected_totals(rows, 8)
+    assert totals == pytest.approx([sum(row.expected(k) for row in rows) for k in range(9)])
 
 
 @pytest.mark.parametrize(

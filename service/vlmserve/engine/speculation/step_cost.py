@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vlmserve.engine.speculation.policy import RowDrafts
+from vlmserve.engine.speculation.policy import RowDrafts, expected_totals
 
 __all__ = ["StepClock", "StepCosts", "StepGate", "bucket"]
 
@@ -459,11 +459,12 @@ def verify_rate(offers: Sequence[RowDrafts], costs: StepCosts, max_width: int) -
     widest = min(max_width, 1 + max((offer.available for offer in offers), default=0))
     if widest < 2:
         return 0.0
+    totals = expected_totals(offers, widest - 1)
     for width in range(2, widest + 1):
         seconds = costs.verify(rows, width)
         if seconds is None:
             return None
-        tokens = rows + sum(offer.expected(width - 1) for offer in offers)
+        tokens = rows + totals[width - 1]
         rate = tokens / seconds
         best = rate if best is None or rate > best else best
     return best
