@@ -3,7 +3,7 @@ when a verify step pays for itself and runs plain steps when it does not, on the
 (its greedy loops give lookup drafts that are accepted), tokens identical to `--speculative off`
 either way.
 
-What a step costs is the one thing scripted (the verifier's clock, `StepClock._observe`): the
+What a step costs is the one thing scripted (the verifier's clock, `StepClock._elapsed`): the
 bench measures it on this CPU, where a step of 16 rows moves with the other jobs on the machine,
 so a test of the decision feeds it the costs of two backends instead — one where a verify step
 costs little more than a plain one (a memory-bound decode: Apple silicon, a GPU) and one where
@@ -69,16 +69,15 @@ def _copying(generator: Generator) -> dict[str, PreparedRequest]:
     return requests
 
 
-def _clock(verify_seconds: Callable[[int], float]) -> Callable[[StepClock, Any, float, int], None]:
-    """`StepClock._observe` with a step's cost from its kind instead of the wall clock: a plain
+def _clock(verify_seconds: Callable[[int], float]) -> Callable[[tuple[float, int, int], float], float]:
+    """`StepClock._elapsed` with a step's cost from its kind instead of the wall clock: a plain
     step (width 0) PLAIN_SECONDS, a verify of width w `verify_seconds(w)`."""
 
-    def observe(self: StepClock, step: tuple[float, int, int] | None, now: float, rows: int) -> None:
-        if step is not None and step[1] == rows:
-            width = step[2]
-            self.costs.observe(rows, width, PLAIN_SECONDS if width == 0 else verify_seconds(width))
+    def elapsed(step: tuple[float, int, int], now: float) -> float:
+        width = step[2]
+        return PLAIN_SECONDS if width == 0 else verify_seconds(width)
 
-    return observe
+    return elapsed
 
 
 def _forwards(generator: Generator, kind: str) -> float:
@@ -117,7 +116,7 @@ VERIFY_SECONDS: dict[str, Callable[[int], float]] = {
 def test_sixteen_copying_rows_verify_drafts_only_where_they_pay(
     plain: Generator, lookup: Generator, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
-    monkeypatch.setattr(StepClock, "_observe", _clock(VERIFY_SECONDS[backend]))
+    monkeypatch.setattr(StepClock, "_elapsed", staticmethod(_clock(VERIFY_SECONDS[backend])))
     requests = _copying(plain)
     expected = run(plain, requests, f"off-{backend}")
     # The first batch also measures what steps cost here (exploration: a few wide verifies

@@ -117,7 +117,7 @@ def _measured(samples: list[tuple[int, int, float, int]]) -> StepCosts:
     return costs
 
 
-# The copying fixture at 16 streams (issue 37.1, `StepClock._observe` recorded): plain steps of
+# The copying fixture at 16 streams (issue 37.1, the step clock's measurements recorded): plain steps of
 # 16 rows, three-wide verifies of 16 rows and of 9 (a wave's tail) in the same bucket.
 _WAVE = [(16, 0, 0.00310, 9), (16, 3, 0.00814, 5), (9, 3, 0.00592, 4)]
 

@@ -413,7 +413,7 @@ class StepClock:
             if held is not None:
                 self._verified(*held)
             return
-        seconds = now - step[0]
+        seconds = self._elapsed(step, now)
         if step[2] > 0:  # a verify: with the plain step after it, if one follows
             verify = (rows, step[2], seconds + extra, price)
             if verify_next:
@@ -433,6 +433,11 @@ class StepClock:
             self._verified(held[0], held[1], held[2] + beyond, held[3])
         else:
             self._extra = beyond
+
+    @staticmethod
+    def _elapsed(step: tuple[float, int, int], now: float) -> float:
+        """A step's seconds (started `step[0]`, its rows and width after it), ended `now`."""
+        return now - step[0]
 
     def _verified(self, rows: int, width: int, seconds: float, price: float | None) -> None:
         """A verify step measured: its cost, and against what it was priced at."""
