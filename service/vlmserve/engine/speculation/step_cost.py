@@ -227,18 +227,13 @@ class StepCosts:
         return any(b == size and w > 1 and a.known for (b, w), a in self._steps.items())
 
     def _priced(self, rows: int) -> dict[int, float]:
-        """Each known verify width's seconds at `rows`, narrowest first, never below a narrower
-        one's (a wider verify does all a narrower one does: moved to `rows` along their own
-        slopes from the batch sizes they were measured at, a nine-wide verify at 9-16 rows was
-        priced 7.3 ms under a five-wide's 8.5 and measured 10.3). Kept until the bucket's next
-        measurement: the gate and the width choice ask for them many times a step."""
+        """Each known verify width's seconds at `rows`, narrowest first (kept until the bucket's
+        next measurement: the gate and the width choice ask for them many times a step)."""
         size = bucket(rows)
         priced = self._prices.get((size, rows))
         if priced is None:
             known = sorted(w for (b, w), cost in self._steps.items() if b == size and w > 0 and cost.known)
-            priced, floor = {}, 0.0
-            for w in known:
-                floor = priced[w] = max(floor, self._steps[(size, w)].at(rows, self._slope(size, w)))
+            priced = {w: self._steps[(size, w)].at(rows, self._slope(size, w)) for w in known}
             self._prices[(size, rows)] = priced
         return priced
 
