@@ -5,10 +5,13 @@ A verify step is not free even when nothing is drafted: it reads the tokens in f
 starts (the plain step's double buffering is lost), runs a wider forward, and with a drafter
 model asks the target for hidden states and runs the drafter's forwards. How much that costs
 depends on the backend, the model, the batch size and the drafter, so it is measured, not
-assumed: `StepCosts` keeps the median of the recent wall times from one step's start to the
-next's (everything the step costs: forward, drafting, sampling, handing out tokens), per
-batch-size bucket, for plain steps and for verify steps of each width; a verify never costs
-less than a plain step. A step that also ran a prompt's work or computed
+assumed: `StepCosts` keeps the recent wall times from one step's start to the next's
+(everything the step costs: forward, drafting, sampling, handing out tokens), per batch-size
+bucket, for plain steps and for verify steps of each width, and prices a step at its own rows
+within the bucket (`_Cost`: the median moved along a per-row slope); a verify never costs less
+than a plain step, is charged what the plain steps next to it cost beyond one (the double
+buffering it breaks: `StepClock`), and its price is raised by what the verifies chosen cost
+against their prices (`StepCosts.checked`). A step that also ran a prompt's work or computed
 nothing is not counted (`StepClock.disturbed`).
 
 `StepGate` decides at each step's start, for the batch at hand, whether to verify: the expected
