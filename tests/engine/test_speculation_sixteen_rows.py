@@ -22,7 +22,7 @@ import pytest
 
 from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.generator import Generator
-from vlmserve.engine.speculation.step_cost import StepClock
+from vlmserve.engine.speculation.step_clock import StepClock
 
 from ._runs import run
 from .test_speculative_decoding import _counter, _generator

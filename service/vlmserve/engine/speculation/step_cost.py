@@ -10,9 +10,9 @@ assumed: `StepCosts` keeps the recent wall times from one step's start to the ne
 bucket, for plain steps and for verify steps of each width, and prices a step at its own rows
 within the bucket (`_Cost`: the median moved along a per-row slope); a verify never costs less
 than a plain step, is charged what the plain steps next to it cost beyond one (the double
-buffering it breaks: `StepClock`), and its price is raised by what the verifies chosen cost
-against their prices (`StepCosts.checked`). A step that also ran a prompt's work or computed
-nothing is not counted (`StepClock.disturbed`).
+buffering it breaks: step_clock.py `StepClock`, which times the steps), and its price is
+raised by what the verifies chosen cost against their prices (`StepCosts.checked`). A step
+that also ran a prompt's work or computed nothing is not counted (`StepClock.disturbed`).
 
 `StepGate` decides at each step's start, for the batch at hand, whether to verify: the expected
 tokens per second of the best verify width (each row's hoped drafts and acceptance rate,
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from vlmserve.engine.speculation.policy import RowDrafts, expected_totals
 
-__all__ = ["StepClock", "StepCosts", "StepGate", "bucket"]
+__all__ = ["StepCosts", "StepGate", "bucket"]
 
 # How many recent measurements a cost is the median of: one step that also ran other work, was
 # preempted or computed nothing (every row ended) does not move it.
@@ -259,7 +259,7 @@ class StepCosts:
         return max(seconds, plain) if plain is not None else seconds
 
     def checked(self, rows: int, price: float, seconds: float) -> None:
-        """A verify step priced `price` (`priced`, when it was chosen) cost `seconds`."""
+        """A verify step the gate chose at price `price` (`priced`) cost `seconds`."""
         if price > 0 and seconds > 0:
             size = bucket(rows)
             self._checks.setdefault(size, deque(maxlen=_WINDOW)).append(seconds / price)
@@ -327,123 +327,6 @@ class StepCosts:
         return [(self.verify(rows, width) or base) / base for width in range(1, max_width + 1)]
 
 
-@dataclass
-class StepClock:
-    """Times each decode step for `StepCosts` from the clock readings the verifier gives it:
-    every step starts at `start` (its rows, whether it verifies), a verify step drafts and
-    starts its forward at `launch` (its width then set by `width`), and a step's cost runs to
-    the next step's start, except for a plain step followed by a verify: a plain step's forward
-    runs on while the next step starts (double-buffered), and a verify first waits for it (the
-    batch reads the tokens in flight before `launch`), so that plain step ends, and the verify
-    starts, at the verify's `launch` (its drafting, a drafter model's forwards included, is the
-    verify's). Timed from start to start, each verify after a plain step was charged the plain
-    forward it waited for and that plain step almost nothing, so verifies looked dearer than
-    they are and plain steps cheaper (issue 37.1). A step whose batch changed size is not
-    counted (the gap also holds a joining row's prompt, or the batch's changes).
-
-    A plain step next to a verify is not a plain step's cost: the verify broke the double
-    buffering, and the plain step after it also hands out the verify's tokens. What such a
-    plain step costs beyond a plain step's known cost is the verify's (the one before it, else
-    the one after it), and it is not measured as a plain step. Charged to nobody, it hid ~20 %
-    of a verify's cost: the copying fixture at 9-16 rows, a plain step after a verify 5.3 ms
-    against 3.6 ms between plain steps, and verifies priced 10.0 ms measured 12.6 won where
-    they lost (0.92x of `off` at 16 streams; issue 37.1)."""
-
-    costs: StepCosts
-    # The step under way: when it started, its rows and width (0: plain); None: none, or the
-    # batch emptied since.
-    _step: tuple[float, int, int] | None = None
-    # A plain step whose cost ends at the next verify's `launch`.
-    _waiting: tuple[float, int, int] | None = None
-    # A verify measured (its rows, width, seconds and price), to be observed with the extra
-    # time of the plain step after it.
-    _held: tuple[int, int, float, float | None] | None = None
-    # The extra time of the plain step before the verify under way, the verify's.
-    _extra: float = 0.0
-    # What the costs priced the verify under way at, at its width (StepCosts.priced).
-    _price: float | None = None
-
-    def start(self, now: float, rows: int, *, verifies: bool) -> None:
-        previous, self._step = self._step, (now, rows, 0)
-        if verifies and previous is not None and previous[2] == 0:
-            self._waiting = previous
-        else:
-            self._waiting = None
-            self._ended(previous, now, rows, verify_next=verifies)
-
-    def launch(self, now: float) -> None:
-        """The verify step has read the tokens in flight: it drafts and starts its forward."""
-        if self._step is None or self._waiting is None:
-            return
-        self._ended(self._waiting, now, self._step[1], verify_next=True)
-        self._waiting, self._step = None, (now, self._step[1], self._step[2])
-
-    def width(self, width: int) -> None:
-        """The verify forward's width (1 + the longest drafts it verifies)."""
-        if self._step is not None:
-            self._step = (self._step[0], self._step[1], width)
-            self._price = self.costs.priced(self._step[1], width) if self._step[1] > 0 else None
-
-    def stop(self) -> None:
-        """The batch emptied: the step under way is not measured."""
-        self._step = self._waiting = self._held = self._price = None
-        self._extra = 0.0
-
-    def disturbed(self) -> None:
-        """The step under way also ran other work (the runner ran a prompt chunk after it):
-        not what a step costs, so it is not measured. Clipped to 3x the average, such steps
-        still pulled a plain step's cost up (DFlash greedy, 16 rows: plain 20 ms against a
-        two-wide verify's 7.3 ms), and a plain cost too high opens the gate (issue 37.1)."""
-        if self._step is not None:
-            self._step = (self._step[0], -1, self._step[2])
-
-    def _ended(
-        self, step: tuple[float, int, int] | None, now: float, rows: int, *, verify_next: bool
-    ) -> None:
-        """`step` ended at `now` with the batch at `rows`; `verify_next`: a verify follows it."""
-        held, self._held = self._held, None
-        extra, self._extra = self._extra, 0.0
-        measured = step is not None and step[1] == rows  # (a disturbed step's rows are -1)
-        price = None
-        if step is not None and step[2] > 0:
-            price, self._price = self._price, None
-        if step is None or not measured:
-            if held is not None:
-                self._verified(*held)
-            return
-        seconds = self._elapsed(step, now)
-        if step[2] > 0:  # a verify: with the plain step after it, if one follows
-            verify = (rows, step[2], seconds + extra, price)
-            if verify_next:
-                self._verified(*verify)
-            else:
-                self._held = verify
-            return
-        if held is None and not verify_next:
-            self.costs.observe(rows, 0, seconds)
-            return
-        # Next to a verify: never measured as a plain step (after the batch's costs were
-        # forgotten, `StepGate._refresh`, three such plain steps between verifies priced a
-        # plain step at 10.7 ms, three times its cost, and the verifies won on).
-        plain = self.costs.plain(rows)
-        beyond = max(0.0, seconds - plain) if plain is not None else 0.0
-        if held is not None:
-            self._verified(held[0], held[1], held[2] + beyond, held[3])
-        else:
-            self._extra = beyond
-
-    @staticmethod
-    def _elapsed(step: tuple[float, int, int], now: float) -> float:
-        """A step's seconds (started `step[0]`, its rows and width after it), ended `now`."""
-        return now - step[0]
-
-    def _verified(self, rows: int, width: int, seconds: float, price: float | None) -> None:
-        """A verify step measured: its cost, and against what it was priced at."""
-        if price is not None:
-            self.costs.checked(rows, price, seconds)
-        self.costs.observe(rows, width, seconds)
-
-
 def verify_rate(offers: Sequence[RowDrafts], costs: StepCosts, max_width: int) -> float | None:
     """The best verify width's expected tokens per second for these rows' offers (None: no verify
     cost known; 0: no row has drafts to offer). Only widths that verify a draft count: a verify
@@ -501,6 +384,10 @@ class StepGate:
     # and the rows' rates, which the trial is there to measure again (drafter.py). A probe cut
     # by a rate learnt on text with nothing to copy verified nothing, so the rate never moved.
     trial: bool = False
+    # Whether the step just decided verifies because its expected tokens won at the measured
+    # costs (not a trial, nor certain drafts): the verifies whose prices `StepCosts.checked`
+    # holds to account, since only these were chosen by their prices.
+    chosen: bool = False
 
     def verifies(
         self, offers: Sequence[RowDrafts], max_width: int, *, certain: bool = False, observed: bool = False
@@ -511,7 +398,7 @@ class StepGate:
         needed only where the drafts would pay at a somewhat cheaper verify (`COST_DOUBT`)."""
         rows = len(offers)
         size = bucket(rows)
-        self.trial = False
+        self.trial = self.chosen = False
         if certain:
             return self._verified(size, won=True)
         probing = self._probing.get(size, 0)
@@ -544,6 +431,7 @@ class StepGate:
             if won >= REFRESH_EVERY:
                 return self._refresh(rows)
             self._won_run[size] = won
+            self.chosen = True
             return self._verified(size, won=True)
         self._won_run[size] = 0
         run = self._plain_run.get(size, 0) + 1
