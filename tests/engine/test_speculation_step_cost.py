@@ -11,7 +11,8 @@ import pytest
 from tests.engine._drafting_row import LookupRow
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.policy import RowDrafts, verify_width
-from vlmserve.engine.speculation.step_cost import StepClock, StepCosts, StepGate, bucket
+from vlmserve.engine.speculation.step_clock import StepClock
+from vlmserve.engine.speculation.step_cost import StepCosts, StepGate, bucket
 
 
 @pytest.mark.parametrize(
@@ -213,10 +214,16 @@ def test_the_step_clock_checks_a_verify_against_its_price_at_its_width() -> None
     clock = StepClock(costs)
     clock.start(0, 2, verifies=True)
     clock.launch(0)
-    clock.width(3)  # priced 2 s
+    clock.width(3, chosen=True)  # priced 2 s
     costs.observe(2, 3, 9.0)  # (the price it was chosen at counts, not a later one)
     clock.start(3, 2, verifies=False)
     clock.start(4.5, 2, verifies=False)  # the plain step after it: 0.5 s more than plain steps
+    assert costs.checks == [(2, 2.0, 3.5)]
+    # A trial's verify (not chosen for its price) is measured, not checked.
+    clock.start(5.5, 2, verifies=True)
+    clock.launch(5.5)
+    clock.width(3)
+    clock.start(8, 2, verifies=True)
     assert costs.checks == [(2, 2.0, 3.5)]
 
 

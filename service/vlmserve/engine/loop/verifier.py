@@ -45,7 +45,7 @@ from vlmserve.engine.speculation.rollback import (
     roll_back_rows,
     verify_forward_kwargs,
 )
-from vlmserve.engine.speculation.step_cost import StepClock
+from vlmserve.engine.speculation.step_clock import StepClock
 
 __all__ = ["Forward", "Verifier"]
 
@@ -135,7 +135,8 @@ class Verifier(Generic[K]):
         extra = verify_forward_kwargs(self._language_model, speculator.capture_layer_ids)
         keys = [row.key for row in rows]
         if self._clock is not None:
-            self._clock.width(width)
+            gate = speculator.gate
+            self._clock.width(width, chosen=gate is not None and gate.chosen)
         transaction = begin_verify(caches, width, keys)
         with verify_forward(caches):
             output = forward(mx.array(inputs, dtype=mx.int32), **extra)
