@@ -176,57 +176,6 @@ def test_a_verify_measured_on_a_waves_tail_does_not_price_the_full_batchs(rows: 
     assert gate.verifies([RowDrafts(2, 0.75)] * rows, 3) is verifies
 
 
-@pytest.mark.parametrize(
-    ("checks", "expected"),
-    [
-        ([], 0.010),
-        ([0.011, 0.011], 0.010),  # not measured three times yet
-        ([0.011, 0.012, 0.011], 0.011),  # the verifies chosen cost 10 % more than priced
-        ([0.008, 0.009, 0.008], 0.010),  # never priced below the measurements
-        ([0.050] * 3, 0.020),  # at most twice
-        ([0.011, 0.011, 0.011] + [0.010] * 9, 0.010),  # the recent ones
-    ],
-)
-def test_a_verifys_price_is_raised_by_what_verifies_cost_against_their_prices(
-    checks: list[float], expected: float
-) -> None:
-    costs = _costs(16, 0.004, {5: 0.010})
-    assert costs.priced(16, 5) == pytest.approx(0.010)
-    for seconds in checks:
-        costs.checked(12, 0.010, seconds)  # 12 rows: the same bucket
-    assert costs.verify(16, 5) == pytest.approx(expected)
-    assert costs.priced(16, 5) == pytest.approx(0.010)
-
-
-def test_the_step_clock_checks_a_verify_against_its_price_at_its_width() -> None:
-    class Checked(StepCosts):
-        def __init__(self) -> None:
-            super().__init__()
-            self.checks: list[tuple[int, float, float]] = []
-
-        def checked(self, rows: int, price: float, seconds: float) -> None:
-            self.checks.append((rows, price, round(seconds, 9)))
-
-    costs = Checked()
-    for _ in range(3):
-        costs.observe(2, 0, 1.0)
-        costs.observe(2, 3, 2.0)
-    clock = StepClock(costs)
-    clock.start(0, 2, verifies=True)
-    clock.launch(0)
-    clock.width(3, chosen=True)  # priced 2 s
-    costs.observe(2, 3, 9.0)  # (the price it was chosen at counts, not a later one)
-    clock.start(3, 2, verifies=False)
-    clock.start(4.5, 2, verifies=False)  # the plain step after it: 0.5 s more than plain steps
-    assert costs.checks == [(2, 2.0, 3.5)]
-    # A trial's verify (not chosen for its price) is measured, not checked.
-    clock.start(5.5, 2, verifies=True)
-    clock.launch(5.5)
-    clock.width(3)
-    clock.start(8, 2, verifies=True)
-    assert costs.checks == [(2, 2.0, 3.5)]
-
-
 class _Recorded(StepCosts):
     def __init__(self, plain: float | None = None) -> None:
         super().__init__()

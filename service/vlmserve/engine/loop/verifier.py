@@ -135,8 +135,7 @@ class Verifier(Generic[K]):
         extra = verify_forward_kwargs(self._language_model, speculator.capture_layer_ids)
         keys = [row.key for row in rows]
         if self._clock is not None:
-            gate = speculator.gate
-            self._clock.width(width, chosen=gate is not None and gate.chosen)
+            self._clock.width(width)
         transaction = begin_verify(caches, width, keys)
         with verify_forward(caches):
             output = forward(mx.array(inputs, dtype=mx.int32), **extra)

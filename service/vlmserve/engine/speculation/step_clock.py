@@ -38,14 +38,11 @@ class StepClock:
     _step: tuple[float, int, int] | None = None
     # A plain step whose cost ends at the next verify's `launch`.
     _waiting: tuple[float, int, int] | None = None
-    # A verify measured (its rows, width, seconds and price), to be observed with the extra
-    # time of the plain step after it.
-    _held: tuple[int, int, float, float | None] | None = None
+    # A verify measured (its rows, width and seconds), to be observed with the extra time of
+    # the plain step after it.
+    _held: tuple[int, int, float] | None = None
     # The extra time of the plain step before the verify under way, the verify's.
     _extra: float = 0.0
-    # What the costs priced the verify under way at, at its width, if the gate chose it for
-    # that price (StepCosts.priced).
-    _price: float | None = None
 
     def start(self, now: float, rows: int, *, verifies: bool) -> None:
         previous, self._step = self._step, (now, rows, 0)
@@ -62,19 +59,14 @@ class StepClock:
         self._ended(self._waiting, now, self._step[1], verify_next=True)
         self._waiting, self._step = None, (now, self._step[1], self._step[2])
 
-    def width(self, width: int, *, chosen: bool = False) -> None:
-        """The verify forward's width (1 + the longest drafts it verifies); `chosen`: the gate
-        chose it for its price (StepGate.chosen), which its cost is then checked against (a
-        trial's is not: its price did not choose it, and a drafter model's probe starts the
-        drafter over)."""
+    def width(self, width: int) -> None:
+        """The verify forward's width (1 + the longest drafts it verifies)."""
         if self._step is not None:
             self._step = (self._step[0], self._step[1], width)
-            rows = self._step[1]
-            self._price = self.costs.priced(rows, width) if chosen and rows > 0 else None
 
     def stop(self) -> None:
         """The batch emptied: the step under way is not measured."""
-        self._step = self._waiting = self._held = self._price = None
+        self._step = self._waiting = self._held = None
         self._extra = 0.0
 
     def disturbed(self) -> None:
@@ -92,18 +84,15 @@ class StepClock:
         held, self._held = self._held, None
         extra, self._extra = self._extra, 0.0
         measured = step is not None and step[1] == rows  # (a disturbed step's rows are -1)
-        price = None
-        if step is not None and step[2] > 0:
-            price, self._price = self._price, None
         if step is None or not measured:
             if held is not None:
-                self._verified(*held)
+                self.costs.observe(*held)
             return
         seconds = self._elapsed(step, now)
         if step[2] > 0:  # a verify: with the plain step after it, if one follows
-            verify = (rows, step[2], seconds + extra, price)
+            verify = (rows, step[2], seconds + extra)
             if verify_next:
-                self._verified(*verify)
+                self.costs.observe(*verify)
             else:
                 self._held = verify
             return
@@ -116,7 +105,7 @@ class StepClock:
         plain = self.costs.plain(rows)
         beyond = max(0.0, seconds - plain) if plain is not None else 0.0
         if held is not None:
-            self._verified(held[0], held[1], held[2] + beyond, held[3])
+            self.costs.observe(held[0], held[1], held[2] + beyond)
         else:
             self._extra = beyond
 
@@ -124,9 +113,3 @@ class StepClock:
     def _elapsed(step: tuple[float, int, int], now: float) -> float:
         """A step's seconds (started `step[0]`, its rows and width after it), ended `now`."""
         return now - step[0]
-
-    def _verified(self, rows: int, width: int, seconds: float, price: float | None) -> None:
-        """A verify step measured: its cost, and against what it was priced at."""
-        if price is not None:
-            self.costs.checked(rows, price, seconds)
-        self.costs.observe(rows, width, seconds)

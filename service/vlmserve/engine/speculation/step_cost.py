@@ -10,9 +10,8 @@ assumed: `StepCosts` keeps the recent wall times from one step's start to the ne
 bucket, for plain steps and for verify steps of each width, and prices a step at its own rows
 within the bucket (`_Cost`: the median moved along a per-row slope); a verify never costs less
 than a plain step, is charged what the plain steps next to it cost beyond one (the double
-buffering it breaks: step_clock.py `StepClock`, which times the steps), and its price is
-raised by what the verifies chosen cost against their prices (`StepCosts.checked`). A step
-that also ran a prompt's work or computed nothing is not counted (`StepClock.disturbed`).
+buffering it breaks: step_clock.py `StepClock`, which times the steps). A step that also
+ran a prompt's work or computed nothing is not counted (`StepClock.disturbed`).
 
 `StepGate` decides at each step's start, for the batch at hand, whether to verify: the expected
 tokens per second of the best verify width (each row's hoped drafts and acceptance rate,
@@ -68,8 +67,6 @@ QUIET_STEPS = 16
 # verify must be for their drafts to pay before a probe is worth its cost: the rates are known,
 # a probe then only re-measures a verify's cost, which may be stale (measured under other load).
 COST_DOUBT = 0.25
-# The most a verify's price is raised by what verifies cost against their prices (StepCosts).
-MAX_CORRECTION = 2.0
 
 
 def bucket(rows: int) -> int:
@@ -160,9 +157,6 @@ class StepCosts:
     # worked out again after a measurement in the bucket (`_slope`).
     _per_position: dict[int, float | None] = field(default_factory=dict)
     _prices: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
-    # Per bucket: verifies' measured seconds over their prices (`checked`), and their median.
-    _checks: dict[int, deque[float]] = field(default_factory=dict)
-    _corrections: dict[int, float] = field(default_factory=dict)
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A step of `rows` rows took `seconds`; width 0: a plain step, else a verify's."""
@@ -241,44 +235,16 @@ class StepCosts:
         return priced
 
     def verify(self, rows: int, width: int) -> float | None:
-        """A verify step of `width`'s seconds: its price (`priced`) times what verifies cost
-        here against their prices (`checked`)."""
-        seconds = self.priced(rows, width)
-        return seconds * self._correction(bucket(rows)) if seconds is not None else None
-
-    def priced(self, rows: int, width: int) -> float | None:
-        """A verify step of `width`'s seconds from the measurements (`_verify`), never less than
-        a plain step's: a verify does all a plain step does and more, so a cheaper measurement
-        is noise or a batch of fewer rows in the same bucket (a nine-wide verify of 9 rows
-        measured at 9.4 ms against 13.5 ms for plain steps of 16, and every verify then "won",
-        drafts or none: issue 37.1)."""
+        """A verify step of `width`'s seconds (`_verify`), never less than a plain step's: a
+        verify does all a plain step does and more, so a cheaper measurement is noise or a
+        batch of fewer rows in the same bucket (a nine-wide verify of 9 rows measured at 9.4 ms
+        against 13.5 ms for plain steps of 16, and every verify then "won", drafts or none:
+        issue 37.1)."""
         seconds = self._verify(rows, width)
         if seconds is None:
             return None
         plain = self.plain(rows)
         return max(seconds, plain) if plain is not None else seconds
-
-    def checked(self, rows: int, price: float, seconds: float) -> None:
-        """A verify step the gate chose at price `price` (`priced`) cost `seconds`."""
-        if price > 0 and seconds > 0:
-            size = bucket(rows)
-            self._checks.setdefault(size, deque(maxlen=_WINDOW)).append(seconds / price)
-            self._corrections.pop(size, None)
-
-    def _correction(self, size: int) -> float:
-        """What verifies cost against their prices here: the median of the recent ratios, from
-        1 (a verify is never priced below its measurements) to MAX_CORRECTION; 1 until
-        measured _KNOWN_AFTER times. The gate verifies where a verify's price looks best, so
-        among near ties the prices it acts on are the ones that came out low (each the median
-        of a few noisy steps, moved to the step's rows and widths): on the copying fixture at
-        9-16 rows the verifies it chose ran 10 % below the tokens a millisecond their prices
-        promised, and verifies that tie with plain steps lost (issue 37.1)."""
-        correction = self._corrections.get(size)
-        if correction is None:
-            checks = self._checks.get(size)
-            ratio = _median(list(checks)) if checks is not None and len(checks) >= _KNOWN_AFTER else 1.0
-            correction = self._corrections[size] = min(MAX_CORRECTION, max(1.0, ratio))
-        return correction
 
     def _verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds: measured; else interpolated between the measured
@@ -384,10 +350,6 @@ class StepGate:
     # and the rows' rates, which the trial is there to measure again (drafter.py). A probe cut
     # by a rate learnt on text with nothing to copy verified nothing, so the rate never moved.
     trial: bool = False
-    # Whether the step just decided verifies because its expected tokens won at the measured
-    # costs (not a trial, nor certain drafts): the verifies whose prices `StepCosts.checked`
-    # holds to account, since only these were chosen by their prices.
-    chosen: bool = False
 
     def verifies(
         self, offers: Sequence[RowDrafts], max_width: int, *, certain: bool = False, observed: bool = False
@@ -398,7 +360,7 @@ class StepGate:
         needed only where the drafts would pay at a somewhat cheaper verify (`COST_DOUBT`)."""
         rows = len(offers)
         size = bucket(rows)
-        self.trial = self.chosen = False
+        self.trial = False
         if certain:
             return self._verified(size, won=True)
         probing = self._probing.get(size, 0)
@@ -431,7 +393,6 @@ class StepGate:
             if won >= REFRESH_EVERY:
                 return self._refresh(rows)
             self._won_run[size] = won
-            self.chosen = True
             return self._verified(size, won=True)
         self._won_run[size] = 0
         run = self._plain_run.get(size, 0) + 1
