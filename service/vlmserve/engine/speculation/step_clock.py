@@ -102,9 +102,8 @@ class StepClock:
         # Next to a verify: never measured as a plain step (after the batch's costs were
         # forgotten, `StepGate._refresh`, three such plain steps between verifies priced a
         # plain step at 10.7 ms, three times its cost, and the verifies won on).
-        # Not clipped at 0: a plain step's time is noisy, and the clipped differences of noise
-        # alone added ~10 % to a one-row verify (the copying fixture at one stream: 1.44x of
-        # `off`, 1.73x before the plain steps next to a verify were charged to it).
+        # Not clipped at 0: a plain step's time is noisy, and clipped, the noise's upper half
+        # alone would be added to every verify next to plain steps (at one row, ~10 % of it).
         plain = self.costs.plain(rows)
         beyond = seconds - plain if plain is not None else 0.0
         if held is not None:

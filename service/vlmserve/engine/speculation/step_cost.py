@@ -87,11 +87,11 @@ class _Cost:
     """One kind of step's cost in a bucket, from the last _WINDOW measurements and their rows: at
     `rows`, the median of the measurements each moved to `rows` along a per-row slope (the
     median of the slopes between the batch sizes measured, never below 0, so one preempted step
-    moves neither). A bucket spans batch sizes (9-16 rows): priced at one
-    median whatever the rows, a three-wide verify measured on a wave's tail (9 rows: 5.92 ms)
-    priced the full batch's (16 rows: 8.14 ms), and the gate verified 35-40 % of the copying
-    fixture's steps at 16 streams for 0.92x of `off` (issue 37.1). Where all measurements have
-    one batch size the slope is borrowed (`StepCosts._slope`) or 0: the median, as before.
+    moves neither). A bucket spans batch sizes (9-16 rows): priced at one median whatever the
+    rows, a three-wide verify measured on a wave's tail (9 rows: 5.92 ms) priced the full
+    batch's (16 rows: 8.14 ms) on the copying fixture at 16 streams (issue 37.1). Where all
+    measurements have one batch size the slope is borrowed (`StepCosts._slope`) or 0: the
+    median, as before.
 
     Before the median, an exponentially weighted average (weight 0.2, clipped above at 3x)
     moved with every odd step: a step that computed nothing (every row ended with its token in
