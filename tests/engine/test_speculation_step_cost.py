@@ -117,8 +117,8 @@ def _measured(samples: list[tuple[int, int, float, int]]) -> StepCosts:
     return costs
 
 
-# The copying fixture at 16 streams (issue 37.1, the step clock's measurements recorded): plain steps of
-# 16 rows, three-wide verifies of 16 rows and of 9 (a wave's tail) in the same bucket.
+# The copying fixture at 16 streams (issue 37.1, the step clock's measurements recorded): plain
+# steps of 16 rows, three-wide verifies of 16 rows and of 9 (a wave's tail) in the same bucket.
 _WAVE = [(16, 0, 0.00310, 9), (16, 3, 0.00814, 5), (9, 3, 0.00592, 4)]
 
 
@@ -169,9 +169,9 @@ def test_a_cost_is_priced_at_the_steps_rows_within_its_bucket(
 @pytest.mark.parametrize(("rows", "verifies"), [(16, False), (9, True)])
 def test_a_verify_measured_on_a_waves_tail_does_not_price_the_full_batchs(rows: int, verifies: bool) -> None:
     # Lookup's drafts accepted at 75 %, two a row: ~2.3 tokens a row a three-wide verify. At 16
-    # rows 16 x 2.3 / 8.14 ms = 4.5 tokens a ms against 16 / 3.10 = 5.2 plain: plain (the gate
-    # verified 35-40 % of these steps at the bucket's one median, 0.92x of `off`); at 9 rows
-    # 9 x 2.3 / 5.92 = 3.5 against 2.9: it verifies.
+    # rows 16 x 2.3 / 8.14 ms = 4.5 tokens a ms against 16 / 3.10 = 5.2 plain: plain (priced at
+    # the bucket's one median, 5.92 ms, it verified: 6.2); at 9 rows 9 x 2.3 / 5.92 = 3.5
+    # against 2.9: it verifies.
     gate = StepGate(_measured(_WAVE))
     assert gate.verifies([RowDrafts(2, 0.75)] * rows, 3) is verifies
 
