@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from tests import _marker_guard
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 OPENBLAS = next(iter(sorted(Path("/usr/lib").glob("*/openblas-pthread/libblas.so.3"))), None)
+# A log line healthy traffic must never leave: an error, a traceback, a task nobody awaited.
+ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback|exception was never retrieved")
 
 
 def free_port() -> int:
@@ -42,6 +45,10 @@ class ServiceProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def error_lines(self) -> list[str]:
+        """The lines of its log that healthy traffic must never leave (`ERROR_LINE`)."""
+        return [line for line in self.log().splitlines() if ERROR_LINE.search(line)]
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -20,7 +20,6 @@ import pytest
 from tests._services import REPO, ServiceProcess, start_engine, start_facade
 from tests.e2e import media_requests as req
 from tests.e2e.squares_requests import run_all
-from tests.e2e.test_no_error_logs_real_stack import ERROR_LINE
 from training import ask_beeps, ask_video, beeps, squares_video
 
 E2E_SEED = 20_261_206
@@ -197,5 +196,5 @@ def test_healthy_clip_traffic_logs_no_error(served: tuple[req.Kind, openai.OpenA
     left in the logs."""
     kind, _ = served
     for service in SERVICES[kind]:
-        errors = [line for line in service.log().splitlines() if ERROR_LINE.search(line)]
+        errors = service.error_lines()
         assert errors == [], errors

@@ -10,7 +10,6 @@ answer (a context-variable token held across `yield` was reset in another contex
 from __future__ import annotations
 
 import concurrent.futures
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,6 @@ WEATHER: Any = {
     "strict": True,
 }
 CLIENTS = 3
-ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback|exception was never retrieved")
 
 
 @pytest.fixture(scope="module")
@@ -111,5 +109,5 @@ def test_healthy_traffic_logs_no_error(stack: tuple[ServiceProcess, ServiceProce
             done.result()
     time.sleep(1.0)  # what the engine logs as a call is torn down comes just after the answer
     for process in (engine, facade):
-        errors = [line for line in process.log().splitlines() if ERROR_LINE.search(line)]
+        errors = process.error_lines()
         assert errors == [], f"{process.log_path.name}:\n" + "\n".join(errors[:20])

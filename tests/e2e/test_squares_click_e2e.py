@@ -29,7 +29,6 @@ import openai
 import pytest
 
 from tests._services import REPO, ServiceProcess, start_engine, start_facade
-from tests.e2e.test_no_error_logs_real_stack import ERROR_LINE
 from training.squares_click import SCREEN_SIZES, Screen, draw_screen, prompt_for
 
 MODEL = REPO / "models" / "squares-click"
@@ -318,5 +317,5 @@ def test_healthy_computer_use_traffic_logs_no_error(services: tuple[ServiceProce
     neither process logged an ERROR line for them. Last in the module: it reads what the loops
     left in the logs."""
     for service in services:
-        errors = [line for line in service.log().splitlines() if ERROR_LINE.search(line)]
+        errors = service.error_lines()
         assert errors == [], errors
