@@ -60,6 +60,92 @@ def test_lookup_extends_incrementally_like_a_fresh_index() -> None:
     assert grown.propose(3) == [15, 99, 16]
 
 
+def _longest_recent_match(
+    history: list[int], count: int, min_ngram: int = 2, max_ngram: int = 6
+) -> list[int]:
+    """Prompt lookup's rule, spelled out: the most recent earlier occurrence (one with a token
+    after it) of the longest suffix of `min_ngram`..`max_ngram` tokens, then what followed it,
+    periodically past the history's end."""
+    size = len(history)
+    for n in range(min(max_ngram, size - 1), min_ngram - 1, -1):
+        suffix = history[size - n :]
+        for end in range(size - 1, n - 1, -1):
+            if history[end - n : end] == suffix:
+                follows = history[end:]
+                return [follows[i % len(follows)] for i in range(count)]
+    return []
+
+
+# Token ids whose bytes (little-endian, four a token) recur inside other tokens' bytes: a search
+# of the plain bytes would match across token boundaries.
+_TRICKY_IDS = [0, 1, 2, 127, 128, 256, 2**8 + 1, 2**16, 2**16 + 1, 2**21, 2**21 + 1, 2**24, 2**27 + 5]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lookup_proposes_by_the_rule_however_the_history_is_fed(seed: int) -> None:
+    """Random histories from a few ids (so n-grams recur) and ids whose bytes overlap, fed in
+    random pieces (one token, a step's few, a prompt's many): each proposal is the rule's."""
+    rng = random.Random(seed)
+    ids = rng.sample(_TRICKY_IDS, 4) if seed % 2 else [rng.randrange(150_000) for _ in range(5)]
+    history = [rng.choice(ids) for _ in range(rng.randrange(1, 120))]
+    min_ngram = rng.choice([1, 2, 3])
+    max_ngram = rng.choice([min_ngram, 4, 6])
+    lookup = PromptLookup(min_ngram=min_ngram, max_ngram=max_ngram)
+    fed = 0
+    while fed < len(history):
+        piece = rng.choice([1, 1, 2, 4, 40])
+        lookup.extend(history[fed : fed + piece])
+        fed = min(len(history), fed + piece)
+        assert len(lookup) == fed
+        for count in (1, 3, 9):
+            expected = _longest_recent_match(history[:fed], count, min_ngram, max_ngram)
+            assert lookup.propose(count) == expected
+
+
+def test_lookup_never_matches_across_token_boundaries() -> None:
+    """256 and 1 as plain four-byte ids (00 01 00 00, 01 00 00 00) hold 01 00 00 00 straddling
+    a boundary; an id that the history never had before its suffix is never proposed from."""
+    history = [256, 1, 256, 1, 7, 1, 0]  # "1 0" never occurred before: nothing to draft
+    assert PromptLookup(history).propose(3) == []
+    assert PromptLookup([2**21, 5, 2**21, 5], max_ngram=2).propose(2) == [2**21, 5]
+
+
+class _GrowingRow:
+    """A DraftingRow whose prompt and taken tokens the test sets."""
+
+    def __init__(self, prompt: list[int]) -> None:
+        self.prompt, self.generated = prompt, []
+        self.key, self.can_draft, self.constrained, self.tokens_left = self, True, False, 100
+
+    @property
+    def context_tokens(self) -> tuple[list[int], list[int]]:
+        return self.prompt, self.generated
+
+    def forced_tokens(self, pending: Any) -> list[int]:
+        return []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_rows_lookup_holds_its_prompt_its_tokens_and_those_in_flight(seed: int) -> None:
+    """Steps take one token or a verify's several, with the previous step's token in flight or
+    none: whatever the order, a row's lookup holds each token once, in order (the row copies a
+    stretch of its prompt, so lookup always has drafts and the row never rests)."""
+    rng = random.Random(seed)
+    row = _GrowingRow(rng.sample(range(1000), rng.randrange(10, 40)))
+    speculator = Speculator(max_draft=4)
+    truth = row.prompt[rng.randrange(5) :] * 20
+    while len(row.generated) < 150:
+        taken = len(row.generated)
+        for pending in (truth[taken : taken + rng.choice([0, 1])], truth[taken : taken + 2])[
+            : rng.choice([1, 2])
+        ]:
+            speculator.drafts([row], [pending])
+            history = [*row.prompt, *row.generated, *pending]
+            assert speculator._rows[row].lookup.window(0, len(history) + 1) == history
+        # The tokens in flight are taken, and a verify's accepted drafts after them.
+        row.generated.extend(truth[taken : taken + max(len(pending), rng.choice([1, 1, 3, 5]))])
+
+
 def test_lookup_respects_the_ngram_bounds() -> None:
     assert PromptLookup([7, 7], min_ngram=1, max_ngram=3).propose(2) == [7, 7]
     with pytest.raises(ValueError):

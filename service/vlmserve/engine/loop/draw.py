@@ -49,6 +49,12 @@ class TokenDraw:
         self.generated: list[int] = []
         self.top_logprobs = request.settings.top_logprobs
         self._logprobs = request.settings.logprobs
+        # The processors are made once: what the speculator asks of every row every step is
+        # worked out here.
+        self._grammar = next((p for p in self.processors if isinstance(p, GrammarLogitsProcessor)), None)
+        self._can_draft = not self._logprobs and all(
+            isinstance(p, GrammarLogitsProcessor) for p in self.processors
+        )
         # The logits the last token was drawn from, until scored; its score, until taken.
         self.scored_logits: Any = None
         self.score: Score | None = None
@@ -106,11 +112,11 @@ class TokenDraw:
     def can_draft(self) -> bool:
         """Drafts can be verified: no logprobs (each verified position would need its own score)
         and no logits processors but the grammar's."""
-        return not self._logprobs and all(isinstance(p, GrammarLogitsProcessor) for p in self.processors)
+        return self._can_draft
 
     @property
     def grammar(self) -> GrammarLogitsProcessor | None:
-        return next((p for p in self.processors if isinstance(p, GrammarLogitsProcessor)), None)
+        return self._grammar
 
     def forced_tokens(self, pending: Sequence[int]) -> list[int]:
         """The tokens the grammar forces after the tokens so far and `pending` (grammar

@@ -33,6 +33,7 @@ grammar's) always verify: their tokens cost nothing to guess.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,9 @@ class StepCosts:
     # worked out again after a measurement in the bucket (`_slope`).
     _per_position: dict[int, float | None] = field(default_factory=dict)
     _prices: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
+    # Per bucket: what `plain` (width 0) and `verify` answered at (rows, width) since its last
+    # measurement (the gate, the width choice and the quiet steps ask ~15 times a step).
+    _answers: dict[int, dict[tuple[int, int], float | None]] = field(default_factory=dict)
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A step of `rows` rows took `seconds`; width 0: a plain step, else a verify's."""
@@ -169,12 +173,17 @@ class StepCosts:
     def _changed(self, size: int) -> None:
         """The bucket's costs moved: what was worked out from them is worked out again."""
         self._per_position.pop(size, None)
+        self._answers.pop(size, None)
         for key in [key for key in self._prices if key[0] == size]:
             del self._prices[key]
 
     def plain(self, rows: int) -> float | None:
         """A plain step's measured seconds (None: not known yet)."""
-        return self._seconds(rows, 0)
+        answers = self._answers.setdefault(bucket(rows), {})
+        key = (rows, 0)
+        if key not in answers:
+            answers[key] = self._seconds(rows, 0)
+        return answers[key]
 
     def _seconds(self, rows: int, width: int) -> float | None:
         """A known kind's seconds at `rows` (None: not known yet)."""
@@ -240,11 +249,13 @@ class StepCosts:
         batch of fewer rows in the same bucket (a nine-wide verify of 9 rows measured at 9.4 ms
         against 13.5 ms for plain steps of 16, and every verify then "won", drafts or none:
         issue 37.1)."""
-        seconds = self._verify(rows, width)
-        if seconds is None:
-            return None
-        plain = self.plain(rows)
-        return max(seconds, plain) if plain is not None else seconds
+        answers = self._answers.setdefault(bucket(rows), {})
+        key = (rows, width)
+        if key not in answers:
+            seconds = self._verify(rows, width)
+            plain = self.plain(rows)
+            answers[key] = max(seconds, plain) if seconds is not None and plain is not None else seconds
+        return answers[key]
 
     def _verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds: measured; else interpolated between the measured
@@ -431,6 +442,26 @@ class StepGate:
             return 0
         every = max(self._probe_every.get(size, _FIRST_PROBE), self._budgeted_gap(rows, plain))
         return max(0, min(QUIET_STEPS, every - self._plain_run.get(size, 0) - 1))
+
+    def headroom(self, offers: Sequence[RowDrafts], max_width: int) -> float:
+        """How far the rows' summed expected accepted drafts (each row's at all it would draft)
+        may rise before a verify step of some width could win: the quiet steps last while they
+        have not (quiet.py). At width w a verify wins once its tokens reach (1 + margin) x the
+        plain step's rate x its cost; each row gives at most its whole hope at any width, so a
+        rise below every width's shortfall leaves each width losing (0: no costs known)."""
+        rows = len(offers)
+        plain = self.costs.plain(rows)
+        if plain is None:
+            return 0.0
+        needed = (1 + self.margin) * rows / plain
+        totals = expected_totals(offers, max_width - 1)
+        shortfall = math.inf
+        for width in range(2, max_width + 1):
+            seconds = self.costs.verify(rows, width)
+            if seconds is None:
+                return 0.0
+            shortfall = min(shortfall, needed * seconds - rows - totals[width - 1])
+        return max(0.0, shortfall) if shortfall != math.inf else 0.0
 
     def plain_step(self, rows: int) -> None:
         """A step `quiet` said is plain ran (it counts toward the next probe)."""
