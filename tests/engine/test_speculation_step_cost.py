@@ -12,7 +12,7 @@ from tests.engine._drafting_row import LookupRow
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.policy import RowDrafts, verify_width
 from vlmserve.engine.speculation.step_clock import StepClock
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate, bucket
+from vlmserve.engine.speculation.step_cost import StepCosts, StepGate, bucket, verify_rate
 
 
 @pytest.mark.parametrize(
@@ -46,6 +46,25 @@ def test_a_cost_is_known_after_three_measurements_then_is_the_median_of_the_rece
     for _ in range(9):  # the last nine only: the machine got slower
         costs.observe(8, 0, 0.3)
     assert costs.plain(8) == pytest.approx(0.3)
+
+
+def test_an_answer_given_before_a_measurement_is_not_given_after_it() -> None:
+    """The gate asks the same prices many times a step (StepCosts keeps its answers): each
+    measurement, and forgetting the plain step's cost, is seen by the next answer."""
+    costs = StepCosts()
+    for _ in range(3):
+        costs.observe(16, 0, 0.003)
+        costs.observe(16, 3, 0.002)  # measured below a plain step: priced at the plain step's
+    assert costs.verify(16, 3) == pytest.approx(0.003)
+    for _ in range(5):
+        costs.observe(16, 3, 0.009)
+    assert costs.verify(16, 3) == pytest.approx(0.009) and costs.plain(16) == pytest.approx(0.003)
+    for _ in range(5):
+        costs.observe(16, 0, 0.012)
+    assert costs.plain(16) == pytest.approx(0.012) and costs.verify(16, 3) == pytest.approx(0.012)
+    costs.forget_plain(16)
+    assert costs.plain(16) is None and costs.verify(16, 3) == pytest.approx(0.009)
+    assert costs.plain(15) is None and costs.verify(12, 3) == pytest.approx(0.009)
 
 
 @pytest.mark.parametrize(
@@ -686,9 +705,86 @@ def test_quiet_steps_skip_the_gate_while_the_rows_stay_and_keep_the_probes_on_ti
     verified = [step for step in range(1, 17) if speculator.speculates(rows)]
     assert verified == [16] and len(asked) == 2  # the first step, then the probe
     assert speculator.counts.forwards == 15
-    rows.append(LookupRow(2000))  # a row joins: weighed again at once
+    rows.append(LookupRow(2000))  # a third row: another bucket, weighed again at once
     speculator.speculates(rows)
     assert len(asked) == 3
+
+
+def test_the_headroom_is_how_far_the_rows_hopes_may_rise_before_a_verify_wins() -> None:
+    # One row, nothing to draft: plain 0.1 s (10.5 tokens a second with the 5 % margin); a
+    # two-wide verify 0.15 s needs 1.575 tokens, 0.575 more than the row's one (wider ones need
+    # more): a hope rising by less leaves every width losing, by more the two-wide one wins.
+    costs = _costs(1, 0.1, {2: 0.15, 5: 0.2})
+    gate = StepGate(costs)
+    headroom = gate.headroom([RESTING], 9)
+    assert headroom == pytest.approx(0.575)
+    needed = (1 + gate.margin) / 0.1
+    below, above = (
+        verify_rate([RowDrafts(1, 0.95 * headroom)], costs, 9),
+        verify_rate([RowDrafts(1, 1.05 * headroom)], costs, 9),
+    )
+    assert below is not None and above is not None and below < needed < above
+    assert gate.headroom([COPYING], 9) == 0.0  # a verify wins already
+    assert StepGate(_costs(1, None, {2: 0.15})).headroom([RESTING], 9) == 0.0  # no plain cost
+
+
+def _quiet_speculator(rows: int) -> tuple[Speculator, list[int]]:
+    """A speculator whose gate finds plain steps winning for `rows` rows with nothing to copy
+    (a verify costs about a plain step: the probes stay due every 16), and its asks' sizes."""
+    speculator = Speculator(max_draft=8)
+    assert speculator.gate is not None
+    gate = speculator.gate
+    for width in (0, 2, 5):
+        for _ in range(3):
+            gate.costs.observe(rows, width, {0: 0.1, 2: 0.105, 5: 0.108}[width])
+    asked: list[int] = []
+    decide = gate.verifies
+
+    def counted(*args: object, **kwargs: bool) -> bool:
+        asked.append(len(args[0]))  # type: ignore[arg-type]
+        return decide(*args, **kwargs)  # type: ignore[arg-type]
+
+    gate.verifies = counted  # type: ignore[method-assign]
+    return speculator, asked
+
+
+def _hopeless(speculator: Speculator, row: LookupRow, rate: float = 0.01) -> LookupRow:
+    """The row, its rate learnt low and its shadow observed (it is not watched)."""
+    state = speculator._state(row)
+    state.length.rate, state.shadow.looks = rate, 2
+    return row
+
+
+@pytest.mark.parametrize(
+    ("joining_rate", "constrained", "asked_again"),
+    [
+        (0.01, False, False),  # hopes nothing: the quiet steps go on
+        (1.0, False, True),  # would copy all it drafts: past the headroom, weighed at once
+        (0.01, True, True),  # a grammar's forced drafts verify whatever the costs
+    ],
+)
+def test_quiet_steps_go_on_while_rows_leave_and_join_unless_a_joining_row_could_win(
+    joining_rate: float, constrained: bool, asked_again: bool
+) -> None:
+    # Six rows (bucket 5-8): the gate is asked at the first step; a row leaves, another joins
+    # in the same bucket. At 16 streams a row leaves or joins every few steps: quiet steps that
+    # ended at every change were asked almost every other step (issue 37.1).
+    speculator, asked = _quiet_speculator(6)
+    rows = [_hopeless(speculator, LookupRow(1000 * i)) for i in range(6)]
+    assert not speculator.speculates(rows) and asked == [6]
+    rows.pop(2)
+    speculator.forget(LookupRow(2000))  # not a row of the batch: nothing happens
+    assert not speculator.speculates(rows)  # a row left: still quiet
+    assert asked == [6]
+    joining = _hopeless(speculator, LookupRow(9000, constrained=constrained), joining_rate)
+    rows.append(joining)
+    speculator.speculates(rows)
+    assert asked == ([6, 6] if asked_again else [6])
+    rows.append(_hopeless(speculator, LookupRow(10_000)))
+    rows.append(_hopeless(speculator, LookupRow(11_000)))
+    rows.append(_hopeless(speculator, LookupRow(12_000)))  # nine rows: another bucket
+    speculator.speculates(rows)
+    assert asked[-1] == 9
 
 
 def test_quiet_steps_count_down_the_rows_rests() -> None:

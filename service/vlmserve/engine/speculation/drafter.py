@@ -23,8 +23,9 @@ from typing import Any, Protocol
 from vlmserve.engine.speculation.lookup import PromptLookup
 from vlmserve.engine.speculation.model_drafter import AnyDrafter
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts, verify_width
+from vlmserve.engine.speculation.quiet import QuietSteps
 from vlmserve.engine.speculation.shadow import Shadow
-from vlmserve.engine.speculation.step_cost import StepCosts, StepGate
+from vlmserve.engine.speculation.step_cost import StepCosts, StepGate, bucket
 
 __all__ = ["DraftingRow", "SpeculationCounts", "Speculator"]
 
@@ -103,11 +104,9 @@ class Speculator:
     _recent_rate: float | None = None
     # The last step's drafts accepted, if it was the step gate's trial (StepGate.reward).
     _trial_accepted: int = 0
-    # Steps the gate said are plain for these rows (StepGate.quiet), and how many of them ran.
-    _quiet_keys: tuple[Hashable, ...] = ()
-    _quiet_steps: int = 0
-    _quiet_ran: int = 0
-    # Rows looked at on the quiet steps too (Shadow.watched).
+    # Steps the gate said are plain (StepGate.quiet, quiet.py), and the rows looked at on them
+    # too (Shadow.watched).
+    _quiet: QuietSteps = field(default_factory=QuietSteps)
     _watched: list[DraftingRow] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -182,17 +181,9 @@ class Speculator:
         first decode step verifies: its drafter starts over the prompt)."""
         if self.gate is None:
             return not self.rests(rows)
-        if self._quiet_steps > 0:
-            if self._quiet_keys == tuple(row.key for row in rows):
-                self._quiet_steps -= 1
-                self._quiet_ran += 1
-                self.gate.plain_step(len(rows))
-                self.counts.forwards += 1
-                if self._watched and self._watch():
-                    self._quiet_steps = 0  # a watched row copies: the gate is asked next step
-                return False
-            self._quiet_steps = 0
-        if self._quiet_ran:
+        if self._quiet.left > 0 and self._quiet_step(rows):
+            return False
+        if self._quiet.ran:
             self._end_quiet()
         if self.rests(rows):
             return False
@@ -232,10 +223,46 @@ class Speculator:
                 self.model_drafter.forget(row)
         self.counts.forwards += 1
         if not certain and not self.gate.trial:
-            self._quiet_keys = tuple(row.key for row in rows)
-            self._quiet_steps = self.gate.quiet(self._rested_offers(rows), self.max_draft + 1)
-            self._watched = watched
+            rested = self._rested_offers(rows)
+            steps = self.gate.quiet(rested, self.max_draft + 1)
+            if steps > 0:
+                hopes = {
+                    row.key: offer.expected(offer.available) for row, offer in zip(rows, rested, strict=True)
+                }
+                headroom = self.gate.headroom(rested, self.max_draft + 1)
+                self._quiet.begin(steps, bucket(len(rows)), hopes, headroom)
+                self._watched = watched
         return False
+
+    def _quiet_step(self, rows: Sequence[DraftingRow]) -> bool:
+        """Whether this step is one of the quiet steps (then it is plain, and counted so). Rows
+        that joined are valued (and watched, where rows are); a constrained one, or any with a
+        drafter model (its first step verifies), or a rise past the headroom: the gate is asked
+        now instead."""
+        assert self.gate is not None
+        keys = tuple(row.key for row in rows)
+        joined = self._quiet.joined(keys, bucket(len(rows)))
+        if joined is None:
+            return False
+        if joined:
+            new = set(joined)
+            for row in rows:
+                if row.key not in new:
+                    continue
+                if row.constrained or self.model_drafter is not None:
+                    self._quiet.left = 0
+                    return False
+                self._quiet.hope(row.key, self._hope(row))
+                if self.shadows and row.can_draft:
+                    self._watched.append(row)
+            if self._quiet.left <= 0:
+                return False
+        self._quiet.runs()
+        self.gate.plain_step(len(rows))
+        self.counts.forwards += 1
+        if self._watched:
+            self._watch()
+        return True
 
     @property
     def shadows(self) -> bool:
@@ -255,43 +282,44 @@ class Speculator:
         self._feed(row, state, ())
         return shadow.look(state.lookup, state.length)
 
-    def _watch(self) -> bool:
+    def _watch(self) -> None:
         """The watched rows' looks on a quiet step (Shadow.watched: a look every few tokens
-        costs a few microseconds a row, asking the gate tens); whether one of them copies."""
-        copying = False
+        costs a few microseconds a row, asking the gate tens): each look moves the row's hope."""
         for row in self._watched:
-            shadow = self._rows[row.key].shadow
-            if shadow.watched and self._look(row) is not None and shadow.copying:
-                copying = True
-        return copying
+            state = self._rows.get(row.key)
+            if state is not None and state.shadow.watched and self._look(row) is not None:
+                self._quiet.hope(row.key, self._hope(row))
+
+    def _hope(self, row: DraftingRow) -> float:
+        """The row's expected accepted drafts once its rest is over, all it would draft."""
+        offer = self._rested_offer(row)
+        return offer.expected(offer.available)
 
     def _rested_offers(self, rows: Sequence[DraftingRow]) -> list[RowDrafts]:
         """What each row will offer once its rest is over (StepGate.quiet): between verifies
         nothing else changes what a row hopes (its rates move at verifies, its hit rates when
         lookup is asked, its drafter model's state only at a verify)."""
-        offers: list[RowDrafts] = []
-        for row in rows:
-            room = min(self.max_draft, row.tokens_left - 1)
-            if room <= 0 or not row.can_draft:
-                offers.append(RowDrafts(0, 0.0))
-                continue
-            state = self._state(row)
-            drafter = self.model_drafter
-            if drafter is None or drafter.ready(row):
-                offers.append(state.length.hoped(room, rested=True))
-            elif self.lookup:
-                offers.append(state.length.hoped(room, lookup_only=True, rested=True))
-            else:
-                offers.append(RowDrafts(0, 0.0))
-        return offers
+        return [self._rested_offer(row) for row in rows]
+
+    def _rested_offer(self, row: DraftingRow) -> RowDrafts:
+        room = min(self.max_draft, row.tokens_left - 1)
+        if room <= 0 or not row.can_draft:
+            return RowDrafts(0, 0.0)
+        state = self._state(row)
+        drafter = self.model_drafter
+        if drafter is None or drafter.ready(row):
+            return state.length.hoped(room, rested=True)
+        if self.lookup:
+            return state.length.hoped(room, lookup_only=True, rested=True)
+        return RowDrafts(0, 0.0)
 
     def _end_quiet(self) -> None:
         """The quiet steps' rests count for the rows that were in them."""
-        for key in self._quiet_keys:
+        keys, ran = self._quiet.end()
+        for key in keys:
             state = self._rows.get(key)
             if state is not None:
-                state.length.rest(self._quiet_ran)
-        self._quiet_ran = 0
+                state.length.rest(ran)
 
     def _offer(self, row: DraftingRow, room: int) -> RowDrafts:
         """What the row hopes to draft this step. A row whose drafter model holds no state for
@@ -422,12 +450,17 @@ class Speculator:
     def _feed(row: DraftingRow, state: _RowState, pending: Sequence[int]) -> None:
         """The lookup index takes the row's tokens it has not seen."""
         prompt, generated = row.context_tokens
-        known = len(prompt) + len(generated) + len(pending)
-        if state.fed < known:
-            history = [*prompt, *generated, *pending] if state.fed < len(prompt) else [*generated, *pending]
-            skip = state.fed if state.fed < len(prompt) else state.fed - len(prompt)
-            state.lookup.extend(history[skip:])
-            state.fed = known
+        fed, before, after = state.fed, len(prompt), len(prompt) + len(generated)
+        known = after + len(pending)
+        if fed >= known:
+            return
+        if fed < before:
+            state.lookup.extend([*prompt[fed:], *generated, *pending])
+        elif fed <= after:
+            state.lookup.extend([*generated[fed - before :], *pending])
+        else:
+            state.lookup.extend(pending[fed - after :])
+        state.fed = known
 
     def start_rate(self) -> float | None:
         """A new row's acceptance rate: the recent rows' (None: the prior, nothing verified yet)."""
@@ -461,6 +494,7 @@ class Speculator:
 
     def forget(self, row: DraftingRow) -> None:
         self._rows.pop(row.key, None)
+        self._watched = [watched for watched in self._watched if watched.key != row.key]
         if self.model_drafter is not None:
             self.model_drafter.forget(row)
 

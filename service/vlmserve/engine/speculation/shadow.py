@@ -75,13 +75,6 @@ class Shadow:
         at one look in 16 steps a copy was noticed only tens of steps late)."""
         return not self.observed or self.scored[1] > 0
 
-    @property
-    def copying(self) -> bool:
-        """Whether the last scored draft was accepted whole, two tokens or more: the gate is
-        asked again at once (the row's rate and length just rose)."""
-        drafted, accepted = self.scored
-        return accepted >= 2 and accepted == drafted
-
     def due(self, known: int) -> bool:
         """Whether a look is due now that the row has taken tokens up to history length `known`."""
         return known - self.seen >= SHADOW_EVERY or (self.seen == 0 and known > 0)
