@@ -678,56 +678,6 @@ def test_plain_steps_pass_quietly_until_a_probe_is_due_or_the_offers_would_win(
     assert gate.quiet(offers, 9) == expected
 
 
-def test_quiet_steps_skip_the_gate_while_the_rows_stay_and_keep_the_probes_on_time() -> None:
-    # Lookup finds nothing for these rows: plain wins. The gate is asked again only when the
-    # quiet steps are over or a row joins, and its probe comes on the same step as when asked
-    # every step (16).
-    speculator = Speculator(max_draft=8)
-    assert speculator.gate is not None
-    gate = speculator.gate
-    for width in (0, 2, 5):
-        for _ in range(3):
-            gate.costs.observe(2, width, {0: 0.1, 2: 0.105, 5: 0.108}[width])
-    rows = [LookupRow(0), LookupRow(1000)]
-    for row in rows:
-        speculator._state(row).length.rate = 0.01
-        # Their shadow drafts observed them already (unobserved rows are looked at every few
-        # steps: test_speculation_shadow.py); a verify costs about a plain step, so probes stay.
-        speculator._state(row).shadow.looks = 2
-    asked: list[int] = []
-    decide = gate.verifies
-
-    def counted(*args: object, **kwargs: bool) -> bool:
-        asked.append(len(args[0]))  # type: ignore[arg-type]
-        return decide(*args, **kwargs)  # type: ignore[arg-type]
-
-    gate.verifies = counted  # type: ignore[method-assign]
-    verified = [step for step in range(1, 17) if speculator.speculates(rows)]
-    assert verified == [16] and len(asked) == 2  # the first step, then the probe
-    assert speculator.counts.forwards == 15
-    rows.append(LookupRow(2000))  # a third row: another bucket, weighed again at once
-    speculator.speculates(rows)
-    assert len(asked) == 3
-
-
-def test_the_headroom_is_how_far_the_rows_hopes_may_rise_before_a_verify_wins() -> None:
-    # One row, nothing to draft: plain 0.1 s (10.5 tokens a second with the 5 % margin); a
-    # two-wide verify 0.15 s needs 1.575 tokens, 0.575 more than the row's one (wider ones need
-    # more): a hope rising by less leaves every width losing, by more the two-wide one wins.
-    costs = _costs(1, 0.1, {2: 0.15, 5: 0.2})
-    gate = StepGate(costs)
-    headroom = gate.headroom([RESTING], 9)
-    assert headroom == pytest.approx(0.575)
-    needed = (1 + gate.margin) / 0.1
-    below, above = (
-        verify_rate([RowDrafts(1, 0.95 * headroom)], costs, 9),
-        verify_rate([RowDrafts(1, 1.05 * headroom)], costs, 9),
-    )
-    assert below is not None and above is not None and below < needed < above
-    assert gate.headroom([COPYING], 9) == 0.0  # a verify wins already
-    assert StepGate(_costs(1, None, {2: 0.15})).headroom([RESTING], 9) == 0.0  # no plain cost
-
-
 def _quiet_speculator(rows: int) -> tuple[Speculator, list[int]]:
     """A speculator whose gate finds plain steps winning for `rows` rows with nothing to copy
     (a verify costs about a plain step: the probes stay due every 16), and its asks' sizes."""
@@ -753,6 +703,38 @@ def _hopeless(speculator: Speculator, row: LookupRow, rate: float = 0.01) -> Loo
     state = speculator._state(row)
     state.length.rate, state.shadow.looks = rate, 2
     return row
+
+
+def test_quiet_steps_skip_the_gate_while_the_rows_stay_and_keep_the_probes_on_time() -> None:
+    # Lookup finds nothing for these rows: plain wins. The gate is asked again only when the
+    # quiet steps are over or the batch changes bucket, and its probe comes on the same step as
+    # when asked every step (16).
+    speculator, asked = _quiet_speculator(2)
+    rows = [_hopeless(speculator, LookupRow(0)), _hopeless(speculator, LookupRow(1000))]
+    verified = [step for step in range(1, 17) if speculator.speculates(rows)]
+    assert verified == [16] and len(asked) == 2  # the first step, then the probe
+    assert speculator.counts.forwards == 15
+    rows.append(LookupRow(2000))  # a third row: another bucket, weighed again at once
+    speculator.speculates(rows)
+    assert len(asked) == 3
+
+
+def test_the_headroom_is_how_far_the_rows_hopes_may_rise_before_a_verify_wins() -> None:
+    # One row, nothing to draft: plain 0.1 s (10.5 tokens a second with the 5 % margin); a
+    # two-wide verify 0.15 s needs 1.575 tokens, 0.575 more than the row's one (wider ones need
+    # more): a hope rising by less leaves every width losing, by more the two-wide one wins.
+    costs = _costs(1, 0.1, {2: 0.15, 5: 0.2})
+    gate = StepGate(costs)
+    headroom = gate.headroom([RESTING], 9)
+    assert headroom == pytest.approx(0.575)
+    needed = (1 + gate.margin) / 0.1
+    below, above = (
+        verify_rate([RowDrafts(1, 0.95 * headroom)], costs, 9),
+        verify_rate([RowDrafts(1, 1.05 * headroom)], costs, 9),
+    )
+    assert below is not None and above is not None and below < needed < above
+    assert gate.headroom([COPYING], 9) == 0.0  # a verify wins already
+    assert StepGate(_costs(1, None, {2: 0.15})).headroom([RESTING], 9) == 0.0  # no plain cost
 
 
 @pytest.mark.parametrize(
