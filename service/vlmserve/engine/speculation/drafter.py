@@ -250,7 +250,7 @@ class Speculator:
                 if row.key not in new:
                     continue
                 if row.constrained or self.model_drafter is not None:
-                    self._quiet.left = 0
+                    self._quiet.stop()
                     return False
                 self._quiet.hope(row.key, self._hope(row))
                 if self.shadows and row.can_draft:

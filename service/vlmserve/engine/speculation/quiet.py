@@ -50,7 +50,7 @@ class QuietSteps:
         left, or the bucket changed), else the keys of rows that joined since the last one,
         whose hopes are to be valued (`hope`) before the step `runs`."""
         if self.left <= 0 or size != self.size:
-            self.left = 0
+            self.stop()
             return None
         if keys == self.keys:
             return []
@@ -62,6 +62,10 @@ class QuietSteps:
         self.left -= 1
         self.ran += 1
 
+    def stop(self) -> None:
+        """No more quiet steps: the gate decides the steps from here."""
+        self.left = 0
+
     def hope(self, key: Hashable, hoped: float) -> None:
         """A row's hope now (a joining row's, or a watched row's after a look): the quiet steps
         end once the rows' summed rise passes the headroom (the gate is asked at the next step
@@ -69,7 +73,7 @@ class QuietSteps:
         self.rise += hoped - self.hopes.get(key, 0.0)
         self.hopes[key] = hoped
         if self.rise > self.headroom:
-            self.left = 0
+            self.stop()
 
     def end(self) -> tuple[Sequence[Hashable], int]:
         """The rows that were in the quiet steps and how many ran (their rests count them)."""
