@@ -399,7 +399,8 @@ class StepGate:
             self._probing[size] = self.probe_steps - 1
             self.trial = True
             return self._verified(size, won=False)
-        if verify > (1 + self.margin) * rows / plain:
+        needed = self._needed(rows, plain)
+        if verify > needed:
             won = self._won_run.get(size, 0) + 1
             if won >= REFRESH_EVERY:
                 return self._refresh(rows)
@@ -411,7 +412,7 @@ class StepGate:
         if run >= max(every, self._budgeted_gap(rows, plain)):
             self._probe_every[size] = min(_LAST_PROBE, 2 * every)
             self._plain_run[size] = 0
-            if observed and verify * (1 + COST_DOUBT) <= (1 + self.margin) * rows / plain:
+            if observed and verify * (1 + COST_DOUBT) <= needed:
                 # The probe would only tell what the shadow drafts have told: it is skipped, as
                 # if it had lost (the gap still doubles, so the quiet steps stay long).
                 return False
@@ -438,7 +439,7 @@ class StepGate:
         if hoping and self._exploring.get(size, 0) < _EXPLORE_STEPS and not self.costs.explored(rows):
             return 0
         verify = verify_rate(offers, self.costs, max_width)
-        if verify is None or verify > (1 + self.margin) * rows / plain:
+        if verify is None or verify > self._needed(rows, plain):
             return 0
         every = max(self._probe_every.get(size, _FIRST_PROBE), self._budgeted_gap(rows, plain))
         return max(0, min(QUIET_STEPS, every - self._plain_run.get(size, 0) - 1))
@@ -453,7 +454,7 @@ class StepGate:
         plain = self.costs.plain(rows)
         if plain is None:
             return 0.0
-        needed = (1 + self.margin) * rows / plain
+        needed = self._needed(rows, plain)
         totals = expected_totals(offers, max_width - 1)
         shortfall = math.inf
         for width in range(2, max_width + 1):
@@ -462,6 +463,11 @@ class StepGate:
                 return 0.0
             shortfall = min(shortfall, needed * seconds - rows - totals[width - 1])
         return max(0.0, shortfall) if shortfall != math.inf else 0.0
+
+    def _needed(self, rows: int, plain: float) -> float:
+        """The tokens a second a verify step must be expected to give to win: the plain step's
+        (`plain` seconds for `rows` tokens), raised by the margin."""
+        return (1 + self.margin) * rows / plain
 
     def plain_step(self, rows: int) -> None:
         """A step `quiet` said is plain ran (it counts toward the next probe)."""
