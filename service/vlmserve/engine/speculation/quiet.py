@@ -8,8 +8,9 @@ rows on this CPU, 3 % of the copying fixture's ~3 ms steps).
 What the rows hope is each one's expected accepted drafts (all it would draft, at its rate once
 its rest is over), summed: the gate says how far that sum may rise before a verify could win
 (`StepGate.headroom`), and the quiet steps last while it has not. A row that joins adds its
-hope; a watched row's shadow look (shadow.py) moves its own. Rows that leave change nothing (a
-row that leaves takes its hope with it). Quiet steps used to end at any change of the batch's
+hope; a watched row's shadow look (shadow.py) moves its own. A row that leaves changes nothing:
+what it hoped, and any rise it brought, stay counted until the quiet steps end (it made a
+verify no likelier to win than it counted for). Quiet steps used to end at any change of the batch's
 rows and at any watched row's look that copied: at 16 streams a row leaves or joins every few
 steps and every row of a copying workload copies, so they were asked almost every other step
 (issue 37.1).
