@@ -226,9 +226,7 @@ class Speculator:
             rested = self._rested_offers(rows)
             steps = self.gate.quiet(rested, self.max_draft + 1)
             if steps > 0:
-                hopes = {
-                    row.key: offer.expected(offer.available) for row, offer in zip(rows, rested, strict=True)
-                }
+                hopes = {row.key: offer.hope for row, offer in zip(rows, rested, strict=True)}
                 headroom = self.gate.headroom(rested, self.max_draft + 1)
                 self._quiet.begin(steps, bucket(len(rows)), hopes, headroom)
                 self._watched = watched
@@ -292,8 +290,7 @@ class Speculator:
 
     def _hope(self, row: DraftingRow) -> float:
         """The row's expected accepted drafts once its rest is over, all it would draft."""
-        offer = self._rested_offer(row)
-        return offer.expected(offer.available)
+        return self._rested_offer(row).hope
 
     def _rested_offers(self, rows: Sequence[DraftingRow]) -> list[RowDrafts]:
         """What each row will offer once its rest is over (StepGate.quiet): between verifies

@@ -143,6 +143,11 @@ class RowDrafts:
         """Expected accepted drafts when it verifies at most `drafts` of them."""
         return self.chance * expected_tokens(self.rate, min(self.available, drafts))
 
+    @property
+    def hope(self) -> float:
+        """Expected accepted drafts when it verifies all it has."""
+        return self.expected(self.available)
+
 
 def expected_tokens(rate: float, drafts: int) -> float:
     """Expected accepted drafts when each is accepted with `rate` until the first rejection."""
