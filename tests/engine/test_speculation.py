@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine._drafting_row import LookupRow
+from tests.engine._drafting_row import LookupRow, ScriptedRow
 from vlmserve.engine.sampling import SamplingSettings, TokenSampler
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import Speculator
@@ -110,30 +110,16 @@ def test_lookup_never_matches_across_token_boundaries() -> None:
     assert PromptLookup([2**21, 5, 2**21, 5], max_ngram=2).propose(2) == [2**21, 5]
 
 
-class _GrowingRow:
-    """A DraftingRow whose prompt and taken tokens the test sets."""
-
-    def __init__(self, prompt: list[int]) -> None:
-        self.prompt, self.generated = prompt, []
-        self.key, self.can_draft, self.constrained, self.tokens_left = self, True, False, 100
-
-    @property
-    def context_tokens(self) -> tuple[list[int], list[int]]:
-        return self.prompt, self.generated
-
-    def forced_tokens(self, pending: Any) -> list[int]:
-        return []
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_a_rows_lookup_holds_its_prompt_its_tokens_and_those_in_flight(seed: int) -> None:
     """Steps take one token or a verify's several, with the previous step's token in flight or
     none: whatever the order, a row's lookup holds each token once, in order (the row copies a
     stretch of its prompt, so lookup always has drafts and the row never rests)."""
     rng = random.Random(seed)
-    row = _GrowingRow(rng.sample(range(1000), rng.randrange(10, 40)))
+    prompt = rng.sample(range(1000), rng.randrange(10, 40))
+    truth = prompt[rng.randrange(5) :] * 20
+    row = ScriptedRow(prompt, truth)  # its first token taken
     speculator = Speculator(max_draft=4)
-    truth = row.prompt[rng.randrange(5) :] * 20
     while len(row.generated) < 150:
         taken = len(row.generated)
         for pending in (truth[taken : taken + rng.choice([0, 1])], truth[taken : taken + 2])[

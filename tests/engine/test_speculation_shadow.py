@@ -4,10 +4,9 @@ Pure: the rows are scripted, the step costs fed as the verifier's clock would.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 
+from tests.engine._drafting_row import ScriptedRow
 from vlmserve.engine.speculation.drafter import Speculator
 from vlmserve.engine.speculation.lookup import PromptLookup
 from vlmserve.engine.speculation.policy import DraftLength, RowDrafts
@@ -104,37 +103,7 @@ def test_rows_observed_on_plain_steps_are_probed_only_where_their_drafts_could_p
     assert verified[:3] == expected
 
 
-class _ScriptedRow:
-    """A row whose tokens are scripted (what the target would take, greedy): a prompt, then
-    `script` token by token however many a step gives it."""
-
-    def __init__(self, prompt: Sequence[int], script: Sequence[int]) -> None:
-        self.prompt = list(prompt)
-        self.script = list(script)
-        self.generated: list[int] = [self.script[0]]
-        self.constrained = False
-        self.can_draft = True
-
-    @property
-    def key(self) -> _ScriptedRow:
-        return self
-
-    @property
-    def tokens_left(self) -> int:
-        return len(self.script) - len(self.generated)
-
-    @property
-    def context_tokens(self) -> tuple[list[int], list[int]]:
-        return self.prompt, self.generated
-
-    def forced_tokens(self, pending: object) -> list[int]:
-        return []
-
-    def take_prompt_hidden(self) -> None:
-        return None
-
-
-def _decode(speculator: Speculator, row: _ScriptedRow) -> list[tuple[int, int]]:
+def _decode(speculator: Speculator, row: ScriptedRow) -> list[tuple[int, int]]:
     """Decodes the row to its script's end; each verify step's (position, accepted drafts)."""
     verifies = []
     while row.tokens_left > 0:
@@ -162,7 +131,7 @@ def test_nothing_to_copy_runs_plain_without_probes_and_a_copy_after_it_is_notice
     prompt = [*passage, 7, 8]
     # 1,500 tokens with nothing to copy, then the passage copied.
     script = [*range(10_000, 11_500), *passage]
-    verifies = _decode(speculator, _ScriptedRow(prompt, script))
+    verifies = _decode(speculator, ScriptedRow(prompt, script))
     during_nothing = [at for at, _ in verifies if at < 1500]
     assert during_nothing == []  # unobserved, a probe every ~150 plain steps (1 % of their time)
     copied = [(at, accepted) for at, accepted in verifies if at >= 1500]
@@ -175,7 +144,7 @@ def test_nothing_to_copy_runs_plain_without_probes_and_a_copy_after_it_is_notice
 def test_watched_rows_are_looked_at_every_few_steps_without_asking_the_gate() -> None:
     speculator = Speculator(max_draft=8, gate=StepGate(_costs(1, 0.1, {2: 0.2, 5: 0.25, 9: 0.3})))
     assert speculator.gate is not None
-    row = _ScriptedRow(list(range(5000, 5020)), list(range(10_000, 10_200)))
+    row = ScriptedRow(list(range(5000, 5020)), list(range(10_000, 10_200)))
     asked: list[int] = []
     decide = speculator.gate.verifies
 
