@@ -10,6 +10,7 @@ forward inside `verify_forward`, which makes its logits the ones of the steps it
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -54,11 +55,16 @@ def trimmable_batch(layer: CacheLayer) -> bool:
     vector stored on its own (full precision, uniform groups along the head dimension,
     turboquant per-vector codes), or a sliding-window one (`BatchRotatingKVCache`, see
     `_roll_back_windowed`)."""
+    return type(layer) in _trimmable_types()
+
+
+@functools.cache
+def _trimmable_types() -> frozenset[type]:
+    """The layer classes `trimmable_batch` accepts, found once: the verifier asks of every layer
+    at every step (an import and a class built per layer cost ~0.8 us: 40 us a step at 48 layers)."""
     from mlx_vlm.models.cache import BatchKVCache, BatchQuantizedKVCache, BatchRotatingKVCache
 
-    return type(layer) in (BatchKVCache, BatchQuantizedKVCache, BatchRotatingKVCache) or (
-        type(layer) is turbo_batch_class()
-    )
+    return frozenset((BatchKVCache, BatchQuantizedKVCache, BatchRotatingKVCache, turbo_batch_class()))
 
 
 def roll_back_batch(layer: CacheLayer, common: int, rest: Sequence[int]) -> None:

@@ -24,6 +24,7 @@ fewer drafts) must go.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -34,8 +35,16 @@ __all__ = ["RecurrentVerify", "begin_verify", "can_roll_back", "roll_back_rows",
 
 def _recorded(layer: Any) -> bool:
     """A layer whose per-position states mlx-vlm's transaction records (recurrent state)."""
-    return callable(getattr(layer, "start_speculation", None)) and callable(
-        getattr(layer, "commit_speculation", None)
+    kind: type = type(layer)
+    return _recorded_type(kind)
+
+
+@functools.cache
+def _recorded_type(kind: type) -> bool:
+    """Whether a layer class has mlx-vlm's speculation transaction (asked once per class: the
+    verifier asks of every layer at every step)."""
+    return callable(getattr(kind, "start_speculation", None)) and callable(
+        getattr(kind, "commit_speculation", None)
     )
 
 
