@@ -61,7 +61,8 @@ def test_an_answer_given_before_a_measurement_is_not_given_after_it() -> None:
     assert costs.verify(16, 3) == pytest.approx(0.009) and costs.plain(16) == pytest.approx(0.003)
     for _ in range(5):
         costs.observe(16, 0, 0.012)
-    assert costs.plain(16) == pytest.approx(0.012) and costs.verify(16, 3) == pytest.approx(0.012)
+    # The verifies were measured beside plain steps of 3 ms: they move with the plain step.
+    assert costs.plain(16) == pytest.approx(0.012) and costs.verify(16, 3) == pytest.approx(0.018)
     costs.forget_plain(16)
     assert costs.plain(16) is None and costs.verify(16, 3) == pytest.approx(0.009)
     assert costs.plain(15) is None and costs.verify(12, 3) == pytest.approx(0.009)
@@ -657,6 +658,36 @@ def test_a_drafter_models_rows_draft_again_at_a_probe_after_the_plain_cost_is_me
         costs.observe(1, 0, 0.1)
     assert gate.verifies([RESTING], 9) and gate.trial  # a two-step probe: its rows draft again
     assert gate.verifies([RESTING], 9) and gate.trial
+
+
+@pytest.mark.parametrize(
+    ("plain_after", "expected"),
+    [
+        (0.0019, 0.0026),  # the same plain steps: as measured
+        (0.0036, 0.0043),  # plain steps 1.7 ms dearer (rows sampling at temperature 1): the verify too
+        (0.0010, 0.0026),  # cheaper: never below what it was measured at (the plain cost may be stale)
+    ],
+)
+def test_a_verify_is_priced_with_the_plain_steps_move_since_it_was_measured(
+    plain_after: float, expected: float
+) -> None:
+    costs = _costs(4, 0.0019, {2: 0.0026})
+    for _ in range(9):
+        costs.observe(4, 0, plain_after)
+    assert costs.plain(4) == pytest.approx(plain_after)
+    assert costs.verify(4, 2) == pytest.approx(expected)
+
+
+def test_rows_with_little_hope_run_plain_once_the_plain_step_got_dearer_than_the_verifies_were() -> None:
+    """Greedy rows measured the verifies (plain 1.9 ms a step of 4 rows); rows sampling at
+    temperature 1 followed (plain 3.9 ms) with a hope of 8 % of four drafts each: priced as
+    measured, every verify came out below a plain step, was priced as one, and won."""
+    costs = _costs(4, 0.00193, {2: 0.0026, 5: 0.00335})
+    for _ in range(9):
+        costs.observe(4, 0, 0.0039)
+    offers = [RowDrafts(4, 1.0, 0.08)] * 4
+    assert costs.verify(4, 5) == pytest.approx(0.00335 + 0.0039 - 0.00193)
+    assert not StepGate(costs).verifies(offers, 9)
 
 
 @pytest.mark.parametrize(

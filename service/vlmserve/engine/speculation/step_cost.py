@@ -102,14 +102,18 @@ class _Cost:
 
     count: int = 0
     _recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    # A verify's: the plain step's seconds at each measurement's rows when it was measured (None:
+    # not known then), beside `_recent` (StepCosts.drift).
+    references: deque[float | None] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     # What the gate asks again and again between measurements: the slope (None: not worked out
     # since the last measurement) and the seconds at (rows, slope).
     _slope: tuple[float | None] | None = None
     _at: dict[tuple[int, float], float] = field(default_factory=dict)
 
-    def add(self, rows: int, seconds: float) -> None:
+    def add(self, rows: int, seconds: float, reference: float | None = None) -> None:
         self.count += 1
         self._recent.append((rows, seconds))
+        self.references.append(reference)
         self._slope = None
         self._at.clear()
 
@@ -167,7 +171,8 @@ class StepCosts:
         if rows <= 0 or seconds <= 0:
             return
         size = bucket(rows)
-        self._steps.setdefault((size, width), _Cost()).add(rows, seconds)
+        reference = self.plain(rows) if width > 0 else None
+        self._steps.setdefault((size, width), _Cost()).add(rows, seconds, reference)
         self._changed(size)
 
     def _changed(self, size: int) -> None:
@@ -239,9 +244,33 @@ class StepCosts:
         priced = self._prices.get((size, rows))
         if priced is None:
             known = sorted(w for (b, w), cost in self._steps.items() if b == size and w > 0 and cost.known)
-            priced = {w: self._steps[(size, w)].at(rows, self._slope(size, w)) for w in known}
+            priced = {
+                w: self._steps[(size, w)].at(rows, self._slope(size, w)) + self._drift(self._steps[(size, w)])
+                for w in known
+            }
             self._prices[(size, rows)] = priced
         return priced
+
+    def _drift(self, cost: _Cost) -> float:
+        """How far the plain step's cost has moved since a verify kind was measured (the median,
+        over its measurements that had a plain cost then, of the plain step's seconds at their
+        rows now less then), added to its price: a step's sampling and handing out costs a plain
+        step and a verify alike, and moves with the rows' requests, not with the width. Measured
+        where greedy rows ran (a plain step of 4 rows 1.9 ms on the MTP fixture), verifies kept
+        those prices when rows sampling at temperature 1 followed (plain 3.6-3.9 ms): two- and
+        three-wide verifies came out below a plain step, were priced as one, and rows with
+        nothing to copy verified at a hope of 5 % of a token (the lookup `nothing` cells 0.94-0.96x
+        of `off` at 2-8 streams when they followed `greedy` cells, 1.00-1.03x alone; issue 37.1).
+        Never below 0: the plain cost a verify was measured beside may be stale (while verifies
+        win no plain step is measured, `StepGate._refresh`), and a verify priced below what it
+        was measured at makes the gate verify on the stale figure, where one priced above it
+        only makes it wait for a probe."""
+        moved = []
+        for (rows, _), then in zip(cost._recent, cost.references, strict=True):
+            now = self.plain(rows) if then is not None else None
+            if now is not None and then is not None:
+                moved.append(now - then)
+        return max(0.0, _median(moved)) if moved else 0.0
 
     def verify(self, rows: int, width: int) -> float | None:
         """A verify step of `width`'s seconds (`_verify`), never less than a plain step's: a
