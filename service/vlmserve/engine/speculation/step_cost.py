@@ -103,8 +103,8 @@ class _Cost:
     count: int = 0
     _recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     # A verify's: the plain step's seconds at each measurement's rows when it was measured (None:
-    # not known then), beside `_recent` (StepCosts.drift).
-    references: deque[float | None] = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    # not known then), beside `_recent` (StepCosts._drift).
+    _references: deque[float | None] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     # What the gate asks again and again between measurements: the slope (None: not worked out
     # since the last measurement) and the seconds at (rows, slope).
     _slope: tuple[float | None] | None = None
@@ -113,9 +113,17 @@ class _Cost:
     def add(self, rows: int, seconds: float, reference: float | None = None) -> None:
         self.count += 1
         self._recent.append((rows, seconds))
-        self.references.append(reference)
+        self._references.append(reference)
         self._slope = None
         self._at.clear()
+
+    def references(self) -> list[tuple[int, float]]:
+        """Each recent measurement's rows and the plain step's seconds at them then, where known."""
+        return [
+            (rows, then)
+            for (rows, _), then in zip(self._recent, self._references, strict=True)
+            if then is not None
+        ]
 
     @property
     def known(self) -> bool:
@@ -256,20 +264,17 @@ class StepCosts:
         over its measurements that had a plain cost then, of the plain step's seconds at their
         rows now less then), added to its price: a step's sampling and handing out costs a plain
         step and a verify alike, and moves with the rows' requests, not with the width. Measured
-        where greedy rows ran (a plain step of 4 rows 1.9 ms on the MTP fixture), verifies kept
+        where greedy rows ran (a plain step of 4 rows 1.9 ms on the Qwen3.5 fixture), verifies kept
         those prices when rows sampling at temperature 1 followed (plain 3.6-3.9 ms): two- and
         three-wide verifies came out below a plain step, were priced as one, and rows with
-        nothing to copy verified at a hope of 5 % of a token (the lookup `nothing` cells 0.94-0.96x
-        of `off` at 2-8 streams when they followed `greedy` cells, 1.00-1.03x alone; issue 37.1).
+        nothing to copy verified at a hope of 5 % of a token (lookup with nothing to copy at 2-8
+        streams: 0.94-0.96x of `off` in a run with `greedy` cells between, 1.00-1.03x in one
+        without; issue 37.1, docs/performance.md).
         Never below 0: the plain cost a verify was measured beside may be stale (while verifies
         win no plain step is measured, `StepGate._refresh`), and a verify priced below what it
         was measured at makes the gate verify on the stale figure, where one priced above it
         only makes it wait for a probe."""
-        moved = []
-        for (rows, _), then in zip(cost._recent, cost.references, strict=True):
-            now = self.plain(rows) if then is not None else None
-            if now is not None and then is not None:
-                moved.append(now - then)
+        moved = [now - then for rows, then in cost.references() if (now := self.plain(rows)) is not None]
         return max(0.0, _median(moved)) if moved else 0.0
 
     def verify(self, rows: int, width: int) -> float | None:
