@@ -7,23 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-# A token no test row takes.
-_NEVER = 999_999
-
 
 class LookupRow:
     """A DraftingRow with a history that never repeats (lookup finds nothing)."""
 
-    def __init__(
-        self, start: int, *, constrained: bool = False, can_draft: bool = True, recurring: bool = False
-    ) -> None:
+    def __init__(self, start: int, *, constrained: bool = False, can_draft: bool = True) -> None:
         self.generated = [start]
         self.constrained = constrained
         self.can_draft = can_draft
         self.tokens_left = 100
-        # `recurring`: its first token also comes before it, so lookup may draft after the next
-        # token (the speculator weighs the row) though it never finds anything to draft.
-        self.prompt = [start, _NEVER] if recurring else []
 
     @property
     def key(self) -> LookupRow:
@@ -31,7 +23,7 @@ class LookupRow:
 
     @property
     def context_tokens(self) -> tuple[list[int], list[int]]:
-        return self.prompt, self.generated
+        return [], self.generated
 
     def forced_tokens(self, pending: Any) -> list[int]:
         return []

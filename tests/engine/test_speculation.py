@@ -102,37 +102,6 @@ def test_lookup_proposes_by_the_rule_however_the_history_is_fed(seed: int) -> No
             assert lookup.propose(count) == expected
 
 
-@pytest.mark.parametrize(
-    ("history", "min_ngram", "expected"),
-    [
-        ([], 2, False),
-        ([1], 2, False),  # one token and the next: no earlier pair
-        ([1, 2], 2, False),  # the last token does not recur
-        ([2, 2], 2, True),  # (2, next) may be (2, 2)
-        ([1, 2, 1], 2, True),
-        ([1, 2, 3, 1, 2], 3, True),  # (1, 2, next) may be (1, 2, 3)
-        ([1, 2, 3, 3, 2], 3, False),  # (3, 2) does not recur
-        ([7], 1, True),  # any token may recur
-    ],
-)
-def test_lookup_knows_when_its_next_proposal_is_sure_to_be_empty(
-    history: list[int], min_ngram: int, expected: bool
-) -> None:
-    assert PromptLookup(history, min_ngram=min_ngram).may_propose_next() is expected
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_where_lookup_says_its_next_proposal_is_empty_no_next_token_makes_one(seed: int) -> None:
-    rng = random.Random(seed)
-    min_ngram = rng.choice([1, 2, 3])
-    history = [rng.randrange(6) for _ in range(rng.randrange(1, 30))]
-    lookup = PromptLookup(history, min_ngram=min_ngram)
-    may = lookup.may_propose_next()
-    proposals = [PromptLookup([*history, token], min_ngram=min_ngram).propose(3) for token in range(7)]
-    assert may or not any(proposals)
-    assert may is (len(history) >= min_ngram and (min_ngram == 1 or any(proposals)))
-
-
 def test_lookup_never_matches_across_token_boundaries() -> None:
     """256 and 1 as plain four-byte ids (00 01 00 00, 01 00 00 00) hold 01 00 00 00 straddling
     a boundary; an id that the history never had before its suffix is never proposed from."""

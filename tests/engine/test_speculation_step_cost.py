@@ -614,31 +614,10 @@ def test_a_row_whose_drafter_has_no_state_hopes_only_for_lookups_drafts(
         speculator.gate.costs.observe(1, 1, 0.1)
         speculator.gate.costs.observe(1, 5, 0.12)
     row = LookupRow(0)
-    row.generated.extend([1, 0])  # not its first decode step; its last token recurs (lookup may draft)
+    row.generated.append(1)  # not its first decode step
     drafter.held = {row.key} if ready else set()
     speculator._state(row).length.lookup_hit = lookup_hit
     assert speculator.speculates([row]) is verifies
-
-
-@pytest.mark.parametrize(("generated", "verifies"), [([5, 6, 5], True), ([5, 6, 7], False)])
-def test_lookup_rows_whose_next_proposal_is_sure_to_be_empty_neither_verify_nor_probe(
-    generated: list[int], verifies: bool
-) -> None:
-    """Lookup drafts alone: where no row's last token recurs, no drafts can come of the token in
-    flight, so the step stays plain (double-buffered) without asking the gate: no probe either,
-    though one is due."""
-    speculator = Speculator(max_draft=4)
-    gate = speculator.gate
-    assert gate is not None
-    for _ in range(3):  # a verify of 5 costs 1.2 plain steps: drafts at the prior rate 0.6 pay
-        gate.costs.observe(1, 0, 0.1)
-        gate.costs.observe(1, 5, 0.12)
-    row = LookupRow(0)
-    row.generated[:] = generated
-    gate._plain_run[1] = 10_000  # a probe is due
-    assert speculator.speculates([row]) is verifies
-    if not verifies:
-        assert gate.trial is False and gate._probe_every[1] == 32  # the probe due: skipped
 
 
 def test_width_one_costs_at_least_a_plain_step_when_widths_are_weighed() -> None:
@@ -762,14 +741,11 @@ def test_quiet_steps_skip_the_gate_while_the_rows_stay_and_keep_the_probes_on_ti
     # quiet steps are over or the batch changes bucket, and its probe comes on the same step as
     # when asked every step (16).
     speculator, asked = _quiet_speculator(2)
-    rows = [
-        _hopeless(speculator, LookupRow(0, recurring=True)),
-        _hopeless(speculator, LookupRow(1000, recurring=True)),
-    ]
+    rows = [_hopeless(speculator, LookupRow(0)), _hopeless(speculator, LookupRow(1000))]
     verified = [step for step in range(1, 17) if speculator.speculates(rows)]
     assert verified == [16] and len(asked) == 2  # the first step, then the probe
     assert speculator.counts.forwards == 15
-    rows.append(LookupRow(2000, recurring=True))  # a third row: another bucket, weighed again at once
+    rows.append(LookupRow(2000))  # a third row: another bucket, weighed again at once
     speculator.speculates(rows)
     assert len(asked) == 3
 
@@ -807,19 +783,19 @@ def test_quiet_steps_go_on_while_rows_leave_and_join_unless_a_joining_row_could_
     # in the same bucket. At 16 streams a row leaves or joins every few steps: quiet steps that
     # ended at every change were asked almost every other step (issue 37.1).
     speculator, asked = _quiet_speculator(6)
-    rows = [_hopeless(speculator, LookupRow(1000 * i, recurring=True)) for i in range(6)]
+    rows = [_hopeless(speculator, LookupRow(1000 * i)) for i in range(6)]
     assert not speculator.speculates(rows) and asked == [6]
     rows.pop(2)
     speculator.forget(LookupRow(2000))  # not a row of the batch: nothing happens
     assert not speculator.speculates(rows)  # a row left: still quiet
     assert asked == [6]
-    joining = _hopeless(speculator, LookupRow(9000, constrained=constrained, recurring=True), joining_rate)
+    joining = _hopeless(speculator, LookupRow(9000, constrained=constrained), joining_rate)
     rows.append(joining)
     speculator.speculates(rows)
     assert asked == ([6, 6] if asked_again else [6])
-    rows.append(_hopeless(speculator, LookupRow(10_000, recurring=True)))
-    rows.append(_hopeless(speculator, LookupRow(11_000, recurring=True)))
-    rows.append(_hopeless(speculator, LookupRow(12_000, recurring=True)))  # nine rows: another bucket
+    rows.append(_hopeless(speculator, LookupRow(10_000)))
+    rows.append(_hopeless(speculator, LookupRow(11_000)))
+    rows.append(_hopeless(speculator, LookupRow(12_000)))  # nine rows: another bucket
     speculator.speculates(rows)
     assert asked[-1] == 9
 
@@ -830,12 +806,12 @@ def test_quiet_steps_count_down_the_rows_rests() -> None:
     for width in (0, 2, 5):
         for _ in range(3):
             speculator.gate.costs.observe(1, width, {0: 0.1, 2: 0.3, 5: 0.5}[width])
-    row = LookupRow(0, recurring=True)
+    row = LookupRow(0)
     length = speculator._state(row).length
     length.rate = 0.1
     length._cooldown = 8
     for _ in range(6):
         assert not speculator.speculates([row])
-    other = LookupRow(1000, recurring=True)
+    other = LookupRow(1000)
     speculator.speculates([row, other])  # the rows changed: the quiet steps' rests count
     assert length._cooldown == 2

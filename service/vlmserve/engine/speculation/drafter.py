@@ -213,9 +213,7 @@ class Speculator:
             starts = self._starts_drafter(row) and not self.gate.losing(len(rows))
             certain = certain or row.constrained or starts
             offers.append(self._offer(row, room))
-        if self.model_drafter is None and not certain and not any(offer.available for offer in offers):
-            self.gate.unasked(len(rows))  # lookup can find nothing for any row (`_offer`)
-        elif self.gate.verifies(offers, self.max_draft + 1, certain=certain, observed=observed):
+        if self.gate.verifies(offers, self.max_draft + 1, certain=certain, observed=observed):
             return True
         for row in rows:
             state = self._rows.get(row.key)
@@ -329,23 +327,11 @@ class Speculator:
         DFlash fixture, one row, greedy, 89 of 125 won verifies (issue 37.1). It drafts again
         after a trial (a drafter model's probe lasts two steps) or a verify that lookup's
         drafts win."""
-        state = self._state(row)
-        length = state.length
+        length = self._state(row).length
         drafter = self.model_drafter
-        ready = drafter is not None and drafter.ready(row)
-        if not ready and not row.constrained:
-            # Lookup's drafts alone: none this step where its next proposal is sure to be empty
-            # (the history's last token does not recur), known before the token in flight is
-            # read. On the Qwen3.5 fixture, with nothing to copy, 13 % of the steps at 1-2 rows
-            # read it to verify and found nothing (issue 37.1).
-            if not self.lookup:
-                return RowDrafts(0, 0.0)
-            self._feed(row, state, ())
-            if not state.lookup.may_propose_next():
-                return RowDrafts(0, 0.0)
-        if drafter is None or ready:
+        if drafter is None or drafter.ready(row):
             return length.hoped(room)
-        return length.hoped(room, lookup_only=True)
+        return length.hoped(room, lookup_only=True) if self.lookup else RowDrafts(0, 0.0)
 
     def _starts_drafter(self, row: DraftingRow) -> bool:
         """Whether this is the row's first decode step with a drafter model that has no state

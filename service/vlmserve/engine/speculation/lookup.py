@@ -90,16 +90,6 @@ class PromptLookup:
         found = data.rfind(data[(size - n) * _WIDTH :], 0, (size - 1) * _WIDTH)
         return None if found < 0 else found // _WIDTH + n
 
-    def may_propose_next(self) -> bool:
-        """Whether `propose` could find anything once one more token follows the history: its
-        last `min_ngram - 1` tokens recur earlier (every n-gram a match needs ends with them and
-        that token). Where False, the next proposal is empty whatever the token: the speculator
-        knows it before the token in flight is read (a step that reads it to verify nothing
-        loses the plain step's double buffering)."""
-        if len(self._tokens) < self._min:
-            return False
-        return self._min == 1 or self._end_of(self._min - 1) is not None
-
     def propose(self, count: int) -> list[int]:
         """Up to `count` tokens that followed the longest recent match of the history's suffix
         (none when no n-gram of at least `min_ngram` tokens recurs)."""

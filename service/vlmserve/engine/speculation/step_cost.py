@@ -508,20 +508,6 @@ class StepGate:
         size = bucket(rows)
         self._plain_run[size] = self._plain_run.get(size, 0) + 1
 
-    def unasked(self, rows: int) -> None:
-        """A plain step the gate was not asked about (no row has anything to verify: a verify
-        would measure nothing, so neither a probe nor exploration runs), and no trial. A probe
-        that falls due is skipped as if it had lost: the gap doubles, so the quiet steps after
-        the next ask stay long."""
-        self.trial = False
-        size = bucket(rows)
-        run = self._plain_run.get(size, 0) + 1
-        every = self._probe_every.get(size, _FIRST_PROBE)
-        if run >= every:
-            self._probe_every[size] = min(_LAST_PROBE, 2 * every)
-            run = 0
-        self._plain_run[size] = run
-
     def _refresh(self, rows: int) -> bool:
         """After REFRESH_EVERY verify steps won in a row, a plain step (then three, until its
         cost is known again): while verifies win, plain steps are not measured, so a plain cost
