@@ -10,8 +10,10 @@ assumed: `StepCosts` keeps the recent wall times from one step's start to the ne
 bucket, for plain steps and for verify steps of each width, and prices a step at its own rows
 within the bucket (`_Cost`: the median moved along a per-row slope); a verify never costs less
 than a plain step, is charged what the plain steps next to it cost beyond one (the double
-buffering it breaks: step_clock.py `StepClock`, which times the steps). A step that also
-ran a prompt's work or computed nothing is not counted (`StepClock.disturbed`).
+buffering it breaks: step_clock.py `StepClock`, which times the steps), and moves up with the
+plain step's cost since it was measured (`StepCosts._drift`: the rows' sampling costs both
+alike). A step that also ran a prompt's work or computed nothing is not counted
+(`StepClock.disturbed`).
 
 `StepGate` decides at each step's start, for the batch at hand, whether to verify: the expected
 tokens per second of the best verify width (each row's hoped drafts and acceptance rate,
