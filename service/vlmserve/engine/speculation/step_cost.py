@@ -253,11 +253,11 @@ class StepCosts:
         size = bucket(rows)
         priced = self._prices.get((size, rows))
         if priced is None:
-            known = sorted(w for (b, w), cost in self._steps.items() if b == size and w > 0 and cost.known)
-            priced = {
-                w: self._steps[(size, w)].at(rows, self._slope(size, w)) + self._drift(self._steps[(size, w)])
-                for w in known
-            }
+            known = sorted(
+                ((w, cost) for (b, w), cost in self._steps.items() if b == size and w > 0 and cost.known),
+                key=lambda item: item[0],
+            )
+            priced = {w: cost.at(rows, self._slope(size, w)) + self._drift(cost) for w, cost in known}
             self._prices[(size, rows)] = priced
         return priced
 
