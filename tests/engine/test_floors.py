@@ -16,7 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 # Lowest first.
 FLOORS: list[tuple[str, ...]] = [
     # Leaves: they import nothing else of the engine.
-    ("request_errors", "process_group", "metrics", "kv", "toolcalls", "load_progress"),
+    ("request_errors", "process_group", "metrics", "kv", "toolcalls", "load_progress", "token_choice"),
     # settings and the sampler; the computer tool in the model's terms; bounded clip decoding
     ("sampling", "computer", "media"),
     ("grammar", "output"),  # constrained output and the output side, both on the tool-call formats

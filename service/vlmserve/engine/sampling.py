@@ -1,19 +1,23 @@
 """Request sampling settings (validated, pure) and the per-request token sampler (MLX).
 
 `settings_from_proto` runs on the gRPC side and refuses bad values with INVALID_ARGUMENT.
-`TokenSampler` runs on the generation thread only. Each sampler owns its random key, so a
-seeded request samples the same tokens however it is interleaved with other requests.
+`TokenSampler` runs on the generation thread only. Each sampler owns its random streams (an MLX
+key and a host generator, both from the request's seed), so a seeded request samples the same
+tokens however it is interleaved with other requests and whatever batch it is chosen in
+(token_choice.py chooses a step's rows together).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vlmserve.engine.request_errors import invalid_argument
+from vlmserve.engine.token_choice import choose_tokens
 from vlmserve.engine.v1 import engine_pb2 as pb
 
 __all__ = [
@@ -134,6 +138,9 @@ class TokenSampler:
         self.top_k = int(top_k) if top_k is not None else 0
         seed = settings.seed if settings.seed is not None else secrets.randbits(63)
         self._key = mx.random.key(seed % (1 << 64))
+        # The uniform numbers of top_k draws and of the acceptance rule: host-side, so a batched
+        # draw needs no random op per row.
+        self._uniforms = random.Random(seed)
         self._repetition_penalty = settings.repetition_penalty
 
     def __call__(self, logits: Any, recent_tokens: Sequence[int]) -> Any:
@@ -146,22 +153,24 @@ class TokenSampler:
         import mlx.core as mx
         from mlx_vlm.sample_utils import make_repetition_penalty
 
-        if self._repetition_penalty is not None and self._repetition_penalty != 1.0 and recent_tokens:
+        if self._repetition_penalty is not None and self.penalizes and recent_tokens:
             penalty = make_repetition_penalty(self._repetition_penalty, REPETITION_CONTEXT_TOKENS)
             logits = penalty(mx.array(list(recent_tokens[-REPETITION_CONTEXT_TOKENS:])), logits)
         return logits
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether `penalize` changes logits (a repetition penalty other than 1)."""
+        return self._repetition_penalty is not None and self._repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     def choose(self, logits: Any) -> Any:
-        """Temperature, top_p, top_k and the draw (or argmax at temperature 0)."""
-        import mlx.core as mx
-
-        if self.greedy:
-            return mx.argmax(logits, axis=-1)
-        return self.draw(self.scaled_logprobs(logits))
+        """Temperature, top_p, top_k and the draw (or argmax at temperature 0): token_choice.py's
+        rule for one row, so a row chosen alone and in a batch gets the same token."""
+        return choose_tokens(logits, [self])
 
     def scaled_logprobs(self, logits: Any) -> Any:
         """The (unnormalised) log-distribution a token is drawn from: top_p, top_k, temperature."""
@@ -182,9 +191,7 @@ class TokenSampler:
         self._key, step_key = mx.random.split(self._key)
         return mx.random.categorical(scaled_logprobs, key=step_key)
 
-    def uniform(self) -> Any:
-        """A uniform [0, 1) number with this request's key (speculative acceptance)."""
-        import mlx.core as mx
-
-        self._key, step_key = mx.random.split(self._key)
-        return mx.random.uniform(key=step_key)
+    def uniform(self) -> float:
+        """A uniform [0, 1) number from this request's host stream (top_k draws, speculative
+        acceptance)."""
+        return self._uniforms.random()

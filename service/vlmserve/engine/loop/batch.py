@@ -48,7 +48,7 @@ from typing import Any, Generic, TypeVar
 from vlmserve.engine.kv.merge import merge_rows, mergeable
 from vlmserve.engine.kv.views import row_views
 from vlmserve.engine.loop.batch_row import BatchRow
-from vlmserve.engine.loop.draw import Score, score_chosen
+from vlmserve.engine.loop.draw import Score, sample_rows, score_chosen
 from vlmserve.engine.loop.verifier import Verifier
 
 __all__ = ["BatchRow", "DecodeBatch", "RowTokens"]
@@ -266,8 +266,7 @@ class DecodeBatch(Generic[K]):
         if logits is None:
             return
         entries = self._entries
-        tokens = [entry.draw.sample(logits[i : i + 1]).reshape(-1) for i, entry in enumerate(entries)]
-        chosen = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
+        chosen = sample_rows([entry.draw for entry in entries], logits)
         # For rows that want logprobs (lazy, read when the row takes its token).
         score_chosen([entry.draw for entry in entries], chosen)
         for entry in entries:

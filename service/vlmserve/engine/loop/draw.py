@@ -22,8 +22,9 @@ from vlmserve.engine.jobs import PreparedRequest
 from vlmserve.engine.loop.logprobs import StepScores, score_rows
 from vlmserve.engine.model import LoadedModel
 from vlmserve.engine.sampling import REPETITION_CONTEXT_TOKENS, TokenSampler
+from vlmserve.engine.token_choice import choose_tokens
 
-__all__ = ["LogitsProcessor", "Score", "TokenDraw", "score_chosen"]
+__all__ = ["LogitsProcessor", "Score", "TokenDraw", "sample_rows", "score_chosen"]
 
 # In the mlx-lm convention `processor(tokens, logits) -> logits`: tokens = the ids so far, prompt
 # then generated (1-D int32), logits shape (1, vocab); typed loosely (no MLX types here).
@@ -55,6 +56,8 @@ class TokenDraw:
         self._can_draft = not self._logprobs and all(
             isinstance(p, GrammarLogitsProcessor) for p in self.processors
         )
+        # Whether a token's logits change before it is drawn (processors, repetition penalty).
+        self._processes = bool(self.processors) or self.sampler.penalizes
         # The logits the last token was drawn from, until scored; its score, until taken.
         self.scored_logits: Any = None
         self.score: Score | None = None
@@ -91,12 +94,22 @@ class TokenDraw:
         ]
         return self.sampler.penalize(logits, recent)
 
+    @property
+    def processes(self) -> bool:
+        """Whether a token's logits change before it is drawn (processors, repetition penalty)."""
+        return self._processes
+
     def sample(self, logits: Any) -> Any:
         """The next token (lazy array [1]) from the target's logits [1, vocab]."""
-        processed = self.processed_logits(logits)
+        return self.sampler.choose(self.drawn_from(logits))
+
+    def drawn_from(self, logits: Any) -> Any:
+        """The logits [1, vocab] this row's next token is drawn from (kept for its score when
+        the request asked for logprobs)."""
+        processed = self.processed_logits(logits) if self._processes else logits
         if self._logprobs:
             self.scored_logits = processed
-        return self.sampler.choose(processed)
+        return processed
 
     def took(self, tokens: Sequence[int]) -> None:
         """These drawn tokens follow the ones so far."""
@@ -134,6 +147,18 @@ class TokenDraw:
             if isinstance(failure, str):
                 return failure
         return None
+
+
+def sample_rows(draws: Sequence[TokenDraw], logits: Any) -> Any:
+    """Each draw's next token (lazy [rows]) from its row of the target's logits [rows, vocab]:
+    the rows whose logits change first (processors, penalty) are processed one by one, then every
+    row is chosen together (token_choice.py), each with its own settings and random streams."""
+    import mlx.core as mx
+
+    rows = [draw.drawn_from(logits[index : index + 1]) for index, draw in enumerate(draws)]
+    if any(draw.processes for draw in draws):
+        logits = mx.concatenate(rows) if len(rows) > 1 else rows[0]
+    return choose_tokens(logits, [draw.sampler for draw in draws])
 
 
 def score_chosen(draws: Sequence[TokenDraw], tokens: Any) -> None:

@@ -28,7 +28,7 @@ from vlmserve.engine.kv.views import views
 from vlmserve.engine.loop.batch import DecodeBatch
 from vlmserve.engine.loop.batch_row import BatchRow
 from vlmserve.engine.loop.decode import ActiveGeneration, Phase, guarded
-from vlmserve.engine.loop.draw import Score, TokenDraw, score_chosen
+from vlmserve.engine.loop.draw import Score, TokenDraw, sample_rows, score_chosen
 from vlmserve.engine.loop.message_end import message_end, rerendered_generation_prompts
 from vlmserve.engine.loop.model_inputs import ModelInputs, build_model_inputs, prompt_image_spans
 from vlmserve.engine.loop.prefill import HiddenReader, groupable, prefill_chunk, prefill_group, prompt_rest
@@ -282,7 +282,6 @@ class PromptBatch:
     def prefill_together(self, budget: Budget) -> PromptGroup | None:
         """The prompts that fit one shared prefill forward (scheduler.py), their rests run in it,
         straight into batch rows, and each one's first token drawn; they leave this batch."""
-        import mlx.core as mx
 
         candidates = [row for row in self.rows if row.phase is Phase.PREFILL]
         group = [candidates[index] for index in choose_group(self._prefill_rows(candidates), budget)]
@@ -299,10 +298,9 @@ class PromptBatch:
                 [row.rope_deltas for row in group],
             )
             logits = ran.last_logits
-            drawn = [draw.sample(logits[i : i + 1]).reshape(-1) for i, draw in enumerate(draws)]
-            chosen = mx.concatenate(drawn) if len(drawn) > 1 else drawn[0]
+            chosen = sample_rows(draws, logits)
             score_chosen(draws, chosen)
-            values: list[int] = chosen.tolist()  # type: ignore[assignment]
+            values: list[int] = chosen.tolist()
         except Exception:
             log.exception("shared prefill failed")
             for row in group:

@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from vlmserve.engine.kv.rollback import verify_forward
 from vlmserve.engine.loop.batch_row import BatchRow
-from vlmserve.engine.loop.draw import TokenDraw, score_chosen
+from vlmserve.engine.loop.draw import TokenDraw, sample_rows, score_chosen
 from vlmserve.engine.loop.prefill import HiddenReader
 from vlmserve.engine.speculation.acceptance import accept_drafts
 from vlmserve.engine.speculation.drafter import SpeculationCounts, Speculator
@@ -171,27 +171,30 @@ class Verifier(Generic[K]):
             hidden = hidden[kept] if hidden is not None else None
         drafts = [launched.drafts[index] for index in at]
         width = int(logits.shape[1])
-        taken: list[list[int] | None] = []
-        plain: list[Any] = []
+        # Rows without drafts take one token, chosen together as in a plain step (scored when
+        # asked: only they can be, a row with logprobs never drafts).
+        plain = [index for index, row_drafts in enumerate(drafts) if not row_drafts]
+        plain_tokens = None
+        if plain:
+            plain_logits = logits[:, 0] if len(plain) == len(rows) else logits[mx.array(plain), 0]
+            plain_draws = [rows[index].draw for index in plain]
+            plain_tokens = sample_rows(plain_draws, plain_logits)
+            score_chosen(plain_draws, plain_tokens)
+        full: list[list[int]] = [[] for _ in rows]
         for index, (row, row_drafts) in enumerate(zip(rows, drafts, strict=True)):
-            draw = row.draw
             if not row_drafts:
-                taken.append(None)
-                plain.append(draw.sample(logits[index : index + 1, 0]).reshape(-1))
                 continue
+            draw = row.draw
             at_position = functools.partial(_verified_logits, draw, logits[index : index + 1], row_drafts)
             tokens = accept_drafts(at_position, row_drafts, draw.sampler)
             speculator.record(row, len(row_drafts), len(tokens) - 1)
-            taken.append(tokens)
-            plain.append(mx.array(tokens[:1], dtype=mx.int32))
-        chosen = mx.concatenate(plain) if len(plain) > 1 else plain[0]
-        score_chosen([row.draw for row in rows], chosen)
-        values: list[int] = chosen.astype(mx.int32).tolist()  # type: ignore[assignment]
+            full[index] = tokens
+        if plain_tokens is not None:
+            values: list[int] = plain_tokens.astype(mx.int32).tolist()
+            for index, value in zip(plain, values, strict=True):
+                full[index] = [value]
         # Each row's accepted drafts and the target's token after them (`full`); it takes at
         # most what it may still be given.
-        full = [
-            tokens if tokens is not None else [value] for tokens, value in zip(taken, values, strict=True)
-        ]
         lists = [tokens[: max(1, row.tokens_left)] for tokens, row in zip(full, rows, strict=True)]
         for row, tokens in zip(rows, lists, strict=True):
             row.tokens_left -= len(tokens)
