@@ -99,6 +99,11 @@ class TokenDraw:
         """Whether a token's logits change before it is drawn (processors, repetition penalty)."""
         return self._processes
 
+    @property
+    def scored(self) -> bool:
+        """Whether the request asked for logprobs (each drawn token is scored)."""
+        return self._logprobs
+
     def sample(self, logits: Any) -> Any:
         """The next token (lazy array [1]) from the target's logits [1, vocab]."""
         return self.sampler.choose(self.drawn_from(logits))
@@ -155,9 +160,10 @@ def sample_rows(draws: Sequence[TokenDraw], logits: Any) -> Any:
     row is chosen together (token_choice.py), each with its own settings and random streams."""
     import mlx.core as mx
 
-    rows = [draw.drawn_from(logits[index : index + 1]) for index, draw in enumerate(draws)]
-    if any(draw.processes for draw in draws):
-        logits = mx.concatenate(rows) if len(rows) > 1 else rows[0]
+    if any(draw.processes or draw.scored for draw in draws):
+        rows = [draw.drawn_from(logits[index : index + 1]) for index, draw in enumerate(draws)]
+        if any(draw.processes for draw in draws):
+            logits = mx.concatenate(rows) if len(rows) > 1 else rows[0]
     return choose_tokens(logits, [draw.sampler for draw in draws])
 
 
