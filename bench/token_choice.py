@@ -107,11 +107,11 @@ def choice_part(rows_list: Sequence[int], vocabs: Sequence[int], rounds: int) ->
                     "after_ms": statistics.median(after) * 1e3,
                 }
                 cell["speedup"] = cell["before_ms"] / cell["after_ms"]
-                cells.append(cell)
-                print(
+                _keep(
+                    cells,
+                    cell,
                     f"vocab {vocab:>6}  rows {rows:>2}  {name:<13}  per-row {cell['before_ms']:8.2f} ms"
                     f"  batched {cell['after_ms']:7.2f} ms  {cell['speedup']:5.2f}x",
-                    flush=True,
                 )
     return cells
 
@@ -146,15 +146,21 @@ def decode_part(model: str, concurrency: Sequence[int], rounds: int, max_tokens:
                 **{f"{name}_tok_s": statistics.median(v) for name, v in sides.items()},
             }
             cell["sampled_over_greedy"] = cell["qwen-defaults_tok_s"] / cell["greedy_tok_s"]
-            cells.append(cell)
-            print(
+            _keep(
+                cells,
+                cell,
                 f"{count:>2} streams  greedy {cell['greedy_tok_s']:7.1f} tok/s  sampled (Qwen defaults) "
                 f"{cell['qwen-defaults_tok_s']:7.1f} tok/s  {cell['sampled_over_greedy']:.3f}x",
-                flush=True,
             )
     finally:
         generator.stop()
     return cells
+
+
+def _keep(cells: list[dict[str, Any]], cell: dict[str, Any], line: str) -> None:
+    """A measured cell, kept and printed as it comes."""
+    cells.append(cell)
+    print(line, flush=True)
 
 
 def _request(generator: Any, text: str, seed: int, max_tokens: int, settings: dict[str, Any]) -> Any:
