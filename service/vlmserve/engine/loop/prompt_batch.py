@@ -282,7 +282,6 @@ class PromptBatch:
     def prefill_together(self, budget: Budget) -> PromptGroup | None:
         """The prompts that fit one shared prefill forward (scheduler.py), their rests run in it,
         straight into batch rows, and each one's first token drawn; they leave this batch."""
-
         candidates = [row for row in self.rows if row.phase is Phase.PREFILL]
         group = [candidates[index] for index in choose_group(self._prefill_rows(candidates), budget)]
         if not group:
