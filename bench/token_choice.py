@@ -182,7 +182,9 @@ def _request(generator: Any, text: str, seed: int, max_tokens: int, settings: di
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--part", nargs="+", choices=("choice", "decode"), default=["choice", "decode"])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 8, 16])
     parser.add_argument("--vocab", nargs="+", type=int, default=[8192, 152064, 248320])

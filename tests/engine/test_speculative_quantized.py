@@ -85,6 +85,9 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Seen:
         return processed(draw, logits, drafts)
 
     monkeypatch.setattr(TokenDraw, "processed_logits", recording)
+    # Every row's logits pass through `processed_logits`, those of rows without processors too
+    # (they would skip it: draw.py `sample_rows`); for them it returns the logits unchanged.
+    monkeypatch.setattr(TokenDraw, "processes", property(lambda draw: True))
     return rows
 
 

@@ -111,7 +111,7 @@ class TokenDraw:
     def drawn_from(self, logits: Any) -> Any:
         """The logits [1, vocab] this row's next token is drawn from (kept for its score when
         the request asked for logprobs)."""
-        processed = self.processed_logits(logits) if self._processes else logits
+        processed = self.processed_logits(logits) if self.processes else logits
         if self._logprobs:
             self.scored_logits = processed
         return processed
