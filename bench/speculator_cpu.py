@@ -57,6 +57,7 @@ class ScriptedRow:
     flight: int = 0
     can_draft: bool = True
     constrained: bool = False
+    greedy: bool = True
 
     @property
     def key(self) -> ScriptedRow:

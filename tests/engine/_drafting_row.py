@@ -11,10 +11,13 @@ from typing import Any
 class LookupRow:
     """A DraftingRow with a history that never repeats (lookup finds nothing)."""
 
-    def __init__(self, start: int, *, constrained: bool = False, can_draft: bool = True) -> None:
+    def __init__(
+        self, start: int, *, constrained: bool = False, can_draft: bool = True, greedy: bool = True
+    ) -> None:
         self.generated = [start]
         self.constrained = constrained
         self.can_draft = can_draft
+        self.greedy = greedy
         self.tokens_left = 100
 
     @property
@@ -36,12 +39,13 @@ class ScriptedRow:
     """A row whose tokens are scripted (what the target would take, greedy): a prompt, then
     `script` token by token however many a step gives it."""
 
-    def __init__(self, prompt: Sequence[int], script: Sequence[int]) -> None:
+    def __init__(self, prompt: Sequence[int], script: Sequence[int], *, greedy: bool = True) -> None:
         self.prompt = list(prompt)
         self.script = list(script)
         self.generated: list[int] = [self.script[0]]
         self.constrained = False
         self.can_draft = True
+        self.greedy = greedy
 
     @property
     def key(self) -> ScriptedRow:

@@ -27,4 +27,4 @@ def verify_every_step(monkeypatch: pytest.MonkeyPatch, *, prior_start_rate: bool
     monkeypatch.setattr(StepCosts, "relative", lambda self, rows, max_width: None)
     monkeypatch.setattr(StepCosts, "explored", lambda self, rows: True)
     if prior_start_rate:
-        monkeypatch.setattr(Speculator, "start_rate", lambda self: None)
+        monkeypatch.setattr(Speculator, "start_rate", lambda self, greedy: None)

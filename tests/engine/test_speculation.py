@@ -406,3 +406,29 @@ def test_a_seeded_row_draws_the_tokens_it_draws_without_drafts(
         plain = int(_sampler(config, seed).choose(logits[0:1]).item())
         taken = accept_drafts(lambda i: logits[i : i + 1], drafts, _sampler(config, seed))
         assert taken[0] == plain
+
+
+@pytest.mark.parametrize(
+    ("verified", "new_row_greedy", "start"),
+    [
+        ([], True, None),  # nothing verified yet: the prior
+        ([(True, 4, 4)], True, 1.0),  # greedy rows that copied: a new greedy row starts there
+        ([(True, 4, 4)], False, None),  # ... not a sampling row (its kind has no rate yet)
+        ([(False, 4, 0)], True, None),  # sampling rows with nothing to copy leave greedy rows be
+        ([(False, 4, 0)], False, 0.0),
+        ([(True, 4, 4), (False, 4, 0)], True, 1.0),  # each kind keeps its own
+        ([(True, 4, 4), (False, 4, 0), (False, 4, 4)], False, 0.1),  # moves 0.1 of the way
+    ],
+)
+def test_a_new_row_starts_at_the_recent_rate_of_rows_that_sample_as_it_does(
+    verified: list[tuple[bool, int, int]], new_row_greedy: bool, start: float | None
+) -> None:
+    """One rate for all rows carried a workload's rate into the next (greedy rows that copy
+    after sampling rows with nothing to copy started near 0, and the other way near 1)."""
+    speculator = Speculator(max_draft=4)
+    for index, (greedy, drafted, accepted) in enumerate(verified):
+        row = LookupRow(index, greedy=greedy)
+        speculator.drafts([row], [[]])  # the row's speculation state, as a step makes it
+        speculator.record(row, drafted, accepted)
+    rate = speculator.start_rate(new_row_greedy)
+    assert rate == (None if start is None else pytest.approx(start))

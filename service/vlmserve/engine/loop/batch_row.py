@@ -41,6 +41,10 @@ class BatchRow(Generic[K]):
         return self.draw.grammar is not None
 
     @property
+    def greedy(self) -> bool:
+        return self.draw.sampler.greedy
+
+    @property
     def context_tokens(self) -> tuple[Sequence[int], Sequence[int]]:
         """(prompt token ids, the tokens drawn): the history drafts are looked up in."""
         return self.draw.prompt_ids, self.draw.generated

@@ -52,6 +52,11 @@ class DraftingRow(Protocol):
         """Its tokens follow a grammar (which may force drafts at any step)."""
         ...
 
+    @property
+    def greedy(self) -> bool:
+        """Its tokens are the target's argmax (temperature 0), not drawn at random."""
+        ...
+
     def forced_tokens(self, pending: Sequence[int]) -> list[int]: ...
 
     def take_prompt_hidden(self) -> tuple[int, Any] | None: ...
@@ -99,9 +104,10 @@ class Speculator:
     # as far as rows' rests allow).
     gate: StepGate | None = None
     _rows: dict[Hashable, _RowState] = field(default_factory=dict)
-    # The acceptance rate of recent verifies over all rows (None: none yet): a new row's
-    # starting rate, so the step gate weighs its drafts by what drafts here have been worth.
-    _recent_rate: float | None = None
+    # The acceptance rate of recent verifies, of greedy rows and of sampling rows apart (absent:
+    # none yet): a new row's starting rate, so the step gate weighs its drafts by what drafts of
+    # rows like it have been worth here.
+    _recent_rates: dict[bool, float] = field(default_factory=dict)
     # The last step's drafts accepted, if it was the step gate's trial (StepGate.reward).
     _trial_accepted: int = 0
     # Steps the gate said are plain (StepGate.quiet, quiet.py), and the rows looked at on them
@@ -459,14 +465,20 @@ class Speculator:
             state.lookup.extend(pending[fed - after :])
         state.fed = known
 
-    def start_rate(self) -> float | None:
-        """A new row's acceptance rate: the recent rows' (None: the prior, nothing verified yet)."""
-        return self._recent_rate
+    def start_rate(self, greedy: bool) -> float | None:
+        """A new row's acceptance rate: the recent rows' that sample as it does, greedy or not
+        (None: the prior, none verified yet). One rate for all rows carried a workload's rate into
+        the next: greedy rows that copy, after rows sampling text with nothing to copy, started
+        at those rows' ~0 and were not verified for thousands of steps (MTP `auto` at 16 streams:
+        36 verify forwards in 3,090, where alone it verified 541 in 784 at 1.07x of `off`), and
+        sampling rows after greedy ones started near 1 and bought verifies that lost (issue
+        37.1)."""
+        return self._recent_rates.get(greedy)
 
     def _state(self, row: DraftingRow) -> _RowState:
         state = self._rows.get(row.key)
         if state is None:
-            state = _RowState(PromptLookup(), DraftLength(self.max_draft, rate=self.start_rate()))
+            state = _RowState(PromptLookup(), DraftLength(self.max_draft, rate=self.start_rate(row.greedy)))
             self._rows[row.key] = state
         return state
 
@@ -486,8 +498,10 @@ class Speculator:
             # greedy text before it loops), and new rows starting from those scores waited
             # tens of steps for their own (issue 37.1).
             rate = accepted / drafted
-            recent = self._recent_rate
-            self._recent_rate = rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)
+            recent = self._recent_rates.get(row.greedy)
+            self._recent_rates[row.greedy] = (
+                rate if recent is None else recent + _RECENT_WEIGHT * (rate - recent)
+            )
 
     def forget(self, row: DraftingRow) -> None:
         self._rows.pop(row.key, None)
