@@ -7,7 +7,7 @@ with its KV cache (batch_row.py `BatchRow`), which draws every later token. So a
 one way: the batch decides each row's tokens (the step's result, several per row after a
 speculative verify) and the runner hands them to the rows; the batch never calls a row.
 
-The draw holds the sampler (its own seeded key), the logits processors (the grammar's), the ids
+The draw holds the sampler (its own seeded streams), the logits processors (the grammar's), the ids
 they and the repetition penalty look back on (the prompt, then the tokens drawn), and the logprob
 score of the token just drawn, until its row takes it.
 """

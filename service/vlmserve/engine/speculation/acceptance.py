@@ -10,12 +10,12 @@ the rule never sees a rejected draft's influence:
   probability min(1, p(d) / q(d)); on a rejection draw from the residual norm(max(p - q, 0)).
   For a deterministic drafter (prompt lookup, forced tokens) q is one-hot: accept with
   probability p(d), residual = p without d. That case is realised by drawing the target's token
-  x ~ p exactly as a plain step would (the row's sampler, one key split per token) and accepting
-  d iff x == d: P(accept) = p(d), and a rejection yields x ~ p given x != d, the residual. So a
-  seeded request samples the very tokens it samples without speculation, not just the same
-  distribution. If every draft is accepted, the next token is drawn from p at the last position.
+  x ~ p exactly as a plain step would (the row's sampler, one draw from its streams per token)
+  and accepting d iff x == d: P(accept) = p(d), and a rejection yields x ~ p given x != d, the
+  residual. So a seeded request samples the very tokens it samples without speculation, not just
+  the same distribution. If every draft is accepted, the next token is drawn from p at the last position.
 
-Each row draws with its own sampler (its own seeded key), so this is per row, position by
+Each row draws with its own sampler (its own seeded streams), so this is per row, position by
 position; a row reads one number per position it judges (the rule needs the decision before it
 can judge the next position).
 """
