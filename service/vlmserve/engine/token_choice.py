@@ -14,8 +14,9 @@ graph per row. Here the step chooses for all its rows in a few batched ops:
   row's own (`RowChoice.uniform`): 8 rows of a 152k vocabulary in ~34 ms on the CPU;
 - rows without a top_k: mlx-vlm's `apply_top_p` over the whole vocabulary (a row whose nucleus
   could be anywhere needs the sort), then a Gumbel draw with the row's own key, row by row
-  (`RowChoice.draw`): the cumulative weights of a whole vocabulary would lose precision in
-  float32, and one key for many rows would make a seeded row's tokens depend on its neighbours.
+  (`RowChoice.scaled_logprobs`, `RowChoice.draw`): the cumulative weights of a whole vocabulary
+  would lose precision in float32, and one key for many rows would make a seeded row's tokens
+  depend on its neighbours.
 
 The distribution is mlx-vlm's sampler's (`make_sampler`: top_p, then top_k, then the
 temperature), up to float rounding at the nucleus' edge; ties at the edge are kept, as
@@ -54,6 +55,11 @@ class RowChoice(Protocol):
         """The row's next uniform number in [0, 1) (its own seeded stream)."""
         ...
 
+    def scaled_logprobs(self, logits: Any) -> Any:
+        """The row's log-distribution [1, vocab] a token is drawn from (top_p, top_k,
+        temperature applied), from its logits [1, vocab]."""
+        ...
+
     def draw(self, scaled_logprobs: Any) -> Any:
         """A token [1] from the row's scaled logprobs [1, vocab] (its own key)."""
         ...
@@ -84,7 +90,7 @@ def choose_tokens(logits: Any, rows: Sequence[RowChoice]) -> Any:
     back = [0] * len(order)
     for position, index in enumerate(order):
         back[index] = position
-    tokens = mx.concatenate([chosen.astype(mx.uint32) for _, chosen in groups])
+    tokens = mx.concatenate([chosen for _, chosen in groups])  # each group's uint32 ids
     return tokens[mx.array(back, dtype=mx.int32)]
 
 
@@ -157,15 +163,12 @@ def _best(logits: Any, width: int) -> tuple[Any, Any]:
 
 
 def _over_the_vocabulary(logits: Any, rows: Sequence[RowChoice]) -> Any:
-    """Tokens [rows] drawn over the whole vocabulary (top_p where set), row by row."""
+    """Tokens [rows] drawn over the whole vocabulary, row by row: each row's own scaled
+    log-distribution (`RowChoice.scaled_logprobs`, the rule the acceptance rule reads too) and
+    its own key."""
     import mlx.core as mx
-    from mlx_vlm.sample_utils import apply_top_p
 
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    drawn = []
-    for index, row in enumerate(rows):
-        row_logprobs = logprobs[index : index + 1]
-        if 0 < row.top_p < 1:
-            row_logprobs = apply_top_p(row_logprobs, row.top_p)
-        drawn.append(row.draw(row_logprobs * (1 / row.temperature)).reshape(-1))
+    drawn = [
+        row.draw(row.scaled_logprobs(logits[index : index + 1])).reshape(-1) for index, row in enumerate(rows)
+    ]
     return mx.concatenate(drawn).astype(mx.uint32) if len(drawn) > 1 else drawn[0].astype(mx.uint32)
